@@ -1,0 +1,93 @@
+"""The ``autobatch`` command: a thin Typer app, one module per command.
+
+``main()`` catches :class:`autobatch.errors.AutobatchError` once, prints ``error:`` and ``hint:`` to
+stderr and exits with the error's documented code (no traceback unless ``--verbose``). SIGINT exits
+with 130 and SIGTERM with 143, after the command has cleaned up its probe processes.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any, Optional
+
+import typer
+from rich.markup import escape
+
+from ..errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, AutobatchError
+
+# Command modules register themselves on `app` when imported (keep this list; one line per module).
+from . import check, init, tune, validate  # noqa: E402,F401,I001  # noqa: E402,F401,I001
+from .app import app, console
+from .state import STATE
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered as an interrupt so that the same clean-up paths run."""
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"autobatch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Optional[bool] = typer.Option(
+        None, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks and probe logs on errors."),
+) -> None:
+    STATE.verbose = verbose
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def main() -> None:
+    """Entry point of the ``autobatch`` command."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    STATE.verbose = "--verbose" in sys.argv or "-v" in sys.argv
+    try:
+        app(standalone_mode=False)
+    except AutobatchError as exc:
+        report_error(exc)
+        sys.exit(exc.exit_code)
+    except Terminated:
+        console.print("[yellow]terminated[/]: probes stopped; partial results kept (see above)")
+        sys.exit(EXIT_SIGTERM)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: probes stopped; partial results kept (see above)")
+        sys.exit(EXIT_SIGINT)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(EXIT_SIGINT)
+    except Exception as exc:  # click's usage errors and anything unexpected
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if STATE.verbose:
+            raise
+        console.print(f"[red bold]error[/]: internal error: {type(exc).__name__}: {escape(str(exc))}")
+        console.print("[cyan]hint[/]: rerun with --verbose for the traceback, and report it")
+        sys.exit(EXIT_INTERNAL)
+
+
+def report_error(exc: AutobatchError) -> None:
+    console.print(f"[red bold]error[/]: {escape(exc.message)}", highlight=False)
+    if exc.detail and STATE.verbose:
+        console.print(exc.detail, markup=False, highlight=False)
+    elif exc.detail:
+        console.print("(rerun with --verbose for details)", style="dim")
+    if exc.hint:
+        console.print(f"[cyan]hint[/]: {escape(exc.hint)}", highlight=False)
+
+
+__all__ = ["app", "main"]

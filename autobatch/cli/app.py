@@ -1,0 +1,27 @@
+"""The Typer application object and the shared console (stderr). Commands register themselves here."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    name="autobatch",
+    help="Find the largest batch that fits your real PyTorch training step, and plan accumulation.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+#: Human output goes to stderr; stdout carries only machine-readable output (--json).
+console = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=False)
+
+
+def stdout_write(text: str) -> None:
+    """Write machine-readable output to stdout."""
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()

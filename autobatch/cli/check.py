@@ -1,0 +1,129 @@
+"""``autobatch check``: one isolated probe at one batch size, under the same budget as ``tune``.
+
+Exit status: 0 when the batch fits, 5 (``EXIT_OOM``) when it runs out of memory, 6 when the probe
+crashed or timed out, 3 when the script raised its own error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from ..core.units import format_bytes
+from ..errors import EXIT_OOM, UsageError
+from . import options as opt
+from .app import app, console, stdout_write
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def check(
+    script: Optional[str] = opt.SCRIPT,
+    script_args: Optional[list[str]] = opt.SCRIPT_ARGS,
+    batch_size: int = typer.Option(..., "--batch-size", "-b", min=1, help="The batch size to try."),
+    steps: Optional[int] = typer.Option(
+        None, "--steps", min=1, help="Full training steps to run (default: confirm_steps, 10)."
+    ),
+    config: Optional[Path] = opt.CONFIG,
+    device: Optional[str] = opt.DEVICE,
+    memory: Optional[str] = opt.MEMORY,
+    headroom: Optional[float] = opt.HEADROOM,
+    precision: Optional[str] = typer.Option(
+        None, "--precision", "-p", help="Precision (default: the first in settings)."
+    ),
+    optimizer: Optional[str] = typer.Option(
+        None, "--optimizer", "-o", help="Optimizer (default: the first in settings)."
+    ),
+    recompute: bool = typer.Option(
+        False, "--recompute/--no-recompute", help="Wrap repeated blocks in activation checkpointing."
+    ),
+    recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
+    timeout: Optional[float] = opt.TIMEOUT,
+    as_json: bool = opt.JSON,
+) -> None:
+    """Run one isolated probe: does this batch fit? Peak memory and step time."""
+    from ..settings import load_settings
+
+    settings = load_settings(
+        config=config,
+        overrides=opt.overrides(
+            script=script,
+            script_args=script_args,
+            device=device,
+            memory=memory,
+            headroom=headroom,
+            precisions=[precision] if precision else None,
+            optimizers=[optimizer] if optimizer else None,
+            recompute_classes=recompute_class,
+            timeout=timeout,
+        ),
+    )
+    if not settings.script.script:
+        raise UsageError("no training script given", hint="pass SCRIPT, or set `script` in autobatch.toml")
+    n_steps = steps or settings.probe.confirm_steps
+
+    from ..core.space import Combo
+    from ..session import Session, raise_for
+
+    combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], recompute)
+    with Session(
+        script=settings.script.script,
+        script_args=settings.script.script_args,
+        device=settings.device.device,
+        memory=settings.device.memory,
+        headroom=settings.device.headroom,
+        timeout=settings.probe.timeout,
+        optimizer_kwargs={k: dict(v) for k, v in settings.search.optimizer_kwargs.items()},
+        recompute_classes=settings.search.recompute_classes,
+        cache=False,
+    ) as session:
+        info = session.device
+        assert info is not None
+        if combo.precision in info.unsupported_precisions:
+            raise UsageError(
+                f"{info.name} cannot run {combo.precision}: {info.unsupported_precisions[combo.precision]}",
+                hint="pick another --precision",
+            )
+        outcome = session.probe(combo, batch_size, min_steps=n_steps, max_steps=n_steps)
+    if outcome.kind in ("crash", "timeout"):
+        raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
+    fits = outcome.fits
+    report = {
+        "fits": fits,
+        "kind": outcome.kind,
+        "batch_size": batch_size,
+        "precision": combo.precision,
+        "optimizer": combo.optimizer,
+        "recompute": combo.recompute,
+        "steps": outcome.steps,
+        "peak_bytes": outcome.peak_bytes,
+        "step_peaks": outcome.step_peaks,
+        "budget_bytes": info.budget_bytes,
+        "capacity_bytes": info.capacity_bytes,
+        "device": info.name,
+        "step_seconds": outcome.step_seconds,
+        "samples_per_second": outcome.samples_per_second,
+        "static_bytes": {
+            "parameters": outcome.param_bytes,
+            "gradients": outcome.grad_bytes,
+            "optimizer_state": outcome.optimizer_state_bytes,
+        },
+        "reason": outcome.reason or (outcome.error_message if not fits else None),
+        "device_stats": outcome.device_stats,
+    }
+    verdict = "[green]fits[/]" if fits else "[yellow]out of memory[/]"
+    mean_step = sum(outcome.step_seconds) / len(outcome.step_seconds) if outcome.step_seconds else None
+    console.print(
+        f"{combo.key} batch {batch_size} on {info.name}: {verdict} after {outcome.steps} step(s); peak "
+        f"{format_bytes(outcome.peak_bytes)} of budget {format_bytes(info.budget_bytes)}"
+        + (f"; {mean_step:.3f} s/step" if mean_step else "")
+    )
+    if not fits and report["reason"]:
+        console.print(f"  {escape(str(report['reason']).splitlines()[0])}", style="dim")
+    if as_json:
+        stdout_write(json.dumps(report, indent=2))
+    if not fits:
+        raise typer.Exit(EXIT_OOM)

@@ -1,0 +1,256 @@
+"""``autobatch tune``: every combination's exact maximum, the chosen configuration, the plan."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..core.units import format_bytes
+from ..errors import AutobatchError, UsageError
+from . import options as opt
+from .app import app, console, stdout_write
+
+if TYPE_CHECKING:
+    from ..core.space import Combo
+    from ..probe.protocol import ProbeOutcome
+    from ..result import TuneResult
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def tune(
+    script: Optional[str] = opt.SCRIPT,
+    script_args: Optional[list[str]] = opt.SCRIPT_ARGS,
+    config: Optional[Path] = opt.CONFIG,
+    device: Optional[str] = opt.DEVICE,
+    memory: Optional[str] = opt.MEMORY,
+    headroom: Optional[float] = opt.HEADROOM,
+    precision: Optional[list[str]] = opt.PRECISION,
+    optimizer: Optional[list[str]] = opt.OPTIMIZER,
+    recompute: Optional[bool] = opt.RECOMPUTE,
+    recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
+    batch_multiple: Optional[int] = typer.Option(None, "--batch-multiple", help=opt._help("batch_multiple")),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help=opt._help("max_batch_size")),
+    global_batch_size: Optional[int] = typer.Option(
+        None, "--global-batch-size", "-g", help=opt._help("global_batch_size")
+    ),
+    world_size: Optional[int] = typer.Option(None, "--world-size", "-w", help=opt._help("world_size")),
+    objective: Optional[str] = typer.Option(None, "--objective", help=opt._help("objective")),
+    steps: Optional[int] = typer.Option(None, "--steps", help=opt._help("steps")),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help=opt._help("max_steps")),
+    confirm_steps: Optional[int] = typer.Option(None, "--confirm-steps", help=opt._help("confirm_steps")),
+    timeout: Optional[float] = opt.TIMEOUT,
+    cache: Optional[bool] = typer.Option(None, "--cache/--no-cache", help=opt._help("cache")),
+    exact_all: Optional[bool] = typer.Option(None, "--exact-all/--no-exact-all", help=opt._help("exact_all")),
+    output: Optional[str] = typer.Option(None, "--output", help=opt._help("result")),
+    emit: Optional[list[str]] = typer.Option(None, "--emit", "-e", help=opt._help("emit")),
+    lightning_batch_key: Optional[str] = typer.Option(
+        None, "--lightning-batch-key", help=opt._help("lightning_batch_key")
+    ),
+    deepspeed_base: Optional[str] = typer.Option(None, "--deepspeed-base", help=opt._help("deepspeed_base")),
+    as_json: bool = opt.JSON,
+) -> None:
+    """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
+    from ..settings import load_settings, resolve_world_size
+
+    settings = load_settings(
+        config=config,
+        overrides=opt.overrides(
+            script=script,
+            script_args=script_args,
+            device=device,
+            memory=memory,
+            headroom=headroom,
+            precisions=precision,
+            optimizers=optimizer,
+            recompute=recompute,
+            recompute_classes=recompute_class,
+            batch_multiple=batch_multiple,
+            max_batch_size=max_batch_size,
+            global_batch_size=global_batch_size,
+            world_size=world_size,
+            objective=objective,
+            steps=steps,
+            max_steps=max_steps,
+            confirm_steps=confirm_steps,
+            timeout=timeout,
+            cache=cache,
+            exact_all=exact_all,
+            result=output,
+            emit=emit,
+            lightning_batch_key=lightning_batch_key,
+            deepspeed_base=deepspeed_base,
+        ),
+    )
+    if not settings.script.script:
+        raise UsageError(
+            "no training script given",
+            hint="pass SCRIPT, or set `script` under [script] in autobatch.toml (autobatch init writes one)",
+        )
+    world, world_source = resolve_world_size(settings.plan.world_size, os.environ)
+
+    from ..runner import TuneOptions, Tuner
+    from ..session import Session
+
+    result_path = Path(settings.output.result)
+    session = Session(
+        script=settings.script.script,
+        script_args=settings.script.script_args,
+        device=settings.device.device,
+        memory=settings.device.memory,
+        headroom=settings.device.headroom,
+        timeout=settings.probe.timeout,
+        optimizer_kwargs={k: dict(v) for k, v in settings.search.optimizer_kwargs.items()},
+        recompute_classes=settings.search.recompute_classes,
+        cache=settings.probe.cache,
+        on_probe=_progress,
+    )
+    tuner = None
+    try:
+        console.print(f"[bold]autobatch tune[/] {escape(settings.script.script)}: starting the probe server")
+        info = session.start()
+        console.print(
+            f"device [bold]{info.name}[/]{' (auto)' if settings.device.device == 'auto' else ''}: capacity "
+            f"{format_bytes(info.capacity_bytes)}, budget {format_bytes(info.budget_bytes)} "
+            f"(headroom {info.headroom:.0%}); {escape(info.memory_definition)}"
+        )
+        tuner = Tuner(
+            session,
+            TuneOptions(
+                precisions=settings.search.precisions,
+                optimizers=settings.search.optimizers,
+                recompute=settings.search.recompute,
+                batch_multiple=settings.search.batch_multiple,
+                max_batch_size=settings.search.max_batch_size,
+                steps=settings.probe.steps,
+                max_steps=settings.probe.max_steps,
+                confirm_steps=settings.probe.confirm_steps,
+                global_batch_size=settings.plan.global_batch_size,
+                world_size=world,
+                world_size_source=world_source,
+                objective=settings.plan.objective,
+                exact_all=settings.search.exact_all,
+            ),
+            on_update=lambda r: _save(result_path, r),
+        )
+        result = tuner.run()
+    except BaseException as exc:
+        if tuner is not None:
+            tuner.result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            if isinstance(exc, AutobatchError):
+                tuner.result.notes.append(f"failed: {exc.message}")
+            _save(result_path, tuner.result)
+            if tuner.result.combinations and any(c.trace for c in tuner.result.combinations):
+                print_table(tuner.result)
+            console.print(
+                f"partial result ({tuner.result.status}, {tuner.result.probes} probes) saved to {result_path}"
+            )
+        raise
+    finally:
+        session.close()
+
+    print_table(result)
+    print_chosen(result)
+    console.print(f"result written to {result_path}")
+    if settings.output.emit:
+        from ..emit import EmitOptions, parse_emit_spec
+        from ..emit import emit as emit_files
+
+        specs = [parse_emit_spec(spec) for spec in settings.output.emit]
+        written = emit_files(
+            result,
+            specs,
+            EmitOptions(
+                lightning_batch_key=settings.output.lightning_batch_key,
+                deepspeed_base=settings.output.deepspeed_base,
+            ),
+        )
+        for path in written:
+            console.print(f"wrote {path}")
+    if as_json:
+        stdout_write(json.dumps(result.to_dict(), indent=2))
+
+
+def _save(path: Path, result: TuneResult) -> None:
+    from ..files import write_atomic
+
+    write_atomic(path, result.to_json() + "\n")
+
+
+def _progress(combo: Combo, outcome: ProbeOutcome, cached: bool) -> None:
+    style = {"fits": "green", "oom": "yellow"}.get(outcome.kind, "red")
+    extra = f"peak {format_bytes(outcome.peak_bytes)}" if outcome.peak_bytes else ""
+    if outcome.samples_per_second and outcome.kind == "fits":
+        extra += f", {outcome.samples_per_second:,.0f} samples/s"
+    if outcome.reason and outcome.kind != "fits":
+        extra += f" ({outcome.reason})"
+    console.print(
+        f"  {combo.key:<38} batch {outcome.batch_size:>6} [{style}]{outcome.kind:<7}[/] {escape(extra)}"
+        f" {'(cached)' if cached else f'{outcome.wall_seconds:.1f} s'}",
+        highlight=False,
+    )
+
+
+def print_table(result: TuneResult) -> None:
+    budget = result.device.get("budget_bytes") or 0
+    table = Table(
+        title=f"autobatch: {result.script} on {result.device.get('name')} (budget {format_bytes(budget)})"
+    )
+    for column in (
+        "precision",
+        "optimizer",
+        "recompute",
+        "max batch",
+        "peak",
+        "of budget",
+        "samples/s",
+        "probes",
+        "note",
+    ):
+        table.add_column(
+            column,
+            justify="right"
+            if column in ("max batch", "peak", "of budget", "samples/s", "probes")
+            else "left",
+        )
+    for c in result.combinations:
+        chosen = result.chosen is not None and (c.precision, c.optimizer, c.recompute) == (
+            result.chosen.precision,
+            result.chosen.optimizer,
+            result.chosen.recompute,
+        )
+        note = c.reason or ("" if c.status in ("exact",) else c.status)
+        table.add_row(
+            c.precision,
+            c.optimizer,
+            "on" if c.recompute else "off",
+            str(c.max_batch_size) if c.max_batch_size is not None else "-",
+            format_bytes(c.peak_bytes) if c.peak_bytes else "-",
+            f"{c.peak_bytes / budget:.0%}" if c.peak_bytes and budget else "-",
+            f"{c.samples_per_second:,.1f}" if c.samples_per_second else "-",
+            str(c.probes),
+            escape(note or ""),
+            style="bold" if chosen else None,
+        )
+    console.print(table)
+
+
+def print_chosen(result: TuneResult) -> None:
+    ch = result.chosen
+    if ch is None:
+        return
+    console.print(
+        f"[bold green]chosen[/] ({result.objective}): {ch.precision} / {ch.optimizer} / recompute "
+        f"{'on' if ch.recompute else 'off'}: micro-batch {ch.micro_batch_size} x accumulation "
+        f"{ch.accumulation_steps} x world {ch.world_size} = global {ch.global_batch_size}"
+        + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else "")
+    )
+    if ch.note:
+        console.print(f"[yellow]note[/]: {escape(ch.note)}")
+    for note in result.notes:
+        console.print(f"[dim]- {escape(note)}[/]")

@@ -1,0 +1,80 @@
+"""``autobatch validate``: check a settings file without running anything.
+
+It loads the file as ``tune`` would (with the ``AUTOBATCH_*`` variables unless ``--no-env``), also
+requires the script and the DeepSpeed base config to exist, and either prints ``ok: FILE`` with a
+short summary (stderr) or raises one :class:`~autobatch.errors.ConfigError` listing every problem
+(exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from autobatch.cli.app import app, console, stdout_write
+
+if TYPE_CHECKING:
+    from autobatch.settings import Settings
+
+
+@app.command("validate")
+def validate(
+    file: Optional[Path] = typer.Argument(
+        None, help="Settings file (default: ./autobatch.toml).", show_default=False
+    ),
+    use_env: bool = typer.Option(
+        True, "--env/--no-env", help="Apply the AUTOBATCH_* variables, as tune does."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the effective settings as JSON on stdout."),
+) -> None:
+    """Check a settings file (every key, type and value, and that the script exists) without running it."""
+    from autobatch.settings import DEFAULT_FILE, load_settings
+
+    path = file if file is not None else Path(DEFAULT_FILE)
+    settings = load_settings(config=path, env=None if use_env else {}, check_paths=True)
+    console.print(f"ok: {path}", markup=False, highlight=False)
+    for line in summary(settings):
+        console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+    if as_json:
+        stdout_write(json.dumps(settings.to_dict(), indent=2))
+
+
+def summary(settings: Settings) -> list[str]:
+    """A few lines that say what a tune with these settings would do."""
+    from autobatch.core.units import format_bytes
+
+    script, device, search, plan, probe, output = (
+        settings.script, settings.device, settings.search, settings.plan, settings.probe, settings.output,
+    )  # fmt: skip
+    combos = len(search.precisions) * len(search.optimizers) * len(search.recompute)
+    memory = format_bytes(device.memory) if device.memory else "the device's capacity"
+    world = plan.world_size if plan.world_size is not None else "from the environment"
+    args = "".join(f" {arg}" for arg in script.script_args)
+    lines = [
+        f"script   {_short(script.script)}{args}"
+        if script.script
+        else "script   not set: give SCRIPT to tune",
+        f"device   {device.device}, memory {memory}, headroom {device.headroom:g}",
+        f"search   {len(search.precisions)} precision(s) x {len(search.optimizers)} optimizer(s) x "
+        f"{len(search.recompute)} recompute = {combos} combination(s); batch multiple {search.batch_multiple}, "
+        f"up to {search.max_batch_size}",
+        f"plan     global batch {plan.global_batch_size or 'not set'}, world size {world}, objective {plan.objective}",
+        f"probe    {probe.steps} steps (up to {probe.max_steps}), confirm {probe.confirm_steps}, "
+        f"timeout {probe.timeout:g} s, cache {'on' if probe.cache else 'off'}",
+        f"output   {output.result}" + (f"; emit {', '.join(output.emit)}" if output.emit else ""),
+    ]
+    from_env = sorted(origin for origin in settings.origins.values() if origin.startswith("AUTOBATCH_"))
+    if from_env:
+        lines.append("from the environment: " + ", ".join(from_env))
+    return lines
+
+
+def _short(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path

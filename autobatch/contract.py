@@ -1,0 +1,115 @@
+"""The user contract (DESIGN.md §2): import a training script and look up its functions.
+
+The script is imported under its own module name, never as ``__main__`` (its
+``if __name__ == "__main__":`` block does not run), with ``sys.argv`` set to the script path plus
+the arguments given after ``--``. Its folder is put first on ``sys.path`` so that its own imports work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from .errors import ContractError, ScriptError, UsageError
+
+SIGNATURES = {
+    "build_model": ("def build_model() -> torch.nn.Module", 0),
+    "make_batch": ("def make_batch(batch_size: int)  # tensors or nested tuples/lists/dicts of tensors", 1),
+    "compute_loss": ("def compute_loss(model, batch) -> torch.Tensor  # a scalar", 2),
+}
+
+
+@dataclass(frozen=True)
+class UserScript:
+    """The functions of a loaded training script."""
+
+    path: Path
+    module: ModuleType
+    build_model: Callable[[], Any]
+    make_batch: Callable[[int], Any]
+    compute_loss: Callable[[Any, Any], Any]
+    recompute_classes: tuple[str, ...] = ()
+
+
+def load_script(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> UserScript:
+    """Import the script and check that it offers the contract's functions."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise UsageError(
+            f"training script not found: {path}",
+            hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
+        )
+    sys.argv = [str(path), *args]
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    name = "autobatch_user_" + "".join(c if c.isalnum() else "_" for c in path.stem)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"cannot import {path}", hint="the training script must be a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SystemExit as exc:
+        raise ScriptError(
+            f"{path.name} called sys.exit({exc.code}) while being imported",
+            hint="argument parsing at import time must accept the arguments given after `--` (use parse_known_args)",
+        ) from None
+    except Exception as exc:
+        raise ScriptError(
+            f"{path.name} raised {type(exc).__name__} while being imported: {exc}",
+            hint="fix the script so that importing it works (autobatch imports it, it does not run it as __main__)",
+            detail=traceback.format_exc(),
+        ) from None
+    functions: dict[str, Any] = {}
+    problems = []
+    for fname, (signature, nargs) in SIGNATURES.items():
+        fn = getattr(module, fname, None)
+        if fn is None:
+            problems.append(f"{path.name} does not define {fname}; expected:\n    {signature}")
+        elif not callable(fn):
+            problems.append(f"{path.name}: {fname} is not a function; expected:\n    {signature}")
+        elif not _accepts(fn, nargs):
+            problems.append(
+                f"{path.name}: {fname}{_sig(fn)} does not take {nargs} argument(s); expected:\n    {signature}"
+            )
+        functions[fname] = fn
+    if problems:
+        raise ContractError(
+            "\n".join(problems),
+            hint="a training script defines build_model(), make_batch(batch_size) and compute_loss(model, batch); see examples/",
+        )
+    classes = getattr(module, "RECOMPUTE_CLASSES", ())
+    if isinstance(classes, str):
+        classes = (classes,)
+    return UserScript(
+        path,
+        module,
+        functions["build_model"],
+        functions["make_batch"],
+        functions["compute_loss"],
+        tuple(classes),
+    )
+
+
+def _accepts(fn: Callable[..., Any], nargs: int) -> bool:
+    try:
+        inspect.signature(fn).bind(*([None] * nargs))
+    except TypeError:
+        return False
+    except ValueError:  # builtins without a signature
+        return True
+    return True
+
+
+def _sig(fn: Callable[..., Any]) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(...)"

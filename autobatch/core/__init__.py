@@ -1,0 +1,1 @@
+"""The pure core: plain functions over plain values (no torch, no I/O, no environment)."""

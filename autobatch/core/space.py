@@ -1,0 +1,87 @@
+"""The searched space: precisions, optimizers, recomputation, and their combinations.
+
+Names follow the ecosystem: precisions use Lightning's names, optimizers short names that map to
+``torch.optim`` classes with their default settings (see ``autobatch.step.optimizers``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Precision = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
+OptimizerName = Literal[
+    "sgd", "sgd-momentum", "adam", "adamw", "adamw-fused", "adafactor", "rmsprop", "adagrad"
+]
+Objective = Literal["throughput", "max-batch"]
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+
+#: Parameter-sized optimizer states each optimizer keeps (Adafactor's state is factored: rows + columns).
+OPTIMIZER_STATES: dict[str, float] = {
+    "sgd": 0,
+    "sgd-momentum": 1,
+    "adam": 2,
+    "adamw": 2,
+    "adamw-fused": 2,
+    "adafactor": 0,  # factored; see optimizer_state_bytes
+    "rmsprop": 1,
+    "adagrad": 1,
+}
+
+#: Bytes per parameter element, per precision ("mixed" keeps fp32 parameters).
+PARAM_BYTES: dict[str, int] = {"32-true": 4, "bf16-mixed": 4, "16-mixed": 4, "bf16-true": 2}
+
+
+@dataclass(frozen=True, order=True)
+class Combo:
+    """One point of the searched grid."""
+
+    precision: str
+    optimizer: str
+    recompute: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.precision}/{self.optimizer}/{'recompute' if self.recompute else 'no-recompute'}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"precision": self.precision, "optimizer": self.optimizer, "recompute": self.recompute}
+
+
+def combinations(
+    precisions: list[str] | tuple[str, ...],
+    optimizers: list[str] | tuple[str, ...],
+    recompute: list[bool] | tuple[bool, ...],
+) -> list[Combo]:
+    """Every combination, in the order the user listed precisions, then optimizers, then recompute."""
+    return [Combo(p, o, r) for p in precisions for o in optimizers for r in recompute]
+
+
+def optimizer_state_bytes(optimizer: str, param_shapes: list[tuple[int, ...]], state_bytes: int = 4) -> int:
+    """Analytic optimizer-state bytes for parameters of the given shapes.
+
+    Adafactor (``torch.optim.Adafactor``) keeps, for a matrix, one row and one column vector
+    (factored second moment) and, for a vector or scalar, a full-size second moment; plus a step.
+    """
+    numel = sum(_prod(s) for s in param_shapes)
+    if optimizer != "adafactor":
+        return int(OPTIMIZER_STATES[optimizer] * numel * state_bytes)
+    total = 0
+    for shape in param_shapes:
+        if len(shape) >= 2:
+            rows = _prod(shape[:-1])
+            cols = _prod(shape[:-2]) * shape[-1]
+            total += (rows + cols) * state_bytes
+        else:
+            total += _prod(shape) * state_bytes
+    return total
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    out = 1
+    for n in shape:
+        out *= n
+    return out

@@ -1,0 +1,77 @@
+"""The CPU device: an OS-enforced memory cap and a peak measured in the same quantity the cap limits.
+
+Definition (documented in the README): on the CPU device, ``--memory`` is the capacity of the probe
+process's *data memory* — Linux's ``VmData``: every private writable mapping of the whole probe process
+(heap, anonymous ``mmap`` blocks, thread stacks), imports included (torch and the user script
+are already loaded when a probe starts, about 200-300 MiB). The budget is ``memory * (1 - headroom)``
+and is enforced with ``RLIMIT_DATA`` on the probe process, so that exceeding it raises a real
+``DefaultCPUAllocator: can't allocate memory``. Without ``--memory`` the capacity is the memory
+available on the machine when the tune starts.
+
+The peak is ``VmData`` at the probe's start plus the growth of ``VmPeak`` (the high-water mark of the
+whole address space, which a freshly forked process starts at its current size) less any growth of
+the mappings that are not data (shared libraries loaded on the way). It therefore counts exactly
+what ``RLIMIT_DATA`` counts, including transient blocks freed before anyone could sample them.
+
+glibc's allocator is pinned in probe processes (DESIGN.md §4): ``MALLOC_ARENA_MAX=1`` (one arena, no
+per-thread heaps) and ``MALLOC_MMAP_THRESHOLD_=65536`` (a fixed threshold: every block of 64 KiB or
+more is its own mapping, returned to the OS when freed). With glibc's defaults, fit/no-fit under the
+cap is neither monotone in the batch size nor repeatable. The environment is set before the probe
+server starts, so every probe inherits it.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+
+#: Environment that pins glibc's malloc in CPU probe processes (set before the process starts).
+MALLOC_ENV: dict[str, str] = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+
+MEMORY_DEFINITION = (
+    "cpu: VmData of the whole probe process (heap, anonymous mappings, thread stacks; imports included), "
+    "capped with RLIMIT_DATA at memory x (1 - headroom)"
+)
+
+
+@dataclass(frozen=True)
+class VmStatus:
+    """The address-space figures of ``/proc/self/status`` that the cap and the peak depend on (bytes)."""
+
+    data: int
+    size: int
+    peak: int
+
+    @property
+    def not_data(self) -> int:
+        return self.size - self.data
+
+
+def read_status() -> VmStatus:
+    """Read VmData, VmSize and VmPeak of this process."""
+    values: dict[str, int] = {}
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            key, _, rest = line.partition(":")
+            if key in ("VmData", "VmSize", "VmPeak"):
+                values[key] = int(rest.split()[0]) * 1024
+    return VmStatus(values["VmData"], values["VmSize"], values["VmPeak"])
+
+
+def peak_data_bytes(start: VmStatus, now: VmStatus) -> int:
+    """Peak data memory since ``start`` (the probe's first reading in a freshly forked process)."""
+    growth = now.peak - start.size
+    not_data_growth = max(0, now.not_data - start.not_data)
+    return start.data + max(0, growth - not_data_growth)
+
+
+def apply_cap(budget_bytes: int) -> None:
+    """Cap this process's data memory (RLIMIT_DATA, soft and hard) at the budget."""
+    resource.setrlimit(resource.RLIMIT_DATA, (budget_bytes, budget_bytes))
+
+
+def available_bytes() -> int:
+    """Memory available on the machine now (the CPU capacity when ``--memory`` is not given)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)

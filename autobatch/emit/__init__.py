@@ -1,0 +1,153 @@
+"""Emitters: the tune result as the config files launchers already read.
+
+Each format module has a pure ``render_<fmt>(result, options) -> str`` and a ``caveats(result,
+options) -> list[str]`` (what the file cannot say, or where the consumer differs from the measured
+step). :func:`emit` renders every requested file first, so that a rendering error writes nothing,
+then writes each atomically (:func:`autobatch.files.write_atomic`).
+
+=============  ==============================  ==================================================
+format         default file                    consumer
+=============  ==============================  ==================================================
+deepspeed      ``ds_config.json``              ``deepspeed.initialize(config=...)``
+hf             ``hf_training_args.json``       ``HfArgumentParser(TrainingArguments)``
+lightning      ``lightning_overlay.yaml``      ``LightningCLI --config``
+accelerate     ``accelerate_config.yaml``      ``accelerate launch --config_file``
+env            ``autobatch.env``               ``source`` / python-dotenv
+json           ``autobatch-result.json``       ``TuneResult.load``
+toml           ``autobatch-result.toml``       any TOML reader
+=============  ==============================  ==================================================
+
+Files whose format allows comments (YAML, TOML, env) start with where they came from and the batch
+arithmetic ("micro-batch 12 x accumulation 5 x world 8 = global 480 (requested 480)"); the JSON
+consumers reject unknown keys, so those files carry only the settings.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from autobatch.emit import accelerate, deepspeed, env, hf, lightning, whole
+from autobatch.emit.common import EmitOptions, arithmetic, make_options, require_chosen
+from autobatch.errors import UsageError
+from autobatch.files import write_atomic
+from autobatch.result import TuneResult
+
+Renderer = Callable[[TuneResult, EmitOptions], str]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One output format: its renderer, its default file name, and its caveats."""
+
+    name: str
+    render: Renderer
+    filename: str
+    caveats: Callable[[TuneResult, EmitOptions], list[str]]
+    needs_choice: bool = True
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("deepspeed", deepspeed.render_deepspeed, "ds_config.json", deepspeed.caveats),
+        Format("hf", hf.render_hf, "hf_training_args.json", hf.caveats),
+        Format("lightning", lightning.render_lightning, "lightning_overlay.yaml", lightning.caveats),
+        Format("accelerate", accelerate.render_accelerate, "accelerate_config.yaml", accelerate.caveats),
+        Format("env", env.render_env, "autobatch.env", env.caveats),
+        Format("json", whole.render_json, "autobatch-result.json", whole.caveats, needs_choice=False),
+        Format("toml", whole.render_toml, "autobatch-result.toml", whole.caveats, needs_choice=False),
+    )
+}
+
+
+def get_format(name: str) -> Format:
+    """The format called ``name``, or a UsageError naming the known ones (and the closest)."""
+    try:
+        return FORMATS[name]
+    except KeyError:
+        pass
+    close = difflib.get_close_matches(name, list(FORMATS), n=1)
+    did_you_mean = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UsageError(
+        f"unknown emit format {name!r}{did_you_mean}",
+        hint=f"use one of {', '.join(FORMATS)}, optionally as FORMAT=PATH",
+    )
+
+
+def parse_emit_spec(spec: str) -> tuple[str, Path]:
+    """``"deepspeed=out/ds.json"`` -> ``("deepspeed", Path("out/ds.json"))``; a bare format gets its default file."""
+    name, sep, path = spec.partition("=")
+    fmt = get_format(name.strip())
+    if sep and not path.strip():
+        raise UsageError(f"empty path in --emit {spec!r}", hint=f"write {fmt.name}=PATH, or just {fmt.name}")
+    return fmt.name, Path(path.strip()) if sep else Path(fmt.filename)
+
+
+def render(result: TuneResult, fmt: str, options: EmitOptions) -> str:
+    """Render one format (pure apart from reading a DeepSpeed base config)."""
+    spec = get_format(fmt)
+    if spec.needs_choice:
+        require_chosen(result)
+    return spec.render(result, options)
+
+
+def caveats(result: TuneResult, fmt: str, options: EmitOptions) -> list[str]:
+    """What a person should know about this format's file that the file itself may not say."""
+    spec = get_format(fmt)
+    if result.chosen is None:
+        return [] if not spec.needs_choice else ["nothing fits: no configuration to emit"]
+    return spec.caveats(result, options)
+
+
+def emit(
+    result: TuneResult, specs: Iterable[str | tuple[str, str | Path]], options: EmitOptions
+) -> list[Path]:
+    """Render every spec (``"FORMAT[=PATH]"`` or ``(format, path)``), then write them; returns the paths.
+
+    Nothing is written if any file fails to render, or if two specs name the same path.
+    """
+    targets = _targets(specs)
+    rendered = [(path, render(result, fmt, options)) for fmt, path in targets]
+    return [write_atomic(path, text) for path, text in rendered]
+
+
+def _targets(specs: Iterable[str | tuple[str, str | Path]]) -> list[tuple[str, Path]]:
+    targets: list[tuple[str, Path]] = []
+    for spec in specs:
+        if isinstance(spec, str):
+            targets.append(parse_emit_spec(spec))
+        else:
+            fmt, path = spec
+            targets.append((get_format(fmt).name, Path(path)))
+    seen: dict[Path, str] = {}
+    for fmt, path in targets:
+        key = Path(path).resolve()
+        if key in seen:
+            raise UsageError(
+                f"{seen[key]} and {fmt} would both write {path}",
+                hint="give each format its own file with FORMAT=PATH",
+            )
+        seen[key] = fmt
+    return targets
+
+
+def summary(result: TuneResult) -> str | None:
+    """The chosen plan's batch arithmetic, for a command to print after emitting."""
+    return arithmetic(result.chosen) if result.chosen else None
+
+
+__all__ = [
+    "FORMATS",
+    "EmitOptions",
+    "Format",
+    "caveats",
+    "emit",
+    "get_format",
+    "make_options",
+    "parse_emit_spec",
+    "render",
+    "summary",
+]

@@ -1,0 +1,85 @@
+"""An ``accelerate launch --config_file`` YAML, and where accelerate reads gradient accumulation.
+
+Where each number lands:
+
+* ``num_processes`` = world size (accelerate's total over all machines); ``num_machines: 1`` and
+  ``machine_rank: 0`` (for several machines, set ``num_machines``, ``machine_rank`` and
+  ``main_process_ip`` on each; ``num_processes`` stays the world size).
+* ``distributed_type``: ``NO`` for a world of 1, else ``MULTI_GPU`` (``MULTI_CPU`` when the tune
+  measured the CPU device, which also sets ``use_cpu: true``).
+* ``mixed_precision``: 32-true -> ``no``, bf16-mixed -> ``bf16``, 16-mixed -> ``fp16``;
+  bf16-true -> ``bf16`` (accelerate has no pure-bf16 mode: cast the model to bfloat16 yourself;
+  autocast over bf16 weights adds nothing).
+* gradient accumulation: the launch config has no key for it (``ClusterConfig`` rejects unknown
+  keys; only a DeepSpeed ``deepspeed_config`` carries one). ``Accelerator()`` reads
+  ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` when no ``gradient_accumulation_steps`` argument is
+  given, and ``accelerate launch`` passes the environment on: the env emitter exports it, and the
+  header of this file shows the command.
+* the micro-batch is your DataLoader's ``batch_size``: no accelerate setting holds it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from autobatch.emit.common import EmitOptions, comment_block, on_cpu, provenance, require_chosen
+from autobatch.result import TuneResult
+
+MIXED_PRECISION = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16", "bf16-true": "bf16"}
+
+
+def launch_config(result: TuneResult) -> dict[str, Any]:
+    """The launch config dict, in the key order ``accelerate config`` writes."""
+    chosen = require_chosen(result)
+    cpu = on_cpu(result)
+    if chosen.world_size == 1:
+        distributed = "NO"
+    else:
+        distributed = "MULTI_CPU" if cpu else "MULTI_GPU"
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": distributed,
+        "machine_rank": 0,
+        "mixed_precision": MIXED_PRECISION[chosen.precision],
+        "num_machines": 1,
+        "num_processes": chosen.world_size,
+        "use_cpu": cpu,
+    }
+    if not cpu:
+        config["gpu_ids"] = "all"
+    return config
+
+
+def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
+    chosen = require_chosen(result)
+    notes = [
+        f"gradient accumulation: run ACCELERATE_GRADIENT_ACCUMULATION_STEPS={chosen.accumulation_steps} "
+        "accelerate launch --config_file <this file> train.py (Accelerator() reads it; the env format "
+        "exports it), or pass Accelerator(gradient_accumulation_steps=...)",
+        f"micro-batch: set your DataLoader's batch_size to {chosen.micro_batch_size}",
+    ]
+    if chosen.precision == "bf16-true":
+        notes.append(
+            "bf16-true: accelerate has no pure-bf16 mode; mixed_precision is bf16, and the model "
+            "must be cast to bfloat16 in your code"
+        )
+    if chosen.recompute:
+        notes.append(
+            "recompute: no launch setting for it; checkpoint your model's blocks (torch.utils.checkpoint)"
+        )
+    if chosen.world_size > 1:
+        notes.append(
+            "several machines: set num_machines, machine_rank and main_process_ip on each "
+            "(num_processes stays the world size)"
+        )
+    return notes
+
+
+def render_accelerate(result: TuneResult, options: EmitOptions) -> str:
+    """The launch config YAML, headed by its provenance, batch arithmetic and accumulation command."""
+    config = launch_config(result)
+    header = provenance(result, options, "accelerate launch config") + caveats(result, options)
+    return comment_block(header) + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)

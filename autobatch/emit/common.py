@@ -1,0 +1,164 @@
+"""What every emitter shares: the options, the chosen plan, and the provenance comment.
+
+Emitters render text from a :class:`~autobatch.result.TuneResult`; this module holds the pieces they
+all need, so each format module only maps the plan onto its consumer's keys. Nothing here writes a
+file or imports torch or a consumer library.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import textwrap
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+
+from autobatch.core.units import format_bytes
+from autobatch.errors import UsageError
+from autobatch.result import Chosen, TuneResult
+
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+#: Momentum autobatch's ``sgd-momentum`` uses (``autobatch.step.optimizers``); emitters repeat it.
+SGD_MOMENTUM = 0.9
+
+
+@dataclass(frozen=True)
+class EmitOptions:
+    """How to render; everything else comes from the result.
+
+    ``generated_by`` is the command line named in each file's header, ``generated_at`` the emission
+    time (None: left out, which keeps golden files stable). ``deepspeed_base`` is the path of the
+    user's DeepSpeed JSON that the deepspeed emitter overlays. ``transformers_version`` picks the
+    TrainingArguments key names (None: the names every release from 4.11 to 5.x accepts).
+    """
+
+    generated_by: str = "autobatch emit"
+    generated_at: str | None = None
+    lightning_batch_key: str = "data.batch_size"
+    deepspeed_base: str | None = None
+    hf_output_dir: str = "trainer_output"
+    transformers_version: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _DOTTED.match(self.lightning_batch_key):
+            raise UsageError(
+                f"not a dotted key: {self.lightning_batch_key!r}",
+                hint="name the data module's batch-size argument as it appears in the LightningCLI config, "
+                "such as data.batch_size or data.init_args.batch_size",
+            )
+
+
+def make_options(generated_by: str, **overrides: object) -> EmitOptions:
+    """Options for a real run: emitted now, for the transformers installed here (if any)."""
+    values: dict[str, object] = {
+        "generated_by": generated_by,
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "transformers_version": installed_version("transformers"),
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return EmitOptions(**values)  # type: ignore[arg-type]
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a distribution, read from its metadata (no import)."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def require_chosen(result: TuneResult) -> Chosen:
+    """The chosen configuration, or a UsageError when the tune chose none."""
+    if result.chosen is None:
+        raise UsageError(
+            "nothing fits: no configuration to emit",
+            hint="the result has no chosen configuration; allow more memory (--memory, --headroom), "
+            "a lighter optimizer, bf16 or --recompute and tune again (the json and toml formats still "
+            "write the whole result)",
+        )
+    return result.chosen
+
+
+def arithmetic(chosen: Chosen) -> str:
+    """The batch arithmetic, nanoGPT-style: ``micro-batch 12 x accumulation 5 x world 8 = global 480``."""
+    text = (
+        f"micro-batch {chosen.micro_batch_size} x accumulation {chosen.accumulation_steps} "
+        f"x world {chosen.world_size} = global {chosen.global_batch_size}"
+    )
+    if chosen.requested_global_batch_size is None:
+        return text + " (no global batch requested)"
+    return text + f" (requested {chosen.requested_global_batch_size})"
+
+
+def describe_choice(chosen: Chosen) -> str:
+    return (
+        f"{chosen.precision}, optimizer {chosen.optimizer}, recompute {'on' if chosen.recompute else 'off'}"
+    )
+
+
+def provenance(result: TuneResult, options: EmitOptions, what: str) -> list[str]:
+    """Where a file came from, its batch arithmetic, and the plan's note (lines without ``#``)."""
+    version = result.autobatch_version or "(unknown version)"
+    script = " ".join([result.script, *(shlex.quote(a) for a in result.script_args)])
+    device = result.device or {}
+    where = str(device.get("type", "unknown device"))
+    if device.get("name"):
+        where += f" ({device['name']})"
+    if device.get("budget_bytes"):
+        where += f", budget {format_bytes(device['budget_bytes'])}"
+    lines = [f"{what} written by autobatch {version} from a tune of {script}", f"command: {options.generated_by}"]
+    lines.append(f"device: {where}")
+    dates = [
+        f"tuned {result.created}" if result.created else "",
+        f"emitted {options.generated_at}" if options.generated_at else "",
+    ]
+    if any(dates):
+        lines.append(", ".join(d for d in dates if d))
+    if result.status != "complete":
+        lines.append(f"the tune is {result.status}: the choice comes from a partial search")
+    if result.chosen is None:
+        lines.append("no configuration was chosen (nothing fits)")
+        return lines
+    lines.append(f"chosen: {describe_choice(result.chosen)} (objective: {result.objective})")
+    lines.append(arithmetic(result.chosen))
+    if result.chosen.note:
+        lines.append(f"note: {result.chosen.note}")
+    elif not result.chosen.exact:
+        lines.append("note: the requested global batch has no exact split; this is the closest one")
+    return lines
+
+
+def comment_block(lines: list[str], width: int = 110) -> str:
+    """``# ``-prefixed lines; embedded newlines and long lines are wrapped, never left uncommented.
+
+    Characters YAML and TOML refuse in a comment (control characters) are written as escapes.
+    """
+    out: list[str] = []
+    for line in lines:
+        for raw in str(line).splitlines() or [""]:
+            part = "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode() for c in raw)
+            wrapped = textwrap.wrap(
+                part, width=width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+            )
+            out.extend(f"# {w}" for w in wrapped or [""])
+    return "\n".join(out) + "\n"
+
+
+def version_at_least(version: str | None, minimum: tuple[int, ...]) -> bool:
+    """Compare the leading numeric parts of a version string (``5.23.0.dev0`` counts as 5.23.0)."""
+    if version is None:
+        return False
+    parts: list[int] = []
+    for piece in version.split("."):
+        digits = re.match(r"\d+", piece)
+        if not digits:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts) >= minimum
+
+
+def on_cpu(result: TuneResult) -> bool:
+    """The tune measured the CPU device, so its numbers apply to CPU training."""
+    return str((result.device or {}).get("type", "")).lower() == "cpu"

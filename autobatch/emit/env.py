@@ -1,0 +1,69 @@
+"""A shell file of ``export NAME=value`` lines, read by ``source`` (bash, sh) and by python-dotenv.
+
+Variables (values are plain tokens, so no quoting is needed; booleans are 1 or 0):
+
+=========================================  ==============================================
+``AUTOBATCH_MICRO_BATCH_SIZE``             micro-batch per process
+``AUTOBATCH_ACCUMULATION_STEPS``           gradient-accumulation steps
+``AUTOBATCH_PLAN_WORLD_SIZE``              data-parallel processes the plan is for
+``AUTOBATCH_PLAN_GLOBAL_BATCH_SIZE``       micro x accumulation x world (what training gets)
+``AUTOBATCH_REQUESTED_GLOBAL_BATCH_SIZE``  the global batch asked for (absent if none was)
+``AUTOBATCH_PRECISION``                    Lightning-style name: 32-true, bf16-mixed, ...
+``AUTOBATCH_OPTIMIZER``                    autobatch's optimizer name: adamw, sgd-momentum, ...
+``AUTOBATCH_RECOMPUTE_ACTIVATIONS``        1 to checkpoint the repeated blocks, else 0
+``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` the same accumulation, where ``Accelerator()`` reads it
+=========================================  ==============================================
+
+The names stay apart from the settings' ``AUTOBATCH_<FIELD>`` variables (``AUTOBATCH_WORLD_SIZE``,
+``AUTOBATCH_GLOBAL_BATCH_SIZE``, ``AUTOBATCH_RECOMPUTE``, ...), so sourcing this file never changes
+what the next ``autobatch tune`` in the same shell searches.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from autobatch.emit.common import EmitOptions, comment_block, provenance, require_chosen
+from autobatch.result import TuneResult
+
+#: Every name this format may write, in order.
+ENV_NAMES: tuple[str, ...] = (
+    "AUTOBATCH_MICRO_BATCH_SIZE",
+    "AUTOBATCH_ACCUMULATION_STEPS",
+    "AUTOBATCH_PLAN_WORLD_SIZE",
+    "AUTOBATCH_PLAN_GLOBAL_BATCH_SIZE",
+    "AUTOBATCH_REQUESTED_GLOBAL_BATCH_SIZE",
+    "AUTOBATCH_PRECISION",
+    "AUTOBATCH_OPTIMIZER",
+    "AUTOBATCH_RECOMPUTE_ACTIVATIONS",
+    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+)
+
+
+def variables(result: TuneResult) -> dict[str, str]:
+    """The variables and their values, as the file writes them."""
+    chosen = require_chosen(result)
+    values = {
+        "AUTOBATCH_MICRO_BATCH_SIZE": chosen.micro_batch_size,
+        "AUTOBATCH_ACCUMULATION_STEPS": chosen.accumulation_steps,
+        "AUTOBATCH_PLAN_WORLD_SIZE": chosen.world_size,
+        "AUTOBATCH_PLAN_GLOBAL_BATCH_SIZE": chosen.global_batch_size,
+        "AUTOBATCH_REQUESTED_GLOBAL_BATCH_SIZE": chosen.requested_global_batch_size,
+        "AUTOBATCH_PRECISION": chosen.precision,
+        "AUTOBATCH_OPTIMIZER": chosen.optimizer,
+        "AUTOBATCH_RECOMPUTE_ACTIVATIONS": int(chosen.recompute),
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": chosen.accumulation_steps,
+    }
+    return {name: str(value) for name, value in values.items() if value is not None}
+
+
+def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
+    return []
+
+
+def render_env(result: TuneResult, options: EmitOptions) -> str:
+    """``export`` lines headed by the provenance and the batch arithmetic as ``#`` comments."""
+    header = provenance(result, options, "Shell environment")
+    header.append("use: set -a; source <this file>; set +a   (or python-dotenv's load_dotenv)")
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in variables(result).items()]
+    return comment_block(header) + "\n".join(lines) + "\n"

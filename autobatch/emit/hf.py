@@ -1,0 +1,105 @@
+"""Hugging Face ``TrainingArguments`` as JSON, for ``HfArgumentParser(TrainingArguments).parse_json_file``.
+
+Where each number lands:
+
+* ``per_device_train_batch_size`` = micro-batch, ``gradient_accumulation_steps`` = accumulation.
+  The world size is not a TrainingArguments field: the launcher's process count sets it
+  (``torchrun --nproc-per-node``, ``accelerate launch --num_processes``).
+* ``bf16`` / ``fp16`` (autocast mixed precision): ``bf16-mixed`` -> bf16, ``16-mixed`` -> fp16,
+  ``32-true`` -> neither. ``bf16-true`` has no flag: bf16 is written and the model must be loaded in
+  bfloat16 (``from_pretrained(..., dtype=torch.bfloat16)``); autocast over bf16 weights adds nothing,
+  and a model left in fp32 would fall back to bf16-mixed rather than fp32.
+* ``optim`` (``transformers.training_args.OptimizerNames``): adamw -> ``adamw_torch``,
+  adamw-fused -> ``adamw_torch_fused``, adam -> ``adamw_torch`` (there is no plain Adam; AdamW
+  with TrainingArguments' default ``weight_decay`` 0 is the same update), sgd -> ``sgd``,
+  sgd-momentum -> ``sgd`` with ``optim_args: "momentum=0.9"``, adafactor -> ``adafactor``
+  (transformers' Adafactor, factored like the torch one autobatch measured), rmsprop ->
+  ``rmsprop``, adagrad -> ``adagrad``.
+* recompute -> ``activation_checkpointing`` on transformers >= 5.23 (where
+  ``gradient_checkpointing`` became its deprecated alias), else ``gradient_checkpointing``; an
+  unknown version gets ``gradient_checkpointing``, which every release from 4.11 to 5.x accepts.
+* ``output_dir`` (``EmitOptions.hf_output_dir``, default ``trainer_output``, transformers 5's own
+  default): older releases require the field, so it is always written.
+* ``use_cpu: true`` when the tune measured the CPU device (the numbers hold for CPU training only).
+
+``parse_json_file`` rejects unknown keys, so the file carries nothing else: no comment, no
+provenance; :func:`caveats` returns those for the command to print.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autobatch.emit.common import SGD_MOMENTUM, EmitOptions, on_cpu, require_chosen, version_at_least
+from autobatch.result import TuneResult
+
+#: autobatch optimizer -> TrainingArguments ``optim`` value (and ``optim_args``).
+OPTIMIZERS: dict[str, tuple[str, str | None]] = {
+    "sgd": ("sgd", None),
+    "sgd-momentum": ("sgd", f"momentum={SGD_MOMENTUM}"),
+    "adam": ("adamw_torch", None),
+    "adamw": ("adamw_torch", None),
+    "adamw-fused": ("adamw_torch_fused", None),
+    "adafactor": ("adafactor", None),
+    "rmsprop": ("rmsprop", None),
+    "adagrad": ("adagrad", None),
+}
+#: First transformers release whose TrainingArguments names recomputation ``activation_checkpointing``.
+ACTIVATION_CHECKPOINTING_SINCE = (5, 23)
+
+
+def checkpointing_key(transformers_version: str | None) -> str:
+    if version_at_least(transformers_version, ACTIVATION_CHECKPOINTING_SINCE):
+        return "activation_checkpointing"
+    return "gradient_checkpointing"
+
+
+def training_arguments(result: TuneResult, options: EmitOptions) -> dict[str, Any]:
+    """The TrainingArguments fields autobatch decides, by their names in ``options.transformers_version``."""
+    chosen = require_chosen(result)
+    optim, optim_args = OPTIMIZERS[chosen.optimizer]
+    args: dict[str, Any] = {
+        "output_dir": options.hf_output_dir,
+        "per_device_train_batch_size": chosen.micro_batch_size,
+        "gradient_accumulation_steps": chosen.accumulation_steps,
+        "bf16": chosen.precision in ("bf16-mixed", "bf16-true"),
+        "fp16": chosen.precision == "16-mixed",
+        "optim": optim,
+    }
+    if optim_args:
+        args["optim_args"] = optim_args
+    args[checkpointing_key(options.transformers_version)] = chosen.recompute
+    if on_cpu(result):
+        args["use_cpu"] = True
+    return args
+
+
+def render_hf(result: TuneResult, options: EmitOptions) -> str:
+    """TrainingArguments JSON text."""
+    return json.dumps(training_arguments(result, options), indent=2) + "\n"
+
+
+def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
+    chosen = require_chosen(result)
+    notes: list[str] = []
+    if chosen.world_size > 1:
+        notes.append(
+            f"launch {chosen.world_size} processes (torchrun --nproc-per-node / accelerate launch --num_processes): "
+            "TrainingArguments has no world-size field"
+        )
+    if chosen.precision == "bf16-true":
+        notes.append(
+            "bf16-true: TrainingArguments has no pure-bf16 flag; bf16 is on, and the model must be "
+            "loaded in bfloat16 (from_pretrained(..., dtype=torch.bfloat16))"
+        )
+    if chosen.optimizer == "adam":
+        notes.append(
+            "adam: TrainingArguments has no plain Adam; adamw_torch with weight_decay 0 (the default) is the same update"
+        )
+    if options.transformers_version is None:
+        notes.append(
+            "transformers version unknown: wrote gradient_checkpointing (accepted up to 5.x; "
+            "5.23 renamed it activation_checkpointing)"
+        )
+    return notes

@@ -1,0 +1,89 @@
+"""A LightningCLI YAML overlay: ``--config your.yaml --config lightning_overlay.yaml``.
+
+Where each number lands (LightningCLI merges later ``--config`` files over earlier ones):
+
+* ``trainer.precision``: autobatch uses Lightning's names, so the precision is copied as is.
+* ``trainer.accumulate_grad_batches`` = accumulation.
+* the data module's batch size, at ``EmitOptions.lightning_batch_key`` (dotted, default
+  ``data.batch_size``; ``data.init_args.batch_size`` for subclass mode) = micro-batch.
+* ``trainer.devices: 1`` and ``trainer.num_nodes: 1`` when the world size is 1, because Lightning's
+  default ``devices="auto"`` would take every GPU and multiply the global batch. For a larger world
+  the split between devices and nodes is the cluster's (4 can be 4x1 or 2x2), so neither is set and
+  the header says devices x num_nodes must equal the world size.
+* ``trainer.accelerator: cpu`` when the tune measured the CPU device.
+
+The optimizer is not set: LightningCLI's ``optimizer`` key would replace the module's own
+``configure_optimizers``; the header names the optimizer that was tuned. Recomputation has no
+Trainer flag and is noted in the header too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from autobatch.emit.common import EmitOptions, comment_block, on_cpu, provenance, require_chosen
+from autobatch.errors import UsageError
+from autobatch.result import TuneResult
+
+
+def overlay(result: TuneResult, options: EmitOptions) -> dict[str, Any]:
+    """The overlay as a nested dict."""
+    chosen = require_chosen(result)
+    trainer: dict[str, Any] = {
+        "precision": chosen.precision,
+        "accumulate_grad_batches": chosen.accumulation_steps,
+    }
+    if chosen.world_size == 1:
+        trainer.update(devices=1, num_nodes=1)
+    if on_cpu(result):
+        trainer["accelerator"] = "cpu"
+    data: dict[str, Any] = {"trainer": trainer}
+    *parents, leaf = options.lightning_batch_key.split(".")
+    node = data
+    for i, part in enumerate(parents):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise _clash(options.lightning_batch_key, ".".join(parents[: i + 1]))
+        node = child
+    if leaf in node:
+        raise _clash(options.lightning_batch_key, options.lightning_batch_key)
+    node[leaf] = chosen.micro_batch_size
+    return data
+
+
+def _clash(key: str, taken: str) -> UsageError:
+    return UsageError(
+        f"the Lightning batch-size key {key!r} collides with {taken!r}, which autobatch sets itself",
+        hint="pass the data module's batch-size key, such as data.batch_size (--lightning-batch-key)",
+    )
+
+
+def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
+    chosen = require_chosen(result)
+    notes = []
+    if chosen.world_size > 1:
+        notes.append(
+            f"world size {chosen.world_size}: set trainer.devices x trainer.num_nodes = {chosen.world_size} "
+            "for your cluster (not set here)"
+        )
+    notes.append(
+        f"optimizer {chosen.optimizer} is not set here (LightningCLI's optimizer key would replace "
+        "your configure_optimizers); build it in your module"
+    )
+    if chosen.recompute:
+        notes.append(
+            "recompute: the Trainer has no flag for it; checkpoint your model's blocks "
+            "(torch.utils.checkpoint, or the FSDP strategy's activation_checkpointing_policy)"
+        )
+    return notes
+
+
+def render_lightning(result: TuneResult, options: EmitOptions) -> str:
+    """The overlay YAML, headed by its provenance and batch arithmetic."""
+    data = overlay(result, options)
+    header = provenance(result, options, "LightningCLI overlay")
+    header += caveats(result, options)
+    header.append("use: python train.py fit --config your_config.yaml --config <this file>")
+    return comment_block(header) + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)

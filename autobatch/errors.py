@@ -1,0 +1,88 @@
+"""The one exception tree of autobatch, and the exit codes the CLI maps it to.
+
+::
+
+    AutobatchError                 (exit 1)  anything autobatch reports on purpose
+    ├── UsageError                 (exit 2)  bad flag, bad value, bad config file
+    │   └── ConfigError            (exit 2)  every problem of a config file, collected
+    ├── ContractError              (exit 3)  the training script breaks the user contract
+    ├── ScriptError                (exit 3)  the training script raised during a probe
+    ├── NothingFitsError           (exit 4)  no combination fits even the smallest batch
+    ├── ProbeFailure               (exit 6)  a probe crashed or timed out where an answer was needed
+    └── DeviceError                (exit 7)  the device cannot be used (no driver, no GPU, ...)
+
+``autobatch check`` exits with 5 when the batch runs out of memory (an answer, not an error).
+An interrupted run exits with 130 (SIGINT) or 143 (SIGTERM).
+Every error carries a ``hint``: what to do about it.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_SCRIPT = 3
+EXIT_NOTHING_FITS = 4
+EXIT_OOM = 5
+EXIT_PROBE_FAILURE = 6
+EXIT_DEVICE = 7
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class AutobatchError(Exception):
+    """Base of every error autobatch raises on purpose."""
+
+    exit_code = EXIT_INTERNAL
+
+    def __init__(self, message: str, hint: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        #: Long text shown only with --verbose (a traceback, a log tail).
+        self.detail = detail
+
+
+class UsageError(AutobatchError):
+    """A flag, value or file given by the user is wrong."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    """One or more problems in settings; ``problems`` holds each, already formatted."""
+
+    def __init__(self, problems: list[str], hint: str | None = None) -> None:
+        noun = "problem" if len(problems) == 1 else "problems"
+        super().__init__(f"{len(problems)} {noun} in the settings:\n  - " + "\n  - ".join(problems), hint)
+        self.problems = problems
+
+
+class ContractError(AutobatchError):
+    """The training script lacks a required function or returns the wrong thing."""
+
+    exit_code = EXIT_SCRIPT
+
+
+class ScriptError(AutobatchError):
+    """The training script raised an exception that is not an out-of-memory error."""
+
+    exit_code = EXIT_SCRIPT
+
+
+class NothingFitsError(AutobatchError):
+    """No searched combination fits even the smallest batch."""
+
+    exit_code = EXIT_NOTHING_FITS
+
+
+class ProbeFailure(AutobatchError):
+    """A probe crashed or timed out where the run needed an answer."""
+
+    exit_code = EXIT_PROBE_FAILURE
+
+
+class DeviceError(AutobatchError):
+    """The requested device cannot be used."""
+
+    exit_code = EXIT_DEVICE

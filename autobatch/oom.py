@@ -1,0 +1,305 @@
+"""Decide, in one place, whether a failed probe ran out of memory or the training script is broken.
+
+A probe that runs out of memory is an *answer* (this batch does not fit); any other exception is the
+*script's error*, reported with its traceback and never counted as an OOM. Out-of-memory has many
+faces (DESIGN.md §4), so the decision is a table of rules over the exception's type names and message:
+
+definite (always ``"oom"``)
+    ``torch.OutOfMemoryError`` (= ``torch.cuda.OutOfMemoryError``, also raised for HIP/MPS/XPU),
+    Python's ``MemoryError``, ``torch.AcceleratorError`` carrying an out-of-memory code
+    (``CUDA error: out of memory``, ``cudaErrorMemoryAllocation``), any "CUDA/HIP/XPU/MPS ... out of
+    memory" text, ``*_STATUS_ALLOC_FAILED`` of cuBLAS/cuSOLVER/cuSPARSE/cuDNN (and cuFFT/cuRAND's
+    equivalents), ``DefaultCPUAllocator: can't allocate memory`` (or ``not enough memory``),
+    ``std::bad_alloc``, and ``Cannot allocate memory`` (errno 12, ``ENOMEM``: what the OS says when
+    ``RLIMIT_DATA`` refuses a mapping).
+ambiguous (``"oom"`` only near the budget)
+    oneDNN's ``could not create a primitive`` (a CPU convolution whose scratchpad cannot be
+    allocated under the cap, but also an unsupported configuration), cuDNN's
+    ``CUDNN_STATUS_NOT_SUPPORTED`` (also a hard size limit of some kernels),
+    ``CUDNN_STATUS_INTERNAL_ERROR``, ``Unable to find a valid cuDNN algorithm`` / ``... was unable to
+    find an engine`` (every algorithm's workspace failed to allocate, or none supports the shapes) and
+    ``CUBLAS_STATUS_NOT_INITIALIZED`` (``cublasCreate`` on a full device). The probe knows its own
+    usage: the failure is an OOM when ``used_bytes >= NEAR_BUDGET_FRACTION * budget_bytes``, and the
+    script's error otherwise, or when either figure is unknown.
+
+Message rules do not apply to the exception types a script raises for its own reasons
+(``ValueError``, ``TypeError``, ``KeyError``, ... see :data:`SCRIPT_ERROR_TYPES`): a ``ValueError``
+whose text mentions memory is still the script's error. Type names are compared as strings over the
+whole MRO, so this module never imports torch.
+
+Chains count: an OOM wrapped in another exception (``raise X from oom``, or an exception raised
+while an OOM was being handled, or one member of an ``ExceptionGroup``) is still an OOM, because
+the batch did not fit; :func:`classify_exception` walks ``__cause__``, ``__context__`` (even when
+suppressed by ``from None``) and group members.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+Classification = Literal["oom", "error"]
+
+#: An ambiguous failure (oneDNN, cuDNN) is an OOM when the probe had used at least this fraction of
+#: its budget. The failed request itself is not known for these messages, and it can be large (a
+#: convolution's scratchpad or workspace), so the threshold leaves room for a request of up to a fifth
+#: of the budget. Measured here: a oneDNN ``could not create a primitive`` under ``RLIMIT_DATA``
+#: happened at 100% of the cap.
+NEAR_BUDGET_FRACTION: float = 0.8
+
+#: Exception types that a script raises for its own reasons: never an OOM by their message alone
+#: (an OOM in their ``__cause__``/``__context__`` chain still counts).
+SCRIPT_ERROR_TYPES: frozenset[str] = frozenset(
+    {
+        "ValueError",
+        "TypeError",
+        "KeyError",
+        "IndexError",
+        "AttributeError",
+        "NameError",
+        "AssertionError",
+        "NotImplementedError",
+        "ZeroDivisionError",
+    }
+)
+
+#: ``cudaErrorMemoryAllocation`` and ``hipErrorOutOfMemory`` (both 2): the code an ``AcceleratorError``
+#: carries (as ``error_code`` in recent PyTorch) when the device ran out of memory.
+OOM_ERROR_CODES: frozenset[int] = frozenset({2})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One face of an out-of-memory failure."""
+
+    name: str
+    #: Class names of which at least one must be in the exception's MRO; empty: any type except
+    #: :data:`SCRIPT_ERROR_TYPES`.
+    types: frozenset[str]
+    #: Searched in the message; ``None``: the type alone decides.
+    pattern: re.Pattern[str] | None
+    #: An ambiguous rule is an OOM only near the budget.
+    ambiguous: bool = False
+
+
+def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    return re.compile(pattern, flags)
+
+
+_NONE: frozenset[str] = frozenset()
+
+RULES: tuple[Rule, ...] = (
+    Rule("out-of-memory-error", frozenset({"OutOfMemoryError"}), None),
+    Rule("python-memory-error", frozenset({"MemoryError"}), None),
+    Rule(
+        "accelerator-out-of-memory",
+        frozenset({"AcceleratorError"}),
+        _rx(r"out of memory|cudaErrorMemoryAllocation|hipErrorOutOfMemory", re.IGNORECASE),
+    ),
+    Rule(
+        "device-out-of-memory",
+        _NONE,
+        _rx(
+            r"\b(?:CUDA|HIP|XPU|MPS)\b[^\n]{0,40}?\bout of memory"
+            r"|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory",
+            re.IGNORECASE,
+        ),
+    ),
+    Rule(
+        "gpu-library-alloc-failed",
+        _NONE,
+        _rx(
+            r"\b(?:CUBLAS|CUSOLVER|CUSPARSE|CUDNN|HIPBLAS|MIOPEN)_STATUS_ALLOC_FAILED\b"
+            r"|\bCUFFT_ALLOC_FAILED\b|\bCURAND_STATUS_ALLOCATION_FAILED\b|\bmiopenStatusAllocFailed\b"
+        ),
+    ),
+    Rule("cpu-allocator", _NONE, _rx(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)")),
+    Rule("bad-alloc", _NONE, _rx(r"\bbad_alloc\b")),
+    Rule("enomem", _NONE, _rx(r"Cannot allocate memory|\[Errno 12\]")),
+    Rule("onednn-primitive", _NONE, _rx(r"could not create a primitive"), ambiguous=True),
+    Rule("cudnn-not-supported", _NONE, _rx(r"\bCUDNN_STATUS_NOT_SUPPORTED\b"), ambiguous=True),
+    Rule("cudnn-internal-error", _NONE, _rx(r"\bCUDNN_STATUS_INTERNAL_ERROR\b"), ambiguous=True),
+    Rule(
+        "cudnn-no-algorithm",
+        _NONE,
+        _rx(r"Unable to find a valid cuDNN algorithm|\b(?:GET|FIND) was unable to find an engine"),
+        ambiguous=True,
+    ),
+    Rule("cublas-not-initialized", _NONE, _rx(r"\bCUBLAS_STATUS_NOT_INITIALIZED\b"), ambiguous=True),
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A classification with the rule that decided it and a sentence saying why."""
+
+    kind: Classification
+    rule: str | None
+    reason: str
+
+
+def near_budget(used_bytes: int | None, budget_bytes: int | None) -> bool:
+    """True when both figures are known and usage reached ``NEAR_BUDGET_FRACTION`` of the budget."""
+    if used_bytes is None or budget_bytes is None or budget_bytes <= 0:
+        return False
+    return used_bytes >= NEAR_BUDGET_FRACTION * budget_bytes
+
+
+def match_rule(type_names: Iterable[str], message: str, error_code: int | None = None) -> Rule | None:
+    """The first rule of :data:`RULES` this failure matches (definite rules come first), or None."""
+    names = {name.rsplit(".", 1)[-1] for name in type_names}
+    scripted = bool(names & SCRIPT_ERROR_TYPES)
+    for rule in RULES:
+        if rule.types:
+            if not names & rule.types:
+                continue
+            if rule.name == "accelerator-out-of-memory" and error_code in OOM_ERROR_CODES:
+                return rule
+        elif scripted:
+            continue
+        if rule.pattern is None or rule.pattern.search(message):
+            return rule
+    return None
+
+
+def explain_message(
+    type_name: str,
+    message: str,
+    *,
+    used_bytes: int | None = None,
+    budget_bytes: int | None = None,
+    type_names: Iterable[str] = (),
+    error_code: int | None = None,
+) -> Verdict:
+    """Classify one failure from its type name(s) and message (pure); see the module docstring."""
+    rule = match_rule([type_name, *type_names], message, error_code)
+    if rule is None:
+        return Verdict("error", None, f"{_short(type_name)} is not an out-of-memory failure")
+    if not rule.ambiguous:
+        return Verdict("oom", rule.name, f"{_short(type_name)} is an out-of-memory failure ({rule.name})")
+    if near_budget(used_bytes, budget_bytes):
+        assert used_bytes is not None and budget_bytes is not None
+        share = used_bytes / budget_bytes
+        return Verdict(
+            "oom",
+            rule.name,
+            f"{rule.name} at {share:.0%} of the budget (>= {NEAR_BUDGET_FRACTION:.0%}): out of memory",
+        )
+    where = (
+        "with the usage unknown"
+        if used_bytes is None or budget_bytes is None or budget_bytes <= 0
+        else f"at {used_bytes / budget_bytes:.0%} of the budget (< {NEAR_BUDGET_FRACTION:.0%})"
+    )
+    return Verdict("error", rule.name, f"{rule.name} {where}: treated as the script's error")
+
+
+def classify_message(
+    type_name: str,
+    message: str,
+    *,
+    used_bytes: int | None = None,
+    budget_bytes: int | None = None,
+    type_names: Iterable[str] = (),
+    error_code: int | None = None,
+) -> Classification:
+    """``"oom"`` or ``"error"`` for one failure given as data (pure; no chain)."""
+    return explain_message(
+        type_name,
+        message,
+        used_bytes=used_bytes,
+        budget_bytes=budget_bytes,
+        type_names=type_names,
+        error_code=error_code,
+    ).kind
+
+
+def explain_exception(
+    exc: BaseException, *, used_bytes: int | None = None, budget_bytes: int | None = None
+) -> Verdict:
+    """Classify an exception and its chain: the first link that is an OOM decides, else ``"error"``."""
+    first: Verdict | None = None
+    for link in _chain(exc):
+        verdict = explain_message(
+            type(link).__name__,
+            _message(link),
+            used_bytes=used_bytes,
+            budget_bytes=budget_bytes,
+            type_names=_mro_names(type(link)),
+            error_code=_error_code(link),
+        )
+        if verdict.kind == "oom":
+            if link is not exc:
+                return Verdict("oom", verdict.rule, f"{verdict.reason}, wrapped in {type(exc).__name__}")
+            return verdict
+        if first is None:
+            first = verdict
+    assert first is not None
+    return first
+
+
+def classify_exception(
+    exc: BaseException, *, used_bytes: int | None = None, budget_bytes: int | None = None
+) -> Classification:
+    """``"oom"`` if this exception, or any exception in its chain, is an out-of-memory failure."""
+    return explain_exception(exc, used_bytes=used_bytes, budget_bytes=budget_bytes).kind
+
+
+def _chain(exc: BaseException, limit: int = 64) -> Iterator[BaseException]:
+    """The exception, then its causes, contexts and group members, breadth first, each once."""
+    seen: set[int] = set()
+    queue: list[BaseException] = [exc]
+    while queue and len(seen) < limit:
+        link = queue.pop(0)
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        yield link
+        for nxt in (link.__cause__, link.__context__):
+            if nxt is not None:
+                queue.append(nxt)
+        members = getattr(link, "exceptions", None)
+        if isinstance(members, (tuple, list)):
+            queue.extend(m for m in members if isinstance(m, BaseException))
+
+
+def _mro_names(cls: type) -> list[str]:
+    return [k.__name__ for k in cls.__mro__]
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the classification
+        text = ""
+    errno = getattr(exc, "errno", None)
+    if errno == 12 and "[Errno 12]" not in text:  # ENOMEM from an OSError built without strerror
+        text += " [Errno 12]"
+    return text
+
+
+def _error_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "error_code", None)
+    return code if isinstance(code, int) else None
+
+
+def _short(type_name: str) -> str:
+    return type_name.rsplit(".", 1)[-1]
+
+
+__all__ = [
+    "NEAR_BUDGET_FRACTION",
+    "OOM_ERROR_CODES",
+    "RULES",
+    "SCRIPT_ERROR_TYPES",
+    "Classification",
+    "Rule",
+    "Verdict",
+    "classify_exception",
+    "classify_message",
+    "explain_exception",
+    "explain_message",
+    "match_rule",
+    "near_budget",
+]

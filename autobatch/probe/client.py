@@ -1,0 +1,160 @@
+"""The parent side of the probe server: start it, send probes, and leave no process behind.
+
+The server runs in its own process group (``start_new_session``) with every probe forked inside it,
+so :meth:`ProbeClient.close` ends them all with one ``killpg``. ``PR_SET_PDEATHSIG`` in the server
+and in each probe covers the case where this process is killed outright.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import AutobatchError, ContractError, ProbeFailure, ScriptError
+from .protocol import ProbeOutcome, ProbeRequest
+
+#: Extra seconds the client waits beyond a probe's own timeout before it gives up on the server.
+SERVER_GRACE = 30.0
+
+
+class ProbeClient:
+    """A running probe server for one script."""
+
+    def __init__(
+        self,
+        script: str | Path,
+        script_args: list[str] | tuple[str, ...] = (),
+        *,
+        env: dict[str, str] | None = None,
+        start_timeout: float = 300.0,
+    ) -> None:
+        self.script = str(script)
+        self._log_dir = tempfile.TemporaryDirectory(prefix="autobatch-")
+        self._stderr = open(os.path.join(self._log_dir.name, "server.log"), "wb")  # noqa: SIM115
+        init = {"script": self.script, "script_args": list(script_args), "log_dir": self._log_dir.name}
+        full_env = {**os.environ, **(env or {})}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "autobatch.probe.server", json.dumps(init)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=full_env,
+            start_new_session=True,
+        )
+        self._next_id = 0
+        self._buffer = b""
+        self.probes_run = 0
+        hello = self._read(start_timeout, what="the probe server to import torch and the script")
+        if not hello.get("ready"):
+            self.close()
+            raise _server_error(hello.get("error", {}))
+        self.import_seconds = float(hello.get("import_seconds", 0.0))
+        self.torch_version = str(hello.get("torch_version", ""))
+        self.pid = int(hello.get("pid", self._proc.pid))
+
+    def __enter__(self) -> ProbeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, request: ProbeRequest) -> ProbeOutcome:
+        """Run one probe (or inspect) in a fresh process and return its outcome."""
+        self._next_id += 1
+        message = {"id": self._next_id, "request": request.to_dict()}
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write((json.dumps(message) + "\n").encode())
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            raise ProbeFailure(
+                "the probe server died", hint="rerun with --verbose to see its log", detail=self.server_log()
+            ) from None
+        answer = self._read(request.timeout + SERVER_GRACE, what=f"the probe at batch {request.batch_size}")
+        if request.op == "probe":
+            self.probes_run += 1
+        return ProbeOutcome.from_dict(answer["outcome"])
+
+    def server_log(self) -> str:
+        try:
+            self._stderr.flush()
+            return Path(self._log_dir.name, "server.log").read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        """Stop the server and every probe it forked; safe to call more than once."""
+        proc = self._proc
+        if proc.poll() is None:
+            try:
+                if proc.stdin:
+                    proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if proc.stdout:
+            proc.stdout.close()
+        if not self._stderr.closed:
+            self._stderr.close()
+        self._log_dir.cleanup()
+
+    def _read(self, timeout: float, what: str) -> dict[str, Any]:
+        assert self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.close()
+                raise ProbeFailure(
+                    f"timed out waiting for {what}", hint="raise --timeout, or rerun with --verbose"
+                )
+            ready, _, _ = select.select([fd], [], [], min(remaining, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                log = self.server_log()
+                code = self._proc.poll()
+                raise ProbeFailure(
+                    f"the probe server exited (status {code}) while waiting for {what}",
+                    hint="rerun with --verbose to see its log",
+                    detail=log,
+                )
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+
+def _server_error(error: dict[str, Any]) -> AutobatchError:
+    message = error.get("message") or "the probe server failed to start"
+    code = error.get("exit_code")
+    detail = error.get("detail") or error.get("traceback")
+    if code == 2:
+        from ..errors import UsageError
+
+        return UsageError(message, hint=error.get("hint"), detail=detail)
+    if error.get("type") == "ContractError":
+        return ContractError(message, hint=error.get("hint"), detail=detail)
+    if code == 3:
+        return ScriptError(message, hint=error.get("hint"), detail=detail)
+    return ProbeFailure(message, hint=error.get("hint") or "rerun with --verbose", detail=detail)

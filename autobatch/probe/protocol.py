@@ -1,0 +1,84 @@
+"""Probe requests and outcomes: plain records that cross process boundaries as JSON.
+
+An outcome's ``kind`` is one of:
+
+``fits``     every step completed within the budget (and, on CUDA, without allocator retries)
+``oom``      the probe ran out of memory (classified in one place: ``autobatch.oom``)
+``error``    the training script raised something that is not an OOM: reported with its traceback
+``timeout``  the probe did not finish within its timeout and was killed
+``crash``    the probe process died without reporting (a signal, an abort, an illegal access)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+KINDS = ("fits", "oom", "error", "timeout", "crash")
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    batch_size: int
+    precision: str
+    optimizer: str
+    recompute: bool
+    device: str  # "cpu" or "cuda:N"
+    budget_bytes: int
+    min_steps: int = 3
+    max_steps: int = 8
+    timeout: float = 300.0
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    recompute_classes: tuple[str, ...] = ()
+    op: str = "probe"  # "probe" | "inspect"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeRequest:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["recompute_classes"] = tuple(values.get("recompute_classes", ()))
+        return cls(**values)
+
+
+@dataclass
+class ProbeOutcome:
+    kind: str
+    batch_size: int = 0
+    peak_bytes: int | None = None
+    step_peaks: list[int] = field(default_factory=list)
+    baseline_bytes: int | None = None
+    budget_bytes: int | None = None
+    steps: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+    samples_per_second: float | None = None
+    param_count: int = 0
+    param_bytes: int = 0
+    grad_bytes: int = 0
+    optimizer_state_bytes: int = 0
+    recompute_blocks: list[str] = field(default_factory=list)
+    device_stats: dict[str, Any] = field(default_factory=dict)
+    error_type: str | None = None
+    error_message: str | None = None
+    traceback: str | None = None
+    contract: bool = False  # the error is a broken contract (wrong return type, ...)
+    reason: str | None = None
+    log_tail: str | None = None
+    wall_seconds: float = 0.0
+    setup_seconds: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)  # "inspect" answers
+    cached: bool = False  # replayed from the probe cache, not run now
+
+    @property
+    def fits(self) -> bool:
+        return self.kind == "fits"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeOutcome:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,202 @@
+"""The probe server (the daemon): imports torch and the user script once, then forks a probe per request.
+
+Protocol: JSON lines. The client writes requests on the server's stdin; the server answers on the
+file descriptor that was its stdout at start (its own fd 1 is then pointed at stderr, so whatever
+the user script prints cannot corrupt the protocol). First message: ``{"ready": true, ...}`` or
+``{"ready": false, "error": {...}}``. Each request ``{"id": n, "request": {...}}`` gets
+``{"id": n, "outcome": {...}}``. EOF on stdin ends the server.
+
+Isolation: every probe runs in a process forked from this one, whose allocator state no earlier
+probe touched; the server itself never runs a tensor operation (a forked child of a process that
+started OpenMP threads or initialised CUDA is not safe). Each probe child asks the kernel to kill it
+if the server dies (``PR_SET_PDEATHSIG``), as the server does for the client, so no probe outlives a
+run; the client also kills the whole process group on exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+from .protocol import ProbeOutcome, ProbeRequest
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent exits (no-op elsewhere)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def main() -> None:
+    init = json.loads(sys.argv[1])
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:  # the client died before we asked
+        os._exit(1)
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides when we stop
+
+    started = time.perf_counter()
+    try:
+        import torch  # noqa: F401  (imported once here, inherited by every probe)
+
+        from ..contract import load_script
+
+        script = load_script(init["script"], init.get("script_args", []))
+    except BaseException as exc:  # noqa: BLE001
+        from ..errors import AutobatchError
+
+        error: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+        if isinstance(exc, AutobatchError):
+            error.update(message=exc.message, hint=exc.hint, detail=exc.detail, exit_code=exc.exit_code)
+        _send(proto, {"ready": False, "error": error})
+        return
+    import torch
+
+    _send(
+        proto,
+        {
+            "ready": True,
+            "pid": os.getpid(),
+            "import_seconds": time.perf_counter() - started,
+            "torch_version": torch.__version__,
+        },
+    )
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        message = json.loads(line)
+        request = ProbeRequest.from_dict(message["request"])
+        outcome = _fork_probe(request, script, init.get("log_dir"))
+        _send(proto, {"id": message.get("id"), "outcome": outcome.to_dict()})
+
+
+def _fork_probe(request: ProbeRequest, script: Any, log_dir: str | None) -> ProbeOutcome:
+    read_fd, write_fd = os.pipe()
+    log_path = (
+        os.path.join(log_dir, f"probe-{os.getpid()}-{time.monotonic_ns()}.log") if log_dir else os.devnull
+    )
+    started = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the probe process
+        os.close(read_fd)
+        _child(request, script, write_fd, log_path)
+    os.close(write_fd)
+    chunks: list[bytes] = []
+    deadline = started + request.timeout
+    timed_out = False
+    while True:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            timed_out = True
+            break
+        ready, _, _ = select.select([read_fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(read_fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    if timed_out:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    os.close(read_fd)
+    wall = time.perf_counter() - started
+    tail = _tail(log_path)
+    if timed_out:
+        return ProbeOutcome(
+            kind="timeout",
+            batch_size=request.batch_size,
+            wall_seconds=wall,
+            log_tail=tail,
+            reason=f"no answer within {request.timeout:g} s; the probe was killed",
+        )
+    try:
+        outcome = ProbeOutcome.from_dict(json.loads(b"".join(chunks)))
+    except ValueError:
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            how = f"killed by signal {sig} ({signal.Signals(sig).name})"
+        else:
+            how = f"exited with status {os.WEXITSTATUS(status)}"
+        return ProbeOutcome(
+            kind="crash",
+            batch_size=request.batch_size,
+            wall_seconds=wall,
+            log_tail=tail,
+            reason=f"the probe process {how} without reporting",
+        )
+    outcome.wall_seconds = wall
+    if outcome.kind in ("error", "crash"):
+        outcome.log_tail = tail
+    if log_path != os.devnull:
+        try:
+            os.unlink(log_path)
+        except OSError:
+            pass
+    return outcome
+
+
+def _child(request: ProbeRequest, script: Any, write_fd: int, log_path: str) -> None:
+    code = 0
+    try:
+        die_with_parent()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        from .worker import run_probe
+
+        outcome = run_probe(request, script)
+        data = json.dumps(outcome.to_dict()).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_fd, view) :]
+    except BaseException:  # noqa: BLE001
+        code = 70
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)
+
+
+def _tail(path: str, limit: int = 4000) -> str | None:
+    if path == os.devnull:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            text = handle.read().decode(errors="replace").strip()
+        return text or None
+    except OSError:
+        return None
+
+
+def _send(proto: Any, message: dict[str, Any]) -> None:
+    proto.write(json.dumps(message) + "\n")
+    proto.flush()
+
+
+if __name__ == "__main__":
+    main()

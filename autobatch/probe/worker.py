@@ -1,0 +1,205 @@
+"""What runs inside one forked probe process: apply the budget, run the steps, measure, report.
+
+Everything is returned as a :class:`ProbeOutcome` record; nothing raises out of :func:`run_probe`.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any, Callable
+
+from ..contract import UserScript
+from ..errors import AutobatchError, ContractError
+from ..oom import classify_exception
+from .protocol import ProbeOutcome, ProbeRequest
+
+PRECISION_CHECKS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
+
+
+def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
+    """Run one probe (or an ``inspect``) in this process and describe what happened."""
+    start = time.perf_counter()
+    if request.op == "inspect":
+        outcome = _inspect(request, script)
+    else:
+        outcome = _probe(request, script, start)
+    outcome.wall_seconds = time.perf_counter() - start
+    return outcome
+
+
+def _probe(request: ProbeRequest, script: UserScript, start: float) -> ProbeOutcome:
+    import torch
+
+    from ..step.loop import StepReport, run_steps
+
+    outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
+    report = StepReport()
+    device = torch.device(request.device)
+    peak_now, synchronize, finish = _device_hooks(request, outcome)
+    outcome.setup_seconds = time.perf_counter() - start
+    try:
+        run_steps(
+            build_model=script.build_model,
+            make_batch=script.make_batch,
+            compute_loss=script.compute_loss,
+            batch_size=request.batch_size,
+            precision=request.precision,
+            optimizer=request.optimizer,
+            optimizer_kwargs=request.optimizer_kwargs,
+            recompute=request.recompute,
+            recompute_classes=request.recompute_classes or script.recompute_classes,
+            device=device,
+            min_steps=request.min_steps,
+            max_steps=request.max_steps,
+            peak_now=peak_now,
+            synchronize=synchronize,
+            grow_tolerance=max(1 << 20, request.budget_bytes // 1000),
+            report=report,
+        )
+    except ContractError as exc:
+        outcome.kind = "error"
+        outcome.contract = True
+        _describe(outcome, exc)
+        outcome.error_message = exc.message + (f"\nhint: {exc.hint}" if exc.hint else "")
+    except AutobatchError as exc:
+        outcome.kind = "error"
+        _describe(outcome, exc)
+    except BaseException as exc:  # noqa: BLE001 - everything the script raises becomes data
+        used = _safe(peak_now)
+        outcome.kind = classify_exception(exc, used_bytes=used, budget_bytes=request.budget_bytes)
+        _describe(outcome, exc)
+        if outcome.kind == "oom":
+            outcome.traceback = None
+    finally:
+        outcome.peak_bytes = _safe(peak_now)
+    finish(outcome)
+    outcome.steps = report.steps
+    outcome.step_peaks = report.step_peaks
+    outcome.step_seconds = report.step_seconds
+    outcome.param_count = report.param_count
+    outcome.param_bytes = report.param_bytes
+    outcome.grad_bytes = report.grad_bytes
+    outcome.optimizer_state_bytes = report.optimizer_state_bytes
+    outcome.recompute_blocks = list(report.recompute_blocks)
+    timed = report.step_seconds[1:]
+    if outcome.kind == "fits" and timed and sum(timed) > 0:
+        outcome.samples_per_second = request.batch_size * len(timed) / sum(timed)
+    return outcome
+
+
+def _device_hooks(
+    request: ProbeRequest, outcome: ProbeOutcome
+) -> tuple[Callable[[], int], Callable[[], None], Callable[[ProbeOutcome], None]]:
+    """Apply the budget for this device; return (peak so far, synchronize, finish)."""
+    import torch
+
+    if request.device == "cpu":
+        from ..devices import cpu
+
+        cpu.apply_cap(request.budget_bytes)
+        # Start the intra-op thread pool now, so its stacks count in the baseline, not mid-step.
+        torch.ones(64, 64) @ torch.ones(64, 64)
+        vm0 = cpu.read_status()
+        outcome.baseline_bytes = vm0.data
+        return (lambda: cpu.peak_data_bytes(vm0, cpu.read_status())), (lambda: None), (lambda _o: None)
+
+    from ..devices import cuda
+
+    index = torch.device(request.device).index or 0
+    torch.cuda.set_device(index)
+    cuda.apply_budget_bytes(request.budget_bytes, index)
+    cuda.reset_peaks(index)
+    outcome.baseline_bytes = int(torch.cuda.memory_reserved(index))
+
+    def finish(o: ProbeOutcome) -> None:
+        stats = cuda.read_step_stats(index)
+        o.device_stats = {
+            "max_memory_allocated": stats.max_allocated,
+            "max_memory_reserved": stats.max_reserved,
+            "num_alloc_retries": stats.num_alloc_retries,
+            "num_ooms": stats.num_ooms,
+            "nvml_process_bytes": stats.nvml_process_bytes,
+        }
+        if o.kind == "fits":
+            fits, reason = cuda.judge_step(stats, request.budget_bytes)
+            if not fits:
+                o.kind, o.reason = "oom", reason
+
+    return (
+        (lambda: int(torch.cuda.max_memory_reserved(index))),
+        (lambda: torch.cuda.synchronize(index)),
+        finish,
+    )
+
+
+def _inspect(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
+    """Build the model once (no budget) and report what the runner needs to plan the search."""
+    import torch
+
+    from ..step.loop import autocast_for
+    from ..step.recompute import detect_blocks
+
+    outcome = ProbeOutcome(kind="fits")
+    info: dict[str, Any] = {}
+    try:
+        model = script.build_model()
+        if not isinstance(model, torch.nn.Module):
+            raise ContractError(
+                f"build_model() returned {type(model).__name__}, not a torch.nn.Module",
+                hint="def build_model() -> torch.nn.Module",
+            )
+        info["param_shapes"] = [list(p.shape) for p in model.parameters() if p.requires_grad]
+        info["param_count"] = sum(p.numel() for p in model.parameters())
+        info["recompute_blocks"] = list(
+            request.recompute_classes or script.recompute_classes or detect_blocks(model)
+        )
+        del model
+    except BaseException as exc:  # noqa: BLE001
+        outcome.kind = "error"
+        outcome.contract = isinstance(exc, ContractError)
+        _describe(outcome, exc)
+        if isinstance(exc, AutobatchError):
+            outcome.error_message = exc.message + (f"\nhint: {exc.hint}" if exc.hint else "")
+        return outcome
+    device = torch.device(request.device)
+    unsupported: dict[str, str] = {}
+    if device.type == "cuda":
+        from ..devices import cuda
+
+        index = device.index or 0
+        info["snapshot"] = cuda.snapshot_dict(index)
+        unsupported.update({k: v for k, v in cuda.capabilities(index).items() if v})
+    else:
+        from ..devices import cpu
+
+        info["cuda_available"] = bool(torch.cuda.is_available())
+        info["available_bytes"] = cpu.available_bytes()
+        info["baseline_bytes"] = cpu.read_status().data
+        for precision in PRECISION_CHECKS:
+            try:
+                layer = torch.nn.Linear(8, 8)
+                x = torch.randn(4, 8)
+                if precision == "bf16-true":
+                    layer, x = layer.to(torch.bfloat16), x.to(torch.bfloat16)
+                with autocast_for(precision, "cpu"):
+                    y = layer(x)
+                y.float().sum().backward()
+            except Exception as exc:  # noqa: BLE001
+                unsupported[precision] = f"{type(exc).__name__}: {exc}"
+    info["unsupported_precisions"] = unsupported
+    outcome.info = info
+    return outcome
+
+
+def _describe(outcome: ProbeOutcome, exc: BaseException) -> None:
+    outcome.error_type = type(exc).__name__
+    outcome.error_message = str(exc)
+    outcome.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _safe(fn: Callable[[], int]) -> int | None:
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001
+        return None

@@ -1,0 +1,148 @@
+"""The result of a tune: a public, versioned JSON document (``tune --json`` and the result file).
+
+Schema (``schema_version`` 1); fields are only ever added, never renamed or removed:
+
+``status``            "complete" | "interrupted" | "failed"
+``script``, ``script_args``, ``torch_version``, ``autobatch_version``, ``created``
+``device``            {"type", "name", "capacity_bytes", "budget_bytes", "headroom", "memory_definition"}
+``objective``         "throughput" | "max-batch"
+``combinations``      list of :class:`ComboResult` objects: ``precision``, ``optimizer``, ``recompute``,
+                      ``status`` ("exact" | "capped" | "infeasible" | "skipped" | "pruned" | "error"),
+                      ``max_batch_size`` (null when infeasible/skipped), ``peak_bytes`` (measured at the
+                      maximum), ``samples_per_second`` (at the planned micro-batch, else at the maximum),
+                      ``probes`` (how many probes this combination cost), ``reason``, ``static_bytes``,
+                      ``bytes_per_sample``, ``knee_batch_size``, ``trace`` (every probe: batch_size, kind,
+                      peak_bytes, steps, seconds, samples_per_second)
+``chosen``            null, or {"precision", "optimizer", "recompute", "micro_batch_size",
+                      "accumulation_steps", "world_size", "global_batch_size",
+                      "requested_global_batch_size", "exact", "note"}
+``probes``            total probes run (cache hits excluded), ``probe_overhead_seconds``, ``wall_seconds``
+``notes``             list of strings: decisions and warnings worth reading
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class ProbeRecord:
+    """One probe as it appears in a combination's trace."""
+
+    batch_size: int
+    kind: str  # fits | oom | error | timeout | crash
+    peak_bytes: int | None = None
+    steps: int = 0
+    seconds: float = 0.0
+    samples_per_second: float | None = None
+    cached: bool = False
+
+
+@dataclass
+class ComboResult:
+    precision: str
+    optimizer: str
+    recompute: bool
+    status: str = "pending"
+    max_batch_size: int | None = None
+    peak_bytes: int | None = None
+    samples_per_second: float | None = None
+    probes: int = 0
+    reason: str | None = None
+    static_bytes: dict[str, int] = field(default_factory=dict)
+    bytes_per_sample: float | None = None
+    knee_batch_size: int | None = None
+    trace: list[ProbeRecord] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.precision}/{self.optimizer}/{'recompute' if self.recompute else 'no-recompute'}"
+
+
+@dataclass
+class Chosen:
+    precision: str
+    optimizer: str
+    recompute: bool
+    micro_batch_size: int
+    accumulation_steps: int
+    world_size: int
+    global_batch_size: int
+    requested_global_batch_size: int | None = None
+    exact: bool = True
+    note: str | None = None
+
+
+@dataclass
+class TuneResult:
+    script: str
+    script_args: list[str]
+    device: dict[str, Any]
+    objective: str
+    combinations: list[ComboResult]
+    chosen: Chosen | None = None
+    status: str = "complete"
+    probes: int = 0
+    probe_overhead_seconds: float | None = None
+    wall_seconds: float | None = None
+    torch_version: str | None = None
+    autobatch_version: str | None = None
+    created: str | None = None
+    notes: list[str] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TuneResult:
+        combos = [
+            ComboResult(
+                **{
+                    **_known(ComboResult, c),
+                    "trace": [ProbeRecord(**_known(ProbeRecord, p)) for p in c.get("trace", [])],
+                }
+            )
+            for c in data.get("combinations", [])
+        ]
+        chosen = Chosen(**_known(Chosen, data["chosen"])) if data.get("chosen") else None
+        return cls(**{**_known(cls, data), "combinations": combos, "chosen": chosen})
+
+    @classmethod
+    def load(cls, path: str | Path) -> TuneResult:
+        from .errors import UsageError
+
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UsageError(
+                f"no result file at {path}", hint="run `autobatch tune` first, or pass the path it wrote"
+            ) from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(
+                f"cannot read result file {path}: {exc}", hint="pass a JSON file written by `autobatch tune`"
+            ) from None
+        if not isinstance(data, dict) or "combinations" not in data:
+            raise UsageError(
+                f"{path} is not an autobatch result", hint="pass a JSON file written by `autobatch tune`"
+            )
+        return cls.from_dict(data)
+
+    def combo(self, precision: str, optimizer: str, recompute: bool) -> ComboResult | None:
+        for c in self.combinations:
+            if (c.precision, c.optimizer, c.recompute) == (precision, optimizer, recompute):
+                return c
+        return None
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}

@@ -1,0 +1,296 @@
+"""A probing session: one script, one device, one budget, one probe server, one probe cache.
+
+It resolves ``--device auto``, computes the budget (the device's capacity, or ``--memory``, minus
+the headroom), and runs probes through the server, reusing outcomes recorded by earlier runs with
+the same fingerprint (script content and arguments, torch version, device, budget, steps). The
+cache doubles as the journal: every probe is appended the moment it finishes, so an interrupted
+run keeps what it measured and a re-run is instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import __version__
+from .core.space import Combo
+from .core.units import format_bytes
+
+#: Environment of the probe server (inherited by every probe); see autobatch.devices.cpu.
+from .devices.cpu import MALLOC_ENV, MEMORY_DEFINITION  # noqa: E402
+from .errors import ContractError, DeviceError, ScriptError, UsageError
+from .probe.client import ProbeClient
+from .probe.protocol import ProbeOutcome, ProbeRequest
+
+CUDA_MEMORY_DEFINITION = (
+    "cuda: memory reserved by PyTorch's caching allocator (torch.cuda.set_per_process_memory_fraction), "
+    "budget = (capacity - memory of other processes - CUDA context) x (1 - headroom)"
+)
+
+
+@dataclass
+class DeviceInfo:
+    type: str  # "cpu" | "cuda"
+    name: str  # "cpu" | "cuda:0"
+    capacity_bytes: int
+    budget_bytes: int
+    headroom: float
+    memory_definition: str
+    unsupported_precisions: dict[str, str] = field(default_factory=dict)
+    recompute_blocks: list[str] = field(default_factory=list)
+    param_shapes: list[list[int]] = field(default_factory=list)
+    param_count: int = 0
+    baseline_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "name": self.name,
+            "capacity_bytes": self.capacity_bytes,
+            "budget_bytes": self.budget_bytes,
+            "headroom": self.headroom,
+            "memory_definition": self.memory_definition,
+            "baseline_bytes": self.baseline_bytes,
+        }
+
+
+class Session:
+    """Open with :meth:`start`; always :meth:`close` (or use it as a context manager)."""
+
+    def __init__(
+        self,
+        *,
+        script: str | Path,
+        script_args: tuple[str, ...] | list[str],
+        device: str,
+        memory: int | None,
+        headroom: float,
+        timeout: float,
+        optimizer_kwargs: dict[str, dict[str, Any]] | None = None,
+        recompute_classes: tuple[str, ...] = (),
+        cache: bool = True,
+        on_probe: Callable[[Combo, ProbeOutcome, bool], None] | None = None,
+    ) -> None:
+        self.script = Path(script)
+        self.script_args = list(script_args)
+        self.requested_device = device
+        self.memory = memory
+        self.headroom = headroom
+        self.timeout = timeout
+        self.optimizer_kwargs = optimizer_kwargs or {}
+        self.recompute_classes = tuple(recompute_classes)
+        self.use_cache = cache
+        self.on_probe = on_probe
+        self.client: ProbeClient | None = None
+        self.device: DeviceInfo | None = None
+        self.cache_hits = 0
+        self._cache: dict[str, dict[str, Any]] = {}
+        self._journal: Path | None = None
+
+    def __enter__(self) -> Session:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def start(self) -> DeviceInfo:
+        if not self.script.is_file():
+            raise UsageError(
+                f"training script not found: {self.script}",
+                hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
+            )
+        self.client = ProbeClient(self.script, self.script_args, env=dict(MALLOC_ENV))
+        device = self.requested_device
+        info = self._inspect("cpu")
+        if device == "auto":
+            device = "cuda:0" if info.get("cuda_available") else "cpu"
+        elif device.startswith("cuda") and not info.get("cuda_available"):
+            raise DeviceError(
+                f"--device {device} asked for, but torch sees no CUDA device (torch {self.client.torch_version})",
+                hint="use --device cpu (or auto), or install a CUDA build of torch on a machine with a GPU",
+            )
+        self.device = self._device_info(
+            device, info if device == "cpu" else self._inspect(_cuda_name(device))
+        )
+        self._open_cache()
+        return self.device
+
+    def _inspect(self, device: str) -> dict[str, Any]:
+        assert self.client is not None
+        request = ProbeRequest(
+            batch_size=0,
+            precision="32-true",
+            optimizer="sgd",
+            recompute=False,
+            device=device,
+            budget_bytes=0,
+            timeout=self.timeout,
+            recompute_classes=self.recompute_classes,
+            op="inspect",
+        )
+        outcome = self.client.run(request)
+        if outcome.kind != "fits":
+            raise_for(outcome, what="building the model")
+        return outcome.info
+
+    def _device_info(self, device: str, info: dict[str, Any]) -> DeviceInfo:
+        common: dict[str, Any] = {
+            "unsupported_precisions": dict(info.get("unsupported_precisions", {})),
+            "recompute_blocks": list(info.get("recompute_blocks", [])),
+            "param_shapes": [list(s) for s in info.get("param_shapes", [])],
+            "param_count": int(info.get("param_count", 0)),
+        }
+        if device == "cpu":
+            capacity = self.memory or int(info["available_bytes"])
+            budget = int(capacity * (1 - self.headroom))
+            baseline = info.get("baseline_bytes")
+            notes: list[str] = []
+            if baseline and budget <= baseline:
+                raise UsageError(
+                    f"the CPU budget {format_bytes(budget)} is below what a probe process holds before building the model "
+                    f"({format_bytes(baseline)}: Python, torch and the script)",
+                    hint="raise --memory: on the CPU device it caps the whole probe process, imports included",
+                )
+            return DeviceInfo(
+                "cpu",
+                "cpu",
+                capacity,
+                budget,
+                self.headroom,
+                MEMORY_DEFINITION,
+                baseline_bytes=baseline,
+                notes=notes,
+                **common,
+            )
+        from .devices import cuda
+
+        snapshot = cuda.CudaSnapshot(**info["snapshot"])
+        budget_obj = cuda.cuda_budget(snapshot, memory=self.memory, headroom=self.headroom)
+        return DeviceInfo(
+            "cuda",
+            device,
+            budget_obj.capacity_bytes,
+            budget_obj.budget_bytes,
+            self.headroom,
+            CUDA_MEMORY_DEFINITION,
+            notes=list(budget_obj.breakdown),
+            **common,
+        )
+
+    # -- probes -------------------------------------------------------------------------------
+
+    def probe(self, combo: Combo, batch_size: int, *, min_steps: int, max_steps: int) -> ProbeOutcome:
+        """One probe (cached); raises ScriptError/ContractError when the script itself fails."""
+        assert self.client is not None and self.device is not None
+        request = ProbeRequest(
+            batch_size=batch_size,
+            precision=combo.precision,
+            optimizer=combo.optimizer,
+            recompute=combo.recompute,
+            device=self.device.name,
+            budget_bytes=self.device.budget_bytes,
+            min_steps=min_steps,
+            max_steps=max_steps,
+            timeout=self.timeout,
+            optimizer_kwargs=dict(self.optimizer_kwargs.get(combo.optimizer, {})),
+            recompute_classes=self.recompute_classes,
+        )
+        key = json.dumps(
+            [combo.precision, combo.optimizer, combo.recompute, batch_size, min_steps, max_steps]
+        )
+        cached = self._cache.get(key) if self.use_cache else None
+        if cached is not None:
+            outcome = ProbeOutcome.from_dict(cached)
+            outcome.cached = True
+            self.cache_hits += 1
+        else:
+            outcome = self.client.run(request)
+            if outcome.kind in ("fits", "oom"):
+                self._record(key, outcome)
+        if self.on_probe:
+            self.on_probe(combo, outcome, cached is not None)
+        if outcome.kind == "error":
+            raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
+        return outcome
+
+    def _open_cache(self) -> None:
+        assert self.device is not None
+        digest = hashlib.sha256()
+        digest.update(self.script.read_bytes())
+        for part in (
+            self.script_args,
+            __version__,
+            self.client.torch_version if self.client else "",
+            self.device.name,
+            self.device.budget_bytes,
+            self.optimizer_kwargs,
+            self.recompute_classes,
+        ):
+            digest.update(json.dumps(part, sort_keys=True, default=str).encode())
+        self.fingerprint = digest.hexdigest()[:16]
+        if not self.use_cache:
+            return
+        folder = Path(os.environ.get("AUTOBATCH_CACHE_DIR") or _default_cache_dir()) / "probes"
+        folder.mkdir(parents=True, exist_ok=True)
+        self._journal = folder / f"{self.fingerprint}.jsonl"
+        if self._journal.exists():
+            for line in self._journal.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                    self._cache[entry["key"]] = entry["outcome"]
+                except (ValueError, KeyError):
+                    continue  # a line cut short by a crash
+
+    def _record(self, key: str, outcome: ProbeOutcome) -> None:
+        self._cache[key] = outcome.to_dict()
+        if self._journal is not None:
+            with open(self._journal, "a") as handle:
+                handle.write(json.dumps({"key": key, "outcome": outcome.to_dict()}) + "\n")
+
+
+def raise_for(outcome: ProbeOutcome, what: str) -> None:
+    """Turn an ``error`` (or failed inspect) outcome into the exception the CLI reports."""
+    detail = "\n".join(
+        x for x in (outcome.traceback, outcome.log_tail and f"probe log:\n{outcome.log_tail}") if x
+    )
+    if outcome.contract:
+        message, _, hint = (outcome.error_message or "").partition("\nhint: ")
+        raise ContractError(message, hint=hint or None, detail=detail or None)
+    if outcome.kind in ("crash", "timeout"):
+        from .errors import ProbeFailure
+
+        raise ProbeFailure(
+            f"{what}: {outcome.reason}",
+            hint="rerun with --verbose for the probe's log; raise --timeout for slow models",
+            detail=detail or None,
+        )
+    raise ScriptError(
+        f"the training script raised {outcome.error_type} while {what}: {outcome.error_message}",
+        hint="this is the script's own error, not an out-of-memory; fix the script (rerun with --verbose for the traceback)",
+        detail=detail or None,
+    )
+
+
+def _cuda_name(device: str) -> str:
+    if device == "cuda":
+        return "cuda:0"
+    if not device.startswith("cuda:") or not device[5:].isdigit():
+        raise DeviceError(f"unknown device {device!r}", hint="use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def _default_cache_dir() -> str:
+    import platformdirs
+
+    return platformdirs.user_cache_dir("autobatch")

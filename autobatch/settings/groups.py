@@ -1,0 +1,267 @@
+"""The settings groups: one frozen dataclass per config section, each validated on construction.
+
+Field names are unique across groups, so a name alone identifies a setting: TOML key ``name`` in
+``[group]``, environment variable ``AUTOBATCH_NAME``, and the flag in the field's metadata.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, ClassVar, Optional
+
+from autobatch.core.space import OBJECTIVES, OPTIMIZERS, PRECISIONS
+from autobatch.errors import ConfigError
+from autobatch.settings.values import HINT, Bad, coerce, plain, setting
+
+#: Formats of ``--emit FORMAT[=PATH]``.
+EMIT_FORMATS: tuple[str, ...] = ("deepspeed", "hf", "lightning", "accelerate", "env", "json", "toml")
+
+
+def _validate(group: Any) -> None:
+    """Normalise and check a group built in code; the loader does the same with sources attached."""
+    problems: list[str] = []
+    for f in fields(group):
+        try:
+            object.__setattr__(group, f.name, coerce(f.metadata, getattr(group, f.name), text=False))
+        except Bad as bad:
+            problems.append(f"{group.SECTION}.{f.name}: {bad}")
+    if not problems:
+        for name, other in relations(type(group)):
+            if getattr(group, name) < getattr(group, other):
+                problems.append(
+                    f"{group.SECTION}.{name}: expected an integer >= {other} ({getattr(group, other)}), "
+                    f"found {getattr(group, name)}"
+                )
+    if problems:
+        raise ConfigError(problems, hint=HINT)
+
+
+def relations(group: type) -> list[tuple[str, str]]:
+    """Pairs (field, other) of a group where the field must be >= the other (max_steps >= steps)."""
+    return [(f.name, f.metadata["at_least"]) for f in fields(group) if "at_least" in f.metadata]
+
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+@dataclass(frozen=True)
+class ScriptSettings:
+    """``[script]``: the training script and its arguments."""
+
+    SECTION: ClassVar[str] = "script"
+    script: Optional[str] = setting(
+        None, "path", "path", "Training script defining build_model(), make_batch(batch_size) and "
+        "compute_loss(model, batch). A relative path in a config file resolves against the file's folder.",
+        flag="SCRIPT", optional=True, example="train.py",
+    )  # fmt: skip
+    script_args: tuple[str, ...] = setting(
+        (), "args", "a list of strings", "Arguments the script sees in sys.argv after its own name (on the "
+        "command line: after --; in the environment: one shell-quoted string).",
+        flag="-- ARGS", example=["--size", "small"],
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+@dataclass(frozen=True)
+class DeviceSettings:
+    """``[device]``: where to tune and how much memory counts."""
+
+    SECTION: ClassVar[str] = "device"
+    device: str = setting(
+        "auto", "str", "auto, cpu, cuda or cuda:N",
+        "Device to tune on; auto picks CUDA when available, else the CPU.", check=_DEVICE.match,
+    )  # fmt: skip
+    memory: Optional[int] = setting(
+        None, "size", 'bytes, or a size such as "2GiB"', "Memory capacity to tune for: on CUDA it "
+        "calibrates for a smaller card; on the CPU it caps the probe process's data memory (RLIMIT_DATA). "
+        "Unset: the device's capacity.", optional=True, example="2GiB",
+    )  # fmt: skip
+    headroom: float = setting(
+        0.10, "float", "a fraction 0 <= h < 1",
+        "Fraction of the capacity kept free as a safety margin, on every device.", check=lambda h: 0 <= h < 1,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """``[search]``: the grid of precision x optimizer x recomputation and the batch-size range."""
+
+    SECTION: ClassVar[str] = "search"
+    precisions: tuple[str, ...] = setting(
+        ("32-true", "bf16-mixed"), "strs", "a list of precisions", "Precisions to search, in order of "
+        f"preference (ties go to the earlier one): {', '.join(PRECISIONS)}.",
+        flag="--precision", choices=PRECISIONS, item="precision names", nonempty=True,
+    )  # fmt: skip
+    optimizers: tuple[str, ...] = setting(
+        ("adamw",), "strs", "a list of optimizers",
+        f"Optimizers to search, in order of preference: {', '.join(OPTIMIZERS)}.",
+        flag="--optimizer", choices=OPTIMIZERS, item="optimizer names", nonempty=True,
+    )  # fmt: skip
+    recompute: tuple[bool, ...] = setting(
+        (False, True), "bools", 'a bool, a list of bools, or "both"',
+        "Activation recomputation (checkpointing the repeated blocks) to search: false, true or both.",
+        flag="--recompute/--no-recompute", example="both",
+    )  # fmt: skip
+    recompute_classes: tuple[str, ...] = setting(
+        (), "strs", "a list of class names",
+        "Module class names to checkpoint when recomputing; empty: detect the repeated blocks.",
+        flag="--recompute-class", example=["Block"],
+    )  # fmt: skip
+    batch_multiple: int = setting(
+        1, "int", "an integer >= 1", "Candidate batch sizes are multiples of this.", minimum=1,
+    )  # fmt: skip
+    max_batch_size: int = setting(
+        65536, "int", "an integer >= batch_multiple", "Largest batch size the search tries.",
+        minimum=1, at_least="batch_multiple",
+    )  # fmt: skip
+    exact_all: bool = setting(
+        False, "bool", "true or false",
+        "Find the exact maximum of every combination, also of those that cannot win under the objective.",
+        flag="--exact-all/--no-exact-all",
+    )  # fmt: skip
+    # Last in the group, so that the starter file's [search.optimizer_kwargs.NAME] tables come last.
+    optimizer_kwargs: Mapping[str, Mapping[str, Any]] = setting(
+        None, "kwargs", "a table per optimizer name", "Keyword arguments for each optimizer: one table per "
+        "optimizer name, such as search.optimizer_kwargs.adamw holding lr = 3e-4 (in the environment: JSON).",
+        flag=None, factory=lambda: MappingProxyType({}), example={"adamw": {"lr": 3e-4}},
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """``[plan]``: the accumulation plan and how the winner is chosen."""
+
+    SECTION: ClassVar[str] = "plan"
+    global_batch_size: Optional[int] = setting(
+        None, "int", "an integer >= 1", "Target global batch (micro x accumulation x world size); "
+        "unset: the chosen micro-batch with no accumulation.", optional=True, minimum=1, example=256,
+    )  # fmt: skip
+    world_size: Optional[int] = setting(
+        None, "int", "an integer >= 1", "Data-parallel processes; unset: WORLD_SIZE, else SLURM's "
+        "variables, else 1.", optional=True, minimum=1, example=8,
+    )  # fmt: skip
+    objective: str = setting(
+        "throughput", "str", f"one of {', '.join(OBJECTIVES)}", "How the winner is chosen: throughput "
+        "(least time per global batch) or max-batch (largest micro-batch).", choices=OBJECTIVES,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """``[probe]``: how long each isolated probe runs."""
+
+    SECTION: ClassVar[str] = "probe"
+    steps: int = setting(
+        3, "int", "an integer >= 3", "Full training steps per probe (forward, loss, backward, "
+        "optimizer.step, zero_grad); at least 3, as optimizer state appears at the first step.", minimum=3,
+    )  # fmt: skip
+    max_steps: int = setting(
+        8, "int", "an integer >= steps", "Most steps a probe runs while its peak still grows.",
+        minimum=3, at_least="steps",
+    )  # fmt: skip
+    confirm_steps: int = setting(
+        10, "int", "an integer >= steps", "Steps of the longer probe that confirms each final maximum.",
+        minimum=3, at_least="steps",
+    )  # fmt: skip
+    timeout: float = setting(
+        300.0, "float", "seconds > 0", "Seconds before a probe is killed and reported as timed out.",
+        check=lambda t: t > 0,
+    )  # fmt: skip
+    cache: bool = setting(
+        True, "bool", "true or false", "Reuse a saved result when the script, settings and environment "
+        "are unchanged.", flag="--cache/--no-cache",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """``[output]``: the result file and the launcher configs written from it."""
+
+    SECTION: ClassVar[str] = "output"
+    result: str = setting(
+        "autobatch-result.json", "str", "a path", "Where the result JSON is written (relative to the "
+        "working directory).", flag="--output",
+    )  # fmt: skip
+    emit: tuple[str, ...] = setting(
+        (), "strs", "a list of FORMAT or FORMAT=PATH", "Launcher configs to write after a tune, each FORMAT "
+        f"or FORMAT=PATH; formats: {', '.join(EMIT_FORMATS)}.",
+        choices=EMIT_FORMATS, item="formats", pairs=True, example=["deepspeed", "env=autobatch.env"],
+    )  # fmt: skip
+    lightning_batch_key: str = setting(
+        "data.batch_size", "str", "a dotted key", "Dotted key of the data module's batch size in the "
+        "Lightning overlay.", check=_DOTTED.match,
+    )  # fmt: skip
+    deepspeed_base: Optional[str] = setting(
+        None, "path", "path", "Your DeepSpeed config: the deepspeed emitter overlays the batch settings "
+        "onto it and keeps the rest (ZeRO stage included).", optional=True, example="ds_config.json",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+GROUPS: dict[str, type] = {
+    cls.SECTION: cls
+    for cls in (ScriptSettings, DeviceSettings, SearchSettings, PlanSettings, ProbeSettings, OutputSettings)
+}
+SECTIONS = ", ".join(f"[{section}]" for section in GROUPS)
+
+
+def parse_emit(spec: str) -> tuple[str, str | None]:
+    """Split ``FORMAT[=PATH]`` into the format and the path (None: the emitter's default file name)."""
+    fmt, _, path = spec.partition("=")
+    return fmt.strip(), (path.strip() or None)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of a run, by group; ``origins`` maps a field name to where its value came from."""
+
+    script: ScriptSettings = field(default_factory=ScriptSettings)
+    device: DeviceSettings = field(default_factory=DeviceSettings)
+    search: SearchSettings = field(default_factory=SearchSettings)
+    plan: PlanSettings = field(default_factory=PlanSettings)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    output: OutputSettings = field(default_factory=OutputSettings)
+    source_files: tuple[str, ...] = ()
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def get(self, name: str) -> Any:
+        """A field's value by its (unique) name: ``settings.get("headroom")``."""
+        for section, cls in GROUPS.items():
+            if name in {f.name for f in fields(cls)}:
+                return getattr(getattr(self, section), name)
+        raise KeyError(f"not a setting: {name!r}")
+
+    def origin(self, name: str) -> str:
+        """Where ``name`` came from: "default", a file path, ``AUTOBATCH_X`` or a flag."""
+        return self.origins.get(name, "default")
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain, TOML- and JSON-able values by section (unset values left out)."""
+        return {
+            section: {
+                f.name: plain(getattr(getattr(self, section), f.name))
+                for f in fields(cls)
+                if getattr(getattr(self, section), f.name) is not None
+            }
+            for section, cls in GROUPS.items()
+        }

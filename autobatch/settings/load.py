@@ -1,0 +1,199 @@
+"""Loading settings: defaults < config file < ``AUTOBATCH_*`` environment variables < flags; and the
+world size from the launcher's environment."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, NamedTuple
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python < 3.11 only
+    import tomli as tomllib
+
+from autobatch.errors import ConfigError
+from autobatch.settings.docs import BY_NAME, FIELDS, META
+from autobatch.settings.groups import GROUPS, SECTIONS, Settings, relations
+from autobatch.settings.values import HINT, Bad, coerce, show
+
+DEFAULT_FILE = "autobatch.toml"
+
+
+class _Given(NamedTuple):
+    raw: Any
+    where: str  # prefix of a problem: "autobatch.toml: device.headroom", "AUTOBATCH_HEADROOM", "--headroom"
+    origin: str  # "autobatch.toml", "AUTOBATCH_HEADROOM", "--headroom"
+    text: bool  # came as text: parse strings
+    base: Path  # folder that relative input paths resolve against
+
+
+def load_settings(
+    *,
+    config: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    cwd: Path | None = None,
+    use_default_file: bool = True,
+    check_paths: bool = False,
+) -> Settings:
+    """Merge defaults < config file < ``AUTOBATCH_*`` variables < ``overrides`` (flat field names from
+    flags; None means "not given") and check everything, raising one :class:`ConfigError` that lists
+    every problem. ``check_paths`` also requires ``script`` and ``deepspeed_base`` to exist."""
+    cwd = Path(cwd) if cwd is not None else Path.cwd()
+    env = os.environ if env is None else env
+    problems: list[str] = []
+    given: dict[str, _Given] = {}
+    source_files: list[str] = []
+
+    path = Path(config) if config is not None else (cwd / DEFAULT_FILE if use_default_file else None)
+    if path is not None and (config is not None or path.is_file()):
+        shown = str(config) if config is not None else DEFAULT_FILE
+        path = path if path.is_absolute() else cwd / path
+        source_files.append(str(path))
+        _read_file(path, shown, given, problems)
+    for info in FIELDS:
+        value = env.get(info.env)
+        if value is not None and value.strip():
+            given[info.name] = _Given(value, info.env, info.env, True, cwd)
+    for name, value in (overrides or {}).items():
+        if name not in BY_NAME:
+            raise ValueError(f"not a setting: {name!r}")
+        if value is not None:
+            flag = BY_NAME[name].flag or name
+            given[name] = _Given(value, flag, flag, True, cwd)
+
+    values: dict[str, Any] = {}
+    for info in FIELDS:
+        if info.name not in given:
+            values[info.name] = info.default
+            continue
+        g = given[info.name]
+        try:
+            value = coerce(META[info.name], g.raw, g.text)
+        except Bad as bad:
+            problems.append(f"{g.where}: {bad}")
+            continue
+        if META[info.name]["kind"] == "path" and value is not None:
+            value = os.path.normpath(g.base / Path(value).expanduser())
+            if check_paths and not Path(value).is_file():
+                problems.append(f"{g.where}: expected an existing file, found {show(g.raw)} (as {value})")
+        values[info.name] = value
+    for cls in GROUPS.values():
+        for name, other in relations(cls):
+            if name in values and other in values and values[name] < values[other] and name not in given:
+                # a default that depends on another field follows it (steps = 12 raises max_steps to 12)
+                values[name] = values[other]
+                given[name] = _Given(values[name], "", f"default, raised to {other}", False, cwd)
+            elif name in values and other in values and values[name] < values[other]:
+                origin = given[other].origin if other in given else "default"
+                problems.append(
+                    f"{given[name].where}: expected an integer >= {other} ({values[other]}, from {origin}), "
+                    f"found {values[name]}"
+                )
+    if problems:
+        raise ConfigError(problems, hint=HINT)
+    groups = {
+        section: cls(**{f.name: values[f.name] for f in fields(cls)}) for section, cls in GROUPS.items()
+    }
+    origins = {name: g.origin for name, g in given.items()}
+    return Settings(**groups, source_files=tuple(source_files), origins=origins)
+
+
+def _read_file(path: Path, shown: str, given: dict[str, _Given], problems: list[str]) -> None:
+    """Read one TOML file into ``given``, collecting syntax errors and unknown sections and keys."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problems.append(f"{shown}: no such config file")
+        return
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"{shown}: cannot read the config file ({exc})")
+        return
+    except tomllib.TOMLDecodeError as exc:
+        line = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        at = f"line {line.group(1)}, column {line.group(2)}: " if line else ""
+        problems.append(f"{shown}: {at}not valid TOML: {message}")
+        return
+    for section, table in data.items():
+        cls = GROUPS.get(section)
+        if not isinstance(table, dict):
+            owner = BY_NAME.get(section)
+            where = f"write it under [{owner.group}]" if owner else "sections: " + SECTIONS
+            problems.append(f"{shown}: {section}: settings go inside a section; {where}")
+            continue
+        if cls is None:
+            near = difflib.get_close_matches(section, list(GROUPS), n=1, cutoff=0.5)
+            hint = f"did you mean [{near[0]}]?" if near else "sections: " + SECTIONS
+            problems.append(f"{shown}: [{section}]: unknown section; {hint}")
+            continue
+        names = [f.name for f in fields(cls)]
+        for key, raw in table.items():
+            if key in names:
+                given[key] = _Given(raw, f"{shown}: {section}.{key}", shown, False, path.parent)
+                continue
+            owner = BY_NAME.get(key)
+            if owner is not None:
+                hint = f"{show(key)} belongs in [{owner.group}]"
+            else:
+                near = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+                anywhere = difflib.get_close_matches(key, list(BY_NAME), n=1, cutoff=0.6)
+                if near:
+                    hint = f"did you mean {show(near[0])}?"
+                elif anywhere:
+                    hint = f"did you mean {show(anywhere[0])} in [{BY_NAME[anywhere[0]].group}]?"
+                else:
+                    hint = f"keys of [{section}]: {', '.join(names)}"
+            problems.append(f"{shown}: {section}.{key}: unknown key; {hint}")
+
+
+# --- world size ----------------------------------------------------------------------------------------
+
+
+def resolve_world_size(value: int | None, env: Mapping[str, str]) -> tuple[int, str]:
+    """The number of data-parallel processes and where it came from, first found wins:
+
+    1. ``value`` (the ``world_size`` setting: flag, variable or file);
+    2. ``WORLD_SIZE`` (torchrun, accelerate and DeepSpeed launchers set it);
+    3. SLURM: the number of tasks, ``SLURM_NTASKS``, else ``SLURM_JOB_NUM_NODES`` x
+       ``SLURM_NTASKS_PER_NODE``; except when that is one task per node on nodes with several GPUs
+       (``SLURM_GPUS_ON_NODE`` > 1: one launcher per node, such as torchrun, starting one process per
+       GPU), where it is nodes x GPUs per node; with no task counts, nodes x ``SLURM_GPUS_ON_NODE``;
+    4. 1.
+    """
+    if value is not None:
+        if value < 1:
+            raise ConfigError([f"world_size: expected an integer >= 1, found {value}"])
+        return value, "the world_size setting"
+    world = _env_int(env, "WORLD_SIZE")
+    if world is not None:
+        return world, f"WORLD_SIZE={world}"
+    nodes = _env_int(env, "SLURM_JOB_NUM_NODES") or _env_int(env, "SLURM_NNODES")
+    gpus = _env_int(env, "SLURM_GPUS_ON_NODE")
+    tasks, tasks_from = _env_int(env, "SLURM_NTASKS"), "SLURM_NTASKS"
+    per_node = _env_int(env, "SLURM_NTASKS_PER_NODE")
+    if tasks is None and per_node is not None:
+        tasks, tasks_from = (nodes or 1) * per_node, "SLURM_JOB_NUM_NODES x SLURM_NTASKS_PER_NODE"
+    if tasks is not None and not (gpus and gpus > 1 and tasks == (nodes or 1)):
+        return tasks, f"{tasks_from} ({tasks} tasks)"
+    if gpus is not None:
+        return (nodes or 1) * gpus, f"SLURM_JOB_NUM_NODES x SLURM_GPUS_ON_NODE ({nodes or 1} x {gpus})"
+    return 1, "default (no WORLD_SIZE or SLURM variables)"
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    """An integer environment variable; SLURM writes per-node counts like ``4(x2)``: take the 4."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    match = re.match(r"^(\d+)", raw)
+    if not match or int(match.group(1)) < 1:
+        raise ConfigError([f"{name}: expected an integer >= 1, found {show(raw)}"],
+                          hint=f"fix or unset {name}, or pass --world-size")  # fmt: skip
+    return int(match.group(1))

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create ./.venv and install autobatch into it (CPU torch pinned for development; users bring their own).
+#   bash scripts/setup.sh          runtime only
+#   bash scripts/setup.sh --dev    plus test tools and the consumer libraries the tests load emitted files with
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+# A CPU build from the local wheel cache; an unpinned torch would pull a multi-GB CUDA build.
+python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
+  || pip install -q torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
+if [ "${1:-}" = "--dev" ]; then
+  pip install -q -e ".[dev,plot,consumers,bench]" 2>&1 | grep -v '^WARNING: Location' || true
+  # DeepSpeed builds against the installed torch; its ops are JIT-built, none are needed to load a config.
+  python -c "import deepspeed" 2>/dev/null \
+    || DS_BUILD_OPS=0 pip install -q --no-build-isolation deepspeed 2>&1 | grep -v '^WARNING: Location' \
+    || echo "note: deepspeed did not install; its config test will skip"
+else
+  pip install -q -e . 2>&1 | grep -v '^WARNING: Location' || true
+fi
+python -c "import autobatch, torch; print(f'autobatch {autobatch.__version__} with torch {torch.__version__} in .venv')"

@@ -1,0 +1,269 @@
+"""End to end, as a user runs it: the real `autobatch` command on real scripts on the CPU device.
+
+The acceptance of the core issue: for each example, `tune` reports b_max such that `check` at b_max
+fits over 10 steps and at b_max + batch_multiple runs out of memory, each in a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from autobatch.errors import EXIT_NOTHING_FITS, EXIT_OOM, EXIT_SCRIPT
+
+from .conftest import EXAMPLES, ROOT, SCRIPTS, run_cli
+
+pytestmark = pytest.mark.slow
+
+#: (script, cap) pairs small enough to tune quickly on 2 cores.
+CASES = [("mlp.py", "1GiB"), ("cnn.py", "1GiB"), ("gpt.py", "1GiB")]
+
+
+def _tune(script: str, memory: str, *extra: str, tmp_path) -> dict:
+    out = tmp_path / "result.json"
+    proc = run_cli(
+        "tune",
+        str(EXAMPLES / script),
+        "--device",
+        "cpu",
+        "--memory",
+        memory,
+        "--precision",
+        "32-true",
+        "--optimizer",
+        "adamw",
+        "--no-recompute",
+        "--output",
+        str(out),
+        "--json",
+        *extra,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert json.loads(out.read_text()) == data
+    return data
+
+
+@pytest.mark.parametrize(("script", "memory"), CASES)
+def test_tune_maximum_holds_and_next_batch_does_not(script: str, memory: str, tmp_path) -> None:
+    data = _tune(script, memory, tmp_path=tmp_path)
+    (combo,) = data["combinations"]
+    b_max = combo["max_batch_size"]
+    assert combo["status"] == "exact" and b_max >= 1
+    assert combo["probes"] >= 2 and combo["peak_bytes"] <= data["device"]["budget_bytes"]
+    common = (
+        "--device",
+        "cpu",
+        "--memory",
+        memory,
+        "--precision",
+        "32-true",
+        "--optimizer",
+        "adamw",
+        "--steps",
+        "10",
+        "--json",
+    )
+    fits = run_cli("check", str(EXAMPLES / script), "--batch-size", str(b_max), *common)
+    assert fits.returncode == 0, fits.stderr
+    assert json.loads(fits.stdout)["fits"] is True
+    over = run_cli("check", str(EXAMPLES / script), "--batch-size", str(b_max + 1), *common)
+    assert over.returncode == EXIT_OOM, over.stderr
+    report = json.loads(over.stdout)
+    assert report["fits"] is False and report["kind"] == "oom"
+
+
+def test_full_grid_table_chosen_and_plan(tmp_path) -> None:
+    out = tmp_path / "r.json"
+    proc = run_cli(
+        "tune",
+        str(EXAMPLES / "gpt.py"),
+        "--device",
+        "cpu",
+        "--memory",
+        "1GiB",
+        "--global-batch-size",
+        "256",
+        "--precision",
+        "32-true",
+        "--precision",
+        "bf16-mixed",
+        "--optimizer",
+        "adamw",
+        "--optimizer",
+        "sgd",
+        "--output",
+        str(out),
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    keys = {(c["precision"], c["optimizer"], c["recompute"]) for c in data["combinations"]}
+    assert len(keys) == 8
+    for combo in data["combinations"]:
+        assert {
+            "precision",
+            "optimizer",
+            "recompute",
+            "max_batch_size",
+            "peak_bytes",
+            "samples_per_second",
+            "probes",
+        } <= combo.keys()
+        assert combo["max_batch_size"] is not None
+    chosen = data["chosen"]
+    assert chosen["micro_batch_size"] * chosen["accumulation_steps"] * chosen["world_size"] == 256
+    assert chosen["global_batch_size"] == 256
+    # sgd keeps no optimizer state, so it fits at least as much as adamw at the same settings
+    by = {(c["precision"], c["optimizer"], c["recompute"]): c["max_batch_size"] for c in data["combinations"]}
+    assert by[("32-true", "sgd", False)] >= by[("32-true", "adamw", False)]
+    assert "chosen" in proc.stderr and "max batch" in proc.stderr
+
+
+def test_later_step_trap_is_caught(tmp_path) -> None:
+    """One step (no optimizer state yet) would accept a batch that OOMs at step 2; tune does not."""
+    script = str(SCRIPTS / "later_step_trap.py")
+    out = tmp_path / "r.json"
+    proc = run_cli(
+        "tune",
+        script,
+        "--device",
+        "cpu",
+        "--memory",
+        "1GiB",
+        "--precision",
+        "32-true",
+        "--optimizer",
+        "adamw",
+        "--no-recompute",
+        "--output",
+        str(out),
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    b_max = json.loads(proc.stdout)["combinations"][0]["max_batch_size"]
+    common = (
+        "--device",
+        "cpu",
+        "--memory",
+        "1GiB",
+        "--precision",
+        "32-true",
+        "--optimizer",
+        "adamw",
+        "--json",
+    )
+    assert run_cli("check", script, "--batch-size", str(b_max), "--steps", "10", *common).returncode == 0
+    # The trap: a larger batch passes a single step...
+    trap = b_max + 1
+    one = run_cli("check", script, "--batch-size", str(trap), "--steps", "1", *common)
+    assert one.returncode == 0, "the fixture should fit one step above the true maximum: " + one.stderr
+    # ...and runs out of memory once optimizer state is resident.
+    ten = run_cli("check", script, "--batch-size", str(trap), "--steps", "10", *common)
+    assert ten.returncode == EXIT_OOM
+
+
+def test_script_value_error_is_reported_not_a_maximum(tmp_path) -> None:
+    proc = run_cli(
+        "tune",
+        str(SCRIPTS / "value_error.py"),
+        "--device",
+        "cpu",
+        "--memory",
+        "2GiB",
+        "--precision",
+        "32-true",
+        "--optimizer",
+        "sgd",
+        "--no-recompute",
+        "--output",
+        str(tmp_path / "r.json"),
+    )
+    assert proc.returncode == EXIT_SCRIPT
+    assert "ValueError" in proc.stderr and "exceeds" in proc.stderr
+    assert "Traceback" not in proc.stderr  # only with --verbose
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["status"] == "failed" and saved["chosen"] is None
+    assert saved["combinations"][0]["trace"]  # the probes measured before the error are kept
+
+
+def test_contract_error_names_function_and_signature(tmp_path) -> None:
+    proc = run_cli("tune", str(SCRIPTS / "missing_loss.py"), "--device", "cpu", "--memory", "2GiB")
+    assert proc.returncode == EXIT_SCRIPT
+    assert "compute_loss" in proc.stderr and "def compute_loss(model, batch)" in proc.stderr
+
+
+def test_nothing_fits_explains_static_memory(tmp_path) -> None:
+    proc = run_cli(
+        "tune",
+        str(EXAMPLES / "mlp.py"),
+        "--device",
+        "cpu",
+        "--memory",
+        "300MiB",
+        "--headroom",
+        "0",
+        "--precision",
+        "32-true",
+        "--optimizer",
+        "adamw",
+        "--no-recompute",
+        "--output",
+        str(tmp_path / "r.json"),
+    )
+    assert proc.returncode == EXIT_NOTHING_FITS, proc.stderr
+    assert "static memory" in proc.stderr or "does not fit" in proc.stderr
+
+
+def test_sigint_leaves_no_process_within_5_seconds(tmp_path) -> None:
+    env = {**os.environ, "NO_COLOR": "1"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autobatch",
+            "tune",
+            str(EXAMPLES / "gpt.py"),
+            "--device",
+            "cpu",
+            "--memory",
+            "2GiB",
+            "--output",
+            str(tmp_path / "r.json"),
+            "--no-cache",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 120
+    # wait until a probe process is running (server + at least one forked probe)
+    while time.monotonic() < deadline:
+        if len(parent.children(recursive=True)) >= 2:
+            break
+        time.sleep(0.2)
+    family = parent.children(recursive=True)
+    assert len(family) >= 2, "no probe started"
+    os.kill(proc.pid, signal.SIGINT)
+    start = time.monotonic()
+    proc.wait(timeout=5)
+    _, stderr = proc.communicate()
+    alive = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    while alive and time.monotonic() - start < 5:
+        time.sleep(0.1)
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["status"] == "interrupted"

@@ -1,0 +1,103 @@
+"""The probe server and its isolated probe processes, for real: fits, oom, error, timeout, crash."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+from autobatch.core.space import Combo
+from autobatch.errors import ScriptError
+from autobatch.probe.client import ProbeClient
+from autobatch.probe.protocol import ProbeRequest
+from autobatch.session import Session
+
+from .conftest import EXAMPLES, SCRIPTS
+
+GIB = 1 << 30
+
+
+def _request(batch: int, budget: int, **kw: object) -> ProbeRequest:
+    values = dict(
+        batch_size=batch,
+        precision="32-true",
+        optimizer="adamw",
+        recompute=False,
+        device="cpu",
+        budget_bytes=budget,
+    )
+    values.update(kw)
+    return ProbeRequest(**values)  # type: ignore[arg-type]
+
+
+def _descendants() -> list[psutil.Process]:
+    return psutil.Process(os.getpid()).children(recursive=True)
+
+
+def test_fits_and_oom_are_data_and_peak_is_what_the_cap_limits() -> None:
+    with ProbeClient(EXAMPLES / "mlp.py") as client:
+        small = client.run(_request(8, 2 * GIB))
+        assert small.kind == "fits", small
+        assert small.steps >= 3
+        assert small.peak_bytes is not None and small.baseline_bytes is not None
+        assert small.baseline_bytes < small.peak_bytes <= 2 * GIB
+        assert small.step_peaks == sorted(small.step_peaks)  # cumulative peaks
+        assert small.optimizer_state_bytes == 2 * small.param_bytes  # AdamW: exp_avg + exp_avg_sq
+        huge = client.run(_request(1_000_000, 2 * GIB))
+        assert huge.kind == "oom", huge
+        assert huge.error_message and "allocate" in huge.error_message
+
+
+def test_script_error_is_an_error_not_an_oom() -> None:
+    with ProbeClient(SCRIPTS / "value_error.py") as client:
+        ok = client.run(_request(8, 2 * GIB))
+        assert ok.kind == "fits"
+        bad = client.run(_request(65, 2 * GIB))
+        assert bad.kind == "error"
+        assert bad.error_type == "ValueError" and "exceeds" in (bad.error_message or "")
+        assert bad.traceback and "make_batch" in bad.traceback
+
+
+def test_timeout_kills_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLEEPY_SECONDS", "60")
+    with ProbeClient(SCRIPTS / "sleepy.py") as client:
+        started = time.monotonic()
+        outcome = client.run(_request(1, 2 * GIB, timeout=2.0))
+        assert outcome.kind == "timeout"
+        assert time.monotonic() - started < 20
+        server = psutil.Process(client.pid)
+        assert server.children() == []  # the killed probe is gone
+
+
+def test_crash_is_reported_as_crash() -> None:
+    with ProbeClient(SCRIPTS / "crash.py") as client:
+        assert client.run(_request(2, 2 * GIB)).kind == "fits"
+        outcome = client.run(_request(8, 2 * GIB))
+        assert outcome.kind == "crash"
+        assert "signal" in (outcome.reason or "")
+
+
+def test_close_leaves_no_process() -> None:
+    client = ProbeClient(EXAMPLES / "mlp.py")
+    assert _descendants()
+    client.close()
+    deadline = time.monotonic() + 5
+    while _descendants() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _descendants() == []
+
+
+def test_session_raises_script_errors_with_message() -> None:
+    with Session(
+        script=SCRIPTS / "value_error.py",
+        script_args=(),
+        device="cpu",
+        memory=2 * GIB,
+        headroom=0.0,
+        timeout=120,
+        cache=False,
+    ) as session:
+        with pytest.raises(ScriptError, match="exceeds"):
+            session.probe(Combo("32-true", "adamw", False), 100, min_steps=3, max_steps=3)
