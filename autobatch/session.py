@@ -26,10 +26,6 @@ from .errors import ContractError, DeviceError, ScriptError, UsageError
 from .probe.client import ProbeClient
 from .probe.protocol import ProbeOutcome, ProbeRequest
 
-CUDA_MEMORY_DEFINITION = (
-    "cuda: memory reserved by PyTorch's caching allocator (torch.cuda.set_per_process_memory_fraction), "
-    "budget = (capacity - memory of other processes - CUDA context) x (1 - headroom)"
-)
 
 
 @dataclass
@@ -175,7 +171,7 @@ class Session:
             )
         from .devices import cuda
 
-        snapshot = cuda.CudaSnapshot(**info["snapshot"])
+        snapshot = cuda.CudaSnapshot.from_dict(info["snapshot"])
         budget_obj = cuda.cuda_budget(snapshot, memory=self.memory, headroom=self.headroom)
         return DeviceInfo(
             "cuda",
@@ -183,7 +179,7 @@ class Session:
             budget_obj.capacity_bytes,
             budget_obj.budget_bytes,
             self.headroom,
-            CUDA_MEMORY_DEFINITION,
+            cuda.MEMORY_DEFINITION,
             notes=list(budget_obj.breakdown),
             **common,
         )

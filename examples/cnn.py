@@ -33,7 +33,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """Read this script's own arguments; arguments it does not know are left to whoever owns them."""
     parser = argparse.ArgumentParser(description="CNN example for autobatch", allow_abbrev=False)
     parser.add_argument("--image-size", type=int, default=64, help="height and width of the (largest) images")
-    parser.add_argument("--channels", type=int, default=16, help="channels of the first stage (doubled per stage)")
+    parser.add_argument(
+        "--channels", type=int, default=16, help="channels of the first stage (doubled per stage)"
+    )
     parser.add_argument("--depth", type=int, default=2, help="blocks per stage")
     parser.add_argument("--classes", type=int, default=100, help="number of output classes")
     args, _unknown = parser.parse_known_args(argv)

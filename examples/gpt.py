@@ -33,7 +33,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """Read this script's own arguments; arguments it does not know are left to whoever owns them."""
     parser = argparse.ArgumentParser(description="GPT example for autobatch", allow_abbrev=False)
     parser.add_argument("--vocab", type=int, default=4096, help="vocabulary size")
-    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (the job's maximum)")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (the job's maximum)")
     parser.add_argument("--width", type=int, default=128, help="embedding width")
     parser.add_argument("--depth", type=int, default=4, help="number of transformer blocks")
     parser.add_argument("--heads", type=int, default=4, help="attention heads per block")

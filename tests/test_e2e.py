@@ -18,7 +18,7 @@ import pytest
 
 from autobatch.errors import EXIT_NOTHING_FITS, EXIT_OOM, EXIT_SCRIPT
 
-from .conftest import EXAMPLES, ROOT, SCRIPTS, run_cli
+from support import EXAMPLES, ROOT, SCRIPTS, run_cli
 
 pytestmark = pytest.mark.slow
 

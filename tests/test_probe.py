@@ -14,7 +14,7 @@ from autobatch.probe.client import ProbeClient
 from autobatch.probe.protocol import ProbeRequest
 from autobatch.session import Session
 
-from .conftest import EXAMPLES, SCRIPTS
+from support import EXAMPLES, SCRIPTS
 
 GIB = 1 << 30
 
@@ -44,7 +44,8 @@ def test_fits_and_oom_are_data_and_peak_is_what_the_cap_limits() -> None:
         assert small.peak_bytes is not None and small.baseline_bytes is not None
         assert small.baseline_bytes < small.peak_bytes <= 2 * GIB
         assert small.step_peaks == sorted(small.step_peaks)  # cumulative peaks
-        assert small.optimizer_state_bytes == 2 * small.param_bytes  # AdamW: exp_avg + exp_avg_sq
+        # AdamW: exp_avg + exp_avg_sq, plus one scalar step counter per parameter tensor
+        assert 0 <= small.optimizer_state_bytes - 2 * small.param_bytes <= 1024
         huge = client.run(_request(1_000_000, 2 * GIB))
         assert huge.kind == "oom", huge
         assert huge.error_message and "allocate" in huge.error_message

@@ -14,10 +14,10 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from ..errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, AutobatchError
+from ..errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, AutobatchError
 
 # Command modules register themselves on `app` when imported (keep this list; one line per module).
-from . import check, init, tune, validate  # noqa: E402,F401,I001  # noqa: E402,F401,I001
+from . import check, emit, init, tune, validate  # noqa: E402,F401,I001
 from .app import app, console
 from .state import STATE
 
@@ -67,12 +67,10 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(EXIT_SIGINT)
-    except Exception as exc:  # click's usage errors and anything unexpected
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+    except Exception as exc:  # click's usage errors (Typer may vendor click) and anything unexpected
+        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(EXIT_USAGE if exc.exit_code == 2 else exc.exit_code)  # type: ignore[attr-defined]
         if STATE.verbose:
             raise
         console.print(f"[red bold]error[/]: internal error: {type(exc).__name__}: {escape(str(exc))}")

@@ -18,7 +18,13 @@ app = typer.Typer(
 )
 
 #: Human output goes to stderr; stdout carries only machine-readable output (--json).
-console = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=False)
+console = Console(
+    stderr=True,
+    no_color=bool(os.environ.get("NO_COLOR")),
+    highlight=False,
+    # Not a terminal (CI logs, files): wide enough that tables and messages are not cut to 80 columns.
+    width=None if sys.stderr.isatty() else int(os.environ.get("COLUMNS") or 160),
+)
 
 
 def stdout_write(text: str) -> None:

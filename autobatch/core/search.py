@@ -1,69 +1,71 @@
 """The exact largest batch size that fits, found in a handful of probes.
 
-``search_max_batch`` is a pure function over a probe callable ("does batch b fit?"). The answer is
-decided by feasibility alone; an affine model of peak memory against batch size only *proposes*
-where to probe next, so a wrong model costs probes, never correctness.
+:func:`search_max_batch` is a pure function over a probe callable ("does batch b fit?"). The
+answer is decided by feasibility alone; an affine model of peak memory against batch size only
+*proposes* where to probe, so a wrong model costs probes, never correctness.
 
 Candidates are the multiples of ``batch_multiple`` up to ``max_batch_size``; the search works on
 their indices ``0..n-1`` and keeps a bracket ``lo < hi``: ``lo`` the largest index known to fit
-(-1 if none), ``hi`` the smallest index known not to fit (``n`` if none, i.e. not yet bracketed).
-It stops when ``hi == lo + 1``. Each step probes one index strictly inside the bracket, so no
-candidate is ever probed twice. A step is one of:
+(-1 if none), ``hi`` the smallest index known not to fit (``n`` while none is known). It stops when
+``hi == lo + 1``. Every probe is strictly inside the bracket, so no candidate is probed twice.
 
-* **model-guided**: the floor of the model's predicted maximum, clamped into the bracket (if the
-  model says ``lo`` is the maximum, probe ``lo+1`` to verify; if it says ``hi`` or beyond, probe
-  ``hi-1``). The model is a secant through the two largest fitting points (see :func:`fit_model`);
-  with one fitting point and a ``prior``, the prior's slope through that point; with only a prior,
-  the prior; with one fitting point and nothing else, the point's peak scaled in proportion to the
-  batch (a lower bound of the maximum when memory is affine with a non-negative intercept, so this
-  second probe most likely fits and gives the secant a long base).
-* **fallback**: doubling from ``lo`` while no non-fit is known, bisection once bracketed.
+**Model-guided steps.** The model (:func:`fit_model`) gives a predicted maximum, widened into an
+interval by the model's own observed error: the residuals of the fitting points off the line, and
+any non-fit the line said would fit (:func:`_predicted_interval`). The step probes the largest
+candidate the interval says fits, or else the smallest it says does not, provided that probe, if
+the model is right, cuts the remaining work at least as much as a fallback step would. With
+exact data the interval is a point, which gives the ideal sequences: 4 probes for an affine curve
+without a prior (the smallest candidate; a proportional guess that assumes the whole peak scales
+with the batch, a lower bound of the maximum when memory is affine; the predicted maximum; its
+neighbour) and 2 with an accurate prior (the predicted maximum; its neighbour). A model whose
+"fits" was refuted is ignored until a new fitting point changes it.
+
+**Fallback steps.** Doubling from ``lo`` while no non-fit is known, bisection once bracketed.
 
 **Worst case.** Let ``L = ceil(log2 n)`` and define the remaining work ``R``: 0 when done;
-``ceil(log2(hi - lo))`` once bracketed; ``2L - floor(log2(lo + 1))`` while growing (``2L + 1`` before
-anything fits). Every fallback step lowers ``R`` by at least 1 and no step raises it. The search
-tracks its debt ``D = probes - (R_start - R)`` and takes a model-guided step only while
-``D < SLACK``; fallback steps never raise ``D``. Hence ``probes <= R_start + SLACK <= 2L + 1 + SLACK``
-(:func:`probe_bound`), whatever the curve, the noise or the prior, while an accurate model keeps
-the ideal sequences: 4 probes for an affine curve without prior (smallest, proportional guess,
-predicted maximum, its neighbour) and 2 with an accurate prior (predicted maximum, its neighbour).
+``ceil(log2(hi - lo))`` once bracketed; ``2L - floor(log2(lo + 1))`` while growing; ``2L + 1``
+before anything fits. No probe raises ``R`` and every fallback step lowers it by at least 1. The
+search keeps a debt ``D = max(0, D + 1 - drop in R)`` per probe and takes a model-guided step only
+while ``D < SLACK``; so ``probes <= R_start + SLACK <= 2L + 1 + SLACK`` (:func:`probe_bound`),
+whatever the curve, the noise or the prior: at most ``SLACK`` probes more than doubling then
+bisection needs in its worst case.
 
-Feasibility is assumed monotone. Observations that contradict it (a fit above a non-fit, e.g. a
-device that flickers at the boundary) are resolved on the safe side: only fits below the smallest
-non-fit count.
+Feasibility is assumed monotone. Observations that contradict it (a fit above a non-fit, as a
+device that flickers at the boundary produces) are resolved on the safe side: only fits below the
+smallest non-fit count.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 __all__ = [
+    "KINDS",
     "SLACK",
     "Affine",
     "Observation",
     "ProbeFn",
     "SearchResult",
+    "SearchStatus",
     "fit_model",
     "probe_bound",
     "search_max_batch",
 ]
 
+#: Observation kinds; every kind but "fits" means: does not fit.
 KINDS: tuple[str, ...] = ("fits", "oom", "crash", "timeout")
 SearchStatus = Literal["exact", "capped", "infeasible", "pruned", "incomplete"]
 
-#: How many probes the model may fall behind the exponential-growth-then-bisection schedule.
-SLACK = 3
+#: How many probes the model may cost beyond the doubling-then-bisection schedule.
+SLACK = 2
 
 
 @dataclass(frozen=True)
 class Observation:
-    """The outcome of one probe. Every kind but "fits" means: does not fit.
-
-    A non-fit built with the default kind is recorded as "oom".
-    """
+    """The outcome of one probe. A non-fit built with the default kind is recorded as "oom"."""
 
     batch_size: int
     fits: bool
@@ -108,10 +110,10 @@ class SearchResult:
 
     ``status``: "exact" (``max_batch_size`` fits and the next candidate does not), "capped" (the
     largest candidate fits), "infeasible" (the smallest candidate does not fit; ``max_batch_size``
-    is None), "pruned" (a non-fit at or below ``prune_at_or_below``: this maximum cannot beat it)
-    or "incomplete" (``max_probes`` ran out first). For "pruned" and "incomplete",
-    ``max_batch_size`` is the largest candidate known to fit (a lower bound; None if none) and
-    ``upper_bound`` the smallest batch known not to fit.
+    is None), "pruned" (a batch at or below ``prune_at_or_below`` does not fit, so this maximum
+    cannot beat it) or "incomplete" (``max_probes`` ran out first). For "pruned" and
+    "incomplete", ``max_batch_size`` is the largest candidate known to fit (a lower bound of the
+    maximum; None if none) and ``upper_bound`` the smallest batch known not to fit.
     """
 
     max_batch_size: int | None
@@ -126,7 +128,7 @@ class SearchResult:
 
 
 def probe_bound(max_batch_size: int, batch_multiple: int = 1) -> int:
-    """The most probes :func:`search_max_batch` can make over these candidates (module docstring)."""
+    """The most probes :func:`search_max_batch` makes over these candidates: ``2*ceil(log2 n) + 1 + SLACK``."""
     n = max_batch_size // batch_multiple
     if n < 1:
         raise ValueError(f"no candidate: max_batch_size {max_batch_size} < batch_multiple {batch_multiple}")
@@ -134,36 +136,17 @@ def probe_bound(max_batch_size: int, batch_multiple: int = 1) -> int:
 
 
 def fit_model(points: dict[int, int], prior: Affine | None = None) -> Affine | None:
-    """The affine model of peak memory, from fitting ``{batch: peak}`` points (and a prior)."""
+    """The affine model of peak memory from fitting ``{batch: peak}`` points and an optional prior.
+
+    Two or more points: the secant through the largest and the smallest. Noise and quantisation
+    (allocator segments, pages) are absolute errors in bytes, so the widest base gives the most
+    accurate slope; curvature (a quadratic loss) shows up as residuals of the points in between,
+    which widen the predicted interval instead (:func:`_predicted_interval`). One point and a
+    prior: the prior's slope through the point (the prior knows the per-sample cost, the point
+    fixes the static part). Otherwise the prior, or None.
+    """
     fit = _fit(points, prior)
     return fit[0] if fit is not None else None
-
-
-def _fit(points: dict[int, int], prior: Affine | None) -> tuple[Affine, int, float] | None:
-    """(line, anchor batch, base length of the slope; inf when the slope is taken as given)."""
-    if len(points) >= 2:
-        items = sorted(points.items())
-        b2, p2 = items[-1]
-        if STRATEGY == "near":
-            b1, p1 = items[-2]
-        elif STRATEGY == "far":
-            b1, p1 = items[0]
-        else:
-            below = [(b, p) for b, p in items if b <= b2 * FRAC]
-            b1, p1 = below[-1] if below else items[0]
-        slope = (p2 - p1) / (b2 - b1)
-        return Affine(p2 - slope * b2, slope), b2, float(b2 - b1)
-    if len(points) == 1 and prior is not None:
-        ((b, p),) = points.items()
-        return Affine(p - prior.slope * b, prior.slope), b, math.inf
-    if prior is not None:
-        return prior, 0, math.inf
-    return None
-
-
-STRATEGY = "far"
-DISTRUST = True
-FRAC = 0.5
 
 
 def search_max_batch(
@@ -180,10 +163,12 @@ def search_max_batch(
     """Find the largest multiple of ``batch_multiple`` (<= ``max_batch_size``) that fits.
 
     ``probe(b)`` runs batch ``b`` and returns an :class:`Observation`. ``known`` observations
-    (from a cache or an earlier run) count as probed and may be at any batch size. ``prior``
-    predicts the peak curve (e.g. from another combination). ``prune_at_or_below``: stop as soon
-    as a batch at or below it is known not to fit. ``max_probes``: stop after that many new probes.
-    At most :func:`probe_bound` probes are made.
+    (a cache, an earlier run) count as probed and may be at any batch size. ``prior`` predicts the
+    peak curve (e.g. from another combination). ``prune_at_or_below``: stop ("pruned") as soon as
+    a batch at or below it is known not to fit, and probe the largest candidate at or below it
+    early to find out; pass the best maximum so far to skip combinations that cannot reach it, or
+    that maximum + 1 to skip those that can at best tie. ``max_probes``: stop ("incomplete") after
+    that many new probes. At most :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
     m = batch_multiple
@@ -207,11 +192,12 @@ def search_max_batch(
         remaining = now
         step = None
         if debt < SLACK:
-            step = state.guided(prior, budget_bytes, prune_at_or_below, use_model=not (distrust and DISTRUST))
+            step = state.guided(prior, budget_bytes, prune_at_or_below, use_model=not distrust)
         index, expect_fit = step if step is not None else (state.fallback(), None)
-        obs = probe((index + 1) * m)
-        if not isinstance(obs, Observation) or obs.batch_size != (index + 1) * m:
-            raise ValueError(f"probe({(index + 1) * m}) must return an Observation for that batch, got {obs!r}")
+        batch = (index + 1) * m
+        obs = probe(batch)
+        if not isinstance(obs, Observation) or obs.batch_size != batch:
+            raise ValueError(f"probe({batch}) must return an Observation for batch {batch}, got {obs!r}")
         trace.append(obs)
         distrust = (distrust or expect_fit is True) and not obs.fits
 
@@ -235,8 +221,7 @@ class _State:
         for o in fits:
             if o.peak_bytes is not None:
                 points[o.batch_size] = max(o.peak_bytes, points.get(o.batch_size, o.peak_bytes))
-        max_fit = max((o.batch_size for o in fits), default=0)
-        lo = min(max_fit // m, n) - 1
+        lo = min(max((o.batch_size for o in fits), default=0) // m, n) - 1
         hi = n if min_fail is None else min(-(-min_fail // m) - 1, n)
         return cls(lo, hi, n, m, min_fail, points)
 
@@ -250,7 +235,7 @@ class _State:
         return None
 
     def remaining(self) -> int:
-        """The probes exponential growth then bisection would still need (module docstring)."""
+        """The probes doubling then bisection would still need at most (module docstring)."""
         if self.hi == self.lo + 1:
             return 0
         if self.hi < self.n:
@@ -267,38 +252,31 @@ class _State:
     def guided(
         self, prior: Affine | None, budget: int, prune_at_or_below: int | None, use_model: bool
     ) -> tuple[int, bool | None] | None:
-        """A model-guided step (index, whether the model expects it to fit), or None."""
+        """A model-guided step: (index, whether the model expects it to fit), or None."""
         step = self._from_model(prior, budget) if use_model else None
         if prune_at_or_below is not None:
-            # One probe just above the threshold settles whether this search can matter at all.
-            above = prune_at_or_below // self.m
-            if self.lo < above < self.hi and (step is None or step[0] <= above):
-                return above, None
+            # One probe at the largest candidate <= the threshold settles whether pruning applies.
+            edge = prune_at_or_below // self.m - 1
+            if self.lo < edge < self.hi and (step is None or step[0] < edge):
+                return edge, None
         return step
 
     def _from_model(self, prior: Affine | None, budget: int) -> tuple[int, bool] | None:
         fit = _fit(self.points, prior)
-        if fit is None and len(self.points) == 1 and self.hi == self.n:
+        if fit is None and len(self.points) == 1:
             ((b, p),) = self.points.items()
-            if p > 0:  # proportional: the whole peak scales with the batch (a lower bound if affine)
+            if p > 0:  # proportional: the whole peak scales with the batch
                 fit = Affine(0.0, p / b), b, math.inf
         interval = _predicted_interval(*fit, self.points, self.min_fail, budget) if fit else None
         if interval is None:
             return None
-        # Probe the largest candidate the model says fits, or the smallest it says does not,
-        # whichever first would cut the remaining work at least as much as a fallback step.
         low = min(self._index_at_or_below(interval[0]), self.hi - 1)
-        if low > self.lo and self.remaining() - _State.remaining(self._with(lo=low)) >= 1:
+        if low > self.lo and self.remaining() - replace(self, lo=low).remaining() >= 1:
             return low, True
         high = max(self._index_at_or_below(interval[1]) + 1, self.lo + 1)
-        if high < self.hi and self.remaining() - _State.remaining(self._with(hi=high)) >= 1:
+        if high < self.hi and self.remaining() - replace(self, hi=high).remaining() >= 1:
             return high, False
         return None
-
-    def _with(self, lo: int | None = None, hi: int | None = None) -> _State:
-        lo = self.lo if lo is None else lo
-        hi = self.hi if hi is None else hi
-        return _State(lo, hi, self.n, self.m, self.min_fail, self.points)
 
     def _index_at_or_below(self, batch: float) -> int:
         """Index of the largest candidate <= batch (-1 if none, n if beyond the last)."""
@@ -309,15 +287,30 @@ class _State:
         return math.floor(batch / self.m) - 1
 
 
+def _fit(points: dict[int, int], prior: Affine | None) -> tuple[Affine, int, float] | None:
+    """(line, anchor batch, length of the slope's base: inf when the slope is taken as given)."""
+    if len(points) >= 2:
+        items = sorted(points.items())
+        (b1, p1), (b2, p2) = items[0], items[-1]
+        slope = (p2 - p1) / (b2 - b1)
+        return Affine(p2 - slope * b2, slope), b2, float(b2 - b1)
+    if len(points) == 1 and prior is not None:
+        ((b, p),) = points.items()
+        return Affine(p - prior.slope * b, prior.slope), b, math.inf
+    if prior is not None:
+        return prior, 0, math.inf
+    return None
+
+
 def _predicted_interval(
     line: Affine, anchor: int, base: float, points: dict[int, int], min_fail: int | None, budget: int
 ) -> tuple[float, float] | None:
-    """Where the model puts the maximum, widened by the model's observed error.
+    """Where the line puts the maximum (real batch sizes), widened by the line's observed error.
 
     The error ``eps`` (bytes) is the largest residual of a fitting point off the line (noise,
-    curvature, allocator steps), and at least twice the margin by which the line wrongly predicted
-    the smallest non-fit to fit (so repeated misses back off geometrically). It also bends the
-    slope by ``2*eps/base`` around the anchor.
+    curvature, allocator steps), and at least twice the margin by which the line wrongly
+    predicted the smallest non-fit to fit, plus one sample. It also tilts the slope by
+    ``2*eps/base`` around the anchor (the largest fitting point).
     """
     slope = line.slope
     if not (slope > 0 and math.isfinite(slope) and math.isfinite(line.intercept)):
@@ -327,10 +320,10 @@ def _predicted_interval(
         margin = budget - line.predict(min_fail)
         if margin >= 0:
             eps = max(eps, 2 * margin + slope)
-    bend = 2 * eps / base
+    tilt = 2 * eps / base
     room = budget - line.predict(anchor)
-    low = anchor + (room - eps) / (slope + bend)
-    high = anchor + (room + eps) / (slope - bend) if slope > bend else math.inf
+    low = anchor + (room - eps) / (slope + tilt)
+    high = anchor + (room + eps) / (slope - tilt) if slope > tilt else math.inf
     return low, high
 
 

@@ -108,7 +108,10 @@ def provenance(result: TuneResult, options: EmitOptions, what: str) -> list[str]
         where += f" ({device['name']})"
     if device.get("budget_bytes"):
         where += f", budget {format_bytes(device['budget_bytes'])}"
-    lines = [f"{what} written by autobatch {version} from a tune of {script}", f"command: {options.generated_by}"]
+    lines = [
+        f"{what} written by autobatch {version} from a tune of {script}",
+        f"command: {options.generated_by}",
+    ]
     lines.append(f"device: {where}")
     dates = [
         f"tuned {result.created}" if result.created else "",
@@ -138,7 +141,9 @@ def comment_block(lines: list[str], width: int = 110) -> str:
     out: list[str] = []
     for line in lines:
         for raw in str(line).splitlines() or [""]:
-            part = "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode() for c in raw)
+            part = "".join(
+                c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode() for c in raw
+            )
             wrapped = textwrap.wrap(
                 part, width=width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
             )

@@ -64,6 +64,6 @@ def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
 def render_env(result: TuneResult, options: EmitOptions) -> str:
     """``export`` lines headed by the provenance and the batch arithmetic as ``#`` comments."""
     header = provenance(result, options, "Shell environment")
-    header.append("use: set -a; source <this file>; set +a   (or python-dotenv's load_dotenv)")
+    header.append("use: source <this file>  (bash), or load_dotenv(<this file>) with python-dotenv")
     lines = [f"export {name}={shlex.quote(value)}" for name, value in variables(result).items()]
     return comment_block(header) + "\n".join(lines) + "\n"

@@ -57,7 +57,9 @@ def _free_port() -> int:
 
 
 def start_group() -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+    )
     import deepspeed
     import deepspeed.ops
 
@@ -88,7 +90,11 @@ def describe(path: str, world: int) -> dict[str, Any]:
         "zero_stage": int(config.zero_optimization_stage),
         "zero_allow_untested_optimizer": config.zero_allow_untested_optimizer,
     }
-    if world == 1 and config.optimizer_name in ("SGD", "RMSprop", "Adafactor", "adagrad") and not (out["bf16"] or out["fp16"]):
+    if (
+        world == 1
+        and config.optimizer_name in ("SGD", "RMSprop", "Adafactor", "adagrad")
+        and not (out["bf16"] or out["fp16"])
+    ):
         out["built_optimizer"] = build_optimizer(path)
     return out
 
@@ -99,7 +105,9 @@ def build_optimizer(path: str) -> str:
 
     model = torch.nn.Linear(4, 2)
     try:
-        engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=path)
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), config=path
+        )
     except Exception as exc:
         return f"error: {type(exc).__name__}: {exc}"
     inner = getattr(optimizer, "optimizer", optimizer)

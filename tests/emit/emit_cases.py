@@ -26,7 +26,12 @@ OPTIONS = EmitOptions(
 )
 
 #: One optimizer per precision, so that the goldens cover several optimizer mappings.
-OPTIMIZER_FOR = {"32-true": "sgd-momentum", "bf16-mixed": "adamw", "16-mixed": "adam", "bf16-true": "adafactor"}
+OPTIMIZER_FOR = {
+    "32-true": "sgd-momentum",
+    "bf16-mixed": "adamw",
+    "16-mixed": "adam",
+    "bf16-true": "adafactor",
+}
 
 GIB = 1024**3
 
@@ -72,8 +77,12 @@ def _plan_cases() -> list[Case]:
     cases = []
     for precision, optimizer in OPTIMIZER_FOR.items():
         for world in (1, 4):
-            cases.append(Case(f"{precision}_noaccum_w{world}", precision, optimizer, False, 64, 1, world, 64 * world))
-            cases.append(Case(f"{precision}_accum_w{world}", precision, optimizer, True, 12, 5, world, 60 * world))
+            cases.append(
+                Case(f"{precision}_noaccum_w{world}", precision, optimizer, False, 64, 1, world, 64 * world)
+            )
+            cases.append(
+                Case(f"{precision}_accum_w{world}", precision, optimizer, True, 12, 5, world, 60 * world)
+            )
     return cases
 
 
@@ -128,8 +137,17 @@ def realistic_result(device: str = "cuda") -> TuneResult:
     ):
         top = 40 + 8 * i
         trace = [
-            ProbeRecord(batch_size=1, kind="fits", peak_bytes=9 * GIB, steps=3, seconds=1.5, samples_per_second=40.0),
-            ProbeRecord(batch_size=top, kind="fits", peak_bytes=70 * GIB, steps=10, seconds=4.0, samples_per_second=310.5),
+            ProbeRecord(
+                batch_size=1, kind="fits", peak_bytes=9 * GIB, steps=3, seconds=1.5, samples_per_second=40.0
+            ),
+            ProbeRecord(
+                batch_size=top,
+                kind="fits",
+                peak_bytes=70 * GIB,
+                steps=10,
+                seconds=4.0,
+                samples_per_second=310.5,
+            ),
             ProbeRecord(batch_size=top + 1, kind="oom", steps=1, seconds=0.8),
         ]
         combos.append(
@@ -142,7 +160,11 @@ def realistic_result(device: str = "cuda") -> TuneResult:
                 peak_bytes=70 * GIB,
                 samples_per_second=310.5 + i,
                 probes=len(trace),
-                static_bytes={"parameters": 2 * GIB, "gradients": 2 * GIB, "optimizer": 4 * GIB if optimizer == "adamw" else 0},
+                static_bytes={
+                    "parameters": 2 * GIB,
+                    "gradients": 2 * GIB,
+                    "optimizer": 4 * GIB if optimizer == "adamw" else 0,
+                },
                 bytes_per_sample=1.5 * GIB,
                 knee_batch_size=top // 2,
                 trace=trace,

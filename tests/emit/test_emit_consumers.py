@@ -26,6 +26,11 @@ from autobatch.emit import common, render
 from autobatch.emit import env as env_format
 from autobatch.result import TuneResult
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.consumers
 
@@ -59,7 +64,9 @@ def deepspeed_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[st
     jobs, keys = [], []
     for case in CASES:
         plain = write(folder, case, "deepspeed")
-        based = write(folder, case, "deepspeed", replace(OPTIONS, deepspeed_base=DS_BASE), f"{case.name}.base.json")
+        based = write(
+            folder, case, "deepspeed", replace(OPTIONS, deepspeed_base=DS_BASE), f"{case.name}.base.json"
+        )
         for kind, path in (("plain", plain), ("base", based)):
             for world in (case.world, case.world + 1):
                 jobs.append([str(path), world])
@@ -69,7 +76,9 @@ def deepspeed_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[st
         capture_output=True, text=True, timeout=900, cwd=folder,
     )  # fmt: skip
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"ds_consumer failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0 and lines, (
+        f"ds_consumer failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return dict(zip(keys, json.loads(lines[-1][len("RESULT ") :])))
 
 
@@ -89,7 +98,9 @@ def test_deepspeed_accepts_and_agrees(deepspeed_reports: dict, case_id: str, kin
     params = report["optimizer_params"] or {}
     assert params.get("momentum") == (0.9 if case.optimizer == "sgd-momentum" else params.get("momentum"))
     assert params.get("adam_w_mode", True) is (case.optimizer != "adam")
-    assert report["zero_allow_untested_optimizer"] == (case.optimizer not in ("adam", "adamw", "adamw-fused", "adagrad"))
+    assert report["zero_allow_untested_optimizer"] == (
+        case.optimizer not in ("adam", "adamw", "adamw-fused", "adagrad")
+    )
     if kind == "base":
         assert report["zero_stage"] == 2  # the user's ZeRO section survives the overlay
         assert params.get("lr") == 0.0003  # kept from the base optimizer
@@ -104,7 +115,10 @@ def test_deepspeed_rejects_the_file_at_another_world_size(deepspeed_reports: dic
     """DeepSpeed's own batch assertion runs: the same file at world + 1 fails it."""
     case = BY_NAME[case_id]
     report = deepspeed_reports[(case_id, "plain", case.world + 1)]
-    assert "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size" in report.get("error", "")
+    assert (
+        "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size"
+        in report.get("error", "")
+    )
 
 
 @pytest.mark.parametrize("case_id", ["32-true_noaccum_w1", "32-true_accum_w1", "no_request"])
@@ -113,7 +127,10 @@ def test_deepspeed_builds_the_optimizer(deepspeed_reports: dict, case_id: str, k
     """deepspeed.initialize on a tiny fp32 model builds the torch optimizer the section names."""
     case = BY_NAME[case_id]
     built = deepspeed_reports[(case_id, kind, 1)]["built_optimizer"]
-    expected = {"sgd-momentum": "torch.optim.sgd.SGD momentum=0.9", "rmsprop": "torch.optim.rmsprop.RMSprop momentum=0"}
+    expected = {
+        "sgd-momentum": "torch.optim.sgd.SGD momentum=0.9",
+        "rmsprop": "torch.optim.rmsprop.RMSprop momentum=0",
+    }
     assert built == expected[case.optimizer]
 
 
@@ -239,7 +256,9 @@ def test_lightning_overlay_over_a_user_config_in_subclass_mode(tmp_path: Path) -
 def test_lightning_custom_batch_key(tmp_path: Path) -> None:
     case = BY_NAME["32-true_accum_w4"]
     options = replace(OPTIONS, lightning_batch_key="data.micro_batch")
-    cli = lightning_cli(write(tmp_path, case, "lightning", options, "overlay.yaml"), data="emit_lightning_app.MicroBatchData")
+    cli = lightning_cli(
+        write(tmp_path, case, "lightning", options, "overlay.yaml"), data="emit_lightning_app.MicroBatchData"
+    )
     assert cli.datamodule.micro_batch == 12
     assert cli.trainer.accumulate_grad_batches == 5
 
@@ -316,7 +335,10 @@ def test_env_names_are_not_settings() -> None:
     settings = pytest.importorskip("autobatch.settings")
     setting_names = {info.env for info in settings.FIELDS}
     assert not setting_names & set(env_format.ENV_NAMES)
-    assert all(name.startswith(settings.ENV_PREFIX) or name.startswith("ACCELERATE_") for name in env_format.ENV_NAMES)
+    assert all(
+        name.startswith(settings.ENV_PREFIX) or name.startswith("ACCELERATE_")
+        for name in env_format.ENV_NAMES
+    )
 
 
 @pytest.mark.parametrize("case_id", ["bf16-mixed_accum_w4", "inexact", "cpu_bf16"])
@@ -328,7 +350,6 @@ def test_json_reloads_as_the_same_result(tmp_path: Path, case_id: str) -> None:
 
 @pytest.mark.parametrize("case_id", ["bf16-mixed_accum_w4", "inexact", "cpu_bf16", "no_request"])
 def test_toml_reloads_as_the_same_result(tmp_path: Path, case_id: str) -> None:
-    import tomllib
 
     result = BY_NAME[case_id].result()
     data = tomllib.loads(render(result, "toml", OPTIONS))

@@ -32,7 +32,9 @@ def check_golden(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
         return
     assert path.exists(), f"no golden file {path}; run with {UPDATE_GOLDEN}=1 to create it"
-    assert text == path.read_text(encoding="utf-8"), f"{path} differs; if intended, regenerate with {UPDATE_GOLDEN}=1"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"{path} differs; if intended, regenerate with {UPDATE_GOLDEN}=1"
+    )
 
 
 @pytest.mark.parametrize("fmt", LAUNCHERS)
@@ -68,7 +70,10 @@ def test_no_golden_file_is_stale() -> None:
         pytest.skip("regenerating")
     expected = {GOLDEN / c / FORMATS[f].filename for c in CASE_IDS for f in LAUNCHERS}
     expected |= {GOLDEN / c / FORMATS[f].filename for c in WHOLE_CASES for f in ("json", "toml")}
-    expected |= {GOLDEN / c / "ds_config_on_base.json" for c in ("bf16-mixed_accum_w4", "32-true_noaccum_w1", "16-mixed_accum_w4")}
+    expected |= {
+        GOLDEN / c / "ds_config_on_base.json"
+        for c in ("bf16-mixed_accum_w4", "32-true_noaccum_w1", "16-mixed_accum_w4")
+    }
     expected.add(GOLDEN / "bf16-mixed_accum_w4" / "hf_training_args_transformers4.json")
     present = {p for p in GOLDEN.rglob("*") if p.is_file()}
     assert present == expected

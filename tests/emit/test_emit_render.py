@@ -9,7 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from emit_cases import BY_NAME, DATA, OPTIONS
 from hypothesis import given, settings
@@ -23,6 +22,11 @@ from autobatch.emit.lightning import overlay
 from autobatch.emit.whole import drop_none
 from autobatch.errors import UsageError
 from autobatch.result import TuneResult
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
 
 COMMENTED = ["lightning", "accelerate", "env", "toml"]
 
@@ -153,7 +157,9 @@ def test_no_text_escapes_the_comment(command: str, note: str, script: str) -> No
     dotenv = pytest.importorskip("dotenv")
     import io
 
-    assert dict(dotenv.dotenv_values(stream=io.StringIO(render(result, "env", options)))) == env_format.variables(result)
+    assert dict(
+        dotenv.dotenv_values(stream=io.StringIO(render(result, "env", options)))
+    ) == env_format.variables(result)
 
 
 # ----------------------------------------------------------------------------------------- formats
@@ -166,7 +172,11 @@ def test_deepspeed_overlay_keeps_the_base_and_sets_only_autobatch_keys() -> None
     assert json.dumps(base, sort_keys=True) == before  # the base is not modified
     assert config["zero_optimization"] == base["zero_optimization"]
     assert (config["gradient_clipping"], config["steps_per_print"]) == (1.0, 50)
-    assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (240, 12, 5)
+    assert (
+        config["train_batch_size"],
+        config["train_micro_batch_size_per_gpu"],
+        config["gradient_accumulation_steps"],
+    ) == (240, 12, 5)
     assert config["bf16"] == {"enabled": True} and "bfloat16" not in config
     assert config["fp16"]["enabled"] is False and config["fp16"]["loss_scale_window"] == 500
     assert config["optimizer"] == base["optimizer"]  # same type: the user's params stay
@@ -180,9 +190,14 @@ def test_deepspeed_base_without_optimizer_gets_none() -> None:
 
 
 def test_deepspeed_other_optimizer_type_keeps_only_portable_params() -> None:
-    base = {"optimizer": {"type": "Adam", "params": {"lr": "auto", "betas": [0.9, 0.95], "weight_decay": 0.1}}}
+    base = {
+        "optimizer": {"type": "Adam", "params": {"lr": "auto", "betas": [0.9, 0.95], "weight_decay": 0.1}}
+    }
     config = deepspeed_config(BY_NAME["32-true_noaccum_w1"].chosen(), base)
-    assert config["optimizer"] == {"type": "SGD", "params": {"lr": "auto", "weight_decay": 0.1, "momentum": 0.9}}
+    assert config["optimizer"] == {
+        "type": "SGD",
+        "params": {"lr": "auto", "weight_decay": 0.1, "momentum": 0.9},
+    }
     assert config["zero_allow_untested_optimizer"] is True
 
 
@@ -243,9 +258,17 @@ def test_lightning_key_must_be_dotted_and_free() -> None:
     with pytest.raises(UsageError, match="not a dotted key"):
         EmitOptions(lightning_batch_key="data..batch_size")
     with pytest.raises(UsageError, match="collides"):
-        render(BY_NAME["32-true_accum_w1"].result(), "lightning", replace(OPTIONS, lightning_batch_key="trainer.precision"))
+        render(
+            BY_NAME["32-true_accum_w1"].result(),
+            "lightning",
+            replace(OPTIONS, lightning_batch_key="trainer.precision"),
+        )
     with pytest.raises(UsageError, match="collides"):
-        render(BY_NAME["32-true_accum_w1"].result(), "lightning", replace(OPTIONS, lightning_batch_key="trainer.devices.n"))
+        render(
+            BY_NAME["32-true_accum_w1"].result(),
+            "lightning",
+            replace(OPTIONS, lightning_batch_key="trainer.devices.n"),
+        )
 
 
 def test_lightning_devices_only_for_a_world_of_one() -> None:
@@ -253,7 +276,9 @@ def test_lightning_devices_only_for_a_world_of_one() -> None:
     four = overlay(BY_NAME["bf16-mixed_accum_w4"].result(), OPTIONS)
     assert (one["trainer"]["devices"], one["trainer"]["num_nodes"]) == (1, 1)
     assert "devices" not in four["trainer"] and "num_nodes" not in four["trainer"]
-    assert "trainer.devices x trainer.num_nodes = 4" in render(BY_NAME["bf16-mixed_accum_w4"].result(), "lightning", OPTIONS)
+    assert "trainer.devices x trainer.num_nodes = 4" in render(
+        BY_NAME["bf16-mixed_accum_w4"].result(), "lightning", OPTIONS
+    )
 
 
 def test_env_values_and_booleans() -> None:
@@ -268,7 +293,10 @@ def test_env_values_and_booleans() -> None:
 
 
 def test_toml_drops_nulls_everywhere() -> None:
-    assert drop_none({"a": None, "b": [1, None, {"c": None, "d": 2}], "e": {"f": None}}) == {"b": [1, {"d": 2}], "e": {}}
+    assert drop_none({"a": None, "b": [1, None, {"c": None, "d": 2}], "e": {"f": None}}) == {
+        "b": [1, {"d": 2}],
+        "e": {},
+    }
 
 
 # ------------------------------------------------------------------------------------------- notes
@@ -281,13 +309,19 @@ def test_caveats_name_what_the_files_cannot_say() -> None:
     assert any("recompute" in note for note in caveats(bf16_true, "deepspeed", OPTIONS))
     adam = BY_NAME["16-mixed_accum_w1"].result()
     assert any("no plain Adam" in note for note in caveats(adam, "hf", OPTIONS))
-    assert any("ACCELERATE_GRADIENT_ACCUMULATION_STEPS=5" in note for note in caveats(adam, "accelerate", OPTIONS))
+    assert any(
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS=5" in note for note in caveats(adam, "accelerate", OPTIONS)
+    )
     assert caveats(BY_NAME["32-true_noaccum_w1"].result(), "env", OPTIONS) == []
 
 
 def test_make_options_overrides() -> None:
     options = make_options("autobatch emit r.json", lightning_batch_key="data.micro", deepspeed_base=None)
-    assert (options.generated_by, options.lightning_batch_key, options.deepspeed_base) == ("autobatch emit r.json", "data.micro", None)
+    assert (options.generated_by, options.lightning_batch_key, options.deepspeed_base) == (
+        "autobatch emit r.json",
+        "data.micro",
+        None,
+    )
 
 
 def test_emit_imports_no_torch_and_no_consumer() -> None:

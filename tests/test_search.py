@@ -1,0 +1,366 @@
+"""The model-guided exact search, over synthetic memory curves (no torch).
+
+Property tests: for every curve family the answer is the brute-force maximum, no candidate is
+probed twice, and the probe count stays within ``probe_bound`` (2*ceil(log2 n) + 1 + SLACK).
+Sequence tests (in the style of accelerate's tests/test_memory_utils.py) pin the batch sizes tried.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autobatch.core.search import (
+    SLACK,
+    Affine,
+    Observation,
+    SearchResult,
+    fit_model,
+    probe_bound,
+    search_max_batch,
+)
+from autobatch.testing import Curve, FakeProbe, affine, noisy, quadratic, staircase, true_max
+
+BUDGET = 2**30
+MiB = 2**20
+FAMILIES = ("affine", "quadratic", "staircase", "noisy")
+PROPERTY = settings(max_examples=150, deadline=None)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, families: tuple[str, ...] = FAMILIES) -> tuple[Curve, int, int]:
+    """(curve, max_batch_size, batch_multiple): static memory up to 102 % of the budget (so some
+    are infeasible), a boundary anywhere up to 1.5x max_batch_size (so some are capped)."""
+    family = draw(st.sampled_from(families))
+    multiple = draw(st.sampled_from((1, 1, 1, 2, 8)))
+    max_batch = draw(st.integers(multiple, 4096))
+    static = draw(st.floats(0.0, 1.02)) * BUDGET
+    crossing = draw(st.floats(0.5, 1.5 * max_batch))
+    room = BUDGET - min(static, 0.99 * BUDGET)
+    if family == "affine":
+        return affine(static, room / crossing), max_batch, multiple
+    if family == "quadratic":
+        share = draw(st.floats(0.0, 1.0))
+        return (
+            quadratic(static, share * room / crossing, (1 - share) * room / crossing**2),
+            max_batch,
+            multiple,
+        )
+    if family == "staircase":
+        per_sample = room / crossing
+        step = draw(st.sampled_from((2 * MiB, 20 * MiB, 64 * MiB, None)))
+        step_bytes = step or max(1, int(per_sample * draw(st.integers(1, 64))))  # plateaus of samples
+        return staircase(static, per_sample, step_bytes), max_batch, multiple
+    base_curve: Curve = affine(static, room / crossing)
+    if draw(st.booleans()):
+        base_curve = quadratic(static, 0.5 * room / crossing, 0.5 * room / crossing**2)
+    return (
+        noisy(base_curve, rel=draw(st.floats(0.0, 0.05)), seed=draw(st.integers(0, 2**16))),
+        max_batch,
+        multiple,
+    )
+
+
+def check(
+    curve: Curve, max_batch: int, multiple: int, *, report_peaks: bool = True, **kwargs: object
+) -> tuple[SearchResult, FakeProbe]:
+    """Run the search and assert what must hold for every curve."""
+    probe = FakeProbe(curve, BUDGET, report_peaks=report_peaks)
+    result = search_max_batch(
+        probe, budget_bytes=BUDGET, max_batch_size=max_batch, batch_multiple=multiple, **kwargs
+    )  # type: ignore[arg-type]
+    expected = true_max(curve, BUDGET, max_batch, multiple)
+    assert result.max_batch_size == expected
+    top = max_batch // multiple * multiple
+    assert result.status == ("infeasible" if expected is None else "capped" if expected == top else "exact")
+    assert probe.calls == [o.batch_size for o in result.trace]
+    assert len(set(probe.calls)) == len(probe.calls), "a candidate was probed twice"
+    assert all(b % multiple == 0 and multiple <= b <= max_batch for b in probe.calls)
+    assert result.probes <= probe_bound(max_batch, multiple)
+    if result.upper_bound is not None:
+        assert curve(result.upper_bound) > BUDGET
+        assert expected is None or expected < result.upper_bound
+        if result.status == "exact":
+            assert expected is not None and result.upper_bound <= expected + multiple
+    return result, probe
+
+
+@PROPERTY
+@given(scenarios())
+def test_exact_for_every_curve_family(scenario: tuple[Curve, int, int]) -> None:
+    check(*scenario)
+
+
+@PROPERTY
+@given(scenarios(), st.sampled_from(("oom", "crash", "timeout")))
+def test_exact_without_peak_measurements(scenario: tuple[Curve, int, int], kind: str) -> None:
+    curve, max_batch, multiple = scenario
+    probe = FakeProbe(curve, BUDGET, fail_kind=kind, report_peaks=False)
+    result = search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=max_batch, batch_multiple=multiple)
+    assert result.max_batch_size == true_max(curve, BUDGET, max_batch, multiple)
+    assert result.probes <= probe_bound(max_batch, multiple)
+    assert result.model is None
+
+
+@PROPERTY
+@given(scenarios(), st.lists(st.integers(1, 5000), max_size=6))
+def test_known_observations_count_as_probed(
+    scenario: tuple[Curve, int, int], known_batches: list[int]
+) -> None:
+    curve, max_batch, multiple = scenario
+    known = [FakeProbe(curve, BUDGET)(b) for b in known_batches]  # any batch, multiples or not
+    result, probe = check(curve, max_batch, multiple, known=known)
+    assert not set(probe.calls) & set(known_batches)
+
+
+@PROPERTY
+@given(scenarios(families=("affine",)), st.sampled_from((0.5, 1.0, 2.0)), st.sampled_from((0.5, 2.0)))
+def test_wrong_prior_costs_probes_not_correctness(
+    scenario: tuple[Curve, int, int], intercept_factor: float, slope_factor: float
+) -> None:
+    curve, max_batch, multiple = scenario
+    assert isinstance(curve, type(affine(0, 1)))
+    prior = Affine(curve.intercept * intercept_factor, curve.slope * slope_factor)
+    check(curve, max_batch, multiple, prior=prior)
+
+
+@PROPERTY
+@given(scenarios(families=("affine",)))
+def test_accurate_prior_needs_at_most_three_probes(scenario: tuple[Curve, int, int]) -> None:
+    curve, max_batch, multiple = scenario
+    assert isinstance(curve, type(affine(0, 1)))
+    result, _ = check(curve, max_batch, multiple, prior=Affine(curve.intercept, curve.slope))
+    assert result.probes <= 3  # predicted maximum and its neighbour; one more if rounding misleads
+
+
+@PROPERTY
+@given(scenarios(families=("affine",)))
+def test_affine_without_prior_needs_at_most_five_probes(scenario: tuple[Curve, int, int]) -> None:
+    result, _ = check(*scenario)
+    assert result.probes <= 5
+
+
+@PROPERTY
+@given(scenarios(), st.integers(0, 5000))
+def test_pruning_stops_only_below_the_threshold(scenario: tuple[Curve, int, int], threshold: int) -> None:
+    curve, max_batch, multiple = scenario
+    probe = FakeProbe(curve, BUDGET)
+    result = search_max_batch(
+        probe,
+        budget_bytes=BUDGET,
+        max_batch_size=max_batch,
+        batch_multiple=multiple,
+        prune_at_or_below=threshold,
+    )
+    expected = true_max(curve, BUDGET, max_batch, multiple)
+    assert result.probes <= probe_bound(max_batch, multiple)
+    if result.status == "pruned":  # a non-fit at or below the threshold: this cannot reach it
+        assert result.upper_bound is not None and result.upper_bound <= threshold
+        assert expected is None or expected < result.upper_bound
+        assert result.max_batch_size is None or expected is not None and result.max_batch_size <= expected
+    else:
+        assert result.max_batch_size == expected
+    if expected is not None and expected >= threshold:
+        assert result.status != "pruned"
+
+
+@PROPERTY
+@given(scenarios(), st.integers(0, 12))
+def test_max_probes_returns_what_is_proven(scenario: tuple[Curve, int, int], limit: int) -> None:
+    curve, max_batch, multiple = scenario
+    probe = FakeProbe(curve, BUDGET)
+    result = search_max_batch(
+        probe, budget_bytes=BUDGET, max_batch_size=max_batch, batch_multiple=multiple, max_probes=limit
+    )
+    expected = true_max(curve, BUDGET, max_batch, multiple)
+    assert result.probes <= limit
+    if result.status == "incomplete":
+        assert result.probes == limit
+        assert result.max_batch_size is None or expected is not None and result.max_batch_size <= expected
+        assert result.upper_bound is None or expected is None or result.upper_bound > expected
+    else:
+        assert result.max_batch_size == expected
+
+
+@PROPERTY
+@given(scenarios(), st.integers(1, 4000), st.integers(1, 4000))
+def test_contradicting_observations_keep_the_safe_side(
+    scenario: tuple[Curve, int, int], fail_at: int, fit_above: int
+) -> None:
+    """A flickering device: a fit reported above a non-fit. Only fits below the non-fit count."""
+    curve, max_batch, multiple = scenario
+    known = [Observation(fail_at, False), Observation(fail_at + fit_above, True, peak_bytes=BUDGET)]
+    probe = FakeProbe(curve, BUDGET)
+    result = search_max_batch(
+        probe, budget_bytes=BUDGET, max_batch_size=max_batch, batch_multiple=multiple, known=known
+    )
+    expected = true_max(curve, BUDGET, min(max_batch, fail_at - 1), multiple) if fail_at > multiple else None
+    assert result.max_batch_size == expected
+    assert result.max_batch_size is None or result.max_batch_size < fail_at
+    assert len(set(probe.calls)) == len(probe.calls)
+    assert result.probes <= probe_bound(max_batch, multiple)
+
+
+# Exact sequences: peak(b) = 100 + 3b bytes against a budget of 1000, so the maximum is 300.
+LINE = affine(100, 3)
+
+
+def tried(
+    max_batch_size: int = 1000, *, report_peaks: bool = True, **kwargs: object
+) -> tuple[list[int], SearchResult]:
+    probe = FakeProbe(LINE, 1000, report_peaks=report_peaks)
+    result = search_max_batch(probe, budget_bytes=1000, max_batch_size=max_batch_size, **kwargs)  # type: ignore[arg-type]
+    return probe.calls, result
+
+
+def test_affine_without_prior_takes_four_probes() -> None:
+    # smallest; proportional guess 1000*1/103 -> 9 (fits); secant predicts 300 exactly; 301 fails.
+    calls, result = tried()
+    assert calls == [1, 9, 300, 301]
+    assert (result.max_batch_size, result.status, result.upper_bound) == (300, "exact", 301)
+    assert result.model == Affine(100, 3)
+
+
+def test_accurate_prior_takes_two_probes() -> None:
+    calls, result = tried(prior=Affine(100, 3))
+    assert calls == [300, 301]
+    assert result.max_batch_size == 300
+
+
+@pytest.mark.parametrize(
+    ("prior", "expected_calls"),
+    [
+        (Affine(100, 6), [150, 226, 300, 301]),  # pessimistic slope: fits, prior slope through it, secant
+        (Affine(100, 1.5), [600, 300, 301]),  # optimistic slope: refuted, bisect, then the secant
+        (Affine(200, 3), [266, 301, 300]),  # wrong static memory: one point fixes it
+    ],
+)
+def test_wrong_prior_sequences(prior: Affine, expected_calls: list[int]) -> None:
+    calls, result = tried(prior=prior)
+    assert calls == expected_calls
+    assert result.max_batch_size == 300
+
+
+def test_capped_at_max_batch_size() -> None:
+    calls, result = tried(256)
+    assert calls == [1, 9, 256]
+    assert (result.max_batch_size, result.status, result.upper_bound) == (256, "capped", None)
+
+
+def test_batch_multiple() -> None:
+    calls, result = tried(batch_multiple=8)
+    assert calls == [8, 64, 296, 304]
+    assert (result.max_batch_size, result.status) == (296, "exact")
+
+
+def test_infeasible_at_the_smallest_batch() -> None:
+    probe = FakeProbe(LINE, 102)
+    result = search_max_batch(probe, budget_bytes=102, max_batch_size=1000)
+    assert probe.calls == [1]
+    assert (result.max_batch_size, result.status, result.upper_bound) == (None, "infeasible", 1)
+
+
+def test_without_peaks_it_doubles_then_bisects() -> None:
+    calls, result = tried(report_peaks=False)
+    assert calls == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 384, 320, 288, 304, 296, 300, 302, 301]
+    assert result.max_batch_size == 300
+    assert len(calls) <= probe_bound(1000)
+
+
+def test_known_observations_can_settle_it() -> None:
+    calls, result = tried(known=[Observation(300, True, peak_bytes=1000), Observation(301, False)])
+    assert calls == []
+    assert (result.max_batch_size, result.status) == (300, "exact")
+
+
+def test_known_non_multiples_bound_the_candidates() -> None:
+    # A fit at 20 means 16 fits; a non-fit at 33 means 40 does not: only 24 and 32 remain.
+    probe = FakeProbe(affine(0, 1), 30)
+    known = [Observation(20, True, peak_bytes=20), Observation(33, False)]
+    result = search_max_batch(probe, budget_bytes=30, max_batch_size=100, batch_multiple=8, known=known)
+    assert set(probe.calls) <= {24, 32}
+    assert (result.max_batch_size, result.status, result.upper_bound) == (24, "exact", 32)
+
+
+def test_pruned_in_one_probe() -> None:
+    calls, result = tried(prune_at_or_below=400)
+    assert calls == [400]
+    assert (result.max_batch_size, result.status, result.upper_bound) == (None, "pruned", 400)
+    calls, result = tried(prune_at_or_below=300)  # it reaches the threshold: search on
+    assert calls == [300, 301]
+    assert result.status == "exact"
+
+
+def test_max_probes_is_incomplete() -> None:
+    calls, result = tried(max_probes=2)
+    assert calls == [1, 9]
+    assert (result.max_batch_size, result.status, result.upper_bound) == (9, "incomplete", None)
+
+
+def test_median_probes_on_realistic_affine_curves() -> None:
+    """Static memory 5-90 % of the budget, the maximum anywhere up to 8192."""
+    rng = random.Random(0)
+    plain, primed = [], []
+    for _ in range(300):
+        static = rng.uniform(0.05, 0.9) * BUDGET
+        slope = (BUDGET - static) / rng.uniform(1, 8192)
+        plain.append(check(affine(static, slope), 8192, 1)[0].probes)
+        primed.append(check(affine(static, slope), 8192, 1, prior=Affine(static, slope))[0].probes)
+    assert statistics.median(plain) <= 4
+    assert statistics.median(primed) == 2
+
+
+def test_probe_bound() -> None:
+    assert probe_bound(1) == 1 + SLACK
+    assert probe_bound(1024) == 2 * 10 + 1 + SLACK
+    assert probe_bound(1025) == 2 * 11 + 1 + SLACK
+    assert probe_bound(1024, 8) == 2 * 7 + 1 + SLACK
+    with pytest.raises(ValueError):
+        probe_bound(4, 8)
+
+
+def test_affine_model() -> None:
+    assert Affine(100, 3).predict_max(1000) == 300
+    assert Affine(100, 0).predict_max(1000) is None
+    assert Affine(100, -1).predict_max(1000) is None
+    assert fit_model({}) is None
+    assert fit_model({10: 130}) is None
+    assert fit_model({10: 130}, prior=Affine(0, 2)) == Affine(110, 2)
+    assert fit_model({1: 103, 50: 250, 100: 400}) == Affine(100, 3)  # widest secant
+
+
+def test_observation_validation() -> None:
+    assert Observation(4, False).kind == "oom"
+    assert Observation(4, False, kind="timeout").kind == "timeout"
+    with pytest.raises(ValueError):
+        Observation(0, True)
+    with pytest.raises(ValueError):
+        Observation(4, True, kind="oom")
+    with pytest.raises(ValueError):
+        Observation(4, False, kind="error")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_batch_size": 0},
+        {"max_batch_size": 4, "batch_multiple": 8},
+        {"batch_multiple": 0},
+        {"budget_bytes": 0},
+        {"max_probes": -1},
+        {"prune_at_or_below": -1},
+    ],
+)
+def test_nonsense_inputs_raise(kwargs: dict[str, int]) -> None:
+    arguments = {"budget_bytes": 1000, "max_batch_size": 100, **kwargs}
+    with pytest.raises(ValueError):
+        search_max_batch(FakeProbe(LINE, 1000), **arguments)  # type: ignore[arg-type]
+
+
+def test_probe_must_answer_for_the_asked_batch() -> None:
+    with pytest.raises(ValueError, match="probe"):
+        search_max_batch(lambda b: Observation(b + 1, True), budget_bytes=1000, max_batch_size=100)
