@@ -7,6 +7,8 @@ import torch.
 
 from __future__ import annotations
 
+from .core.plan import Plan, choose, knee, plan_accumulation
+from .core.search import Affine, Observation, SearchResult, probe_bound, search_max_batch
 from .errors import (
     AutobatchError,
     ConfigError,
@@ -22,6 +24,7 @@ from .result import Chosen, ComboResult, ProbeRecord, TuneResult
 __version__ = "0.1.0"
 
 __all__ = [
+    "Affine",
     "AutobatchError",
     "Chosen",
     "ComboResult",
@@ -29,10 +32,18 @@ __all__ = [
     "ContractError",
     "DeviceError",
     "NothingFitsError",
+    "Observation",
+    "Plan",
     "ProbeFailure",
     "ProbeRecord",
     "ScriptError",
+    "SearchResult",
     "TuneResult",
     "UsageError",
     "__version__",
+    "choose",
+    "knee",
+    "plan_accumulation",
+    "probe_bound",
+    "search_max_batch",
 ]

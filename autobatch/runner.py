@@ -132,6 +132,7 @@ class Tuner:
             return _observation(outcome)
 
         prior = self._prior(combo)
+        prune = self._prune_threshold()
         known: list[Observation] = []
         result: SearchResult | None = None
         for _round in range(MAX_CONFIRM_ROUNDS + 1):
@@ -142,9 +143,10 @@ class Tuner:
                 batch_multiple=opts.batch_multiple,
                 prior=prior,
                 known=known,
+                prune_at_or_below=prune,
             )
             known = [*known, *result.trace]
-            if result.max_batch_size is None:
+            if result.max_batch_size is None or result.status == "pruned":
                 break
             # The number a user gets must hold in their job: confirm it with a longer probe.
             confirm = self.session.probe(
@@ -163,7 +165,12 @@ class Tuner:
         entry.static_bytes = static
         entry.status = result.status
         entry.max_batch_size = result.max_batch_size
-        if result.max_batch_size is None:
+        if result.status == "pruned":
+            entry.reason = (
+                f"cannot win under max-batch: batch {result.upper_bound} does not fit, so its maximum is at most "
+                "the best so far (not searched exactly; --exact-all searches it)"
+            )
+        elif result.max_batch_size is None:
             total = sum(static.values())
             entry.reason = (
                 f"batch {opts.batch_multiple} does not fit: parameters {format_bytes(static['parameters'])} + gradients "
@@ -187,6 +194,16 @@ class Tuner:
         ]
         entry.knee_batch_size = knee(points) if points else None
         self.known.append(_Known(combo, result.model, sum(static.values()), list(outcomes.values())))
+
+    def _prune_threshold(self) -> int | None:
+        """Under max-batch, a later combination must beat the best maximum so far (ties go to the earlier)."""
+        if self.options.objective != "max-batch" or self.options.exact_all:
+            return None
+        best = max(
+            (c.max_batch_size for c in self.result.combinations if c.status in ("exact", "capped") and c.max_batch_size),
+            default=None,
+        )
+        return best + self.options.batch_multiple if best else None
 
     def _record(self, entry: ComboResult, outcome: ProbeOutcome) -> None:
         entry.trace.append(
@@ -244,7 +261,7 @@ class Tuner:
         candidates: list[Candidate] = []
         plans: dict[int, Plan] = {}
         for index, (combo, entry) in enumerate(zip(combos, self.result.combinations)):
-            if entry.max_batch_size is None:
+            if entry.max_batch_size is None or entry.status not in ("exact", "capped"):
                 candidates.append(Candidate(index, None, None, None))
                 continue
             plan = plan_accumulation(

@@ -27,7 +27,6 @@ from .probe.client import ProbeClient
 from .probe.protocol import ProbeOutcome, ProbeRequest
 
 
-
 @dataclass
 class DeviceInfo:
     type: str  # "cpu" | "cuda"

@@ -15,10 +15,9 @@ import time
 
 import psutil
 import pytest
+from support import EXAMPLES, ROOT, SCRIPTS, run_cli
 
 from autobatch.errors import EXIT_NOTHING_FITS, EXIT_OOM, EXIT_SCRIPT
-
-from support import EXAMPLES, ROOT, SCRIPTS, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -267,3 +266,45 @@ def test_sigint_leaves_no_process_within_5_seconds(tmp_path) -> None:
     assert "Traceback" not in stderr
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["status"] == "interrupted"
+
+
+def test_sigterm_stops_probes_and_keeps_partial_result(tmp_path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autobatch", "tune", str(EXAMPLES / "gpt.py"), "--device", "cpu", "--memory", "2GiB",
+         "--output", str(tmp_path / "r.json"), "--no-cache"],
+        cwd=ROOT, env={**os.environ, "NO_COLOR": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(parent.children(recursive=True)) < 2:
+        time.sleep(0.2)
+    family = parent.children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=5)
+    proc.communicate()
+    time.sleep(0.5)
+    assert [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert proc.returncode == 143
+
+
+def test_rerun_is_served_from_the_probe_cache(tmp_path) -> None:
+    args = ("tune", str(EXAMPLES / "mlp.py"), "--device", "cpu", "--memory", "1GiB", "--precision", "32-true",
+            "--optimizer", "sgd", "--no-recompute", "--output", str(tmp_path / "r.json"), "--json")
+    env = {"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_cli(*args, env=env)
+    assert first.returncode == 0, first.stderr
+    second = run_cli(*args, env=env)
+    assert second.returncode == 0, second.stderr
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    assert a["combinations"][0]["max_batch_size"] == b["combinations"][0]["max_batch_size"]
+    assert a["probes"] > 0 and b["probes"] == 0  # every probe replayed from the journal
+    assert "(cached)" in second.stderr
+
+
+def test_default_config_runs_the_embedded_example(tmp_path) -> None:
+    """`autobatch tune` with no script uses the root autobatch.toml."""
+    proc = run_cli("tune", "--output", str(tmp_path / "r.json"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["chosen"] is not None and data["device"]["type"] == "cpu"
+    assert len(data["combinations"]) >= 4

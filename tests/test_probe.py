@@ -7,14 +7,13 @@ import time
 
 import psutil
 import pytest
+from support import EXAMPLES, SCRIPTS
 
 from autobatch.core.space import Combo
 from autobatch.errors import ScriptError
 from autobatch.probe.client import ProbeClient
 from autobatch.probe.protocol import ProbeRequest
 from autobatch.session import Session
-
-from support import EXAMPLES, SCRIPTS
 
 GIB = 1 << 30
 

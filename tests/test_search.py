@@ -19,7 +19,6 @@ from autobatch.core.search import (
     Affine,
     Observation,
     SearchResult,
-    fit_model,
     probe_bound,
     search_max_batch,
 )
@@ -325,12 +324,18 @@ def test_probe_bound() -> None:
 
 def test_affine_model() -> None:
     assert Affine(100, 3).predict_max(1000) == 300
+    assert Affine(100, 3).predict(10) == 130
     assert Affine(100, 0).predict_max(1000) is None
     assert Affine(100, -1).predict_max(1000) is None
-    assert fit_model({}) is None
-    assert fit_model({10: 130}) is None
-    assert fit_model({10: 130}, prior=Affine(0, 2)) == Affine(110, 2)
-    assert fit_model({1: 103, 50: 250, 100: 400}) == Affine(100, 3)  # widest secant
+
+
+def test_reported_model() -> None:
+    assert tried(max_probes=1)[1].model is None  # one point, no prior: no fit yet
+    assert tried(max_probes=1, prior=Affine(0, 10))[1].model == Affine(
+        -600, 10
+    )  # the prior's slope through (100, 400)
+    assert tried(max_probes=0, prior=Affine(0, 2))[1].model == Affine(0, 2)
+    assert tried()[1].model == Affine(100, 3)
 
 
 def test_observation_validation() -> None:
@@ -364,3 +369,34 @@ def test_nonsense_inputs_raise(kwargs: dict[str, int]) -> None:
 def test_probe_must_answer_for_the_asked_batch() -> None:
     with pytest.raises(ValueError, match="probe"):
         search_max_batch(lambda b: Observation(b + 1, True), budget_bytes=1000, max_batch_size=100)
+
+
+# Peaks measured by a real tune (examples/mlp.py, CPU, 1 GiB cap, 32-true/adamw): noisy and even
+# decreasing at small batches, a steeper slope past a few thousand samples, near-affine at the end.
+MEASURED = [
+    (1, 401645568), (2, 422846464), (27, 412413952), (291, 408743936), (3436, 489951232),
+    (15404, 891576320), (16955, 941883392), (17343, 954544128), (17537, 960868352), (17634, 963940352),
+    (17683, 965533696), (17695, 965996544), (17701, 966176768), (17704, 966275072), (17705, 966307840),
+    (17706, 966344704), (17707, 966360000),
+]  # fmt: skip
+
+
+def measured_curve(batch: int) -> int:
+    """Piecewise-linear through the measurements, 32.4 KB per sample beyond the last."""
+    after = next((i for i, (b, _) in enumerate(MEASURED) if b >= batch), None)
+    if after is None:
+        return MEASURED[-1][1] + (batch - MEASURED[-1][0]) * 32_400
+    if after == 0:
+        return MEASURED[0][1]
+    (b0, p0), (b1, p1) = MEASURED[after - 1], MEASURED[after]
+    return int(p0 + (p1 - p0) * (batch - b0) / (b1 - b0))
+
+
+@pytest.mark.parametrize("max_batch_size", [65536, 1 << 20])
+def test_measured_cpu_curve(max_batch_size: int) -> None:
+    budget = 966_367_641  # 0.9 GiB
+    probe = FakeProbe(measured_curve, budget)
+    result = search_max_batch(probe, budget_bytes=budget, max_batch_size=max_batch_size)
+    assert result.max_batch_size == 17707 == true_max(measured_curve, budget, 20000)
+    assert result.probes <= 15  # doubling then bisection (no peaks) needs 30
+    assert sum(b > 10_000 for b in probe.calls) <= 8  # the expensive probes near the boundary

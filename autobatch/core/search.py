@@ -1,7 +1,7 @@
 """The exact largest batch size that fits, found in a handful of probes.
 
 :func:`search_max_batch` is a pure function over a probe callable ("does batch b fit?"). The
-answer is decided by feasibility alone; an affine model of peak memory against batch size only
+answer is decided by feasibility alone; a model of peak memory against batch size only
 *proposes* where to probe, so a wrong model costs probes, never correctness.
 
 Candidates are the multiples of ``batch_multiple`` up to ``max_batch_size``; the search works on
@@ -9,16 +9,19 @@ their indices ``0..n-1`` and keeps a bracket ``lo < hi``: ``lo`` the largest ind
 (-1 if none), ``hi`` the smallest index known not to fit (``n`` while none is known). It stops when
 ``hi == lo + 1``. Every probe is strictly inside the bracket, so no candidate is probed twice.
 
-**Model-guided steps.** The model (:func:`fit_model`) gives a predicted maximum, widened into an
-interval by the model's own observed error: the residuals of the fitting points off the line, and
-any non-fit the line said would fit (:func:`_predicted_interval`). The step probes the largest
-candidate the interval says fits, or else the smallest it says does not, provided that probe, if
-the model is right, cuts the remaining work at least as much as a fallback step would. With
-exact data the interval is a point, which gives the ideal sequences: 4 probes for an affine curve
-without a prior (the smallest candidate; a proportional guess that assumes the whole peak scales
-with the batch, a lower bound of the maximum when memory is affine; the predicted maximum; its
-neighbour) and 2 with an accurate prior (the predicted maximum; its neighbour). A model whose
-"fits" was refuted is ignored until a new fitting point changes it.
+**Model-guided steps.** From the fitting probes' peaks (and a ``prior``), :func:`_predict` gives
+an interval where the maximum probably lies: a secant extrapolated to the budget, widened by the
+model's own evidence of error (a parabola through the last three points, residuals, how much the
+newest point surprised the previous fit). Two secants compete and the narrower honest interval
+wins: through the two largest points (tends to the tangent: right for convex curves and for
+slopes that change with the batch) or through the smallest and the largest (widest base: right
+for noisy or quantised peaks). The step probes the largest candidate the interval says fits, else
+the smallest it says does not, provided that probe, if the model is right, cuts the remaining
+work at least as much as a fallback step would. With exact data the interval is a point, which
+gives the ideal sequences: 4 probes for an affine curve without a prior (the smallest candidate;
+the proportional guess that the whole peak scales with the batch, a lower bound of the maximum
+when memory is affine; the predicted maximum; its neighbour) and 2 with an accurate prior. A model
+whose "fits" was refuted is ignored until a new fitting point changes it.
 
 **Fallback steps.** Doubling from ``lo`` while no non-fit is known, bisection once bracketed.
 
@@ -50,7 +53,6 @@ __all__ = [
     "ProbeFn",
     "SearchResult",
     "SearchStatus",
-    "fit_model",
     "probe_bound",
     "search_max_batch",
 ]
@@ -135,20 +137,6 @@ def probe_bound(max_batch_size: int, batch_multiple: int = 1) -> int:
     return 2 * _ceil_log2(n) + 1 + SLACK
 
 
-def fit_model(points: dict[int, int], prior: Affine | None = None) -> Affine | None:
-    """The affine model of peak memory from fitting ``{batch: peak}`` points and an optional prior.
-
-    Two or more points: the secant through the largest and the smallest. Noise and quantisation
-    (allocator segments, pages) are absolute errors in bytes, so the widest base gives the most
-    accurate slope; curvature (a quadratic loss) shows up as residuals of the points in between,
-    which widen the predicted interval instead (:func:`_predicted_interval`). One point and a
-    prior: the prior's slope through the point (the prior knows the per-sample cost, the point
-    fixes the static part). Otherwise the prior, or None.
-    """
-    fit = _fit(points, prior)
-    return fit[0] if fit is not None else None
-
-
 def search_max_batch(
     probe: ProbeFn,
     *,
@@ -185,7 +173,8 @@ def search_max_batch(
             status = "incomplete"
         if status is not None:
             best = (state.lo + 1) * m if state.lo >= 0 else None
-            return SearchResult(best, status, tuple(trace), state.min_fail, fit_model(state.points, prior))
+            model = _model(state.points, prior, state.min_fail, budget_bytes)
+            return SearchResult(best, status, tuple(trace), state.min_fail, model)
         now = state.remaining()
         if remaining is not None:
             debt = max(0, debt + 1 - (remaining - now))
@@ -262,18 +251,15 @@ class _State:
         return step
 
     def _from_model(self, prior: Affine | None, budget: int) -> tuple[int, bool] | None:
-        fit = _fit(self.points, prior)
-        if fit is None and len(self.points) == 1:
-            ((b, p),) = self.points.items()
-            if p > 0:  # proportional: the whole peak scales with the batch
-                fit = Affine(0.0, p / b), b, math.inf
-        interval = _predicted_interval(*fit, self.points, self.min_fail, budget) if fit else None
-        if interval is None:
+        """Probe the largest candidate the model says fits, else the smallest it says does not,
+        if that probe, should the model be right, cuts the remaining work as much as a fallback."""
+        prediction = _predict(self.points, prior, self.min_fail, budget)
+        if prediction is None:
             return None
-        low = min(self._index_at_or_below(interval[0]), self.hi - 1)
+        low = min(self._index_at_or_below(prediction.low), self.hi - 1)
         if low > self.lo and self.remaining() - replace(self, lo=low).remaining() >= 1:
             return low, True
-        high = max(self._index_at_or_below(interval[1]) + 1, self.lo + 1)
+        high = max(self._index_at_or_below(prediction.high) + 1, self.lo + 1)
         if high < self.hi and self.remaining() - replace(self, hi=high).remaining() >= 1:
             return high, False
         return None
@@ -287,44 +273,148 @@ class _State:
         return math.floor(batch / self.m) - 1
 
 
-def _fit(points: dict[int, int], prior: Affine | None) -> tuple[Affine, int, float] | None:
-    """(line, anchor batch, length of the slope's base: inf when the slope is taken as given)."""
-    if len(points) >= 2:
-        items = sorted(points.items())
-        (b1, p1), (b2, p2) = items[0], items[-1]
-        slope = (p2 - p1) / (b2 - b1)
-        return Affine(p2 - slope * b2, slope), b2, float(b2 - b1)
-    if len(points) == 1 and prior is not None:
-        ((b, p),) = points.items()
-        return Affine(p - prior.slope * b, prior.slope), b, math.inf
-    if prior is not None:
-        return prior, 0, math.inf
-    return None
+Point = tuple[int, int]  # (batch size, peak bytes) of a fitting probe
 
 
-def _predicted_interval(
-    line: Affine, anchor: int, base: float, points: dict[int, int], min_fail: int | None, budget: int
-) -> tuple[float, float] | None:
-    """Where the line puts the maximum (real batch sizes), widened by the line's observed error.
+@dataclass(frozen=True)
+class _Prediction:
+    line: Affine  # the model reported in SearchResult.model
+    low: float  # the maximum is predicted in [low, high] (real batch sizes)
+    high: float
+    reported: bool = True  # False for the proportional guess, which is no fit
 
-    The error ``eps`` (bytes) is the largest residual of a fitting point off the line (noise,
-    curvature, allocator steps), and at least twice the margin by which the line wrongly
-    predicted the smallest non-fit to fit, plus one sample. It also tilts the slope by
-    ``2*eps/base`` around the anchor (the largest fitting point).
+
+def _predict(
+    points: dict[int, int], prior: Affine | None, min_fail: int | None, budget: int
+) -> _Prediction | None:
+    """Where the maximum probably is, from the fitting points and the prior.
+
+    Two or more points: the local and the global candidate below, whichever claims the narrower
+    interval. One point: the prior's slope through it (the prior knows the per-sample cost, the
+    point fixes the static part), else the proportional guess (the whole peak scales with the
+    batch: a lower bound of the maximum when memory is affine). No point: the prior. If the line
+    wrongly predicted the smallest non-fit to fit, the low end backs off by twice that margin.
     """
-    slope = line.slope
-    if not (slope > 0 and math.isfinite(slope) and math.isfinite(line.intercept)):
+    items = sorted(points.items())
+    if len(items) >= 2:
+        options = [c for c in (_local(items, budget), _global(items, budget)) if c is not None]
+        prediction = min(options, key=lambda c: c.high - c.low) if options else None
+    elif items and prior is not None:
+        ((b, p),) = items
+        prediction = _exact(Affine(p - prior.slope * b, prior.slope), budget)
+    elif items:
+        ((b, p),) = items
+        prediction = _exact(Affine(0.0, p / b), budget, reported=False) if p > 0 else None
+    else:
+        prediction = _exact(prior, budget) if prior is not None else None
+    if prediction is None or math.isnan(prediction.low) or math.isnan(prediction.high):
         return None
-    eps = max((abs(p - line.predict(b)) for b, p in points.items()), default=0.0)
-    if min_fail is not None:
-        margin = budget - line.predict(min_fail)
-        if margin >= 0:
-            eps = max(eps, 2 * margin + slope)
-    tilt = 2 * eps / base
-    room = budget - line.predict(anchor)
-    low = anchor + (room - eps) / (slope + tilt)
-    high = anchor + (room + eps) / (slope - tilt) if slope > tilt else math.inf
-    return low, high
+    if min_fail is None:
+        return prediction
+    line, center = prediction.line, prediction.line.predict_max(budget)
+    margin = budget - line.predict(min_fail)
+    if center is None or margin < 0:
+        return prediction
+    return replace(prediction, low=min(prediction.low, center - (2 * margin + line.slope) / line.slope))
+
+
+def _model(points: dict[int, int], prior: Affine | None, min_fail: int | None, budget: int) -> Affine | None:
+    """The model a result reports: the line of the last prediction (None without one)."""
+    prediction = _predict(points, prior, min_fail, budget)
+    if prediction is not None and prediction.reported:
+        return prediction.line
+    items = sorted(points.items())
+    if len(items) >= 2:
+        return _secant(items[-2], items[-1])
+    if items and prior is not None:
+        return Affine(items[0][1] - prior.slope * items[0][0], prior.slope)
+    return prior
+
+
+def _exact(line: Affine, budget: int, reported: bool = True) -> _Prediction | None:
+    center = line.predict_max(budget)
+    return (
+        _Prediction(line, center, center, reported) if center is not None and math.isfinite(center) else None
+    )
+
+
+def _local(items: list[Point], budget: int) -> _Prediction | None:
+    """The secant through the two largest points, spread to the root of the parabola through the
+    three largest and by the noise that the last point's surprise implies.
+
+    Near the boundary this tends to the tangent: right for convex (quadratic) curves and for
+    curves whose slope changes with the batch (allocator regimes seen on the CPU).
+    """
+    line = _secant(items[-2], items[-1])
+    center = line.predict_max(budget)
+    if center is None:
+        return None
+    low = high = center
+    if len(items) >= 3:
+        root = _parabola_root(items[-3:], budget)
+        low, high = min(low, root), max(high, root)
+        (b, p), rest = items[-1], items[:-1]
+        guess = _parabola(rest[-3:], b) if len(rest) >= 3 else _secant(rest[-2], rest[-1]).predict(b)
+        noise = _noise(abs(guess - p), rest[-1][0] - rest[-2][0], b - rest[-1][0])
+        spread = noise * (1 + max(0.0, center - b) / (b - rest[-1][0])) / line.slope
+        low, high = min(low, center - spread), max(high, center + spread)
+    return _Prediction(line, low, high)
+
+
+def _global(items: list[Point], budget: int) -> _Prediction | None:
+    """The secant through the smallest and the largest point, spread by the largest residual of
+    the points between and by the noise the last point's surprise implies.
+
+    The widest base makes absolute errors (noise, allocator segments, pages) matter least.
+    """
+    b1, (b2, p2) = items[0][0], items[-1]
+    line = _secant(items[0], items[-1])
+    slope, room = line.slope, budget - p2
+    if not slope > 0:
+        return None
+    eps = max(abs(p - line.predict(b)) for b, p in items)
+    tilt = 2 * eps / (b2 - b1)  # the slope's uncertainty, pivoting on the largest point
+    low = b2 + (room - eps) / (slope + tilt)
+    high = b2 + (room + eps) / (slope - tilt) if slope > tilt else math.inf
+    if len(items) >= 3:
+        center, before = b2 + room / slope, items[-2][0]
+        noise = _noise(abs(_secant(items[0], items[-2]).predict(b2) - p2), before - b1, b2 - before)
+        spread = noise * (1 + max(0.0, center - b2) / (b2 - b1)) / slope
+        low, high = min(low, center - spread), max(high, center + spread)
+    return _Prediction(line, low, high)
+
+
+def _noise(miss: float, base: float, reach: float) -> float:
+    """The measurement noise implied by a miss of ``miss`` bytes when a secant of base ``base``
+    was extrapolated ``reach`` beyond its end (the error grows as 1 + reach/base)."""
+    return miss / (1 + reach / base)
+
+
+def _secant(first: Point, last: Point) -> Affine:
+    slope = (last[1] - first[1]) / (last[0] - first[0])
+    return Affine(last[1] - slope * last[0], slope)
+
+
+def _newton(three: list[Point]) -> tuple[float, float]:
+    """Slope of the last two of three points and the second divided difference (curvature)."""
+    (b0, p0), (b1, p1), (b2, p2) = three
+    s12 = (p2 - p1) / (b2 - b1)
+    return s12, (s12 - (p1 - p0) / (b1 - b0)) / (b2 - b0)
+
+
+def _parabola(three: list[Point], x: float) -> float:
+    """The parabola through three points, at x (Newton form)."""
+    (_, (b1, _), (b2, p2)), (s12, q) = three, _newton(three)
+    return p2 + s12 * (x - b2) + q * (x - b2) * (x - b1)
+
+
+def _parabola_root(three: list[Point], budget: int) -> float:
+    """Where the parabola through three points first reaches the budget beyond the last (inf: never)."""
+    (_, (b1, _), (b2, p2)), (s12, q) = three, _newton(three)
+    room, linear = budget - p2, q * (b2 - b1) + s12
+    disc = linear * linear + 4 * q * room  # q u^2 + linear u - room = 0, u = x - b2
+    denominator = linear + math.sqrt(disc) if disc >= 0 else 0.0
+    return b2 + 2 * room / denominator if denominator > 0 else math.inf
 
 
 def _ceil_log2(x: int) -> int:

@@ -22,6 +22,10 @@ def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     start = time.perf_counter()
     if request.op == "inspect":
         outcome = _inspect(request, script)
+    elif request.op in ("explain", "estimate"):
+        from ..explain.ops import run_op
+
+        outcome = run_op(request, script)
     else:
         outcome = _probe(request, script, start)
     outcome.wall_seconds = time.perf_counter() - start

@@ -1,0 +1,184 @@
+"""Where the peak of one real training step goes: categories that add up to the measured peak.
+
+:class:`Instrument` wraps the script's three functions and hooks the step so that the probe's own
+step loop (:func:`autobatch.step.loop.run_steps`, through the worker) runs unchanged while a
+:class:`~autobatch.explain.tracker.MemoryTracker` watches every tensor and a
+:class:`~autobatch.explain.modules.ModuleRecorder` attributes outputs and saved tensors to modules.
+
+The categories of a measured run (bytes, at the peak) are::
+
+    peak = baseline + parameters + buffers + gradients + optimizer_state + inputs + activations
+           + autocast_copies + temporaries + runtime_overhead + residual
+
+``baseline``   the probe process before the model exists. On the CPU: its ``VmData`` (Python, torch,
+               the script, and the torch modules a first optimizer step loads lazily, which a tiny
+               warm-up step loads before the reading). On CUDA: memory reserved before the step.
+``runtime_overhead``  CUDA only: reserved minus allocated at the peak (the caching allocator's slack).
+``residual``   what no tracked tensor explains: on the CPU, buffers libraries keep outside PyTorch's
+               allocator (MKL's GEMM buffers, oneDNN's scratchpads), allocator rounding and Python
+               objects; on CUDA, workspaces allocated outside tensors. It is stated, never hidden.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..step.loop import autocast_for
+from .modules import ModuleRecorder, add_flops, table_rows
+from .tracker import TENSOR_CATEGORIES, MemoryTracker, tensor_leaves
+from .transforms import Applied, Transforms, apply_to_model, trim_batch
+
+#: Categories of ``explain --json``, in display order (``residual_bytes`` is reported beside them).
+CATEGORIES: tuple[str, ...] = ("baseline", *TENSOR_CATEGORIES, "runtime_overhead")
+
+CATEGORY_HELP: dict[str, str] = {
+    "baseline": "the process before the model (Python, torch, the script)",
+    "parameters": "model parameters (tied weights once)",
+    "buffers": "model buffers (BatchNorm running statistics, ...)",
+    "gradients": "parameter gradients",
+    "optimizer_state": "optimizer state (momentum, Adam's moments, Adafactor's factors)",
+    "inputs": "the batch",
+    "activations": "activations saved for backward",
+    "autocast_copies": "low-precision weight copies cached by autocast",
+    "temporaries": "intermediates not kept for backward (forward, backward, optimizer step)",
+    "runtime_overhead": "CUDA caching allocator slack (reserved - allocated)",
+    "residual": "untracked: library buffers (MKL, oneDNN, cuBLAS), allocator rounding, Python objects",
+}
+
+
+class Instrument:
+    """Wraps ``build_model``/``make_batch``/``compute_loss`` and hooks one probe's steps."""
+
+    def __init__(self, transforms: Transforms, *, track: bool = True) -> None:
+        self.transforms = transforms
+        self.applied = Applied()
+        self.tracker = MemoryTracker() if track else None
+        self.recorder: ModuleRecorder | None = None
+        self.model: torch.nn.Module | None = None
+        self.batch: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._compute: Callable[[Any, Any], Any] | None = None
+        self._handles: list[Any] = []
+        self._vocab: int | None = None
+
+    def wrap_build(self, build: Callable[[], Any]) -> Callable[[], Any]:
+        def build_model() -> Any:
+            model = build()
+            if isinstance(model, torch.nn.Module):
+                apply_to_model(model, self.transforms, self.applied)
+                self._vocab = self.applied.vocab[1] if self.applied.vocab else None
+                self.model = model
+            return model
+
+        return build_model
+
+    def wrap_batch(self, make: Callable[[int], Any]) -> Callable[[int], Any]:
+        def make_batch(batch_size: int) -> Any:
+            batch = make(batch_size)
+            return trim_batch(batch, self._vocab) if self._vocab else batch
+
+        return make_batch
+
+    def wrap_loss(self, compute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        self._compute = compute
+
+        def compute_loss(model: Any, batch: Any) -> Any:
+            if self.tracker is None:
+                return compute(model, batch)
+            if self.recorder is None:
+                self._first_forward(model, batch)
+            assert self.recorder is not None
+            self.tracker.begin_step()
+            self.tracker.phase = "forward"
+            self.recorder.begin_forward()
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(self.recorder.pack, _unpack):
+                    loss = compute(model, batch)
+            finally:
+                self.recorder.end_forward()
+                self.tracker.end_forward()
+                self.tracker.phase = "backward"
+            return loss
+
+        return compute_loss
+
+    def _first_forward(self, model: torch.nn.Module, batch: Any) -> None:
+        """The model is final now (moved, cast, wrapped): register it and hook it."""
+        assert self.tracker is not None
+        tracker = self.tracker
+        self.model, self.batch = model, batch
+        tracker.register_model(model)
+        tracker.tag(tensor_leaves(batch), "inputs", only_provisional=False)
+        self.recorder = ModuleRecorder(model, tracker)
+
+        def on_grad(param: torch.Tensor) -> None:
+            if param.grad is not None:
+                tracker.tag([param.grad], "gradients")
+
+        for param in model.parameters():
+            if param.requires_grad:
+                self._handles.append(param.register_post_accumulate_grad_hook(on_grad))
+
+    def __enter__(self) -> Instrument:
+        if self.tracker is not None:
+            from torch.optim.optimizer import (
+                register_optimizer_step_post_hook,
+                register_optimizer_step_pre_hook,
+            )
+
+            tracker = self.tracker
+
+            def pre(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+                self.optimizer = optimizer
+                tracker.phase = "optimizer"
+
+            def post(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+                tracker.tag_optimizer_state(optimizer)
+                tracker.phase = "idle"
+
+            self._handles += [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+            tracker.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tracker is not None:
+            self.tracker.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self.recorder is not None:
+            self.recorder.remove()
+
+    def count_flops(self, precision: str, device_type: str) -> str | None:
+        """Forward FLOPs per module (one forward under no_grad); returns a note when it cannot."""
+        if self.recorder is None or self.model is None or self._compute is None:
+            return "no forward ran: no FLOPs"
+        model, batch, compute = self.model, self.batch, self._compute
+        try:
+
+            def run() -> Any:
+                with torch.no_grad(), autocast_for(precision, device_type):
+                    return compute(model, batch)
+
+            add_flops(self.recorder.stats, model, run)
+        except Exception as exc:  # noqa: BLE001 - FLOPs are extra information, never fatal
+            return f"FLOPs not counted: {type(exc).__name__}: {exc}"
+        return None
+
+    def categories(self, baseline: int, peak: int, runtime_overhead: int = 0) -> tuple[dict[str, int], int]:
+        """The categories at the peak and the residual (``peak - sum(categories)``)."""
+        tracked = self.tracker.peak_categories() if self.tracker else dict.fromkeys(TENSOR_CATEGORIES, 0)
+        out = {"baseline": baseline, **tracked, "runtime_overhead": runtime_overhead}
+        return out, peak - sum(out.values())
+
+    def modules(self) -> list[dict[str, Any]]:
+        if self.recorder is None or self.model is None:
+            return []
+        self.recorder.add_static(self.model, self.optimizer)
+        return [row.to_dict() for row in table_rows(self.recorder.stats)]
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

@@ -1,0 +1,208 @@
+"""Which tensors hold memory at the peak of a training step, by category.
+
+:class:`MemoryTracker` is a ``TorchDispatchMode``: it sees the output of every ATen operation of the
+step (forward, backward, optimizer; real tensors or fake ones) and tracks each new storage once
+(views share their base's storage, so nothing is counted twice) until it is freed (a weak reference
+on the storage). Each storage carries a category, first from the phase it was created in, then
+refined as the step reveals what it is:
+
+``parameters`` / ``buffers``  registered when the model is built (tied weights counted once)
+``inputs``            the batch's tensors
+``activations``       created in the forward and kept for backward: saved by autograd (seen by a
+                      ``saved_tensors_hooks`` pack hook), or still alive when the forward returns
+``autocast_copies``   low-precision copies of parameters that autocast makes and caches in the forward
+``gradients``         assigned to a parameter's ``.grad`` (post-accumulate-grad hook)
+``optimizer_state``   held in ``optimizer.state`` after ``step()``
+``temporaries``       everything else: intermediates of the forward that are not kept, of the backward,
+                      of the optimizer step
+
+At every new high-water mark of the live tensor bytes it keeps a copy of the per-category totals, so
+the breakdown it reports is the one at the peak. An :mod:`allocator model <autobatch.explain.allocators>`
+turns the same stream into the device's figure (a CPU process's data memory, the CUDA caching
+allocator's reserved segments). Allocations that happen inside a kernel without going through the
+dispatcher (library workspaces, oneDNN and MKL buffers) are not seen: a measured run reports them
+as the residual.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .allocators import Allocator, ExactAllocator
+
+TENSOR_CATEGORIES: tuple[str, ...] = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_state",
+    "inputs",
+    "activations",
+    "autocast_copies",
+    "temporaries",
+)
+#: Categories a later discovery may overwrite (a parameter stays a parameter even when saved).
+_PROVISIONAL = ("temporaries", "activations")
+_CASTS = ("_to_copy", "to", "type_as")
+
+
+@dataclass(eq=False)
+class _Entry:
+    nbytes: int
+    category: str
+    handle: object
+    step: int
+    phase: str
+    ref: Any = None
+
+
+@dataclass
+class PeakSnapshot:
+    """The tracked tensors at the high-water mark."""
+
+    tensor_bytes: int = 0
+    categories: dict[str, int] = field(default_factory=dict)
+    phase: str = ""
+    step: int = 0
+
+
+class MemoryTracker(TorchDispatchMode):
+    """Track every tensor storage of a step; see the module docstring.
+
+    ``fake_scalars``: answer ``.item()`` on fake tensors with 1 (``True`` for booleans) instead of
+    failing, so that optimizers that read their step count run under fake tensors.
+    """
+
+    def __init__(self, allocator: Allocator | None = None, *, fake_scalars: bool = False) -> None:
+        super().__init__()
+        self.allocator: Allocator = allocator or ExactAllocator()
+        self.fake_scalars = fake_scalars
+        self._entries: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._live: set[_Entry] = set()
+        self.live: dict[str, int] = dict.fromkeys(TENSOR_CATEGORIES, 0)
+        self.tensor_bytes = 0
+        self.peak = PeakSnapshot(categories=dict(self.live))
+        self.step_peaks: list[int] = []
+        self.phase = "setup"
+        self.step = 0
+        self._param_storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    # -- the dispatch hook --------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.fake_scalars and func is torch.ops.aten._local_scalar_dense.default:
+            return _fake_scalar(args[0])
+        out = func(*args, **(kwargs or {}))
+        category = "temporaries"
+        if self.phase == "forward" and _is_param_cast(func, args, self._param_storages):
+            category = "autocast_copies"
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                self.track(tensor, category)
+        return out
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+
+    def track(self, tensor: torch.Tensor, category: str) -> None:
+        """Start tracking the tensor's storage (no-op when already tracked)."""
+        storage = tensor.untyped_storage()
+        if storage in self._entries:
+            return
+        nbytes = storage.nbytes()
+        entry = _Entry(nbytes, category, self.allocator.alloc(nbytes), self.step, self.phase)
+        entry.ref = weakref.ref(storage, lambda _ref, e=entry: self._release(e))
+        self._entries[storage] = entry
+        self._live.add(entry)
+        self.live[category] += nbytes
+        self.tensor_bytes += nbytes
+        if self.tensor_bytes > self.peak.tensor_bytes:
+            self.peak = PeakSnapshot(self.tensor_bytes, dict(self.live), self.phase, self.step)
+        if self.step_peaks:
+            self.step_peaks[-1] = max(self.step_peaks[-1], self.tensor_bytes)
+
+    def _release(self, entry: _Entry) -> None:
+        if entry not in self._live:
+            return
+        self._live.discard(entry)
+        self.live[entry.category] -= entry.nbytes
+        self.tensor_bytes -= entry.nbytes
+        self.allocator.free(entry.handle)
+
+    def tag(self, tensors: Iterable[torch.Tensor], category: str, *, only_provisional: bool = True) -> int:
+        """Set the category of these tensors' storages (tracking them if new); returns bytes newly tagged."""
+        moved = 0
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            entry = self._entries.get(storage)
+            if entry is None:
+                self.track(tensor, category)
+                continue
+            if entry.category == category or (only_provisional and entry.category not in _PROVISIONAL):
+                continue
+            self.live[entry.category] -= entry.nbytes
+            self.live[category] += entry.nbytes
+            entry.category = category
+            moved += entry.nbytes
+        return moved
+
+    def category_of(self, tensor: torch.Tensor) -> str | None:
+        entry = self._entries.get(tensor.untyped_storage())
+        return entry.category if entry is not None else None
+
+    def register_model(self, model: torch.nn.Module) -> None:
+        """Track (and tag) the model's parameters and buffers, tied weights once."""
+        params = list(model.parameters())
+        self.tag(params, "parameters", only_provisional=False)
+        self.tag(list(model.buffers()), "buffers", only_provisional=False)
+        for p in params:
+            self._param_storages[p.untyped_storage()] = True
+
+    def begin_step(self) -> None:
+        self.step += 1
+        self.step_peaks.append(self.tensor_bytes)
+
+    def end_forward(self) -> None:
+        """Everything the forward created that is still alive is kept for backward."""
+        for entry in list(self._live):
+            if entry.step == self.step and entry.phase == "forward" and entry.category == "temporaries":
+                self.live["temporaries"] -= entry.nbytes
+                self.live["activations"] += entry.nbytes
+                entry.category = "activations"
+
+    def tag_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        tensors = [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+        self.tag(tensors, "optimizer_state")
+
+    def peak_categories(self) -> dict[str, int]:
+        return dict(self.peak.categories)
+
+
+def _fake_scalar(tensor: torch.Tensor) -> Any:
+    if tensor.dtype == torch.bool:
+        return True
+    return 1.0 if tensor.is_floating_point() or tensor.is_complex() else 1
+
+
+def _is_param_cast(func: Any, args: Any, param_storages: WeakIdKeyDictionary) -> bool:
+    name = getattr(getattr(func, "overloadpacket", None), "__name__", "")
+    if name not in _CASTS or not args or not isinstance(args[0], torch.Tensor):
+        return False
+    return args[0].untyped_storage() in param_storages
+
+
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a nested structure of tuples, lists and dicts."""
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def nbytes_of(value: Any) -> tuple[int, int]:
+    """(elements, bytes) of every tensor in a nested structure, storages shared counted per tensor."""
+    tensors = tensor_leaves(value)
+    return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)

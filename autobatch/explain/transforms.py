@@ -1,0 +1,161 @@
+"""Model changes that two levers stand for: in-place activations, and a smaller vocabulary.
+
+Both are applied to the user's model after ``build_model()`` (for a prediction under fake tensors, and
+for ``explain --verify`` in a real probe), never to the user's code:
+
+* **in-place activations**: activation modules that take ``inplace`` (``nn.ReLU``, ``nn.SiLU``, ...) get
+  ``inplace=True``, and the matching functions of ``torch.nn.functional`` (``F.relu``, ...) are called
+  with ``inplace=True`` while the step runs. An in-place activation overwrites its input instead of
+  allocating an output, so the input buffer is not needed; it is only valid when autograd does not
+  need that input (PyTorch raises during backward otherwise, and the lever is then reported as not
+  applicable). GELU has no in-place form.
+* **vocabulary trim**: the largest ``nn.Embedding`` keeps its first ``(1 - fraction)`` rows, every
+  parameter tied to its weight follows (a GPT's output head), and an untied ``nn.Linear`` whose output
+  size equals the vocabulary is trimmed the same way. Integer tensors of the batch are taken modulo
+  the new vocabulary so that every token id stays valid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+#: Functions of torch.nn.functional that accept ``inplace``.
+INPLACE_FUNCTIONS: tuple[str, ...] = (
+    "relu",
+    "relu6",
+    "leaky_relu",
+    "elu",
+    "selu",
+    "celu",
+    "silu",
+    "mish",
+    "hardtanh",
+    "hardswish",
+    "rrelu",
+)
+
+
+@dataclass(frozen=True)
+class Transforms:
+    """Which model changes to apply (``vocab_trim``: the fraction of the vocabulary removed)."""
+
+    inplace: bool = False
+    vocab_trim: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.inplace or self.vocab_trim > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Transforms:
+        data = data or {}
+        return cls(bool(data.get("inplace", False)), float(data.get("vocab_trim", 0.0)))
+
+
+@dataclass
+class Applied:
+    """What the transforms changed, for the report."""
+
+    inplace_modules: int = 0
+    inplace_calls: int = 0
+    vocab: tuple[int, int] | None = None  # (before, after)
+    notes: list[str] = field(default_factory=list)
+
+
+def apply_to_model(model: nn.Module, transforms: Transforms, applied: Applied) -> nn.Module:
+    """Apply the model-side transforms in place and return the model."""
+    if transforms.vocab_trim > 0:
+        applied.vocab = trim_vocabulary(model, transforms.vocab_trim)
+        if applied.vocab is None:
+            applied.notes.append("no nn.Embedding: nothing to trim")
+    if transforms.inplace:
+        for module in model.modules():
+            if type(module).__module__ == "torch.nn.modules.activation" and hasattr(module, "inplace"):
+                if not module.inplace:
+                    module.inplace = True
+                    applied.inplace_modules += 1
+    return model
+
+
+def trim_vocabulary(model: nn.Module, fraction: float) -> tuple[int, int] | None:
+    """Keep the first ``(1 - fraction)`` rows of the largest embedding (and of tied or matching heads)."""
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    if not embeddings:
+        return None
+    embedding = max(embeddings, key=lambda m: m.num_embeddings)
+    old = embedding.num_embeddings
+    new = max(1, int(round(old * (1.0 - fraction))))
+    weight = embedding.weight
+    replacement = nn.Parameter(weight.detach()[:new].clone(), requires_grad=weight.requires_grad)
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is weight:
+                module._parameters[name] = replacement
+        if isinstance(module, nn.Linear) and module.out_features == old:
+            if module.weight is not replacement:
+                module.weight = nn.Parameter(module.weight.detach()[:new].clone())
+                if module.bias is not None:
+                    module.bias = nn.Parameter(module.bias.detach()[:new].clone())
+            module.out_features = new
+    embedding.num_embeddings = new
+    if embedding.padding_idx is not None and embedding.padding_idx >= new:
+        embedding.padding_idx = None
+    return old, new
+
+
+def trim_batch(batch: Any, vocabulary: int) -> Any:
+    """Integer tensors of the batch modulo the new vocabulary (token ids and targets stay valid)."""
+
+    def fold(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.dtype != torch.bool:
+            return value % vocabulary
+        return value
+
+    return tree_map(fold, batch)
+
+
+@contextlib.contextmanager
+def inplace_functional(applied: Applied) -> Iterator[None]:
+    """Call the activation functions of ``torch.nn.functional`` with ``inplace=True`` inside the block."""
+    functional = torch.nn.functional
+    originals = {name: getattr(functional, name) for name in INPLACE_FUNCTIONS if hasattr(functional, name)}
+
+    def patched(original: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(original)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.arguments["inplace"] = True
+            applied.inplace_calls += 1
+            return original(*bound.args, **bound.kwargs)
+
+        return call
+
+    try:
+        for name, original in originals.items():
+            setattr(functional, name, patched(original))
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(functional, name, original)
+
+
+@contextlib.contextmanager
+def applied_during_step(transforms: Transforms, applied: Applied) -> Iterator[None]:
+    """The step-time side of the transforms (patched functions); a no-op when none is active."""
+    if transforms.inplace:
+        with inplace_functional(applied):
+            yield
+    else:
+        yield

@@ -1,0 +1,201 @@
+"""The benchmark's tables and its summary against issue 3's targets (plain Markdown: printed and saved).
+
+A :class:`Row` is one method on one workload; a :class:`WorkloadResult` holds a workload's rows, its
+cap and its true maximum; :func:`summary` checks the targets over all workloads.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .runs import Overhead, Setup
+
+MiB = 1 << 20
+
+
+@dataclass
+class Row:
+    method: str
+    found: int | None = None
+    holds: bool | None = None
+    probes: float | None = None
+    probes_note: str = ""
+    wall: float | None = None
+    baseline_bytes: int | None = None
+    status: str = "ok"  # ok | nothing | crash | error
+    note: str = ""
+
+    @property
+    def answered(self) -> bool:
+        return self.status == "ok" and self.found is not None and self.found >= 1
+
+
+@dataclass
+class WorkloadResult:
+    setup: Setup
+    cap_note: str
+    truth: int | None = None
+    truth_note: str = ""
+    rows: list[Row] = field(default_factory=list)
+    overhead: Overhead | None = None
+    grid_combos: int = 0
+
+    def row(self, method: str) -> Row | None:
+        return next((r for r in self.rows if r.method == method), None)
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _found(row: Row) -> str:
+    if row.status in ("crash", "error"):
+        return f"{row.status}" + (f" (at {row.found})" if row.found else "")
+    if not row.answered:
+        return "nothing" + (f" ({row.found})" if row.found is not None else "")
+    return str(row.found)
+
+
+def _versus(row: Row, truth: int | None) -> str:
+    if not row.answered or truth is None:
+        return "-"
+    diff = row.found - truth  # type: ignore[operator]
+    return "yes" if diff == 0 else f"{diff:+d} ({100 * diff / truth:+.1f} %)"
+
+
+def _holds(row: Row) -> str:
+    return "-" if row.holds is None else ("yes" if row.holds else "**no**")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table(result: WorkloadResult) -> list[str]:
+    s = result.setup
+    w = s.workload
+    args = f" `{' '.join(w.args)}`" if w.args else ""
+    lines = [
+        f"### {w.name}: `{w.script.name}`{args}",
+        "",
+        f"Cap {s.memory / MiB:.0f} MiB, headroom {s.headroom:g}: budget {s.budget / MiB:.1f} MiB "
+        f"(RLIMIT_DATA, VmData of the whole process). {result.cap_note}",
+        f"True maximum (32-true, adamw, no recompute; fresh-process `autobatch check --steps 10`): "
+        f"**{result.truth if result.truth is not None else 'unknown'}** ({result.truth_note})",
+        "",
+        "| method | found | vs true max | holds? (10 steps) | probes | wall (s) | VmData at cap | note |",
+        "|---|---:|---|---|---:|---:|---:|---|",
+    ]
+    for row in result.rows:
+        probes = _num(row.probes, 1 if row.probes is not None and row.probes % 1 else 0)
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    row.method,
+                    _found(row),
+                    _versus(row, result.truth),
+                    _holds(row),
+                    probes + (f" {row.probes_note}" if row.probes_note else ""),
+                    _num(row.wall),
+                    "-" if row.baseline_bytes is None else f"{row.baseline_bytes / MiB:.0f} MiB",
+                    _cell(row.note),
+                ]
+            )
+            + " |"
+        )
+    if result.overhead is not None:
+        o = result.overhead
+        per = ", ".join(
+            f"{p['wall']:.2f} s wall = {p['steps']:.2f} steps + {o.build_cold:.2f} build + "
+            f"{p['overhead']:.2f} overhead"
+            for p in o.probes
+        )
+        lines += [
+            "",
+            f"Probe overhead (ProbeClient, 3-step probes at batch {o.batch_size}): median "
+            f"**{o.median_overhead:.3f} s** beyond build and steps ({per}); in-probe setup (cap, thread pool) "
+            f"median {statistics.median(p['setup'] for p in o.probes):.3f} s. One-time server start "
+            f"{o.server_start:.2f} s (its imports: {o.import_seconds:.2f} s).",
+        ]
+    return lines + [""]
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("MET" if ok else "MISSED")
+
+
+def summary(results: list[WorkloadResult]) -> tuple[list[str], dict[str, Any]]:
+    """Issue 3's targets, measured: Markdown lines and the figures as data."""
+    lines = ["## Summary against issue 3's targets", ""]
+    figures: dict[str, Any] = {}
+
+    exact = {r.setup.workload.name: _exact(r) for r in results}
+    known = [v for v in exact.values() if v is not None]
+    figures["exact"] = exact
+    detail = ", ".join(f"{k}: {'yes' if v else 'no' if v is not None else 'n/a'}" for k, v in exact.items())
+    lines.append(
+        f"- autobatch's answer equals the true maximum on every workload: "
+        f"**{_verdict(all(known) if known else None)}** ({detail})"
+    )
+
+    single = [r.row("autobatch") for r in results]
+    probes = [row.probes for row in single if row and row.answered and row.probes is not None]
+    median = statistics.median(probes) if probes else None
+    figures["median_probes_single"] = median
+    lines.append(
+        f"- median probes per combination, one combination <= 4: "
+        f"**{_verdict(None if median is None else median <= 4)}** (median {_num(median)}; "
+        + ", ".join(f"{r.setup.workload.name} {_num(row.probes, 0) if row else '-'}" for r, row in zip(results, single))
+        + ")"
+    )
+
+    grids = [(r, r.row("autobatch-grid")) for r in results]
+    per_combo = {r.setup.workload.name: row.probes for r, row in grids if row and row.probes is not None}
+    total = [row.probes * r.grid_combos for r, row in grids if row and row.probes is not None and r.grid_combos]
+    combos = sum(r.grid_combos for r, row in grids if row and row.probes is not None)
+    average = sum(total) / combos if combos else None
+    figures["grid_probes_per_combination"] = average
+    lines.append(
+        f"- full default grid averages <= 2.5 probes per combination: "
+        f"**{_verdict(None if average is None else average <= 2.5)}** ({_num(average, 2)} over {combos} "
+        f"combinations; " + ", ".join(f"{k} {v:.2f}" for k, v in per_combo.items()) + ")"
+    )
+
+    for label, method, limit in (("one combination", "autobatch", 0.5), ("full default grid", "autobatch-grid", 2.0)):
+        ratios = {}
+        for r in results:
+            mine, theirs = r.row(method), r.row("lightning-binsearch")
+            if mine and theirs and mine.wall and theirs.wall:
+                ratios[r.setup.workload.name] = (mine.wall / theirs.wall, theirs.status)
+        ok = all(x <= limit for x, _ in ratios.values()) if ratios else None
+        figures[f"wall_ratio_{method}"] = {k: x for k, (x, _) in ratios.items()}
+        detail = ", ".join(
+            f"{k} {x:.2f}x" + (f" (Lightning {st})" if st != "ok" else "") for k, (x, st) in ratios.items()
+        )
+        lines.append(
+            f"- wall time, {label} <= {limit:g}x Lightning binsearch's single combination: "
+            f"**{_verdict(ok)}** ({detail})"
+        )
+
+    overheads = {r.setup.workload.name: r.overhead for r in results if r.overhead is not None}
+    worst = max((o.median_overhead for o in overheads.values()), default=None)
+    figures["probe_overhead"] = {k: o.median_overhead for k, o in overheads.items()}
+    lines.append(
+        f"- probe overhead on the CPU < 0.2 s beyond the model's own build and steps: "
+        f"**{_verdict(None if worst is None else worst < 0.2)}** ("
+        + ", ".join(f"{k} {o.median_overhead:.3f} s" for k, o in overheads.items())
+        + "; one-time server start "
+        + ", ".join(f"{k} {o.server_start:.2f} s" for k, o in overheads.items())
+        + ")"
+    )
+    return lines + [""], figures
+
+
+def _exact(result: WorkloadResult) -> bool | None:
+    row = result.row("autobatch")
+    if row is None or result.truth is None:
+        return None
+    return row.answered and row.found == result.truth

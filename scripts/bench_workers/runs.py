@@ -1,0 +1,259 @@
+"""The benchmark harness's runners: every method in its own fresh process, timed from the outside.
+
+* :func:`tune` runs ``autobatch tune ... --json`` (one combination, or the default grid).
+* :class:`Checker` runs ``autobatch check ... --steps 10`` in a fresh process per batch size and
+  remembers each verdict; :func:`true_maximum` bisects with it for the true maximum.
+* :func:`worker` runs a ``bench_workers`` module (Lightning, accelerate, build cost) under the pinned
+  allocator and reads its record.
+* :func:`calibrate` and :func:`probe_overhead` talk to autobatch's probe server directly.
+
+Every command runs in a scratch folder with no ``AUTOBATCH_*`` variables, so that no ``autobatch.toml``
+or environment setting changes what is measured, and with autobatch's probe cache off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .common import MALLOC_ENV
+
+SCRIPTS_DIR = Path(__file__).resolve().parent.parent
+CHECK_STEPS = 10
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    script: Path
+    args: tuple[str, ...] = ()
+    target: int = 100  # the true maximum the calibrated cap aims at
+    memory: int | None = None  # bytes; None: calibrated at run time
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every method of one workload shares."""
+
+    workload: Workload
+    memory: int
+    headroom: float
+    scratch: Path
+    timeout: float
+
+    @property
+    def budget(self) -> int:
+        return int(self.memory * (1 - self.headroom))  # autobatch's own formula (session.py)
+
+    def cap_flags(self) -> list[str]:
+        return ["--device", "cpu", "--memory", str(self.memory), "--headroom", str(self.headroom)]
+
+
+@dataclass
+class Run:
+    """One process: its wall time, its parsed output, and how it ended."""
+
+    wall: float
+    returncode: int | None
+    data: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOBATCH_")}
+    env.update(NO_COLOR="1", COLUMNS="200", **(extra or {}))
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> tuple[Run, str, str]:
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return Run(time.perf_counter() - started, None, error=f"timed out after {timeout:.0f} s"), "", ""
+    return Run(time.perf_counter() - started, proc.returncode), proc.stdout, proc.stderr
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+
+def autobatch_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "autobatch", *args]
+
+
+def tune(setup: Setup, *, single: bool) -> Run:
+    """``autobatch tune`` on the workload: one combination (32-true/adamw/no-recompute) or the default grid."""
+    w = setup.workload
+    flags = ["--precision", "32-true", "--optimizer", "adamw", "--no-recompute"] if single else []
+    out = setup.scratch / ("tune-single.json" if single else "tune-grid.json")
+    cmd = autobatch_cmd(
+        "tune", str(w.script), *setup.cap_flags(), *flags, "--no-cache", "--json", "--output", str(out)
+    )
+    cmd += ["--", *w.args] if w.args else []
+    run, stdout, stderr = _run(cmd, setup.scratch, setup.timeout, _env())
+    if run.returncode == 0:
+        run.data = json.loads(stdout)
+    elif run.error is None:
+        run.error = f"exit {run.returncode}: {_tail(stderr)}"
+    return run
+
+
+@dataclass
+class Checker:
+    """Fresh-process ``autobatch check --steps 10`` verdicts at the workload's cap, remembered per batch."""
+
+    setup: Setup
+    verdicts: dict[int, bool] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def fits(self, batch_size: int) -> bool:
+        if batch_size in self.verdicts:
+            return self.verdicts[batch_size]
+        w = self.setup.workload
+        cmd = autobatch_cmd(
+            "check", str(w.script), *self.setup.cap_flags(), "--precision", "32-true",
+            "--optimizer", "adamw", "--no-recompute", "--batch-size", str(batch_size),
+            "--steps", str(CHECK_STEPS), "--json",
+        )  # fmt: skip
+        cmd += ["--", *w.args] if w.args else []
+        run, _, stderr = _run(cmd, self.setup.scratch, self.setup.timeout, _env())
+        self.seconds += run.wall
+        if run.returncode not in (0, 5):
+            self.errors[batch_size] = run.error or f"exit {run.returncode}: {_tail(stderr)}"
+            raise RuntimeError(f"check at batch {batch_size} failed: {self.errors[batch_size]}")
+        self.verdicts[batch_size] = run.returncode == 0
+        return self.verdicts[batch_size]
+
+
+def true_maximum(checker: Checker, hint: int | None) -> int | None:
+    """Largest b with check(b) fitting and check(b + 1) not, bracketed outward from ``hint``.
+
+    Feasibility is taken as monotone between the bracket's ends (autobatch's premise under the pinned
+    allocator); both ends are verified in fresh processes. None when batch 1 does not fit.
+    """
+    start = max(1, hint or 1)
+    step = max(2, start // 25)
+    if checker.fits(start):
+        lo, hi = start, start + 1
+        while checker.fits(hi):
+            lo, hi = hi, hi + step
+            step *= 2
+    else:
+        lo, hi = start - step, start
+        while lo >= 1 and not checker.fits(lo):
+            lo, hi = lo - step, lo
+            step *= 2
+        if lo < 1:
+            if not checker.fits(1):
+                return None
+            lo = 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if checker.fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def worker(setup: Setup, module: str, options: dict[str, Any]) -> Run:
+    """Run ``bench_workers.<module>`` in a fresh process at the workload's budget; read its record."""
+    w = setup.workload
+    out = setup.scratch / f"{module}-{options.get('mode', '')}-record.json"
+    out.unlink(missing_ok=True)
+    request = {
+        "script": str(w.script),
+        "script_args": list(w.args),
+        "budget_bytes": setup.budget,
+        "out": str(out),
+        "options": options,
+    }
+    env = _env({**MALLOC_ENV, "PYTHONPATH": os.pathsep.join([str(SCRIPTS_DIR), os.environ.get("PYTHONPATH", "")])})
+    run, _, stderr = _run(
+        [sys.executable, "-m", f"bench_workers.{module}", json.dumps(request)], setup.scratch, setup.timeout, env
+    )
+    if out.exists():
+        run.data = json.loads(out.read_text())
+    elif run.error is None:
+        run.error = f"exit {run.returncode} without a record: {_tail(stderr)}"
+    return run
+
+
+@dataclass
+class Overhead:
+    batch_size: int
+    server_start: float  # ProbeClient start: process, torch + script import, preloads
+    import_seconds: float  # the server's own measure of its imports
+    build_cold: float  # the workload's build in a fresh process (bench_workers.build_cost)
+    probes: list[dict[str, float]]  # per probe: wall, steps, setup, in_probe, overhead
+
+    @property
+    def median_overhead(self) -> float:
+        return statistics.median(p["overhead"] for p in self.probes)
+
+
+def _client(workload: Workload) -> Any:
+    from autobatch.probe.client import ProbeClient
+
+    return ProbeClient(workload.script, list(workload.args), env=dict(MALLOC_ENV))
+
+
+def _request(batch_size: int, budget: int, steps: int) -> Any:
+    from autobatch.probe.protocol import ProbeRequest
+
+    return ProbeRequest(
+        batch_size=batch_size, precision="32-true", optimizer="adamw", recompute=False,
+        device="cpu", budget_bytes=budget, min_steps=steps, max_steps=steps,
+    )  # fmt: skip
+
+
+def calibrate(workload: Workload, headroom: float) -> tuple[int, str]:
+    """A capacity whose budget puts the true maximum near ``workload.target`` (two uncapped probes)."""
+    points = (max(1, workload.target // 2), workload.target)
+    with _client(workload) as client:
+        peaks = [client.run(_request(b, 64 << 30, 3)).peak_bytes for b in points]
+    if None in peaks:
+        raise RuntimeError(f"calibrating {workload.name}: a probe reported no peak")
+    slope = max(0.0, (peaks[1] - peaks[0]) / (points[1] - points[0]))
+    budget = peaks[1] + slope / 2
+    memory = int(budget / (1 - headroom)) // (1 << 20) * (1 << 20) + (1 << 20)
+    note = f"peak {peaks[0] / 2**20:.1f} MiB at {points[0]}, {peaks[1] / 2**20:.1f} MiB at {points[1]}"
+    return memory, note
+
+
+def probe_overhead(setup: Setup, batch_size: int, repeats: int = 3) -> Overhead:
+    """Probes run through autobatch's ProbeClient: wall less the model's own build and steps."""
+    build = worker(setup, "build_cost", {"batch_size": batch_size})
+    if build.data is None or build.data.get("status") != "ok":
+        raise RuntimeError(f"build_cost failed: {build.error or (build.data or {}).get('error')}")
+    build_cold = float(build.data["extra"]["cold_seconds"])
+    started = time.perf_counter()
+    with _client(setup.workload) as client:
+        server_start = time.perf_counter() - started
+        probes = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            outcome = client.run(_request(batch_size, setup.budget, 3))
+            wall = time.perf_counter() - t0
+            if outcome.kind != "fits":
+                raise RuntimeError(f"overhead probe at {batch_size}: {outcome.kind} {outcome.error_message}")
+            steps = sum(outcome.step_seconds)
+            probes.append(
+                {
+                    "wall": wall,
+                    "steps": steps,
+                    "setup": outcome.setup_seconds,
+                    "in_probe": outcome.wall_seconds,
+                    "overhead": wall - steps - build_cold,
+                }
+            )
+        return Overhead(batch_size, server_start, client.import_seconds, build_cold, probes)
