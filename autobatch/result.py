@@ -12,7 +12,8 @@ Schema (``schema_version`` 1); fields are only ever added, never renamed or remo
                       maximum), ``samples_per_second`` (at the planned micro-batch, else at the maximum),
                       ``probes`` (how many probes this combination cost), ``reason``, ``static_bytes``,
                       ``bytes_per_sample``, ``knee_batch_size``, ``trace`` (every probe: batch_size, kind,
-                      peak_bytes, steps, seconds, samples_per_second)
+                      peak_bytes, steps, seconds, samples_per_second, cached, purpose: search |
+                      confirm | throughput)
 ``chosen``            null, or {"precision", "optimizer", "recompute", "micro_batch_size",
                       "accumulation_steps", "world_size", "global_batch_size",
                       "requested_global_batch_size", "exact", "note"}
@@ -41,6 +42,7 @@ class ProbeRecord:
     seconds: float = 0.0
     samples_per_second: float | None = None
     cached: bool = False
+    purpose: str = "search"  # search | confirm | throughput
 
 
 @dataclass

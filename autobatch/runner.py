@@ -26,6 +26,10 @@ from .session import Session
 #: How many times a maximum that fails its longer confirmation probe is searched again below.
 MAX_CONFIRM_ROUNDS = 4
 
+#: Without a prior, the first probe is the 8th candidate, not the 1st: at the smallest batch the fixed
+#: memory and its noise hide the per-sample cost (measured here: peaks at batch 1 and 2 differ by -9 MiB).
+SCOUT_CANDIDATES = 8
+
 
 @dataclass(frozen=True)
 class TuneOptions:
@@ -131,9 +135,8 @@ class Tuner:
             self._record(entry, outcome)
             return _observation(outcome)
 
-        prior = self._prior(combo)
+        prior, known = self._calibrate(self._prior(combo), probe)
         prune = self._prune_threshold()
-        known: list[Observation] = []
         result: SearchResult | None = None
         for _round in range(MAX_CONFIRM_ROUNDS + 1):
             result = search_max_batch(
@@ -144,6 +147,7 @@ class Tuner:
                 prior=prior,
                 known=known,
                 prune_at_or_below=prune,
+                start=SCOUT_CANDIDATES * opts.batch_multiple,
             )
             known = [*known, *result.trace]
             if result.max_batch_size is None or result.status == "pruned":
@@ -152,7 +156,7 @@ class Tuner:
             confirm = self.session.probe(
                 combo, result.max_batch_size, min_steps=opts.confirm_steps, max_steps=opts.confirm_steps
             )
-            self._record(entry, confirm)
+            self._record(entry, confirm, "confirm")
             if confirm.fits:
                 outcomes[result.max_batch_size] = confirm
                 break
@@ -205,7 +209,7 @@ class Tuner:
         )
         return best + self.options.batch_multiple if best else None
 
-    def _record(self, entry: ComboResult, outcome: ProbeOutcome) -> None:
+    def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
         entry.trace.append(
             ProbeRecord(
                 batch_size=outcome.batch_size,
@@ -215,6 +219,7 @@ class Tuner:
                 seconds=round(outcome.wall_seconds, 3),
                 samples_per_second=outcome.samples_per_second,
                 cached=outcome.cached,
+                purpose=purpose,
             )
         )
         entry.probes = len(entry.trace)
@@ -240,7 +245,7 @@ class Tuner:
             "optimizer_state": optimizer_state_bytes(combo.optimizer, shapes, elem),
         }
 
-    def _prior(self, combo: Combo) -> Affine | None:
+    def _prior(self, combo: Combo) -> reuse.Prediction | None:
         device = self.session.device
         assert device is not None
         shapes = [tuple(s) for s in device.param_shapes]
@@ -251,8 +256,31 @@ class Tuner:
             for k in self.known
             if k.model is not None
         ]
-        prediction = reuse.predict(combo.precision, combo.optimizer, combo.recompute, learned, shapes)
-        return Affine(prediction.intercept, prediction.slope) if prediction else None
+        return reuse.predict(combo.precision, combo.optimizer, combo.recompute, learned, shapes)
+
+    def _calibrate(self, prediction: reuse.Prediction | None, probe: Callable[[int], Observation]) -> tuple[Affine | None, list[Observation]]:
+        """Turn a prediction into the search's prior, spending one probe when its slope is only a guess.
+
+        A guessed slope (another precision or recomputation setting) is the weak half of the line;
+        the intercept (static memory, moved analytically) is the strong one. So probe where the
+        guess puts the boundary and take the slope from that point and the intercept.
+        """
+        if prediction is None:
+            return None, []
+        line = Affine(prediction.intercept, prediction.slope)
+        if prediction.slope_known:
+            return line, []
+        device = self.session.device
+        assert device is not None
+        m, top = self.options.batch_multiple, self.options.max_batch_size
+        guess = line.predict_max(device.budget_bytes)
+        if guess is None:
+            return None, []
+        batch = min(max(int(guess) // m * m, m), top // m * m)
+        first = probe(batch)
+        if first.fits and first.peak_bytes is not None and first.peak_bytes > line.intercept:
+            line = Affine(line.intercept, (first.peak_bytes - line.intercept) / batch)
+        return line, [first]
 
     # -- plan and choice ------------------------------------------------------------------------
 
@@ -302,7 +330,7 @@ class Tuner:
         outcome = self.session.probe(
             combo, micro, min_steps=self.options.steps, max_steps=self.options.max_steps
         )
-        self._record(entry, outcome)
+        self._record(entry, outcome, "throughput")
         if outcome.fits:
             entry.samples_per_second = outcome.samples_per_second
         return outcome.samples_per_second

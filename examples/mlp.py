@@ -31,8 +31,8 @@ from torch import nn
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Read this script's own arguments; arguments it does not know are left to whoever owns them."""
     parser = argparse.ArgumentParser(description="MLP example for autobatch", allow_abbrev=False)
-    parser.add_argument("--in-features", type=int, default=1024, help="input features per sample")
-    parser.add_argument("--width", type=int, default=1024, help="hidden features of every block")
+    parser.add_argument("--in-features", type=int, default=256, help="input features per sample")
+    parser.add_argument("--width", type=int, default=256, help="hidden features of every block")
     parser.add_argument("--depth", type=int, default=4, help="number of Linear + ReLU blocks")
     parser.add_argument("--classes", type=int, default=1000, help="number of output classes")
     args, _unknown = parser.parse_known_args(argv)

@@ -18,6 +18,8 @@ from ..errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, Autob
 
 # Command modules register themselves on `app` when imported (keep this list; one line per module).
 from . import check, emit, init, tune, validate  # noqa: E402,F401,I001
+
+from . import estimate, explain  # noqa: E402,F401  # isort: skip
 from .app import app, console
 from .state import STATE
 

@@ -23,13 +23,13 @@ from .space import optimizer_state_bytes
 #: Typical activation-slope ratios against 32-true without recomputation (used until measured).
 SLOPE_RATIOS: dict[tuple[str, bool], float] = {
     ("32-true", False): 1.0,
-    ("bf16-mixed", False): 0.75,
-    ("16-mixed", False): 0.75,
+    ("bf16-mixed", False): 0.7,
+    ("16-mixed", False): 0.7,
     ("bf16-true", False): 0.5,
-    ("32-true", True): 0.35,
-    ("bf16-mixed", True): 0.3,
-    ("16-mixed", True): 0.3,
-    ("bf16-true", True): 0.2,
+    ("32-true", True): 0.6,
+    ("bf16-mixed", True): 0.45,
+    ("16-mixed", True): 0.45,
+    ("bf16-true", True): 0.3,
 }
 
 
@@ -49,6 +49,7 @@ class Prediction:
     intercept: float
     slope: float
     basis: str  # which measurement it came from, for the result's notes
+    slope_known: bool = True  # False when the slope is a typical ratio, not measured
 
 
 def _elem(precision: str) -> int:

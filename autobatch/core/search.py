@@ -147,6 +147,7 @@ def search_max_batch(
     known: Iterable[Observation] = (),
     prune_at_or_below: int | None = None,
     max_probes: int | None = None,
+    start: int | None = None,
 ) -> SearchResult:
     """Find the largest multiple of ``batch_multiple`` (<= ``max_batch_size``) that fits.
 
@@ -156,7 +157,11 @@ def search_max_batch(
     a batch at or below it is known not to fit, and probe the largest candidate at or below it
     early to find out; pass the best maximum so far to skip combinations that cannot reach it, or
     that maximum + 1 to skip those that can at best tie. ``max_probes``: stop ("incomplete") after
-    that many new probes. At most :func:`probe_bound` probes are made.
+    that many new probes. ``start``: the first batch to probe when nothing is known and there is no
+    prior (default: the smallest candidate). On real devices the smallest batch says little about
+    the per-sample cost (fixed memory and its noise dominate), so a scout a few candidates up gives
+    the first secant a usable base; the bound below still holds (a first probe anywhere lowers the
+    remaining work). At most :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
     m = batch_multiple
@@ -182,6 +187,8 @@ def search_max_batch(
         step = None
         if debt < SLACK:
             step = state.guided(prior, budget_bytes, prune_at_or_below, use_model=not distrust)
+        if step is None and start is not None and state.lo < 0 and state.hi == n:
+            step = (min(max(start // m, 1), n) - 1, None)
         index, expect_fit = step if step is not None else (state.fallback(), None)
         batch = (index + 1) * m
         obs = probe(batch)

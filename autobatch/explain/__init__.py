@@ -11,7 +11,9 @@ Modules (none imports torch at package import; the CLI imports them inside its c
 ``estimate``    the largest batch from simulations
 ``levers``      what bf16, lighter optimizers, recomputation, accumulation, ... would buy
 ``cards``       named GPU card profiles
+``records``     plain records shared by both sides (categories, transforms, scenarios)
 ``ops``         the ``explain``/``estimate`` operations run in a forked probe process
-``driver``      the parent side: run those operations through a probe server
+``driver``      the parent side: run those operations through a probe server, search real maxima
+``explainer``   ``autobatch explain`` end to end;  ``estimator``  ``autobatch estimate`` end to end
 ``render``      rich tables and bars;  ``plot``  matplotlib figures (optional extra ``plot``)
 """

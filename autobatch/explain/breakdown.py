@@ -27,25 +27,9 @@ import torch
 
 from ..step.loop import autocast_for
 from .modules import ModuleRecorder, add_flops, table_rows
-from .tracker import TENSOR_CATEGORIES, MemoryTracker, tensor_leaves
-from .transforms import Applied, Transforms, apply_to_model, trim_batch
-
-#: Categories of ``explain --json``, in display order (``residual_bytes`` is reported beside them).
-CATEGORIES: tuple[str, ...] = ("baseline", *TENSOR_CATEGORIES, "runtime_overhead")
-
-CATEGORY_HELP: dict[str, str] = {
-    "baseline": "the process before the model (Python, torch, the script)",
-    "parameters": "model parameters (tied weights once)",
-    "buffers": "model buffers (BatchNorm running statistics, ...)",
-    "gradients": "parameter gradients",
-    "optimizer_state": "optimizer state (momentum, Adam's moments, Adafactor's factors)",
-    "inputs": "the batch",
-    "activations": "activations saved for backward",
-    "autocast_copies": "low-precision weight copies cached by autocast",
-    "temporaries": "intermediates not kept for backward (forward, backward, optimizer step)",
-    "runtime_overhead": "CUDA caching allocator slack (reserved - allocated)",
-    "residual": "untracked: library buffers (MKL, oneDNN, cuBLAS), allocator rounding, Python objects",
-}
+from .records import TENSOR_CATEGORIES, Transforms
+from .tracker import MemoryTracker, tensor_leaves
+from .transforms import Applied, apply_to_model, trim_batch
 
 
 class Instrument:

@@ -13,9 +13,9 @@ simulation cannot see:
   :data:`CPU_RUNTIME_BYTES` for the buffers MKL and oneDNN keep outside PyTorch's allocator;
 * ``estimate`` for a CUDA card: the card profile's workspaces (the CUDA context is subtracted from the
   budget instead, as on a real GPU);
-* the levers of ``explain``: calibrated on the measured run, ``offset(b) = measured(b) - simulated(b)``
-  through the two measured batch sizes, so that a lever's prediction is the measured step plus what
-  the simulation says the lever changes.
+* the levers of ``explain``: calibrated on the measured run, ``offset = measured(N) - simulated(N)`` at
+  the explained batch size, so that a lever's prediction is the measured step plus what the
+  simulation says the lever changes.
 
 The maximum is found with the same pure search as ``tune`` (:func:`autobatch.core.search.search_max_batch`),
 each "probe" a simulation: exact with respect to the simulated curve, whatever its shape.
@@ -24,10 +24,14 @@ each "probe" a simulation: exact with respect to the simulated curve, whatever i
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..core.search import Affine, Observation, search_max_batch
-from .simulate import Scenario, SimResult
+from .records import Scenario
+
+if TYPE_CHECKING:
+    from ..result import ComboResult
+    from .simulate import SimResult
 
 MiB = 1 << 20
 #: Assumed CPU runtime buffers outside PyTorch's allocator (MKL GEMM buffers, oneDNN scratchpads):
@@ -55,17 +59,15 @@ class Offset:
 
 
 def calibrated_offset(points: list[tuple[int, int]], simulated: dict[int, int]) -> Offset:
-    """The offset through measured peaks: ``measured(b) - simulated(b)``, a line through two batch sizes.
+    """The offset through measured peaks: ``measured(b) - simulated(b)`` at the largest measured batch.
 
-    A negative slope (noise, or a simulation that over-counts per sample) is clamped to zero, so that
-    extrapolating to large batches never subtracts memory.
+    Held constant in the batch size: what a simulation misses is mostly caches that grow to a ceiling
+    (MKL's GEMM buffers reach theirs within a few dozen samples), so extrapolating the difference
+    between two small batch sizes as a slope would charge every further sample for a cache that no
+    longer grows.
     """
-    gaps = sorted((b, measured - simulated[b]) for b, measured in points)
-    if len(gaps) == 1 or gaps[0][0] == gaps[-1][0]:
-        return Offset(gaps[-1][1], 0.0, "measured - simulated at one batch size")
-    (b1, g1), (b2, g2) = gaps[0], gaps[-1]
-    slope = max(0.0, (g2 - g1) / (b2 - b1))
-    return Offset(g2 - slope * b2, slope, f"measured - simulated at batch sizes {b1} and {b2}")
+    b, measured = max(points)
+    return Offset(measured - simulated[b], 0.0, f"measured - simulated at batch {b}")
 
 
 @dataclass
@@ -85,12 +87,13 @@ class ScenarioEstimate:
     points: dict[str, int] = field(default_factory=dict)  # predicted(b) at requested batch sizes
     error: str | None = None
     seconds: float = 0.0
+    applied: dict[str, Any] = field(default_factory=dict)  # what the scenario's transforms changed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-Simulator = Callable[[Scenario, int], SimResult]
+Simulator = Callable[[Scenario, int], "SimResult"]
 
 
 def estimate_scenario(
@@ -114,6 +117,7 @@ def estimate_scenario(
             result = simulate(scenario, b)
             runs[b] = result
             out.seconds += result.seconds
+            out.applied = out.applied or dict(result.applied)
             if not result.ok:
                 raise _SimulationFailed(result.error or "the simulated step failed")
         return int(offset.at(b) + runs[b].device_peak)
@@ -121,7 +125,9 @@ def estimate_scenario(
     def probe(b: int) -> Observation:
         total = predicted(b)
         fits = total <= budget_bytes
-        out.trace.append({"batch_size": b, "fits": fits, "predicted_bytes": total, "seconds": runs[b].seconds})
+        out.trace.append(
+            {"batch_size": b, "fits": fits, "predicted_bytes": total, "seconds": runs[b].seconds}
+        )
         return Observation(b, fits, peak_bytes=total if fits else None, kind="fits" if fits else "oom")
 
     try:
@@ -146,18 +152,21 @@ def estimate_scenario(
         out.peak_bytes = predicted(at)
         out.categories = dict(runs[at].categories)
         out.static_bytes = dict(runs[at].static)
-    line = _line(runs, offset)
+    line = _line(runs, offset, budget_bytes)
     if line is not None:
         out.intercept_bytes, out.bytes_per_sample = line
     return out
 
 
-def _line(runs: dict[int, SimResult], offset: Offset) -> tuple[float, float] | None:
-    """Intercept and slope through the two largest simulated batch sizes (offset included)."""
+def _line(runs: dict[int, SimResult], offset: Offset, budget_bytes: int) -> tuple[float, float] | None:
+    """Intercept and slope through the smallest simulated batch size and the largest that fits (offset
+    included): far apart, so that allocator steps (2 MiB segments) do not dominate the slope."""
     sizes = sorted(b for b, r in runs.items() if r.ok)
+    fitting = [b for b in sizes if offset.at(b) + runs[b].device_peak <= budget_bytes]
     if len(sizes) < 2:
         return None
-    b1, b2 = sizes[-2], sizes[-1]
+    b1 = sizes[0]
+    b2 = fitting[-1] if len(fitting) >= 2 else sizes[-1]
     y1 = offset.at(b1) + runs[b1].device_peak
     y2 = offset.at(b2) + runs[b2].device_peak
     slope = (y2 - y1) / (b2 - b1)
@@ -167,3 +176,35 @@ def _line(runs: dict[int, SimResult], offset: Offset) -> tuple[float, float] | N
 class _SimulationFailed(Exception):
     pass
 
+
+def to_combo_result(found: dict[str, Any]) -> ComboResult:
+    """An estimated scenario in ``tune --json``'s combination schema (``trace``: the simulations)."""
+    from ..result import ComboResult, ProbeRecord
+
+    scenario = found["scenario"]
+    entry = ComboResult(str(scenario["precision"]), str(scenario["optimizer"]), bool(scenario["recompute"]))
+    entry.probes = len(found.get("trace", []))
+    entry.trace = [
+        ProbeRecord(
+            batch_size=int(t["batch_size"]),
+            kind="fits" if t["fits"] else "oom",
+            peak_bytes=int(t["predicted_bytes"]),
+            steps=2,
+            seconds=round(float(t.get("seconds", 0.0)), 3),
+        )
+        for t in found.get("trace", [])
+    ]
+    if found.get("status") == "error":
+        entry.status = "skipped"
+        entry.reason = f"cannot be simulated: {found.get('error')}"
+        return entry
+    entry.status = str(found.get("status", "exact"))
+    entry.max_batch_size = found.get("max_batch_size")
+    entry.peak_bytes = found.get("peak_bytes")
+    entry.static_bytes = {k: int(v) for k, v in (found.get("static_bytes") or {}).items()}
+    entry.bytes_per_sample = found.get("bytes_per_sample")
+    if entry.max_batch_size is None:
+        entry.reason = "batch 1 does not fit (predicted): " + ", ".join(
+            f"{k} {v / (1 << 20):.1f} MiB" for k, v in entry.static_bytes.items()
+        )
+    return entry

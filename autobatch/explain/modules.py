@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .tracker import MemoryTracker, nbytes_of
 
@@ -67,8 +68,7 @@ class ModuleRecorder:
         self.tracker = tracker
         self.stats: dict[str, ModuleStats] = {}
         self._stack: list[str] = []
-        self._seen: set[int] = set()
-        self._keep: list[Any] = []  # storages seen this forward: ids stay unique while they live
+        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storages counted this forward
         self.active = False
         self._handles: list[Any] = []
         for name, module in model.named_modules():
@@ -106,8 +106,7 @@ class ModuleRecorder:
         """Start a new forward: the figures describe the last forward recorded."""
         for stats in self.stats.values():
             stats.output_elements = stats.output_bytes = stats.saved_bytes = stats.calls = 0
-        self._seen.clear()
-        self._keep.clear()
+        self._seen = WeakIdKeyDictionary()
         self._stack.clear()
         self.active = True
 
@@ -120,10 +119,9 @@ class ModuleRecorder:
         if not self.active:
             return tensor
         storage = tensor.untyped_storage()
-        if id(storage) in self._seen:
+        if storage in self._seen:
             return tensor
-        self._seen.add(id(storage))
-        self._keep.append(storage)
+        self._seen[storage] = True
         if self.tracker is not None:
             category = self.tracker.category_of(tensor)
             if category in ("parameters", "buffers", "inputs", "autocast_copies"):
@@ -150,7 +148,6 @@ class ModuleRecorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._keep.clear()
 
 
 def add_flops(stats: dict[str, ModuleStats], model: torch.nn.Module, run: Callable[[], Any]) -> None:

@@ -10,7 +10,8 @@ searched for their maximum (:mod:`autobatch.explain.estimate`). Options: ``targe
 ``budget_bytes``, ``max_batch_size``, ``batch_multiple``, ``optimizer_kwargs`` (per optimizer),
 ``offset`` ({intercept, slope}) or ``calibrate`` ({scenario, points: [[batch, measured bytes], ...]})
 or, on the CPU, ``cpu_runtime_bytes`` added to the baseline this process measures; ``report_at``
-(batch sizes to report predictions at).
+(batch sizes to report predictions at). A scenario may carry its own ``points``: it is then
+calibrated on its own measured step instead.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from ..errors import AutobatchError
 from ..probe.protocol import ProbeOutcome, ProbeRequest
 from .breakdown import Instrument
 from .estimate import CPU_RUNTIME_BYTES, Offset, calibrated_offset, estimate_scenario
-from .simulate import Scenario, SimResult, simulate
-from .transforms import Transforms, applied_during_step
+from .records import Scenario, Transforms
+from .simulate import SimResult, simulate
+from .transforms import applied_during_step
 
 
 def run_op(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
@@ -96,10 +98,14 @@ def run_explain(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
         stats = outcome.device_stats
         runtime = 0
         if not cpu and stats:
-            runtime = max(0, int(stats.get("max_memory_reserved", 0)) - int(stats.get("max_memory_allocated", 0)))
+            runtime = max(
+                0, int(stats.get("max_memory_reserved", 0)) - int(stats.get("max_memory_allocated", 0))
+            )
             nvml = stats.get("nvml_process_bytes")
             if nvml:
-                info["outside_budget"] = {"cuda_context": max(0, int(nvml) - int(stats["max_memory_reserved"]))}
+                info["outside_budget"] = {
+                    "cuda_context": max(0, int(nvml) - int(stats["max_memory_reserved"]))
+                }
         peak = int(outcome.peak_bytes or 0)
         categories, residual = instrument.categories(int(outcome.baseline_bytes or 0), peak, runtime)
         tracker = instrument.tracker
@@ -121,7 +127,9 @@ def run_estimate(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     options = request.options
     target = str(options.get("target", "cpu"))
     kwargs: dict[str, dict[str, Any]] = {k: dict(v) for k, v in options.get("optimizer_kwargs", {}).items()}
-    scenarios = [(str(s.get("name", "")), Scenario.from_dict(s)) for s in options.get("scenarios", [])]
+    raw = list(options.get("scenarios", []))
+    scenarios = [(str(s.get("name", "")), Scenario.from_dict(s)) for s in raw]
+    own_points = [[(int(b), int(m)) for b, m in s.get("points", [])] for s in raw]
     classes = tuple(request.recompute_classes) or script.recompute_classes
     runs: dict[tuple[Scenario, int], SimResult] = {}
 
@@ -143,7 +151,7 @@ def run_estimate(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
         base = Scenario.from_dict(options["calibrate"]["scenario"])
         points = [(int(b), int(m)) for b, m in options["calibrate"]["points"]]
         simulated = {}
-        for b, _ in points:
+        for b, _ in [max(points)]:
             result = sim(base, b)
             if not result.ok:
                 return _failed(request, result, "simulating the measured step")
@@ -159,16 +167,23 @@ def run_estimate(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
         baseline = cpu.read_status().data
         info["baseline_bytes"] = baseline
         runtime = int(options.get("cpu_runtime_bytes", CPU_RUNTIME_BYTES))
-        offset = Offset(baseline + runtime, 0.0, f"baseline VmData {baseline} B + runtime buffers {runtime} B")
+        offset = Offset(
+            baseline + runtime, 0.0, f"baseline VmData {baseline} B + runtime buffers {runtime} B"
+        )
     info["offset"] = offset.to_dict()
     estimates = []
-    for name, scenario in scenarios:
+    for (name, scenario), points in zip(scenarios, own_points):
+        own = offset
+        if points:  # calibrated on this scenario's own measured step (its kernels, its library buffers)
+            result = sim(scenario, max(points)[0])
+            if result.ok:
+                own = calibrated_offset(points, {max(points)[0]: result.device_peak})
         estimates.append(
             estimate_scenario(
                 name,
                 scenario,
                 sim,
-                offset=offset,
+                offset=own,
                 budget_bytes=int(options["budget_bytes"]),
                 max_batch_size=int(options.get("max_batch_size", 65536)),
                 batch_multiple=int(options.get("batch_multiple", 1)),

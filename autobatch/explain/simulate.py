@@ -34,35 +34,14 @@ from ..step.loop import autocast_for
 from ..step.optimizers import build_optimizer
 from ..step.recompute import detect_blocks, wrap_blocks
 from .allocators import make_allocator
+from .records import Scenario
 from .tracker import MemoryTracker, tensor_leaves
-from .transforms import Applied, Transforms, applied_during_step, apply_to_model, trim_batch
+from .transforms import Applied, applied_during_step, apply_to_model, trim_batch
 
 #: Optimizers whose torch.optim class takes ``foreach`` (on CUDA it defaults to True).
 FOREACH = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor", "rmsprop", "adagrad")
 #: The fixed loss scale a 16-mixed simulation multiplies the loss by (GradScaler's initial scale).
 LOSS_SCALE = 65536.0
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """One step configuration to simulate."""
-
-    precision: str
-    optimizer: str
-    recompute: bool
-    transforms: Transforms = Transforms()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "transforms": self.transforms.to_dict()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Scenario:
-        return cls(
-            str(data["precision"]),
-            str(data["optimizer"]),
-            bool(data["recompute"]),
-            Transforms.from_dict(data.get("transforms")),
-        )
 
 
 @dataclass
@@ -80,6 +59,7 @@ class SimResult:
     peak_phase: str = ""
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    applied: dict[str, Any] = field(default_factory=dict)  # what the transforms changed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,9 +83,21 @@ def simulate(
     tracker = MemoryTracker(make_allocator(target), fake_scalars=True)
     applied = Applied()
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), tracker, applied_during_step(scenario.transforms, applied):
+        with (
+            FakeTensorMode(allow_non_fake_inputs=True),
+            tracker,
+            applied_during_step(scenario.transforms, applied),
+        ):
             result.static = _steps(
-                script, scenario, batch_size, tracker, applied, target, optimizer_kwargs, recompute_classes, steps
+                script,
+                scenario,
+                batch_size,
+                tracker,
+                applied,
+                target,
+                optimizer_kwargs,
+                recompute_classes,
+                steps,
             )
     except ContractError:
         raise
@@ -118,6 +110,7 @@ def simulate(
     result.step_peaks = list(tracker.step_peaks)
     result.peak_phase = f"step {tracker.peak.step} {tracker.peak.phase}"
     result.notes = list(applied.notes)
+    result.applied = asdict(applied)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -205,7 +198,9 @@ def cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> None:
             if param is None or not param.is_floating_point():
                 continue
             if id(param) not in done:
-                done[id(param)] = torch.nn.Parameter(param.detach().to(dtype), requires_grad=param.requires_grad)
+                done[id(param)] = torch.nn.Parameter(
+                    param.detach().to(dtype), requires_grad=param.requires_grad
+                )
             module._parameters[name] = done[id(param)]
         for name, buffer in list(module._buffers.items()):
             if buffer is not None and buffer.is_floating_point():

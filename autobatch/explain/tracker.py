@@ -17,7 +17,9 @@ refined as the step reveals what it is:
                       of the optimizer step
 
 At every new high-water mark of the live tensor bytes it keeps a copy of the per-category totals, so
-the breakdown it reports is the one at the peak. An :mod:`allocator model <autobatch.explain.allocators>`
+the breakdown it reports is the one at the peak; a storage that was alive at the peak and is identified
+later (optimizer state being created when the peak happened, say) is moved to its category in that
+copy too. An :mod:`allocator model <autobatch.explain.allocators>`
 turns the same stream into the device's figure (a CPU process's data memory, the CUDA caching
 allocator's reserved segments). Allocations that happen inside a kernel without going through the
 dispatcher (library workspaces, oneDNN and MKL buffers) are not seen: a measured run reports them
@@ -26,6 +28,7 @@ as the residual.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,17 +40,8 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .allocators import Allocator, ExactAllocator
+from .records import TENSOR_CATEGORIES
 
-TENSOR_CATEGORIES: tuple[str, ...] = (
-    "parameters",
-    "buffers",
-    "gradients",
-    "optimizer_state",
-    "inputs",
-    "activations",
-    "autocast_copies",
-    "temporaries",
-)
 #: Categories a later discovery may overwrite (a parameter stays a parameter even when saved).
 _PROVISIONAL = ("temporaries", "activations")
 _CASTS = ("_to_copy", "to", "type_as")
@@ -60,6 +54,7 @@ class _Entry:
     handle: object
     step: int
     phase: str
+    seq: int
     ref: Any = None
 
 
@@ -71,6 +66,7 @@ class PeakSnapshot:
     categories: dict[str, int] = field(default_factory=dict)
     phase: str = ""
     step: int = 0
+    seq: int = 0  # storages tracked up to this one were alive at the peak if they are alive now
 
 
 class MemoryTracker(TorchDispatchMode):
@@ -92,6 +88,7 @@ class MemoryTracker(TorchDispatchMode):
         self.step_peaks: list[int] = []
         self.phase = "setup"
         self.step = 0
+        self._seq = 0
         self._param_storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     # -- the dispatch hook --------------------------------------------------------------------------
@@ -116,18 +113,19 @@ class MemoryTracker(TorchDispatchMode):
         if storage in self._entries:
             return
         nbytes = storage.nbytes()
-        entry = _Entry(nbytes, category, self.allocator.alloc(nbytes), self.step, self.phase)
-        entry.ref = weakref.ref(storage, lambda _ref, e=entry: self._release(e))
+        self._seq += 1
+        entry = _Entry(nbytes, category, self.allocator.alloc(nbytes), self.step, self.phase, self._seq)
+        entry.ref = weakref.ref(storage, functools.partial(self._released, entry))
         self._entries[storage] = entry
         self._live.add(entry)
         self.live[category] += nbytes
         self.tensor_bytes += nbytes
         if self.tensor_bytes > self.peak.tensor_bytes:
-            self.peak = PeakSnapshot(self.tensor_bytes, dict(self.live), self.phase, self.step)
+            self.peak = PeakSnapshot(self.tensor_bytes, dict(self.live), self.phase, self.step, self._seq)
         if self.step_peaks:
             self.step_peaks[-1] = max(self.step_peaks[-1], self.tensor_bytes)
 
-    def _release(self, entry: _Entry) -> None:
+    def _released(self, entry: _Entry, _ref: object) -> None:
         if entry not in self._live:
             return
         self._live.discard(entry)
@@ -146,11 +144,17 @@ class MemoryTracker(TorchDispatchMode):
                 continue
             if entry.category == category or (only_provisional and entry.category not in _PROVISIONAL):
                 continue
-            self.live[entry.category] -= entry.nbytes
-            self.live[category] += entry.nbytes
-            entry.category = category
+            self._move(entry, category)
             moved += entry.nbytes
         return moved
+
+    def _move(self, entry: _Entry, category: str) -> None:
+        self.live[entry.category] -= entry.nbytes
+        self.live[category] += entry.nbytes
+        if entry.seq <= self.peak.seq and entry in self._live:
+            self.peak.categories[entry.category] -= entry.nbytes
+            self.peak.categories[category] += entry.nbytes
+        entry.category = category
 
     def category_of(self, tensor: torch.Tensor) -> str | None:
         entry = self._entries.get(tensor.untyped_storage())
@@ -172,12 +176,12 @@ class MemoryTracker(TorchDispatchMode):
         """Everything the forward created that is still alive is kept for backward."""
         for entry in list(self._live):
             if entry.step == self.step and entry.phase == "forward" and entry.category == "temporaries":
-                self.live["temporaries"] -= entry.nbytes
-                self.live["activations"] += entry.nbytes
-                entry.category = "activations"
+                self._move(entry, "activations")
 
     def tag_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
-        tensors = [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+        tensors = [
+            v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+        ]
         self.tag(tensors, "optimizer_state")
 
     def peak_categories(self) -> dict[str, int]:

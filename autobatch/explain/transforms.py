@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
+
+from .records import Transforms
 
 #: Functions of torch.nn.functional that accept ``inplace``.
 INPLACE_FUNCTIONS: tuple[str, ...] = (
@@ -41,26 +43,6 @@ INPLACE_FUNCTIONS: tuple[str, ...] = (
     "hardswish",
     "rrelu",
 )
-
-
-@dataclass(frozen=True)
-class Transforms:
-    """Which model changes to apply (``vocab_trim``: the fraction of the vocabulary removed)."""
-
-    inplace: bool = False
-    vocab_trim: float = 0.0
-
-    @property
-    def active(self) -> bool:
-        return self.inplace or self.vocab_trim > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> Transforms:
-        data = data or {}
-        return cls(bool(data.get("inplace", False)), float(data.get("vocab_trim", 0.0)))
 
 
 @dataclass
@@ -83,7 +65,7 @@ def apply_to_model(model: nn.Module, transforms: Transforms, applied: Applied) -
         for module in model.modules():
             if type(module).__module__ == "torch.nn.modules.activation" and hasattr(module, "inplace"):
                 if not module.inplace:
-                    module.inplace = True
+                    setattr(module, "inplace", True)  # noqa: B010 - nn.Module's typing hides the flag
                     applied.inplace_modules += 1
     return model
 

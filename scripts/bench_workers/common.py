@@ -95,14 +95,21 @@ def load_workload(request: Request) -> Any:
     return script
 
 
-def apply_cap(budget_bytes: int) -> int:
-    """Cap data memory at the budget (after imports, as autobatch's probes do); return VmData at that moment."""
+def apply_cap(budget_bytes: int, reference_bytes: int | None = None) -> tuple[int, int]:
+    """Cap data memory after imports, as autobatch's probes do; return (VmData then, the cap applied).
+
+    The cap is the budget itself (the same cap, imports included), or, with ``reference_bytes`` (the
+    VmData an autobatch probe starts with), the budget raised by whatever this process holds beyond
+    that reference: the same room for the workload whatever the method imported ("equal room").
+    """
     import torch
 
     # Start the intra-op thread pool before measuring, as autobatch's probe does.
     torch.ones(64, 64) @ torch.ones(64, 64)
-    resource.setrlimit(resource.RLIMIT_DATA, (budget_bytes, budget_bytes))
-    return vm_data()
+    held = vm_data()
+    cap = budget_bytes + (max(0, held - reference_bytes) if reference_bytes is not None else 0)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+    return held, cap
 
 
 def adamw_steps(script: Any, batch_size: int, steps: int, tries: Tries) -> None:
@@ -151,6 +158,8 @@ def setup(request: Request, record: Record) -> Any:
     """Import the workload and apply the cap; time it, so that the tuner's own time excludes it."""
     started = time.perf_counter()
     script = load_workload(request)
-    record.baseline_bytes = apply_cap(request.budget_bytes)
+    reference = request.options.get("reference_bytes")
+    record.baseline_bytes, cap = apply_cap(request.budget_bytes, reference)
+    record.extra["cap_bytes"] = cap
     record.extra["setup_seconds"] = time.perf_counter() - started
     return script

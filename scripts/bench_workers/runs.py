@@ -27,6 +27,7 @@ from .common import MALLOC_ENV
 
 SCRIPTS_DIR = Path(__file__).resolve().parent.parent
 CHECK_STEPS = 10
+LARGEST = 65536  # autobatch's default max_batch_size: the bisection gives up above it
 
 
 @dataclass(frozen=True)
@@ -108,16 +109,44 @@ def tune(setup: Setup, *, single: bool) -> Run:
 
 @dataclass
 class Checker:
-    """Fresh-process ``autobatch check --steps 10`` verdicts at the workload's cap, remembered per batch."""
+    """Fresh-process 10-step verdicts at the workload's cap (32-true, adamw), remembered per batch size.
+
+    ``cli``: one ``autobatch check --steps 10 --json`` process per batch size. ``client``: the same probe
+    (what ``check`` runs) sent to one autobatch probe server kept open for the workload, which forks a
+    fresh process for it, without the command's start-up (about 4 s) each time. Use as a context manager.
+    """
 
     setup: Setup
+    mode: str = "client"  # "client" | "cli"
     verdicts: dict[int, bool] = field(default_factory=dict)
-    errors: dict[int, str] = field(default_factory=dict)
+    status_mismatches: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    _client: Any = None
+
+    def __enter__(self) -> Checker:
+        if self.mode == "client":
+            self._client = _client(self.setup.workload)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._client is not None:
+            self._client.close()
 
     def fits(self, batch_size: int) -> bool:
-        if batch_size in self.verdicts:
-            return self.verdicts[batch_size]
+        if batch_size not in self.verdicts:
+            started = time.perf_counter()
+            check = self._via_client if self.mode == "client" else self._via_cli
+            self.verdicts[batch_size] = check(batch_size)
+            self.seconds += time.perf_counter() - started
+        return self.verdicts[batch_size]
+
+    def _via_client(self, batch_size: int) -> bool:
+        outcome = self._client.run(_request(batch_size, self.setup.budget, CHECK_STEPS))
+        if outcome.kind not in ("fits", "oom"):
+            raise RuntimeError(f"check at batch {batch_size}: {outcome.kind}: {outcome.error_message or outcome.reason}")
+        return bool(outcome.kind == "fits")
+
+    def _via_cli(self, batch_size: int) -> bool:
         w = self.setup.workload
         cmd = autobatch_cmd(
             "check", str(w.script), *self.setup.cap_flags(), "--precision", "32-true",
@@ -125,37 +154,62 @@ class Checker:
             "--steps", str(CHECK_STEPS), "--json",
         )  # fmt: skip
         cmd += ["--", *w.args] if w.args else []
-        run, _, stderr = _run(cmd, self.setup.scratch, self.setup.timeout, _env())
-        self.seconds += run.wall
-        if run.returncode not in (0, 5):
-            self.errors[batch_size] = run.error or f"exit {run.returncode}: {_tail(stderr)}"
-            raise RuntimeError(f"check at batch {batch_size} failed: {self.errors[batch_size]}")
-        self.verdicts[batch_size] = run.returncode == 0
-        return self.verdicts[batch_size]
+        run, stdout, stderr = _run(cmd, self.setup.scratch, self.setup.timeout, _env())
+        try:
+            verdict = json.loads(stdout) if run.returncode in (0, 5) else {}
+        except ValueError:
+            verdict = {}
+        # Read the verdict from the JSON, and note when the exit status (documented: 0 fits, 5 OOM) disagrees.
+        if verdict.get("kind") not in ("fits", "oom"):
+            raise RuntimeError(f"check at batch {batch_size}: {run.error or f'exit {run.returncode}'}: {_tail(stderr)}")
+        fits = verdict["kind"] == "fits"
+        if (run.returncode == 0) != fits:
+            self.status_mismatches.append(f"batch {batch_size}: {verdict['kind']} but exit {run.returncode}")
+        return fits
 
 
-def true_maximum(checker: Checker, hint: int | None) -> int | None:
-    """Largest b with check(b) fitting and check(b + 1) not, bracketed outward from ``hint``.
+def true_maximum(checker: Checker, hint: int | None, others: list[int]) -> int | None:
+    """Largest b such that b fits and b + 1 does not, in fresh 10-step checks, bracketed from ``hint``.
 
-    Feasibility is taken as monotone between the bracket's ends (autobatch's premise under the pinned
-    allocator); both ends are verified in fresh processes. None when batch 1 does not fit.
+    The bracket starts at ``hint`` (autobatch's answer) and its neighbour, then tries the other methods'
+    answers on the way out, then grows geometrically; feasibility is taken as monotone inside the final
+    bracket (autobatch's premise under the pinned allocator), whose both ends are verified. None when
+    batch 1 does not fit.
     """
     start = max(1, hint or 1)
-    step = max(2, start // 25)
+    lo: int | None = None
+    hi: int | None = None
     if checker.fits(start):
-        lo, hi = start, start + 1
-        while checker.fits(hi):
-            lo, hi = hi, hi + step
-            step *= 2
+        lo = start
+        for candidate in [start + 1, *sorted(a for a in set(others) if a > start + 1)]:
+            if not checker.fits(candidate):
+                hi = candidate
+                break
+            lo = candidate
+        step = max(1, lo // 8)
+        while hi is None:
+            if lo + step > LARGEST:
+                raise RuntimeError(f"batch {lo} still fits: no maximum below {LARGEST}")
+            if checker.fits(lo + step):
+                lo, step = lo + step, step * 2
+            else:
+                hi = lo + step
     else:
-        lo, hi = start - step, start
-        while lo >= 1 and not checker.fits(lo):
-            lo, hi = lo - step, lo
-            step *= 2
-        if lo < 1:
-            if not checker.fits(1):
+        hi = start
+        for candidate in sorted((a for a in set(others) if a < start), reverse=True):
+            if checker.fits(candidate):
+                lo = candidate
+                break
+            hi = candidate
+        step = max(1, hi // 8)
+        while lo is None:
+            candidate = max(1, hi - step)
+            if checker.fits(candidate):
+                lo = candidate
+            elif candidate == 1:
                 return None
-            lo = 1
+            else:
+                hi, step = candidate, step * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if checker.fits(mid):
@@ -168,7 +222,7 @@ def true_maximum(checker: Checker, hint: int | None) -> int | None:
 def worker(setup: Setup, module: str, options: dict[str, Any]) -> Run:
     """Run ``bench_workers.<module>`` in a fresh process at the workload's budget; read its record."""
     w = setup.workload
-    out = setup.scratch / f"{module}-{options.get('mode', '')}-record.json"
+    out = setup.scratch / f"{module}-{options.get('mode', '')}-{options.get('reference_bytes')}-record.json"
     out.unlink(missing_ok=True)
     request = {
         "script": str(w.script),
@@ -216,18 +270,31 @@ def _request(batch_size: int, budget: int, steps: int) -> Any:
     )  # fmt: skip
 
 
-def calibrate(workload: Workload, headroom: float) -> tuple[int, str]:
-    """A capacity whose budget puts the true maximum near ``workload.target`` (two uncapped probes)."""
+def calibrate(workload: Workload, headroom: float) -> tuple[int, int, str]:
+    """A capacity whose budget puts the true maximum near ``workload.target`` (two uncapped probes).
+
+    Returns (capacity, the VmData an autobatch probe starts with, a note on the calibration).
+    """
     points = (max(1, workload.target // 2), workload.target)
     with _client(workload) as client:
-        peaks = [client.run(_request(b, 64 << 30, 3)).peak_bytes for b in points]
-    if None in peaks:
-        raise RuntimeError(f"calibrating {workload.name}: a probe reported no peak")
+        outcomes = [client.run(_request(b, 64 << 30, 3)) for b in points]
+    peaks = [o.peak_bytes for o in outcomes]
+    if None in peaks or outcomes[0].baseline_bytes is None:
+        raise RuntimeError(f"calibrating {workload.name}: a probe reported no peak ({outcomes[0].kind})")
     slope = max(0.0, (peaks[1] - peaks[0]) / (points[1] - points[0]))
     budget = peaks[1] + slope / 2
     memory = int(budget / (1 - headroom)) // (1 << 20) * (1 << 20) + (1 << 20)
     note = f"peak {peaks[0] / 2**20:.1f} MiB at {points[0]}, {peaks[1] / 2**20:.1f} MiB at {points[1]}"
-    return memory, note
+    return memory, outcomes[0].baseline_bytes, note
+
+
+def probe_baseline(workload: Workload) -> int:
+    """The VmData an autobatch probe of this workload starts with (one uncapped probe at batch 1)."""
+    with _client(workload) as client:
+        outcome = client.run(_request(1, 64 << 30, 3))
+    if outcome.baseline_bytes is None:
+        raise RuntimeError(f"{workload.name}: the probe at batch 1 reported no baseline ({outcome.kind})")
+    return int(outcome.baseline_bytes)
 
 
 def probe_overhead(setup: Setup, batch_size: int, repeats: int = 3) -> Overhead:

@@ -1,0 +1,141 @@
+"""``autobatch estimate``: each combination's maximum batch for a card you do not have, with no real allocation.
+
+The step runs under fake tensors on the CPU (:mod:`autobatch.explain.simulate`); an allocator model
+turns its tensors into the target's memory, and the search of ``tune`` finds the largest batch that
+stays within the budget. Targets:
+
+* a CUDA card (the default): ``--card NAME`` (``--list-cards`` shows them) or ``--memory SIZE``. The
+  budget is ``(memory - CUDA context) x (1 - headroom)``, the context and the workspaces coming from the
+  card profile;
+* ``--device cpu``: the CPU device under ``tune``'s cap definition (the probe process's VmData,
+  baseline included), with ``--memory`` or the memory available now.
+
+``--json`` prints ``{"estimate": true, "device": {...}, "combinations": [...], "notes": [...]}`` where
+each combination has the fields of ``tune --json``'s (``trace`` lists the simulated batch sizes).
+It is an estimate: the human output says what differs on a real device.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.markup import escape
+
+from ..core.units import format_bytes
+from ..errors import UsageError
+from . import options as opt
+from .app import app, console, stdout_write
+
+CAVEATS_CUDA = (
+    "estimate, not a measurement: the step ran under fake tensors with PyTorch's CPU kernels. On a real GPU, "
+    "kernel choices differ (scaled_dot_product_attention may pick flash or memory-efficient backends that save "
+    "different tensors; cuDNN picks convolution algorithms by the workspace they need), cuBLAS/cuDNN workspaces "
+    "and the CUDA context are the card profile's assumptions, and fragmentation follows the real allocation order. "
+    "Confirm with `autobatch tune` on the card."
+)
+CAVEATS_CPU = (
+    "estimate, not a measurement: the step ran under fake tensors; buffers MKL and oneDNN keep outside PyTorch's "
+    "allocator are an assumed constant. Confirm with `autobatch tune --device cpu`."
+)
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def estimate(
+    script: Optional[str] = opt.SCRIPT,
+    script_args: Optional[list[str]] = opt.SCRIPT_ARGS,
+    config: Optional[Path] = opt.CONFIG,
+    card: Optional[str] = typer.Option(None, "--card", help="A named GPU profile (see --list-cards)."),
+    list_cards: bool = typer.Option(False, "--list-cards", help="List the card profiles and exit."),
+    device: Optional[str] = opt.DEVICE,
+    memory: Optional[str] = opt.MEMORY,
+    headroom: Optional[float] = opt.HEADROOM,
+    precision: Optional[list[str]] = opt.PRECISION,
+    optimizer: Optional[list[str]] = opt.OPTIMIZER,
+    recompute: Optional[bool] = opt.RECOMPUTE,
+    recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
+    batch_multiple: Optional[int] = typer.Option(None, "--batch-multiple", help=opt._help("batch_multiple")),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help=opt._help("max_batch_size")),
+    timeout: Optional[float] = opt.TIMEOUT,
+    as_json: bool = opt.JSON,
+) -> None:
+    """Predict each combination's maximum batch on a card (or the CPU) with fake tensors: no real allocation."""
+    from ..explain.cards import CARDS
+
+    if list_cards:
+        _print_cards(CARDS, as_json)
+        return
+    from ..settings import load_settings
+
+    settings = load_settings(
+        config=config,
+        overrides=opt.overrides(
+            script=script,
+            script_args=script_args,
+            device=device,
+            memory=memory,
+            headroom=headroom,
+            precisions=precision,
+            optimizers=optimizer,
+            recompute=recompute,
+            recompute_classes=recompute_class,
+            batch_multiple=batch_multiple,
+            max_batch_size=max_batch_size,
+            timeout=timeout,
+        ),
+    )
+    if not settings.script.script:
+        raise UsageError("no training script given", hint="pass SCRIPT, or set `script` in autobatch.toml")
+    if not Path(settings.script.script).is_file():
+        raise UsageError(
+            f"training script not found: {settings.script.script}",
+            hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
+        )
+    from ..explain.estimator import Target, run_estimate
+
+    target = Target.resolve(
+        card=card,
+        device=settings.device.device,
+        memory=settings.device.memory,
+        headroom=settings.device.headroom,
+        given_device=device is not None,
+        memory_flag=settings.device.memory if memory else None,
+    )
+    console.print(
+        f"[bold]autobatch estimate[/] {escape(settings.script.script)}: {escape(target.describe())}"
+    )
+    result = run_estimate(settings, target, progress=lambda text: console.print(f"[dim]  {escape(text)}[/]"))
+    from ..explain.render import print_estimate
+
+    budget = result.device["budget_bytes"]
+    print_estimate(
+        console, result, f"estimated maximum batch on {result.device['name']} (budget {format_bytes(budget)})"
+    )
+    for note in result.notes:
+        console.print(f"[dim]- {escape(note)}[/]")
+    console.print(f"[yellow]note[/]: {escape(CAVEATS_CPU if target.kind == 'cpu' else CAVEATS_CUDA)}")
+    if as_json:
+        data: dict[str, Any] = {"estimate": True, **result.to_dict()}
+        stdout_write(json.dumps(data, indent=2))
+
+
+def _print_cards(cards: dict[str, Any], as_json: bool) -> None:
+    from rich.table import Table
+
+    table = Table(title="card profiles (memory as torch reports it; overheads assumed)")
+    for column in ("card", "memory", "CUDA context", "workspaces", "bf16", "description"):
+        table.add_column(column)
+    for card in cards.values():
+        table.add_row(
+            card.name,
+            format_bytes(card.memory_bytes),
+            format_bytes(card.context_bytes),
+            format_bytes(card.workspace_bytes),
+            "yes" if card.bf16 else "no",
+            card.description,
+        )
+    console.print(table)
+    if as_json:
+        stdout_write(json.dumps([card.to_dict() for card in cards.values()], indent=2))

@@ -1,0 +1,156 @@
+"""``autobatch explain``: where the peak memory of one batch size goes, and what each lever would buy.
+
+One isolated, instrumented run at ``--batch-size`` (plus one at half of it for the per-sample slope),
+under the same budget as ``tune`` and ``check``. Human output on stderr: a bar and a table of the
+peak by category (adding up to the measured peak, the residual stated), the per-module table, and the
+levers ranked by the maximum batch each would give. ``--json`` prints the report on stdout
+(:mod:`autobatch.explain.explainer` documents it). Exit status 0, also when the batch does not fit
+(the report says so): explaining is the answer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from ..core.units import format_bytes
+from ..errors import UsageError
+from . import options as opt
+from .app import app, console, stdout_write
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def explain(
+    script: Optional[str] = opt.SCRIPT,
+    script_args: Optional[list[str]] = opt.SCRIPT_ARGS,
+    batch_size: int = typer.Option(..., "--batch-size", "-b", min=1, help="The batch size to explain."),
+    config: Optional[Path] = opt.CONFIG,
+    device: Optional[str] = opt.DEVICE,
+    memory: Optional[str] = opt.MEMORY,
+    headroom: Optional[float] = opt.HEADROOM,
+    precision: Optional[str] = typer.Option(
+        None, "--precision", "-p", help="Precision (default: the first in settings)."
+    ),
+    optimizer: Optional[str] = typer.Option(
+        None, "--optimizer", "-o", help="Optimizer (default: the first in settings)."
+    ),
+    recompute: bool = typer.Option(
+        False, "--recompute/--no-recompute", help="Wrap repeated blocks in activation checkpointing."
+    ),
+    recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
+    timeout: Optional[float] = opt.TIMEOUT,
+    vocab_trim: float = typer.Option(
+        0.5,
+        "--vocab-trim",
+        min=0.0,
+        max=0.95,
+        help="Fraction of the largest embedding's vocabulary the "
+        "vocabulary lever removes (0 turns the lever off).",
+    ),
+    verify: bool = typer.Option(
+        False, "--verify", help="Measure each lever's maximum batch with real probes (slower)."
+    ),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="Draw memory against batch size and the breakdown to FILE (.png or .svg)."
+    ),
+    as_json: bool = opt.JSON,
+) -> None:
+    """Break the peak memory of one batch size down (categories, modules) and rank the levers."""
+    from ..settings import load_settings
+
+    settings = load_settings(
+        config=config,
+        overrides=opt.overrides(
+            script=script,
+            script_args=script_args,
+            device=device,
+            memory=memory,
+            headroom=headroom,
+            precisions=[precision] if precision else None,
+            optimizers=[optimizer] if optimizer else None,
+            recompute_classes=recompute_class,
+            timeout=timeout,
+        ),
+    )
+    if not settings.script.script:
+        raise UsageError("no training script given", hint="pass SCRIPT, or set `script` in autobatch.toml")
+    if plot is not None:
+        from ..explain.plot import check_plot_path
+
+        check_plot_path(plot)
+
+    from ..core.space import Combo
+    from ..explain.driver import Limits
+    from ..explain.explainer import explain as run_explain
+    from ..explain.render import print_breakdown, print_levers, print_modules
+    from ..session import Session
+
+    combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], recompute)
+    limits = Limits(
+        max_batch_size=settings.search.max_batch_size,
+        batch_multiple=settings.search.batch_multiple,
+        steps=settings.probe.steps,
+        max_steps=settings.probe.max_steps,
+        confirm_steps=settings.probe.confirm_steps,
+    )
+    console.print(f"[bold]autobatch explain[/] {escape(settings.script.script)}: starting the probe server")
+    with Session(
+        script=settings.script.script,
+        script_args=settings.script.script_args,
+        device=settings.device.device,
+        memory=settings.device.memory,
+        headroom=settings.device.headroom,
+        timeout=settings.probe.timeout,
+        optimizer_kwargs={k: dict(v) for k, v in settings.search.optimizer_kwargs.items()},
+        recompute_classes=settings.search.recompute_classes,
+        cache=settings.probe.cache,
+    ) as session:
+        info = session.device
+        assert info is not None
+        console.print(
+            f"device [bold]{info.name}[/]: budget {format_bytes(info.budget_bytes)} "
+            f"(capacity {format_bytes(info.capacity_bytes)}, headroom {info.headroom:.0%}); "
+            f"{escape(info.memory_definition)}"
+        )
+        if combo.precision in info.unsupported_precisions:
+            raise UsageError(
+                f"{info.name} cannot run {combo.precision}: {info.unsupported_precisions[combo.precision]}",
+                hint="pick another --precision",
+            )
+        report = run_explain(
+            session,
+            combo,
+            batch_size,
+            limits,
+            vocab_trim=vocab_trim,
+            verify=verify,
+            progress=lambda text: console.print(f"[dim]  {escape(text)}[/]"),
+        )
+    data = report.to_dict()
+    verdict = "[green]fits[/]" if report.fits else f"[yellow]does not fit[/] ({report.kind})"
+    console.print(
+        f"{combo.key} batch {batch_size} on {info.name}: {verdict}; measured peak "
+        f"{format_bytes(report.peak_bytes)} of budget {format_bytes(report.budget_bytes)}"
+    )
+    print_breakdown(console, data)
+    print_modules(console, report.modules)
+    if report.line:
+        console.print(
+            f"measured line: {format_bytes(report.line['static_bytes'])} static + "
+            f"{format_bytes(report.line['bytes_per_sample'])} per sample "
+            f"(batches {', '.join(str(m['batch_size']) for m in report.measured)})"
+        )
+    print_levers(console, report.levers, batch_size, verify)
+    for note in report.notes:
+        console.print(f"[dim]- {escape(note)}[/]")
+    if plot is not None:
+        from ..explain.plot import plot_explain
+
+        plot_explain(data, plot)
+        console.print(f"plot written to {plot}")
+    if as_json:
+        stdout_write(json.dumps(data, indent=2))

@@ -1,0 +1,238 @@
+"""``autobatch explain``: measure one batch size, break its peak down, predict (and verify) the levers.
+
+The report (``explain --json``) is::
+
+    {"script", "device", "precision", "optimizer", "recompute", "batch_size", "fits", "kind",
+     "peak_bytes", "budget_bytes", "categories": {name: bytes}, "residual_bytes",
+     "modules": [...], "levers": [...], "measured": [{batch_size, peak_bytes, kind}], "line":
+     {"static_bytes", "bytes_per_sample"}, "peak_phase", "flops", "macs", "notes"}
+
+with ``sum(categories.values()) + residual_bytes == peak_bytes``. When the batch does not fit the
+budget, it is measured again under a larger cap (the machine's available memory on the CPU, the
+whole device on CUDA) so that the breakdown still explains the whole step; ``fits`` stays false.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from ..core.search import Affine
+from ..core.space import Combo
+from ..core.units import format_bytes
+from ..session import Session
+from .driver import Limits, explain_probe, measure, measure_max, request_for, run_estimate_op
+from .levers import Lever, apply_predictions, plan_levers, ranked
+
+
+@dataclass
+class ExplainReport:
+    script: str
+    device: dict[str, Any]
+    precision: str
+    optimizer: str
+    recompute: bool
+    batch_size: int
+    fits: bool
+    kind: str
+    peak_bytes: int
+    budget_bytes: int
+    categories: dict[str, int]
+    residual_bytes: int
+    modules: list[dict[str, Any]] = field(default_factory=list)
+    levers: list[dict[str, Any]] = field(default_factory=list)
+    measured: list[dict[str, Any]] = field(default_factory=list)
+    line: dict[str, float] | None = None
+    peak_phase: str = ""
+    flops: int = 0
+    macs: int = 0
+    outside_budget: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Progress = Callable[[str], None]
+
+
+def explain(
+    session: Session,
+    combo: Combo,
+    batch_size: int,
+    limits: Limits,
+    *,
+    vocab_trim: float,
+    verify: bool = False,
+    progress: Progress | None = None,
+) -> ExplainReport:
+    """Run the whole explanation on a started session (see the module docstring)."""
+    device = session.device
+    assert device is not None and session.client is not None
+    say = progress or (lambda _text: None)
+    steps = (limits.steps, limits.max_steps)
+    notes: list[str] = []
+    say(f"measuring {combo.key} at batch {batch_size}")
+    first = explain_probe(session, combo, batch_size, budget_bytes=None, steps=steps)
+    fits = first.fits
+    cap: int | None = None
+    if not fits:
+        cap = _larger_cap(session)
+        notes.append(
+            f"batch {batch_size} does not fit the budget of {format_bytes(device.budget_bytes)} ({first.kind}); "
+            f"measured again under a cap of {format_bytes(cap)} to explain the whole step"
+        )
+        say(
+            f"batch {batch_size} does not fit ({first.kind}); measuring it under a cap of {format_bytes(cap)}"
+        )
+        again = explain_probe(session, combo, batch_size, budget_bytes=cap, steps=steps)
+        if again.fits or not first.info.get("categories"):
+            first = again
+    info = first.info
+    measured = [{"batch_size": batch_size, "peak_bytes": first.peak_bytes, "kind": first.kind}]
+    other = batch_size // 2 if batch_size >= 2 else 2
+    say(f"measuring batch {other} for the per-sample slope")
+    second = explain_probe(session, combo, other, budget_bytes=cap, steps=steps)
+    measured.append({"batch_size": other, "peak_bytes": second.peak_bytes, "kind": second.kind})
+    points = [
+        (int(str(m["batch_size"])), int(str(m["peak_bytes"])))
+        for m in measured
+        if m["kind"] == "fits" and m["peak_bytes"]
+    ]
+    line = _line(points)
+    modules = list(info.get("modules", []))
+    report = ExplainReport(
+        script=str(session.script),
+        device=device.to_dict(),
+        precision=combo.precision,
+        optimizer=combo.optimizer,
+        recompute=combo.recompute,
+        batch_size=batch_size,
+        fits=fits,
+        kind=first.kind if not fits else "fits",
+        peak_bytes=int(first.peak_bytes or 0),
+        budget_bytes=device.budget_bytes,
+        categories=dict(info.get("categories", {})),
+        residual_bytes=int(info.get("residual_bytes", 0)),
+        modules=modules,
+        measured=measured,
+        line={"static_bytes": line.intercept, "bytes_per_sample": line.slope} if line else None,
+        peak_phase=str(info.get("peak_phase", "")),
+        flops=sum(int(m.get("flops", 0)) for m in modules),
+        macs=sum(int(m.get("macs", 0)) for m in modules),
+        outside_budget=dict(info.get("outside_budget", {})),
+        notes=notes + list(info.get("notes", [])),
+    )
+    if not points:
+        report.notes.append("no measured batch completed: levers not predicted")
+        return report
+    levers = plan_levers(
+        combo,
+        unsupported=device.unsupported_precisions,
+        recompute_blocks=device.recompute_blocks,
+        has_embedding=any(m.get("type") == "Embedding" for m in modules),
+        vocab_trim=vocab_trim,
+    )
+    say("predicting the levers (fake-tensor simulations calibrated on the measured step)")
+    _predict(session, combo, levers, points, batch_size, limits)
+    levers = ranked(levers)
+    if verify:
+        _verify(session, levers, limits, say)
+    report.levers = [lever.to_dict() for lever in levers]
+    return report
+
+
+def _predict(
+    session: Session,
+    combo: Combo,
+    levers: list[Lever],
+    points: list[tuple[int, int]],
+    batch_size: int,
+    limits: Limits,
+) -> None:
+    device = session.device
+    assert device is not None and session.client is not None
+    now = levers[0].scenario
+    assert now is not None
+    scenarios = []
+    for lever in levers:
+        if lever.applicable and lever.scenario is not None:
+            entry: dict[str, Any] = {"name": lever.name, **lever.scenario.to_dict()}
+            if lever.kind == "precision":
+                entry["points"] = _own_points(session, lever, batch_size, limits)
+            scenarios.append(entry)
+    options = {
+        "target": "cpu" if device.type == "cpu" else "cuda",
+        "scenarios": scenarios,
+        "budget_bytes": device.budget_bytes,
+        "calibrate": {"scenario": now.to_dict(), "points": [list(p) for p in points]},
+        "report_at": [batch_size],
+        "max_batch_size": limits.max_batch_size,
+        "batch_multiple": limits.batch_multiple,
+        "optimizer_kwargs": {k: dict(v) for k, v in session.optimizer_kwargs.items()},
+    }
+    request = request_for(session, combo, batch_size, op="estimate", options=options, budget_bytes=0)
+    request = _with_timeout(request, session.timeout * max(1, len(scenarios)))
+    info = run_estimate_op(session.client, request, "predicting the levers")
+    apply_predictions(levers, {s["name"]: s for s in info.get("scenarios", [])}, batch_size)
+
+
+def _own_points(session: Session, lever: Lever, batch_size: int, limits: Limits) -> list[list[int]]:
+    """A lever that changes the kernels (precision: oneDNN's bf16 GEMMs instead of MKL's fp32 ones) changes
+    the buffers libraries keep outside PyTorch's allocator: measure its step at the explained batch size
+    once, so that its prediction is calibrated on its own kernels."""
+    assert lever.scenario is not None
+    scenario = lever.scenario
+    combo = Combo(scenario.precision, scenario.optimizer, scenario.recompute)
+    outcome = measure(session, combo, batch_size, scenario.transforms, (limits.steps, limits.max_steps))
+    return [[batch_size, int(outcome.peak_bytes)]] if outcome.fits and outcome.peak_bytes else []
+
+
+def _verify(session: Session, levers: list[Lever], limits: Limits, say: Progress) -> None:
+    from ..errors import ScriptError
+
+    now = levers[0]
+    for lever in levers:
+        if not lever.applicable or lever.scenario is None:
+            continue
+        scenario = lever.scenario
+        combo = Combo(scenario.precision, scenario.optimizer, scenario.recompute)
+        prior = (
+            Affine(lever.static_bytes, lever.bytes_per_sample)
+            if lever.static_bytes is not None and lever.bytes_per_sample
+            else None
+        )
+        say(f"verifying {lever.name}: searching its maximum with real probes")
+        try:
+            found = measure_max(session, combo, scenario.transforms, limits, prior=prior)
+        except ScriptError as exc:
+            lever.applicable, lever.reason = False, f"the real step failed: {exc.message}"
+            continue
+        lever.verified_max_batch_size, lever.verify_probes = found.max_batch_size, found.probes
+    for lever in levers:
+        if lever.kind == "accumulation" and lever.applicable and now.verified_max_batch_size:
+            lever.verified_max_batch_size = (lever.accumulation_steps or 1) * now.verified_max_batch_size
+
+
+def _line(points: list[tuple[int, int]]) -> Affine | None:
+    if len(points) < 2 or points[0][0] == points[1][0]:
+        return None
+    (b1, p1), (b2, p2) = sorted(points)
+    slope = (p2 - p1) / (b2 - b1)
+    return Affine(p2 - slope * b2, slope)
+
+
+def _larger_cap(session: Session) -> int:
+    device = session.device
+    assert device is not None
+    if device.type == "cuda":
+        return device.capacity_bytes
+    import psutil
+
+    return max(device.budget_bytes * 2, int(psutil.virtual_memory().available * 0.8))
+
+
+def _with_timeout(request: Any, timeout: float) -> Any:
+    from dataclasses import replace
+
+    return replace(request, timeout=timeout)

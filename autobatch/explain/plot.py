@@ -1,0 +1,260 @@
+"""Pictures: memory against batch size, with the budget, the maximum and the breakdown (PNG or SVG).
+
+Left panel: the measured probes (fits as dots, out-of-memory as crosses drawn at the budget, where
+their peak is unknown), the fitted line ``peak = static + per-sample x batch``, the budget and the
+maximum batch. Right panel: the breakdown of one peak as a stacked bar (explain: every category; tune:
+static parts of the chosen combination and the per-sample rest). matplotlib is an optional extra
+(``pip install 'autobatch-tuner[plot]'``); it is imported only when a plot is asked for, and the
+figure is drawn without pyplot (no display, no global state).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UsageError
+from .records import CATEGORIES
+
+if TYPE_CHECKING:
+    from ..result import TuneResult
+
+SUFFIXES = (".png", ".svg")
+INSTALL_HINT = "install the plot extra: pip install 'autobatch-tuner[plot]' (or pip install matplotlib)"
+COLOURS: dict[str, str] = {
+    "baseline": "#9e9e9e",
+    "parameters": "#1f77b4",
+    "buffers": "#17becf",
+    "gradients": "#9467bd",
+    "optimizer_state": "#d62728",
+    "inputs": "#7f7f7f",
+    "activations": "#2ca02c",
+    "autocast_copies": "#98df8a",
+    "temporaries": "#ffbf00",
+    "runtime_overhead": "#ff7f0e",
+    "residual": "#d9d9d9",
+    "per-sample (activations, temporaries)": "#2ca02c",
+}
+
+
+def check_plot_path(path: str | Path) -> None:
+    """Fail early (before any probe) on a suffix we cannot write or a missing matplotlib."""
+    if Path(path).suffix.lower() not in SUFFIXES:
+        raise UsageError(f"cannot plot to {path}: unknown image type", hint="use a .png or .svg file name")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib, which is not installed", hint=INSTALL_HINT) from None
+
+
+def _figure() -> tuple[Any, Any, Any]:
+    check_plot_path("x.png")
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 5.2), layout="constrained")
+    grid = figure.add_gridspec(1, 2, width_ratios=(3, 1.15))
+    return figure, figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1])
+
+
+def _unit(largest: float) -> tuple[float, str]:
+    return (float(1 << 30), "GiB") if largest >= 4 << 30 else (float(1 << 20), "MiB")
+
+
+def _stacked(
+    ax: Any, parts: list[tuple[str, float]], scale: float, unit: str, title: str, budget: float | None
+) -> None:
+    bottom = 0.0
+    for name, value in parts:
+        if value <= 0:
+            continue
+        ax.bar(
+            0,
+            value / scale,
+            bottom=bottom,
+            width=0.6,
+            color=COLOURS.get(name, "#cccccc"),
+            label=name,
+            edgecolor="white",
+        )
+        bottom += value / scale
+    if budget:
+        ax.axhline(budget / scale, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks([0], [title])
+    ax.set_xlim(-0.6, 0.6)
+    ax.set_ylabel(f"memory ({unit})")
+    ax.set_title("breakdown of the peak")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), fontsize=8, frameon=False, ncol=1)
+
+
+def _memory_axes(ax: Any, unit: str, title: str) -> None:
+    ax.set_xlabel("batch size (samples)")
+    ax.set_ylabel(f"peak memory ({unit})")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def plot_explain(report: dict[str, Any], path: str | Path) -> None:
+    """Memory against batch size from an explain report, and its breakdown."""
+    figure, ax, bar = _figure()
+    budget = float(report["budget_bytes"])
+    points = [
+        (m["batch_size"], m["peak_bytes"])
+        for m in report["measured"]
+        if m["kind"] == "fits" and m["peak_bytes"]
+    ]
+    levers = [lever for lever in report.get("levers", []) if lever["applicable"]]
+    now = next((lever for lever in levers if lever["kind"] == "now"), None)
+    b_max = now["predicted_max_batch_size"] if now else None
+    right = max([b for b, _ in points] + [b_max or 0, report["batch_size"]]) * 1.15
+    scale, unit = _unit(max(budget, report["peak_bytes"]))
+    if report.get("line"):
+        static, slope = report["line"]["static_bytes"], report["line"]["bytes_per_sample"]
+        ax.plot(
+            [0, right],
+            [static / scale, (static + slope * right) / scale],
+            color="#1f77b4",
+            label="fitted: measured line",
+        )
+    for lever in [lever for lever in levers if lever["kind"] not in ("now", "accumulation")][:3]:
+        if lever["static_bytes"] is not None and lever["bytes_per_sample"]:
+            s, k = lever["static_bytes"], lever["bytes_per_sample"]
+            ax.plot(
+                [0, right],
+                [s / scale, (s + k * right) / scale],
+                linestyle=":",
+                linewidth=1,
+                label=f"predicted: {lever['name']}",
+            )
+    if points:
+        ax.scatter(
+            [b for b, _ in points],
+            [p / scale for _, p in points],
+            color="black",
+            zorder=5,
+            label="measured probes",
+        )
+    if not report["fits"]:
+        ax.scatter(
+            [report["batch_size"]],
+            [budget / scale],
+            marker="x",
+            color="red",
+            s=60,
+            zorder=5,
+            label="does not fit",
+        )
+    ax.axhline(
+        budget / scale,
+        color="black",
+        linestyle="--",
+        linewidth=1,
+        label=f"budget {budget / scale:.2f} {unit}",
+    )
+    if b_max:
+        ax.axvline(
+            b_max, color="#d62728", linestyle="-.", linewidth=1, label=f"maximum batch (predicted) {b_max}"
+        )
+    ax.set_xlim(0, right)
+    ax.set_ylim(0, max(budget, report["peak_bytes"]) / scale * 1.12)
+    title = f"{Path(report['script']).name}: {report['precision']} / {report['optimizer']}" + (
+        " / recompute" if report["recompute"] else ""
+    )
+    _memory_axes(ax, unit, title)
+    parts = [(name, float(report["categories"].get(name, 0))) for name in CATEGORIES]
+    parts.append(("residual", float(report["residual_bytes"])))
+    _stacked(bar, parts, scale, unit, f"batch {report['batch_size']}", budget)
+    figure.savefig(str(path))
+
+
+def plot_tune(result: TuneResult, path: str | Path) -> None:
+    """Memory against batch size for every combination of a tune, and the chosen one's breakdown."""
+    figure, ax, bar = _figure()
+    budget = float(result.device.get("budget_bytes") or 0)
+    peaks = [p.peak_bytes for c in result.combinations for p in c.trace if p.peak_bytes]
+    scale, unit = _unit(max([budget, *peaks]))
+    batches = [p.batch_size for c in result.combinations for p in c.trace] or [1]
+    right = max(batches) * 1.1
+    chosen = None
+    for index, combo in enumerate(result.combinations):
+        if not combo.trace:
+            continue
+        colour = f"C{index % 10}"
+        fits = sorted(
+            {(p.batch_size, p.peak_bytes) for p in combo.trace if p.kind == "fits" and p.peak_bytes}
+        )
+        misses = sorted({p.batch_size for p in combo.trace if p.kind != "fits"})
+        ax.scatter(
+            [b for b, _ in fits],
+            [p / scale for _, p in fits],
+            color=colour,
+            s=22,
+            zorder=5,
+            label=f"{combo.key}: probes that fit",
+        )
+        if misses:
+            ax.scatter(
+                misses,
+                [budget / scale] * len(misses),
+                marker="x",
+                color=colour,
+                s=40,
+                zorder=5,
+                label=f"{combo.key}: out of memory",
+            )
+        line = _fit(fits)
+        if line:
+            ax.plot(
+                [0, right],
+                [line[0] / scale, (line[0] + line[1] * right) / scale],
+                color=colour,
+                linewidth=1,
+                alpha=0.8,
+                label=f"{combo.key}: fitted line",
+            )
+        if combo.max_batch_size:
+            ax.axvline(
+                combo.max_batch_size,
+                color=colour,
+                linestyle="-.",
+                linewidth=1,
+                label=f"{combo.key}: maximum {combo.max_batch_size}",
+            )
+        if result.chosen and (combo.precision, combo.optimizer, combo.recompute) == (
+            result.chosen.precision,
+            result.chosen.optimizer,
+            result.chosen.recompute,
+        ):
+            chosen = combo
+    ax.axhline(
+        budget / scale,
+        color="black",
+        linestyle="--",
+        linewidth=1,
+        label=f"budget {budget / scale:.2f} {unit}",
+    )
+    ax.set_xlim(0, right)
+    ax.set_ylim(0, max([budget, *peaks]) / scale * 1.12)
+    _memory_axes(
+        ax, unit, f"{Path(result.script).name} on {result.device.get('name')} (lines: fitted to the probes)"
+    )
+    chosen = chosen or next((c for c in result.combinations if c.peak_bytes), None)
+    if chosen is not None and chosen.peak_bytes:
+        baseline = float(result.device.get("baseline_bytes") or 0)
+        static = {k: float(v) for k, v in (chosen.static_bytes or {}).items()}
+        rest = float(chosen.peak_bytes) - baseline - sum(static.values())
+        parts = [("baseline", baseline), *static.items(), ("per-sample (activations, temporaries)", rest)]
+        _stacked(bar, parts, scale, unit, f"{chosen.key}\nat batch {chosen.max_batch_size}", budget)
+    figure.savefig(str(path))
+
+
+def _fit(points: list[tuple[int, int]]) -> tuple[float, float] | None:
+    """Least-squares line through (batch, peak) points; None with fewer than two batch sizes."""
+    if len({b for b, _ in points}) < 2:
+        return None
+    n = len(points)
+    mean_b = sum(b for b, _ in points) / n
+    mean_p = sum(p for _, p in points) / n
+    var = sum((b - mean_b) ** 2 for b, _ in points)
+    slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / var
+    return mean_p - slope * mean_b, slope

@@ -1,0 +1,121 @@
+"""explain end to end: the real `autobatch explain` command on a tiny script, on the CPU device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support import run_cli
+
+pytestmark = pytest.mark.slow
+
+#: A tiny training script: embedding, two Linear + ReLU blocks, a head; the logits dominate per sample.
+TINY = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, WIDTH, TOKENS = 512, 64, 32
+RECOMPUTE_CLASSES = ("Block",)
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.linear(x))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.Sequential(Block(WIDTH), Block(WIDTH))
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(ids)))
+
+
+def build_model() -> nn.Module:
+    return Net()
+
+
+def make_batch(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB, (batch_size, TOKENS), generator=generator)
+    return ids, torch.randint(0, VOCAB, (batch_size, TOKENS), generator=generator)
+
+
+def compute_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    ids, targets = batch
+    return F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+"""
+
+PARAMS = {
+    "embed": 512 * 64,
+    "blocks.0.linear": 64 * 64 + 64,
+    "blocks.1.linear": 64 * 64 + 64,
+    "head": 64 * 512 + 512,
+}
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.py"
+    path.write_text(TINY)
+    return path
+
+
+def _explain(script: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+    proc = run_cli(
+        "explain", str(script), "--device", "cpu", "-p", "32-true", "-o", "adamw", "--json", *args, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_explain_adds_up_and_matches_closed_forms(tiny: Path, tmp_path: Path) -> None:
+    picture = tmp_path / "explain.png"
+    report = _explain(tiny, "-b", "64", "--memory", "600MiB", "--plot", str(picture))
+    categories = report["categories"]
+    assert sum(categories.values()) + report["residual_bytes"] == report["peak_bytes"]
+    assert report["fits"] and report["peak_bytes"] <= report["budget_bytes"]
+    assert categories["baseline"] > 100 << 20  # Python + torch + the script, before the model
+    assert categories["parameters"] == 4 * sum(PARAMS.values())
+    assert categories["optimizer_state"] == 2 * 4 * sum(PARAMS.values()) + 4 * 7  # AdamW: 2 states + steps
+    assert categories["activations"] > 64 * 32 * 512 * 4  # at least the log-softmax of the logits
+    assert abs(report["residual_bytes"]) < categories["baseline"] // 4
+    rows = {row["name"]: row for row in report["modules"]}
+    for name, count in PARAMS.items():
+        assert rows[name]["params"] == count
+    tokens = 64 * 32
+    assert rows["head"]["output_elements"] == tokens * 512
+    assert rows["head"]["macs"] == tokens * 64 * 512 and rows["head"]["flops"] == 2 * tokens * 64 * 512
+    assert report["modules"][0]["memory_bytes"] == max(r["memory_bytes"] for r in report["modules"])
+    levers = {lever["name"]: lever for lever in report["levers"]}
+    assert levers["now"]["predicted_max_batch_size"] > 64
+    assert levers["optimizer sgd"]["saving_bytes"] > 0 and levers["vocab trim 50%"]["saving_bytes"] > 0
+    assert levers["accumulation"]["predicted_max_batch_size"] == 2 * levers["now"]["predicted_max_batch_size"]
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_explain_a_batch_that_does_not_fit(tiny: Path) -> None:
+    report = _explain(tiny, "-b", "512", "--memory", "400MiB")
+    assert not report["fits"] and report["peak_bytes"] > report["budget_bytes"]
+    assert any("does not fit" in note for note in report["notes"])
+    assert sum(report["categories"].values()) + report["residual_bytes"] == report["peak_bytes"]
+
+
+def test_verify_measures_every_applicable_lever(tiny: Path) -> None:
+    env = {"AUTOBATCH_MAX_BATCH_SIZE": "48", "AUTOBATCH_CONFIRM_STEPS": "3", "AUTOBATCH_MAX_STEPS": "4"}
+    report = _explain(tiny, "-b", "16", "--memory", "600MiB", "--verify", env=env)
+    applicable = [lever for lever in report["levers"] if lever["applicable"]]
+    assert {lever["name"] for lever in applicable} >= {"now", "bf16-mixed", "optimizer sgd", "vocab trim 50%"}
+    for lever in applicable:
+        assert lever["verified_max_batch_size"] is not None, lever
+        if lever["kind"] != "accumulation":
+            assert lever["verified_max_batch_size"] == lever["predicted_max_batch_size"] == 48  # capped
