@@ -46,7 +46,11 @@ def _root(
     STATE.verbose = verbose
 
 
+_signalled: list[int] = []
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
+    _signalled.append(signum)
     raise Terminated()
 
 
@@ -55,20 +59,13 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     STATE.verbose = "--verbose" in sys.argv or "-v" in sys.argv
     try:
-        app(standalone_mode=False)
+        # Typer (non-standalone) returns typer.Exit's code, and 130 for a KeyboardInterrupt.
+        code = app(standalone_mode=False)
     except AutobatchError as exc:
         report_error(exc)
         sys.exit(exc.exit_code)
-    except Terminated:
-        console.print("[yellow]terminated[/]: probes stopped; partial results kept (see above)")
-        sys.exit(EXIT_SIGTERM)
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: probes stopped; partial results kept (see above)")
-        sys.exit(EXIT_SIGINT)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(EXIT_SIGINT)
+        code = EXIT_SIGINT
     except Exception as exc:  # click's usage errors (Typer may vendor click) and anything unexpected
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()  # type: ignore[attr-defined]
@@ -78,6 +75,11 @@ def main() -> None:
         console.print(f"[red bold]error[/]: internal error: {type(exc).__name__}: {escape(str(exc))}")
         console.print("[cyan]hint[/]: rerun with --verbose for the traceback, and report it")
         sys.exit(EXIT_INTERNAL)
+    if code == EXIT_SIGINT or _signalled:
+        what = "terminated" if _signalled else "interrupted"
+        console.print(f"[yellow]{what}[/]: probes stopped; the probes measured so far are kept")
+        sys.exit(EXIT_SIGTERM if _signalled else EXIT_SIGINT)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def report_error(exc: AutobatchError) -> None:
