@@ -11,9 +11,10 @@ the same pinned glibc allocator (MALLOC_ARENA_MAX=1, MALLOC_MMAP_THRESHOLD_=6553
 
 against the true maximum, bisected with fresh-process ``autobatch check --steps 10`` runs starting from
 autobatch's answer (both sides verified), and checks whether each method's answer holds over 10 steps.
-It also measures autobatch's probe overhead beyond the model's own build and steps. Each workload's cap
-is calibrated at run time (two uncapped probes) so that its true maximum lands near the workload's
-target, whatever size the example files have today; ``--cap NAME=SIZE`` fixes it instead.
+It also measures autobatch's probe overhead beyond the model's own build and steps. Each workload has a
+fixed cap (``WORKLOADS``; ``--cap NAME=SIZE`` overrides it) chosen so that its true maximum is in the
+tens to thousands and a step at the maximum takes about a second here; the model sizes are whatever the
+files define at run time, and the table reports the measured true maximum, not an assumed one.
 
 Usage (from the repository root, with the virtual environment active)::
 
@@ -46,14 +47,16 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_workers import report, runs  # noqa: E402
 from bench_workers.common import count_trials  # noqa: E402
 
+MiB = 1 << 20
+
 WORKLOADS = (
-    runs.Workload("mlp", ROOT / "examples" / "mlp.py", target=1000),
-    runs.Workload("cnn", ROOT / "examples" / "cnn.py", target=24),
-    runs.Workload("gpt", ROOT / "examples" / "gpt.py", target=32),
-    runs.Workload("later_step_trap", ROOT / "tests" / "scripts" / "later_step_trap.py", target=300),
-    runs.Workload("quadratic", ROOT / "tests" / "scripts" / "quadratic.py", target=3000),
+    runs.Workload("mlp", ROOT / "examples" / "mlp.py", memory=420 * MiB),
+    runs.Workload("cnn", ROOT / "examples" / "cnn.py", memory=480 * MiB),
+    runs.Workload("gpt", ROOT / "examples" / "gpt.py", memory=608 * MiB),
+    runs.Workload("later_step_trap", ROOT / "tests" / "scripts" / "later_step_trap.py", memory=900 * MiB),
+    runs.Workload("quadratic", ROOT / "tests" / "scripts" / "quadratic.py", memory=471 * MiB),
 )
-QUICK = ("mlp", "quadratic")
+QUICK = ("later_step_trap", "quadratic")
 EQUAL_ROOM = "(equal room)"
 METHODS = ("autobatch", "autobatch-grid", "lightning-binsearch", "lightning-power", "accelerate")
 
@@ -67,7 +70,9 @@ def trace_text(combo: dict[str, Any]) -> str:
     parts = []
     for p in combo.get("trace", []):
         mark = "ok" if p["kind"] == "fits" else p["kind"]
-        parts.append(f"{p['batch_size']} {mark}" + (f"({p['steps']})" if p["steps"] > 3 and mark == "ok" else ""))
+        parts.append(
+            f"{p['batch_size']} {mark}" + (f"({p['steps']})" if p["steps"] > 3 and mark == "ok" else "")
+        )
     return ", ".join(parts)
 
 
@@ -80,33 +85,43 @@ def autobatch_row(setup: runs.Setup, single: bool, result: report.WorkloadResult
         return row
     combos = run.data["combinations"]
     main = next(
-        (c for c in combos if (c["precision"], c["optimizer"], c["recompute"]) == ("32-true", "adamw", False)),
+        (
+            c
+            for c in combos
+            if (c["precision"], c["optimizer"], c["recompute"]) == ("32-true", "adamw", False)
+        ),
         None,
     )
     row.found = main["max_batch_size"] if main else None
     row.baseline_bytes = run.data["device"].get("baseline_bytes")
     tune_wall = run.data.get("wall_seconds")
+    row.note = f"tune's own wall {tune_wall:.1f} s"
     if single:
         row.probes = main["probes"] if main else None
-        row.note = f"tune's own wall {tune_wall:.1f} s; probes: {trace_text(main)}" if main else "no combination"
+        row.trace = [f"{method}: {trace_text(main)}"] if main else []
     else:
         result.grid_combos = len(combos)
         row.probes = sum(c["probes"] for c in combos) / len(combos) if combos else None
         row.probes_note = f"per combination ({run.data.get('probes')} in all, {len(combos)} combinations)"
-        row.note = f"tune's own wall {tune_wall:.1f} s; " + "; ".join(
+        row.note += "; " + "; ".join(
             f"{c['precision']}/{c['optimizer']}/{'rc' if c['recompute'] else 'no-rc'}: "
-            f"{c['status']} {c['max_batch_size']} in {c['probes']} ({trace_text(c)})"
+            f"{c['status']} {c['max_batch_size']} in {c['probes']}"
             for c in combos
         )
+        row.trace = [
+            f"{method} {c['precision']}/{c['optimizer']}/{'recompute' if c['recompute'] else 'no-recompute'}: "
+            f"{trace_text(c)}"
+            for c in combos
+        ]
     if row.found is None:
         row.status = "nothing"
     return row
 
 
-def worker_row(setup: runs.Setup, method: str, options: dict[str, Any]) -> report.Row:
+def worker_row(setup: runs.Setup, method: str, label: str, options: dict[str, Any]) -> report.Row:
     module = "accelerate_finder" if method == "accelerate" else "lightning_tuner"
     run = runs.worker(setup, module, options)
-    row = report.Row(method, wall=run.wall)
+    row = report.Row(label, wall=run.wall)
     record = run.data
     if record is None:
         row.status, row.note = "crash", run.error or "no record"
@@ -118,12 +133,15 @@ def worker_row(setup: runs.Setup, method: str, options: dict[str, Any]) -> repor
     row.status = "ok" if record["status"] == "ok" and (row.found or 0) >= 1 else record["status"]
     if row.status == "crash":
         row.found = tried[-1] if tried else None
-    notes = [f"tried {', '.join(map(str, tried))}"]
+    row.trace = [f"{row.method}: tried {', '.join(map(str, tried))}"]
+    notes = []
+    if record.get("error"):
+        notes.append(f"error: {record['error'].splitlines()[0][:300]}")
     largest = record["extra"].get("largest_succeeded")
     if method == "lightning-binsearch" and largest is not None and largest != row.found:
-        notes.insert(0, f"{largest} before Lightning's 5 % margin")
-    if record.get("error"):
-        notes.insert(0, f"error: {record['error'].splitlines()[0][:300]}")
+        notes.append(f"{largest} before Lightning's 5 % margin")
+    if options.get("reference_bytes"):
+        notes.append(f"cap raised to {record['extra'].get('cap_bytes', 0) / MiB:.0f} MiB")
     row.note = "; ".join(notes)
     return row
 
@@ -131,22 +149,25 @@ def worker_row(setup: runs.Setup, method: str, options: dict[str, Any]) -> repor
 def comparator_options(method: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     if method == "accelerate":
         return {"starting_batch_size": 4096, "steps": args.steps}
-    return {"mode": method.split("-")[1], "steps_per_trial": args.steps, "max_trials": 50, "root": str(scratch)}
+    return {
+        "mode": method.split("-")[1],
+        "steps_per_trial": args.steps,
+        "max_trials": 50,
+        "root": str(scratch),
+    }
 
 
 def bench_workload(workload: runs.Workload, args: argparse.Namespace, scratch: Path) -> report.WorkloadResult:
-    if workload.memory is not None:
-        memory, cap_note = workload.memory, "Cap given on the command line."
-        reference = runs.probe_baseline(workload)
-    else:
-        log(f"{workload.name}: calibrating the cap for a true maximum near {workload.target}")
-        memory, reference, note = runs.calibrate(workload, args.headroom)
-        cap_note = f"Cap calibrated for a true maximum near {workload.target} ({note}, 3 steps, uncapped)."
-    cap_note += f" An autobatch probe starts at VmData {reference / report.MiB:.0f} MiB."
-    setup = runs.Setup(workload, memory, args.headroom, scratch, args.timeout)
+    reference = runs.probe_baseline(workload) if args.equal_room else None
+    cap_note = (
+        "" if reference is None else f"An autobatch probe starts at VmData {reference / report.MiB:.0f} MiB."
+    )
+    setup = runs.Setup(workload, workload.memory, args.headroom, scratch, args.timeout)
     result = report.WorkloadResult(setup, cap_note)
     for method in [m for m in METHODS if m in args.methods]:
-        variants = [("", None)] if method.startswith("autobatch") else [("", None), (f" {EQUAL_ROOM}", reference)]
+        variants = (
+            [("", None)] if method.startswith("autobatch") else [("", None), (f" {EQUAL_ROOM}", reference)]
+        )
         for suffix, ref in variants if args.equal_room else variants[:1]:
             label = method + suffix
             log(f"{workload.name}: {label}")
@@ -154,8 +175,9 @@ def bench_workload(workload: runs.Workload, args: argparse.Namespace, scratch: P
                 row = autobatch_row(setup, method == "autobatch", result)
             else:
                 options = comparator_options(method, args, scratch)
-                row = worker_row(setup, method, {**options, "reference_bytes": ref} if ref else options)
-                row.method = label
+                row = worker_row(
+                    setup, method, label, {**options, "reference_bytes": ref} if ref else options
+                )
             log(f"{workload.name}: {label} -> {row.found} ({row.status}) in {row.wall:.1f} s")
             result.rows.append(row)
 
@@ -174,7 +196,7 @@ def verify(result: report.WorkloadResult, mode: str) -> None:
     """The true maximum by fresh-process bisection from autobatch's answer, and holds? for every answer."""
     answers = [r.found for r in result.rows if r.answered]
     mine = result.row("autobatch")
-    hint = mine.found if mine and mine.answered else (answers[0] if answers else result.setup.workload.target)
+    hint = mine.found if mine and mine.answered else (answers[0] if answers else 1)
     with runs.Checker(result.setup, mode=mode) as checker:
         try:
             result.truth = runs.true_maximum(checker, hint, answers)  # type: ignore[arg-type]
@@ -190,12 +212,13 @@ def verify(result: report.WorkloadResult, mode: str) -> None:
                 except RuntimeError as exc:
                     row.note += f"; holds? check failed: {exc}"
     if checker.status_mismatches:
-        result.truth_note += "; `autobatch check`'s exit status disagreed with its JSON verdict: " + ", ".join(
-            checker.status_mismatches
+        result.truth_note += (
+            "; `autobatch check`'s exit status disagreed with its JSON verdict: "
+            + ", ".join(checker.status_mismatches)
         )
 
 
-def header(argv: list[str]) -> list[str]:
+def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
     def version(name: str) -> str:
         try:
             return metadata.version(name)
@@ -211,6 +234,8 @@ def header(argv: list[str]) -> list[str]:
         f"{platform.platform()}, Python {platform.python_version()}",
         f"- torch {version('torch')}, autobatch-tuner {version('autobatch-tuner')}, lightning {version('lightning')}, "
         f"accelerate {version('accelerate')}",
+        f"- load average (1 min) at start {loads[0]:.1f}, at end {loads[1]:.1f} (the benchmark itself keeps about "
+        "one to two cores busy; anything above that is other work on the machine, which slows every method)",
         "- every method runs in a fresh process under the same RLIMIT_DATA (autobatch's budget, VmData of the "
         "whole process, imports included: the 'VmData at cap' column shows what each process held before its "
         "search) with MALLOC_ARENA_MAX=1 MALLOC_MMAP_THRESHOLD_=65536; AdamW, 32-true, "
@@ -228,13 +253,20 @@ def header(argv: list[str]) -> list[str]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
-    parser.add_argument("--workloads", help="comma-separated workload names: " + ", ".join(w.name for w in WORKLOADS))
+    parser.add_argument(
+        "--workloads", help="comma-separated workload names: " + ", ".join(w.name for w in WORKLOADS)
+    )
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated: " + ", ".join(METHODS))
-    parser.add_argument("--cap", action="append", default=[], metavar="NAME=SIZE", help="fix a workload's cap")
-    parser.add_argument("--target", action="append", default=[], metavar="NAME=N", help="calibrate for this maximum")
+    parser.add_argument(
+        "--cap", action="append", default=[], metavar="NAME=SIZE", help="fix a workload's cap"
+    )
     parser.add_argument("--headroom", type=float, default=0.1)
-    parser.add_argument("--steps", type=int, default=3, help="steps per trial for Lightning and accelerate (>= 3)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before any one process is killed")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="steps per trial for Lightning and accelerate (>= 3)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds before any one process is killed"
+    )
     parser.add_argument(
         "--no-equal-room",
         dest="equal_room",
@@ -263,18 +295,19 @@ def select(args: argparse.Namespace) -> list[runs.Workload]:
 
     from autobatch.core.units import parse_size
 
-    names = args.workloads.split(",") if args.workloads else list(QUICK if args.quick else [w.name for w in WORKLOADS])
+    names = (
+        args.workloads.split(",")
+        if args.workloads
+        else list(QUICK if args.quick else [w.name for w in WORKLOADS])
+    )
     by_name = {w.name: w for w in WORKLOADS}
     missing = [n for n in names if n not in by_name]
     if missing:
         raise SystemExit(f"unknown workloads {missing}; choose from {', '.join(by_name)}")
     caps = dict(item.split("=", 1) for item in args.cap)
-    targets = dict(item.split("=", 1) for item in args.target)
     chosen = []
     for name in names:
         w = by_name[name]
-        if name in targets:
-            w = replace(w, target=int(targets[name]))
         if name in caps:
             w = replace(w, memory=parse_size(caps[name]))
         chosen.append(w)
@@ -285,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     workloads = select(args)
-    started = time.perf_counter()
+    started, load_start = time.perf_counter(), os.getloadavg()[0]
     results = []
     with tempfile.TemporaryDirectory(prefix="autobatch-bench-") as scratch:
         for workload in workloads:
@@ -298,7 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     lines.append(f"Whole benchmark: {elapsed / 60:.1f} min.")
     print("\n".join(lines), flush=True)
-    document = header(argv) + [line for r in results for line in report.table(r)] + lines
+    document = (
+        header(argv, (load_start, os.getloadavg()[0]))
+        + [line for r in results for line in report.table(r)]
+        + lines
+    )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(document) + "\n")
     log(f"saved {args.output}")

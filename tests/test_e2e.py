@@ -98,14 +98,16 @@ def test_full_grid_table_chosen_and_plan(tmp_path) -> None:
         "adamw",
         "--optimizer",
         "sgd",
+        "--no-recompute",
         "--output",
         str(out),
         "--json",
+        timeout=1800,
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     keys = {(c["precision"], c["optimizer"], c["recompute"]) for c in data["combinations"]}
-    assert len(keys) == 8
+    assert len(keys) == 4
     for combo in data["combinations"]:
         assert {
             "precision",

@@ -201,7 +201,7 @@ def test_examples_ignore_arguments_they_do_not_own() -> None:
 
 def test_defaults_hold_without_arguments() -> None:
     assert load_script(EXAMPLES / "gpt.py").ARGS.seq_len == 64
-    assert load_script(EXAMPLES / "mlp.py").ARGS.width == 1024
+    assert load_script(EXAMPLES / "mlp.py").ARGS.width == 256
     assert load_script(EXAMPLES / "cnn.py").ARGS.image_size == 64
 
 

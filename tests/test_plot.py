@@ -138,7 +138,15 @@ def test_tune_plot(tmp_path: Path) -> None:
     svg = tmp_path / "t.svg"
     plot_tune(_tune_result(), svg)
     text = svg.read_text()
-    for label in ("batch size (samples)", "out of memory", "maximum 112", "budget", "optimizer_state"):
+    for label in (
+        "batch size (samples)",
+        "out of memory",
+        "max 112",
+        "maximum batch",
+        "fitted line",
+        "budget",
+        "optimizer_state",
+    ):
         assert label in text, label
 
 

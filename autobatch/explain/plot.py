@@ -51,7 +51,7 @@ def _figure() -> tuple[Any, Any, Any]:
     check_plot_path("x.png")
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(11, 5.2), layout="constrained")
+    figure = Figure(figsize=(11, 6.2), layout="constrained")
     grid = figure.add_gridspec(1, 2, width_ratios=(3, 1.15))
     return figure, figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1])
 
@@ -86,12 +86,14 @@ def _stacked(
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), fontsize=8, frameon=False, ncol=1)
 
 
-def _memory_axes(ax: Any, unit: str, title: str) -> None:
+def _memory_axes(ax: Any, unit: str, title: str, handles: list[Any] | None = None) -> None:
     ax.set_xlabel("batch size (samples)")
     ax.set_ylabel(f"peak memory ({unit})")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(
+        handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False
+    )
 
 
 def plot_explain(report: dict[str, Any], path: str | Path) -> None:
@@ -116,15 +118,20 @@ def plot_explain(report: dict[str, Any], path: str | Path) -> None:
             color="#1f77b4",
             label="fitted: measured line",
         )
-    for lever in [lever for lever in levers if lever["kind"] not in ("now", "accumulation")][:3]:
+    shown = [lever for lever in levers if lever["kind"] != "accumulation"][:4]
+    for index, lever in enumerate(shown):
         if lever["static_bytes"] is not None and lever["bytes_per_sample"]:
             s, k = lever["static_bytes"], lever["bytes_per_sample"]
+            now_line = lever["kind"] == "now"
             ax.plot(
                 [0, right],
                 [s / scale, (s + k * right) / scale],
-                linestyle=":",
+                color="#d62728" if now_line else f"C{index + 1}",
+                linestyle="--" if now_line else ":",
                 linewidth=1,
-                label=f"predicted: {lever['name']}",
+                label="predicted now (simulation calibrated on the probes)"
+                if now_line
+                else f"predicted with {lever['name']}",
             )
     if points:
         ax.scatter(
@@ -156,7 +163,13 @@ def plot_explain(report: dict[str, Any], path: str | Path) -> None:
             b_max, color="#d62728", linestyle="-.", linewidth=1, label=f"maximum batch (predicted) {b_max}"
         )
     ax.set_xlim(0, right)
-    ax.set_ylim(0, max(budget, report["peak_bytes"]) / scale * 1.12)
+    lows = [p for _, p in points] + [
+        float(lever["static_bytes"]) for lever in levers if lever["static_bytes"]
+    ]
+    if report.get("line"):
+        lows.append(float(report["line"]["static_bytes"]))
+    bottom = max(0.0, min(lows or [0.0]) * 0.85)
+    ax.set_ylim(bottom / scale, max(budget, report["peak_bytes"]) / scale * 1.08)
     title = f"{Path(report['script']).name}: {report['precision']} / {report['optimizer']}" + (
         " / recompute" if report["recompute"] else ""
     )
@@ -168,13 +181,24 @@ def plot_explain(report: dict[str, Any], path: str | Path) -> None:
 
 
 def plot_tune(result: TuneResult, path: str | Path) -> None:
-    """Memory against batch size for every combination of a tune, and the chosen one's breakdown."""
+    """Memory against batch size for every combination of a tune, and the chosen one's breakdown.
+
+    One colour per combination; dots are probes that fit, crosses probes that ran out of memory (drawn
+    on the budget line: their peak is unknown), solid lines the least-squares fit of the probes that
+    fit, dash-dotted lines the maxima. The x axis ends at 1.5 x the largest maximum, so that probes far
+    beyond it (the search's first guesses) do not squeeze the interesting part.
+    """
+    from matplotlib.lines import Line2D
+
     figure, ax, bar = _figure()
     budget = float(result.device.get("budget_bytes") or 0)
-    peaks = [p.peak_bytes for c in result.combinations for p in c.trace if p.peak_bytes]
+    peaks = [float(p.peak_bytes) for c in result.combinations for p in c.trace if p.peak_bytes]
     scale, unit = _unit(max([budget, *peaks]))
+    maxima = [c.max_batch_size for c in result.combinations if c.max_batch_size]
     batches = [p.batch_size for c in result.combinations for p in c.trace] or [1]
-    right = max(batches) * 1.1
+    right = max(maxima) * 1.5 if maxima else max(batches) * 1.1
+    handles: list[Any] = []
+    lows = [budget, *peaks]
     chosen = None
     for index, combo in enumerate(result.combinations):
         if not combo.trace:
@@ -183,61 +207,45 @@ def plot_tune(result: TuneResult, path: str | Path) -> None:
         fits = sorted(
             {(p.batch_size, p.peak_bytes) for p in combo.trace if p.kind == "fits" and p.peak_bytes}
         )
-        misses = sorted({p.batch_size for p in combo.trace if p.kind != "fits"})
-        ax.scatter(
-            [b for b, _ in fits],
-            [p / scale for _, p in fits],
-            color=colour,
-            s=22,
-            zorder=5,
-            label=f"{combo.key}: probes that fit",
-        )
+        misses = sorted({p.batch_size for p in combo.trace if p.kind != "fits" and p.batch_size <= right})
+        ax.scatter([b for b, _ in fits], [p / scale for _, p in fits], color=colour, s=22, zorder=5)
         if misses:
-            ax.scatter(
-                misses,
-                [budget / scale] * len(misses),
-                marker="x",
-                color=colour,
-                s=40,
-                zorder=5,
-                label=f"{combo.key}: out of memory",
-            )
+            ax.scatter(misses, [budget / scale] * len(misses), marker="x", color=colour, s=45, zorder=6)
         line = _fit(fits)
         if line:
+            lows.append(line[0])
             ax.plot(
-                [0, right],
-                [line[0] / scale, (line[0] + line[1] * right) / scale],
-                color=colour,
-                linewidth=1,
-                alpha=0.8,
-                label=f"{combo.key}: fitted line",
+                [0, right], [line[0] / scale, (line[0] + line[1] * right) / scale], color=colour, linewidth=1
             )
         if combo.max_batch_size:
-            ax.axvline(
-                combo.max_batch_size,
-                color=colour,
-                linestyle="-.",
-                linewidth=1,
-                label=f"{combo.key}: maximum {combo.max_batch_size}",
-            )
+            ax.axvline(combo.max_batch_size, color=colour, linestyle="-.", linewidth=1)
+        label = (
+            f"{combo.key}: max {combo.max_batch_size}"
+            if combo.max_batch_size
+            else f"{combo.key}: {combo.status}"
+        )
+        handles.append(Line2D([], [], color=colour, marker="o", label=label))
         if result.chosen and (combo.precision, combo.optimizer, combo.recompute) == (
             result.chosen.precision,
             result.chosen.optimizer,
             result.chosen.recompute,
         ):
             chosen = combo
-    ax.axhline(
-        budget / scale,
-        color="black",
-        linestyle="--",
-        linewidth=1,
-        label=f"budget {budget / scale:.2f} {unit}",
-    )
+    ax.axhline(budget / scale, color="black", linestyle="--", linewidth=1)
+    handles += [
+        Line2D([], [], color="black", marker="o", linestyle="none", label="probe that fits"),
+        Line2D(
+            [], [], color="black", marker="x", linestyle="none", label="out of memory (on the budget line)"
+        ),
+        Line2D([], [], color="black", linewidth=1, label="fitted line"),
+        Line2D([], [], color="black", linestyle="-.", linewidth=1, label="maximum batch"),
+        Line2D(
+            [], [], color="black", linestyle="--", linewidth=1, label=f"budget {budget / scale:.2f} {unit}"
+        ),
+    ]
     ax.set_xlim(0, right)
-    ax.set_ylim(0, max([budget, *peaks]) / scale * 1.12)
-    _memory_axes(
-        ax, unit, f"{Path(result.script).name} on {result.device.get('name')} (lines: fitted to the probes)"
-    )
+    ax.set_ylim(max(0.0, min(lows) * 0.85) / scale, max([budget, *peaks]) / scale * 1.08)
+    _memory_axes(ax, unit, f"{Path(result.script).name} on {result.device.get('name')}", handles=handles)
     chosen = chosen or next((c for c in result.combinations if c.peak_bytes), None)
     if chosen is not None and chosen.peak_bytes:
         baseline = float(result.device.get("baseline_bytes") or 0)

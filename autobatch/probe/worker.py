@@ -103,7 +103,7 @@ def _device_hooks(
 
         cpu.apply_cap(request.budget_bytes)
         # Start the intra-op thread pool now, so its stacks count in the baseline, not mid-step.
-        torch.ones(64, 64) @ torch.ones(64, 64)
+        torch.ones(512, 512) @ torch.ones(512, 512)
         vm0 = cpu.read_status()
         outcome.baseline_bytes = vm0.data
         return (lambda: cpu.peak_data_bytes(vm0, cpu.read_status())), (lambda: None), (lambda _o: None)

@@ -170,7 +170,7 @@ def run_steps(
         report.step_seconds.append(time.perf_counter() - start)
         report.step_peaks.append(peak_now())
         report.steps = step
-        if step >= min_steps and report.step_peaks[-1] - report.step_peaks[-2] <= grow_tolerance:
+        if step >= max(min_steps, 2) and report.step_peaks[-1] - report.step_peaks[-2] <= grow_tolerance:
             break
     report.optimizer_state_bytes = optimizer_state_bytes(opt)
     return report

@@ -26,6 +26,7 @@ class Row:
     baseline_bytes: int | None = None
     status: str = "ok"  # ok | nothing | crash | error
     note: str = ""
+    trace: list[str] = field(default_factory=list)  # the batch sizes tried, in order
 
     @property
     def answered(self) -> bool:
@@ -106,6 +107,14 @@ def table(result: WorkloadResult) -> list[str]:
             )
             + " |"
         )
+    traces = [line for row in result.rows for line in row.trace]
+    if traces:
+        lines += [
+            "",
+            "Batch sizes tried, in order (autobatch: each probe's verdict, (n) its steps when more than 3):",
+            "",
+        ]
+        lines += [f"- {line}" for line in traces]
     if result.overhead is not None:
         o = result.overhead
         per = ", ".join(
@@ -148,13 +157,18 @@ def summary(results: list[WorkloadResult]) -> tuple[list[str], dict[str, Any]]:
     lines.append(
         f"- median probes per combination, one combination <= 4: "
         f"**{_verdict(None if median is None else median <= 4)}** (median {_num(median)}; "
-        + ", ".join(f"{r.setup.workload.name} {_num(row.probes, 0) if row else '-'}" for r, row in zip(results, single))
+        + ", ".join(
+            f"{r.setup.workload.name} {_num(row.probes, 0) if row else '-'}"
+            for r, row in zip(results, single)
+        )
         + ")"
     )
 
     grids = [(r, r.row("autobatch-grid")) for r in results]
     per_combo = {r.setup.workload.name: row.probes for r, row in grids if row and row.probes is not None}
-    total = [row.probes * r.grid_combos for r, row in grids if row and row.probes is not None and r.grid_combos]
+    total = [
+        row.probes * r.grid_combos for r, row in grids if row and row.probes is not None and r.grid_combos
+    ]
     combos = sum(r.grid_combos for r, row in grids if row and row.probes is not None)
     average = sum(total) / combos if combos else None
     figures["grid_probes_per_combination"] = average
@@ -164,7 +178,10 @@ def summary(results: list[WorkloadResult]) -> tuple[list[str], dict[str, Any]]:
         f"combinations; " + ", ".join(f"{k} {v:.2f}" for k, v in per_combo.items()) + ")"
     )
 
-    for label, method, limit in (("one combination", "autobatch", 0.5), ("full default grid", "autobatch-grid", 2.0)):
+    for label, method, limit in (
+        ("one combination", "autobatch", 0.5),
+        ("full default grid", "autobatch-grid", 2.0),
+    ):
         ratios = {}
         for r in results:
             mine = r.row(method)

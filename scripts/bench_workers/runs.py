@@ -5,7 +5,7 @@
   remembers each verdict; :func:`true_maximum` bisects with it for the true maximum.
 * :func:`worker` runs a ``bench_workers`` module (Lightning, accelerate, build cost) under the pinned
   allocator and reads its record.
-* :func:`calibrate` and :func:`probe_overhead` talk to autobatch's probe server directly.
+* :func:`probe_baseline` and :func:`probe_overhead` talk to autobatch's probe server directly.
 
 Every command runs in a scratch folder with no ``AUTOBATCH_*`` variables, so that no ``autobatch.toml``
 or environment setting changes what is measured, and with autobatch's probe cache off.
@@ -35,8 +35,7 @@ class Workload:
     name: str
     script: Path
     args: tuple[str, ...] = ()
-    target: int = 100  # the true maximum the calibrated cap aims at
-    memory: int | None = None  # bytes; None: calibrated at run time
+    memory: int = 1 << 30  # the capacity given to autobatch as --memory (bytes)
 
 
 @dataclass(frozen=True)
@@ -143,7 +142,9 @@ class Checker:
     def _via_client(self, batch_size: int) -> bool:
         outcome = self._client.run(_request(batch_size, self.setup.budget, CHECK_STEPS))
         if outcome.kind not in ("fits", "oom"):
-            raise RuntimeError(f"check at batch {batch_size}: {outcome.kind}: {outcome.error_message or outcome.reason}")
+            raise RuntimeError(
+                f"check at batch {batch_size}: {outcome.kind}: {outcome.error_message or outcome.reason}"
+            )
         return bool(outcome.kind == "fits")
 
     def _via_cli(self, batch_size: int) -> bool:
@@ -161,7 +162,9 @@ class Checker:
             verdict = {}
         # Read the verdict from the JSON, and note when the exit status (documented: 0 fits, 5 OOM) disagrees.
         if verdict.get("kind") not in ("fits", "oom"):
-            raise RuntimeError(f"check at batch {batch_size}: {run.error or f'exit {run.returncode}'}: {_tail(stderr)}")
+            raise RuntimeError(
+                f"check at batch {batch_size}: {run.error or f'exit {run.returncode}'}: {_tail(stderr)}"
+            )
         fits = verdict["kind"] == "fits"
         if (run.returncode == 0) != fits:
             self.status_mismatches.append(f"batch {batch_size}: {verdict['kind']} but exit {run.returncode}")
@@ -231,9 +234,14 @@ def worker(setup: Setup, module: str, options: dict[str, Any]) -> Run:
         "out": str(out),
         "options": options,
     }
-    env = _env({**MALLOC_ENV, "PYTHONPATH": os.pathsep.join([str(SCRIPTS_DIR), os.environ.get("PYTHONPATH", "")])})
+    env = _env(
+        {**MALLOC_ENV, "PYTHONPATH": os.pathsep.join([str(SCRIPTS_DIR), os.environ.get("PYTHONPATH", "")])}
+    )
     run, _, stderr = _run(
-        [sys.executable, "-m", f"bench_workers.{module}", json.dumps(request)], setup.scratch, setup.timeout, env
+        [sys.executable, "-m", f"bench_workers.{module}", json.dumps(request)],
+        setup.scratch,
+        setup.timeout,
+        env,
     )
     if out.exists():
         run.data = json.loads(out.read_text())
@@ -268,24 +276,6 @@ def _request(batch_size: int, budget: int, steps: int) -> Any:
         batch_size=batch_size, precision="32-true", optimizer="adamw", recompute=False,
         device="cpu", budget_bytes=budget, min_steps=steps, max_steps=steps,
     )  # fmt: skip
-
-
-def calibrate(workload: Workload, headroom: float) -> tuple[int, int, str]:
-    """A capacity whose budget puts the true maximum near ``workload.target`` (two uncapped probes).
-
-    Returns (capacity, the VmData an autobatch probe starts with, a note on the calibration).
-    """
-    points = (max(1, workload.target // 2), workload.target)
-    with _client(workload) as client:
-        outcomes = [client.run(_request(b, 64 << 30, 3)) for b in points]
-    peaks = [o.peak_bytes for o in outcomes]
-    if None in peaks or outcomes[0].baseline_bytes is None:
-        raise RuntimeError(f"calibrating {workload.name}: a probe reported no peak ({outcomes[0].kind})")
-    slope = max(0.0, (peaks[1] - peaks[0]) / (points[1] - points[0]))
-    budget = peaks[1] + slope / 2
-    memory = int(budget / (1 - headroom)) // (1 << 20) * (1 << 20) + (1 << 20)
-    note = f"peak {peaks[0] / 2**20:.1f} MiB at {points[0]}, {peaks[1] / 2**20:.1f} MiB at {points[1]}"
-    return memory, outcomes[0].baseline_bytes, note
 
 
 def probe_baseline(workload: Workload) -> int:
