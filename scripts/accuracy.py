@@ -74,7 +74,7 @@ def measure(name: str, memory: str, batch: int, env: dict[str, str]) -> dict[str
     """tune, estimate and explain --verify on one example; the raw results (also saved to RAW/NAME.json)."""
     script = str(ROOT / "examples" / f"{name}.py")
     common = ["--device", "cpu", "--memory", memory]
-    grid = ["-p", "32-true", "-p", "bf16-mixed", "-o", "adamw", "--recompute", "--no-recompute"]
+    grid = ["-p", "32-true", "-p", "bf16-mixed", "-o", "adamw"]  # x recompute off/on: AUTOBATCH_RECOMPUTE
     print(f"[{name}] tune ...", file=sys.stderr, flush=True)
     tuned, tune_s = run(
         "tune",
@@ -146,7 +146,13 @@ def main() -> None:
     parser.add_argument("--memory", default=None, help="one cap for every example (default: per example)")
     parser.add_argument("--jobs", type=int, default=3, help="examples measured at the same time")
     args = parser.parse_args()
-    base_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "AUTOBATCH_TIMEOUT": "1800"}
+    base_env = {
+        **os.environ,
+        "NO_COLOR": "1",
+        "COLUMNS": "200",
+        "AUTOBATCH_TIMEOUT": "1800",
+        "AUTOBATCH_RECOMPUTE": "both",
+    }
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = []
         for name in args.examples:

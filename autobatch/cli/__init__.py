@@ -79,7 +79,8 @@ def main() -> None:
         what = "terminated" if _signalled else "interrupted"
         console.print(f"[yellow]{what}[/]: probes stopped; the probes measured so far are kept")
         sys.exit(EXIT_SIGTERM if _signalled else EXIT_SIGINT)
-    sys.exit(code if isinstance(code, int) else 0)
+    if isinstance(code, int) and code != 0:
+        sys.exit(code)
 
 
 def report_error(exc: AutobatchError) -> None:
