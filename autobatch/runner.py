@@ -204,7 +204,11 @@ class Tuner:
         if self.options.objective != "max-batch" or self.options.exact_all:
             return None
         best = max(
-            (c.max_batch_size for c in self.result.combinations if c.status in ("exact", "capped") and c.max_batch_size),
+            (
+                c.max_batch_size
+                for c in self.result.combinations
+                if c.status in ("exact", "capped") and c.max_batch_size
+            ),
             default=None,
         )
         return best + self.options.batch_multiple if best else None
@@ -258,7 +262,9 @@ class Tuner:
         ]
         return reuse.predict(combo.precision, combo.optimizer, combo.recompute, learned, shapes)
 
-    def _calibrate(self, prediction: reuse.Prediction | None, probe: Callable[[int], Observation]) -> tuple[Affine | None, list[Observation]]:
+    def _calibrate(
+        self, prediction: reuse.Prediction | None, probe: Callable[[int], Observation]
+    ) -> tuple[Affine | None, list[Observation]]:
         """Turn a prediction into the search's prior, spending one probe when its slope is only a guess.
 
         A guessed slope (another precision or recomputation setting) is the weak half of the line;

@@ -96,13 +96,18 @@ def autobatch_row(setup: runs.Setup, single: bool, result: report.WorkloadResult
     row.baseline_bytes = run.data["device"].get("baseline_bytes")
     tune_wall = run.data.get("wall_seconds")
     row.note = f"tune's own wall {tune_wall:.1f} s"
+    row.verdicts = [(p["batch_size"], p["kind"] == "fits") for p in (main or {}).get("trace", [])]
     if single:
         row.probes = main["probes"] if main else None
         row.trace = [f"{method}: {trace_text(main)}"] if main else []
     else:
-        result.grid_combos = len(combos)
-        row.probes = sum(c["probes"] for c in combos) / len(combos) if combos else None
-        row.probes_note = f"per combination ({run.data.get('probes')} in all, {len(combos)} combinations)"
+        searched = [c for c in combos if c["status"] != "skipped"]
+        result.grid_combos, result.grid_probes = len(searched), sum(c["probes"] for c in combos)
+        row.probes = result.grid_probes / len(searched) if searched else None
+        row.probes_note = (
+            f"per searched combination ({result.grid_probes} in all; {len(searched)} of {len(combos)} "
+            "combinations searched, the rest skipped)"
+        )
         row.note += "; " + "; ".join(
             f"{c['precision']}/{c['optimizer']}/{'rc' if c['recompute'] else 'no-rc'}: "
             f"{c['status']} {c['max_batch_size']} in {c['probes']}"
@@ -165,8 +170,14 @@ def bench_workload(workload: runs.Workload, args: argparse.Namespace, scratch: P
     setup = runs.Setup(workload, workload.memory, args.headroom, scratch, args.timeout)
     result = report.WorkloadResult(setup, cap_note)
     for method in [m for m in METHODS if m in args.methods]:
+        # Equal room for the comparators whose answer depends on the room (power mode only doubles).
         variants = (
-            [("", None)] if method.startswith("autobatch") else [("", None), (f" {EQUAL_ROOM}", reference)]
+            [("", None)]
+            if method in ("autobatch", "autobatch-grid", "lightning-power")
+            else [
+                ("", None),
+                (f" {EQUAL_ROOM}", reference),
+            ]
         )
         for suffix, ref in variants if args.equal_room else variants[:1]:
             label = method + suffix
@@ -205,6 +216,13 @@ def verify(result: report.WorkloadResult, mode: str) -> None:
         result.truth_note += f"{len(checker.verdicts)} checks in {checker.seconds:.0f} s: " + ", ".join(
             f"{b} {'ok' if ok else 'oom'}" for b, ok in checker.verdicts.items()
         )
+        if result.truth is not None:
+            again = {b: checker.fits_again(b) for b in (result.truth, result.truth + 1)}
+            repeated = all(again[b] == checker.verdicts[b] for b in again)
+            result.truth_note += "; repeated: " + ", ".join(
+                f"{b} {'ok' if ok else 'oom'}" for b, ok in again.items()
+            )
+            result.truth_note += "" if repeated else " (**the boundary flickers**)"
         for row in result.rows:
             if row.answered:
                 try:
@@ -216,6 +234,18 @@ def verify(result: report.WorkloadResult, mode: str) -> None:
             "; `autobatch check`'s exit status disagreed with its JSON verdict: "
             + ", ".join(checker.status_mismatches)
         )
+
+
+def git_revision() -> str:
+    """The commit the benchmark measured, and whether autobatch/ differs from it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "autobatch")
+    return head + (" + uncommitted changes in autobatch/" if dirty else "")
 
 
 def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
@@ -232,6 +262,7 @@ def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- machine: {platform.machine()}, {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
         f"{platform.platform()}, Python {platform.python_version()}",
+        f"- autobatch at git {git_revision()}",
         f"- torch {version('torch')}, autobatch-tuner {version('autobatch-tuner')}, lightning {version('lightning')}, "
         f"accelerate {version('accelerate')}",
         f"- load average (1 min) at start {loads[0]:.1f}, at end {loads[1]:.1f} (the benchmark itself keeps about "
@@ -240,7 +271,7 @@ def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
         "whole process, imports included: the 'VmData at cap' column shows what each process held before its "
         "search) with MALLOC_ARENA_MAX=1 MALLOC_MMAP_THRESHOLD_=65536; AdamW, 32-true, "
         "3 steps per trial for Lightning and accelerate",
-        f"- rows marked {EQUAL_ROOM} rerun a comparator with its cap raised by what its process held at the cap "
+        f"- rows marked {EQUAL_ROOM} rerun Lightning's binsearch and accelerate with its cap raised by what its process held at the cap "
         "beyond what an autobatch probe starts with (Lightning imports about 80 MiB more): the same room for the "
         "workload, as on a GPU, where imports do not count; the wall-time targets compare against Lightning's "
         f"binsearch {EQUAL_ROOM} when it ran, since under the same cap it may not get to search at all",

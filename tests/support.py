@@ -12,7 +12,6 @@ EXAMPLES = ROOT / "examples"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
-
 def run_cli(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:

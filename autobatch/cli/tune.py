@@ -165,10 +165,15 @@ def tune(
         from ..emit import make_options, parse_emit_spec
 
         specs = [parse_emit_spec(spec) for spec in settings.output.emit]
-        written = emit_files(result, specs, make_options(
-            generated_by="autobatch " + shlex.join(sys.argv[1:]),
-            lightning_batch_key=settings.output.lightning_batch_key, deepspeed_base=settings.output.deepspeed_base,
-        ))
+        written = emit_files(
+            result,
+            specs,
+            make_options(
+                generated_by="autobatch " + shlex.join(sys.argv[1:]),
+                lightning_batch_key=settings.output.lightning_batch_key,
+                deepspeed_base=settings.output.deepspeed_base,
+            ),
+        )
         for path in written:
             console.print(f"wrote {path}")
     if as_json:

@@ -21,7 +21,7 @@ from .common import Record, Request, Tries, load_workload, run_worker
 def body(request: Request, record: Record, tries: Tries) -> None:
     batch_size = int(request.options["batch_size"])
     script = load_workload(request)
-    torch.ones(64, 64) @ torch.ones(64, 64)  # the probe starts its thread pool before timing, too
+    torch.ones(512, 512) @ torch.ones(512, 512)  # the probe starts its thread pool before timing, too
     seconds: list[float] = []
     for _ in range(1 + int(request.options.get("repeats", 2))):
         started = time.perf_counter()

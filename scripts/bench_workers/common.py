@@ -104,8 +104,9 @@ def apply_cap(budget_bytes: int, reference_bytes: int | None = None) -> tuple[in
     """
     import torch
 
-    # Start the intra-op thread pool before measuring, as autobatch's probe does.
-    torch.ones(64, 64) @ torch.ones(64, 64)
+    # Start the intra-op (OpenMP) thread pool before measuring, as autobatch's probe does, so that its
+    # thread stacks are part of what the process holds at the cap, not allocated mid-search.
+    torch.ones(512, 512) @ torch.ones(512, 512)
     held = vm_data()
     cap = budget_bytes + (max(0, held - reference_bytes) if reference_bytes is not None else 0)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))

@@ -27,6 +27,7 @@ class Row:
     status: str = "ok"  # ok | nothing | crash | error
     note: str = ""
     trace: list[str] = field(default_factory=list)  # the batch sizes tried, in order
+    verdicts: list[tuple[int, bool]] = field(default_factory=list)  # autobatch: its probes at 32-true/adamw
 
     @property
     def answered(self) -> bool:
@@ -41,7 +42,8 @@ class WorkloadResult:
     truth_note: str = ""
     rows: list[Row] = field(default_factory=list)
     overhead: Overhead | None = None
-    grid_combos: int = 0
+    grid_combos: int = 0  # combinations the default grid searched (skipped ones excluded)
+    grid_probes: int = 0
 
     def row(self, method: str) -> Row | None:
         return next((r for r in self.rows if r.method == method), None)
@@ -90,6 +92,11 @@ def table(result: WorkloadResult) -> list[str]:
         "|---|---:|---|---|---:|---:|---:|---|",
     ]
     for row in result.rows:
+        note = row.note
+        if row.verdicts and result.truth is not None:
+            against = [f"{b} {'ok' if ok else 'oom'}" for b, ok in row.verdicts if ok != (b <= result.truth)]
+            if against:
+                note += f"; its probes that disagree with the 10-step checks: {', '.join(against)}"
         probes = _num(row.probes, 1 if row.probes is not None and row.probes % 1 else 0)
         lines.append(
             "| "
@@ -102,7 +109,7 @@ def table(result: WorkloadResult) -> list[str]:
                     probes + (f" {row.probes_note}" if row.probes_note else ""),
                     _num(row.wall),
                     "-" if row.baseline_bytes is None else f"{row.baseline_bytes / MiB:.0f} MiB",
-                    _cell(row.note),
+                    _cell(note),
                 ]
             )
             + " |"
@@ -164,18 +171,16 @@ def summary(results: list[WorkloadResult]) -> tuple[list[str], dict[str, Any]]:
         + ")"
     )
 
-    grids = [(r, r.row("autobatch-grid")) for r in results]
-    per_combo = {r.setup.workload.name: row.probes for r, row in grids if row and row.probes is not None}
-    total = [
-        row.probes * r.grid_combos for r, row in grids if row and row.probes is not None and r.grid_combos
-    ]
-    combos = sum(r.grid_combos for r, row in grids if row and row.probes is not None)
-    average = sum(total) / combos if combos else None
+    grids = {r.setup.workload.name: r for r in results if r.grid_combos}
+    combos = sum(r.grid_combos for r in grids.values())
+    average = sum(r.grid_probes for r in grids.values()) / combos if combos else None
     figures["grid_probes_per_combination"] = average
     lines.append(
         f"- full default grid averages <= 2.5 probes per combination: "
         f"**{_verdict(None if average is None else average <= 2.5)}** ({_num(average, 2)} over {combos} "
-        f"combinations; " + ", ".join(f"{k} {v:.2f}" for k, v in per_combo.items()) + ")"
+        "searched combinations; "
+        + ", ".join(f"{k} {r.grid_probes}/{r.grid_combos}" for k, r in grids.items())
+        + ")"
     )
 
     for label, method, limit in (

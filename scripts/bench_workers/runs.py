@@ -133,11 +133,16 @@ class Checker:
 
     def fits(self, batch_size: int) -> bool:
         if batch_size not in self.verdicts:
-            started = time.perf_counter()
-            check = self._via_client if self.mode == "client" else self._via_cli
-            self.verdicts[batch_size] = check(batch_size)
-            self.seconds += time.perf_counter() - started
+            self.verdicts[batch_size] = self.fits_again(batch_size)
         return self.verdicts[batch_size]
+
+    def fits_again(self, batch_size: int) -> bool:
+        """A new fresh-process check, whatever an earlier one said (to see whether a verdict repeats)."""
+        started = time.perf_counter()
+        check = self._via_client if self.mode == "client" else self._via_cli
+        fits = check(batch_size)
+        self.seconds += time.perf_counter() - started
+        return fits
 
     def _via_client(self, batch_size: int) -> bool:
         outcome = self._client.run(_request(batch_size, self.setup.budget, CHECK_STEPS))
