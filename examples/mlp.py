@@ -9,11 +9,12 @@ autobatch imports this file (never as ``__main__``) and calls the three function
 * ``compute_loss(model, batch)`` returns a scalar loss. autobatch runs backward, the optimizer step and
   ``zero_grad`` itself, so that it can vary the precision, the optimizer and activation recomputation.
 
-The model is ``depth`` blocks of Linear + ReLU of ``width`` features and a 1000-class head. Per sample it
-keeps only a few vectors of ``width`` values and the logits for backward, so its maximum batch is large
-and its steps are cheap. Made wide (``--width 1024 --in-features 1024``) it holds 5.2 M parameters, and
-the optimizer's state alone (none for sgd, two values per parameter for adamw) moves the maximum batch
-by over a thousand samples. Script arguments go after ``--`` on the autobatch command line::
+The model is ``depth`` blocks of Linear + ReLU of ``width`` features, run on each of ``tokens`` feature
+vectors per sample, mean-pooled, and a 1000-class head. Per sample it keeps ``tokens x width`` values per
+block for backward (about 3.6 MiB with the defaults), so a MiB of run-to-run noise at the memory boundary
+moves the maximum by less than a sample. With ``--tokens 1`` it is a plain MLP whose per-sample cost is a
+few KiB: its exact boundary is then below what the CPU device can reproduce across processes.
+Script arguments go after ``--`` on the autobatch command line::
 
     autobatch tune examples/mlp.py --device cpu --memory 1GiB -- --width 512 --depth 2
 
@@ -35,6 +36,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="MLP example for autobatch", allow_abbrev=False)
     parser.add_argument("--in-features", type=int, default=256, help="input features per sample")
     parser.add_argument("--width", type=int, default=256, help="hidden features of every block")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=256,
+        help="feature vectors per sample (the MLP runs on each, then pools)",
+    )
     parser.add_argument("--depth", type=int, default=4, help="number of Linear + ReLU blocks")
     parser.add_argument("--classes", type=int, default=1000, help="number of output classes")
     args, _unknown = parser.parse_known_args(argv)
@@ -68,9 +75,10 @@ class MLP(nn.Module):
         self.head = nn.Linear(sizes[-1], classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (batch, tokens, in_features); the blocks run on every token, then the tokens are pooled.
         for block in self.blocks:
             x = block(x)
-        return self.head(x)
+        return self.head(x.mean(dim=1))
 
 
 def build_model() -> nn.Module:
@@ -80,7 +88,7 @@ def build_model() -> nn.Module:
 def make_batch(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random features and labels; a fixed seed keeps probes comparable."""
     generator = torch.Generator().manual_seed(0)
-    features = torch.randn(batch_size, ARGS.in_features, generator=generator)
+    features = torch.randn(batch_size, ARGS.tokens, ARGS.in_features, generator=generator)
     labels = torch.randint(0, ARGS.classes, (batch_size,), generator=generator)
     return features, labels
 

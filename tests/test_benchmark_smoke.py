@@ -26,12 +26,12 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
     output = tmp_path / "benchmark.md"
     args = [
         "--workloads", "quadratic", "--cap", "quadratic=363MiB", "--methods", "autobatch,accelerate",
-        "--no-equal-room", "--no-overhead", "--timeout", "50", "--output", str(output),
+        "--no-equal-room", "--no-overhead", "--timeout", "240", "--output", str(output),
     ]  # fmt: skip
     busy = os.getloadavg()[0] > len(os.sched_getaffinity(0))  # other work on the machine slows every probe
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARK), *args], cwd=ROOT, capture_output=True, text=True, timeout=180
+        [sys.executable, str(BENCHMARK), *args], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
