@@ -15,9 +15,10 @@ python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.
 if [ "${1:-}" = "--dev" ]; then
   pip install -q -e ".[dev,plot,consumers,bench]" 2>&1 | grep -v '^WARNING: Location' || true
   # DeepSpeed builds against the installed torch; its ops are JIT-built, none are needed to load a config.
-  python -c "import deepspeed" 2>/dev/null \
-    || DS_BUILD_OPS=0 pip install -q --no-build-isolation deepspeed 2>&1 | grep -v '^WARNING: Location' \
-    || echo "note: deepspeed did not install; its config test will skip"
+  if ! python -c "import deepspeed" 2>/dev/null; then
+    DS_BUILD_OPS=0 pip install -q --no-build-isolation deepspeed 2>&1 | grep -v '^WARNING: Location' || true
+    python -c "import deepspeed" 2>/dev/null || echo "note: deepspeed did not install; its config tests will skip"
+  fi
 else
   pip install -q -e . 2>&1 | grep -v '^WARNING: Location' || true
 fi
