@@ -3,7 +3,7 @@
 Definition (documented in the README): on the CPU device, ``--memory`` is the capacity of the probe
 process's *data memory* — Linux's ``VmData``: every private writable mapping of the whole probe process
 (heap, anonymous ``mmap`` blocks, thread stacks), imports included (torch and the user script
-are already loaded when a probe starts, about 200-300 MiB). The budget is ``memory * (1 - headroom)``
+are already loaded when a probe starts, about 300 MiB here). The budget is ``memory * (1 - headroom)``
 and is enforced with ``RLIMIT_DATA`` on the probe process, so that exceeding it raises a real
 ``DefaultCPUAllocator: can't allocate memory``. Without ``--memory`` the capacity is the memory
 available on the machine when the tune starts.
