@@ -177,10 +177,12 @@ def test_recomputing_the_blocks_gives_the_same_loss_and_gradients(path: Path) ->
 
 
 def test_script_arguments_shape_the_examples() -> None:
-    mlp = load_script(EXAMPLES / "mlp.py", ["--width", "64", "--depth", "2", "--in-features", "32"])
+    mlp = load_script(
+        EXAMPLES / "mlp.py", ["--width", "64", "--depth", "2", "--in-features", "32", "--tokens", "5"]
+    )
     model = mlp.build_model()
     assert [b.linear.out_features for b in model.blocks] == [64, 64]
-    assert mlp.make_batch(2)[0].shape == (2, 32)
+    assert mlp.make_batch(2)[0].shape == (2, 5, 32)
 
     cnn = load_script(EXAMPLES / "cnn.py", ["--image-size", "32", "--channels", "4"])
     assert cnn.make_batch(2)[0].shape == (2, 3, 32, 32)
