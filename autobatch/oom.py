@@ -13,8 +13,9 @@ definite (always ``"oom"``)
     ``std::bad_alloc``, and ``Cannot allocate memory`` (errno 12, ``ENOMEM``: what the OS says when
     ``RLIMIT_DATA`` refuses a mapping).
 ambiguous (``"oom"`` only near the budget)
-    oneDNN's ``could not create a primitive`` (a CPU convolution whose scratchpad cannot be
-    allocated under the cap, but also an unsupported configuration), cuDNN's
+    oneDNN's ``could not create a primitive`` and ``could not execute a primitive`` (a CPU kernel,
+    bf16 matmuls and convolutions among them, whose scratchpad cannot be allocated under the cap,
+    but also an unsupported configuration), cuDNN's
     ``CUDNN_STATUS_NOT_SUPPORTED`` (also a hard size limit of some kernels),
     ``CUDNN_STATUS_INTERNAL_ERROR``, ``Unable to find a valid cuDNN algorithm`` / ``... was unable to
     find an engine`` (every algorithm's workspace failed to allocate, or none supports the shapes) and
@@ -118,7 +119,7 @@ RULES: tuple[Rule, ...] = (
     Rule("cpu-allocator", _NONE, _rx(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)")),
     Rule("bad-alloc", _NONE, _rx(r"\bbad_alloc\b")),
     Rule("enomem", _NONE, _rx(r"Cannot allocate memory|\[Errno 12\]")),
-    Rule("onednn-primitive", _NONE, _rx(r"could not create a primitive"), ambiguous=True),
+    Rule("onednn-primitive", _NONE, _rx(r"could not (?:create|execute) a primitive"), ambiguous=True),
     Rule("cudnn-not-supported", _NONE, _rx(r"\bCUDNN_STATUS_NOT_SUPPORTED\b"), ambiguous=True),
     Rule("cudnn-internal-error", _NONE, _rx(r"\bCUDNN_STATUS_INTERNAL_ERROR\b"), ambiguous=True),
     Rule(

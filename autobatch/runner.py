@@ -137,6 +137,11 @@ class Tuner:
 
         prior, known = self._calibrate(self._prior(combo), probe)
         prune = self._prune_threshold()
+        # Memory that does not scale with the batch: the probe process's own, the parameters, the
+        # optimizer state (resident from the second step). Gradients are left out: at the peak of a
+        # backward pass only some may exist yet. A lower bound of the intercept, as the search needs.
+        analytic = self._static(combo, {})
+        floor = (device.baseline_bytes or 0) + analytic["parameters"] + analytic["optimizer_state"]
         result: SearchResult | None = None
         for _round in range(MAX_CONFIRM_ROUNDS + 1):
             result = search_max_batch(
@@ -148,6 +153,7 @@ class Tuner:
                 known=known,
                 prune_at_or_below=prune,
                 start=SCOUT_CANDIDATES * opts.batch_multiple,
+                floor_bytes=floor,
             )
             known = [*known, *result.trace]
             if result.max_batch_size is None or result.status == "pruned":

@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import __version__
 from .core.space import Combo
@@ -25,6 +25,9 @@ from .devices.cpu import MALLOC_ENV, MEMORY_DEFINITION  # noqa: E402
 from .errors import ContractError, DeviceError, ScriptError, UsageError
 from .probe.client import ProbeClient
 from .probe.protocol import ProbeOutcome, ProbeRequest
+
+if TYPE_CHECKING:
+    from .settings.groups import Settings
 
 
 @dataclass
@@ -41,6 +44,17 @@ class DeviceInfo:
     param_count: int = 0
     baseline_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def margin_bytes(self) -> int:
+        """How close to the budget a fitting peak may come and still count as a fit for the search.
+
+        On the CPU the same probe's peak differs between fresh processes by up to ~150 KiB (Python's
+        heap, page rounding; measured with ``autobatch check`` on tests/scripts/later_step_trap.py),
+        so a batch whose peak lands within that of the cap fits once and fails the next time: the
+        search does not accept it. On CUDA the verdict compares allocator statistics: no margin.
+        """
+        return max(1 << 20, self.budget_bytes // 1000) if self.type == "cpu" else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +100,32 @@ class Session:
         self.cache_hits = 0
         self._cache: dict[str, dict[str, Any]] = {}
         self._journal: Path | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        cache: bool | None = None,
+        on_probe: Callable[[Combo, ProbeOutcome, bool], None] | None = None,
+    ) -> Session:
+        """The session that resolved settings describe (``cache`` defaults to the ``cache`` setting)."""
+        if not settings.script.script:
+            raise UsageError(
+                "no training script given", hint="pass SCRIPT, or set `script` in autobatch.toml"
+            )
+        return cls(
+            script=settings.script.script,
+            script_args=settings.script.script_args,
+            device=settings.device.device,
+            memory=settings.device.memory,
+            headroom=settings.device.headroom,
+            timeout=settings.probe.timeout,
+            optimizer_kwargs={k: dict(v) for k, v in settings.search.optimizer_kwargs.items()},
+            recompute_classes=settings.search.recompute_classes,
+            cache=settings.probe.cache if cache is None else cache,
+            on_probe=on_probe,
+        )
 
     def __enter__(self) -> Session:
         self.start()
@@ -185,8 +225,14 @@ class Session:
 
     # -- probes -------------------------------------------------------------------------------
 
-    def probe(self, combo: Combo, batch_size: int, *, min_steps: int, max_steps: int) -> ProbeOutcome:
-        """One probe (cached); raises ScriptError/ContractError when the script itself fails."""
+    def probe(
+        self, combo: Combo, batch_size: int, *, min_steps: int, max_steps: int, strict: bool = True
+    ) -> ProbeOutcome:
+        """One probe (cached); raises ScriptError/ContractError when the script itself fails.
+
+        ``strict`` (the search's verdict) turns a fit whose peak comes within the device's margin of
+        the budget into an out-of-memory outcome that says so; ``check`` asks only what the cap says.
+        """
         assert self.client is not None and self.device is not None
         request = ProbeRequest(
             batch_size=batch_size,
@@ -213,6 +259,8 @@ class Session:
             outcome = self.client.run(request)
             if outcome.kind in ("fits", "oom"):
                 self._record(key, outcome)
+        if strict:
+            within_margin(outcome, self.device)
         if self.on_probe:
             self.on_probe(combo, outcome, cached is not None)
         if outcome.kind == "error":
@@ -289,3 +337,22 @@ def _default_cache_dir() -> str:
     import platformdirs
 
     return platformdirs.user_cache_dir("autobatch")
+
+
+def within_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:
+    """Turn a fit whose peak came within the device's margin of the budget into an out-of-memory outcome.
+
+    Returns whether it did. The search never stands on a batch that fitted by less than the variation
+    between processes (see :attr:`DeviceInfo.margin_bytes`).
+    """
+    margin = device.margin_bytes
+    peak = outcome.peak_bytes or 0
+    if not (outcome.fits and margin and peak > device.budget_bytes - margin):
+        return False
+    outcome.kind = "oom"
+    outcome.reason = (
+        f"fitted, but its peak {format_bytes(peak)} came within {format_bytes(margin)} of the budget "
+        f"{format_bytes(device.budget_bytes)}: a fresh process can exceed it (the CPU peak varies by "
+        "~150 KiB between processes), so the search does not count it"
+    )
+    return True

@@ -96,6 +96,8 @@ def autobatch_row(setup: runs.Setup, single: bool, result: report.WorkloadResult
     row.baseline_bytes = run.data["device"].get("baseline_bytes")
     tune_wall = run.data.get("wall_seconds")
     row.note = f"tune's own wall {tune_wall:.1f} s"
+    if run.data.get("probe_overhead_seconds") is not None:
+        row.note += f"; overhead it reports: {run.data['probe_overhead_seconds']:.3f} s per probe"
     row.verdicts = [(p["batch_size"], p["kind"] == "fits") for p in (main or {}).get("trace", [])]
     if single:
         row.probes = main["probes"] if main else None
@@ -210,23 +212,34 @@ def verify(result: report.WorkloadResult, mode: str) -> None:
     hint = mine.found if mine and mine.answered else (answers[0] if answers else 1)
     with runs.Checker(result.setup, mode=mode) as checker:
         try:
-            result.truth = runs.true_maximum(checker, hint, answers)  # type: ignore[arg-type]
-        except RuntimeError as exc:
-            result.truth_note = f"bisection failed: {exc}; "
-        result.truth_note += f"{len(checker.verdicts)} checks in {checker.seconds:.0f} s: " + ", ".join(
-            f"{b} {'ok' if ok else 'oom'}" for b, ok in checker.verdicts.items()
-        )
-        if result.truth is not None:
-            again = {b: checker.fits_again(b) for b in (result.truth, result.truth + 1)}
-            repeated = all(again[b] == checker.verdicts[b] for b in again)
-            result.truth_note += "; repeated: " + ", ".join(
-                f"{b} {'ok' if ok else 'oom'}" for b, ok in again.items()
+            top = runs.true_maximum(checker, hint, answers)  # type: ignore[arg-type]
+            bisection = f"bisection: {len(checker.verdicts)} checks, " + ", ".join(
+                f"{b} {'ok' if ok else 'oom'}" for b, ok in checker.verdicts.items()
             )
-            result.truth_note += "" if repeated else " (**the boundary flickers**)"
+            if top is not None:
+                result.truth = runs.stable_maximum(checker, top)
+                checker.fits_again(top + 1)  # does the first size that failed fail again?
+            result.truth_note = bisection
+        except RuntimeError as exc:
+            result.truth_note = f"bisection failed: {exc}"
+        edge = sorted(b for b, seen in checker.history.items() if len(seen) > 1)
+        if edge:
+            result.truth_note += "; repeated: " + ", ".join(
+                f"{b} {'/'.join('ok' if ok else 'oom' for ok in checker.history[b])}" for b in edge
+            )
+        flicker = [b for b, seen in checker.history.items() if len(set(seen)) > 1]
+        if flicker:
+            result.truth_note += f"; **the boundary flickers** at {', '.join(map(str, sorted(flicker)))}"
+        if checker.marginal:
+            result.truth_note += (
+                "; fitted the cap by less than the 1 MiB margin (counted as no fit): "
+                + ", ".join(map(str, sorted(checker.marginal)))
+            )
+        result.truth_note += f"; {checker.seconds:.0f} s in all"
         for row in result.rows:
             if row.answered:
                 try:
-                    row.holds = checker.fits(row.found)  # type: ignore[arg-type]
+                    row.holds = checker.always_fits(row.found)  # type: ignore[arg-type]
                 except RuntimeError as exc:
                     row.note += f"; holds? check failed: {exc}"
     if checker.status_mismatches:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -73,10 +74,15 @@ def test_tune_maximum_holds_and_next_batch_does_not(script: str, memory: str, tm
     fits = run_cli("check", str(EXAMPLES / script), "--batch-size", str(b_max), *common)
     assert fits.returncode == 0, fits.stderr
     assert json.loads(fits.stdout)["fits"] is True
+    # The next size runs out of memory, or fits the cap by about the margin that tune keeps (1 MiB here: a
+    # fresh process can exceed a peak that close), give or take the ~150 KiB a peak varies between processes.
     over = run_cli("check", str(EXAMPLES / script), "--batch-size", str(b_max + 1), *common)
-    assert over.returncode == EXIT_OOM, over.stderr
     report = json.loads(over.stdout)
-    assert report["fits"] is False and report["kind"] == "oom"
+    if over.returncode == 0:
+        assert report["peak_bytes"] > data["device"]["budget_bytes"] - (1 << 20) - (512 << 10), over.stderr
+    else:
+        assert over.returncode == EXIT_OOM, over.stderr
+        assert report["fits"] is False and report["kind"] == "oom"
 
 
 def test_full_grid_table_chosen_and_plan(tmp_path) -> None:
@@ -162,8 +168,9 @@ def test_later_step_trap_is_caught(tmp_path) -> None:
         "--json",
     )
     assert run_cli("check", script, "--batch-size", str(b_max), "--steps", "10", *common).returncode == 0
-    # The trap: a larger batch passes a single step...
-    trap = b_max + 1
+    # The trap: a larger batch passes a single step... (4 MiB past the maximum: tune keeps its peak at least
+    # the CPU margin of 1 MiB under the cap, so b_max + 1 may still fit in a check, which asks the cap alone)
+    trap = b_max + 8
     one = run_cli("check", script, "--batch-size", str(trap), "--steps", "1", *common)
     assert one.returncode == 0, "the fixture should fit one step above the true maximum: " + one.stderr
     # ...and runs out of memory once optimizer state is resident.
@@ -223,56 +230,8 @@ def test_nothing_fits_explains_static_memory(tmp_path) -> None:
     assert "static memory" in proc.stderr or "does not fit" in proc.stderr
 
 
-def test_sigint_leaves_no_process_within_5_seconds(tmp_path) -> None:
-    env = {**os.environ, "NO_COLOR": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "autobatch",
-            "tune",
-            str(EXAMPLES / "gpt.py"),
-            "--device",
-            "cpu",
-            "--memory",
-            "2GiB",
-            "--output",
-            str(tmp_path / "r.json"),
-            "--no-cache",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    parent = psutil.Process(proc.pid)
-    deadline = time.monotonic() + 120
-    # wait until a probe process is running (server + at least one forked probe)
-    # wait until one probe was measured (the result file appears) and the next one is running
-    while time.monotonic() < deadline:
-        if (tmp_path / "r.json").exists() and len(parent.children(recursive=True)) >= 2:
-            break
-        time.sleep(0.1)
-    family = parent.children(recursive=True)
-    assert len(family) >= 2, "no probe started"
-    os.kill(proc.pid, signal.SIGINT)
-    start = time.monotonic()
-    proc.wait(timeout=5)
-    _, stderr = proc.communicate()
-    alive = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    while alive and time.monotonic() - start < 5:
-        time.sleep(0.1)
-        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert alive == []
-    assert proc.returncode == 130
-    assert "Traceback" not in stderr
-    saved = json.loads((tmp_path / "r.json").read_text())
-    assert saved["status"] == "interrupted"
-    assert saved["probes"] >= 1 and saved["combinations"][0]["trace"]
-
-
-def test_sigterm_stops_probes_and_keeps_partial_result(tmp_path) -> None:
+def _interrupt_tune(tmp_path: Path, sig: signal.Signals) -> tuple[int, str, list[psutil.Process]]:
+    """Start a tune, signal it once a probe was measured and the next is running; (exit, stderr, leftovers)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -296,15 +255,41 @@ def test_sigterm_stops_probes_and_keeps_partial_result(tmp_path) -> None:
     )
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(parent.children(recursive=True)) < 2:
-        time.sleep(0.2)
+    # server + a forked probe, after the first probe's result was saved
+    while time.monotonic() < deadline:
+        if (tmp_path / "r.json").exists() and len(parent.children(recursive=True)) >= 2:
+            break
+        time.sleep(0.1)
     family = parent.children(recursive=True)
-    proc.send_signal(signal.SIGTERM)
+    assert len(family) >= 2, "no probe started"
+    proc.send_signal(sig)
+    start = time.monotonic()
     proc.wait(timeout=5)
-    proc.communicate()
-    time.sleep(0.5)
-    assert [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
-    assert proc.returncode == 143
+    _, stderr = proc.communicate()
+    alive = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    while alive and time.monotonic() - start < 5:
+        time.sleep(0.1)
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return proc.returncode, stderr, alive
+
+
+def test_sigint_leaves_no_process_within_5_seconds(tmp_path) -> None:
+    code, stderr, leftovers = _interrupt_tune(tmp_path, signal.SIGINT)
+    assert leftovers == []
+    assert code == 130
+    assert "Traceback" not in stderr
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["status"] == "interrupted"
+    assert saved["probes"] >= 1 and saved["combinations"][0]["trace"]
+
+
+def test_sigterm_stops_probes_and_keeps_partial_result(tmp_path) -> None:
+    code, stderr, leftovers = _interrupt_tune(tmp_path, signal.SIGTERM)
+    assert leftovers == []
+    assert code == 143
+    assert "Traceback" not in stderr
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["status"] == "interrupted" and saved["probes"] >= 1
 
 
 def test_rerun_is_served_from_the_probe_cache(tmp_path) -> None:

@@ -101,3 +101,25 @@ def test_session_raises_script_errors_with_message() -> None:
     ) as session:
         with pytest.raises(ScriptError, match="exceeds"):
             session.probe(Combo("32-true", "adamw", False), 100, min_steps=3, max_steps=3)
+
+
+def test_a_fit_within_the_margin_of_the_budget_is_not_counted() -> None:
+    """The search does not stand on a batch whose peak lands within the CPU margin of the cap."""
+    from autobatch.session import DeviceInfo, within_margin
+
+    with ProbeClient(EXAMPLES / "mlp.py") as client:
+        outcome = client.run(_request(8, 2 * GIB))
+    assert outcome.fits and outcome.peak_bytes
+
+    def device(budget: int) -> DeviceInfo:
+        return DeviceInfo("cpu", "cpu", budget, budget, 0.0, "VmData")
+
+    roomy = device(outcome.peak_bytes + 4 * (1 << 20))
+    assert roomy.margin_bytes == 1 << 20
+    assert not within_margin(outcome, roomy) and outcome.fits
+    tight = device(outcome.peak_bytes + 100 * 1024)
+    assert within_margin(outcome, tight)
+    assert outcome.kind == "oom" and "within 1.00 MiB of the budget" in (outcome.reason or "")
+    # a large budget gets a proportional margin; CUDA's verdict has none
+    assert device(16 * GIB).margin_bytes == 16 * GIB // 1000
+    assert DeviceInfo("cuda", "cuda:0", GIB, GIB, 0.0, "allocated").margin_bytes == 0

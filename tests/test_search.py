@@ -313,6 +313,36 @@ def test_median_probes_on_realistic_affine_curves() -> None:
     assert statistics.median(primed) == 2
 
 
+@PROPERTY
+@given(scenarios(), st.floats(0.0, 1.5), st.sampled_from((None, 8, 64)))
+def test_a_floor_costs_probes_not_correctness(
+    scenario: tuple[Curve, int, int], fraction: float, start: int | None
+) -> None:
+    """``floor_bytes`` at any share of the curve's value at batch 0, above it too (a wrong floor)."""
+    curve, max_batch, multiple = scenario
+    check(curve, max_batch, multiple, floor_bytes=int(fraction * curve(0)), start=start)
+
+
+def test_a_floor_keeps_the_guess_a_lower_bound_and_nearer() -> None:
+    """A device's fixed memory (a process baseline, parameters, optimizer state) dwarfs one scout's
+    activations. Scaling only what lies above a floor at or under the true intercept keeps the
+    second probe (the proportional guess) a fit, and puts it at least as near the maximum."""
+    rng = random.Random(1)
+    counts = []
+    for _ in range(300):
+        static = rng.uniform(0.3, 0.9) * BUDGET
+        slope = (BUDGET - static) / rng.uniform(16, 4096)
+        curve = affine(static, slope)
+        fixed = int(static * rng.uniform(0.8, 1.0))  # what the runner knows of it
+        plain = check(curve, 8192, 1, start=8)[0]
+        floored = check(curve, 8192, 1, start=8, floor_bytes=fixed)[0]
+        counts.append(floored.probes)
+        if len(floored.trace) > 1 and floored.trace[0].fits and len(plain.trace) > 1:
+            assert floored.trace[1].fits
+            assert floored.trace[1].batch_size >= plain.trace[1].batch_size
+    assert statistics.median(counts) <= 4
+
+
 def test_probe_bound() -> None:
     assert probe_bound(1) == 1 + SLACK
     assert probe_bound(1024) == 2 * 10 + 1 + SLACK

@@ -69,17 +69,7 @@ def check(
     from ..session import Session, raise_for
 
     combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], recompute)
-    with Session(
-        script=settings.script.script,
-        script_args=settings.script.script_args,
-        device=settings.device.device,
-        memory=settings.device.memory,
-        headroom=settings.device.headroom,
-        timeout=settings.probe.timeout,
-        optimizer_kwargs={k: dict(v) for k, v in settings.search.optimizer_kwargs.items()},
-        recompute_classes=settings.search.recompute_classes,
-        cache=False,
-    ) as session:
+    with Session.from_settings(settings, cache=False) as session:
         info = session.device
         assert info is not None
         if combo.precision in info.unsupported_precisions:
@@ -87,7 +77,8 @@ def check(
                 f"{info.name} cannot run {combo.precision}: {info.unsupported_precisions[combo.precision]}",
                 hint="pick another --precision",
             )
-        outcome = session.probe(combo, batch_size, min_steps=n_steps, max_steps=n_steps)
+        outcome = session.probe(combo, batch_size, min_steps=n_steps, max_steps=n_steps, strict=False)
+        margin = info.margin_bytes
     if outcome.kind in ("crash", "timeout"):
         raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
     fits = outcome.fits
@@ -123,6 +114,12 @@ def check(
     )
     if not fits and report["reason"]:
         console.print(f"  {escape(str(report['reason']).splitlines()[0])}", style="dim")
+    if fits and margin and (outcome.peak_bytes or 0) > info.budget_bytes - margin:
+        report["within_margin"] = True
+        console.print(
+            f"  [yellow]note[/]: the peak came within {format_bytes(margin)} of the budget; it fitted here, but "
+            "tune does not pick a batch this close (a fresh process can exceed it)"
+        )
     if as_json:
         stdout_write(json.dumps(report, indent=2))
     if not fits:

@@ -59,6 +59,9 @@ def estimate(
     batch_multiple: Optional[int] = typer.Option(None, "--batch-multiple", help=opt._help("batch_multiple")),
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help=opt._help("max_batch_size")),
     timeout: Optional[float] = opt.TIMEOUT,
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="Draw the simulated memory against batch size to FILE (.png or .svg)."
+    ),
     as_json: bool = opt.JSON,
 ) -> None:
     """Predict each combination's maximum batch on a card (or the CPU) with fake tensors: no real allocation."""
@@ -93,6 +96,10 @@ def estimate(
             f"training script not found: {settings.script.script}",
             hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
         )
+    if plot is not None:
+        from ..explain.plot import check_plot_path
+
+        check_plot_path(plot)
     from ..explain.estimator import Target, run_estimate
 
     target = Target.resolve(
@@ -116,6 +123,11 @@ def estimate(
     for note in result.notes:
         console.print(f"[dim]- {escape(note)}[/]")
     console.print(f"[yellow]note[/]: {escape(CAVEATS_CPU if target.kind == 'cpu' else CAVEATS_CUDA)}")
+    if plot is not None:
+        from ..explain.plot import plot_tune
+
+        plot_tune(result, plot)
+        console.print(f"plot written to {plot} (points: simulated batch sizes)")
     if as_json:
         data: dict[str, Any] = {"estimate": True, **result.to_dict()}
         stdout_write(json.dumps(data, indent=2))

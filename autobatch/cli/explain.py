@@ -98,17 +98,7 @@ def explain(
         confirm_steps=settings.probe.confirm_steps,
     )
     console.print(f"[bold]autobatch explain[/] {escape(settings.script.script)}: starting the probe server")
-    with Session(
-        script=settings.script.script,
-        script_args=settings.script.script_args,
-        device=settings.device.device,
-        memory=settings.device.memory,
-        headroom=settings.device.headroom,
-        timeout=settings.probe.timeout,
-        optimizer_kwargs={k: dict(v) for k, v in settings.search.optimizer_kwargs.items()},
-        recompute_classes=settings.search.recompute_classes,
-        cache=settings.probe.cache,
-    ) as session:
+    with Session.from_settings(settings) as session:
         info = session.device
         assert info is not None
         console.print(

@@ -98,18 +98,7 @@ def tune(
     from ..session import Session
 
     result_path = Path(settings.output.result)
-    session = Session(
-        script=settings.script.script,
-        script_args=settings.script.script_args,
-        device=settings.device.device,
-        memory=settings.device.memory,
-        headroom=settings.device.headroom,
-        timeout=settings.probe.timeout,
-        optimizer_kwargs={k: dict(v) for k, v in settings.search.optimizer_kwargs.items()},
-        recompute_classes=settings.search.recompute_classes,
-        cache=settings.probe.cache,
-        on_probe=_progress,
-    )
+    session = Session.from_settings(settings, on_probe=_progress)
     tuner = None
     try:
         console.print(f"[bold]autobatch tune[/] {escape(settings.script.script)}: starting the probe server")

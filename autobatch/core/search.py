@@ -148,6 +148,7 @@ def search_max_batch(
     prune_at_or_below: int | None = None,
     max_probes: int | None = None,
     start: int | None = None,
+    floor_bytes: int = 0,
 ) -> SearchResult:
     """Find the largest multiple of ``batch_multiple`` (<= ``max_batch_size``) that fits.
 
@@ -161,7 +162,10 @@ def search_max_batch(
     prior (default: the smallest candidate). On real devices the smallest batch says little about
     the per-sample cost (fixed memory and its noise dominate), so a scout a few candidates up gives
     the first secant a usable base; the bound below still holds (a first probe anywhere lowers the
-    remaining work). At most :func:`probe_bound` probes are made.
+    remaining work). ``floor_bytes``: peak memory known not to scale with the batch (on a device, the
+    process's own baseline, the parameters and the optimizer state); the proportional guess after the
+    first fit scales only what lies above it, which keeps it a lower bound of an affine curve's maximum
+    while landing much nearer to it. At most :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
     m = batch_multiple
@@ -186,7 +190,9 @@ def search_max_batch(
         remaining = now
         step = None
         if debt < SLACK:
-            step = state.guided(prior, budget_bytes, prune_at_or_below, use_model=not distrust)
+            step = state.guided(
+                prior, budget_bytes, prune_at_or_below, use_model=not distrust, floor=floor_bytes
+            )
         if step is None and start is not None and state.lo < 0 and state.hi == n:
             step = (min(max(start // m, 1), n) - 1, None)
         index, expect_fit = step if step is not None else (state.fallback(), None)
@@ -246,10 +252,15 @@ class _State:
         return 0 if self.lo < 0 else min(2 * self.lo + 1, self.n - 1)
 
     def guided(
-        self, prior: Affine | None, budget: int, prune_at_or_below: int | None, use_model: bool
+        self,
+        prior: Affine | None,
+        budget: int,
+        prune_at_or_below: int | None,
+        use_model: bool,
+        floor: int = 0,
     ) -> tuple[int, bool | None] | None:
         """A model-guided step: (index, whether the model expects it to fit), or None."""
-        step = self._from_model(prior, budget) if use_model else None
+        step = self._from_model(prior, budget, floor) if use_model else None
         if prune_at_or_below is not None:
             # One probe at the largest candidate <= the threshold settles whether pruning applies.
             edge = prune_at_or_below // self.m - 1
@@ -257,10 +268,10 @@ class _State:
                 return edge, None
         return step
 
-    def _from_model(self, prior: Affine | None, budget: int) -> tuple[int, bool] | None:
+    def _from_model(self, prior: Affine | None, budget: int, floor: int = 0) -> tuple[int, bool] | None:
         """Probe the largest candidate the model says fits, else the smallest it says does not,
         if that probe, should the model be right, cuts the remaining work as much as a fallback."""
-        prediction = _predict(self.points, prior, self.min_fail, budget)
+        prediction = _predict(self.points, prior, self.min_fail, budget, floor)
         if prediction is None:
             return None
         low = min(self._index_at_or_below(prediction.low), self.hi - 1)
@@ -292,14 +303,14 @@ class _Prediction:
 
 
 def _predict(
-    points: dict[int, int], prior: Affine | None, min_fail: int | None, budget: int
+    points: dict[int, int], prior: Affine | None, min_fail: int | None, budget: int, floor: int = 0
 ) -> _Prediction | None:
     """Where the maximum probably is, from the fitting points and the prior.
 
     Two or more points: the local and the global candidate below, whichever claims the narrower
     interval. One point: the prior's slope through it (the prior knows the per-sample cost, the
-    point fixes the static part), else the proportional guess (the whole peak scales with the
-    batch: a lower bound of the maximum when memory is affine). No point: the prior. If the line
+    point fixes the static part), else the proportional guess (the whole peak above ``floor`` scales
+    with the batch: a lower bound of the maximum when memory is affine with an intercept >= floor). No point: the prior. If the line
     wrongly predicted the smallest non-fit to fit, the low end backs off by twice that margin.
     """
     items = sorted(points.items())
@@ -311,7 +322,8 @@ def _predict(
         prediction = _exact(Affine(p - prior.slope * b, prior.slope), budget)
     elif items:
         ((b, p),) = items
-        prediction = _exact(Affine(0.0, p / b), budget, reported=False) if p > 0 else None
+        base = floor if 0 < floor < p else 0
+        prediction = _exact(Affine(float(base), (p - base) / b), budget, reported=False) if p > 0 else None
     else:
         prediction = _exact(prior, budget) if prior is not None else None
     if prediction is None or math.isnan(prediction.low) or math.isnan(prediction.high):

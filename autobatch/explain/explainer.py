@@ -74,7 +74,7 @@ def explain(
     notes: list[str] = []
     say(f"measuring {combo.key} at batch {batch_size}")
     first = explain_probe(session, combo, batch_size, budget_bytes=None, steps=steps)
-    fits = first.fits
+    fits, kind = first.fits, first.kind
     cap: int | None = None
     if not fits:
         cap = _larger_cap(session)
@@ -109,7 +109,7 @@ def explain(
         recompute=combo.recompute,
         batch_size=batch_size,
         fits=fits,
-        kind=first.kind if not fits else "fits",
+        kind=kind,
         peak_bytes=int(first.peak_bytes or 0),
         budget_bytes=device.budget_bytes,
         categories=dict(info.get("categories", {})),

@@ -73,6 +73,13 @@ def main() -> None:
 
         script = load_script(init["script"], init.get("script_args", []))
         preload()
+        # Everything imported so far lives as long as the server: move it out of the collector's
+        # reach, so the collection before each fork (_tidy_heap) walks only what requests left
+        # behind (0.14 s per probe otherwise, walking torch's objects).
+        import gc
+
+        gc.collect()
+        gc.freeze()
     except BaseException as exc:  # noqa: BLE001
         from ..errors import AutobatchError
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -117,8 +118,10 @@ class Checker:
 
     setup: Setup
     mode: str = "client"  # "client" | "cli"
-    verdicts: dict[int, bool] = field(default_factory=dict)
+    verdicts: dict[int, bool] = field(default_factory=dict)  # the first verdict at each size
+    history: dict[int, list[bool]] = field(default_factory=dict)  # every verdict at each size
     status_mismatches: list[str] = field(default_factory=list)
+    marginal: set[int] = field(default_factory=set)  # fitted the cap, by less than the margin
     seconds: float = 0.0
     _client: Any = None
 
@@ -142,14 +145,27 @@ class Checker:
         check = self._via_client if self.mode == "client" else self._via_cli
         fits = check(batch_size)
         self.seconds += time.perf_counter() - started
+        self.history.setdefault(batch_size, []).append(fits)
         return fits
 
+    def always_fits(self, batch_size: int) -> bool:
+        """Whether every check run at this size so far fitted (running one if none has)."""
+        self.fits(batch_size)
+        return all(self.history[batch_size])
+
     def _via_client(self, batch_size: int) -> bool:
+        from autobatch.session import DeviceInfo, within_margin
+
         outcome = self._client.run(_request(batch_size, self.setup.budget, CHECK_STEPS))
         if outcome.kind not in ("fits", "oom"):
             raise RuntimeError(
                 f"check at batch {batch_size}: {outcome.kind}: {outcome.error_message or outcome.reason}"
             )
+        # A fit whose peak comes within the CPU margin of the cap (1 MiB here) does not reproduce
+        # reliably in another process: it counts as no fit, as in tune's own search.
+        device = DeviceInfo("cpu", "cpu", self.setup.budget, self.setup.budget, 0.0, "VmData")
+        if within_margin(outcome, device):
+            self.marginal.add(batch_size)
         return bool(outcome.kind == "fits")
 
     def _via_cli(self, batch_size: int) -> bool:
@@ -173,6 +189,9 @@ class Checker:
         fits = verdict["kind"] == "fits"
         if (run.returncode == 0) != fits:
             self.status_mismatches.append(f"batch {batch_size}: {verdict['kind']} but exit {run.returncode}")
+        if fits and verdict.get("within_margin"):  # as in _via_client
+            self.marginal.add(batch_size)
+            return False
         return fits
 
 
@@ -227,6 +246,19 @@ def true_maximum(checker: Checker, hint: int | None, others: list[int]) -> int |
     return lo
 
 
+def stable_maximum(checker: Checker, top: int, repeats: int = 2, limit: int = 8) -> int | None:
+    """Step down from the bisection's answer to the largest size that fits in ``repeats`` fresh checks out of
+    ``repeats`` (the boundary can flicker by a sample or two: DESIGN.md §3); None when batch 1 does not."""
+    for batch_size in range(top, max(0, top - limit), -1):
+        while checker.always_fits(batch_size) and len(checker.history[batch_size]) < repeats:
+            checker.fits_again(batch_size)
+        if checker.always_fits(batch_size):
+            return batch_size
+    if top <= limit:
+        return None
+    raise RuntimeError(f"no size in {top - limit + 1}..{top} fits {repeats} times out of {repeats}")
+
+
 def worker(setup: Setup, module: str, options: dict[str, Any]) -> Run:
     """Run ``bench_workers.<module>`` in a fresh process at the workload's budget; read its record."""
     w = setup.workload
@@ -251,7 +283,10 @@ def worker(setup: Setup, module: str, options: dict[str, Any]) -> Run:
     if out.exists():
         run.data = json.loads(out.read_text())
     elif run.error is None:
-        run.error = f"exit {run.returncode} without a record: {_tail(stderr)}"
+        how = f"exit {run.returncode}"
+        if run.returncode is not None and run.returncode < 0:
+            how = f"killed by {signal.Signals(-run.returncode).name}"
+        run.error = f"{how} without a record" + (f": {_tail(stderr)}" if stderr.strip() else "")
     return run
 
 
