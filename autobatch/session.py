@@ -351,8 +351,7 @@ def within_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:
         return False
     outcome.kind = "oom"
     outcome.reason = (
-        f"fitted, but its peak {format_bytes(peak)} came within {format_bytes(margin)} of the budget "
-        f"{format_bytes(device.budget_bytes)}: a fresh process can exceed it (the CPU peak varies by "
-        "~150 KiB between processes), so the search does not count it"
+        f"fitted by less than the {format_bytes(margin)} margin (peak {format_bytes(peak)} of "
+        f"{format_bytes(device.budget_bytes)}): a fresh process can exceed the budget"
     )
     return True

@@ -180,3 +180,29 @@ def test_terminal_breakdown() -> None:
         "+0.0%",
     ):
         assert word in text, word
+
+
+def test_tune_command_plots_a_real_tune(tmp_path: Path) -> None:
+    """``autobatch tune --plot`` from a real (CPU-capped) tune: an SVG with every part the issue lists."""
+    from support import EXAMPLES, run_cli
+
+    svg = tmp_path / "tune.svg"
+    common = ("--device", "cpu", "--memory", "500MiB", "--precision", "32-true", "--optimizer", "adamw")
+    bad = run_cli("tune", str(EXAMPLES / "mlp.py"), *common, "--plot", str(tmp_path / "t.pdf"))
+    assert bad.returncode == 2 and ".png or .svg" in bad.stderr
+    assert not list(tmp_path.iterdir()), "a refused --plot must stop before probing or writing"
+    proc = run_cli(
+        "tune",
+        str(EXAMPLES / "mlp.py"),
+        *common,
+        "--no-recompute",
+        "--output",
+        str(tmp_path / "r.json"),
+        "--plot",
+        str(svg),
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = svg.read_text()
+    for label in ("batch size (samples)", "fitted line", "budget", "maximum batch", "optimizer_state"):
+        assert label in text, label
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left

@@ -119,7 +119,7 @@ def test_a_fit_within_the_margin_of_the_budget_is_not_counted() -> None:
     assert not within_margin(outcome, roomy) and outcome.fits
     tight = device(outcome.peak_bytes + 100 * 1024)
     assert within_margin(outcome, tight)
-    assert outcome.kind == "oom" and "within 1.00 MiB of the budget" in (outcome.reason or "")
+    assert outcome.kind == "oom" and "less than the 1.00 MiB margin" in (outcome.reason or "")
     # a large budget gets a proportional margin; CUDA's verdict has none
     assert device(16 * GIB).margin_bytes == 16 * GIB // 1000
     assert DeviceInfo("cuda", "cuda:0", GIB, GIB, 0.0, "allocated").margin_bytes == 0

@@ -53,6 +53,12 @@ def tune(
         None, "--lightning-batch-key", help=opt._help("lightning_batch_key")
     ),
     deepspeed_base: Optional[str] = typer.Option(None, "--deepspeed-base", help=opt._help("deepspeed_base")),
+    plot: Optional[Path] = typer.Option(
+        None,
+        "--plot",
+        help="Draw memory against batch size (probes, fitted lines, budget, maxima) and the chosen "
+        "combination's breakdown to FILE (.png or .svg; needs the plot extra).",
+    ),
     as_json: bool = opt.JSON,
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
@@ -93,6 +99,10 @@ def tune(
             hint="pass SCRIPT, or set `script` under [script] in autobatch.toml (autobatch init writes one)",
         )
     world, world_source = resolve_world_size(settings.plan.world_size, os.environ)
+    if plot is not None:
+        from ..explain.plot import check_plot_path
+
+        check_plot_path(plot)  # before any probe
 
     from ..runner import TuneOptions, Tuner
     from ..session import Session
@@ -146,6 +156,11 @@ def tune(
     print_table(result)
     print_chosen(result)
     console.print(f"result written to {result_path}")
+    if plot is not None:
+        from ..explain.plot import plot_tune
+
+        plot_tune(result, plot)
+        console.print(f"plot written to {plot}")
     if settings.output.emit:
         import shlex
         import sys

@@ -92,7 +92,10 @@ def predict(
     else:
         basis = "measured ratio"
     return Prediction(
-        intercept, base.slope * ratio, f"{base.precision}/{base.optimizer} slope x {ratio:.2f} ({basis})"
+        intercept,
+        base.slope * ratio,
+        f"{base.precision}/{base.optimizer} slope x {ratio:.2f} ({basis})",
+        slope_known=basis == "measured ratio",
     )
 
 

@@ -177,7 +177,7 @@ def plot_explain(report: dict[str, Any], path: str | Path) -> None:
     parts = [(name, float(report["categories"].get(name, 0))) for name in CATEGORIES]
     parts.append(("residual", float(report["residual_bytes"])))
     _stacked(bar, parts, scale, unit, f"batch {report['batch_size']}", budget)
-    figure.savefig(str(path))
+    _save(figure, path)
 
 
 def plot_tune(result: TuneResult, path: str | Path) -> None:
@@ -253,7 +253,7 @@ def plot_tune(result: TuneResult, path: str | Path) -> None:
         rest = float(chosen.peak_bytes) - baseline - sum(static.values())
         parts = [("baseline", baseline), *static.items(), ("per-sample (activations, temporaries)", rest)]
         _stacked(bar, parts, scale, unit, f"{chosen.key}\nat batch {chosen.max_batch_size}", budget)
-    figure.savefig(str(path))
+    _save(figure, path)
 
 
 def _fit(points: list[tuple[int, int]]) -> tuple[float, float] | None:
@@ -266,3 +266,14 @@ def _fit(points: list[tuple[int, int]]) -> tuple[float, float] | None:
     var = sum((b - mean_b) ** 2 for b, _ in points)
     slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / var
     return mean_p - slope * mean_b, slope
+
+
+def _save(figure: Any, path: str | Path) -> None:
+    """Render in memory, then write atomically: an interrupted run leaves no half-written image."""
+    import io
+
+    from ..files import write_atomic
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format=Path(path).suffix.lower().lstrip("."))
+    write_atomic(path, buffer.getvalue())
