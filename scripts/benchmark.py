@@ -236,10 +236,14 @@ def verify(result: report.WorkloadResult, mode: str) -> None:
                 + ", ".join(map(str, sorted(checker.marginal)))
             )
         result.truth_note += f"; {checker.seconds:.0f} s in all"
+        if result.truth is not None:
+            result.ties = {
+                b for b in checker.marginal if b > result.truth and all(checker.cap_history.get(b, [False]))
+            }
         for row in result.rows:
             if row.answered:
                 try:
-                    row.holds = checker.always_fits(row.found)  # type: ignore[arg-type]
+                    row.holds = checker.holds_under_cap(row.found)  # type: ignore[arg-type]
                 except RuntimeError as exc:
                     row.note += f"; holds? check failed: {exc}"
     if checker.status_mismatches:

@@ -88,7 +88,7 @@ def run_explain(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     )
     start = time.perf_counter()
     with applied_during_step(transforms, instrument.applied), instrument:
-        outcome = worker._probe(replace(request, op="probe"), wrapped, start)
+        outcome = worker.measure_steps(replace(request, op="probe"), wrapped, start)
     info: dict[str, Any] = {"transforms": transforms.to_dict(), "applied": asdict(instrument.applied)}
     if track:
         notes = list(instrument.applied.notes)

@@ -27,12 +27,13 @@ def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
 
         outcome = run_op(request, script)
     else:
-        outcome = _probe(request, script, start)
+        outcome = measure_steps(request, script, start)
     outcome.wall_seconds = time.perf_counter() - start
     return outcome
 
 
-def _probe(request: ProbeRequest, script: UserScript, start: float) -> ProbeOutcome:
+def measure_steps(request: ProbeRequest, script: UserScript, start: float) -> ProbeOutcome:
+    """Apply the budget, run the steps, measure: the probe proper (explain wraps the script first)."""
     import torch
 
     from ..step.loop import StepReport, run_steps

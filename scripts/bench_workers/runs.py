@@ -122,6 +122,7 @@ class Checker:
     history: dict[int, list[bool]] = field(default_factory=dict)  # every verdict at each size
     status_mismatches: list[str] = field(default_factory=list)
     marginal: set[int] = field(default_factory=set)  # fitted the cap, by less than the margin
+    cap_history: dict[int, list[bool]] = field(default_factory=dict)  # every verdict of the cap alone
     seconds: float = 0.0
     _client: Any = None
 
@@ -148,6 +149,11 @@ class Checker:
         self.history.setdefault(batch_size, []).append(fits)
         return fits
 
+    def holds_under_cap(self, batch_size: int) -> bool:
+        """Whether every check at this size ran its 10 steps under the cap (no OOM; the margin aside)."""
+        self.fits(batch_size)
+        return all(self.cap_history[batch_size])
+
     def always_fits(self, batch_size: int) -> bool:
         """Whether every check run at this size so far fitted (running one if none has)."""
         self.fits(batch_size)
@@ -164,6 +170,7 @@ class Checker:
         # A fit whose peak comes within the CPU margin of the cap (1 MiB here) does not reproduce
         # reliably in another process: it counts as no fit, as in tune's own search.
         device = DeviceInfo("cpu", "cpu", self.setup.budget, self.setup.budget, 0.0, "VmData")
+        self.cap_history.setdefault(batch_size, []).append(outcome.kind == "fits")
         if within_margin(outcome, device):
             self.marginal.add(batch_size)
         return bool(outcome.kind == "fits")
@@ -189,6 +196,7 @@ class Checker:
         fits = verdict["kind"] == "fits"
         if (run.returncode == 0) != fits:
             self.status_mismatches.append(f"batch {batch_size}: {verdict['kind']} but exit {run.returncode}")
+        self.cap_history.setdefault(batch_size, []).append(fits)
         if fits and verdict.get("within_margin"):  # as in _via_client
             self.marginal.add(batch_size)
             return False
