@@ -131,17 +131,19 @@ class Tuner:
         assert device is not None
         opts = self.options
         outcomes: dict[int, ProbeOutcome] = {}
-        known: list[Observation] = []  # earlier rounds' and the calibration's observations
+        misses: set[int] = set()  # batch sizes that did not fit, confirmations included
 
         def probe(batch: int) -> Observation:
             # Next to a known non-fit, a fit is the answer: run it as long as the confirmation, so
             # that it needs none (an out-of-memory step comes early, so a miss costs little more).
-            above = batch + opts.batch_multiple
-            last = any(not o.fits and o.batch_size == above for o in outcomes.values()) or any(
-                not k.fits and k.batch_size == above for k in known
-            )
-            steps = (opts.confirm_steps, opts.confirm_steps) if last else (opts.steps, opts.max_steps)
-            outcome = self.session.probe(combo, batch, min_steps=steps[0], max_steps=steps[1])
+            if batch + opts.batch_multiple in misses:
+                outcome = self.session.probe(
+                    combo, batch, min_steps=opts.confirm_steps, max_steps=opts.confirm_steps
+                )
+            else:
+                outcome = self.session.probe(combo, batch, min_steps=opts.steps, max_steps=opts.max_steps)
+            if not outcome.fits:
+                misses.add(batch)
             outcomes[batch] = outcome
             self._record(entry, outcome)
             return _observation(outcome)
@@ -183,6 +185,7 @@ class Tuner:
             self.result.notes.append(
                 f"{combo.key}: batch {result.max_batch_size} fitted {opts.steps}+ steps but not {opts.confirm_steps}; searched below it"
             )
+            misses.add(result.max_batch_size)
             known.append(Observation(result.max_batch_size, fits=False, kind=confirm.kind))
         assert result is not None
         static = self._static(combo, outcomes)

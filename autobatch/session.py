@@ -56,6 +56,11 @@ class DeviceInfo:
         """
         return max(1 << 20, self.budget_bytes // 1000) if self.type == "cpu" else 0
 
+    def within_margin(self, peak_bytes: int | None) -> bool:
+        """Whether a peak that fitted came within :attr:`margin_bytes` of the budget."""
+        margin = self.margin_bytes
+        return bool(margin and (peak_bytes or 0) > self.budget_bytes - margin)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "type": self.type,
@@ -345,13 +350,11 @@ def within_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:
     Returns whether it did. The search never stands on a batch that fitted by less than the variation
     between processes (see :attr:`DeviceInfo.margin_bytes`).
     """
-    margin = device.margin_bytes
-    peak = outcome.peak_bytes or 0
-    if not (outcome.fits and margin and peak > device.budget_bytes - margin):
+    if not (outcome.fits and device.within_margin(outcome.peak_bytes)):
         return False
     outcome.kind = "oom"
     outcome.reason = (
-        f"fitted by less than the {format_bytes(margin)} margin (peak {format_bytes(peak)} of "
+        f"fitted by less than the {format_bytes(device.margin_bytes)} margin (peak {format_bytes(outcome.peak_bytes)} of "
         f"{format_bytes(device.budget_bytes)}): a fresh process can exceed the budget"
     )
     return True

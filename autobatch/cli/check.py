@@ -78,7 +78,6 @@ def check(
                 hint="pick another --precision",
             )
         outcome = session.probe(combo, batch_size, min_steps=n_steps, max_steps=n_steps, strict=False)
-        margin = info.margin_bytes
     if outcome.kind in ("crash", "timeout"):
         raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
     fits = outcome.fits
@@ -103,6 +102,8 @@ def check(
             "optimizer_state": outcome.optimizer_state_bytes,
         },
         "reason": outcome.reason or (outcome.error_message if not fits else None),
+        # fitted the cap, but closer to it than tune accepts (see DeviceInfo.margin_bytes)
+        "within_margin": fits and info.within_margin(outcome.peak_bytes),
         "device_stats": outcome.device_stats,
     }
     verdict = "[green]fits[/]" if fits else "[yellow]out of memory[/]"
@@ -114,10 +115,9 @@ def check(
     )
     if not fits and report["reason"]:
         console.print(f"  {escape(str(report['reason']).splitlines()[0])}", style="dim")
-    if fits and margin and (outcome.peak_bytes or 0) > info.budget_bytes - margin:
-        report["within_margin"] = True
+    if report["within_margin"]:
         console.print(
-            f"  [yellow]note[/]: the peak came within {format_bytes(margin)} of the budget; it fitted here, but "
+            f"  [yellow]note[/]: the peak came within {format_bytes(info.margin_bytes)} of the budget; it fitted here, but "
             "tune does not pick a batch this close (a fresh process can exceed it)"
         )
     if as_json:

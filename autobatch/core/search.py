@@ -310,8 +310,9 @@ def _predict(
     Two or more points: the local and the global candidate below, whichever claims the narrower
     interval. One point: the prior's slope through it (the prior knows the per-sample cost, the
     point fixes the static part), else the proportional guess (the whole peak above ``floor`` scales
-    with the batch: a lower bound of the maximum when memory is affine with an intercept >= floor). No point: the prior. If the line
-    wrongly predicted the smallest non-fit to fit, the low end backs off by twice that margin.
+    with the batch: a lower bound of the maximum when memory is affine with an intercept >= floor).
+    No point: the prior. If the line wrongly predicted the smallest non-fit to fit, the low end
+    backs off by twice that margin.
     """
     items = sorted(points.items())
     if len(items) >= 2:
