@@ -16,7 +16,7 @@ from autobatch.cli import app, main
 from autobatch.errors import EXIT_USAGE, ConfigError, UsageError
 from autobatch.settings import FIELDS, Settings, load_settings, render_starter_toml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 THREE_MISTAKES = """\
 [device]

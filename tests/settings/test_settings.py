@@ -34,7 +34,7 @@ from autobatch.settings import (
     resolve_world_size,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GiB = 1024**3
 
 
