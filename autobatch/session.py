@@ -22,8 +22,9 @@ from .core.units import format_bytes
 
 #: Environment of the probe server (inherited by every probe); see autobatch.devices.cpu.
 from .devices.cpu import MALLOC_ENV, MEMORY_DEFINITION  # noqa: E402
-from .errors import ContractError, DeviceError, ScriptError, UsageError
+from .errors import DeviceError, UsageError
 from .probe.client import ProbeClient
+from .probe.failures import raise_for
 from .probe.protocol import ProbeOutcome, ProbeRequest
 
 if TYPE_CHECKING:
@@ -230,6 +231,43 @@ class Session:
 
     # -- probes -------------------------------------------------------------------------------
 
+    def request(
+        self,
+        combo: Combo,
+        batch_size: int,
+        *,
+        steps: tuple[int, int],
+        op: str = "probe",
+        options: dict[str, Any] | None = None,
+        budget_bytes: int | None = None,
+        timeout: float | None = None,
+    ) -> ProbeRequest:
+        """The request for one operation on this session's device (``budget_bytes``: the budget's by default)."""
+        assert self.device is not None
+        return ProbeRequest(
+            batch_size=batch_size,
+            precision=combo.precision,
+            optimizer=combo.optimizer,
+            recompute=combo.recompute,
+            device=self.device.name,
+            budget_bytes=self.device.budget_bytes if budget_bytes is None else budget_bytes,
+            min_steps=steps[0],
+            max_steps=steps[1],
+            timeout=self.timeout if timeout is None else timeout,
+            optimizer_kwargs=dict(self.optimizer_kwargs.get(combo.optimizer, {})),
+            recompute_classes=self.recompute_classes,
+            op=op,
+            options=dict(options or {}),
+        )
+
+    def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:
+        """Run any operation uncached; the script's own error raises, a crash or timeout is an outcome."""
+        assert self.client is not None
+        outcome = self.client.run(request)
+        if outcome.kind == "error":
+            raise_for(outcome, what=what)
+        return outcome
+
     def probe(
         self, combo: Combo, batch_size: int, *, min_steps: int, max_steps: int, strict: bool = True
     ) -> ProbeOutcome:
@@ -239,19 +277,7 @@ class Session:
         the budget into an out-of-memory outcome that says so; ``check`` asks only what the cap says.
         """
         assert self.client is not None and self.device is not None
-        request = ProbeRequest(
-            batch_size=batch_size,
-            precision=combo.precision,
-            optimizer=combo.optimizer,
-            recompute=combo.recompute,
-            device=self.device.name,
-            budget_bytes=self.device.budget_bytes,
-            min_steps=min_steps,
-            max_steps=max_steps,
-            timeout=self.timeout,
-            optimizer_kwargs=dict(self.optimizer_kwargs.get(combo.optimizer, {})),
-            recompute_classes=self.recompute_classes,
-        )
+        request = self.request(combo, batch_size, steps=(min_steps, max_steps))
         key = json.dumps(
             [combo.precision, combo.optimizer, combo.recompute, batch_size, min_steps, max_steps]
         )
@@ -305,29 +331,6 @@ class Session:
         if self._journal is not None:
             with open(self._journal, "a") as handle:
                 handle.write(json.dumps({"key": key, "outcome": outcome.to_dict()}) + "\n")
-
-
-def raise_for(outcome: ProbeOutcome, what: str) -> None:
-    """Turn an ``error`` (or failed inspect) outcome into the exception the CLI reports."""
-    detail = "\n".join(
-        x for x in (outcome.traceback, outcome.log_tail and f"probe log:\n{outcome.log_tail}") if x
-    )
-    if outcome.contract:
-        message, _, hint = (outcome.error_message or "").partition("\nhint: ")
-        raise ContractError(message, hint=hint or None, detail=detail or None)
-    if outcome.kind in ("crash", "timeout"):
-        from .errors import ProbeFailure
-
-        raise ProbeFailure(
-            f"{what}: {outcome.reason}",
-            hint="rerun with --verbose for the probe's log; raise --timeout for slow models",
-            detail=detail or None,
-        )
-    raise ScriptError(
-        f"the training script raised {outcome.error_type} while {what}: {outcome.error_message}",
-        hint="this is the script's own error, not an out-of-memory; fix the script (rerun with --verbose for the traceback)",
-        detail=detail or None,
-    )
 
 
 def _cuda_name(device: str) -> str:

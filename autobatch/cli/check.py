@@ -66,7 +66,8 @@ def check(
     n_steps = steps or settings.probe.confirm_steps
 
     from ..core.space import Combo
-    from ..session import Session, raise_for
+    from ..probe.failures import raise_for
+    from ..session import Session
 
     combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], recompute)
     with Session.from_settings(settings, cache=False) as session:

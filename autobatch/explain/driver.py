@@ -12,8 +12,9 @@ from typing import Any, Callable
 from ..core.search import KINDS, Affine, Observation, search_max_batch
 from ..core.space import Combo
 from ..probe.client import ProbeClient
+from ..probe.failures import raise_for
 from ..probe.protocol import ProbeOutcome, ProbeRequest
-from ..session import Session, raise_for
+from ..session import Session
 from .records import Transforms
 
 
@@ -39,50 +40,12 @@ class Measured:
     peak_bytes: int | None = None
 
 
-def checked(client: ProbeClient, request: ProbeRequest, what: str) -> ProbeOutcome:
-    """Run a request; the script's own error raises (as :meth:`Session.probe` does), a crash or a
-    timeout is an outcome (it does not fit)."""
-    outcome = client.run(request)
-    if outcome.kind == "error":
-        raise_for(outcome, what=what)
-    return outcome
-
-
-def request_for(
-    session: Session,
-    combo: Combo,
-    batch_size: int,
-    *,
-    op: str,
-    options: dict[str, Any] | None = None,
-    budget_bytes: int | None = None,
-    steps: tuple[int, int] = (3, 8),
-) -> ProbeRequest:
-    assert session.device is not None
-    return ProbeRequest(
-        batch_size=batch_size,
-        precision=combo.precision,
-        optimizer=combo.optimizer,
-        recompute=combo.recompute,
-        device=session.device.name,
-        budget_bytes=budget_bytes if budget_bytes is not None else session.device.budget_bytes,
-        min_steps=steps[0],
-        max_steps=steps[1],
-        timeout=session.timeout,
-        optimizer_kwargs=dict(session.optimizer_kwargs.get(combo.optimizer, {})),
-        recompute_classes=session.recompute_classes,
-        op=op,
-        options=dict(options or {}),
-    )
-
-
 def explain_probe(
     session: Session, combo: Combo, batch_size: int, *, budget_bytes: int | None, steps: tuple[int, int]
 ) -> ProbeOutcome:
     """One instrumented real run (``op="explain"``)."""
-    assert session.client is not None
-    request = request_for(session, combo, batch_size, op="explain", budget_bytes=budget_bytes, steps=steps)
-    return checked(session.client, request, f"explaining {combo.key} at batch {batch_size}")
+    request = session.request(combo, batch_size, op="explain", budget_bytes=budget_bytes, steps=steps)
+    return session.run(request, what=f"explaining {combo.key} at batch {batch_size}")
 
 
 def measure(
@@ -91,10 +54,9 @@ def measure(
     """A real probe; with model transforms it goes through ``op="explain"`` without instrumentation."""
     if not transforms.active:
         return session.probe(combo, batch_size, min_steps=steps[0], max_steps=steps[1])
-    assert session.client is not None
     options = {"instrument": False, "transforms": transforms.to_dict()}
-    request = request_for(session, combo, batch_size, op="explain", options=options, steps=steps)
-    return checked(session.client, request, f"{combo.key} at batch {batch_size} with {transforms}")
+    request = session.request(combo, batch_size, op="explain", options=options, steps=steps)
+    return session.run(request, what=f"{combo.key} at batch {batch_size} with {transforms}")
 
 
 def measure_max(

@@ -20,8 +20,9 @@ from typing import Any, Callable
 from ..core.search import Affine
 from ..core.space import Combo
 from ..core.units import format_bytes
+from ..probe.failures import raise_for
 from ..session import Session
-from .driver import Limits, explain_probe, measure, measure_max, request_for, run_estimate_op
+from .driver import Limits, explain_probe, measure, measure_max
 from .levers import Lever, apply_predictions, plan_levers, ranked
 
 
@@ -171,9 +172,18 @@ def _predict(
         "batch_multiple": limits.batch_multiple,
         "optimizer_kwargs": {k: dict(v) for k, v in session.optimizer_kwargs.items()},
     }
-    request = request_for(session, combo, batch_size, op="estimate", options=options, budget_bytes=0)
-    request = _with_timeout(request, session.timeout * max(1, len(scenarios)))
-    info = run_estimate_op(session.client, request, "predicting the levers")
+    request = session.request(
+        combo,
+        batch_size,
+        steps=(limits.steps, limits.max_steps),
+        op="estimate",
+        options=options,
+        budget_bytes=0,
+        timeout=session.timeout * max(1, len(scenarios)),
+    )
+    outcome = session.run(request, what="predicting the levers")
+    raise_for(outcome, what="predicting the levers")
+    info = outcome.info
     apply_predictions(levers, {s["name"]: s for s in info.get("scenarios", [])}, batch_size)
 
 
@@ -230,9 +240,3 @@ def _larger_cap(session: Session) -> int:
     import psutil
 
     return max(device.budget_bytes * 2, int(psutil.virtual_memory().available * 0.8))
-
-
-def _with_timeout(request: Any, timeout: float) -> Any:
-    from dataclasses import replace
-
-    return replace(request, timeout=timeout)

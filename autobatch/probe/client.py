@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import AutobatchError, ContractError, ProbeFailure, ScriptError
+from ..errors import ProbeFailure
+from .failures import server_error
 from .protocol import ProbeOutcome, ProbeRequest
 
 #: Extra seconds the client waits beyond a probe's own timeout before it gives up on the server.
@@ -55,7 +56,7 @@ class ProbeClient:
         hello = self._read(start_timeout, what="the probe server to import torch and the script")
         if not hello.get("ready"):
             self.close()
-            raise _server_error(hello.get("error", {}))
+            raise server_error(hello.get("error", {}))
         self.import_seconds = float(hello.get("import_seconds", 0.0))
         self.torch_version = str(hello.get("torch_version", ""))
         self.pid = int(hello.get("pid", self._proc.pid))
@@ -143,18 +144,3 @@ class ProbeClient:
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return json.loads(line)
-
-
-def _server_error(error: dict[str, Any]) -> AutobatchError:
-    message = error.get("message") or "the probe server failed to start"
-    code = error.get("exit_code")
-    detail = error.get("detail") or error.get("traceback")
-    if code == 2:
-        from ..errors import UsageError
-
-        return UsageError(message, hint=error.get("hint"), detail=detail)
-    if error.get("type") == "ContractError":
-        return ContractError(message, hint=error.get("hint"), detail=detail)
-    if code == 3:
-        return ScriptError(message, hint=error.get("hint"), detail=detail)
-    return ProbeFailure(message, hint=error.get("hint") or "rerun with --verbose", detail=detail)

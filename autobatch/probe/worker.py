@@ -6,12 +6,12 @@ Everything is returned as a :class:`ProbeOutcome` record; nothing raises out of 
 from __future__ import annotations
 
 import time
-import traceback
 from typing import Any, Callable
 
 from ..contract import UserScript
 from ..errors import AutobatchError, ContractError
 from ..oom import classify_exception
+from .failures import describe_failure
 from .protocol import ProbeOutcome, ProbeRequest
 
 PRECISION_CHECKS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
@@ -62,20 +62,13 @@ def measure_steps(request: ProbeRequest, script: UserScript, start: float) -> Pr
             grow_tolerance=max(1 << 20, request.budget_bytes // 1000),
             report=report,
         )
-    except ContractError as exc:
-        outcome.kind = "error"
-        outcome.contract = True
-        _describe(outcome, exc)
-        outcome.error_message = exc.message + (f"\nhint: {exc.hint}" if exc.hint else "")
     except AutobatchError as exc:
-        outcome.kind = "error"
-        _describe(outcome, exc)
+        describe_failure(outcome, exc)
     except BaseException as exc:  # noqa: BLE001 - everything the script raises becomes data
         used = _safe(peak_now)
-        outcome.kind = classify_exception(exc, used_bytes=used, budget_bytes=request.budget_bytes)
-        _describe(outcome, exc)
-        if outcome.kind == "oom":
-            outcome.traceback = None
+        describe_failure(
+            outcome, exc, kind=classify_exception(exc, used_bytes=used, budget_bytes=request.budget_bytes)
+        )
     finally:
         outcome.peak_bytes = _safe(peak_now)
     finish(outcome)
@@ -161,12 +154,7 @@ def _inspect(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
         )
         del model
     except BaseException as exc:  # noqa: BLE001
-        outcome.kind = "error"
-        outcome.contract = isinstance(exc, ContractError)
-        _describe(outcome, exc)
-        if isinstance(exc, AutobatchError):
-            outcome.error_message = exc.message + (f"\nhint: {exc.hint}" if exc.hint else "")
-        return outcome
+        return describe_failure(outcome, exc)
     device = torch.device(request.device)
     unsupported: dict[str, str] = {}
     if device.type == "cuda":
@@ -195,12 +183,6 @@ def _inspect(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     info["unsupported_precisions"] = unsupported
     outcome.info = info
     return outcome
-
-
-def _describe(outcome: ProbeOutcome, exc: BaseException) -> None:
-    outcome.error_type = type(exc).__name__
-    outcome.error_message = str(exc)
-    outcome.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
 def _safe(fn: Callable[[], int]) -> int | None:

@@ -1,0 +1,79 @@
+"""The one translation between exceptions and outcomes, both ways across the process boundary.
+
+In a probe process, :func:`describe_failure` turns whatever the script or autobatch raised into the
+fields of a :class:`ProbeOutcome` (an exception never crosses a process boundary, only a record).
+In the parent, :func:`raise_for` turns an outcome that carries no answer (``error``, ``crash``,
+``timeout``) back into the :class:`~autobatch.errors.AutobatchError` the CLI reports, and
+:func:`server_error` does the same for a probe server that could not start.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from ..errors import AutobatchError, ContractError, ProbeFailure, ScriptError, UsageError
+from .protocol import ProbeOutcome
+
+#: Separates an error's message from its hint inside ``ProbeOutcome.error_message``.
+HINT_MARK = "\nhint: "
+
+
+def describe_failure(outcome: ProbeOutcome, exc: BaseException, *, kind: str = "error") -> ProbeOutcome:
+    """Fill ``outcome`` with ``exc`` as data: its type, message (with the hint of an autobatch error),
+    traceback, and whether it is a broken contract. An ``oom`` keeps no traceback (it is an answer)."""
+    outcome.kind = kind
+    outcome.error_type = type(exc).__name__
+    if isinstance(exc, AutobatchError):
+        outcome.error_message = exc.message + (f"{HINT_MARK}{exc.hint}" if exc.hint else "")
+    else:
+        outcome.error_message = str(exc)
+    outcome.contract = isinstance(exc, ContractError)
+    outcome.traceback = (
+        None if kind == "oom" else "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    )
+    return outcome
+
+
+def raise_for(outcome: ProbeOutcome, what: str) -> None:
+    """Raise the error an outcome without an answer stands for (``what``: what was being done).
+
+    ``error`` is the script's own exception (or a broken contract); ``crash`` and ``timeout`` are a
+    probe that did not report. Outcomes that are answers (``fits``, ``oom``) raise nothing.
+    """
+    if outcome.kind in ("fits", "oom"):
+        return
+    detail = "\n".join(
+        x for x in (outcome.traceback, outcome.log_tail and f"probe log:\n{outcome.log_tail}") if x
+    )
+    if outcome.contract:
+        message, _, hint = (outcome.error_message or "").partition(HINT_MARK)
+        raise ContractError(message, hint=hint or None, detail=detail or None)
+    if outcome.kind in ("crash", "timeout"):
+        hint = (
+            "the probe did not finish in time: raise --timeout for slow models (rerun with --verbose for its log)"
+            if outcome.kind == "timeout"
+            else "the probe process died (a signal, an abort, an illegal memory access): rerun with --verbose "
+            "for its log"
+        )
+        raise ProbeFailure(f"{what}: {outcome.reason}", hint=hint, detail=detail or None)
+    message, _, _hint = (outcome.error_message or "").partition(HINT_MARK)
+    raise ScriptError(
+        f"the training script raised {outcome.error_type} while {what}: {message}",
+        hint="this is the script's own error, not an out-of-memory; fix the script (rerun with --verbose for the traceback)",
+        detail=detail or None,
+    )
+
+
+def server_error(error: dict[str, Any]) -> AutobatchError:
+    """The error a probe server reported instead of ``ready`` (it could not import torch or the script)."""
+    message = error.get("message") or "the probe server failed to start"
+    code = error.get("exit_code")
+    detail = error.get("detail") or error.get("traceback")
+    if code == UsageError.exit_code:
+        return UsageError(message, hint=error.get("hint"), detail=detail)
+    if error.get("type") == "ContractError":
+        return ContractError(message, hint=error.get("hint"), detail=detail)
+    if code == ScriptError.exit_code:
+        return ScriptError(message, hint=error.get("hint"), detail=detail)
+    return ProbeFailure(message, hint=error.get("hint") or "rerun with --verbose", detail=detail)
