@@ -1,77 +1,34 @@
-"""A probing session: one script, one device, one budget, one probe server, one probe cache.
+"""A probing session: one script, one device, one budget, one probe runner, one probe journal.
 
-It resolves ``--device auto``, computes the budget (the device's capacity, or ``--memory``, minus
-the headroom), and runs probes through the server, reusing outcomes recorded by earlier runs with
-the same fingerprint (script content and arguments, torch version, device, budget, steps). The
-cache doubles as the journal: every probe is appended the moment it finishes, so an interrupted
-run keeps what it measured and a re-run is instant.
+:meth:`Session.start` opens the runner (the probe server, unless a runner is given: any object with
+the :class:`~autobatch.probe.protocol.ProbeRunner` protocol, such as :class:`autobatch.testing.FakeRunner`),
+inspects the model and the device, and opens the journal. :meth:`Session.probe` runs one probe of
+the real step, reusing the journal's outcome when there is one and applying the device's margin;
+:meth:`Session.run` runs any other operation. The parts it wires live elsewhere: the device record,
+budgets and margin in :mod:`autobatch.devices.budget`, the journal in :mod:`autobatch.probe.journal`,
+the translation of outcomes into errors in :mod:`autobatch.probe.failures`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import __version__
 from .core.space import Combo
 from .core.units import format_bytes
-
-#: Environment of the probe server (inherited by every probe); see autobatch.devices.cpu.
-from .devices.cpu import MALLOC_ENV, MEMORY_DEFINITION  # noqa: E402
+from .devices.budget import DeviceInfo, cuda_name, device_info
+from .devices.cpu import MALLOC_ENV
 from .errors import DeviceError, UsageError
-from .probe.client import ProbeClient
 from .probe.failures import raise_for
-from .probe.protocol import ProbeOutcome, ProbeRequest
+from .probe.journal import ProbeJournal, fingerprint
+from .probe.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
 
 if TYPE_CHECKING:
-    from .settings.groups import Settings
+    from .settings import Settings
 
-
-@dataclass
-class DeviceInfo:
-    type: str  # "cpu" | "cuda"
-    name: str  # "cpu" | "cuda:0"
-    capacity_bytes: int
-    budget_bytes: int
-    headroom: float
-    memory_definition: str
-    unsupported_precisions: dict[str, str] = field(default_factory=dict)
-    recompute_blocks: list[str] = field(default_factory=list)
-    param_shapes: list[list[int]] = field(default_factory=list)
-    param_count: int = 0
-    baseline_bytes: int | None = None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def margin_bytes(self) -> int:
-        """How close to the budget a fitting peak may come and still count as a fit for the search.
-
-        On the CPU the same probe's peak differs between fresh processes by up to ~150 KiB (Python's
-        heap, page rounding; measured with ``autobatch check`` on tests/scripts/later_step_trap.py),
-        so a batch whose peak lands within that of the cap fits once and fails the next time: the
-        search does not accept it. On CUDA the verdict compares allocator statistics: no margin.
-        """
-        return max(1 << 20, self.budget_bytes // 1000) if self.type == "cpu" else 0
-
-    def within_margin(self, peak_bytes: int | None) -> bool:
-        """Whether a peak that fitted came within :attr:`margin_bytes` of the budget."""
-        margin = self.margin_bytes
-        return bool(margin and (peak_bytes or 0) > self.budget_bytes - margin)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "name": self.name,
-            "capacity_bytes": self.capacity_bytes,
-            "budget_bytes": self.budget_bytes,
-            "headroom": self.headroom,
-            "memory_definition": self.memory_definition,
-            "baseline_bytes": self.baseline_bytes,
-        }
+#: Called after every probe with the combination, the outcome and whether it came from the journal.
+OnProbe = Callable[[Combo, ProbeOutcome, bool], None]
 
 
 class Session:
@@ -89,7 +46,9 @@ class Session:
         optimizer_kwargs: dict[str, dict[str, Any]] | None = None,
         recompute_classes: tuple[str, ...] = (),
         cache: bool = True,
-        on_probe: Callable[[Combo, ProbeOutcome, bool], None] | None = None,
+        cache_dir: str | None = None,
+        on_probe: OnProbe | None = None,
+        runner: ProbeRunner | None = None,
     ) -> None:
         self.script = Path(script)
         self.script_args = list(script_args)
@@ -100,12 +59,13 @@ class Session:
         self.optimizer_kwargs = optimizer_kwargs or {}
         self.recompute_classes = tuple(recompute_classes)
         self.use_cache = cache
+        self.cache_dir = cache_dir
         self.on_probe = on_probe
-        self.client: ProbeClient | None = None
+        self.runner = runner
         self.device: DeviceInfo | None = None
+        self.journal = ProbeJournal(None)
+        self.fingerprint = ""
         self.cache_hits = 0
-        self._cache: dict[str, dict[str, Any]] = {}
-        self._journal: Path | None = None
 
     @classmethod
     def from_settings(
@@ -113,15 +73,13 @@ class Session:
         settings: Settings,
         *,
         cache: bool | None = None,
-        on_probe: Callable[[Combo, ProbeOutcome, bool], None] | None = None,
+        on_probe: OnProbe | None = None,
+        runner: ProbeRunner | None = None,
     ) -> Session:
         """The session that resolved settings describe (``cache`` defaults to the ``cache`` setting)."""
-        if not settings.script.script:
-            raise UsageError(
-                "no training script given", hint="pass SCRIPT, or set `script` in autobatch.toml"
-            )
+        script = settings.require_script()
         return cls(
-            script=settings.script.script,
+            script=script,
             script_args=settings.script.script_args,
             device=settings.device.device,
             memory=settings.device.memory,
@@ -130,7 +88,9 @@ class Session:
             optimizer_kwargs={k: dict(v) for k, v in settings.search.optimizer_kwargs.items()},
             recompute_classes=settings.search.recompute_classes,
             cache=settings.probe.cache if cache is None else cache,
+            cache_dir=settings.probe.cache_dir,
             on_probe=on_probe,
+            runner=runner,
         )
 
     def __enter__(self) -> Session:
@@ -140,35 +100,44 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def torch_version(self) -> str | None:
+        return self.runner.torch_version if self.runner is not None else None
+
     def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
+        if self.runner is not None:
+            self.runner.close()
 
     def start(self) -> DeviceInfo:
+        """Open the runner, inspect the model and the device, open the journal."""
         if not self.script.is_file():
             raise UsageError(
                 f"training script not found: {self.script}",
                 hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
             )
-        self.client = ProbeClient(self.script, self.script_args, env=dict(MALLOC_ENV))
-        device = self.requested_device
+        if self.runner is None:
+            from .probe.client import ProbeClient
+
+            self.runner = ProbeClient(self.script, self.script_args, env=dict(MALLOC_ENV))
+        device, info = self._resolve_device()
+        self.device = device_info(device, info, memory=self.memory, headroom=self.headroom)
+        self._open_journal()
+        return self.device
+
+    def _resolve_device(self) -> tuple[str, dict[str, Any]]:
+        """``auto`` -> CUDA when torch sees it, else the CPU; the inspection of the chosen device."""
         info = self._inspect("cpu")
+        device = self.requested_device
         if device == "auto":
             device = "cuda:0" if info.get("cuda_available") else "cpu"
         elif device.startswith("cuda") and not info.get("cuda_available"):
             raise DeviceError(
-                f"--device {device} asked for, but torch sees no CUDA device (torch {self.client.torch_version})",
+                f"--device {device} asked for, but torch sees no CUDA device (torch {self.torch_version})",
                 hint="use --device cpu (or auto), or install a CUDA build of torch on a machine with a GPU",
             )
-        self.device = self._device_info(
-            device, info if device == "cpu" else self._inspect(_cuda_name(device))
-        )
-        self._open_cache()
-        return self.device
+        return device, info if device == "cpu" else self._inspect(cuda_name(device))
 
     def _inspect(self, device: str) -> dict[str, Any]:
-        assert self.client is not None
         request = ProbeRequest(
             batch_size=0,
             precision="32-true",
@@ -180,56 +149,28 @@ class Session:
             recompute_classes=self.recompute_classes,
             op="inspect",
         )
-        outcome = self.client.run(request)
-        if outcome.kind != "fits":
-            raise_for(outcome, what="building the model")
+        outcome = self.run(request, what="building the model")
+        raise_for(outcome, what="building the model")
         return outcome.info
 
-    def _device_info(self, device: str, info: dict[str, Any]) -> DeviceInfo:
-        common: dict[str, Any] = {
-            "unsupported_precisions": dict(info.get("unsupported_precisions", {})),
-            "recompute_blocks": list(info.get("recompute_blocks", [])),
-            "param_shapes": [list(s) for s in info.get("param_shapes", [])],
-            "param_count": int(info.get("param_count", 0)),
-        }
-        if device == "cpu":
-            capacity = self.memory or int(info["available_bytes"])
-            budget = int(capacity * (1 - self.headroom))
-            baseline = info.get("baseline_bytes")
-            notes: list[str] = []
-            if baseline and budget <= baseline:
-                raise UsageError(
-                    f"the CPU budget {format_bytes(budget)} is below what a probe process holds before building the model "
-                    f"({format_bytes(baseline)}: Python, torch and the script)",
-                    hint="raise --memory: on the CPU device it caps the whole probe process, imports included",
-                )
-            return DeviceInfo(
-                "cpu",
-                "cpu",
-                capacity,
-                budget,
-                self.headroom,
-                MEMORY_DEFINITION,
-                baseline_bytes=baseline,
-                notes=notes,
-                **common,
-            )
-        from .devices import cuda
-
-        snapshot = cuda.CudaSnapshot.from_dict(info["snapshot"])
-        budget_obj = cuda.cuda_budget(snapshot, memory=self.memory, headroom=self.headroom)
-        return DeviceInfo(
-            "cuda",
-            device,
-            budget_obj.capacity_bytes,
-            budget_obj.budget_bytes,
-            self.headroom,
-            cuda.MEMORY_DEFINITION,
-            notes=list(budget_obj.breakdown),
-            **common,
+    def _open_journal(self) -> None:
+        assert self.device is not None
+        self.fingerprint = fingerprint(
+            self.script.read_bytes(),
+            (
+                self.script_args,
+                __version__,
+                self.torch_version or "",
+                self.device.name,
+                self.device.budget_bytes,
+                self.optimizer_kwargs,
+                self.recompute_classes,
+            ),
         )
+        if self.use_cache:
+            self.journal = ProbeJournal.open(self.cache_dir, self.fingerprint)
 
-    # -- probes -------------------------------------------------------------------------------
+    # -- operations ----------------------------------------------------------------------------
 
     def request(
         self,
@@ -261,9 +202,9 @@ class Session:
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:
-        """Run any operation uncached; the script's own error raises, a crash or timeout is an outcome."""
-        assert self.client is not None
-        outcome = self.client.run(request)
+        """Run any operation, unjournaled; the script's own error raises, a crash or timeout is an outcome."""
+        assert self.runner is not None, "start() the session first"
+        outcome = self.runner.run(request)
         if outcome.kind == "error":
             raise_for(outcome, what=what)
         return outcome
@@ -271,89 +212,37 @@ class Session:
     def probe(
         self, combo: Combo, batch_size: int, *, min_steps: int, max_steps: int, strict: bool = True
     ) -> ProbeOutcome:
-        """One probe (cached); raises ScriptError/ContractError when the script itself fails.
+        """One probe of the real step (journaled); raises ScriptError/ContractError when the script fails.
 
         ``strict`` (the search's verdict) turns a fit whose peak comes within the device's margin of
         the budget into an out-of-memory outcome that says so; ``check`` asks only what the cap says.
         """
-        assert self.client is not None and self.device is not None
+        assert self.device is not None
         request = self.request(combo, batch_size, steps=(min_steps, max_steps))
-        key = json.dumps(
-            [combo.precision, combo.optimizer, combo.recompute, batch_size, min_steps, max_steps]
-        )
-        cached = self._cache.get(key) if self.use_cache else None
-        if cached is not None:
-            outcome = ProbeOutcome.from_dict(cached)
-            outcome.cached = True
-            self.cache_hits += 1
+        outcome = self.journal.get(request) if self.use_cache else None
+        cached = outcome is not None
+        if outcome is None:
+            assert self.runner is not None, "start() the session first"
+            outcome = self.runner.run(request)
+            self.journal.record(request, outcome)
         else:
-            outcome = self.client.run(request)
-            if outcome.kind in ("fits", "oom"):
-                self._record(key, outcome)
+            self.cache_hits += 1
         if strict:
-            within_margin(outcome, self.device)
+            apply_margin(outcome, self.device)
         if self.on_probe:
-            self.on_probe(combo, outcome, cached is not None)
+            self.on_probe(combo, outcome, cached)
         if outcome.kind == "error":
             raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
         return outcome
 
-    def _open_cache(self) -> None:
-        assert self.device is not None
-        digest = hashlib.sha256()
-        digest.update(self.script.read_bytes())
-        for part in (
-            self.script_args,
-            __version__,
-            self.client.torch_version if self.client else "",
-            self.device.name,
-            self.device.budget_bytes,
-            self.optimizer_kwargs,
-            self.recompute_classes,
-        ):
-            digest.update(json.dumps(part, sort_keys=True, default=str).encode())
-        self.fingerprint = digest.hexdigest()[:16]
-        if not self.use_cache:
-            return
-        folder = Path(os.environ.get("AUTOBATCH_CACHE_DIR") or _default_cache_dir()) / "probes"
-        folder.mkdir(parents=True, exist_ok=True)
-        self._journal = folder / f"{self.fingerprint}.jsonl"
-        if self._journal.exists():
-            for line in self._journal.read_text().splitlines():
-                try:
-                    entry = json.loads(line)
-                    self._cache[entry["key"]] = entry["outcome"]
-                except (ValueError, KeyError):
-                    continue  # a line cut short by a crash
 
-    def _record(self, key: str, outcome: ProbeOutcome) -> None:
-        self._cache[key] = outcome.to_dict()
-        if self._journal is not None:
-            with open(self._journal, "a") as handle:
-                handle.write(json.dumps({"key": key, "outcome": outcome.to_dict()}) + "\n")
-
-
-def _cuda_name(device: str) -> str:
-    if device == "cuda":
-        return "cuda:0"
-    if not device.startswith("cuda:") or not device[5:].isdigit():
-        raise DeviceError(f"unknown device {device!r}", hint="use auto, cpu, cuda or cuda:N")
-    return device
-
-
-def _default_cache_dir() -> str:
-    import platformdirs
-
-    return platformdirs.user_cache_dir("autobatch")
-
-
-def within_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:
+def apply_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:
     """Turn a fit whose peak came within the device's margin of the budget into an out-of-memory outcome.
 
     Returns whether it did. The search never stands on a batch that fitted by less than the variation
-    between processes (see :attr:`DeviceInfo.margin_bytes`).
+    between processes (:mod:`autobatch.devices.budget`).
     """
-    if not (outcome.fits and device.within_margin(outcome.peak_bytes)):
+    if not (outcome.fits and device.too_close(outcome.peak_bytes)):
         return False
     outcome.kind = "oom"
     outcome.reason = (

@@ -7,10 +7,15 @@ device. A curve maps a batch size to the peak bytes of a training step:
 * :func:`affine` ``a + k*b`` — the common case (static memory + activations per sample);
 * :func:`quadratic` ``a + k*b + q*b*b`` — a loss with a batch x batch similarity matrix;
 * :func:`staircase` — an affine curve rounded up to allocator segments (flat runs, then jumps);
+* :func:`plateau` — flat (the optimizer step's peak: parameters, gradients, optimizer state and the
+  step's temporaries) until the forward and backward pass's activations overtake it;
 * :func:`noisy` — any curve whose *measured* peak carries a few % of deterministic noise while
   feasibility still follows the true curve (measurement noise, not a flickering device).
 
 :class:`FakeProbe` answers "does batch b fit?" from a curve and a budget and records every call;
+:class:`FakeStepProbe` does the same for the per-combination procedure (steps and purposes);
+:class:`FakeRunner` stands in for the probe server behind a :class:`~autobatch.session.Session`, so
+that ``tune``, ``check`` and ``explain`` run end to end (under Typer's ``CliRunner`` too) with no torch;
 :func:`true_max` is the brute-force oracle the property tests compare the search against.
 Pure Python: importable without torch.
 """
@@ -23,16 +28,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autobatch.core.search import Observation
+from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
 
 __all__ = [
     "AffineCurve",
     "Curve",
     "FakeProbe",
+    "FakeRunner",
+    "FakeStepProbe",
     "NoisyCurve",
+    "PlateauCurve",
     "QuadraticCurve",
     "StaircaseCurve",
     "affine",
     "noisy",
+    "plateau",
     "quadratic",
     "staircase",
     "true_max",
@@ -85,6 +95,16 @@ class StaircaseCurve(Curve):
 
 
 @dataclass(frozen=True)
+class PlateauCurve(Curve):
+    flat: float
+    intercept: float
+    slope: float
+
+    def __call__(self, batch_size: int) -> int:
+        return math.ceil(max(self.flat, self.intercept + self.slope * batch_size))
+
+
+@dataclass(frozen=True)
 class NoisyCurve(Curve):
     curve: Curve
     rel: float
@@ -114,6 +134,11 @@ def staircase(a: float, k: float, step_bytes: int) -> StaircaseCurve:
     if step_bytes < 1:
         raise ValueError(f"step_bytes must be >= 1, got {step_bytes}")
     return StaircaseCurve(a, k, step_bytes)
+
+
+def plateau(flat: float, intercept: float, slope: float) -> PlateauCurve:
+    """``max(flat, intercept + slope*b)``: the optimizer step sets the peak until activations overtake it."""
+    return PlateauCurve(flat, intercept, slope)
 
 
 def noisy(curve: Curve, rel: float = 0.02, seed: int = 0) -> NoisyCurve:
@@ -151,6 +176,33 @@ class FakeProbe:
         return Observation(batch_size, fits=True, peak_bytes=reported, samples_per_second=sps)
 
 
+@dataclass
+class FakeStepProbe:
+    """A :data:`~autobatch.core.maximum.ProbeCall` over a synthetic curve, for the per-combination search.
+
+    A probe of ``(min_steps, max_steps)`` runs ``min_steps`` steps and fits iff ``curve(b) <= budget``,
+    unless ``fails_long(batch, purpose)`` says that a probe of at least ``long_steps`` steps fails there
+    (a boundary that flickers, memory that creeps over steps, a confirmation that never holds).
+    ``calls`` records ``(batch, steps, purpose)`` in order.
+    """
+
+    curve: Curve
+    budget_bytes: int
+    long_steps: int = 10
+    fails_long: Callable[[int, str], bool] | None = None
+    calls: list[tuple[int, tuple[int, int], str]] = field(default_factory=list)
+
+    def __call__(self, batch_size: int, steps: tuple[int, int], purpose: str) -> Observation:
+        self.calls.append((batch_size, steps, purpose))
+        ran = steps[0]
+        too_long = (
+            ran >= self.long_steps and self.fails_long is not None and self.fails_long(batch_size, purpose)
+        )
+        if self.curve(batch_size) > self.budget_bytes or too_long:
+            return Observation(batch_size, fits=False, kind="oom", steps=ran)
+        return Observation(batch_size, fits=True, peak_bytes=self.curve.measure(batch_size), steps=ran)
+
+
 def true_max(
     curve: Curve | Callable[[int], float], budget: int, max_batch_size: int, multiple: int = 1
 ) -> int | None:
@@ -162,3 +214,110 @@ def true_max(
             break
         best = b
     return best
+
+
+@dataclass
+class FakeRunner:
+    """A :class:`~autobatch.probe.protocol.ProbeRunner` that answers from synthetic memory curves.
+
+    ``curve`` gives the peak of a probe of the real step: one curve for every combination, or a function
+    of ``(precision, optimizer, recompute)``. A probe fits iff its peak is within the request's budget;
+    ``steps_seconds`` is each step's time (throughput = batch / seconds). It answers the ``inspect``
+    operation as a CPU device with ``available_bytes`` and ``baseline_bytes``, the ``explain`` operation
+    with a breakdown that adds up to the peak, and the ``estimate`` operation from the same curves.
+    ``requests`` records every request; ``closed`` whether :meth:`close` ran.
+    """
+
+    curve: Curve | Callable[[str, str, bool], Curve]
+    available_bytes: int = 16 << 30
+    baseline_bytes: int = 300 << 20
+    param_shapes: tuple[tuple[int, ...], ...] = ((1024, 1024), (1024,))
+    recompute_blocks: tuple[str, ...] = ("Block",)
+    unsupported_precisions: dict[str, str] = field(default_factory=dict)
+    step_seconds: float = 0.01
+    torch_version: str = "fake"
+    requests: list[ProbeRequest] = field(default_factory=list)
+    closed: bool = False
+
+    def curve_for(self, precision: str, optimizer: str, recompute: bool) -> Curve:
+        curve = self.curve
+        return curve if isinstance(curve, Curve) else curve(precision, optimizer, recompute)
+
+    def run(self, request: ProbeRequest) -> ProbeOutcome:
+        self.requests.append(request)
+        if request.op == "inspect":
+            return ProbeOutcome(kind="fits", info=self._inspection())
+        if request.op == "estimate":
+            return ProbeOutcome(kind="fits", info={"scenarios": self._estimates(request)})
+        outcome = self._probe(request)
+        if request.op == "explain" and outcome.fits and outcome.peak_bytes:
+            outcome.info = self._breakdown(outcome.peak_bytes)
+        return outcome
+
+    def close(self) -> None:
+        self.closed = True
+
+    def _inspection(self) -> dict[str, object]:
+        return {
+            "cuda_available": False,
+            "available_bytes": self.available_bytes,
+            "baseline_bytes": self.baseline_bytes,
+            "param_shapes": [list(s) for s in self.param_shapes],
+            "param_count": sum(math.prod(s) for s in self.param_shapes),
+            "recompute_blocks": list(self.recompute_blocks),
+            "unsupported_precisions": dict(self.unsupported_precisions),
+        }
+
+    def _probe(self, request: ProbeRequest) -> ProbeOutcome:
+        curve = self.curve_for(request.precision, request.optimizer, request.recompute)
+        batch, steps = request.batch_size, request.min_steps
+        if curve(batch) > request.budget_bytes:
+            return ProbeOutcome(kind="oom", batch_size=batch, steps=1, reason="fake: over the budget")
+        peak = int(curve.measure(batch))
+        params = 4 * sum(math.prod(s) for s in self.param_shapes)
+        return ProbeOutcome(
+            kind="fits",
+            batch_size=batch,
+            peak_bytes=peak,
+            step_peaks=[peak] * steps,
+            baseline_bytes=self.baseline_bytes,
+            budget_bytes=request.budget_bytes,
+            steps=steps,
+            step_seconds=[self.step_seconds] * steps,
+            samples_per_second=batch / self.step_seconds,
+            param_bytes=params,
+            grad_bytes=params,
+            optimizer_state_bytes=2 * params if request.optimizer.startswith("adam") else 0,
+        )
+
+    def _breakdown(self, peak: int) -> dict[str, object]:
+        params = 4 * sum(math.prod(s) for s in self.param_shapes)
+        fixed = {"baseline": min(self.baseline_bytes, peak), "parameters": params, "gradients": params}
+        rest = peak - sum(fixed.values())
+        return {
+            "categories": {**fixed, "activations": max(rest, 0)},
+            "residual_bytes": min(rest, 0),
+            "modules": [],
+            "peak_phase": "step 2 backward",
+            "notes": ["fake breakdown"],
+        }
+
+    def _estimates(self, request: ProbeRequest) -> list[dict[str, object]]:
+        options = request.options
+        budget, top = int(options["budget_bytes"]), int(options.get("max_batch_size", 65536))
+        out: list[dict[str, object]] = []
+        for scenario in options.get("scenarios", []):
+            curve = self.curve_for(scenario["precision"], scenario["optimizer"], bool(scenario["recompute"]))
+            best = true_max(curve, budget, top, int(options.get("batch_multiple", 1)))
+            points = {str(b): curve(int(b)) for b in options.get("report_at", [])}
+            out.append(
+                {
+                    "name": scenario.get("name", ""),
+                    "status": "exact" if best is not None else "infeasible",
+                    "max_batch_size": best,
+                    "points": points,
+                    "intercept_bytes": float(curve(0)),
+                    "bytes_per_sample": float(curve(2) - curve(1)),
+                }
+            )
+        return out

@@ -25,3 +25,28 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def run_main(*args: str) -> tuple[int, str, str]:
+    """Run the command's ``main()`` in this process, in Typer's CliRunner isolation.
+
+    Returns (exit code, stdout, stderr with white space folded). ``main()`` maps autobatch's errors to
+    their documented exit codes, as the installed command does.
+    """
+    from typer.testing import CliRunner
+
+    from autobatch.cli import main
+
+    runner = CliRunner()
+    argv = sys.argv
+    sys.argv = ["autobatch", *args]
+    try:
+        with runner.isolation() as (out, err, _):
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            return code, out.getvalue().decode(), " ".join(err.getvalue().decode().split())
+    finally:
+        sys.argv = argv

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -17,6 +17,11 @@ from ..core.units import format_bytes
 from ..errors import EXIT_OOM, UsageError
 from . import options as opt
 from .app import app, console, stdout_write
+
+if TYPE_CHECKING:
+    from ..core.space import Combo
+    from ..devices.budget import DeviceInfo
+    from ..probe.protocol import ProbeOutcome
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -45,47 +50,48 @@ def check(
     as_json: bool = opt.JSON,
 ) -> None:
     """Run one isolated probe: does this batch fit? Peak memory and step time."""
-    from ..settings import load_settings
-
-    settings = load_settings(
-        config=config,
-        overrides=opt.overrides(
-            script=script,
-            script_args=script_args,
-            device=device,
-            memory=memory,
-            headroom=headroom,
-            precisions=[precision] if precision else None,
-            optimizers=[optimizer] if optimizer else None,
-            recompute_classes=recompute_class,
-            timeout=timeout,
-        ),
+    settings = opt.load(
+        config,
+        script=script,
+        script_args=script_args,
+        device=device,
+        memory=memory,
+        headroom=headroom,
+        precisions=precision,
+        optimizers=optimizer,
+        recompute_classes=recompute_class,
+        timeout=timeout,
     )
-    if not settings.script.script:
-        raise UsageError("no training script given", hint="pass SCRIPT, or set `script` in autobatch.toml")
+    settings.require_script()
     n_steps = steps or settings.probe.confirm_steps
 
     from ..core.space import Combo
     from ..probe.failures import raise_for
-    from ..session import Session
 
     combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], recompute)
-    with Session.from_settings(settings, cache=False) as session:
+    with opt.open_session(settings, cache=False) as session:
         info = session.device
         assert info is not None
-        if combo.precision in info.unsupported_precisions:
-            raise UsageError(
-                f"{info.name} cannot run {combo.precision}: {info.unsupported_precisions[combo.precision]}",
-                hint="pick another --precision",
-            )
+        unsupported = info.unsupported(combo.precision)
+        if unsupported:
+            raise UsageError(unsupported, hint="pick another --precision")
         outcome = session.probe(combo, batch_size, min_steps=n_steps, max_steps=n_steps, strict=False)
-    if outcome.kind in ("crash", "timeout"):
-        raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
+    raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
+    report = _report(combo, outcome, info)
+    _print(report, combo, outcome, info)
+    if as_json:
+        stdout_write(json.dumps(report, indent=2))
+    if not outcome.fits:
+        raise typer.Exit(EXIT_OOM)
+
+
+def _report(combo: Combo, outcome: ProbeOutcome, info: DeviceInfo) -> dict[str, Any]:
+    """``check --json``."""
     fits = outcome.fits
-    report = {
+    return {
         "fits": fits,
         "kind": outcome.kind,
-        "batch_size": batch_size,
+        "batch_size": outcome.batch_size,
         "precision": combo.precision,
         "optimizer": combo.optimizer,
         "recompute": combo.recompute,
@@ -103,14 +109,18 @@ def check(
             "optimizer_state": outcome.optimizer_state_bytes,
         },
         "reason": outcome.reason or (outcome.error_message if not fits else None),
-        # fitted the cap, but closer to it than tune accepts (see DeviceInfo.margin_bytes)
-        "within_margin": fits and info.within_margin(outcome.peak_bytes),
+        # fitted the cap, but closer to it than tune accepts (see autobatch.devices.budget)
+        "within_margin": fits and info.too_close(outcome.peak_bytes),
         "device_stats": outcome.device_stats,
     }
+
+
+def _print(report: dict[str, Any], combo: Combo, outcome: ProbeOutcome, info: DeviceInfo) -> None:
+    fits = outcome.fits
     verdict = "[green]fits[/]" if fits else "[yellow]out of memory[/]"
     mean_step = sum(outcome.step_seconds) / len(outcome.step_seconds) if outcome.step_seconds else None
     console.print(
-        f"{combo.key} batch {batch_size} on {info.name}: {verdict} after {outcome.steps} step(s); peak "
+        f"{combo.key} batch {outcome.batch_size} on {info.name}: {verdict} after {outcome.steps} step(s); peak "
         f"{format_bytes(outcome.peak_bytes)} of budget {format_bytes(info.budget_bytes)}"
         + (f"; {mean_step:.3f} s/step" if mean_step else "")
     )
@@ -121,7 +131,3 @@ def check(
             f"  [yellow]note[/]: the peak came within {format_bytes(info.margin_bytes)} of the budget; it fitted here, but "
             "tune does not pick a batch this close (a fresh process can exceed it)"
         )
-    if as_json:
-        stdout_write(json.dumps(report, indent=2))
-    if not fits:
-        raise typer.Exit(EXIT_OOM)

@@ -70,30 +70,25 @@ def estimate(
     if list_cards:
         _print_cards(CARDS, as_json)
         return
-    from ..settings import load_settings
-
-    settings = load_settings(
-        config=config,
-        overrides=opt.overrides(
-            script=script,
-            script_args=script_args,
-            device=device,
-            memory=memory,
-            headroom=headroom,
-            precisions=precision,
-            optimizers=optimizer,
-            recompute=recompute,
-            recompute_classes=recompute_class,
-            batch_multiple=batch_multiple,
-            max_batch_size=max_batch_size,
-            timeout=timeout,
-        ),
+    settings = opt.load(
+        config,
+        script=script,
+        script_args=script_args,
+        device=device,
+        memory=memory,
+        headroom=headroom,
+        precisions=precision,
+        optimizers=optimizer,
+        recompute=recompute,
+        recompute_classes=recompute_class,
+        batch_multiple=batch_multiple,
+        max_batch_size=max_batch_size,
+        timeout=timeout,
     )
-    if not settings.script.script:
-        raise UsageError("no training script given", hint="pass SCRIPT, or set `script` in autobatch.toml")
-    if not Path(settings.script.script).is_file():
+    script_path = settings.require_script()
+    if not Path(script_path).is_file():
         raise UsageError(
-            f"training script not found: {settings.script.script}",
+            f"training script not found: {script_path}",
             hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
         )
     if plot is not None:
@@ -110,9 +105,7 @@ def estimate(
         given_device=device is not None,
         memory_flag=settings.device.memory if memory else None,
     )
-    console.print(
-        f"[bold]autobatch estimate[/] {escape(settings.script.script)}: {escape(target.describe())}"
-    )
+    console.print(f"[bold]autobatch estimate[/] {escape(script_path)}: {escape(target.describe())}")
     result = run_estimate(settings, target, progress=lambda text: console.print(f"[dim]  {escape(text)}[/]"))
     from ..explain.render import print_estimate
 

@@ -60,45 +60,32 @@ def explain(
     as_json: bool = opt.JSON,
 ) -> None:
     """Break the peak memory of one batch size down (categories, modules) and rank the levers."""
-    from ..settings import load_settings
-
-    settings = load_settings(
-        config=config,
-        overrides=opt.overrides(
-            script=script,
-            script_args=script_args,
-            device=device,
-            memory=memory,
-            headroom=headroom,
-            precisions=[precision] if precision else None,
-            optimizers=[optimizer] if optimizer else None,
-            recompute_classes=recompute_class,
-            timeout=timeout,
-        ),
+    settings = opt.load(
+        config,
+        script=script,
+        script_args=script_args,
+        device=device,
+        memory=memory,
+        headroom=headroom,
+        precisions=precision,
+        optimizers=optimizer,
+        recompute_classes=recompute_class,
+        timeout=timeout,
     )
-    if not settings.script.script:
-        raise UsageError("no training script given", hint="pass SCRIPT, or set `script` in autobatch.toml")
+    script_path = settings.require_script()
     if plot is not None:
         from ..explain.plot import check_plot_path
 
         check_plot_path(plot)
 
     from ..core.space import Combo
-    from ..explain.driver import Limits
     from ..explain.explainer import explain as run_explain
     from ..explain.render import print_breakdown, print_levers, print_modules
-    from ..session import Session
 
     combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], recompute)
-    limits = Limits(
-        max_batch_size=settings.search.max_batch_size,
-        batch_multiple=settings.search.batch_multiple,
-        steps=settings.probe.steps,
-        max_steps=settings.probe.max_steps,
-        confirm_steps=settings.probe.confirm_steps,
-    )
-    console.print(f"[bold]autobatch explain[/] {escape(settings.script.script)}: starting the probe server")
-    with Session.from_settings(settings) as session:
+    limits = settings.limits()
+    console.print(f"[bold]autobatch explain[/] {escape(script_path)}: starting the probe server")
+    with opt.open_session(settings) as session:
         info = session.device
         assert info is not None
         console.print(
@@ -106,11 +93,9 @@ def explain(
             f"(capacity {format_bytes(info.capacity_bytes)}, headroom {info.headroom:.0%}); "
             f"{escape(info.memory_definition)}"
         )
-        if combo.precision in info.unsupported_precisions:
-            raise UsageError(
-                f"{info.name} cannot run {combo.precision}: {info.unsupported_precisions[combo.precision]}",
-                hint="pick another --precision",
-            )
+        unsupported = info.unsupported(combo.precision)
+        if unsupported:
+            raise UsageError(unsupported, hint="pick another --precision")
         report = run_explain(
             session,
             combo,

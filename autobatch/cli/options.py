@@ -6,9 +6,14 @@ it in; the defaults themselves live only in :mod:`autobatch.settings`.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from ..session import OnProbe, Session
+    from ..settings import Settings
 
 
 def _help(name: str) -> str:
@@ -37,15 +42,35 @@ SCRIPT_ARGS = typer.Argument(None, help="Arguments for the script, after `--`.",
 
 
 def overrides(**values: Any) -> dict[str, Any]:
-    """Flat setting name -> value for the flags that were given (None and empty lists are 'not given')."""
+    """Flat setting name -> value for the flags that were given (None and empty lists are 'not given').
+
+    A single precision or optimizer (the one-combination commands' ``-p``/``-o``) counts as a list of one.
+    """
     out: dict[str, Any] = {}
     for name, value in values.items():
         if value is None or (isinstance(value, list) and not value):
             continue
         if name == "recompute":
             value = [bool(value)]
+        elif name in ("precisions", "optimizers") and isinstance(value, str):
+            value = [value]
         out[name] = value
     return out
 
 
-OptionalStr = Optional[str]
+def load(config: Path | None, **flags: Any) -> Settings:
+    """The settings of a command: ``autobatch.toml`` < ``AUTOBATCH_*`` < the flags that were given."""
+    from ..settings import load_settings
+
+    return load_settings(config=config, overrides=overrides(**flags))
+
+
+def open_session(
+    settings: Settings, *, cache: bool | None = None, on_probe: OnProbe | None = None
+) -> Session:
+    """The session a command probes through: the probe server, or the runner the CLI state names (tests)."""
+    from ..session import Session
+    from .state import STATE
+
+    runner = STATE.runner_factory() if STATE.runner_factory is not None else None
+    return Session.from_settings(settings, cache=cache, on_probe=on_probe, runner=runner)

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..core.units import format_bytes
-from ..errors import AutobatchError, UsageError
+from ..errors import AutobatchError
 from . import options as opt
 from .app import app, console, stdout_write
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..core.space import Combo
     from ..probe.protocol import ProbeOutcome
     from ..result import TuneResult
+    from ..settings import Settings
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -62,126 +63,112 @@ def tune(
     as_json: bool = opt.JSON,
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
-    from ..settings import load_settings, resolve_world_size
+    from ..settings import resolve_world_size
 
-    settings = load_settings(
-        config=config,
-        overrides=opt.overrides(
-            script=script,
-            script_args=script_args,
-            device=device,
-            memory=memory,
-            headroom=headroom,
-            precisions=precision,
-            optimizers=optimizer,
-            recompute=recompute,
-            recompute_classes=recompute_class,
-            batch_multiple=batch_multiple,
-            max_batch_size=max_batch_size,
-            global_batch_size=global_batch_size,
-            world_size=world_size,
-            objective=objective,
-            steps=steps,
-            max_steps=max_steps,
-            confirm_steps=confirm_steps,
-            timeout=timeout,
-            cache=cache,
-            exact_all=exact_all,
-            result=output,
-            emit=emit,
-            lightning_batch_key=lightning_batch_key,
-            deepspeed_base=deepspeed_base,
-        ),
+    settings = opt.load(
+        config,
+        script=script,
+        script_args=script_args,
+        device=device,
+        memory=memory,
+        headroom=headroom,
+        precisions=precision,
+        optimizers=optimizer,
+        recompute=recompute,
+        recompute_classes=recompute_class,
+        batch_multiple=batch_multiple,
+        max_batch_size=max_batch_size,
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        objective=objective,
+        steps=steps,
+        max_steps=max_steps,
+        confirm_steps=confirm_steps,
+        timeout=timeout,
+        cache=cache,
+        exact_all=exact_all,
+        result=output,
+        emit=emit,
+        lightning_batch_key=lightning_batch_key,
+        deepspeed_base=deepspeed_base,
     )
-    if not settings.script.script:
-        raise UsageError(
-            "no training script given",
-            hint="pass SCRIPT, or set `script` under [script] in autobatch.toml (autobatch init writes one)",
-        )
+    script_path = settings.require_script()
     world, world_source = resolve_world_size(settings.plan.world_size, os.environ)
     if plot is not None:
         from ..explain.plot import check_plot_path
 
         check_plot_path(plot)  # before any probe
-
-    from ..runner import TuneOptions, Tuner
-    from ..session import Session
-
-    result_path = Path(settings.output.result)
-    session = Session.from_settings(settings, on_probe=_progress)
-    tuner = None
-    try:
-        console.print(f"[bold]autobatch tune[/] {escape(settings.script.script)}: starting the probe server")
-        info = session.start()
-        console.print(
-            f"device [bold]{info.name}[/]{' (auto)' if settings.device.device == 'auto' else ''}: capacity "
-            f"{format_bytes(info.capacity_bytes)}, budget {format_bytes(info.budget_bytes)} "
-            f"(headroom {info.headroom:.0%}); {escape(info.memory_definition)}"
-        )
-        tuner = Tuner(
-            session,
-            TuneOptions(
-                precisions=settings.search.precisions,
-                optimizers=settings.search.optimizers,
-                recompute=settings.search.recompute,
-                batch_multiple=settings.search.batch_multiple,
-                max_batch_size=settings.search.max_batch_size,
-                steps=settings.probe.steps,
-                max_steps=settings.probe.max_steps,
-                confirm_steps=settings.probe.confirm_steps,
-                global_batch_size=settings.plan.global_batch_size,
-                world_size=world,
-                world_size_source=world_source,
-                objective=settings.plan.objective,
-                exact_all=settings.search.exact_all,
-            ),
-            on_update=lambda r: _save(result_path, r),
-        )
-        result = tuner.run()
-    except BaseException as exc:
-        if tuner is not None:
-            tuner.result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            if isinstance(exc, AutobatchError):
-                tuner.result.notes.append(f"failed: {exc.message}")
-            _save(result_path, tuner.result)
-            if tuner.result.combinations and any(c.trace for c in tuner.result.combinations):
-                print_table(tuner.result)
-            console.print(
-                f"partial result ({tuner.result.status}, {tuner.result.probes} probes) saved to {result_path}"
-            )
-        raise
-    finally:
-        session.close()
-
+    console.print(f"[bold]autobatch tune[/] {escape(script_path)}: starting the probe server")
+    result = run_tune(settings, world, world_source)
     print_table(result)
     print_chosen(result)
-    console.print(f"result written to {result_path}")
+    console.print(f"result written to {settings.output.result}")
     if plot is not None:
         from ..explain.plot import plot_tune
 
         plot_tune(result, plot)
         console.print(f"plot written to {plot}")
     if settings.output.emit:
-        import shlex
-        import sys
-
-        from ..emit import emit as emit_files
-        from ..emit import make_options, parse_emit_spec
-
-        specs = [parse_emit_spec(spec) for spec in settings.output.emit]
-        written = emit_files(
-            result,
-            specs,
-            make_options(
-                generated_by="autobatch " + shlex.join(sys.argv[1:]),
-                lightning_batch_key=settings.output.lightning_batch_key,
-                deepspeed_base=settings.output.deepspeed_base,
-            ),
-        )
-        for path in written:
-            console.print(f"wrote {path}")
+        _emit(result, settings)
     if as_json:
         stdout_write(json.dumps(result.to_dict(), indent=2))
+
+
+def run_tune(settings: Settings, world: int, world_source: str) -> TuneResult:
+    """Run the tune, saving the result after every probe; on failure or interruption, save and show
+    what was measured, then re-raise."""
+    from ..tuner import TuneOptions, Tuner
+
+    result_path = Path(settings.output.result)
+    session = opt.open_session(settings, on_probe=_progress)
+    tuner = None
+    try:
+        info = session.start()
+        console.print(
+            f"device [bold]{info.name}[/]{' (auto)' if settings.device.device == 'auto' else ''}: capacity "
+            f"{format_bytes(info.capacity_bytes)}, budget {format_bytes(info.budget_bytes)} "
+            f"(headroom {info.headroom:.0%}); {escape(info.memory_definition)}"
+        )
+        options = TuneOptions.from_settings(settings, world, world_source)
+        tuner = Tuner(session, options, on_update=lambda r: _save(result_path, r))
+        return tuner.run()
+    except BaseException as exc:
+        if tuner is not None:
+            _keep_partial(tuner.result, exc, result_path)
+        raise
+    finally:
+        session.close()
+
+
+def _keep_partial(result: TuneResult, exc: BaseException, path: Path) -> None:
+    result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    if isinstance(exc, AutobatchError):
+        result.notes.append(f"failed: {exc.message}")
+    _save(path, result)
+    if result.combinations and any(c.trace for c in result.combinations):
+        print_table(result)
+    console.print(f"partial result ({result.status}, {result.probes} probes) saved to {path}")
+
+
+def _emit(result: TuneResult, settings: Settings) -> None:
+    import shlex
+    import sys
+
+    from ..emit import emit as emit_files
+    from ..emit import make_options, parse_emit_spec
+
+    specs = [parse_emit_spec(spec) for spec in settings.output.emit]
+    written = emit_files(
+        result,
+        specs,
+        make_options(
+            generated_by="autobatch " + shlex.join(sys.argv[1:]),
+            lightning_batch_key=settings.output.lightning_batch_key,
+            deepspeed_base=settings.output.deepspeed_base,
+        ),
+    )
+    for path in written:
+        console.print(f"wrote {path}")
 
 
 def _save(path: Path, result: TuneResult) -> None:

@@ -45,6 +45,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from .model import Affine, predict, reported_model
+
 __all__ = [
     "KINDS",
     "SLACK",
@@ -74,6 +76,7 @@ class Observation:
     peak_bytes: int | None = None  # measured peak when it fits (None if unknown)
     kind: str = "fits"  # "fits" | "oom" | "crash" | "timeout"
     samples_per_second: float | None = None
+    steps: int = 0  # full training steps the probe ran (0: unknown)
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -87,23 +90,6 @@ class Observation:
 
 
 ProbeFn = Callable[[int], Observation]
-
-
-@dataclass(frozen=True)
-class Affine:
-    """``peak(b) = intercept + slope * b`` (bytes)."""
-
-    intercept: float
-    slope: float
-
-    def predict(self, batch_size: float) -> float:
-        return self.intercept + self.slope * batch_size
-
-    def predict_max(self, budget_bytes: int) -> float | None:
-        """The largest real b with ``peak(b) <= budget``; None if the slope is not positive."""
-        if not (self.slope > 0 and math.isfinite(self.slope) and math.isfinite(self.intercept)):
-            return None
-        return (budget_bytes - self.intercept) / self.slope
 
 
 @dataclass(frozen=True)
@@ -182,7 +168,7 @@ def search_max_batch(
             status = "incomplete"
         if status is not None:
             best = (state.lo + 1) * m if state.lo >= 0 else None
-            model = _model(state.points, prior, state.min_fail, budget_bytes)
+            model = reported_model(state.points, prior, state.min_fail, budget_bytes)
             return SearchResult(best, status, tuple(trace), state.min_fail, model)
         now = state.remaining()
         if remaining is not None:
@@ -260,7 +246,7 @@ class _State:
         floor: int = 0,
     ) -> tuple[int, bool | None] | None:
         """A model-guided step: (index, whether the model expects it to fit), or None."""
-        step = self._from_model(prior, budget, floor) if use_model else None
+        step = self._fromreported_model(prior, budget, floor) if use_model else None
         if prune_at_or_below is not None:
             # One probe at the largest candidate <= the threshold settles whether pruning applies.
             edge = prune_at_or_below // self.m - 1
@@ -268,10 +254,12 @@ class _State:
                 return edge, None
         return step
 
-    def _from_model(self, prior: Affine | None, budget: int, floor: int = 0) -> tuple[int, bool] | None:
+    def _fromreported_model(
+        self, prior: Affine | None, budget: int, floor: int = 0
+    ) -> tuple[int, bool] | None:
         """Probe the largest candidate the model says fits, else the smallest it says does not,
         if that probe, should the model be right, cuts the remaining work as much as a fallback."""
-        prediction = _predict(self.points, prior, self.min_fail, budget, floor)
+        prediction = predict(self.points, prior, self.min_fail, budget, floor)
         if prediction is None:
             return None
         low = min(self._index_at_or_below(prediction.low), self.hi - 1)
@@ -289,152 +277,6 @@ class _State:
         if batch < self.m:
             return -1
         return math.floor(batch / self.m) - 1
-
-
-Point = tuple[int, int]  # (batch size, peak bytes) of a fitting probe
-
-
-@dataclass(frozen=True)
-class _Prediction:
-    line: Affine  # the model reported in SearchResult.model
-    low: float  # the maximum is predicted in [low, high] (real batch sizes)
-    high: float
-    reported: bool = True  # False for the proportional guess, which is no fit
-
-
-def _predict(
-    points: dict[int, int], prior: Affine | None, min_fail: int | None, budget: int, floor: int = 0
-) -> _Prediction | None:
-    """Where the maximum probably is, from the fitting points and the prior.
-
-    Two or more points: the local and the global candidate below, whichever claims the narrower
-    interval. One point: the prior's slope through it (the prior knows the per-sample cost, the
-    point fixes the static part), else the proportional guess (the whole peak above ``floor`` scales
-    with the batch: a lower bound of the maximum when memory is affine with an intercept >= floor).
-    No point: the prior. If the line wrongly predicted the smallest non-fit to fit, the low end
-    backs off by twice that margin.
-    """
-    items = sorted(points.items())
-    if len(items) >= 2:
-        options = [c for c in (_local(items, budget), _global(items, budget)) if c is not None]
-        prediction = min(options, key=lambda c: c.high - c.low) if options else None
-    elif items and prior is not None:
-        ((b, p),) = items
-        prediction = _exact(Affine(p - prior.slope * b, prior.slope), budget)
-    elif items:
-        ((b, p),) = items
-        base = floor if 0 < floor < p else 0
-        prediction = _exact(Affine(float(base), (p - base) / b), budget, reported=False) if p > 0 else None
-    else:
-        prediction = _exact(prior, budget) if prior is not None else None
-    if prediction is None or math.isnan(prediction.low) or math.isnan(prediction.high):
-        return None
-    if min_fail is None:
-        return prediction
-    line, center = prediction.line, prediction.line.predict_max(budget)
-    margin = budget - line.predict(min_fail)
-    if center is None or margin < 0:
-        return prediction
-    return replace(prediction, low=min(prediction.low, center - (2 * margin + line.slope) / line.slope))
-
-
-def _model(points: dict[int, int], prior: Affine | None, min_fail: int | None, budget: int) -> Affine | None:
-    """The model a result reports: the line of the last prediction (None without one)."""
-    prediction = _predict(points, prior, min_fail, budget)
-    if prediction is not None and prediction.reported:
-        return prediction.line
-    items = sorted(points.items())
-    if len(items) >= 2:
-        return _secant(items[-2], items[-1])
-    if items and prior is not None:
-        return Affine(items[0][1] - prior.slope * items[0][0], prior.slope)
-    return prior
-
-
-def _exact(line: Affine, budget: int, reported: bool = True) -> _Prediction | None:
-    center = line.predict_max(budget)
-    return (
-        _Prediction(line, center, center, reported) if center is not None and math.isfinite(center) else None
-    )
-
-
-def _local(items: list[Point], budget: int) -> _Prediction | None:
-    """The secant through the two largest points, spread to the root of the parabola through the
-    three largest and by the noise that the last point's surprise implies.
-
-    Near the boundary this tends to the tangent: right for convex (quadratic) curves and for
-    curves whose slope changes with the batch (allocator regimes seen on the CPU).
-    """
-    line = _secant(items[-2], items[-1])
-    center = line.predict_max(budget)
-    if center is None:
-        return None
-    low = high = center
-    if len(items) >= 3:
-        root = _parabola_root(items[-3:], budget)
-        low, high = min(low, root), max(high, root)
-        (b, p), rest = items[-1], items[:-1]
-        guess = _parabola(rest[-3:], b) if len(rest) >= 3 else _secant(rest[-2], rest[-1]).predict(b)
-        noise = _noise(abs(guess - p), rest[-1][0] - rest[-2][0], b - rest[-1][0])
-        spread = noise * (1 + max(0.0, center - b) / (b - rest[-1][0])) / line.slope
-        low, high = min(low, center - spread), max(high, center + spread)
-    return _Prediction(line, low, high)
-
-
-def _global(items: list[Point], budget: int) -> _Prediction | None:
-    """The secant through the smallest and the largest point, spread by the largest residual of
-    the points between and by the noise the last point's surprise implies.
-
-    The widest base makes absolute errors (noise, allocator segments, pages) matter least.
-    """
-    b1, (b2, p2) = items[0][0], items[-1]
-    line = _secant(items[0], items[-1])
-    slope, room = line.slope, budget - p2
-    if not slope > 0:
-        return None
-    eps = max(abs(p - line.predict(b)) for b, p in items)
-    tilt = 2 * eps / (b2 - b1)  # the slope's uncertainty, pivoting on the largest point
-    low = b2 + (room - eps) / (slope + tilt)
-    high = b2 + (room + eps) / (slope - tilt) if slope > tilt else math.inf
-    if len(items) >= 3:
-        center, before = b2 + room / slope, items[-2][0]
-        noise = _noise(abs(_secant(items[0], items[-2]).predict(b2) - p2), before - b1, b2 - before)
-        spread = noise * (1 + max(0.0, center - b2) / (b2 - b1)) / slope
-        low, high = min(low, center - spread), max(high, center + spread)
-    return _Prediction(line, low, high)
-
-
-def _noise(miss: float, base: float, reach: float) -> float:
-    """The measurement noise implied by a miss of ``miss`` bytes when a secant of base ``base``
-    was extrapolated ``reach`` beyond its end (the error grows as 1 + reach/base)."""
-    return miss / (1 + reach / base)
-
-
-def _secant(first: Point, last: Point) -> Affine:
-    slope = (last[1] - first[1]) / (last[0] - first[0])
-    return Affine(last[1] - slope * last[0], slope)
-
-
-def _newton(three: list[Point]) -> tuple[float, float]:
-    """Slope of the last two of three points and the second divided difference (curvature)."""
-    (b0, p0), (b1, p1), (b2, p2) = three
-    s12 = (p2 - p1) / (b2 - b1)
-    return s12, (s12 - (p1 - p0) / (b1 - b0)) / (b2 - b0)
-
-
-def _parabola(three: list[Point], x: float) -> float:
-    """The parabola through three points, at x (Newton form)."""
-    (_, (b1, _), (b2, p2)), (s12, q) = three, _newton(three)
-    return p2 + s12 * (x - b2) + q * (x - b2) * (x - b1)
-
-
-def _parabola_root(three: list[Point], budget: int) -> float:
-    """Where the parabola through three points first reaches the budget beyond the last (inf: never)."""
-    (_, (b1, _), (b2, p2)), (s12, q) = three, _newton(three)
-    room, linear = budget - p2, q * (b2 - b1) + s12
-    disc = linear * linear + 4 * q * room  # q u^2 + linear u - room = 0, u = x - b2
-    denominator = linear + math.sqrt(disc) if disc >= 0 else 0.0
-    return b2 + 2 * room / denominator if denominator > 0 else math.inf
 
 
 def _ceil_log2(x: int) -> int:

@@ -9,24 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..core.search import KINDS, Affine, Observation, search_max_batch
+from ..core.maximum import Limits, find_maximum
+from ..core.reuse import Prediction
+from ..core.search import KINDS, Affine, Observation
 from ..core.space import Combo
 from ..probe.client import ProbeClient
 from ..probe.failures import raise_for
 from ..probe.protocol import ProbeOutcome, ProbeRequest
 from ..session import Session
 from .records import Transforms
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The search range and the probe lengths (from settings)."""
-
-    max_batch_size: int = 65536
-    batch_multiple: int = 1
-    steps: int = 3
-    max_steps: int = 8
-    confirm_steps: int = 10
 
 
 @dataclass
@@ -68,44 +59,29 @@ def measure_max(
     prior: Affine | None = None,
     on_probe: Callable[[ProbeOutcome], None] | None = None,
 ) -> Measured:
-    """The exact largest batch that fits, searched and confirmed as ``tune`` does."""
+    """The exact largest batch that fits, searched and confirmed by tune's own procedure
+    (:func:`autobatch.core.maximum.find_maximum`), with the lever's predicted line as a known prior."""
     assert session.device is not None
     records: list[dict[str, Any]] = []
     peaks: dict[int, int | None] = {}
 
-    def run(batch: int, steps: tuple[int, int]) -> ProbeOutcome:
+    def probe(batch: int, steps: tuple[int, int], _purpose: str) -> Observation:
         outcome = measure(session, combo, batch, transforms, steps)
         records.append({"batch_size": batch, "kind": outcome.kind, "peak_bytes": outcome.peak_bytes})
-        peaks[batch] = outcome.peak_bytes if outcome.fits else None
+        if outcome.fits or batch not in peaks:
+            peaks[batch] = outcome.peak_bytes if outcome.fits else None
         if on_probe:
             on_probe(outcome)
-        return outcome
-
-    def probe(batch: int) -> Observation:
-        outcome = run(batch, (limits.steps, limits.max_steps))
         kind = outcome.kind if outcome.kind in KINDS else "crash"
-        return Observation(batch, outcome.fits, outcome.peak_bytes if outcome.fits else None, kind=kind)
+        peak = outcome.peak_bytes if outcome.fits else None
+        return Observation(batch, outcome.fits, peak, kind=kind, steps=outcome.steps)
 
-    known: list[Observation] = []
-    status, best = "infeasible", None
-    for _round in range(4):
-        result = search_max_batch(
-            probe,
-            budget_bytes=session.device.budget_bytes,
-            max_batch_size=limits.max_batch_size,
-            batch_multiple=limits.batch_multiple,
-            prior=prior,
-            known=known,
-        )
-        known = [*known, *result.trace]
-        status, best = result.status, result.max_batch_size
-        if best is None:
-            break
-        confirm = run(best, (limits.confirm_steps, limits.confirm_steps))
-        if confirm.fits:
-            break
-        known.append(Observation(best, False, kind="oom"))
-    return Measured(best, status, len(records), records, peaks.get(best) if best else None)
+    prediction = Prediction(prior.intercept, prior.slope, "lever prediction") if prior is not None else None
+    found = find_maximum(
+        probe, budget_bytes=session.device.budget_bytes, limits=limits, prediction=prediction
+    )
+    best = found.max_batch_size
+    return Measured(best, found.status, len(records), records, peaks.get(best) if best else None)
 
 
 def run_estimate_op(client: ProbeClient, request: ProbeRequest, what: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ An outcome's ``kind`` is one of:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
 KINDS = ("fits", "oom", "error", "timeout", "crash")
 
@@ -83,3 +83,18 @@ class ProbeOutcome:
     def from_dict(cls, data: dict[str, Any]) -> ProbeOutcome:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class ProbeRunner(Protocol):
+    """What a session runs its operations on: the probe server (:class:`autobatch.probe.client.ProbeClient`),
+    or a fake one (:class:`autobatch.testing.FakeRunner`) that answers without torch."""
+
+    torch_version: str
+
+    def run(self, request: ProbeRequest) -> ProbeOutcome:
+        """Run one operation in a fresh, isolated process and describe what happened."""
+        ...
+
+    def close(self) -> None:
+        """Stop every process the runner started; safe to call more than once."""
+        ...

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, ClassVar, Optional
 
+from autobatch.core.maximum import Limits
 from autobatch.core.space import OBJECTIVES, OPTIMIZERS, PRECISIONS
-from autobatch.errors import ConfigError
+from autobatch.errors import ConfigError, UsageError
 from autobatch.settings.values import HINT, Bad, coerce, plain, setting
 
 #: Formats of ``--emit FORMAT[=PATH]``.
@@ -183,8 +184,13 @@ class ProbeSettings:
         check=lambda t: t > 0,
     )  # fmt: skip
     cache: bool = setting(
-        True, "bool", "true or false", "Reuse a saved result when the script, settings and environment "
-        "are unchanged.", flag="--cache/--no-cache",
+        True, "bool", "true or false", "Reuse the probes of an earlier run (the probe journal) when the "
+        "script, its arguments, the device, the budget and the versions are unchanged.", flag="--cache/--no-cache",
+    )  # fmt: skip
+    cache_dir: Optional[str] = setting(
+        None, "path", "path", "Folder of the probe journal (one file per fingerprint, appended after every "
+        "probe); unset: the user's cache folder (autobatch/probes under it).", optional=True,
+        flag=None, example="/scratch/autobatch-cache",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -243,6 +249,25 @@ class Settings:
     output: OutputSettings = field(default_factory=OutputSettings)
     source_files: tuple[str, ...] = ()
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def require_script(self) -> str:
+        """The training script; a clear error when none was given (the one place that says so)."""
+        if not self.script.script:
+            raise UsageError(
+                "no training script given",
+                hint="pass SCRIPT, or set `script` under [script] in autobatch.toml (autobatch init writes one)",
+            )
+        return self.script.script
+
+    def limits(self) -> Limits:
+        """The candidates and probe lengths of the per-combination search."""
+        return Limits(
+            max_batch_size=self.search.max_batch_size,
+            batch_multiple=self.search.batch_multiple,
+            steps=self.probe.steps,
+            max_steps=self.probe.max_steps,
+            confirm_steps=self.probe.confirm_steps,
+        )
 
     def get(self, name: str) -> Any:
         """A field's value by its (unique) name: ``settings.get("headroom")``."""

@@ -160,7 +160,8 @@ class Checker:
         return all(self.history[batch_size])
 
     def _via_client(self, batch_size: int) -> bool:
-        from autobatch.session import DeviceInfo, within_margin
+        from autobatch.devices.budget import DeviceInfo
+        from autobatch.session import apply_margin
 
         outcome = self._client.run(_request(batch_size, self.setup.budget, CHECK_STEPS))
         if outcome.kind not in ("fits", "oom"):
@@ -171,7 +172,7 @@ class Checker:
         # reliably in another process: it counts as no fit, as in tune's own search.
         device = DeviceInfo("cpu", "cpu", self.setup.budget, self.setup.budget, 0.0, "VmData")
         self.cap_history.setdefault(batch_size, []).append(outcome.kind == "fits")
-        if within_margin(outcome, device):
+        if apply_margin(outcome, device):
             self.marginal.add(batch_size)
         return bool(outcome.kind == "fits")
 

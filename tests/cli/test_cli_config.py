@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import run_main
 from typer.testing import CliRunner
 
-from autobatch.cli import app, main
+from autobatch.cli import app
 from autobatch.errors import EXIT_USAGE, ConfigError, UsageError
 from autobatch.settings import FIELDS, Settings, load_settings, render_starter_toml
 
@@ -41,23 +42,6 @@ def _clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     for info in FIELDS:
         monkeypatch.delenv(info.env, raising=False)
-
-
-def run_main(*args: str) -> tuple[int, str, str]:
-    """Run ``main()`` as the command does (exit code, stdout, stderr), in CliRunner's isolation."""
-    runner = CliRunner()
-    argv = sys.argv
-    sys.argv = ["autobatch", *args]
-    try:
-        with runner.isolation() as (out, err, _):
-            try:
-                main()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            return code, out.getvalue().decode(), " ".join(err.getvalue().decode().split())
-    finally:
-        sys.argv = argv
 
 
 def run_command(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

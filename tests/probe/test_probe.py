@@ -105,7 +105,8 @@ def test_session_raises_script_errors_with_message() -> None:
 
 def test_a_fit_within_the_margin_of_the_budget_is_not_counted() -> None:
     """The search does not stand on a batch whose peak lands within the CPU margin of the cap."""
-    from autobatch.session import DeviceInfo, within_margin
+    from autobatch.devices.budget import DeviceInfo
+    from autobatch.session import apply_margin
 
     with ProbeClient(EXAMPLES / "mlp.py") as client:
         outcome = client.run(_request(8, 2 * GIB))
@@ -116,9 +117,9 @@ def test_a_fit_within_the_margin_of_the_budget_is_not_counted() -> None:
 
     roomy = device(outcome.peak_bytes + 4 * (1 << 20))
     assert roomy.margin_bytes == 1 << 20
-    assert not within_margin(outcome, roomy) and outcome.fits
+    assert not apply_margin(outcome, roomy) and outcome.fits
     tight = device(outcome.peak_bytes + 100 * 1024)
-    assert within_margin(outcome, tight)
+    assert apply_margin(outcome, tight)
     assert outcome.kind == "oom" and "less than the 1.00 MiB margin" in (outcome.reason or "")
     # a large budget gets a proportional margin; CUDA's verdict has none
     assert device(16 * GIB).margin_bytes == 16 * GIB // 1000

@@ -1,0 +1,266 @@
+"""One combination's maximum: calibrate the prior, search, confirm. Pure, over a probe callable.
+
+:func:`find_maximum` is the whole per-combination procedure that ``tune`` runs for every combination
+of the grid and ``explain --verify`` runs for every lever; it talks to a :data:`ProbeCall`
+``(batch, (min_steps, max_steps), purpose) -> Observation`` and never to a device.
+
+1. **Calibrate.** A prediction from other combinations (:mod:`autobatch.core.reuse`) whose slope is
+   only a guess (another precision or recomputation setting) costs one probe at
+   :data:`CALIBRATE_AT` of the boundary it predicts: the intercept (static memory, moved
+   analytically) is the strong half of the line, the probe gives the slope.
+2. **Search** (:func:`autobatch.core.search.search_max_batch`), starting at the scout candidate when
+   nothing is known, with the floor of memory known not to grow with the batch.
+3. **Confirm.** The number a user gets must hold in their job, and feasibility can flicker right at
+   the boundary: the maximum is confirmed by a probe of ``confirm_steps`` steps (a search probe next
+   to a known non-fit already runs that long and needs none). When the confirmation fails, that batch
+   counts as a non-fit and the search continues below it, at most :data:`CONFIRM_ROUNDS` times. When
+   the rounds run out, the answer is the largest batch whose confirmation held, with status
+   ``incomplete`` — never a maximum whose last confirmation failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .model import Affine
+from .reuse import Prediction
+from .search import Observation, SearchStatus, search_max_batch
+from .space import optimizer_state_bytes
+from .units import format_bytes
+
+#: Where the calibration probe goes, as a fraction of the boundary a guessed slope predicts (measured
+#: here: guesses for another precision or recomputation setting were 4-70 % too high).
+CALIBRATE_AT = 0.8
+#: How many times a maximum that fails its confirmation is searched again below.
+CONFIRM_ROUNDS = 4
+#: Without a prior, the first probe is the 8th candidate, not the 1st: at the smallest batch the fixed
+#: memory and its noise hide the per-sample cost (measured here: peaks at batch 1 and 2 differ by -9 MiB).
+SCOUT_CANDIDATES = 8
+
+#: ``probe(batch, (min_steps, max_steps), purpose)``; purpose is "search" or "confirm".
+ProbeCall = Callable[[int, tuple[int, int], str], Observation]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The candidates and the probe lengths (from the settings; defaults live there only)."""
+
+    max_batch_size: int
+    batch_multiple: int
+    steps: int
+    max_steps: int
+    confirm_steps: int
+
+    @property
+    def search_steps(self) -> tuple[int, int]:
+        return (self.steps, self.max_steps)
+
+    @property
+    def confirm(self) -> tuple[int, int]:
+        return (self.confirm_steps, self.confirm_steps)
+
+
+@dataclass(frozen=True)
+class StaticMemory:
+    """Memory that does not grow with the batch, by category (bytes)."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+
+    @classmethod
+    def analytic(
+        cls, precision: str, optimizer: str, shapes: list[tuple[int, ...]], count: int
+    ) -> StaticMemory:
+        """From the parameters' shapes: ``count`` parameters of the precision's size, as many gradients,
+        and the optimizer's states (:func:`autobatch.core.space.optimizer_state_bytes`)."""
+        elem = 2 if precision == "bf16-true" else 4
+        params = count * elem
+        return cls(params, params, optimizer_state_bytes(optimizer, shapes, elem))
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_state
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer_state": self.optimizer_state,
+        }
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One probe the procedure made, and why."""
+
+    observation: Observation
+    purpose: str  # "search" | "confirm"
+
+
+@dataclass(frozen=True)
+class Maximum:
+    """A combination's answer. ``status`` as :class:`~autobatch.core.search.SearchResult`'s; for
+    ``incomplete``, ``max_batch_size`` is the largest batch whose confirmation held (None if none)."""
+
+    max_batch_size: int | None
+    status: SearchStatus
+    upper_bound: int | None  # smallest batch known not to fit
+    model: Affine | None
+    attempts: tuple[Attempt, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def probes(self) -> int:
+        return len(self.attempts)
+
+
+@dataclass
+class _Run:
+    """The probes of one procedure, and what they proved."""
+
+    probe: ProbeCall
+    limits: Limits
+    attempts: list[Attempt] = field(default_factory=list)
+    misses: set[int] = field(default_factory=set)  # did not fit, confirmations included
+    confirmed: set[int] = field(default_factory=set)  # fitted a probe as long as a confirmation
+
+    def __call__(self, batch: int, steps: tuple[int, int], purpose: str) -> Observation:
+        observation = self.probe(batch, steps, purpose)
+        self.attempts.append(Attempt(observation, purpose))
+        if not observation.fits:
+            self.misses.add(batch)
+        elif observation.steps >= self.limits.confirm_steps:
+            self.confirmed.add(batch)
+        return observation
+
+    def search_probe(self, batch: int) -> Observation:
+        # Next to a known non-fit, a fit is the answer: run it as long as the confirmation, so that it
+        # needs none (an out-of-memory step comes early, so a miss costs little more).
+        near_miss = batch + self.limits.batch_multiple in self.misses
+        return self(batch, self.limits.confirm if near_miss else self.limits.search_steps, "search")
+
+
+def find_maximum(
+    probe: ProbeCall,
+    *,
+    budget_bytes: int,
+    limits: Limits,
+    prediction: Prediction | None = None,
+    floor_bytes: int = 0,
+    prune_at_or_below: int | None = None,
+) -> Maximum:
+    """The exact largest batch of one combination, confirmed (see the module docstring).
+
+    ``prediction``: the line other combinations predict (None: search from the scout candidate).
+    ``floor_bytes``: peak memory known not to grow with the batch (a lower bound of the intercept).
+    ``prune_at_or_below``: stop as soon as a batch at or below it is known not to fit (status
+    ``pruned``): the combination cannot beat the best maximum so far.
+    """
+    run = _Run(probe, limits)
+    prior, known = calibrate(prediction, run.search_probe, budget_bytes, limits)
+    notes: list[str] = []
+    for _round in range(CONFIRM_ROUNDS + 1):
+        result = search_max_batch(
+            run.search_probe,
+            budget_bytes=budget_bytes,
+            max_batch_size=limits.max_batch_size,
+            batch_multiple=limits.batch_multiple,
+            prior=prior,
+            known=known,
+            prune_at_or_below=prune_at_or_below,
+            start=SCOUT_CANDIDATES * limits.batch_multiple,
+            floor_bytes=floor_bytes,
+        )
+        known = [*known, *result.trace]
+        best = result.max_batch_size
+        done = best is None or result.status == "pruned" or best in run.confirmed
+        if not done and _round < CONFIRM_ROUNDS:
+            assert best is not None
+            confirmation = run(best, limits.confirm, "confirm")
+            done = confirmation.fits
+            if not done:
+                notes.append(
+                    f"batch {best} fitted {limits.steps}+ steps but not {limits.confirm_steps}; searched below it"
+                )
+                known.append(Observation(best, fits=False, kind=confirmation.kind))
+        if done:
+            return Maximum(
+                best, result.status, result.upper_bound, result.model, tuple(run.attempts), tuple(notes)
+            )
+    upper = min(run.misses, default=None)
+    held = max((b for b in run.confirmed if upper is None or b < upper), default=None)
+    notes.append(
+        f"the maximum's confirmation failed {CONFIRM_ROUNDS} times; the largest batch whose confirmation held "
+        f"is {held}"
+        if held
+        else f"the maximum's confirmation failed {CONFIRM_ROUNDS} times; none held"
+    )
+    return Maximum(held, "incomplete", upper, result.model, tuple(run.attempts), tuple(notes))
+
+
+def calibrate(
+    prediction: Prediction | None,
+    probe: Callable[[int], Observation],
+    budget_bytes: int,
+    limits: Limits,
+) -> tuple[Affine | None, list[Observation]]:
+    """Turn a prediction into the search's prior, spending one probe when its slope is only a guess.
+
+    A guessed slope is the weak half of the line; the intercept is the strong one. So probe below
+    where the guess puts the boundary, where a guessed slope usually still fits: a fit gives the slope
+    from the intercept over most of the range; a miss at the guess itself would only bound it.
+    """
+    if prediction is None:
+        return None, []
+    line = Affine(prediction.intercept, prediction.slope)
+    if prediction.slope_known:
+        return line, []
+    guess = line.predict_max(budget_bytes)
+    if guess is None:
+        return None, []
+    m, top = limits.batch_multiple, limits.max_batch_size
+    batch = min(max(int(CALIBRATE_AT * guess) // m * m, m), top // m * m)
+    first = probe(batch)
+    if first.fits and first.peak_bytes is not None and first.peak_bytes > line.intercept:
+        line = Affine(line.intercept, (first.peak_bytes - line.intercept) / batch)
+    return line, [first]
+
+
+def reason(
+    maximum: Maximum,
+    static: StaticMemory,
+    *,
+    budget_bytes: int,
+    baseline_bytes: int | None,
+    batch_multiple: int,
+) -> str | None:
+    """Why a combination has no exact maximum (None when it has one)."""
+    if maximum.status == "pruned":
+        return (
+            f"cannot win under max-batch: batch {maximum.upper_bound} does not fit, so its maximum is at most "
+            "the best so far (not searched exactly; --exact-all searches it)"
+        )
+    if maximum.status == "incomplete":
+        return maximum.notes[-1] if maximum.notes else "the search did not finish"
+    if maximum.max_batch_size is not None:
+        return None
+    process = (
+        f" (the probe process itself holds {format_bytes(baseline_bytes)} before building)"
+        if baseline_bytes
+        else ""
+    )
+    return (
+        f"batch {batch_multiple} does not fit: parameters {format_bytes(static.parameters)} + gradients "
+        f"{format_bytes(static.gradients)} + optimizer state {format_bytes(static.optimizer_state)} = "
+        f"{format_bytes(static.total)} of static memory against a budget of {format_bytes(budget_bytes)}"
+        + process
+    )
+
+
+def floor_bytes(baseline_bytes: int | None, static: StaticMemory) -> int:
+    """Memory that does not scale with the batch: the probe process's own, the parameters, the optimizer
+    state (resident from the second step). Gradients are left out: at the peak of a backward pass only
+    some may exist yet. A lower bound of the intercept, as the search needs."""
+    return (baseline_bytes or 0) + static.parameters + static.optimizer_state

@@ -1,0 +1,128 @@
+"""The device a session probes on: its budget (CPU and CUDA side by side) and the one margin rule.
+
+Pure: :func:`device_info` turns what the probe server's ``inspect`` operation reported about the
+device and the model into a :class:`DeviceInfo`; the arithmetic of each device's budget lives in one
+function per device (:func:`cpu_budget` here, :func:`autobatch.devices.cuda.cuda_budget` for CUDA).
+
+**The margin.** On the CPU the same probe's peak differs between fresh processes by up to ~150 KiB
+(Python's heap, page rounding; measured with ``autobatch check`` on tests/scripts/later_step_trap.py),
+so a batch whose peak lands within that of the cap fits once and fails the next time. The search
+therefore does not accept a fit within :func:`margin_bytes` of the budget, and a probe's peak counts as
+still growing only while it grows by more than that. On CUDA the verdict compares allocator
+statistics: no margin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.units import format_bytes
+from ..errors import DeviceError, UsageError
+
+
+def margin_bytes(device_type: str, budget_bytes: int) -> int:
+    """How close to the budget a peak may come and still count as a fit (see the module docstring)."""
+    return max(1 << 20, budget_bytes // 1000) if device_type == "cpu" else 0
+
+
+def growth_tolerance(budget_bytes: int) -> int:
+    """How much a step's peak may exceed the previous one and still count as settled (any device)."""
+    return max(1 << 20, budget_bytes // 1000)
+
+
+@dataclass
+class DeviceInfo:
+    """The device of a session, its budget, and what inspecting the model told about both."""
+
+    type: str  # "cpu" | "cuda"
+    name: str  # "cpu" | "cuda:0"
+    capacity_bytes: int
+    budget_bytes: int
+    headroom: float
+    memory_definition: str
+    unsupported_precisions: dict[str, str] = field(default_factory=dict)
+    recompute_blocks: list[str] = field(default_factory=list)
+    param_shapes: list[list[int]] = field(default_factory=list)
+    param_count: int = 0
+    baseline_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def margin_bytes(self) -> int:
+        return margin_bytes(self.type, self.budget_bytes)
+
+    def too_close(self, peak_bytes: int | None) -> bool:
+        """Whether a peak that fitted came within :attr:`margin_bytes` of the budget."""
+        margin = self.margin_bytes
+        return bool(margin and (peak_bytes or 0) > self.budget_bytes - margin)
+
+    def unsupported(self, precision: str) -> str | None:
+        """Why this device cannot run ``precision`` (None when it can): the one precision-support check."""
+        why = self.unsupported_precisions.get(precision)
+        return f"{self.name} cannot run {precision}: {why}" if why else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "name": self.name,
+            "capacity_bytes": self.capacity_bytes,
+            "budget_bytes": self.budget_bytes,
+            "headroom": self.headroom,
+            "memory_definition": self.memory_definition,
+            "baseline_bytes": self.baseline_bytes,
+        }
+
+
+def cpu_budget(capacity_bytes: int, headroom: float, baseline_bytes: int | None) -> int:
+    """``capacity x (1 - headroom)``; refused when it leaves nothing above the probe process itself."""
+    budget = int(capacity_bytes * (1 - headroom))
+    if baseline_bytes and budget <= baseline_bytes:
+        raise UsageError(
+            f"the CPU budget {format_bytes(budget)} is below what a probe process holds before building the model "
+            f"({format_bytes(baseline_bytes)}: Python, torch and the script)",
+            hint="raise --memory: on the CPU device it caps the whole probe process, imports included",
+        )
+    return budget
+
+
+def device_info(device: str, info: dict[str, Any], *, memory: int | None, headroom: float) -> DeviceInfo:
+    """The :class:`DeviceInfo` of ``device`` ("cpu" or "cuda:N") from an ``inspect`` answer."""
+    common: dict[str, Any] = {
+        "unsupported_precisions": dict(info.get("unsupported_precisions", {})),
+        "recompute_blocks": list(info.get("recompute_blocks", [])),
+        "param_shapes": [list(s) for s in info.get("param_shapes", [])],
+        "param_count": int(info.get("param_count", 0)),
+    }
+    if device == "cpu":
+        from .cpu import MEMORY_DEFINITION
+
+        capacity = memory or int(info["available_bytes"])
+        baseline = info.get("baseline_bytes")
+        budget = cpu_budget(capacity, headroom, baseline)
+        return DeviceInfo(
+            "cpu", "cpu", capacity, budget, headroom, MEMORY_DEFINITION, baseline_bytes=baseline, **common
+        )
+    from . import cuda
+
+    snapshot = cuda.CudaSnapshot.from_dict(info["snapshot"])
+    found = cuda.cuda_budget(snapshot, memory=memory, headroom=headroom)
+    return DeviceInfo(
+        "cuda",
+        device,
+        found.capacity_bytes,
+        found.budget_bytes,
+        headroom,
+        cuda.MEMORY_DEFINITION,
+        notes=list(found.breakdown),
+        **common,
+    )
+
+
+def cuda_name(device: str) -> str:
+    """``cuda`` -> ``cuda:0``; ``cuda:N`` as is; anything else is refused."""
+    if device == "cuda":
+        return "cuda:0"
+    if not device.startswith("cuda:") or not device[5:].isdigit():
+        raise DeviceError(f"unknown device {device!r}", hint="use auto, cpu, cuda or cuda:N")
+    return device

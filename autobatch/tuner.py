@@ -1,0 +1,293 @@
+"""A tune: every combination's exact maximum, throughput at the plan, the choice, and the result.
+
+The pure core decides (``core.maximum`` each combination, ``core.reuse`` the priors, ``core.plan`` the plan and the
+choice); this module only wires it to a
+:class:`Session` that runs probes, and keeps the result up to date after every probe, so that an
+interrupted or failed run still leaves the probes it measured (``status`` says how it ended).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from . import __version__
+from .core import reuse
+from .core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reason
+from .core.plan import Candidate, Plan, choose, knee, plan_accumulation
+from .core.search import Observation
+from .core.space import Combo, combinations
+from .core.units import format_bytes
+from .errors import NothingFitsError
+from .probe.protocol import ProbeOutcome
+from .result import Chosen, ComboResult, ProbeRecord, TuneResult
+from .session import Session
+
+if TYPE_CHECKING:
+    from .settings import Settings
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """What one tune searches and plans (built from the settings, where every default lives)."""
+
+    precisions: tuple[str, ...]
+    optimizers: tuple[str, ...]
+    recompute: tuple[bool, ...]
+    limits: Limits
+    global_batch_size: int | None
+    world_size: int
+    world_size_source: str
+    objective: str
+    exact_all: bool
+
+    @classmethod
+    def from_settings(cls, settings: Settings, world_size: int, world_size_source: str) -> TuneOptions:
+        search, plan = settings.search, settings.plan
+        return cls(
+            precisions=search.precisions,
+            optimizers=search.optimizers,
+            recompute=search.recompute,
+            limits=settings.limits(),
+            global_batch_size=plan.global_batch_size,
+            world_size=world_size,
+            world_size_source=world_size_source,
+            objective=plan.objective,
+            exact_all=search.exact_all,
+        )
+
+
+class Tuner:
+    """Runs one tune over a started :class:`Session`; :attr:`result` is always current."""
+
+    def __init__(
+        self, session: Session, options: TuneOptions, on_update: Callable[[TuneResult], None] | None = None
+    ) -> None:
+        assert session.device is not None
+        self.session = session
+        self.options = options
+        self.on_update = on_update
+        self.started = time.perf_counter()
+        self.learned: list[reuse.Learned] = []
+        device = session.device
+        self.result = TuneResult(
+            script=str(session.script),
+            script_args=list(session.script_args),
+            device=device.to_dict(),
+            objective=options.objective,
+            combinations=[],
+            status="running",
+            torch_version=session.torch_version,
+            autobatch_version=__version__,
+            created=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+            notes=list(device.notes),
+        )
+        if options.world_size_source != "default":
+            self.result.notes.append(f"world size {options.world_size} from {options.world_size_source}")
+
+    def run(self) -> TuneResult:
+        device = self.session.device
+        assert device is not None
+        combos = combinations(self.options.precisions, self.options.optimizers, self.options.recompute)
+        for combo in combos:
+            entry = ComboResult(combo.precision, combo.optimizer, combo.recompute)
+            self.result.combinations.append(entry)
+        for combo, entry in zip(combos, self.result.combinations):
+            skip = self._skip_reason(combo)
+            if skip:
+                entry.status, entry.reason = "skipped", skip
+                continue
+            self._search(combo, entry)
+            self._update()
+        self._plan_and_choose(combos)
+        self.result.status = "complete"
+        self._update()
+        if self.result.chosen is None:
+            raise NothingFitsError(
+                "no combination fits even the smallest batch within the budget of "
+                f"{format_bytes(device.budget_bytes)}",
+                hint="see each combination's reason (static memory vs budget); try bf16, a lighter optimizer, "
+                "recomputation, or more --memory",
+            )
+        return self.result
+
+    # -- per combination ------------------------------------------------------------------------
+
+    def _skip_reason(self, combo: Combo) -> str | None:
+        device = self.session.device
+        assert device is not None
+        unsupported = device.unsupported(combo.precision)
+        if unsupported:
+            return unsupported
+        if combo.recompute and not device.recompute_blocks:
+            return "no repeated blocks to recompute (name them with --recompute-class or RECOMPUTE_CLASSES)"
+        return None
+
+    def _search(self, combo: Combo, entry: ComboResult) -> None:
+        device = self.session.device
+        assert device is not None
+        limits = self.options.limits
+        outcomes: dict[int, ProbeOutcome] = {}
+
+        def probe(batch: int, steps: tuple[int, int], purpose: str) -> Observation:
+            outcome = self.session.probe(combo, batch, min_steps=steps[0], max_steps=steps[1])
+            if purpose != "confirm" or outcome.fits:
+                outcomes[batch] = outcome
+            self._record(entry, outcome, purpose)
+            return _observation(outcome)
+
+        shapes = [tuple(s) for s in device.param_shapes]
+        analytic = StaticMemory.analytic(combo.precision, combo.optimizer, shapes, device.param_count)
+        answer = find_maximum(
+            probe,
+            budget_bytes=device.budget_bytes,
+            limits=limits,
+            prediction=self._prior(combo),
+            floor_bytes=floor_bytes(device.baseline_bytes, analytic),
+            prune_at_or_below=self._prune_threshold(),
+        )
+        static = _measured_static(outcomes) or analytic
+        entry.static_bytes = static.to_dict()
+        entry.status, entry.max_batch_size = answer.status, answer.max_batch_size
+        entry.reason = reason(
+            answer,
+            static,
+            budget_bytes=device.budget_bytes,
+            baseline_bytes=device.baseline_bytes,
+            batch_multiple=limits.batch_multiple,
+        )
+        self.result.notes.extend(f"{combo.key}: {note}" for note in answer.notes)
+        best = outcomes.get(answer.max_batch_size) if answer.max_batch_size is not None else None
+        if best is not None and answer.status != "pruned":
+            entry.peak_bytes, entry.samples_per_second = best.peak_bytes, best.samples_per_second
+        if answer.model is not None:
+            entry.bytes_per_sample = answer.model.slope
+            self.learned.append(
+                reuse.Learned(
+                    combo.precision,
+                    combo.optimizer,
+                    combo.recompute,
+                    answer.model.intercept,
+                    answer.model.slope,
+                )
+            )
+        points = [
+            (b, o.samples_per_second) for b, o in sorted(outcomes.items()) if o.fits and o.samples_per_second
+        ]
+        entry.knee_batch_size = knee(points) if points else None
+
+    def _prune_threshold(self) -> int | None:
+        """Under max-batch, a later combination must beat the best maximum so far (ties go to the earlier)."""
+        if self.options.objective != "max-batch" or self.options.exact_all:
+            return None
+        best = max(
+            (
+                c.max_batch_size
+                for c in self.result.combinations
+                if c.status in ("exact", "capped") and c.max_batch_size
+            ),
+            default=None,
+        )
+        return best + self.options.limits.batch_multiple if best else None
+
+    def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
+        entry.trace.append(
+            ProbeRecord(
+                batch_size=outcome.batch_size,
+                kind=outcome.kind,
+                peak_bytes=outcome.peak_bytes,
+                steps=outcome.steps,
+                seconds=round(outcome.wall_seconds, 3),
+                samples_per_second=outcome.samples_per_second,
+                cached=outcome.cached,
+                purpose=purpose,
+            )
+        )
+        entry.probes = len(entry.trace)
+        self._update()
+
+    def _prior(self, combo: Combo) -> reuse.Prediction | None:
+        device = self.session.device
+        assert device is not None
+        shapes = [tuple(s) for s in device.param_shapes]
+        return reuse.predict(combo.precision, combo.optimizer, combo.recompute, self.learned, shapes)
+
+    # -- plan and choice ------------------------------------------------------------------------
+
+    def _plan_and_choose(self, combos: list[Combo]) -> None:
+        opts = self.options
+        candidates: list[Candidate] = []
+        plans: dict[int, Plan] = {}
+        for index, (combo, entry) in enumerate(zip(combos, self.result.combinations)):
+            if entry.max_batch_size is None or entry.status not in ("exact", "capped"):
+                candidates.append(Candidate(index, None, None, None))
+                continue
+            plan = plan_accumulation(
+                entry.max_batch_size, opts.global_batch_size, opts.world_size, opts.limits.batch_multiple
+            )
+            plans[index] = plan
+            sps = (
+                self._throughput_at(combo, entry, plan.micro_batch_size)
+                if opts.objective == "throughput"
+                else entry.samples_per_second
+            )
+            candidates.append(Candidate(index, entry.max_batch_size, sps, plan))
+        winner = choose(candidates, opts.objective)
+        if winner is None:
+            return
+        entry = self.result.combinations[winner]
+        plan = plans[winner]
+        self.result.chosen = Chosen(
+            precision=entry.precision,
+            optimizer=entry.optimizer,
+            recompute=entry.recompute,
+            micro_batch_size=plan.micro_batch_size,
+            accumulation_steps=plan.accumulation_steps,
+            world_size=plan.world_size,
+            global_batch_size=plan.global_batch_size,
+            requested_global_batch_size=plan.requested_global_batch_size,
+            exact=plan.exact,
+            note=plan.note,
+        )
+
+    def _throughput_at(self, combo: Combo, entry: ComboResult, micro: int) -> float | None:
+        """Samples per second at the planned micro-batch (measured now if no probe ran there)."""
+        for record in reversed(entry.trace):
+            if record.batch_size == micro and record.kind == "fits" and record.samples_per_second:
+                if micro != entry.max_batch_size:
+                    entry.samples_per_second = record.samples_per_second
+                return record.samples_per_second
+        limits = self.options.limits
+        outcome = self.session.probe(combo, micro, min_steps=limits.steps, max_steps=limits.max_steps)
+        self._record(entry, outcome, "throughput")
+        if outcome.fits:
+            entry.samples_per_second = outcome.samples_per_second
+        return outcome.samples_per_second
+
+    def _update(self) -> None:
+        self.result.probes = sum(1 for c in self.result.combinations for p in c.trace if not p.cached)
+        self.result.wall_seconds = round(time.perf_counter() - self.started, 3)
+        if self.on_update:
+            self.on_update(self.result)
+
+
+def _observation(outcome: ProbeOutcome) -> Observation:
+    return Observation(
+        batch_size=outcome.batch_size,
+        fits=outcome.fits,
+        peak_bytes=outcome.peak_bytes if outcome.fits else None,
+        kind=outcome.kind,
+        samples_per_second=outcome.samples_per_second,
+        steps=outcome.steps,
+    )
+
+
+def _measured_static(outcomes: dict[int, ProbeOutcome]) -> StaticMemory | None:
+    """The static memory a fitting probe measured (the latest), if any did."""
+    measured = [o for o in outcomes.values() if o.fits and o.param_bytes]
+    if not measured:
+        return None
+    o = measured[-1]
+    return StaticMemory(o.param_bytes, o.grad_bytes, o.optimizer_state_bytes)

@@ -1,0 +1,172 @@
+"""The per-combination procedure (calibrate, search, confirm) over fake probes: no torch, no device."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autobatch.core.maximum import (
+    CALIBRATE_AT,
+    CONFIRM_ROUNDS,
+    SCOUT_CANDIDATES,
+    Limits,
+    StaticMemory,
+    find_maximum,
+    floor_bytes,
+    reason,
+)
+from autobatch.core.reuse import Prediction
+from autobatch.core.search import probe_bound
+from autobatch.testing import Curve, FakeStepProbe, affine, plateau, quadratic, staircase, true_max
+
+GiB, MiB = 2**30, 2**20
+LIMITS = Limits(max_batch_size=4096, batch_multiple=1, steps=3, max_steps=8, confirm_steps=10)
+
+CURVES = {
+    "affine": affine(300 * MiB, 1.5 * MiB),
+    "quadratic": quadratic(300 * MiB, 0.2 * MiB, 0.002 * MiB),
+    "staircase": staircase(300 * MiB, 1.3 * MiB, 20 * MiB),
+    # The optimizer step sets the peak (900 MiB) until the activations overtake it near batch 600.
+    "flat-then-rising": plateau(900 * MiB, 100 * MiB, 1.3 * MiB),
+}
+
+
+def confirmed(probe: FakeStepProbe, batch: int) -> bool:
+    """Whether a probe of confirmation length fitted at ``batch``."""
+    return any(b == batch and steps[0] >= LIMITS.confirm_steps for b, steps, _ in probe.calls) and (
+        probe.curve(batch) <= probe.budget_bytes
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CURVES))
+def test_exact_and_confirmed_on_every_curve_shape(name: str) -> None:
+    probe = FakeStepProbe(CURVES[name], GiB)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
+    assert answer.max_batch_size == true_max(CURVES[name], GiB, LIMITS.max_batch_size)
+    assert answer.status == "exact"
+    assert confirmed(probe, answer.max_batch_size)
+    assert answer.probes == len(probe.calls) <= probe_bound(LIMITS.max_batch_size) + CONFIRM_ROUNDS
+    assert len({(b, s) for b, s, _ in probe.calls}) == len(probe.calls), "no probe repeated"
+
+
+def test_first_probe_is_the_scout_and_affine_takes_five_with_the_confirmation() -> None:
+    probe = FakeStepProbe(CURVES["affine"], GiB)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
+    assert probe.calls[0] == (SCOUT_CANDIDATES, LIMITS.search_steps, "search")
+    assert answer.probes <= 5
+
+
+def test_floor_keeps_it_exact() -> None:
+    curve = CURVES["affine"]
+    probe = FakeStepProbe(curve, GiB)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS, floor_bytes=250 * MiB)
+    assert answer.max_batch_size == true_max(curve, GiB, LIMITS.max_batch_size)
+
+
+def test_a_confirmation_that_fails_once_at_the_boundary() -> None:
+    curve = CURVES["affine"]
+    top = true_max(curve, GiB, LIMITS.max_batch_size)
+    assert top is not None
+    # The boundary flickers: the top batch fits short probes, not a 10-step one.
+    probe = FakeStepProbe(curve, GiB, fails_long=lambda b, _purpose: b == top)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
+    assert answer.max_batch_size == top - 1
+    assert answer.status == "exact"
+    assert confirmed(probe, top - 1)
+    assert any(f"batch {top} fitted" in note for note in answer.notes)
+
+
+def test_confirmation_rounds_that_run_out_never_keep_a_failed_maximum() -> None:
+    curve = CURVES["affine"]
+    # No probe of confirmation length ever fits: nothing can be confirmed.
+    probe = FakeStepProbe(curve, GiB, fails_long=lambda _b, _purpose: True)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
+    assert answer.status == "incomplete"
+    assert answer.max_batch_size is None
+    assert sum(1 for _, _, purpose in probe.calls if purpose == "confirm") == CONFIRM_ROUNDS
+    assert "none held" in answer.notes[-1]
+
+
+def test_rounds_run_out_above_a_batch_that_held() -> None:
+    curve = CURVES["affine"]
+    top = true_max(curve, GiB, LIMITS.max_batch_size)
+    assert top is not None
+    held = top - 40
+    # Long probes fit at or below `held`; above it, a search probe of confirmation length fits once
+    # (a flicker) but every confirmation fails.
+    probe = FakeStepProbe(curve, GiB, fails_long=lambda b, purpose: b > held and purpose == "confirm")
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
+    assert answer.max_batch_size is not None
+    assert confirmed(probe, answer.max_batch_size)
+    assert answer.max_batch_size <= top
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    intercept=st.floats(0.05, 0.9),
+    slope=st.floats(1e-4, 0.05),
+    flicker=st.sets(st.integers(1, 4096), max_size=40),
+    confirm_only=st.booleans(),
+)
+def test_the_answer_is_always_confirmed_or_none(
+    intercept: float, slope: float, flicker: set[int], confirm_only: bool
+) -> None:
+    """Whatever flickers, the maximum reported fitted a probe as long as a confirmation."""
+    curve = affine(intercept * GiB, slope * GiB)
+    probe = FakeStepProbe(
+        curve, GiB, fails_long=lambda b, purpose: b in flicker and (purpose == "confirm" or not confirm_only)
+    )
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
+    if answer.max_batch_size is not None:
+        assert confirmed(probe, answer.max_batch_size)
+        assert answer.max_batch_size <= (true_max(curve, GiB, LIMITS.max_batch_size) or 0)
+    assert sum(1 for _, _, p in probe.calls if p == "confirm") <= CONFIRM_ROUNDS
+
+
+def test_a_guessed_slope_is_calibrated_below_the_guess() -> None:
+    curve = CURVES["affine"]
+    guess = Prediction(300 * MiB, 1.3 * MiB, "typical ratio", slope_known=False)  # the true slope: 1.5 MiB
+    probe = FakeStepProbe(curve, GiB)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS, prediction=guess)
+    predicted = (GiB - 300 * MiB) / (1.3 * MiB)
+    assert probe.calls[0][0] == int(CALIBRATE_AT * predicted)
+    assert answer.max_batch_size == true_max(curve, GiB, LIMITS.max_batch_size)
+    assert answer.probes <= 4
+
+
+def test_a_known_slope_needs_no_calibration() -> None:
+    curve = CURVES["affine"]
+    known = Prediction(300 * MiB, 1.5 * MiB, "measured", slope_known=True)
+    probe = FakeStepProbe(curve, GiB)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS, prediction=known)
+    assert answer.max_batch_size == true_max(curve, GiB, LIMITS.max_batch_size)
+    assert answer.probes <= 3
+
+
+def test_pruned_when_it_cannot_beat_the_best_so_far() -> None:
+    probe = FakeStepProbe(CURVES["affine"], GiB)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS, prune_at_or_below=1000)
+    assert answer.status == "pruned"
+    assert "cannot win under max-batch" in str(
+        reason(answer, StaticMemory(1, 1, 1), budget_bytes=GiB, baseline_bytes=None, batch_multiple=1)
+    )
+
+
+def test_infeasible_reason_names_the_static_memory() -> None:
+    curve: Curve = affine(1.5 * GiB, MiB)
+    answer = find_maximum(FakeStepProbe(curve, GiB), budget_bytes=GiB, limits=LIMITS)
+    assert answer.status == "infeasible" and answer.max_batch_size is None
+    static = StaticMemory.analytic("32-true", "adamw", [(1024, 1024)], 1024 * 1024)
+    assert static.to_dict() == {"parameters": 4 * MiB, "gradients": 4 * MiB, "optimizer_state": 8 * MiB}
+    text = reason(answer, static, budget_bytes=GiB, baseline_bytes=200 * MiB, batch_multiple=1)
+    assert text is not None and "16.00 MiB of static memory" in text and "probe process itself" in text
+    assert floor_bytes(200 * MiB, static) == 212 * MiB
+
+
+def test_capped_at_the_largest_candidate() -> None:
+    limits = Limits(max_batch_size=64, batch_multiple=8, steps=3, max_steps=8, confirm_steps=10)
+    probe = FakeStepProbe(CURVES["affine"], GiB)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=limits)
+    assert (answer.max_batch_size, answer.status) == (64, "capped")
+    assert all(b % 8 == 0 for b, _, _ in probe.calls)
