@@ -29,46 +29,29 @@ def check(
     script: Optional[str] = opt.SCRIPT,
     script_args: Optional[list[str]] = opt.SCRIPT_ARGS,
     batch_size: int = typer.Option(..., "--batch-size", "-b", min=1, help="The batch size to try."),
-    steps: Optional[int] = typer.Option(
-        None, "--steps", min=1, help="Full training steps to run (default: confirm_steps, 10)."
+    n_steps: Optional[int] = typer.Option(
+        None, "--steps", min=1, help="Full training steps to run (default: the confirm_steps setting)."
     ),
     config: Optional[Path] = opt.CONFIG,
     device: Optional[str] = opt.DEVICE,
     memory: Optional[str] = opt.MEMORY,
     headroom: Optional[float] = opt.HEADROOM,
-    precision: Optional[str] = typer.Option(
-        None, "--precision", "-p", help="Precision (default: the first in settings)."
-    ),
-    optimizer: Optional[str] = typer.Option(
-        None, "--optimizer", "-o", help="Optimizer (default: the first in settings)."
-    ),
-    recompute: bool = typer.Option(
-        False, "--recompute/--no-recompute", help="Wrap repeated blocks in activation checkpointing."
-    ),
+    precision: Optional[str] = opt.ONE_PRECISION,
+    optimizer: Optional[str] = opt.ONE_OPTIMIZER,
+    one_recompute: bool = opt.ONE_RECOMPUTE,
     recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
     timeout: Optional[float] = opt.TIMEOUT,
     as_json: bool = opt.JSON,
 ) -> None:
     """Run one isolated probe: does this batch fit? Peak memory and step time."""
-    settings = opt.load(
-        config,
-        script=script,
-        script_args=script_args,
-        device=device,
-        memory=memory,
-        headroom=headroom,
-        precisions=precision,
-        optimizers=optimizer,
-        recompute_classes=recompute_class,
-        timeout=timeout,
-    )
+    settings = opt.load(locals())
     settings.require_script()
-    n_steps = steps or settings.probe.confirm_steps
+    n_steps = n_steps or settings.probe.confirm_steps
 
     from ..core.space import Combo
     from ..probe.failures import raise_for
 
-    combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], recompute)
+    combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], one_recompute)
     with opt.open_session(settings, cache=False) as session:
         info = session.device
         assert info is not None

@@ -70,21 +70,7 @@ def estimate(
     if list_cards:
         _print_cards(CARDS, as_json)
         return
-    settings = opt.load(
-        config,
-        script=script,
-        script_args=script_args,
-        device=device,
-        memory=memory,
-        headroom=headroom,
-        precisions=precision,
-        optimizers=optimizer,
-        recompute=recompute,
-        recompute_classes=recompute_class,
-        batch_multiple=batch_multiple,
-        max_batch_size=max_batch_size,
-        timeout=timeout,
-    )
+    settings = opt.load(locals())
     script_path = settings.require_script()
     if not Path(script_path).is_file():
         raise UsageError(

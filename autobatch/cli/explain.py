@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
@@ -32,15 +32,9 @@ def explain(
     device: Optional[str] = opt.DEVICE,
     memory: Optional[str] = opt.MEMORY,
     headroom: Optional[float] = opt.HEADROOM,
-    precision: Optional[str] = typer.Option(
-        None, "--precision", "-p", help="Precision (default: the first in settings)."
-    ),
-    optimizer: Optional[str] = typer.Option(
-        None, "--optimizer", "-o", help="Optimizer (default: the first in settings)."
-    ),
-    recompute: bool = typer.Option(
-        False, "--recompute/--no-recompute", help="Wrap repeated blocks in activation checkpointing."
-    ),
+    precision: Optional[str] = opt.ONE_PRECISION,
+    optimizer: Optional[str] = opt.ONE_OPTIMIZER,
+    one_recompute: bool = opt.ONE_RECOMPUTE,
     recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
     timeout: Optional[float] = opt.TIMEOUT,
     vocab_trim: float = typer.Option(
@@ -60,18 +54,7 @@ def explain(
     as_json: bool = opt.JSON,
 ) -> None:
     """Break the peak memory of one batch size down (categories, modules) and rank the levers."""
-    settings = opt.load(
-        config,
-        script=script,
-        script_args=script_args,
-        device=device,
-        memory=memory,
-        headroom=headroom,
-        precisions=precision,
-        optimizers=optimizer,
-        recompute_classes=recompute_class,
-        timeout=timeout,
-    )
+    settings = opt.load(locals())
     script_path = settings.require_script()
     if plot is not None:
         from ..explain.plot import check_plot_path
@@ -80,9 +63,8 @@ def explain(
 
     from ..core.space import Combo
     from ..explain.explainer import explain as run_explain
-    from ..explain.render import print_breakdown, print_levers, print_modules
 
-    combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], recompute)
+    combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], one_recompute)
     limits = settings.limits()
     console.print(f"[bold]autobatch explain[/] {escape(script_path)}: starting the probe server")
     with opt.open_session(settings) as session:
@@ -106,9 +88,22 @@ def explain(
             progress=lambda text: console.print(f"[dim]  {escape(text)}[/]"),
         )
     data = report.to_dict()
+    _print_report(report, data, combo.key, info.name, verify)
+    if plot is not None:
+        from ..explain.plot import plot_explain
+
+        plot_explain(data, plot)
+        console.print(f"plot written to {plot}")
+    if as_json:
+        stdout_write(json.dumps(data, indent=2))
+
+
+def _print_report(report: Any, data: dict[str, Any], key: str, device: str, verify: bool) -> None:
+    from ..explain.render import print_breakdown, print_levers, print_modules
+
     verdict = "[green]fits[/]" if report.fits else f"[yellow]does not fit[/] ({report.kind})"
     console.print(
-        f"{combo.key} batch {batch_size} on {info.name}: {verdict}; measured peak "
+        f"{key} batch {report.batch_size} on {device}: {verdict}; measured peak "
         f"{format_bytes(report.peak_bytes)} of budget {format_bytes(report.budget_bytes)}"
     )
     print_breakdown(console, data)
@@ -119,13 +114,6 @@ def explain(
             f"{format_bytes(report.line['bytes_per_sample'])} per sample "
             f"(batches {', '.join(str(m['batch_size']) for m in report.measured)})"
         )
-    print_levers(console, report.levers, batch_size, verify)
+    print_levers(console, report.levers, report.batch_size, verify)
     for note in report.notes:
         console.print(f"[dim]- {escape(note)}[/]")
-    if plot is not None:
-        from ..explain.plot import plot_explain
-
-        plot_explain(data, plot)
-        console.print(f"plot written to {plot}")
-    if as_json:
-        stdout_write(json.dumps(data, indent=2))

@@ -6,7 +6,6 @@ it in; the defaults themselves live only in :mod:`autobatch.settings`.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -35,34 +34,54 @@ RECOMPUTE = typer.Option(None, "--recompute/--no-recompute", help=_help("recompu
 RECOMPUTE_CLASS = typer.Option(None, "--recompute-class", help=_help("recompute_classes"))
 TIMEOUT = typer.Option(None, "--timeout", help=_help("timeout"))
 JSON = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
+#: One combination (check, explain): the first precision and optimizer of the settings unless given.
+ONE_PRECISION = typer.Option(None, "--precision", "-p", help="Precision (default: the first in settings).")
+ONE_OPTIMIZER = typer.Option(None, "--optimizer", "-o", help="Optimizer (default: the first in settings).")
+ONE_RECOMPUTE = typer.Option(
+    False, "--recompute/--no-recompute", help="Wrap repeated blocks in activation checkpointing."
+)
 SCRIPT = typer.Argument(
     None, help="Training script (default: `script` in autobatch.toml).", show_default=False
 )
 SCRIPT_ARGS = typer.Argument(None, help="Arguments for the script, after `--`.", show_default=False)
 
 
-def overrides(**values: Any) -> dict[str, Any]:
-    """Flat setting name -> value for the flags that were given (None and empty lists are 'not given').
+#: Command parameters whose setting has another name (a flag names one item of a list setting).
+SETTING_OF: dict[str, str] = {
+    "precision": "precisions",
+    "optimizer": "optimizers",
+    "recompute_class": "recompute_classes",
+    "output": "result",
+}
 
-    A single precision or optimizer (the one-combination commands' ``-p``/``-o``) counts as a list of one.
+
+def overrides(params: dict[str, Any]) -> dict[str, Any]:
+    """Setting name -> value for a command's parameters that name a setting and were given.
+
+    None and empty lists are 'not given'; a single precision or optimizer counts as a list of one.
     """
+    from ..settings.docs import BY_NAME
+
     out: dict[str, Any] = {}
-    for name, value in values.items():
-        if value is None or (isinstance(value, list) and not value):
+    for param, value in params.items():
+        name = SETTING_OF.get(param, param)
+        if name not in BY_NAME or value is None or value == []:
             continue
-        if name == "recompute":
-            value = [bool(value)]
-        elif name in ("precisions", "optimizers") and isinstance(value, str):
+        if name in ("precisions", "optimizers") and isinstance(value, str):
             value = [value]
+        elif name == "recompute":
+            value = [bool(value)]
         out[name] = value
     return out
 
 
-def load(config: Path | None, **flags: Any) -> Settings:
-    """The settings of a command: ``autobatch.toml`` < ``AUTOBATCH_*`` < the flags that were given."""
+def load(params: dict[str, Any]) -> Settings:
+    """The settings of a command from its own parameters (``opt.load(locals())``, first thing):
+    ``autobatch.toml`` (or ``--config``) < ``AUTOBATCH_*`` < the flags that were given. Parameters
+    that are not settings (``batch_size``, ``as_json``, ...) are left out by name."""
     from ..settings import load_settings
 
-    return load_settings(config=config, overrides=overrides(**flags))
+    return load_settings(config=params.get("config"), overrides=overrides(params))
 
 
 def open_session(

@@ -65,33 +65,7 @@ def tune(
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
     from ..settings import resolve_world_size
 
-    settings = opt.load(
-        config,
-        script=script,
-        script_args=script_args,
-        device=device,
-        memory=memory,
-        headroom=headroom,
-        precisions=precision,
-        optimizers=optimizer,
-        recompute=recompute,
-        recompute_classes=recompute_class,
-        batch_multiple=batch_multiple,
-        max_batch_size=max_batch_size,
-        global_batch_size=global_batch_size,
-        world_size=world_size,
-        objective=objective,
-        steps=steps,
-        max_steps=max_steps,
-        confirm_steps=confirm_steps,
-        timeout=timeout,
-        cache=cache,
-        exact_all=exact_all,
-        result=output,
-        emit=emit,
-        lightning_batch_key=lightning_batch_key,
-        deepspeed_base=deepspeed_base,
-    )
+    settings = opt.load(locals())
     script_path = settings.require_script()
     world, world_source = resolve_world_size(settings.plan.world_size, os.environ)
     if plot is not None:

@@ -144,14 +144,11 @@ def search_max_batch(
     a batch at or below it is known not to fit, and probe the largest candidate at or below it
     early to find out; pass the best maximum so far to skip combinations that cannot reach it, or
     that maximum + 1 to skip those that can at best tie. ``max_probes``: stop ("incomplete") after
-    that many new probes. ``start``: the first batch to probe when nothing is known and there is no
-    prior (default: the smallest candidate). On real devices the smallest batch says little about
-    the per-sample cost (fixed memory and its noise dominate), so a scout a few candidates up gives
-    the first secant a usable base; the bound below still holds (a first probe anywhere lowers the
-    remaining work). ``floor_bytes``: peak memory known not to scale with the batch (on a device, the
-    process's own baseline, the parameters and the optimizer state); the proportional guess after the
-    first fit scales only what lies above it, which keeps it a lower bound of an affine curve's maximum
-    while landing much nearer to it. At most :func:`probe_bound` probes are made.
+    that many new probes. ``start``: the first batch when nothing is known and there is no prior
+    (default: the smallest candidate, which on real devices says little about the per-sample cost;
+    a first probe anywhere keeps the bound). ``floor_bytes``: peak memory known not to scale with the
+    batch; the proportional guess after the first fit scales only what lies above it (still a lower
+    bound of an affine curve's maximum, and nearer). At most :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
     m = batch_multiple
@@ -171,17 +168,14 @@ def search_max_batch(
             model = reported_model(state.points, prior, state.min_fail, budget_bytes)
             return SearchResult(best, status, tuple(trace), state.min_fail, model)
         now = state.remaining()
-        if remaining is not None:
-            debt = max(0, debt + 1 - (remaining - now))
+        debt = debt if remaining is None else max(0, debt + 1 - (remaining - now))
         remaining = now
-        step = None
-        if debt < SLACK:
-            step = state.guided(
-                prior, budget_bytes, prune_at_or_below, use_model=not distrust, floor=floor_bytes
-            )
-        if step is None and start is not None and state.lo < 0 and state.hi == n:
-            step = (min(max(start // m, 1), n) - 1, None)
-        index, expect_fit = step if step is not None else (state.fallback(), None)
+        guided = (
+            state.guided(prior, budget_bytes, prune_at_or_below, not distrust, floor_bytes)
+            if debt < SLACK
+            else None
+        )
+        index, expect_fit = guided or state.unguided(start)
         batch = (index + 1) * m
         obs = probe(batch)
         if not isinstance(obs, Observation) or obs.batch_size != batch:
@@ -236,6 +230,12 @@ class _State:
         if self.hi < self.n:
             return (self.lo + self.hi) // 2
         return 0 if self.lo < 0 else min(2 * self.lo + 1, self.n - 1)
+
+    def unguided(self, start: int | None) -> tuple[int, None]:
+        """The scout candidate while nothing is known, else doubling then bisection."""
+        if start is not None and self.lo < 0 and self.hi == self.n:
+            return min(max(start // self.m, 1), self.n) - 1, None
+        return self.fallback(), None
 
     def guided(
         self,

@@ -46,11 +46,32 @@ def load_settings(
     flags; None means "not given") and check everything, raising one :class:`ConfigError` that lists
     every problem. ``check_paths`` also requires ``script`` and ``deepspeed_base`` to exist."""
     cwd = Path(cwd) if cwd is not None else Path.cwd()
-    env = os.environ if env is None else env
     problems: list[str] = []
+    given, source_files = _gather(
+        config, os.environ if env is None else env, overrides, cwd, use_default_file, problems
+    )
+    values = _coerce_all(given, check_paths, problems)
+    _relate(values, given, cwd, problems)
+    if problems:
+        raise ConfigError(problems, hint=HINT)
+    groups = {
+        section: cls(**{f.name: values[f.name] for f in fields(cls)}) for section, cls in GROUPS.items()
+    }
+    origins = {name: g.origin for name, g in given.items()}
+    return Settings(**groups, source_files=tuple(source_files), origins=origins)
+
+
+def _gather(
+    config: str | Path | None,
+    env: Mapping[str, str],
+    overrides: Mapping[str, Any] | None,
+    cwd: Path,
+    use_default_file: bool,
+    problems: list[str],
+) -> tuple[dict[str, _Given], list[str]]:
+    """Every value given, by field name, the higher source replacing the lower; and the files read."""
     given: dict[str, _Given] = {}
     source_files: list[str] = []
-
     path = Path(config) if config is not None else (cwd / DEFAULT_FILE if use_default_file else None)
     if path is not None and (config is not None or path.is_file()):
         shown = str(config) if config is not None else DEFAULT_FILE
@@ -67,7 +88,11 @@ def load_settings(
         if value is not None:
             flag = BY_NAME[name].flag or name
             given[name] = _Given(value, flag, flag, True, cwd)
+    return given, source_files
 
+
+def _coerce_all(given: dict[str, _Given], check_paths: bool, problems: list[str]) -> dict[str, Any]:
+    """Each field's value: its default, or the given value parsed and checked (paths resolved)."""
     values: dict[str, Any] = {}
     for info in FIELDS:
         if info.name not in given:
@@ -81,28 +106,28 @@ def load_settings(
             continue
         if META[info.name]["kind"] == "path" and value is not None:
             value = os.path.normpath(g.base / Path(value).expanduser())
-            if check_paths and not Path(value).is_file():
+            if check_paths and info.name != "cache_dir" and not Path(value).is_file():
                 problems.append(f"{g.where}: expected an existing file, found {show(g.raw)} (as {value})")
         values[info.name] = value
+    return values
+
+
+def _relate(values: dict[str, Any], given: dict[str, _Given], cwd: Path, problems: list[str]) -> None:
+    """Fields that must be >= another: a default follows the other field, a given value is checked."""
     for cls in GROUPS.values():
         for name, other in relations(cls):
-            if name in values and other in values and values[name] < values[other] and name not in given:
+            if not (name in values and other in values and values[name] < values[other]):
+                continue
+            if name not in given:
                 # a default that depends on another field follows it (steps = 12 raises max_steps to 12)
                 values[name] = values[other]
                 given[name] = _Given(values[name], "", f"default, raised to {other}", False, cwd)
-            elif name in values and other in values and values[name] < values[other]:
+            else:
                 origin = given[other].origin if other in given else "default"
                 problems.append(
                     f"{given[name].where}: expected an integer >= {other} ({values[other]}, from {origin}), "
                     f"found {values[name]}"
                 )
-    if problems:
-        raise ConfigError(problems, hint=HINT)
-    groups = {
-        section: cls(**{f.name: values[f.name] for f in fields(cls)}) for section, cls in GROUPS.items()
-    }
-    origins = {name: g.origin for name, g in given.items()}
-    return Settings(**groups, source_files=tuple(source_files), origins=origins)
 
 
 def _read_file(path: Path, shown: str, given: dict[str, _Given], problems: list[str]) -> None:

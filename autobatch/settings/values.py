@@ -113,71 +113,7 @@ def coerce(meta: Mapping[str, Any], raw: Any, text: bool) -> Any:
         if meta.get("optional"):
             return None
         raise expected(what, raw)
-    value: Any
-    if kind in ("str", "path"):
-        if not isinstance(raw, str) or not raw.strip():
-            raise expected(what, raw)
-        value = raw.strip()
-    elif kind in ("int", "float"):
-        value = _parse_number(raw, text, kind == "int", what)
-    elif kind == "bool":
-        value = _parse_bool(raw, text, what)
-    elif kind == "size":
-        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-            raise expected(what, raw)
-        try:
-            value = parse_size(raw if isinstance(raw, (int, str)) else str(raw))
-        except ValueError:
-            raise expected(what, raw) from None
-    elif kind == "args":
-        if isinstance(raw, str):
-            try:
-                value = tuple(shlex.split(raw))
-            except ValueError:
-                raise expected(what, raw) from None
-        elif isinstance(raw, (list, tuple)) and all(isinstance(a, str) for a in raw):
-            value = tuple(raw)
-        else:
-            raise expected(what, raw)
-    elif kind == "strs":
-        items = []
-        for item in raw if isinstance(raw, (list, tuple)) else [raw]:
-            items += _parse_list(item, True, what)
-        if not all(isinstance(item, str) for item in items):
-            raise expected(what, raw)
-        value = tuple(dict.fromkeys(items))  # drop repeats, keep the user's order (it breaks ties)
-        if meta.get("nonempty") and not value:
-            raise expected(what + " (at least one)", raw)
-        choices = meta.get("choices", ())
-        names = [item.split("=", 1)[0].strip() if meta.get("pairs") else item for item in value]
-        if choices and any(name not in choices for name in names):
-            raise unknown_names(meta["item"], [name for name in names if name not in choices], choices)
-        for item in value:
-            if meta.get("pairs") and "=" in item and not item.split("=", 1)[1].strip():
-                raise expected("FORMAT or FORMAT=PATH with a non-empty PATH", item)
-    elif kind == "bools":
-        if isinstance(raw, str) and raw.strip().lower() == "both":
-            value = (False, True)
-        else:
-            items = _parse_list(raw, text, what) if not isinstance(raw, bool) else [raw]
-            if not items:
-                raise expected(what, raw)
-            value = tuple(dict.fromkeys(_parse_bool(item, text, what) for item in items))
-    elif kind == "kwargs":
-        if isinstance(raw, str) and text:
-            try:
-                raw = json.loads(raw)
-            except ValueError:
-                raise expected(what + " (as JSON)", raw) from None
-        if not isinstance(raw, Mapping) or not all(isinstance(t, Mapping) for t in raw.values()):
-            raise expected(what, raw)
-        if any(name not in OPTIMIZERS for name in raw):
-            raise unknown_names(
-                "optimizer names", [name for name in raw if name not in OPTIMIZERS], OPTIMIZERS
-            )
-        value = MappingProxyType({name: MappingProxyType(dict(kw)) for name, kw in raw.items()})
-    else:  # pragma: no cover - a field declared with an unknown kind
-        raise AssertionError(kind)
+    value = _PARSERS[kind](meta, raw, text)
     choices = meta.get("choices", ())
     if kind == "str" and choices and value not in choices:
         raise expected(f"one of {', '.join(choices)}", value, choices)
@@ -187,6 +123,91 @@ def coerce(meta: Mapping[str, Any], raw: Any, text: bool) -> Any:
     if check is not None and not check(value):
         raise expected(what, value, choices)
     return value
+
+
+def _text(meta: Mapping[str, Any], raw: Any, text: bool) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        raise expected(meta["type"], raw)
+    return raw.strip()
+
+
+def _size(meta: Mapping[str, Any], raw: Any, text: bool) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise expected(meta["type"], raw)
+    try:
+        return parse_size(raw if isinstance(raw, (int, str)) else str(raw))
+    except ValueError:
+        raise expected(meta["type"], raw) from None
+
+
+def _args(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[str, ...]:
+    if isinstance(raw, str):
+        try:
+            return tuple(shlex.split(raw))
+        except ValueError:
+            raise expected(meta["type"], raw) from None
+    if isinstance(raw, (list, tuple)) and all(isinstance(a, str) for a in raw):
+        return tuple(raw)
+    raise expected(meta["type"], raw)
+
+
+def _strs(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[str, ...]:
+    what = meta["type"]
+    items = []
+    for item in raw if isinstance(raw, (list, tuple)) else [raw]:
+        items += _parse_list(item, True, what)
+    if not all(isinstance(item, str) for item in items):
+        raise expected(what, raw)
+    value = tuple(dict.fromkeys(items))  # drop repeats, keep the user's order (it breaks ties)
+    if meta.get("nonempty") and not value:
+        raise expected(what + " (at least one)", raw)
+    choices = meta.get("choices", ())
+    names = [item.split("=", 1)[0].strip() if meta.get("pairs") else item for item in value]
+    if choices and any(name not in choices for name in names):
+        raise unknown_names(meta["item"], [name for name in names if name not in choices], choices)
+    for item in value:
+        if meta.get("pairs") and "=" in item and not item.split("=", 1)[1].strip():
+            raise expected("FORMAT or FORMAT=PATH with a non-empty PATH", item)
+    return value
+
+
+def _bools(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[bool, ...]:
+    what = meta["type"]
+    if isinstance(raw, str) and raw.strip().lower() == "both":
+        return (False, True)
+    items = _parse_list(raw, text, what) if not isinstance(raw, bool) else [raw]
+    if not items:
+        raise expected(what, raw)
+    return tuple(dict.fromkeys(_parse_bool(item, text, what) for item in items))
+
+
+def _kwargs(meta: Mapping[str, Any], raw: Any, text: bool) -> Mapping[str, Mapping[str, Any]]:
+    what = meta["type"]
+    if isinstance(raw, str) and text:
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise expected(what + " (as JSON)", raw) from None
+    if not isinstance(raw, Mapping) or not all(isinstance(t, Mapping) for t in raw.values()):
+        raise expected(what, raw)
+    if any(name not in OPTIMIZERS for name in raw):
+        raise unknown_names("optimizer names", [name for name in raw if name not in OPTIMIZERS], OPTIMIZERS)
+    return MappingProxyType({name: MappingProxyType(dict(kw)) for name, kw in raw.items()})
+
+
+#: How each kind of setting is parsed from a raw value.
+_PARSERS: dict[str, Callable[[Mapping[str, Any], Any, bool], Any]] = {
+    "str": _text,
+    "path": _text,
+    "int": lambda meta, raw, text: _parse_number(raw, text, True, meta["type"]),
+    "float": lambda meta, raw, text: _parse_number(raw, text, False, meta["type"]),
+    "bool": lambda meta, raw, text: _parse_bool(raw, text, meta["type"]),
+    "size": _size,
+    "args": _args,
+    "strs": _strs,
+    "bools": _bools,
+    "kwargs": _kwargs,
+}
 
 
 def plain(value: Any) -> Any:

@@ -1,0 +1,103 @@
+"""The shape of the package: no import cycle, the probe layer off explain, the core pure, small modules.
+
+Imports are read from the source (inside functions too, where a cycle hides from every tool that only
+reads module-level imports); a package's ``__init__`` re-exporting its modules is not an edge of a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "autobatch"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported(name: str, path: Path) -> set[str]:
+    """The package's modules that ``name`` imports anywhere in its source."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level > 1:
+                base = base[: len(base) - (node.level - 1)]
+            module = (
+                (".".join(base) + (f".{node.module}" if node.module else ""))
+                if node.level
+                else node.module or ""
+            )
+            targets = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+        found.update(t for t in targets if t in MODULES and t != name)
+    return found
+
+
+GRAPH = {name: imported(name, path) for name, path in MODULES.items()}
+
+
+def test_no_import_cycle() -> None:
+    edges = {n: {d for d in deps if MODULES[d].name != "__init__.py"} for n, deps in GRAPH.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(edges[node]):
+            if state.get(dep) == 1:
+                cycle = path[path.index(dep) :] + [dep]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        path.pop()
+        state[node] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name)
+
+
+def test_the_probe_layer_knows_nothing_of_explain() -> None:
+    for name, deps in GRAPH.items():
+        if name.startswith("autobatch.probe"):
+            assert not [d for d in deps if d.startswith("autobatch.explain")], name
+
+
+@pytest.mark.parametrize("layer", ["autobatch.core", "autobatch.settings"])
+def test_pure_layers_import_no_edge(layer: str) -> None:
+    """The core (search, plan, reuse) and the settings import nothing that does I/O or needs torch."""
+    allowed = ("autobatch.core", "autobatch.errors", "autobatch.settings")
+    for name, deps in GRAPH.items():
+        if name.startswith(layer):
+            assert all(d.startswith(allowed) or d == "autobatch" for d in deps), (name, deps)
+
+
+def test_modules_and_functions_stay_small() -> None:
+    problems = []
+    for name, path in MODULES.items():
+        text = path.read_text()
+        if text.count("\n") + 1 > MAX_MODULE_LINES:
+            problems.append(f"{name}: {text.count(chr(10)) + 1} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                # A CLI command's Typer option declarations (its signature) do not count.
+                start = node.body[0].lineno if ".cli." in name else node.lineno
+                length = (node.end_lineno or node.lineno) - start + 1
+                if length > MAX_FUNCTION_LINES:
+                    problems.append(f"{name}.{node.name}: {length} lines")
+    assert not problems, problems
