@@ -209,13 +209,15 @@ def test_contract_error_names_function_and_signature(tmp_path) -> None:
 
 
 def test_nothing_fits_explains_static_memory(tmp_path) -> None:
+    # A parameter-heavy MLP (4 x 4096 x 4096: 268 MB of fp32 parameters; AdamW's step holds four times
+    # that) under a cap that holds the probe process and the parameters, but not the rest.
     proc = run_cli(
         "tune",
         str(EXAMPLES / "mlp.py"),
         "--device",
         "cpu",
         "--memory",
-        "300MiB",
+        "700MiB",
         "--headroom",
         "0",
         "--precision",
@@ -225,6 +227,9 @@ def test_nothing_fits_explains_static_memory(tmp_path) -> None:
         "--no-recompute",
         "--output",
         str(tmp_path / "r.json"),
+        "--",
+        "--width",
+        "4096",
     )
     assert proc.returncode == EXIT_NOTHING_FITS, proc.stderr
     assert "static memory" in proc.stderr or "does not fit" in proc.stderr
