@@ -45,6 +45,7 @@ class DeviceInfo:
     param_count: int = 0
     baseline_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+    process_limit_bytes: int | None = None  # CUDA: all a probe process may hold (NVML); None: not checked
 
     @property
     def margin_bytes(self) -> int:
@@ -71,6 +72,7 @@ class DeviceInfo:
             "headroom": self.headroom,
             "memory_definition": self.memory_definition,
             "baseline_bytes": self.baseline_bytes,
+            "process_limit_bytes": self.process_limit_bytes,
         }
 
 
@@ -226,6 +228,7 @@ class Session:
             self.headroom,
             cuda.MEMORY_DEFINITION,
             notes=list(budget_obj.breakdown),
+            process_limit_bytes=budget_obj.process_limit_bytes,
             **common,
         )
 
@@ -258,6 +261,7 @@ class Session:
             recompute_classes=self.recompute_classes,
             op=op,
             options=dict(options or {}),
+            process_limit_bytes=self.device.process_limit_bytes,
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:

@@ -1,6 +1,7 @@
 """A small fake of nvidia-ml-py: the subset of pynvml autobatch calls, over a list of fake devices.
 
 Imported by name (tests/ is on sys.path under pytest) by the NVML tests and the probe worker's tests.
+An instance can stand in for the module itself (``sys.modules["pynvml"]``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ class FakeNvml:
 
     def __init__(self, devices, v3=True):
         self.devices, self.v3 = devices, v3
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
 
     def nvmlDeviceGetCount(self):
         return len(self.devices)

@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable
 
 from ..contract import UserScript
-from ..devices.cuda.budget import judge_step
+from ..devices.cuda.budget import CudaStepStats, judge_step
 from ..errors import AutobatchError, ContractError
 from ..oom import classify_exception
 from .failures import describe_failure
@@ -116,16 +116,27 @@ def _device_hooks(
         with open_nvml(*runtime.device_ids(index)) as nvml:  # no NVML: no process figure
             stats = runtime.read_step_stats(index, nvml)
         o.device_stats = stats.to_dict()
-        if o.kind == "fits":
-            fits, reason = judge_step(stats, request.budget_bytes, None)  # no process limit known yet
-            if not fits:
-                o.kind, o.reason = "oom", reason
+        o.kind, o.reason = cuda_verdict(o, stats, request)
 
     return (
         (lambda: int(torch.cuda.max_memory_reserved(index))),
         (lambda: runtime.synchronize(index)),
         finish,
     )
+
+
+def cuda_verdict(
+    outcome: ProbeOutcome, stats: CudaStepStats, request: ProbeRequest
+) -> tuple[str, str | None]:
+    """A CUDA probe's kind and reason after judging its stats: a fit that was too tight is an OOM.
+
+    Judged against the request's budget and, where both are known, NVML's figure for the process
+    against the request's per-process limit.
+    """
+    if outcome.kind != "fits":
+        return outcome.kind, outcome.reason
+    fits, reason = judge_step(stats, request.budget_bytes, request.process_limit_bytes)
+    return ("fits", outcome.reason) if fits else ("oom", reason)
 
 
 def _inspect(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
