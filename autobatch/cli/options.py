@@ -6,7 +6,7 @@ it in; the defaults themselves live only in :mod:`autobatch.settings`.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -46,6 +46,3 @@ def overrides(**values: Any) -> dict[str, Any]:
             value = [bool(value)]
         out[name] = value
     return out
-
-
-OptionalStr = Optional[str]

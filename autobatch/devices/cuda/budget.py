@@ -115,11 +115,6 @@ class Budget:
         """All this process may hold on the device, CUDA context included, before headroom."""
         return self.capacity_bytes - self.others_bytes
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["breakdown"] = list(self.breakdown)
-        return data
-
 
 def cuda_budget(snapshot: CudaSnapshot, *, memory: int | None, headroom: float) -> Budget:
     """Capacity (total, or ``memory``) minus other processes and the context, times (1 - headroom)."""
