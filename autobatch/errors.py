@@ -18,7 +18,6 @@ Every error carries a ``hint``: what to do about it.
 
 from __future__ import annotations
 
-EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_SCRIPT = 3

@@ -4,7 +4,9 @@ Schema (``schema_version`` 1); fields are only ever added, never renamed or remo
 
 ``status``            "complete" | "interrupted" | "failed"
 ``script``, ``script_args``, ``torch_version``, ``autobatch_version``, ``created``
-``device``            {"type", "name", "capacity_bytes", "budget_bytes", "headroom", "memory_definition"}
+``device``            {"type", "name", "capacity_bytes", "budget_bytes", "headroom", "memory_definition",
+                      "baseline_bytes", "process_limit_bytes" (CUDA: what NVML may see the probe process
+                      hold; null on the CPU)}
 ``objective``         "throughput" | "max-batch"
 ``combinations``      list of :class:`ComboResult` objects: ``precision``, ``optimizer``, ``recompute``,
                       ``status`` ("exact" | "capped" | "infeasible" | "skipped" | "pruned" | "error"),

@@ -199,6 +199,7 @@ class Session:
             recompute_classes=self.recompute_classes,
             op=op,
             options=dict(options or {}),
+            process_limit_bytes=self.device.process_limit_bytes,
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:

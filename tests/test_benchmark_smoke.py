@@ -19,6 +19,8 @@ from support import ROOT
 
 pytest.importorskip("accelerate")
 
+pytestmark = pytest.mark.slow  # the harness starts probe servers
+
 BENCHMARK = ROOT / "scripts" / "benchmark.py"
 
 

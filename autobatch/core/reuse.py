@@ -7,8 +7,10 @@ the activations kept for backward. So:
 * another optimizer at the same precision and recomputation has the same slope, and an intercept
   that differs by the analytic optimizer-state difference (SGD 0, momentum 1, Adam/AdamW 2
   parameter-sized states, Adafactor factored);
-* another precision or recomputation setting changes the slope by a ratio: measured on another
-  optimizer where both sides are known, else a typical ratio (:data:`SLOPE_RATIOS`).
+* another precision or recomputation setting changes the slope by a typical ratio
+  (:data:`SLOPE_RATIOS`), a guess the runner calibrates with one probe. A ratio measured on another
+  optimizer would need the target setting measured, and then its slope is taken directly (a
+  measured slope at the same setting always wins).
 
 A prediction is only a proposal: the search verifies it with a probe on each side of the boundary,
 so a wrong guess costs probes, never correctness.
@@ -85,30 +87,13 @@ def predict(
     )
     if (base.precision, base.recompute) == target:
         return Prediction(intercept, base.slope, f"{base.precision}/{base.optimizer} slope")
-    ratio = _measured_ratio(learned, (base.precision, base.recompute), target)
-    if ratio is None:
-        ratio = SLOPE_RATIOS[target] / SLOPE_RATIOS[(base.precision, base.recompute)]
-        basis = "typical ratio"
-    else:
-        basis = "measured ratio"
+    ratio = SLOPE_RATIOS[target] / SLOPE_RATIOS[(base.precision, base.recompute)]
     return Prediction(
         intercept,
         base.slope * ratio,
-        f"{base.precision}/{base.optimizer} slope x {ratio:.2f} ({basis})",
-        slope_known=basis == "measured ratio",
+        f"{base.precision}/{base.optimizer} slope x {ratio:.2f} (typical ratio)",
+        slope_known=False,
     )
-
-
-def _measured_ratio(
-    learned: list[Learned], source: tuple[str, bool], target: tuple[str, bool]
-) -> float | None:
-    by_optimizer: dict[str, dict[tuple[str, bool], float]] = {}
-    for item in learned:
-        by_optimizer.setdefault(item.optimizer, {})[(item.precision, item.recompute)] = item.slope
-    for slopes in by_optimizer.values():
-        if source in slopes and target in slopes and slopes[source] > 0:
-            return slopes[target] / slopes[source]
-    return None
 
 
 def _numel(shape: tuple[int, ...]) -> int:

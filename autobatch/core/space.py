@@ -31,9 +31,6 @@ OPTIMIZER_STATES: dict[str, float] = {
     "adagrad": 1,
 }
 
-#: Bytes per parameter element, per precision ("mixed" keeps fp32 parameters).
-PARAM_BYTES: dict[str, int] = {"32-true": 4, "bf16-mixed": 4, "16-mixed": 4, "bf16-true": 2}
-
 
 @dataclass(frozen=True, order=True)
 class Combo:

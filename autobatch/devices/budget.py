@@ -47,6 +47,7 @@ class DeviceInfo:
     param_count: int = 0
     baseline_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+    process_limit_bytes: int | None = None  # CUDA: all a probe process may hold (NVML); None: not checked
 
     @property
     def margin_bytes(self) -> int:
@@ -71,6 +72,7 @@ class DeviceInfo:
             "headroom": self.headroom,
             "memory_definition": self.memory_definition,
             "baseline_bytes": self.baseline_bytes,
+            "process_limit_bytes": self.process_limit_bytes,
         }
 
 
@@ -115,6 +117,7 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         headroom,
         cuda.MEMORY_DEFINITION,
         notes=list(found.breakdown),
+        process_limit_bytes=found.process_limit_bytes,
         **common,
     )
 

@@ -32,6 +32,7 @@ class ProbeRequest:
     recompute_classes: tuple[str, ...] = ()
     op: str = "probe"  # "probe" | "inspect" | "explain" | "estimate" (autobatch.explain.ops)
     options: dict[str, Any] = field(default_factory=dict)  # op-specific settings (explain, estimate)
+    process_limit_bytes: int | None = None  # CUDA: all the process may hold, per NVML; None: unknown
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,6 +9,7 @@ import time
 from typing import Any, Callable
 
 from ..contract import UserScript
+from ..devices.cuda.budget import CudaStepStats, judge_step
 from ..errors import AutobatchError, ContractError
 from ..oom import classify_exception
 from .failures import describe_failure
@@ -102,33 +103,40 @@ def _device_hooks(
         outcome.baseline_bytes = vm0.data
         return (lambda: cpu.peak_data_bytes(vm0, cpu.read_status())), (lambda: None), (lambda _o: None)
 
-    from ..devices import cuda
+    from ..devices.cuda import runtime
+    from ..devices.cuda.nvml import open_nvml
 
     index = torch.device(request.device).index or 0
     torch.cuda.set_device(index)
-    cuda.apply_budget_bytes(request.budget_bytes, index)
-    cuda.reset_peaks(index)
+    runtime.apply_budget_bytes(request.budget_bytes, index)
+    runtime.reset_peaks(index)
     outcome.baseline_bytes = int(torch.cuda.memory_reserved(index))
 
     def finish(o: ProbeOutcome) -> None:
-        stats = cuda.read_step_stats(index)
-        o.device_stats = {
-            "max_memory_allocated": stats.max_allocated,
-            "max_memory_reserved": stats.max_reserved,
-            "num_alloc_retries": stats.num_alloc_retries,
-            "num_ooms": stats.num_ooms,
-            "nvml_process_bytes": stats.nvml_process_bytes,
-        }
-        if o.kind == "fits":
-            fits, reason = cuda.judge_step(stats, request.budget_bytes)
-            if not fits:
-                o.kind, o.reason = "oom", reason
+        with open_nvml(*runtime.device_ids(index)) as nvml:  # no NVML: no process figure
+            stats = runtime.read_step_stats(index, nvml)
+        o.device_stats = stats.to_dict()
+        o.kind, o.reason = cuda_verdict(o, stats, request)
 
     return (
         (lambda: int(torch.cuda.max_memory_reserved(index))),
-        (lambda: torch.cuda.synchronize(index)),
+        (lambda: runtime.synchronize(index)),
         finish,
     )
+
+
+def cuda_verdict(
+    outcome: ProbeOutcome, stats: CudaStepStats, request: ProbeRequest
+) -> tuple[str, str | None]:
+    """A CUDA probe's kind and reason after judging its stats: a fit that was too tight is an OOM.
+
+    Judged against the request's budget and, where both are known, NVML's figure for the process
+    against the request's per-process limit.
+    """
+    if outcome.kind != "fits":
+        return outcome.kind, outcome.reason
+    fits, reason = judge_step(stats, request.budget_bytes, request.process_limit_bytes)
+    return ("fits", outcome.reason) if fits else ("oom", reason)
 
 
 def _inspect(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
@@ -158,11 +166,11 @@ def _inspect(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     device = torch.device(request.device)
     unsupported: dict[str, str] = {}
     if device.type == "cuda":
-        from ..devices import cuda
+        from ..devices.cuda import runtime
 
         index = device.index or 0
-        info["snapshot"] = cuda.snapshot_dict(index)
-        unsupported.update({k: v for k, v in cuda.capabilities(index).items() if v})
+        info["snapshot"] = runtime.snapshot_dict(index)
+        unsupported.update({k: v for k, v in runtime.capabilities(index).items() if v})
     else:
         from ..devices import cpu
 

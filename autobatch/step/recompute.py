@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 
 def detect_blocks(model: torch.nn.Module) -> tuple[str, ...]:
-    """Names of the repeated block classes, most parameters first; empty when there are none."""
+    """The most repeated block class (ties: the one with more parameters) as a 1-tuple; empty when none."""
     counts: Counter[str] = Counter()
     params: Counter[str] = Counter()
     for module in model.modules():

@@ -182,6 +182,7 @@ def test_terminal_breakdown() -> None:
         assert word in text, word
 
 
+@pytest.mark.slow
 def test_tune_command_plots_a_real_tune(tmp_path: Path) -> None:
     """``autobatch tune --plot`` from a real (CPU-capped) tune: an SVG with every part the issue lists."""
     from support import EXAMPLES, run_cli

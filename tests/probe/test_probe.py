@@ -15,6 +15,8 @@ from autobatch.probe.client import ProbeClient
 from autobatch.probe.protocol import ProbeRequest
 from autobatch.session import Session
 
+pytestmark = pytest.mark.slow  # every test starts a probe server
+
 GIB = 1 << 30
 
 

@@ -1,0 +1,235 @@
+"""The CUDA budget and the verdict on a step: pure arithmetic over figures read elsewhere.
+
+Definition: on CUDA, a probe's memory is what PyTorch's caching allocator *reserves*
+(``max_memory_reserved``: segments, fragmentation included). The budget is::
+
+    budget = (capacity - other processes - CUDA context) x (1 - headroom)
+
+enforced with ``torch.cuda.set_per_process_memory_fraction(budget / total)``, which caps reserved
+memory and raises a real ``torch.OutOfMemoryError`` past it. That cap counts neither the CUDA context
+(about 300-600 MiB, growing as kernels load lazily; it also holds cuBLAS/cuDNN handles) nor memory
+other processes hold, so both are subtracted first:
+
+* **capacity** is the device's total memory, or ``--memory`` to calibrate for a smaller card. A
+  calibrated card is taken to be dedicated: other processes on *this* GPU are not subtracted from it,
+  but it must fit in what this GPU has available (``memory <= total - other processes``), else
+  :func:`cuda_budget` raises :class:`DeviceError` (it does not clamp: a clamped budget would answer for
+  a card the user did not ask about).
+* **other processes**: the larger of NVML's per-process figures for every PID that is not ours and
+  the device-level figure ``total - free - reserved by us - our context`` (which also sees driver
+  reservations, display servers and processes NVML hides).
+* **CUDA context**: this process's NVML usage minus what PyTorch reserved, measured at probe start;
+  when NVML cannot see our PID (containers have their own PID namespace; NVML reports host PIDs) it
+  is estimated as :data:`DEFAULT_CONTEXT_BYTES` (512 MiB). Growth after the snapshot (lazy kernel
+  loading) is what the headroom absorbs.
+
+A step does not fit when the allocator had to flush its cache to satisfy it
+(``num_alloc_retries > 0``), when it raised an OOM that something caught (``num_ooms > 0``, e.g.
+cuDNN falling back to a slower algorithm for want of workspace), when reserved memory passed the
+budget, or when the whole process (NVML: CUDA context and memory outside PyTorch included) used more
+than the device leaves it (:attr:`Budget.process_limit_bytes`, capacity less other processes).
+
+This module is the arithmetic only: dataclasses in, numbers and verdicts out, no torch and no pynvml,
+so it carries the logic and the tests. The figures come from :mod:`.runtime` (torch.cuda) and
+:mod:`.nvml` (pynvml).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ...core.units import format_bytes
+from ...errors import DeviceError, UsageError
+
+MiB = 1 << 20
+#: The CUDA context assumed when it cannot be measured (NVML cannot see this PID).
+DEFAULT_CONTEXT_BYTES = 512 * MiB
+
+MEMORY_DEFINITION = (
+    "cuda: memory reserved by PyTorch's caching allocator (max_memory_reserved), capped with "
+    "torch.cuda.set_per_process_memory_fraction at (capacity - other processes - CUDA context) x (1 - headroom)"
+)
+
+
+@dataclass(frozen=True)
+class CudaSnapshot:
+    """What the device looks like at probe start (bytes). Crosses processes via to_dict/from_dict."""
+
+    device_index: int
+    name: str
+    total_bytes: int  # torch.cuda.mem_get_info
+    free_bytes: int  # torch.cuda.mem_get_info
+    torch_reserved_bytes: int = 0  # reserved by this process's caching allocator when taken
+    nvml_used_by_others_bytes: int | None = None  # other PIDs (None: unknown or our PID not visible)
+    nvml_device_used_bytes: int | None = None  # nvmlDeviceGetMemoryInfo().used
+    nvml_process_bytes: int | None = None  # this PID, None when NVML cannot see it
+    context_bytes: int = DEFAULT_CONTEXT_BYTES
+    context_source: str = "estimate"  # "nvml" (measured) | "estimate"
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def outside_bytes(self) -> int:
+        """Memory in use on the device that this process's caching allocator does not hold."""
+        used = max(self.total_bytes - self.free_bytes, self.nvml_device_used_bytes or 0)
+        return max(0, used - self.torch_reserved_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["notes"] = list(self.notes)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CudaSnapshot:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["notes"] = tuple(values.get("notes", ()))
+        return cls(**values)
+
+
+def estimate_context(nvml_process_bytes: int | None, torch_reserved_bytes: int) -> tuple[int, str]:
+    """The CUDA context: NVML's figure for this process less PyTorch's reserve, else the estimate."""
+    if nvml_process_bytes is None:
+        return DEFAULT_CONTEXT_BYTES, "estimate"
+    return max(0, nvml_process_bytes - torch_reserved_bytes), "nvml"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The CUDA budget and how it was reached (bytes)."""
+
+    total_bytes: int
+    capacity_bytes: int
+    others_bytes: int  # subtracted for other processes (0 when calibrated with --memory)
+    context_bytes: int
+    headroom: float
+    budget_bytes: int
+    fraction: float  # for torch.cuda.set_per_process_memory_fraction (of total_bytes)
+    calibrated: bool
+    breakdown: tuple[str, ...]
+
+    @property
+    def process_limit_bytes(self) -> int:
+        """All this process may hold on the device, CUDA context included, before headroom."""
+        return self.capacity_bytes - self.others_bytes
+
+
+def cuda_budget(snapshot: CudaSnapshot, *, memory: int | None, headroom: float) -> Budget:
+    """Capacity (total, or ``memory``) minus other processes and the context, times (1 - headroom)."""
+    if not 0.0 <= headroom < 1.0:
+        raise UsageError(f"headroom must be in [0, 1), got {headroom}", hint="for example --headroom 0.1")
+    dev = f"cuda:{snapshot.device_index}"
+    total, context = snapshot.total_bytes, snapshot.context_bytes
+    others_here = max(snapshot.nvml_used_by_others_bytes or 0, snapshot.outside_bytes - context, 0)
+    context_how = (
+        "measured with NVML" if snapshot.context_source == "nvml" else "estimate: NVML cannot see this PID"
+    )
+    if memory is None:
+        capacity, others, calibrated = total, others_here, False
+        lines = [f"capacity {format_bytes(total)} ({dev} {snapshot.name} total)"]
+        lines.append(f"- other processes {format_bytes(others)} (NVML and device-level used memory)")
+    else:
+        if memory <= 0:
+            raise UsageError(f"--memory must be positive, got {memory}", hint="for example --memory 16GiB")
+        available = total - others_here
+        if memory > total:
+            raise DeviceError(
+                f"--memory {format_bytes(memory)} is more than {dev} has ({format_bytes(total)} in total)",
+                hint=f"give --memory of at most {format_bytes(total)}, or leave it out to use the whole device",
+            )
+        if memory > available:
+            raise DeviceError(
+                f"--memory {format_bytes(memory)} is more than {dev} has available: {format_bytes(others_here)} "
+                f"of its {format_bytes(total)} are held by other processes",
+                hint=f"give --memory of at most {format_bytes(available)}, or free the GPU (nvidia-smi lists "
+                "the processes)",
+            )
+        capacity, others, calibrated = memory, 0, True
+        lines = [f"capacity {format_bytes(memory)} (--memory, calibrating for a smaller card on {dev})"]
+        lines.append(f"- other processes 0 B (not on the calibrated card; {format_bytes(others_here)} here)")
+    lines.append(f"- CUDA context {format_bytes(context)} ({context_how})")
+    usable = capacity - others - context
+    budget = int(usable * (1.0 - headroom))
+    lines.append(f"x (1 - headroom {headroom:g}) = budget {format_bytes(budget)}")
+    if budget <= 0:
+        raise DeviceError(
+            f"no memory is left for PyTorch on {dev}: " + "; ".join(lines),
+            hint="free the GPU (nvidia-smi lists the processes), lower --headroom, or give a larger --memory",
+        )
+    fraction = min(1.0, budget / total)
+    lines.append(f"torch.cuda.set_per_process_memory_fraction({fraction:.6f}) caps reserved memory")
+    return Budget(total, capacity, others, context, headroom, budget, fraction, calibrated, tuple(lines))
+
+
+def fraction_for(budget_bytes: int, total_bytes: int) -> float:
+    """The per-process memory fraction that caps reserved memory at ``budget_bytes``."""
+    if budget_bytes <= 0 or total_bytes <= 0:
+        raise DeviceError(
+            f"cannot cap CUDA memory at {format_bytes(budget_bytes)} of {format_bytes(total_bytes)}",
+            hint="free the GPU, lower --headroom, or give a larger --memory",
+        )
+    return float(min(1.0, budget_bytes / total_bytes))
+
+
+@dataclass(frozen=True)
+class CudaStepStats:
+    """Allocator counters after the steps of one probe, and the process's NVML figure (bytes, counts)."""
+
+    max_allocated: int
+    max_reserved: int
+    num_alloc_retries: int = 0
+    num_ooms: int = 0
+    nvml_process_bytes: int | None = None  # None: NVML unavailable or cannot see this PID
+
+    def to_dict(self) -> dict[str, int | None]:
+        """The figures under torch's names, as a probe outcome's ``device_stats``."""
+        return {
+            "max_memory_allocated": self.max_allocated,
+            "max_memory_reserved": self.max_reserved,
+            "num_alloc_retries": self.num_alloc_retries,
+            "num_ooms": self.num_ooms,
+            "nvml_process_bytes": self.nvml_process_bytes,
+        }
+
+
+def judge_step(
+    stats: CudaStepStats, budget_bytes: int, process_limit_bytes: int | None
+) -> tuple[bool, str | None]:
+    """Whether steps that completed really fit; ``(False, reason)`` when they were too tight.
+
+    The NVML rule (the whole process against ``process_limit_bytes``, see
+    :attr:`Budget.process_limit_bytes`) runs whenever both its figures are known.
+    """
+    if stats.num_alloc_retries > 0:
+        return False, (
+            f"allocator had to flush its cache (num_alloc_retries={stats.num_alloc_retries}): too tight"
+        )
+    if stats.num_ooms > 0:
+        return False, (
+            f"the allocator raised an out-of-memory error that was caught (num_ooms={stats.num_ooms}, "
+            "e.g. cuDNN falling back for want of workspace): too tight"
+        )
+    if stats.max_reserved > budget_bytes:
+        return False, (
+            f"reserved {format_bytes(stats.max_reserved)}, over the budget {format_bytes(budget_bytes)}"
+        )
+    process = stats.nvml_process_bytes
+    if process is not None and process_limit_bytes is not None and process > process_limit_bytes:
+        return False, (
+            f"the process used {format_bytes(process)} on the device (NVML: CUDA context and memory "
+            f"outside PyTorch included), over the {format_bytes(process_limit_bytes)} the device leaves it"
+        )
+    return True, None
+
+
+def precision_support(name: str, major: int, minor: int, bf16_native: bool) -> dict[str, str | None]:
+    """Precision -> why it cannot run on this GPU (None: it can). bf16 must be native (8.0+)."""
+    bf16 = None
+    if not bf16_native:
+        bf16 = (
+            f"bf16 is not native on {name} (compute capability {major}.{minor}; needs 8.0+): "
+            "PyTorch would emulate it, slowly"
+        )
+    return {"32-true": None, "16-mixed": None, "bf16-mixed": bf16, "bf16-true": bf16}

@@ -1,0 +1,129 @@
+"""The torch.cuda calls of a probe: read the device, cap the allocator, read the step's counters.
+
+Kept thin: the arithmetic is in :mod:`.budget`, the NVML reads in :mod:`.nvml`. Each function imports
+torch inside it, so importing this module is cheap. :func:`snapshot` initialises CUDA: call it in a
+probe process, never in a process that forks probes afterwards. Written against PyTorch's documented
+``torch.cuda`` API; not run on a GPU here (the development machines have none; tests marked ``gpu``
+run only where CUDA is available).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .budget import CudaSnapshot, CudaStepStats, estimate_context, fraction_for, precision_support
+from .nvml import NvmlView, format_pci_bus_id, open_nvml
+
+
+def device_ids(device_index: int) -> tuple[str | None, str | None]:
+    """torch's UUID and PCI bus id of a device (None where this torch does not expose them)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device_index)
+    uuid = getattr(props, "uuid", None)
+    bus = getattr(props, "pci_bus_id", None)
+    pci = None
+    if isinstance(bus, int):
+        pci = format_pci_bus_id(
+            int(getattr(props, "pci_domain_id", 0)), bus, int(getattr(props, "pci_device_id", 0))
+        )
+    return (str(uuid) if uuid else None), pci
+
+
+def snapshot(device_index: int) -> CudaSnapshot:
+    """Read the device now (initialises CUDA in this process; see the module docstring)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device_index)
+    reserved = int(torch.cuda.memory_reserved(device_index))
+    uuid, pci = device_ids(device_index)
+    notes: list[str] = []
+    with open_nvml(uuid, pci) as nv:
+        proc, others, dev_used = nv.process_bytes(), nv.others_bytes(), nv.device_used_bytes()
+        if nv.reason:
+            notes.append(nv.reason)
+        elif proc is None:
+            notes.append("NVML cannot see this PID (a container?): the CUDA context is estimated")
+    context, source = estimate_context(proc, reserved)
+    return CudaSnapshot(
+        device_index=device_index,
+        name=torch.cuda.get_device_name(device_index),
+        total_bytes=int(total),
+        free_bytes=int(free),
+        torch_reserved_bytes=reserved,
+        nvml_used_by_others_bytes=others,
+        nvml_device_used_bytes=dev_used,
+        nvml_process_bytes=proc,
+        context_bytes=context,
+        context_source=source,
+        uuid=uuid,
+        pci_bus_id=pci,
+        notes=tuple(notes),
+    )
+
+
+def snapshot_dict(device_index: int) -> dict[str, Any]:
+    """:func:`snapshot` as JSON-able data (for the probe protocol)."""
+    return snapshot(device_index).to_dict()
+
+
+def apply_budget_bytes(budget_bytes: int, device_index: int) -> float:
+    """Cap this process's reserved memory on the device at ``budget_bytes``; returns the fraction.
+
+    PyTorch multiplies the fraction by the device total (``cudaMemGetInfo`` in older releases,
+    ``totalGlobalMem`` in newer); dividing by the larger of the two keeps the cap at or below budget.
+    """
+    import torch
+
+    _, mem_total = torch.cuda.mem_get_info(device_index)
+    props_total = int(torch.cuda.get_device_properties(device_index).total_memory)
+    fraction = fraction_for(budget_bytes, max(int(mem_total), props_total))
+    torch.cuda.set_per_process_memory_fraction(fraction, device_index)
+    return fraction
+
+
+def reset_peaks(device_index: int) -> None:
+    """Start peak figures and the retry/OOM counters from zero for this probe."""
+    import torch
+
+    torch.cuda.reset_peak_memory_stats(device_index)
+    torch.cuda.reset_accumulated_memory_stats(device_index)
+
+
+def read_step_stats(device_index: int, nvml: NvmlView) -> CudaStepStats:
+    """Allocator peaks and counters, and this process's memory on the device as ``nvml`` reads it now.
+
+    NVML reports current usage, not a peak. Read after the steps it still covers them: the caching
+    allocator keeps its segments (nothing calls ``empty_cache``), so the process still holds its peak
+    reservation unless the allocator had to release it (a retry, which fails the step anyway).
+    """
+    import torch
+
+    stats = torch.cuda.memory_stats(device_index)
+    return CudaStepStats(
+        max_allocated=int(torch.cuda.max_memory_allocated(device_index)),
+        max_reserved=int(torch.cuda.max_memory_reserved(device_index)),
+        num_alloc_retries=int(stats.get("num_alloc_retries", 0)),
+        num_ooms=int(stats.get("num_ooms", 0)),
+        nvml_process_bytes=nvml.process_bytes(),
+    )
+
+
+def synchronize(device_index: int | None = None) -> None:
+    """Wait for the device's queued work (timing and peaks are read after this)."""
+    import torch
+
+    torch.cuda.synchronize(device_index)
+
+
+def capabilities(device_index: int) -> dict[str, str | None]:
+    """:func:`precision_support` for a real device (torch.cuda.is_bf16_supported without emulation)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device_index)
+    with torch.cuda.device(device_index):
+        try:
+            native = bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # torch without the keyword: decide by compute capability
+            native = props.major >= 8
+    return precision_support(props.name, props.major, props.minor, native)
