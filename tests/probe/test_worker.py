@@ -16,6 +16,7 @@ import torch
 from fake_nvml import A, B, FakeDevice, FakeNvml, GiB, MiB, proc
 
 from autobatch.core.space import Combo
+from autobatch.devices.budget import device_info
 from autobatch.devices.cuda import runtime
 from autobatch.devices.cuda.budget import CudaSnapshot, CudaStepStats, cuda_budget
 from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
@@ -150,7 +151,7 @@ def test_session_puts_the_cuda_process_limit_into_every_request(tmp_path):
     )
     snapshot = CudaSnapshot(0, "A100", 80 * GiB, free_bytes=70 * GiB, context_bytes=500 * MiB)
     budget = cuda_budget(snapshot, memory=None, headroom=0.1)
-    session.device = session._device_info("cuda:0", {"snapshot": snapshot.to_dict()})
+    session.device = device_info("cuda:0", {"snapshot": snapshot.to_dict()}, memory=None, headroom=0.1)
     assert session.device.process_limit_bytes == budget.process_limit_bytes
     assert session.device.to_dict()["process_limit_bytes"] == budget.process_limit_bytes
     combo = Combo("32-true", "adamw", False)
@@ -166,6 +167,8 @@ def test_cpu_requests_carry_no_process_limit(tmp_path):
     session = Session(
         script=tmp_path / "train.py", script_args=(), device="cpu", memory=2 * GiB, headroom=0.1, timeout=60
     )
-    session.device = session._device_info("cpu", {"available_bytes": 8 * GiB, "baseline_bytes": 300 * MiB})
+    session.device = device_info(
+        "cpu", {"available_bytes": 8 * GiB, "baseline_bytes": 300 * MiB}, memory=2 * GiB, headroom=0.1
+    )
     assert session.device.process_limit_bytes is None
     assert session.request(Combo("32-true", "sgd", False), 8, steps=(3, 8)).process_limit_bytes is None
