@@ -27,6 +27,7 @@ from .breakdown import Instrument
 from .estimate import CPU_RUNTIME_BYTES, Offset, calibrated_offset, estimate_scenario
 from .records import Scenario, Transforms
 from .simulate import SimResult, simulate
+from .tracker import MemoryTracker
 from .transforms import applied_during_step
 
 
@@ -79,13 +80,8 @@ def run_explain(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     cpu = request.device == "cpu"
     if cpu:
         warm_up({request.precision}, {request.optimizer}, {request.optimizer: request.optimizer_kwargs})
-    instrument = Instrument(transforms, track=track)
-    wrapped = replace(
-        script,
-        build_model=instrument.wrap_build(script.build_model),
-        make_batch=instrument.wrap_batch(script.make_batch),
-        compute_loss=instrument.wrap_loss(script.compute_loss),
-    )
+    instrument = Instrument(transforms, MemoryTracker() if track else None)
+    wrapped = instrument.wrap(script)
     start = time.perf_counter()
     with applied_during_step(transforms, instrument.applied), instrument:
         outcome = worker.measure_steps(replace(request, op="probe"), wrapped, start)

@@ -18,6 +18,10 @@ What it cannot see, and an estimate therefore does not include:
 
 On a CUDA target the optimizer is built with ``foreach=True`` where it supports it, as PyTorch does by
 default on CUDA (one extra parameter-sized intermediate in ``step()``).
+
+The step itself is the probe's (:func:`autobatch.step.loop.build_step` and
+:func:`~autobatch.step.loop.one_step`, built with ``fake=True``), hooked by the same
+:class:`~autobatch.explain.breakdown.Instrument` as a measured run, without the per-module table.
 """
 
 from __future__ import annotations
@@ -26,22 +30,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
-
 from ..contract import UserScript
-from ..errors import ContractError
-from ..step.loop import autocast_for
-from ..step.optimizers import build_optimizer
-from ..step.recompute import detect_blocks, wrap_blocks
+from ..errors import ContractError, NoBlocksError
+from ..step.loop import StepConfig, StepReport, build_step, one_step
+from ..step.optimizers import optimizer_state_bytes
 from .allocators import make_allocator
+from .breakdown import Instrument
 from .records import Scenario
-from .tracker import MemoryTracker, tensor_leaves
-from .transforms import Applied, applied_during_step, apply_to_model, trim_batch
+from .tracker import MemoryTracker
+from .transforms import applied_during_step
 
 #: Optimizers whose torch.optim class takes ``foreach`` (on CUDA it defaults to True).
 FOREACH = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor", "rmsprop", "adagrad")
-#: The fixed loss scale a 16-mixed simulation multiplies the loss by (GradScaler's initial scale).
-LOSS_SCALE = 65536.0
 
 
 @dataclass
@@ -81,27 +81,28 @@ def simulate(
     started = time.perf_counter()
     result = SimResult(batch_size)
     tracker = MemoryTracker(make_allocator(target), fake_scalars=True)
-    applied = Applied()
+    instrument = Instrument(scenario.transforms, tracker, modules=False)
+    kwargs = dict(optimizer_kwargs or {})
+    if target == "cuda" and scenario.optimizer in FOREACH:
+        kwargs.setdefault("foreach", True)
+    config = StepConfig(
+        batch_size,
+        scenario.precision,
+        scenario.optimizer,
+        scenario.recompute,
+        optimizer_kwargs=kwargs,
+        recompute_classes=recompute_classes,
+    )
     try:
         with (
             FakeTensorMode(allow_non_fake_inputs=True),
-            tracker,
-            applied_during_step(scenario.transforms, applied),
+            instrument,
+            applied_during_step(scenario.transforms, instrument.applied),
         ):
-            result.static = _steps(
-                script,
-                scenario,
-                batch_size,
-                tracker,
-                applied,
-                target,
-                optimizer_kwargs,
-                recompute_classes,
-                steps,
-            )
-    except ContractError:
-        raise
+            result.static = _run(instrument.wrap(script), config, steps)
     except Exception as exc:  # noqa: BLE001 - a step that cannot run under fake tensors is reported
+        if isinstance(exc, ContractError) and not isinstance(exc, NoBlocksError):
+            raise  # the script breaks the contract: no scenario can run
         result.ok = False
         result.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
     result.device_peak = tracker.allocator.peak
@@ -109,107 +110,20 @@ def simulate(
     result.categories = tracker.peak_categories()
     result.step_peaks = list(tracker.step_peaks)
     result.peak_phase = f"step {tracker.peak.step} {tracker.peak.phase}"
-    result.notes = list(applied.notes)
-    result.applied = asdict(applied)
+    result.notes = list(instrument.applied.notes)
+    result.applied = asdict(instrument.applied)
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _steps(
-    script: UserScript,
-    scenario: Scenario,
-    batch_size: int,
-    tracker: MemoryTracker,
-    applied: Applied,
-    target: str,
-    optimizer_kwargs: dict[str, Any] | None,
-    recompute_classes: tuple[str, ...],
-    steps: int,
-) -> dict[str, int]:
-    model = script.build_model()
-    if not isinstance(model, torch.nn.Module):
-        raise ContractError(
-            f"build_model() returned {type(model).__name__}, not a torch.nn.Module",
-            hint="def build_model() -> torch.nn.Module",
-        )
-    apply_to_model(model, scenario.transforms, applied)
-    if scenario.recompute:
-        classes = recompute_classes or script.recompute_classes or detect_blocks(model)
-        if not classes or not wrap_blocks(model, classes):
-            raise ValueError("recomputation asked for, but the model has no repeated blocks to wrap")
-    if scenario.precision == "bf16-true":
-        cast_floating(model, torch.bfloat16)
-    model.train()
-    tracker.register_model(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    kwargs = dict(optimizer_kwargs or {})
-    if target == "cuda" and scenario.optimizer in FOREACH:
-        kwargs.setdefault("foreach", True)
-    optimizer = build_optimizer(scenario.optimizer, params, kwargs)
-
-    def on_grad(param: torch.Tensor) -> None:
-        if param.grad is not None:
-            tracker.tag([param.grad], "gradients")
-
-    handles = [p.register_post_accumulate_grad_hook(on_grad) for p in params]
-    batch = script.make_batch(batch_size)
-    if applied.vocab:
-        batch = trim_batch(batch, applied.vocab[1])
-    if scenario.precision == "bf16-true":
-        batch = _cast_batch(batch)
-    tracker.tag(tensor_leaves(batch), "inputs", only_provisional=False)
-    precision = scenario.precision
-    try:
-        for _ in range(steps):
-            tracker.begin_step()
-            tracker.phase = "forward"
-            with autocast_for(precision, "cpu"):
-                loss = script.compute_loss(model, batch)
-            tracker.end_forward()
-            tracker.phase = "backward"
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise ContractError(
-                    "compute_loss(model, batch) did not return a scalar tensor",
-                    hint="def compute_loss(model, batch) -> torch.Tensor  # a scalar",
-                )
-            (loss.float() * LOSS_SCALE if precision == "16-mixed" else loss).backward()
-            tracker.phase = "optimizer"
-            optimizer.step()
-            tracker.tag_optimizer_state(optimizer)
-            tracker.phase = "idle"
-            optimizer.zero_grad(set_to_none=True)
-            del loss
-    finally:
-        for handle in handles:
-            handle.remove()
-    state = [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+def _run(script: UserScript, config: StepConfig, steps: int) -> dict[str, int]:
+    """Build the step with fake tensors, run it, and return its static memory."""
+    report = StepReport()
+    step = build_step(script, config, report, fake=True)
+    for _ in range(steps):
+        one_step(step)
     return {
-        "parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
-        "gradients": sum(p.numel() * p.element_size() for p in params),
-        "optimizer_state": sum(v.numel() * v.element_size() for v in state),
+        "parameters": report.param_bytes,
+        "gradients": step.grad_bytes,
+        "optimizer_state": optimizer_state_bytes(step.optimizer),
     }
-
-
-def cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Cast floating parameters and buffers, keeping tied parameters tied (``model.to`` cannot swap fakes)."""
-    done: dict[int, torch.nn.Parameter] = {}
-    for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is None or not param.is_floating_point():
-                continue
-            if id(param) not in done:
-                done[id(param)] = torch.nn.Parameter(
-                    param.detach().to(dtype), requires_grad=param.requires_grad
-                )
-            module._parameters[name] = done[id(param)]
-        for name, buffer in list(module._buffers.items()):
-            if buffer is not None and buffer.is_floating_point():
-                module._buffers[name] = buffer.to(dtype)
-
-
-def _cast_batch(batch: Any) -> Any:
-    from torch.utils._pytree import tree_map
-
-    return tree_map(
-        lambda t: t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, batch
-    )

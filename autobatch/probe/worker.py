@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ..contract import UserScript
-from ..errors import AutobatchError, ContractError
+from ..contract import UserScript, check_model
+from ..errors import AutobatchError
 from ..oom import classify_exception
 from .failures import describe_failure
 from .protocol import ProbeOutcome, ProbeRequest
@@ -34,33 +34,31 @@ def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
 
 def measure_steps(request: ProbeRequest, script: UserScript, start: float) -> ProbeOutcome:
     """Apply the budget, run the steps, measure: the probe proper (explain wraps the script first)."""
-    import torch
-
-    from ..step.loop import StepReport, run_steps
+    from ..step.loop import StepConfig, StepReport, run_steps
 
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
     report = StepReport()
-    device = torch.device(request.device)
+    config = StepConfig(
+        batch_size=request.batch_size,
+        precision=request.precision,
+        optimizer=request.optimizer,
+        recompute=request.recompute,
+        device=request.device,
+        optimizer_kwargs=request.optimizer_kwargs,
+        recompute_classes=request.recompute_classes,
+    )
     peak_now, synchronize, finish = _device_hooks(request, outcome)
     outcome.setup_seconds = time.perf_counter() - start
     try:
         run_steps(
-            build_model=script.build_model,
-            make_batch=script.make_batch,
-            compute_loss=script.compute_loss,
-            batch_size=request.batch_size,
-            precision=request.precision,
-            optimizer=request.optimizer,
-            optimizer_kwargs=request.optimizer_kwargs,
-            recompute=request.recompute,
-            recompute_classes=request.recompute_classes or script.recompute_classes,
-            device=device,
+            script,
+            config,
+            report,
             min_steps=request.min_steps,
             max_steps=request.max_steps,
             peak_now=peak_now,
             synchronize=synchronize,
             grow_tolerance=max(1 << 20, request.budget_bytes // 1000),
-            report=report,
         )
     except AutobatchError as exc:
         describe_failure(outcome, exc)
@@ -141,12 +139,7 @@ def _inspect(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     outcome = ProbeOutcome(kind="fits")
     info: dict[str, Any] = {}
     try:
-        model = script.build_model()
-        if not isinstance(model, torch.nn.Module):
-            raise ContractError(
-                f"build_model() returned {type(model).__name__}, not a torch.nn.Module",
-                hint="def build_model() -> torch.nn.Module",
-            )
+        model = check_model(script.build_model())
         info["param_shapes"] = [list(p.shape) for p in model.parameters() if p.requires_grad]
         info["param_count"] = sum(p.numel() for p in model.parameters())
         info["recompute_blocks"] = list(
