@@ -90,6 +90,7 @@ class Session:
         recompute_classes: tuple[str, ...] = (),
         cache: bool = True,
         on_probe: Callable[[Combo, ProbeOutcome, bool], None] | None = None,
+        op_modules: tuple[str, ...] = (),
     ) -> None:
         self.script = Path(script)
         self.script_args = list(script_args)
@@ -101,6 +102,7 @@ class Session:
         self.recompute_classes = tuple(recompute_classes)
         self.use_cache = cache
         self.on_probe = on_probe
+        self.op_modules = op_modules  # modules registering probe operations (see autobatch.probe.ops)
         self.client: ProbeClient | None = None
         self.device: DeviceInfo | None = None
         self.cache_hits = 0
@@ -114,8 +116,10 @@ class Session:
         *,
         cache: bool | None = None,
         on_probe: Callable[[Combo, ProbeOutcome, bool], None] | None = None,
+        op_modules: tuple[str, ...] = (),
     ) -> Session:
-        """The session that resolved settings describe (``cache`` defaults to the ``cache`` setting)."""
+        """The session that resolved settings describe (``cache`` defaults to the ``cache`` setting;
+        ``op_modules`` register probe operations beyond ``probe`` and ``inspect``)."""
         if not settings.script.script:
             raise UsageError(
                 "no training script given", hint="pass SCRIPT, or set `script` in autobatch.toml"
@@ -131,6 +135,7 @@ class Session:
             recompute_classes=settings.search.recompute_classes,
             cache=settings.probe.cache if cache is None else cache,
             on_probe=on_probe,
+            op_modules=op_modules,
         )
 
     def __enter__(self) -> Session:
@@ -151,7 +156,9 @@ class Session:
                 f"training script not found: {self.script}",
                 hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
             )
-        self.client = ProbeClient(self.script, self.script_args, env=dict(MALLOC_ENV))
+        self.client = ProbeClient(
+            self.script, self.script_args, env=dict(MALLOC_ENV), op_modules=self.op_modules
+        )
         device = self.requested_device
         info = self._inspect("cpu")
         if device == "auto":

@@ -86,6 +86,7 @@ def explain(
     from ..core.space import Combo
     from ..explain.driver import Limits
     from ..explain.explainer import explain as run_explain
+    from ..explain.options import OP_MODULES
     from ..explain.render import print_breakdown, print_levers, print_modules
     from ..session import Session
 
@@ -98,7 +99,7 @@ def explain(
         confirm_steps=settings.probe.confirm_steps,
     )
     console.print(f"[bold]autobatch explain[/] {escape(settings.script.script)}: starting the probe server")
-    with Session.from_settings(settings) as session:
+    with Session.from_settings(settings, op_modules=OP_MODULES) as session:
         info = session.device
         assert info is not None
         console.print(

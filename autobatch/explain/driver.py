@@ -1,7 +1,9 @@
 """The parent side of explain and estimate: send their operations to a probe server, search real maxima.
 
 Nothing here imports torch: requests and outcomes are plain records (:mod:`autobatch.probe.protocol`),
-and every tensor operation happens in a forked probe process (:mod:`autobatch.explain.ops`).
+options are typed records (:mod:`autobatch.explain.options`), and every tensor operation happens in a
+forked probe process (:mod:`autobatch.explain.ops`, which the session's probe server imports because
+it is started with ``op_modules=OP_MODULES``).
 """
 
 from __future__ import annotations
@@ -11,10 +13,9 @@ from typing import Any, Callable
 
 from ..core.search import KINDS, Affine, Observation, search_max_batch
 from ..core.space import Combo
-from ..probe.client import ProbeClient
-from ..probe.failures import raise_for
-from ..probe.protocol import ProbeOutcome, ProbeRequest
+from ..probe.protocol import ProbeOutcome
 from ..session import Session
+from .options import EXPLAIN, ExplainOptions
 from .records import Transforms
 
 
@@ -44,7 +45,10 @@ def explain_probe(
     session: Session, combo: Combo, batch_size: int, *, budget_bytes: int | None, steps: tuple[int, int]
 ) -> ProbeOutcome:
     """One instrumented real run (``op="explain"``)."""
-    request = session.request(combo, batch_size, op="explain", budget_bytes=budget_bytes, steps=steps)
+    options = ExplainOptions().to_dict()
+    request = session.request(
+        combo, batch_size, op=EXPLAIN, options=options, budget_bytes=budget_bytes, steps=steps
+    )
     return session.run(request, what=f"explaining {combo.key} at batch {batch_size}")
 
 
@@ -54,8 +58,8 @@ def measure(
     """A real probe; with model transforms it goes through ``op="explain"`` without instrumentation."""
     if not transforms.active:
         return session.probe(combo, batch_size, min_steps=steps[0], max_steps=steps[1])
-    options = {"instrument": False, "transforms": transforms.to_dict()}
-    request = session.request(combo, batch_size, op="explain", options=options, steps=steps)
+    options = ExplainOptions(instrument=False, transforms=transforms).to_dict()
+    request = session.request(combo, batch_size, op=EXPLAIN, options=options, steps=steps)
     return session.run(request, what=f"{combo.key} at batch {batch_size} with {transforms}")
 
 
@@ -106,11 +110,3 @@ def measure_max(
             break
         known.append(Observation(best, False, kind="oom"))
     return Measured(best, status, len(records), records, peaks.get(best) if best else None)
-
-
-def run_estimate_op(client: ProbeClient, request: ProbeRequest, what: str) -> dict[str, Any]:
-    """Run ``op="estimate"`` and return its ``info`` (raising on errors)."""
-    outcome = client.run(request)
-    if outcome.kind != "fits":
-        raise_for(outcome, what=what)
-    return outcome.info

@@ -39,6 +39,10 @@ MiB = 1 << 20
 CPU_RUNTIME_BYTES = 32 * MiB
 
 
+class SimulationError(Exception):
+    """A step that could not be simulated (the search stops; the estimate operation reports it)."""
+
+
 @dataclass(frozen=True)
 class Offset:
     """``intercept + slope * b``: the memory a simulation does not see (bytes)."""
@@ -119,7 +123,7 @@ def estimate_scenario(
             out.seconds += result.seconds
             out.applied = out.applied or dict(result.applied)
             if not result.ok:
-                raise _SimulationFailed(result.error or "the simulated step failed")
+                raise SimulationError(result.error or "the simulated step failed")
         return int(offset.at(b) + runs[b].device_peak)
 
     def probe(b: int) -> Observation:
@@ -140,7 +144,7 @@ def estimate_scenario(
             batch_multiple=batch_multiple,
             prior=prior,
         )
-    except _SimulationFailed as exc:
+    except SimulationError as exc:
         out.status, out.error = "error", str(exc)
         return out
     out.status = result.status if result.status in ("exact", "capped", "infeasible") else "exact"
@@ -171,10 +175,6 @@ def _line(runs: dict[int, SimResult], offset: Offset, budget_bytes: int) -> tupl
     y2 = offset.at(b2) + runs[b2].device_peak
     slope = (y2 - y1) / (b2 - b1)
     return y2 - slope * b2, slope
-
-
-class _SimulationFailed(Exception):
-    pass
 
 
 def to_combo_result(found: dict[str, Any]) -> ComboResult:

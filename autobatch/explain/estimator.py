@@ -9,13 +9,24 @@ tensor of the estimate is fake.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..core.space import combinations
+from .. import __version__
+from ..core.space import Combo, combinations
 from ..core.units import format_bytes
+from ..devices.cpu import MALLOC_ENV, MEMORY_DEFINITION
 from ..errors import UsageError
+from ..probe.client import ProbeClient
+from ..probe.failures import raise_for
+from ..probe.protocol import ProbeRequest
+from ..result import ComboResult, TuneResult
 from .cards import CardProfile, generic_card, get_card
-from .estimate import CPU_RUNTIME_BYTES, to_combo_result
+from .estimate import Offset, to_combo_result
+from .options import ESTIMATE, OP_MODULES, EstimateOptions, NamedScenario
+from .records import Scenario
+
+if TYPE_CHECKING:
+    from ..settings.groups import Settings
 
 CUDA_DEFINITION = (
     "cuda (estimated): memory reserved by the caching allocator (modelled: 512 B rounding, 2 MiB / 20 MiB / "
@@ -81,20 +92,47 @@ def cuda_budget_bytes(card: CardProfile, headroom: float) -> int:
     return int((card.memory_bytes - card.context_bytes) * (1 - headroom))
 
 
-def run_estimate(settings: Any, target: Target, progress: Callable[[str], None] | None = None) -> Any:
-    """Estimate every combination of the settings' grid on the target; returns a TuneResult."""
-    from .. import __version__
-    from ..devices.cpu import MALLOC_ENV, MEMORY_DEFINITION
-    from ..probe.client import ProbeClient
-    from ..probe.protocol import ProbeRequest
-    from ..result import ComboResult, TuneResult
-    from .driver import run_estimate_op
-
+def run_estimate(
+    settings: Settings, target: Target, progress: Callable[[str], None] | None = None
+) -> TuneResult:
+    """Estimate every combination of the settings' grid on the target."""
     say = progress or (lambda _text: None)
     search = settings.search
-    combos = combinations(search.precisions, search.optimizers, search.recompute)
+    entries, scenarios = _scenarios(
+        combinations(search.precisions, search.optimizers, search.recompute), target
+    )
+    device = _device(target)
+    options = EstimateOptions(
+        budget_bytes=device["budget_bytes"],
+        scenarios=tuple(scenarios),
+        target=target.kind,
+        max_batch_size=search.max_batch_size,
+        batch_multiple=search.batch_multiple,
+        optimizer_kwargs={k: dict(v) for k, v in search.optimizer_kwargs.items()},
+        offset=Offset(target.card.workspace_bytes, 0.0, "card profile workspaces") if target.card else None,
+    )
+    say(f"simulating {len(scenarios)} combination(s) under fake tensors (no real allocation)")
+    info, torch_version = _run(settings, options, timeout=settings.probe.timeout * max(1, len(scenarios)))
+    if target.kind == "cpu":
+        device["baseline_bytes"] = info.get("baseline_bytes")
+    found = iter(info.get("scenarios", []))
+    return TuneResult(
+        script=str(settings.script.script),
+        script_args=list(settings.script.script_args),
+        device=device,
+        objective="max-batch",
+        combinations=[entry if entry is not None else to_combo_result(next(found)) for entry in entries],
+        status="complete",
+        torch_version=torch_version,
+        autobatch_version=__version__,
+        notes=_notes(target, device, info),
+    )
+
+
+def _scenarios(combos: list[Combo], target: Target) -> tuple[list[ComboResult | None], list[NamedScenario]]:
+    """The scenarios to simulate, and a placeholder per combination (a skipped one's result already)."""
     entries: list[ComboResult | None] = []
-    scenarios: list[dict[str, Any]] = []
+    scenarios: list[NamedScenario] = []
     for combo in combos:
         if target.card is not None and not target.card.bf16 and combo.precision.startswith("bf16"):
             entry = ComboResult(combo.precision, combo.optimizer, combo.recompute, status="skipped")
@@ -102,54 +140,26 @@ def run_estimate(settings: Any, target: Target, progress: Callable[[str], None] 
             entries.append(entry)
             continue
         entries.append(None)
-        scenarios.append({"name": combo.key, **combo.to_dict(), "transforms": {}})
-    if target.kind == "cpu":
+        scenarios.append(
+            NamedScenario(combo.key, Scenario(combo.precision, combo.optimizer, combo.recompute))
+        )
+    return entries, scenarios
+
+
+def _device(target: Target) -> dict[str, Any]:
+    """The target as ``tune --json`` describes a device: capacity, budget, and how memory is counted."""
+    if target.card is None:
         import psutil
 
         capacity = target.capacity_bytes or int(psutil.virtual_memory().available)
-        budget = int(capacity * (1 - target.headroom))
-        definition = MEMORY_DEFINITION
-        extra: dict[str, Any] = {"cpu_runtime_bytes": CPU_RUNTIME_BYTES}
+        budget, definition = int(capacity * (1 - target.headroom)), MEMORY_DEFINITION
     else:
-        assert target.card is not None
         capacity = target.card.memory_bytes
-        budget = cuda_budget_bytes(target.card, target.headroom)
-        definition = CUDA_DEFINITION
-        extra = {"offset": {"intercept": target.card.workspace_bytes, "basis": "card profile workspaces"}}
+        budget, definition = cuda_budget_bytes(target.card, target.headroom), CUDA_DEFINITION
     if budget <= 0:
         raise UsageError(
             f"no budget left on {target.name}", hint="the card's memory must exceed its CUDA context"
         )
-    options = {
-        "target": target.kind,
-        "scenarios": scenarios,
-        "budget_bytes": budget,
-        "max_batch_size": search.max_batch_size,
-        "batch_multiple": search.batch_multiple,
-        "optimizer_kwargs": {k: dict(v) for k, v in search.optimizer_kwargs.items()},
-        **extra,
-    }
-    say(f"simulating {len(scenarios)} combination(s) under fake tensors (no real allocation)")
-    client = ProbeClient(settings.script.script, settings.script.script_args, env=dict(MALLOC_ENV))
-    try:
-        request = ProbeRequest(
-            batch_size=0,
-            precision="32-true",
-            optimizer="sgd",
-            recompute=False,
-            device="cpu",
-            budget_bytes=0,
-            timeout=settings.probe.timeout * max(1, len(scenarios)),
-            recompute_classes=tuple(search.recompute_classes),
-            op="estimate",
-            options=options,
-        )
-        info = run_estimate_op(client, request, "estimating under fake tensors")
-        torch_version = client.torch_version
-    finally:
-        client.close()
-    found = iter(info.get("scenarios", []))
-    combos_out = [entry if entry is not None else to_combo_result(next(found)) for entry in entries]
     device: dict[str, Any] = {
         "type": target.kind,
         "name": target.name,
@@ -158,23 +168,44 @@ def run_estimate(settings: Any, target: Target, progress: Callable[[str], None] 
         "headroom": target.headroom,
         "memory_definition": definition,
     }
+    if target.card is not None:
+        device["card"] = target.card.to_dict()
+    return device
+
+
+def _run(settings: Settings, options: EstimateOptions, timeout: float) -> tuple[dict[str, Any], str]:
+    """Run the estimate operation in a probe server started without inspection (every tensor is fake);
+    returns its ``info`` and the server's torch version."""
+    assert settings.script.script, "the command checks that a script is given"
+    client = ProbeClient(
+        settings.script.script, settings.script.script_args, env=dict(MALLOC_ENV), op_modules=OP_MODULES
+    )
+    try:
+        request = ProbeRequest(
+            batch_size=0,
+            precision="32-true",
+            optimizer="sgd",
+            recompute=False,
+            device="cpu",
+            budget_bytes=0,
+            timeout=timeout,
+            recompute_classes=tuple(settings.search.recompute_classes),
+            op=ESTIMATE,
+            options=options.to_dict(),
+        )
+        outcome = client.run(request)
+        if outcome.kind != "fits":
+            raise_for(outcome, what="estimating under fake tensors")
+        return outcome.info, client.torch_version
+    finally:
+        client.close()
+
+
+def _notes(target: Target, device: dict[str, Any], info: dict[str, Any]) -> list[str]:
     notes = [f"predicted memory = simulated step + {info.get('offset', {}).get('basis', 'offset')}"]
-    if target.kind == "cpu":
-        device["baseline_bytes"] = info.get("baseline_bytes")
-        if (info.get("baseline_bytes") or 0) >= budget:
+    if target.card is None:
+        if (info.get("baseline_bytes") or 0) >= device["budget_bytes"]:
             notes.append("the probe process alone exceeds the budget: raise --memory")
     else:
-        assert target.card is not None
-        device.update(card=target.card.to_dict())
         notes.append(f"card profile {target.card.name}: {target.card.description}")
-    return TuneResult(
-        script=str(settings.script.script),
-        script_args=list(settings.script.script_args),
-        device=device,
-        objective="max-batch",
-        combinations=combos_out,
-        status="complete",
-        torch_version=torch_version,
-        autobatch_version=__version__,
-        notes=notes,
-    )
+    return notes

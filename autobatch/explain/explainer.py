@@ -24,6 +24,7 @@ from ..probe.failures import raise_for
 from ..session import Session
 from .driver import Limits, explain_probe, measure, measure_max
 from .levers import Lever, apply_predictions, plan_levers, ranked
+from .options import ESTIMATE, Calibration, EstimateOptions, NamedScenario, Points
 
 
 @dataclass
@@ -155,29 +156,31 @@ def _predict(
     assert device is not None and session.client is not None
     now = levers[0].scenario
     assert now is not None
-    scenarios = []
-    for lever in levers:
-        if lever.applicable and lever.scenario is not None:
-            entry: dict[str, Any] = {"name": lever.name, **lever.scenario.to_dict()}
-            if lever.kind == "precision":
-                entry["points"] = _own_points(session, lever, batch_size, limits)
-            scenarios.append(entry)
-    options = {
-        "target": "cpu" if device.type == "cpu" else "cuda",
-        "scenarios": scenarios,
-        "budget_bytes": device.budget_bytes,
-        "calibrate": {"scenario": now.to_dict(), "points": [list(p) for p in points]},
-        "report_at": [batch_size],
-        "max_batch_size": limits.max_batch_size,
-        "batch_multiple": limits.batch_multiple,
-        "optimizer_kwargs": {k: dict(v) for k, v in session.optimizer_kwargs.items()},
-    }
+    scenarios = [
+        NamedScenario(
+            lever.name,
+            lever.scenario,
+            _own_points(session, lever, batch_size, limits) if lever.kind == "precision" else (),
+        )
+        for lever in levers
+        if lever.applicable and lever.scenario is not None
+    ]
+    options = EstimateOptions(
+        budget_bytes=device.budget_bytes,
+        scenarios=tuple(scenarios),
+        target="cpu" if device.type == "cpu" else "cuda",
+        max_batch_size=limits.max_batch_size,
+        batch_multiple=limits.batch_multiple,
+        optimizer_kwargs={k: dict(v) for k, v in session.optimizer_kwargs.items()},
+        calibrate=Calibration(now, tuple(points)),
+        report_at=(batch_size,),
+    )
     request = session.request(
         combo,
         batch_size,
         steps=(limits.steps, limits.max_steps),
-        op="estimate",
-        options=options,
+        op=ESTIMATE,
+        options=options.to_dict(),
         budget_bytes=0,
         timeout=session.timeout * max(1, len(scenarios)),
     )
@@ -187,7 +190,7 @@ def _predict(
     apply_predictions(levers, {s["name"]: s for s in info.get("scenarios", [])}, batch_size)
 
 
-def _own_points(session: Session, lever: Lever, batch_size: int, limits: Limits) -> list[list[int]]:
+def _own_points(session: Session, lever: Lever, batch_size: int, limits: Limits) -> Points:
     """A lever that changes the kernels (precision: oneDNN's bf16 GEMMs instead of MKL's fp32 ones) changes
     the buffers libraries keep outside PyTorch's allocator: measure its step at the explained batch size
     once, so that its prediction is calibrated on its own kernels."""
@@ -195,7 +198,7 @@ def _own_points(session: Session, lever: Lever, batch_size: int, limits: Limits)
     scenario = lever.scenario
     combo = Combo(scenario.precision, scenario.optimizer, scenario.recompute)
     outcome = measure(session, combo, batch_size, scenario.transforms, (limits.steps, limits.max_steps))
-    return [[batch_size, int(outcome.peak_bytes)]] if outcome.fits and outcome.peak_bytes else []
+    return ((batch_size, int(outcome.peak_bytes)),) if outcome.fits and outcome.peak_bytes else ()
 
 
 def _verify(session: Session, levers: list[Lever], limits: Limits, say: Progress) -> None:

@@ -1,6 +1,8 @@
-"""What runs inside one forked probe process: apply the budget, run the steps, measure, report.
+"""The built-in operations of a forked probe process: ``probe`` and ``inspect``.
 
-Everything is returned as a :class:`ProbeOutcome` record; nothing raises out of :func:`run_probe`.
+``probe`` applies the budget, runs the steps, measures and reports; ``inspect`` builds the model once
+and reports what the runner plans the search with. Both are registered with :mod:`autobatch.probe.ops`
+like any other operation, and everything they find is returned as a :class:`ProbeOutcome` record.
 """
 
 from __future__ import annotations
@@ -12,24 +14,16 @@ from ..contract import UserScript, check_model
 from ..errors import AutobatchError
 from ..oom import classify_exception
 from .failures import describe_failure
+from .ops import register
 from .protocol import ProbeOutcome, ProbeRequest
 
 PRECISION_CHECKS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
 
+@register("probe")
 def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
-    """Run one probe (or an ``inspect``) in this process and describe what happened."""
-    start = time.perf_counter()
-    if request.op == "inspect":
-        outcome = _inspect(request, script)
-    elif request.op in ("explain", "estimate"):
-        from ..explain.ops import run_op
-
-        outcome = run_op(request, script)
-    else:
-        outcome = measure_steps(request, script, start)
-    outcome.wall_seconds = time.perf_counter() - start
-    return outcome
+    """One probe: the steps of the request's combination and batch size, under its budget."""
+    return measure_steps(request, script, time.perf_counter())
 
 
 def measure_steps(request: ProbeRequest, script: UserScript, start: float) -> ProbeOutcome:
@@ -129,25 +123,23 @@ def _device_hooks(
     )
 
 
-def _inspect(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
+@register("inspect")
+def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     """Build the model once (no budget) and report what the runner needs to plan the search."""
     import torch
 
-    from ..step.loop import autocast_for
+    from ..step.loop import tiny_step
     from ..step.recompute import detect_blocks
 
     outcome = ProbeOutcome(kind="fits")
     info: dict[str, Any] = {}
-    try:
-        model = check_model(script.build_model())
-        info["param_shapes"] = [list(p.shape) for p in model.parameters() if p.requires_grad]
-        info["param_count"] = sum(p.numel() for p in model.parameters())
-        info["recompute_blocks"] = list(
-            request.recompute_classes or script.recompute_classes or detect_blocks(model)
-        )
-        del model
-    except BaseException as exc:  # noqa: BLE001
-        return describe_failure(outcome, exc)
+    model = check_model(script.build_model())
+    info["param_shapes"] = [list(p.shape) for p in model.parameters() if p.requires_grad]
+    info["param_count"] = sum(p.numel() for p in model.parameters())
+    info["recompute_blocks"] = list(
+        request.recompute_classes or script.recompute_classes or detect_blocks(model)
+    )
+    del model
     device = torch.device(request.device)
     unsupported: dict[str, str] = {}
     if device.type == "cuda":
@@ -164,13 +156,7 @@ def _inspect(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
         info["baseline_bytes"] = cpu.read_status().data
         for precision in PRECISION_CHECKS:
             try:
-                layer = torch.nn.Linear(8, 8)
-                x = torch.randn(4, 8)
-                if precision == "bf16-true":
-                    layer, x = layer.to(torch.bfloat16), x.to(torch.bfloat16)
-                with autocast_for(precision, "cpu"):
-                    y = layer(x)
-                y.float().sum().backward()
+                tiny_step(precision)
             except Exception as exc:  # noqa: BLE001
                 unsupported[precision] = f"{type(exc).__name__}: {exc}"
     info["unsupported_precisions"] = unsupported

@@ -17,6 +17,8 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 import torch
@@ -205,3 +207,17 @@ def run_steps(
             break
     report.optimizer_state_bytes = optimizer_state_bytes(step.optimizer)
     return report
+
+
+def tiny_step(precision: str, optimizer: str = "sgd", optimizer_kwargs: dict[str, Any] | None = None) -> None:
+    """One full step of a tiny model on the CPU: whether the CPU runs a precision at all, and a warm-up
+    that loads what torch imports lazily at a first step (raises whatever the step raises)."""
+    tiny = UserScript(
+        Path("<tiny step>"),
+        ModuleType("tiny_step"),
+        lambda: torch.nn.Linear(8, 8),
+        lambda batch_size: torch.randn(batch_size, 8),
+        lambda model, batch: model(batch).float().sum(),
+    )
+    config = StepConfig(4, precision, optimizer, optimizer_kwargs=dict(optimizer_kwargs or {}))
+    one_step(build_step(tiny, config, StepReport()))
