@@ -4,7 +4,7 @@ One isolated, instrumented run at ``--batch-size`` (plus one at half of it for t
 under the same budget as ``tune`` and ``check``. Human output on stderr: a bar and a table of the
 peak by category (adding up to the measured peak, the residual stated), the per-module table, and the
 levers ranked by the maximum batch each would give. ``--json`` prints the report on stdout
-(:mod:`autobatch.explain.explainer` documents it). Exit status 0, also when the batch does not fit
+(:mod:`autobatch.explain.parent.explainer` documents it). Exit status 0, also when the batch does not fit
 (the report says so): explaining is the answer.
 """
 
@@ -79,15 +79,15 @@ def explain(
     if not settings.script.script:
         raise UsageError("no training script given", hint="pass SCRIPT, or set `script` in autobatch.toml")
     if plot is not None:
-        from ..explain.plot import check_plot_path
+        from ..explain.output.plot import check_plot_path
 
         check_plot_path(plot)
 
     from ..core.space import Combo
-    from ..explain.driver import Limits
-    from ..explain.explainer import explain as run_explain
-    from ..explain.options import OP_MODULES
-    from ..explain.render import print_breakdown, print_levers, print_modules
+    from ..explain.output.render import print_breakdown, print_levers, print_modules
+    from ..explain.parent.driver import Limits
+    from ..explain.parent.explainer import explain_batch
+    from ..explain.pure.options import OP_MODULES
     from ..session import Session
 
     combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], recompute)
@@ -112,7 +112,7 @@ def explain(
                 f"{info.name} cannot run {combo.precision}: {info.unsupported_precisions[combo.precision]}",
                 hint="pick another --precision",
             )
-        report = run_explain(
+        report = explain_batch(
             session,
             combo,
             batch_size,
@@ -139,7 +139,7 @@ def explain(
     for note in report.notes:
         console.print(f"[dim]- {escape(note)}[/]")
     if plot is not None:
-        from ..explain.plot import plot_explain
+        from ..explain.output.plot import plot_explain
 
         plot_explain(data, plot)
         console.print(f"plot written to {plot}")

@@ -100,7 +100,7 @@ def tune(
         )
     world, world_source = resolve_world_size(settings.plan.world_size, os.environ)
     if plot is not None:
-        from ..explain.plot import check_plot_path
+        from ..explain.output.plot import check_plot_path
 
         check_plot_path(plot)  # before any probe
 
@@ -157,7 +157,7 @@ def tune(
     print_chosen(result)
     console.print(f"result written to {result_path}")
     if plot is not None:
-        from ..explain.plot import plot_tune
+        from ..explain.output.plot import plot_tune
 
         plot_tune(result, plot)
         console.print(f"plot written to {plot}")

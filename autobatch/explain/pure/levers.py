@@ -3,9 +3,9 @@ smaller vocabulary would save, and the largest batch each would give.
 
 Predictions start from the measured step, not from a model of it: the explained batch size ``N`` and
 ``N/2`` are measured for real, and each lever's step is simulated under fake tensors
-(:mod:`autobatch.explain.simulate`) at the batch sizes its search needs. A lever's predicted memory
+(:mod:`autobatch.explain.worker.simulate`) at the batch sizes its search needs. A lever's predicted memory
 at batch ``b`` is ``simulated_lever(b) + measured(N) - simulated_now(N)`` (the calibration of
-:func:`autobatch.explain.estimate.calibrated_offset`): the simulation only says what the lever
+:func:`autobatch.explain.pure.maxima.calibrated_offset`): the simulation only says what the lever
 *changes* (optimizer state: SGD 0, momentum 1, Adam 2 parameter-sized states; Adafactor a row and a
 column per matrix; bf16 autocast: half-size saved activations plus cached weight copies;
 recomputation: only block inputs kept), the measurement says everything else, including what no
@@ -25,7 +25,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..core.space import Combo
+from ...core.space import Combo
 from .records import Scenario, Transforms
 
 #: Optimizers with less state than Adam that the levers try.

@@ -17,14 +17,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from ..core.search import Affine
-from ..core.space import Combo
-from ..core.units import format_bytes
-from ..probe.failures import raise_for
-from ..session import Session
+from ...core.search import Affine
+from ...core.space import Combo
+from ...core.units import format_bytes
+from ...probe.failures import raise_for
+from ...session import Session
+from ..pure.levers import Lever, apply_predictions, plan_levers, ranked
+from ..pure.options import ESTIMATE, Calibration, EstimateOptions, NamedScenario, Points
 from .driver import Limits, explain_probe, measure, measure_max
-from .levers import Lever, apply_predictions, plan_levers, ranked
-from .options import ESTIMATE, Calibration, EstimateOptions, NamedScenario, Points
 
 
 @dataclass
@@ -58,7 +58,7 @@ class ExplainReport:
 Progress = Callable[[str], None]
 
 
-def explain(
+def explain_batch(
     session: Session,
     combo: Combo,
     batch_size: int,
@@ -202,7 +202,7 @@ def _own_points(session: Session, lever: Lever, batch_size: int, limits: Limits)
 
 
 def _verify(session: Session, levers: list[Lever], limits: Limits, say: Progress) -> None:
-    from ..errors import ScriptError
+    from ...errors import ScriptError
 
     now = levers[0]
     for lever in levers:

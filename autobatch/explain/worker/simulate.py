@@ -3,7 +3,7 @@
 :func:`simulate` builds the model and the batch under ``torch._subclasses.fake_tensor.FakeTensorMode``
 (tensors with shapes, dtypes and devices but no data), runs two full steps (forward, loss, backward,
 ``optimizer.step()``, ``zero_grad``: the second step has the optimizer state resident, so it holds the
-steady-state peak) and tracks every storage with a :class:`~autobatch.explain.tracker.MemoryTracker`
+steady-state peak) and tracks every storage with a :class:`~autobatch.explain.worker.tracker.MemoryTracker`
 whose allocator model gives the device's figure: a CPU probe process's data memory, or the CUDA
 caching allocator's reserved segments.
 
@@ -21,48 +21,28 @@ default on CUDA (one extra parameter-sized intermediate in ``step()``).
 
 The step itself is the probe's (:func:`autobatch.step.loop.build_step` and
 :func:`~autobatch.step.loop.one_step`, built with ``fake=True``), hooked by the same
-:class:`~autobatch.explain.breakdown.Instrument` as a measured run, without the per-module table.
+:class:`~autobatch.explain.worker.breakdown.Instrument` as a measured run, without the per-module table.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
-from ..contract import UserScript
-from ..errors import ContractError, NoBlocksError
-from ..step.loop import StepConfig, StepReport, build_step, one_step
-from ..step.optimizers import optimizer_state_bytes
+from ...contract import UserScript
+from ...errors import ContractError, NoBlocksError
+from ...step.loop import StepConfig, StepReport, build_step, one_step
+from ...step.optimizers import optimizer_state_bytes
+from ..pure.maxima import SimResult
+from ..pure.records import Scenario
 from .allocators import make_allocator
 from .breakdown import Instrument
-from .records import Scenario
 from .tracker import MemoryTracker
 from .transforms import applied_during_step
 
 #: Optimizers whose torch.optim class takes ``foreach`` (on CUDA it defaults to True).
 FOREACH = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor", "rmsprop", "adagrad")
-
-
-@dataclass
-class SimResult:
-    """One simulated batch size (bytes; ``device_peak`` in the target device's units)."""
-
-    batch_size: int
-    ok: bool = True
-    error: str | None = None
-    device_peak: int = 0
-    tensor_peak: int = 0
-    categories: dict[str, int] = field(default_factory=dict)
-    step_peaks: list[int] = field(default_factory=list)
-    static: dict[str, int] = field(default_factory=dict)  # parameters, gradients, optimizer_state
-    peak_phase: str = ""
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    applied: dict[str, Any] = field(default_factory=dict)  # what the transforms changed
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def simulate(

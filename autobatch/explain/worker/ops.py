@@ -1,8 +1,8 @@
 """The ``explain`` and ``estimate`` operations, registered with the probe layer, run in a forked probe process.
 
 The probe server imports this module at start-up when the parent names it in ``op_modules``
-(:data:`autobatch.explain.options.OP_MODULES`); the registry decodes each request's options into
-:class:`~autobatch.explain.options.ExplainOptions` or :class:`~autobatch.explain.options.EstimateOptions`
+(:data:`autobatch.explain.pure.options.OP_MODULES`); the registry decodes each request's options into
+:class:`~autobatch.explain.pure.options.ExplainOptions` or :class:`~autobatch.explain.pure.options.EstimateOptions`
 and turns whatever an operation raises into an ``error`` outcome.
 
 ``explain``: one probe of the real step (the worker's own probe, so budget, steps, OOM classification
@@ -10,7 +10,7 @@ and peak are exactly a probe's), instrumented by :class:`Instrument` unless the 
 it is a plain probe with the levers' model changes). Its outcome carries the breakdown in ``info``.
 
 ``estimate``: no real step; fake-tensor simulations of each scenario, searched for their maximum
-(:mod:`autobatch.explain.estimate`). Its outcome's ``info`` holds ``target``, ``offset``, the
+(:mod:`autobatch.explain.pure.maxima`). Its outcome's ``info`` holds ``target``, ``offset``, the
 ``scenarios``' estimates, and ``simulated`` or ``baseline_bytes`` as the offset was found.
 """
 
@@ -21,23 +21,24 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from ..contract import UserScript
-from ..probe.ops import register
-from ..probe.protocol import ProbeOutcome, ProbeRequest
-from ..probe.worker import measure_steps
-from ..step.loop import tiny_step
-from .breakdown import Instrument
-from .estimate import (
+from ...contract import UserScript
+from ...probe.ops import register
+from ...probe.protocol import ProbeOutcome, ProbeRequest
+from ...probe.worker import measure_steps
+from ...step.loop import tiny_step
+from ..pure.maxima import (
     Offset,
     ScenarioEstimate,
+    SimResult,
     SimulationError,
     Simulator,
     calibrated_offset,
     estimate_scenario,
 )
-from .options import ESTIMATE, EXPLAIN, EstimateOptions, ExplainOptions, NamedScenario
-from .records import Scenario
-from .simulate import SimResult, simulate
+from ..pure.options import ESTIMATE, EXPLAIN, EstimateOptions, ExplainOptions, NamedScenario
+from ..pure.records import Scenario
+from .breakdown import Instrument
+from .simulate import simulate
 from .tracker import MemoryTracker
 from .transforms import applied_during_step
 
@@ -133,7 +134,7 @@ def _offset(options: EstimateOptions, sim: Simulator, info: dict[str, Any]) -> O
         return calibrated_offset(list(options.calibrate.points), {batch: result.device_peak})
     if options.offset is not None:
         return options.offset
-    from ..devices import cpu
+    from ...devices import cpu
 
     scenarios = [named.scenario for named in options.scenarios]
     warm_up({s.precision for s in scenarios}, {s.optimizer for s in scenarios}, options.optimizer_kwargs)

@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
-from .records import CATEGORIES
+from ...errors import UsageError
+from ..pure.records import CATEGORIES
 
 if TYPE_CHECKING:
-    from ..result import TuneResult
+    from ...result import TuneResult
 
 SUFFIXES = (".png", ".svg")
 INSTALL_HINT = "install the plot extra: pip install 'autobatch-tuner[plot]' (or pip install matplotlib)"
@@ -272,7 +272,7 @@ def _save(figure: Any, path: str | Path) -> None:
     """Render in memory, then write atomically: an interrupted run leaves no half-written image."""
     import io
 
-    from ..files import write_atomic
+    from ...files import write_atomic
 
     buffer = io.BytesIO()
     figure.savefig(buffer, format=Path(path).suffix.lower().lstrip("."))

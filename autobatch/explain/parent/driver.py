@@ -1,8 +1,8 @@
 """The parent side of explain and estimate: send their operations to a probe server, search real maxima.
 
 Nothing here imports torch: requests and outcomes are plain records (:mod:`autobatch.probe.protocol`),
-options are typed records (:mod:`autobatch.explain.options`), and every tensor operation happens in a
-forked probe process (:mod:`autobatch.explain.ops`, which the session's probe server imports because
+options are typed records (:mod:`autobatch.explain.pure.options`), and every tensor operation happens in a
+forked probe process (:mod:`autobatch.explain.worker.ops`, which the session's probe server imports because
 it is started with ``op_modules=OP_MODULES``).
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..core.search import KINDS, Affine, Observation, search_max_batch
-from ..core.space import Combo
-from ..probe.protocol import ProbeOutcome
-from ..session import Session
-from .options import EXPLAIN, ExplainOptions
-from .records import Transforms
+from ...core.search import KINDS, Affine, Observation, search_max_batch
+from ...core.space import Combo
+from ...probe.protocol import ProbeOutcome
+from ...session import Session
+from ..pure.options import EXPLAIN, ExplainOptions
+from ..pure.records import Transforms
 
 
 @dataclass(frozen=True)

@@ -11,22 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from .. import __version__
-from ..core.space import Combo, combinations
-from ..core.units import format_bytes
-from ..devices.cpu import MALLOC_ENV, MEMORY_DEFINITION
-from ..errors import UsageError
-from ..probe.client import ProbeClient
-from ..probe.failures import raise_for
-from ..probe.protocol import ProbeRequest
-from ..result import ComboResult, TuneResult
-from .cards import CardProfile, generic_card, get_card
-from .estimate import Offset, to_combo_result
-from .options import ESTIMATE, OP_MODULES, EstimateOptions, NamedScenario
-from .records import Scenario
+from ... import __version__
+from ...core.space import Combo, combinations
+from ...core.units import format_bytes
+from ...devices.cpu import MALLOC_ENV, MEMORY_DEFINITION
+from ...errors import UsageError
+from ...probe.client import ProbeClient
+from ...probe.failures import raise_for
+from ...probe.protocol import ProbeRequest
+from ...result import ComboResult, TuneResult
+from ..pure.cards import CardProfile, generic_card, get_card
+from ..pure.maxima import Offset, to_combo_result
+from ..pure.options import ESTIMATE, OP_MODULES, EstimateOptions, NamedScenario
+from ..pure.records import Scenario
 
 if TYPE_CHECKING:
-    from ..settings.groups import Settings
+    from ...settings.groups import Settings
 
 CUDA_DEFINITION = (
     "cuda (estimated): memory reserved by the caching allocator (modelled: 512 B rounding, 2 MiB / 20 MiB / "
@@ -92,7 +92,7 @@ def cuda_budget_bytes(card: CardProfile, headroom: float) -> int:
     return int((card.memory_bytes - card.context_bytes) * (1 - headroom))
 
 
-def run_estimate(
+def estimate_combinations(
     settings: Settings, target: Target, progress: Callable[[str], None] | None = None
 ) -> TuneResult:
     """Estimate every combination of the settings' grid on the target."""

@@ -2,8 +2,8 @@
 
 :class:`Instrument` wraps the script's three functions and hooks the step so that the probe's own
 step loop (:func:`autobatch.step.loop.run_steps`, through the worker) runs unchanged while a
-:class:`~autobatch.explain.tracker.MemoryTracker` watches every tensor and a
-:class:`~autobatch.explain.modules.ModuleRecorder` attributes outputs and saved tensors to modules.
+:class:`~autobatch.explain.worker.tracker.MemoryTracker` watches every tensor and a
+:class:`~autobatch.explain.worker.modules.ModuleRecorder` attributes outputs and saved tensors to modules.
 
 The categories of a measured run (bytes, at the peak) are::
 
@@ -26,10 +26,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..contract import UserScript
-from ..step.loop import autocast_for
+from ...contract import UserScript
+from ...step.loop import autocast_for
+from ..pure.records import TENSOR_CATEGORIES, Transforms
 from .modules import ModuleRecorder, add_flops, table_rows
-from .records import TENSOR_CATEGORIES, Transforms
 from .tracker import MemoryTracker, tensor_leaves
 from .transforms import Applied, apply_to_model, trim_batch
 

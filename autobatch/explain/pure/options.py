@@ -3,7 +3,7 @@
 The parent builds an options record and sends its ``to_dict()`` as
 :attr:`autobatch.probe.protocol.ProbeRequest.options`; the probe process's registry
 (:mod:`autobatch.probe.ops`) decodes it with ``from_dict`` before calling the operation
-(:mod:`autobatch.explain.ops`). No torch here: both sides import it.
+(:mod:`autobatch.explain.worker.ops`). No torch here: both sides import it.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .estimate import CPU_RUNTIME_BYTES, Offset
+from .maxima import CPU_RUNTIME_BYTES, Offset
 from .records import Scenario, Transforms
 
 #: The modules a probe server imports to register ``explain`` and ``estimate`` (the parent passes them
 #: as ``op_modules``; it never imports them itself: they import torch).
-OP_MODULES: tuple[str, ...] = ("autobatch.explain.ops",)
+OP_MODULES: tuple[str, ...] = ("autobatch.explain.worker.ops",)
 EXPLAIN = "explain"
 ESTIMATE = "estimate"
 
