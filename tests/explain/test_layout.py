@@ -1,7 +1,9 @@
-"""explain's layout: the options records cross the process boundary intact, and only worker/ imports torch."""
+"""explain's layout: the operations' options cross the process boundary intact, the modules the parent
+names register the operations, and only worker/ imports torch."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -10,12 +12,16 @@ from support import ROOT
 
 from autobatch.explain.pure.maxima import Offset
 from autobatch.explain.pure.options import (
+    ESTIMATE,
+    EXPLAIN,
+    OP_MODULES,
     Calibration,
     EstimateOptions,
     ExplainOptions,
     NamedScenario,
 )
 from autobatch.explain.pure.records import Scenario, Transforms
+from autobatch.probe import ops
 
 
 def test_options_round_trip_through_their_dicts() -> None:
@@ -52,3 +58,9 @@ def test_only_the_worker_side_imports_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_the_modules_the_parent_names_register_the_operations() -> None:
+    for name in OP_MODULES:
+        importlib.import_module(name)
+    assert {EXPLAIN, ESTIMATE} <= set(ops.operations())
