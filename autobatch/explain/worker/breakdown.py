@@ -4,6 +4,7 @@
 step loop (:func:`autobatch.step.loop.run_steps`, through the worker) runs unchanged while a
 :class:`~autobatch.explain.worker.tracker.MemoryTracker` watches every tensor and a
 :class:`~autobatch.explain.worker.modules.ModuleRecorder` attributes outputs and saved tensors to modules.
+A simulation (:mod:`autobatch.explain.worker.simulate`) hooks its fake step with the same class.
 
 The categories of a measured run (bytes, at the peak) are::
 
@@ -61,12 +62,12 @@ class Instrument:
         """The script with its three functions wrapped."""
         return replace(
             script,
-            build_model=self.wrap_build(script.build_model),
-            make_batch=self.wrap_batch(script.make_batch),
-            compute_loss=self.wrap_loss(script.compute_loss),
+            build_model=self._wrap_build(script.build_model),
+            make_batch=self._wrap_batch(script.make_batch),
+            compute_loss=self._wrap_loss(script.compute_loss),
         )
 
-    def wrap_build(self, build: Callable[[], Any]) -> Callable[[], Any]:
+    def _wrap_build(self, build: Callable[[], Any]) -> Callable[[], Any]:
         def build_model() -> Any:
             model = build()
             if isinstance(model, torch.nn.Module):
@@ -77,14 +78,14 @@ class Instrument:
 
         return build_model
 
-    def wrap_batch(self, make: Callable[[int], Any]) -> Callable[[int], Any]:
+    def _wrap_batch(self, make: Callable[[int], Any]) -> Callable[[int], Any]:
         def make_batch(batch_size: int) -> Any:
             batch = make(batch_size)
             return trim_batch(batch, self._vocab) if self._vocab else batch
 
         return make_batch
 
-    def wrap_loss(self, compute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def _wrap_loss(self, compute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         self._compute = compute
 
         def compute_loss(model: Any, batch: Any) -> Any:
