@@ -14,9 +14,12 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import ContractError, ScriptError, UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 SIGNATURES = {
     "build_model": ("def build_model() -> torch.nn.Module", 0),
@@ -95,6 +98,48 @@ def load_script(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Use
         functions["make_batch"],
         functions["compute_loss"],
         tuple(classes),
+    )
+
+
+def check_model(model: object) -> torch.nn.Module:
+    """What ``build_model()`` returned, if it is a ``torch.nn.Module``; a :class:`ContractError` otherwise."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise ContractError(
+            f"build_model() returned {type(model).__name__}, not a torch.nn.Module",
+            hint=SIGNATURES["build_model"][0],
+        )
+    return model
+
+
+def check_batch(batch: object, batch_size: int) -> None:
+    """``make_batch(batch_size)`` must return tensors, or nested tuples/lists/dicts holding some."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    if not any(isinstance(leaf, torch.Tensor) for leaf in tree_leaves(batch)):
+        raise ContractError(
+            f"make_batch({batch_size}) returned {type(batch).__name__} with no tensors",
+            hint="make_batch(batch_size) must return tensors or nested tuples/lists/dicts of tensors",
+        )
+
+
+def check_loss(loss: object) -> torch.Tensor:
+    """What ``compute_loss(model, batch)`` returned, if it is a scalar tensor connected to the parameters."""
+    import torch
+
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
+        return loss
+    if not isinstance(loss, torch.Tensor):
+        what = type(loss).__name__
+    elif loss.numel() == 1:
+        what = "a scalar that does not require grad (is the model used?)"
+    else:
+        what = f"a tensor of shape {tuple(loss.shape)}"
+    raise ContractError(
+        f"compute_loss(model, batch) returned {what}",
+        hint="def compute_loss(model, batch) -> torch.Tensor  # a scalar connected to the model's parameters",
     )
 
 

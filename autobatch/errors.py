@@ -6,6 +6,7 @@
     ├── UsageError                 (exit 2)  bad flag, bad value, bad config file
     │   └── ConfigError            (exit 2)  every problem of a config file, collected
     ├── ContractError              (exit 3)  the training script breaks the user contract
+    │   └── NoBlocksError          (exit 3)  recomputation asked for a model without repeated blocks
     ├── ScriptError                (exit 3)  the training script raised during a probe
     ├── NothingFitsError           (exit 4)  no combination fits even the smallest batch
     ├── ProbeFailure               (exit 6)  a probe crashed or timed out where an answer was needed
@@ -61,6 +62,13 @@ class ContractError(AutobatchError):
     """The training script lacks a required function or returns the wrong thing."""
 
     exit_code = EXIT_SCRIPT
+
+
+class NoBlocksError(ContractError):
+    """Recomputation was asked for, but the model has no repeated blocks to wrap.
+
+    A broken contract in a real probe; a simulation reports it as a scenario that cannot run.
+    """
 
 
 class ScriptError(AutobatchError):

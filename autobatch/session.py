@@ -49,6 +49,7 @@ class Session:
         cache_dir: str | None = None,
         on_probe: OnProbe | None = None,
         runner: ProbeRunner | None = None,
+        op_modules: tuple[str, ...] = (),
     ) -> None:
         self.script = Path(script)
         self.script_args = list(script_args)
@@ -62,6 +63,7 @@ class Session:
         self.cache_dir = cache_dir
         self.on_probe = on_probe
         self.runner = runner
+        self.op_modules = op_modules  # modules registering probe operations (see autobatch.probe.ops)
         self.device: DeviceInfo | None = None
         self.journal = ProbeJournal(None)
         self.fingerprint = ""
@@ -75,8 +77,10 @@ class Session:
         cache: bool | None = None,
         on_probe: OnProbe | None = None,
         runner: ProbeRunner | None = None,
+        op_modules: tuple[str, ...] = (),
     ) -> Session:
-        """The session that resolved settings describe (``cache`` defaults to the ``cache`` setting)."""
+        """The session that resolved settings describe (``cache`` defaults to the ``cache`` setting;
+        ``op_modules`` register probe operations beyond ``probe`` and ``inspect``)."""
         script = settings.require_script()
         return cls(
             script=script,
@@ -91,6 +95,7 @@ class Session:
             cache_dir=settings.probe.cache_dir,
             on_probe=on_probe,
             runner=runner,
+            op_modules=op_modules,
         )
 
     def __enter__(self) -> Session:
@@ -118,7 +123,9 @@ class Session:
         if self.runner is None:
             from .probe.client import ProbeClient
 
-            self.runner = ProbeClient(self.script, self.script_args, env=dict(MALLOC_ENV))
+            self.runner = ProbeClient(
+                self.script, self.script_args, env=dict(MALLOC_ENV), op_modules=self.op_modules
+            )
         device, info = self._resolve_device()
         self.device = device_info(device, info, memory=self.memory, headroom=self.headroom)
         self._open_journal()

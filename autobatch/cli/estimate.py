@@ -1,6 +1,6 @@
 """``autobatch estimate``: each combination's maximum batch for a card you do not have, with no real allocation.
 
-The step runs under fake tensors on the CPU (:mod:`autobatch.explain.simulate`); an allocator model
+The step runs under fake tensors on the CPU (:mod:`autobatch.explain.worker.simulate`); an allocator model
 turns its tensors into the target's memory, and the search of ``tune`` finds the largest batch that
 stays within the budget. Targets:
 
@@ -65,7 +65,7 @@ def estimate(
     as_json: bool = opt.JSON,
 ) -> None:
     """Predict each combination's maximum batch on a card (or the CPU) with fake tensors: no real allocation."""
-    from ..explain.cards import CARDS
+    from ..explain.pure.cards import CARDS
 
     if list_cards:
         _print_cards(CARDS, as_json)
@@ -78,10 +78,10 @@ def estimate(
             hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
         )
     if plot is not None:
-        from ..explain.plot import check_plot_path
+        from ..explain.output.plot import check_plot_path
 
         check_plot_path(plot)
-    from ..explain.estimator import Target, run_estimate
+    from ..explain.parent.estimator import Target, estimate_combinations
 
     target = Target.resolve(
         card=card,
@@ -92,8 +92,10 @@ def estimate(
         memory_flag=settings.device.memory if memory else None,
     )
     console.print(f"[bold]autobatch estimate[/] {escape(script_path)}: {escape(target.describe())}")
-    result = run_estimate(settings, target, progress=lambda text: console.print(f"[dim]  {escape(text)}[/]"))
-    from ..explain.render import print_estimate
+    result = estimate_combinations(
+        settings, target, progress=lambda text: console.print(f"[dim]  {escape(text)}[/]")
+    )
+    from ..explain.output.render import print_estimate
 
     budget = result.device["budget_bytes"]
     print_estimate(
@@ -103,7 +105,7 @@ def estimate(
         console.print(f"[dim]- {escape(note)}[/]")
     console.print(f"[yellow]note[/]: {escape(CAVEATS_CPU if target.kind == 'cpu' else CAVEATS_CUDA)}")
     if plot is not None:
-        from ..explain.plot import plot_tune
+        from ..explain.output.plot import plot_tune
 
         plot_tune(result, plot)
         console.print(f"plot written to {plot} (points: simulated batch sizes)")

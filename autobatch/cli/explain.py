@@ -4,7 +4,7 @@ One isolated, instrumented run at ``--batch-size`` (plus one at half of it for t
 under the same budget as ``tune`` and ``check``. Human output on stderr: a bar and a table of the
 peak by category (adding up to the measured peak, the residual stated), the per-module table, and the
 levers ranked by the maximum batch each would give. ``--json`` prints the report on stdout
-(:mod:`autobatch.explain.explainer` documents it). Exit status 0, also when the batch does not fit
+(:mod:`autobatch.explain.parent.explainer` documents it). Exit status 0, also when the batch does not fit
 (the report says so): explaining is the answer.
 """
 
@@ -57,17 +57,18 @@ def explain(
     settings = opt.load(locals())
     script_path = settings.require_script()
     if plot is not None:
-        from ..explain.plot import check_plot_path
+        from ..explain.output.plot import check_plot_path
 
         check_plot_path(plot)
 
     from ..core.space import Combo
-    from ..explain.explainer import explain as run_explain
+    from ..explain.parent.explainer import explain_batch
+    from ..explain.pure.options import OP_MODULES
 
     combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], one_recompute)
     limits = settings.limits()
     console.print(f"[bold]autobatch explain[/] {escape(script_path)}: starting the probe server")
-    with opt.open_session(settings) as session:
+    with opt.open_session(settings, op_modules=OP_MODULES) as session:
         info = session.device
         assert info is not None
         console.print(
@@ -78,7 +79,7 @@ def explain(
         unsupported = info.unsupported(combo.precision)
         if unsupported:
             raise UsageError(unsupported, hint="pick another --precision")
-        report = run_explain(
+        report = explain_batch(
             session,
             combo,
             batch_size,
@@ -90,7 +91,7 @@ def explain(
     data = report.to_dict()
     _print_report(report, data, combo.key, info.name, verify)
     if plot is not None:
-        from ..explain.plot import plot_explain
+        from ..explain.output.plot import plot_explain
 
         plot_explain(data, plot)
         console.print(f"plot written to {plot}")
@@ -99,7 +100,7 @@ def explain(
 
 
 def _print_report(report: Any, data: dict[str, Any], key: str, device: str, verify: bool) -> None:
-    from ..explain.render import print_breakdown, print_levers, print_modules
+    from ..explain.output.render import print_breakdown, print_levers, print_modules
 
     verdict = "[green]fits[/]" if report.fits else f"[yellow]does not fit[/] ({report.kind})"
     console.print(

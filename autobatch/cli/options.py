@@ -85,11 +85,18 @@ def load(params: dict[str, Any]) -> Settings:
 
 
 def open_session(
-    settings: Settings, *, cache: bool | None = None, on_probe: OnProbe | None = None
+    settings: Settings,
+    *,
+    cache: bool | None = None,
+    on_probe: OnProbe | None = None,
+    op_modules: tuple[str, ...] = (),
 ) -> Session:
-    """The session a command probes through: the probe server, or the runner the CLI state names (tests)."""
+    """The session a command probes through: the probe server, or the runner the CLI state names (tests);
+    ``op_modules`` register operations beyond ``probe`` and ``inspect`` (see autobatch.probe.ops)."""
     from ..session import Session
     from .state import STATE
 
     runner = STATE.runner_factory() if STATE.runner_factory is not None else None
-    return Session.from_settings(settings, cache=cache, on_probe=on_probe, runner=runner)
+    return Session.from_settings(
+        settings, cache=cache, on_probe=on_probe, runner=runner, op_modules=op_modules
+    )

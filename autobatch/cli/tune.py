@@ -69,7 +69,7 @@ def tune(
     script_path = settings.require_script()
     world, world_source = resolve_world_size(settings.plan.world_size, os.environ)
     if plot is not None:
-        from ..explain.plot import check_plot_path
+        from ..explain.output.plot import check_plot_path
 
         check_plot_path(plot)  # before any probe
     console.print(f"[bold]autobatch tune[/] {escape(script_path)}: starting the probe server")
@@ -78,7 +78,7 @@ def tune(
     print_chosen(result)
     console.print(f"result written to {settings.output.result}")
     if plot is not None:
-        from ..explain.plot import plot_tune
+        from ..explain.output.plot import plot_tune
 
         plot_tune(result, plot)
         console.print(f"plot written to {plot}")

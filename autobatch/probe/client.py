@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,11 @@ SERVER_GRACE = 30.0
 
 
 class ProbeClient:
-    """A running probe server for one script."""
+    """A running probe server for one script.
+
+    ``op_modules``: modules the server imports at start-up, before any fork, to register operations
+    beyond the built-in ``probe`` and ``inspect`` (see :mod:`autobatch.probe.ops`).
+    """
 
     def __init__(
         self,
@@ -36,11 +41,17 @@ class ProbeClient:
         *,
         env: dict[str, str] | None = None,
         start_timeout: float = 300.0,
+        op_modules: Sequence[str] = (),
     ) -> None:
         self.script = str(script)
         self._log_dir = tempfile.TemporaryDirectory(prefix="autobatch-")
         self._stderr = open(os.path.join(self._log_dir.name, "server.log"), "wb")  # noqa: SIM115
-        init = {"script": self.script, "script_args": list(script_args), "log_dir": self._log_dir.name}
+        init = {
+            "script": self.script,
+            "script_args": list(script_args),
+            "log_dir": self._log_dir.name,
+            "op_modules": list(op_modules),
+        }
         full_env = {**os.environ, **(env or {})}
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "autobatch.probe.server", json.dumps(init)],
@@ -68,7 +79,7 @@ class ProbeClient:
         self.close()
 
     def run(self, request: ProbeRequest) -> ProbeOutcome:
-        """Run one probe (or inspect) in a fresh process and return its outcome."""
+        """Run one operation (a probe, an inspection, ...) in a fresh process and return its outcome."""
         self._next_id += 1
         message = {"id": self._next_id, "request": request.to_dict()}
         assert self._proc.stdin is not None

@@ -38,17 +38,19 @@ def describe_failure(outcome: ProbeOutcome, exc: BaseException, *, kind: str = "
 def raise_for(outcome: ProbeOutcome, what: str) -> None:
     """Raise the error an outcome without an answer stands for (``what``: what was being done).
 
-    ``error`` is the script's own exception (or a broken contract); ``crash`` and ``timeout`` are a
-    probe that did not report. Outcomes that are answers (``fits``, ``oom``) raise nothing.
+    ``error`` is the script's own exception (or a broken contract, or a :class:`ProbeFailure` of the
+    probe layer itself, such as an unknown operation); ``crash`` and ``timeout`` are a probe that did
+    not report. Outcomes that are answers (``fits``, ``oom``) raise nothing.
     """
     if outcome.kind in ("fits", "oom"):
         return
     detail = "\n".join(
         x for x in (outcome.traceback, outcome.log_tail and f"probe log:\n{outcome.log_tail}") if x
     )
-    if outcome.contract:
+    if outcome.contract or outcome.error_type == ProbeFailure.__name__:
         message, _, hint = (outcome.error_message or "").partition(HINT_MARK)
-        raise ContractError(message, hint=hint or None, detail=detail or None)
+        kind = ContractError if outcome.contract else ProbeFailure
+        raise kind(message, hint=hint or None, detail=detail or None)
     if outcome.kind in ("crash", "timeout"):
         hint = (
             "the probe did not finish in time: raise --timeout for slow models (rerun with --verbose for its log)"

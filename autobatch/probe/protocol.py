@@ -30,8 +30,8 @@ class ProbeRequest:
     timeout: float = 300.0
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     recompute_classes: tuple[str, ...] = ()
-    op: str = "probe"  # "probe" | "inspect" | "explain" | "estimate" (autobatch.explain.ops)
-    options: dict[str, Any] = field(default_factory=dict)  # op-specific settings (explain, estimate)
+    op: str = "probe"  # "probe", "inspect", or another operation registered in autobatch.probe.ops
+    options: dict[str, Any] = field(default_factory=dict)  # the operation's options record, as a dict
     process_limit_bytes: int | None = None  # CUDA: all the process may hold, per NVML; None: unknown
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,6 +6,10 @@ the user script prints cannot corrupt the protocol). First message: ``{"ready": 
 ``{"ready": false, "error": {...}}``. Each request ``{"id": n, "request": {...}}`` gets
 ``{"id": n, "outcome": {...}}``. EOF on stdin ends the server.
 
+Start-up: the server imports torch, the script, then the modules that register probe operations
+(:mod:`autobatch.probe.ops`: the built-in ones, then the client's ``op_modules``), all before the first
+fork, so that every probe inherits them; each request runs through :func:`autobatch.probe.ops.dispatch`.
+
 Isolation: every probe runs in a process forked from this one, whose allocator state no earlier
 probe touched; the server itself never runs a tensor operation (a forked child of a process that
 started OpenMP threads or initialised CUDA is not safe). Each probe child asks the kernel to kill it
@@ -67,30 +71,9 @@ def main() -> None:
 
     started = time.perf_counter()
     try:
-        import torch  # noqa: F401  (imported once here, inherited by every probe)
-
-        from ..contract import load_script
-
-        script = load_script(init["script"], init.get("script_args", []))
-        preload()
-        # Everything imported so far lives as long as the server: move it out of the collector's
-        # reach, so the collection before each fork (_tidy_heap) walks only what requests left
-        # behind (0.14 s per probe otherwise, walking torch's objects).
-        import gc
-
-        gc.collect()
-        gc.freeze()
+        script = _load(init)
     except BaseException as exc:  # noqa: BLE001
-        from ..errors import AutobatchError
-
-        error: dict[str, Any] = {
-            "type": type(exc).__name__,
-            "message": str(exc),
-            "traceback": traceback.format_exc(),
-        }
-        if isinstance(exc, AutobatchError):
-            error.update(message=exc.message, hint=exc.hint, detail=exc.detail, exit_code=exc.exit_code)
-        _send(proto, {"ready": False, "error": error})
+        _send(proto, {"ready": False, "error": _startup_error(exc)})
         return
     import torch
 
@@ -113,6 +96,40 @@ def main() -> None:
         _send(proto, {"id": message.get("id"), "outcome": outcome.to_dict()})
 
 
+def _load(init: dict[str, Any]) -> Any:
+    """Import torch, the script and the operations once: everything every probe inherits."""
+    import torch  # noqa: F401  (imported once here, inherited by every probe)
+
+    from ..contract import load_script
+    from .ops import load_operations
+
+    script = load_script(init["script"], init.get("script_args", []))
+    load_operations(init.get("op_modules", []))
+    preload()
+    # Everything imported so far lives as long as the server: move it out of the collector's
+    # reach, so the collection before each fork (_tidy_heap) walks only what requests left
+    # behind (0.14 s per probe otherwise, walking torch's objects).
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    return script
+
+
+def _startup_error(exc: BaseException) -> dict[str, Any]:
+    """The ``error`` of a ``ready: false`` message (autobatch's errors with their hint and exit code)."""
+    from ..errors import AutobatchError
+
+    error: dict[str, Any] = {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": traceback.format_exc(),
+    }
+    if isinstance(exc, AutobatchError):
+        error.update(message=exc.message, hint=exc.hint, detail=exc.detail, exit_code=exc.exit_code)
+    return error
+
+
 def _tidy_heap() -> None:
     """Give the server's free heap back before forking, so every probe starts equally tight.
 
@@ -132,6 +149,7 @@ def _tidy_heap() -> None:
 
 
 def _fork_probe(request: ProbeRequest, script: Any, log_dir: str | None) -> ProbeOutcome:
+    """Run one request in a fresh forked process and return its outcome (or its timeout, or its crash)."""
     _tidy_heap()
     read_fd, write_fd = os.pipe()
     log_path = (
@@ -143,37 +161,44 @@ def _fork_probe(request: ProbeRequest, script: Any, log_dir: str | None) -> Prob
         os.close(read_fd)
         _child(request, script, write_fd, log_path)
     os.close(write_fd)
-    chunks: list[bytes] = []
-    deadline = started + request.timeout
-    timed_out = False
-    while True:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            timed_out = True
-            break
-        ready, _, _ = select.select([read_fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(read_fd, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
+    data, timed_out = _collect(read_fd, started + request.timeout)
     if timed_out:
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     os.close(read_fd)
     wall = time.perf_counter() - started
-    tail = _tail(log_path)
     if timed_out:
         return ProbeOutcome(
             kind="timeout",
             batch_size=request.batch_size,
             wall_seconds=wall,
-            log_tail=tail,
+            log_tail=_tail(log_path),
             reason=f"no answer within {request.timeout:g} s; the probe was killed",
         )
+    return _answer(request, data, status, wall, log_path)
+
+
+def _collect(fd: int, deadline: float) -> tuple[bytes, bool]:
+    """Read the child's answer until it closes the pipe or the deadline passes: (bytes, timed out)."""
+    chunks: list[bytes] = []
+    while True:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            return b"".join(chunks), True
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks), False
+        chunks.append(chunk)
+
+
+def _answer(request: ProbeRequest, data: bytes, status: int, wall: float, log_path: str) -> ProbeOutcome:
+    """The outcome the child wrote, or a crash when it wrote none (a signal, an abort, an exit)."""
+    tail = _tail(log_path)
     try:
-        outcome = ProbeOutcome.from_dict(json.loads(b"".join(chunks)))
+        outcome = ProbeOutcome.from_dict(json.loads(data))
     except ValueError:
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
@@ -207,9 +232,9 @@ def _child(request: ProbeRequest, script: Any, write_fd: int, log_path: str) -> 
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
-        from .worker import run_probe
+        from .ops import dispatch
 
-        outcome = run_probe(request, script)
+        outcome = dispatch(request, script)
         data = json.dumps(outcome.to_dict()).encode()
         view = memoryview(data)
         while view:

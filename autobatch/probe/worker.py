@@ -1,6 +1,8 @@
-"""What runs inside one forked probe process: apply the budget, run the steps, measure, report.
+"""The built-in operations of a forked probe process: ``probe`` and ``inspect``.
 
-Everything is returned as a :class:`ProbeOutcome` record; nothing raises out of :func:`run_probe`.
+``probe`` applies the budget, runs the steps, measures and reports; ``inspect`` builds the model once
+and reports what the runner plans the search with. Both are registered with :mod:`autobatch.probe.ops`
+like any other operation, and everything they find is returned as a :class:`ProbeOutcome` record.
 """
 
 from __future__ import annotations
@@ -8,60 +10,50 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ..contract import UserScript
+from ..contract import UserScript, check_model
 from ..devices.cuda.budget import CudaStepStats, judge_step
-from ..errors import AutobatchError, ContractError
+from ..errors import AutobatchError
 from ..oom import classify_exception
 from .failures import describe_failure
+from .ops import register
 from .protocol import ProbeOutcome, ProbeRequest
 
 PRECISION_CHECKS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
 
+@register("probe")
 def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
-    """Run one probe (or an ``inspect``) in this process and describe what happened."""
-    start = time.perf_counter()
-    if request.op == "inspect":
-        outcome = _inspect(request, script)
-    elif request.op in ("explain", "estimate"):
-        from ..explain.ops import run_op
-
-        outcome = run_op(request, script)
-    else:
-        outcome = measure_steps(request, script, start)
-    outcome.wall_seconds = time.perf_counter() - start
-    return outcome
+    """One probe: the steps of the request's combination and batch size, under its budget."""
+    return measure_steps(request, script, time.perf_counter())
 
 
 def measure_steps(request: ProbeRequest, script: UserScript, start: float) -> ProbeOutcome:
     """Apply the budget, run the steps, measure: the probe proper (explain wraps the script first)."""
-    import torch
-
-    from ..step.loop import StepReport, run_steps
+    from ..step.loop import StepConfig, StepReport, run_steps
 
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
     report = StepReport()
-    device = torch.device(request.device)
+    config = StepConfig(
+        batch_size=request.batch_size,
+        precision=request.precision,
+        optimizer=request.optimizer,
+        recompute=request.recompute,
+        device=request.device,
+        optimizer_kwargs=request.optimizer_kwargs,
+        recompute_classes=request.recompute_classes,
+    )
     peak_now, synchronize, finish = _device_hooks(request, outcome)
     outcome.setup_seconds = time.perf_counter() - start
     try:
         run_steps(
-            build_model=script.build_model,
-            make_batch=script.make_batch,
-            compute_loss=script.compute_loss,
-            batch_size=request.batch_size,
-            precision=request.precision,
-            optimizer=request.optimizer,
-            optimizer_kwargs=request.optimizer_kwargs,
-            recompute=request.recompute,
-            recompute_classes=request.recompute_classes or script.recompute_classes,
-            device=device,
+            script,
+            config,
+            report,
             min_steps=request.min_steps,
             max_steps=request.max_steps,
             peak_now=peak_now,
             synchronize=synchronize,
             grow_tolerance=max(1 << 20, request.budget_bytes // 1000),
-            report=report,
         )
     except AutobatchError as exc:
         describe_failure(outcome, exc)
@@ -139,30 +131,23 @@ def cuda_verdict(
     return ("fits", outcome.reason) if fits else ("oom", reason)
 
 
-def _inspect(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
+@register("inspect")
+def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     """Build the model once (no budget) and report what the runner needs to plan the search."""
     import torch
 
-    from ..step.loop import autocast_for
+    from ..step.loop import tiny_step
     from ..step.recompute import detect_blocks
 
     outcome = ProbeOutcome(kind="fits")
     info: dict[str, Any] = {}
-    try:
-        model = script.build_model()
-        if not isinstance(model, torch.nn.Module):
-            raise ContractError(
-                f"build_model() returned {type(model).__name__}, not a torch.nn.Module",
-                hint="def build_model() -> torch.nn.Module",
-            )
-        info["param_shapes"] = [list(p.shape) for p in model.parameters() if p.requires_grad]
-        info["param_count"] = sum(p.numel() for p in model.parameters())
-        info["recompute_blocks"] = list(
-            request.recompute_classes or script.recompute_classes or detect_blocks(model)
-        )
-        del model
-    except BaseException as exc:  # noqa: BLE001
-        return describe_failure(outcome, exc)
+    model = check_model(script.build_model())
+    info["param_shapes"] = [list(p.shape) for p in model.parameters() if p.requires_grad]
+    info["param_count"] = sum(p.numel() for p in model.parameters())
+    info["recompute_blocks"] = list(
+        request.recompute_classes or script.recompute_classes or detect_blocks(model)
+    )
+    del model
     device = torch.device(request.device)
     unsupported: dict[str, str] = {}
     if device.type == "cuda":
@@ -179,13 +164,7 @@ def _inspect(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
         info["baseline_bytes"] = cpu.read_status().data
         for precision in PRECISION_CHECKS:
             try:
-                layer = torch.nn.Linear(8, 8)
-                x = torch.randn(4, 8)
-                if precision == "bf16-true":
-                    layer, x = layer.to(torch.bfloat16), x.to(torch.bfloat16)
-                with autocast_for(precision, "cpu"):
-                    y = layer(x)
-                y.float().sum().backward()
+                tiny_step(precision)
             except Exception as exc:  # noqa: BLE001
                 unsupported[precision] = f"{type(exc).__name__}: {exc}"
     info["unsupported_precisions"] = unsupported

@@ -3,6 +3,12 @@
 Precisions (Lightning's names): ``32-true`` plain fp32; ``bf16-mixed`` autocast to bfloat16 with fp32
 parameters; ``16-mixed`` autocast to float16 with a GradScaler; ``bf16-true`` the model and the
 floating-point inputs cast to bfloat16.
+
+The step is written once, in two pieces that a real probe (:func:`run_steps`) and explain's fake-tensor
+simulation both call: :func:`build_step` (model, optimizer, batch) and :func:`one_step`. A step built
+with ``fake=True`` differs only where fake tensors force it to: the model is not moved (``Module.to``
+cannot swap fake parameters), ``bf16-true`` casts with :func:`cast_floating`, and ``16-mixed`` scales
+the loss by a fixed factor (:class:`FixedScale`: GradScaler's inf checks read values).
 """
 
 from __future__ import annotations
@@ -11,13 +17,31 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 import torch
 
-from ..errors import ContractError
+from ..contract import UserScript, check_batch, check_loss, check_model
 from .optimizers import build_optimizer, optimizer_state_bytes
-from .recompute import detect_blocks, wrap_blocks
+from .recompute import wrap_recompute
+
+#: The loss scale a fake ``16-mixed`` step multiplies the loss by (GradScaler's initial scale).
+LOSS_SCALE = 65536.0
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """What to build: one combination at one batch size on one device (``"cpu"`` or ``"cuda:N"``)."""
+
+    batch_size: int
+    precision: str
+    optimizer: str
+    recompute: bool = False
+    device: str = "cpu"
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    recompute_classes: tuple[str, ...] = ()  # empty: the script's RECOMPUTE_CLASSES, else detected
 
 
 @dataclass
@@ -32,6 +56,35 @@ class StepReport:
     optimizer_state_bytes: int = 0
     param_count: int = 0
     recompute_blocks: tuple[str, ...] = ()
+
+
+class FixedScale:
+    """``16-mixed`` under fake tensors: GradScaler's scaling at its initial scale, without its inf checks
+    (they read values; a fake ``.item()`` would report an inf and skip every optimizer step)."""
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * LOSS_SCALE
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def update(self) -> None:
+        pass
+
+
+@dataclass
+class Step:
+    """A built step, ready for :func:`one_step`."""
+
+    model: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    batch: Any
+    compute_loss: Callable[[Any, Any], Any]
+    precision: str
+    device_type: str
+    scaler: torch.amp.GradScaler | FixedScale | None = None
+    grad_bytes: int = 0  # the gradients after the last backward
 
 
 def move(batch: Any, device: torch.device, float_dtype: torch.dtype | None = None) -> Any:
@@ -49,27 +102,6 @@ def move(batch: Any, device: torch.device, float_dtype: torch.dtype | None = Non
     return batch
 
 
-def _check_batch(batch: Any, batch_size: int) -> None:
-    leaves: list[Any] = []
-
-    def walk(x: Any) -> None:
-        if isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-        else:
-            leaves.append(x)
-
-    walk(batch)
-    if not leaves or not any(isinstance(x, torch.Tensor) for x in leaves):
-        raise ContractError(
-            f"make_batch({batch_size}) returned {type(batch).__name__} with no tensors",
-            hint="make_batch(batch_size) must return tensors or nested tuples/lists/dicts of tensors",
-        )
-
-
 @contextlib.contextmanager
 def autocast_for(precision: str, device_type: str) -> Iterator[None]:
     if precision == "bf16-mixed":
@@ -82,95 +114,110 @@ def autocast_for(precision: str, device_type: str) -> Iterator[None]:
         yield
 
 
+def cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast floating parameters and buffers, keeping tied parameters tied (``model.to`` cannot swap fakes)."""
+    done: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or not param.is_floating_point():
+                continue
+            if id(param) not in done:
+                done[id(param)] = torch.nn.Parameter(
+                    param.detach().to(dtype), requires_grad=param.requires_grad
+                )
+            module._parameters[name] = done[id(param)]
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None and buffer.is_floating_point():
+                module._buffers[name] = buffer.to(dtype)
+
+
+def build_step(script: UserScript, config: StepConfig, report: StepReport, *, fake: bool = False) -> Step:
+    """Build the model (recomputation, precision, device), the optimizer and the batch.
+
+    ``report`` gets the parameters and the recomputed blocks; ``fake``: see the module docstring.
+    """
+    device = torch.device(config.device)
+    model = check_model(script.build_model())
+    if config.recompute:
+        classes = config.recompute_classes or script.recompute_classes
+        report.recompute_blocks = wrap_recompute(model, classes)
+    bf16_true = config.precision == "bf16-true"
+    if fake and bf16_true:
+        cast_floating(model, torch.bfloat16)
+    elif not fake:
+        model = (model.to(torch.bfloat16) if bf16_true else model).to(device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    report.param_count = sum(p.numel() for p in params)
+    report.param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    optimizer = build_optimizer(config.optimizer, params, config.optimizer_kwargs)
+    scaler: torch.amp.GradScaler | FixedScale | None = None
+    if config.precision == "16-mixed":
+        scaler = FixedScale() if fake else torch.amp.GradScaler(device.type)
+    batch = script.make_batch(config.batch_size)
+    check_batch(batch, config.batch_size)
+    batch = move(batch, device, torch.bfloat16 if bf16_true else None)
+    return Step(model, params, optimizer, batch, script.compute_loss, config.precision, device.type, scaler)
+
+
+def one_step(step: Step) -> None:
+    """Forward and loss under the precision's autocast, backward (scaled for ``16-mixed``),
+    ``optimizer.step()``, ``zero_grad(set_to_none=True)``."""
+    with autocast_for(step.precision, step.device_type):
+        loss = step.compute_loss(step.model, step.batch)
+    loss = check_loss(loss)
+    scaler = step.scaler
+    (scaler.scale(loss.float()) if scaler is not None else loss).backward()
+    step.grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in step.params if p.grad is not None)
+    if scaler is not None:
+        scaler.step(step.optimizer)
+        scaler.update()
+    else:
+        step.optimizer.step()
+    step.optimizer.zero_grad(set_to_none=True)
+
+
 def run_steps(
+    script: UserScript,
+    config: StepConfig,
+    report: StepReport,
     *,
-    build_model: Callable[[], Any],
-    make_batch: Callable[[int], Any],
-    compute_loss: Callable[[Any, Any], Any],
-    batch_size: int,
-    precision: str,
-    optimizer: str,
-    optimizer_kwargs: dict[str, Any] | None,
-    recompute: bool,
-    recompute_classes: tuple[str, ...],
-    device: torch.device,
     min_steps: int,
     max_steps: int,
     peak_now: Callable[[], int],
     synchronize: Callable[[], None],
     grow_tolerance: int,
-    report: StepReport,
 ) -> StepReport:
     """Build, then step until the peak stops growing (at least ``min_steps``, at most ``max_steps``).
 
     ``report`` is filled in as the loop goes, so a caller that catches an OOM still sees how far it got.
     """
-    model = build_model()
-    if not isinstance(model, torch.nn.Module):
-        raise ContractError(
-            f"build_model() returned {type(model).__name__}, not a torch.nn.Module",
-            hint="def build_model() -> torch.nn.Module",
-        )
-    if recompute:
-        classes = recompute_classes or detect_blocks(model)
-        if not classes or not wrap_blocks(model, classes):
-            raise ContractError(
-                "recomputation asked for, but the model has no repeated blocks to wrap"
-                + (f" (no module of class {', '.join(classes)})" if classes else ""),
-                hint="name the block classes with --recompute-class or RECOMPUTE_CLASSES, or pass --no-recompute",
-            )
-        report.recompute_blocks = classes
-    if precision == "bf16-true":
-        model = model.to(torch.bfloat16)
-    model = model.to(device)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    report.param_count = sum(p.numel() for p in params)
-    report.param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    opt = build_optimizer(optimizer, params, optimizer_kwargs)
-    scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
-
-    batch = make_batch(batch_size)
-    _check_batch(batch, batch_size)
-    batch = move(batch, device, torch.bfloat16 if precision == "bf16-true" else None)
-
-    for step in range(1, max_steps + 1):
+    step = build_step(script, config, report)
+    for index in range(1, max_steps + 1):
         synchronize()
         start = time.perf_counter()
-        with autocast_for(precision, device.type):
-            loss = compute_loss(model, batch)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-            what = (
-                type(loss).__name__
-                if not isinstance(loss, torch.Tensor)
-                else f"a tensor of shape {tuple(loss.shape)}"
-            )
-            if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-                what = "a scalar that does not require grad (is the model used?)"
-            raise ContractError(
-                f"compute_loss(model, batch) returned {what}",
-                hint="def compute_loss(model, batch) -> torch.Tensor  # a scalar connected to the model's parameters",
-            )
-        if scaler is not None:
-            scaler.scale(loss.float()).backward()
-        else:
-            loss.backward()
-        if step == 1:
-            report.grad_bytes = sum(
-                p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None
-            )
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
-        del loss
+        one_step(step)
+        if index == 1:
+            report.grad_bytes = step.grad_bytes
         synchronize()
         report.step_seconds.append(time.perf_counter() - start)
         report.step_peaks.append(peak_now())
-        report.steps = step
-        if step >= max(min_steps, 2) and report.step_peaks[-1] - report.step_peaks[-2] <= grow_tolerance:
+        report.steps = index
+        if index >= max(min_steps, 2) and report.step_peaks[-1] - report.step_peaks[-2] <= grow_tolerance:
             break
-    report.optimizer_state_bytes = optimizer_state_bytes(opt)
+    report.optimizer_state_bytes = optimizer_state_bytes(step.optimizer)
     return report
+
+
+def tiny_step(precision: str, optimizer: str = "sgd", optimizer_kwargs: dict[str, Any] | None = None) -> None:
+    """One full step of a tiny model on the CPU: whether the CPU runs a precision at all, and a warm-up
+    that loads what torch imports lazily at a first step (raises whatever the step raises)."""
+    tiny = UserScript(
+        Path("<tiny step>"),
+        ModuleType("tiny_step"),
+        lambda: torch.nn.Linear(8, 8),
+        lambda batch_size: torch.randn(batch_size, 8),
+        lambda model, batch: model(batch).float().sum(),
+    )
+    config = StepConfig(4, precision, optimizer, optimizer_kwargs=dict(optimizer_kwargs or {}))
+    one_step(build_step(tiny, config, StepReport()))

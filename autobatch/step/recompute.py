@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..errors import NoBlocksError
+
 
 def detect_blocks(model: torch.nn.Module) -> tuple[str, ...]:
     """The most repeated block class (ties: the one with more parameters) as a 1-tuple; empty when none."""
@@ -42,6 +44,21 @@ def wrap_blocks(model: torch.nn.Module, class_names: tuple[str, ...]) -> int:
             module._autobatch_recompute = True  # type: ignore[assignment]
             wrapped += 1
     return wrapped
+
+
+def wrap_recompute(model: torch.nn.Module, class_names: tuple[str, ...]) -> tuple[str, ...]:
+    """Wrap the named block classes (the detected ones when none are named); returns the classes.
+
+    Raises :class:`~autobatch.errors.NoBlocksError` when there is nothing to wrap.
+    """
+    classes = class_names or detect_blocks(model)
+    if not classes or not wrap_blocks(model, classes):
+        raise NoBlocksError(
+            "recomputation asked for, but the model has no repeated blocks to wrap"
+            + (f" (no module of class {', '.join(classes)})" if classes else ""),
+            hint="name the block classes with --recompute-class or RECOMPUTE_CLASSES, or pass --no-recompute",
+        )
+    return classes
 
 
 def _checkpointed(forward: Any) -> Any:

@@ -11,11 +11,16 @@ from support import run_cli
 from test_explain_cli import TINY
 
 from autobatch.errors import UsageError
-from autobatch.explain.cards import CARDS, generic_card, get_card
-from autobatch.explain.estimate import Offset, calibrated_offset, estimate_scenario, to_combo_result
-from autobatch.explain.estimator import Target, cuda_budget_bytes
-from autobatch.explain.records import Scenario
-from autobatch.explain.simulate import SimResult
+from autobatch.explain.parent.estimator import Target, cuda_budget_bytes
+from autobatch.explain.pure.cards import CARDS, generic_card, get_card
+from autobatch.explain.pure.maxima import (
+    Offset,
+    SimResult,
+    calibrated_offset,
+    estimate_scenario,
+    to_combo_result,
+)
+from autobatch.explain.pure.records import Scenario
 from autobatch.result import ComboResult
 
 SCENARIO = Scenario("32-true", "adamw", False)

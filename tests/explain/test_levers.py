@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autobatch.core.space import Combo
-from autobatch.explain.levers import apply_predictions, plan_levers, ranked
+from autobatch.explain.pure.levers import apply_predictions, plan_levers, ranked
 
 
 def _levers(**overrides: object) -> list:

@@ -18,10 +18,11 @@ from torch import nn
 
 from autobatch.contract import UserScript
 from autobatch.core.space import optimizer_state_bytes
-from autobatch.explain.breakdown import Instrument
-from autobatch.explain.records import Scenario, Transforms
-from autobatch.explain.simulate import simulate
-from autobatch.step.loop import StepReport, run_steps
+from autobatch.explain.pure.records import Scenario, Transforms
+from autobatch.explain.worker.breakdown import Instrument
+from autobatch.explain.worker.simulate import simulate
+from autobatch.explain.worker.tracker import MemoryTracker
+from autobatch.step.loop import StepConfig, StepReport, run_steps
 
 
 def _script(
@@ -31,25 +32,17 @@ def _script(
 
 
 def _instrumented(script: UserScript, batch_size: int, optimizer: str = "sgd", steps: int = 3) -> Instrument:
-    instrument = Instrument(Transforms())
+    instrument = Instrument(Transforms(), MemoryTracker())
     with instrument:
         run_steps(
-            build_model=instrument.wrap_build(script.build_model),
-            make_batch=instrument.wrap_batch(script.make_batch),
-            compute_loss=instrument.wrap_loss(script.compute_loss),
-            batch_size=batch_size,
-            precision="32-true",
-            optimizer=optimizer,
-            optimizer_kwargs=None,
-            recompute=False,
-            recompute_classes=(),
-            device=torch.device("cpu"),
+            instrument.wrap(script),
+            StepConfig(batch_size, "32-true", optimizer),
+            StepReport(),
             min_steps=steps,
             max_steps=steps,
             peak_now=lambda: 0,
             synchronize=lambda: None,
             grow_tolerance=0,
-            report=StepReport(),
         )
     assert instrument.count_flops("32-true", "cpu") is None
     return instrument

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autobatch.explain.allocators import (
+from autobatch.explain.worker.allocators import (
     CUDA_LARGE_BUFFER,
     CUDA_SMALL_BUFFER,
     CudaAllocatorModel,
@@ -15,7 +15,7 @@ from autobatch.explain.allocators import (
     cuda_round,
     cuda_segment_size,
 )
-from autobatch.explain.tracker import MemoryTracker
+from autobatch.explain.worker.tracker import MemoryTracker
 
 
 def test_cuda_rounding_and_segments() -> None:

@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
-from .records import CATEGORIES
+from ...errors import UsageError
+from ..pure.records import CATEGORIES
 
 if TYPE_CHECKING:
-    from ..result import TuneResult
+    from ...result import ComboResult, TuneResult
 
 SUFFIXES = (".png", ".svg")
 INSTALL_HINT = "install the plot extra: pip install 'autobatch-tuner[plot]' (or pip install matplotlib)"
@@ -110,6 +110,30 @@ def plot_explain(report: dict[str, Any], path: str | Path) -> None:
     b_max = now["predicted_max_batch_size"] if now else None
     right = max([b for b, _ in points] + [b_max or 0, report["batch_size"]]) * 1.15
     scale, unit = _unit(max(budget, report["peak_bytes"]))
+    _explain_lines(ax, report, levers, scale, right)
+    _explain_marks(ax, report, points, b_max, scale, unit)
+    ax.set_xlim(0, right)
+    lows = [p for _, p in points] + [
+        float(lever["static_bytes"]) for lever in levers if lever["static_bytes"]
+    ]
+    if report.get("line"):
+        lows.append(float(report["line"]["static_bytes"]))
+    bottom = max(0.0, min(lows or [0.0]) * 0.85)
+    ax.set_ylim(bottom / scale, max(budget, report["peak_bytes"]) / scale * 1.08)
+    title = f"{Path(report['script']).name}: {report['precision']} / {report['optimizer']}" + (
+        " / recompute" if report["recompute"] else ""
+    )
+    _memory_axes(ax, unit, title)
+    parts = [(name, float(report["categories"].get(name, 0))) for name in CATEGORIES]
+    parts.append(("residual", float(report["residual_bytes"])))
+    _stacked(bar, parts, scale, unit, f"batch {report['batch_size']}", budget)
+    _save(figure, path)
+
+
+def _explain_lines(
+    ax: Any, report: dict[str, Any], levers: list[dict[str, Any]], scale: float, right: float
+) -> None:
+    """The line through the measured probes, and the predicted lines of now and the first levers."""
     if report.get("line"):
         static, slope = report["line"]["static_bytes"], report["line"]["bytes_per_sample"]
         ax.plot(
@@ -133,6 +157,18 @@ def plot_explain(report: dict[str, Any], path: str | Path) -> None:
                 if now_line
                 else f"predicted with {lever['name']}",
             )
+
+
+def _explain_marks(
+    ax: Any,
+    report: dict[str, Any],
+    points: list[tuple[int, int]],
+    b_max: int | None,
+    scale: float,
+    unit: str,
+) -> None:
+    """The measured probes, the explained batch when it does not fit, the budget and the maximum."""
+    budget = float(report["budget_bytes"])
     if points:
         ax.scatter(
             [b for b, _ in points],
@@ -162,22 +198,6 @@ def plot_explain(report: dict[str, Any], path: str | Path) -> None:
         ax.axvline(
             b_max, color="#d62728", linestyle="-.", linewidth=1, label=f"maximum batch (predicted) {b_max}"
         )
-    ax.set_xlim(0, right)
-    lows = [p for _, p in points] + [
-        float(lever["static_bytes"]) for lever in levers if lever["static_bytes"]
-    ]
-    if report.get("line"):
-        lows.append(float(report["line"]["static_bytes"]))
-    bottom = max(0.0, min(lows or [0.0]) * 0.85)
-    ax.set_ylim(bottom / scale, max(budget, report["peak_bytes"]) / scale * 1.08)
-    title = f"{Path(report['script']).name}: {report['precision']} / {report['optimizer']}" + (
-        " / recompute" if report["recompute"] else ""
-    )
-    _memory_axes(ax, unit, title)
-    parts = [(name, float(report["categories"].get(name, 0))) for name in CATEGORIES]
-    parts.append(("residual", float(report["residual_bytes"])))
-    _stacked(bar, parts, scale, unit, f"batch {report['batch_size']}", budget)
-    _save(figure, path)
 
 
 def plot_tune(result: TuneResult, path: str | Path) -> None:
@@ -188,8 +208,6 @@ def plot_tune(result: TuneResult, path: str | Path) -> None:
     fit, dash-dotted lines the maxima. The x axis ends at 1.5 x the largest maximum, so that probes far
     beyond it (the search's first guesses) do not squeeze the interesting part.
     """
-    from matplotlib.lines import Line2D
-
     figure, ax, bar = _figure()
     budget = float(result.device.get("budget_bytes") or 0)
     peaks = [float(p.peak_bytes) for c in result.combinations for p in c.trace if p.peak_bytes]
@@ -199,40 +217,47 @@ def plot_tune(result: TuneResult, path: str | Path) -> None:
     right = max(maxima) * 1.5 if maxima else max(batches) * 1.1
     handles: list[Any] = []
     lows = [budget, *peaks]
-    chosen = None
     for index, combo in enumerate(result.combinations):
-        if not combo.trace:
-            continue
-        colour = f"C{index % 10}"
-        fits = sorted(
-            {(p.batch_size, p.peak_bytes) for p in combo.trace if p.kind == "fits" and p.peak_bytes}
-        )
-        misses = sorted({p.batch_size for p in combo.trace if p.kind != "fits" and p.batch_size <= right})
-        ax.scatter([b for b, _ in fits], [p / scale for _, p in fits], color=colour, s=22, zorder=5)
-        if misses:
-            ax.scatter(misses, [budget / scale] * len(misses), marker="x", color=colour, s=45, zorder=6)
-        line = _fit(fits)
-        if line:
-            lows.append(line[0])
-            ax.plot(
-                [0, right], [line[0] / scale, (line[0] + line[1] * right) / scale], color=colour, linewidth=1
-            )
-        if combo.max_batch_size:
-            ax.axvline(combo.max_batch_size, color=colour, linestyle="-.", linewidth=1)
-        label = (
-            f"{combo.key}: max {combo.max_batch_size}"
-            if combo.max_batch_size
-            else f"{combo.key}: {combo.status}"
-        )
-        handles.append(Line2D([], [], color=colour, marker="o", label=label))
-        if result.chosen and (combo.precision, combo.optimizer, combo.recompute) == (
-            result.chosen.precision,
-            result.chosen.optimizer,
-            result.chosen.recompute,
-        ):
-            chosen = combo
+        if combo.trace:
+            handle, low = _tune_combo(ax, combo, f"C{index % 10}", budget, scale, right)
+            handles.append(handle)
+            lows += [low] if low is not None else []
     ax.axhline(budget / scale, color="black", linestyle="--", linewidth=1)
-    handles += [
+    ax.set_xlim(0, right)
+    ax.set_ylim(max(0.0, min(lows) * 0.85) / scale, max([budget, *peaks]) / scale * 1.08)
+    title = f"{Path(result.script).name} on {result.device.get('name')}"
+    _memory_axes(ax, unit, title, handles=handles + _tune_legend(budget, scale, unit))
+    _tune_breakdown(bar, result, budget, scale, unit)
+    _save(figure, path)
+
+
+def _tune_combo(
+    ax: Any, combo: ComboResult, colour: str, budget: float, scale: float, right: float
+) -> tuple[Any, float | None]:
+    """One combination's probes, fitted line and maximum; its legend handle and the line's intercept."""
+    from matplotlib.lines import Line2D
+
+    fits = sorted({(p.batch_size, p.peak_bytes) for p in combo.trace if p.kind == "fits" and p.peak_bytes})
+    misses = sorted({p.batch_size for p in combo.trace if p.kind != "fits" and p.batch_size <= right})
+    ax.scatter([b for b, _ in fits], [p / scale for _, p in fits], color=colour, s=22, zorder=5)
+    if misses:
+        ax.scatter(misses, [budget / scale] * len(misses), marker="x", color=colour, s=45, zorder=6)
+    line = _fit(fits)
+    if line:
+        ax.plot([0, right], [line[0] / scale, (line[0] + line[1] * right) / scale], color=colour, linewidth=1)
+    if combo.max_batch_size:
+        ax.axvline(combo.max_batch_size, color=colour, linestyle="-.", linewidth=1)
+    label = (
+        f"{combo.key}: max {combo.max_batch_size}" if combo.max_batch_size else f"{combo.key}: {combo.status}"
+    )
+    return Line2D([], [], color=colour, marker="o", label=label), line[0] if line else None
+
+
+def _tune_legend(budget: float, scale: float, unit: str) -> list[Any]:
+    """The legend entries that explain the marks (the same for every combination)."""
+    from matplotlib.lines import Line2D
+
+    return [
         Line2D([], [], color="black", marker="o", linestyle="none", label="probe that fits"),
         Line2D(
             [], [], color="black", marker="x", linestyle="none", label="out of memory (on the budget line)"
@@ -243,17 +268,23 @@ def plot_tune(result: TuneResult, path: str | Path) -> None:
             [], [], color="black", linestyle="--", linewidth=1, label=f"budget {budget / scale:.2f} {unit}"
         ),
     ]
-    ax.set_xlim(0, right)
-    ax.set_ylim(max(0.0, min(lows) * 0.85) / scale, max([budget, *peaks]) / scale * 1.08)
-    _memory_axes(ax, unit, f"{Path(result.script).name} on {result.device.get('name')}", handles=handles)
-    chosen = chosen or next((c for c in result.combinations if c.peak_bytes), None)
-    if chosen is not None and chosen.peak_bytes:
-        baseline = float(result.device.get("baseline_bytes") or 0)
-        static = {k: float(v) for k, v in (chosen.static_bytes or {}).items()}
-        rest = float(chosen.peak_bytes) - baseline - sum(static.values())
-        parts = [("baseline", baseline), *static.items(), ("per-sample (activations, temporaries)", rest)]
-        _stacked(bar, parts, scale, unit, f"{chosen.key}\nat batch {chosen.max_batch_size}", budget)
-    _save(figure, path)
+
+
+def _tune_breakdown(bar: Any, result: TuneResult, budget: float, scale: float, unit: str) -> None:
+    """The chosen combination's peak (else the first with one): baseline, static parts, per-sample rest."""
+    chosen = result.chosen
+    same = (chosen.precision, chosen.optimizer, chosen.recompute) if chosen else None
+    picked = next(
+        (c for c in result.combinations if c.trace and (c.precision, c.optimizer, c.recompute) == same), None
+    )
+    picked = picked or next((c for c in result.combinations if c.peak_bytes), None)
+    if picked is None or not picked.peak_bytes:
+        return
+    baseline = float(result.device.get("baseline_bytes") or 0)
+    static = {k: float(v) for k, v in (picked.static_bytes or {}).items()}
+    rest = float(picked.peak_bytes) - baseline - sum(static.values())
+    parts = [("baseline", baseline), *static.items(), ("per-sample (activations, temporaries)", rest)]
+    _stacked(bar, parts, scale, unit, f"{picked.key}\nat batch {picked.max_batch_size}", budget)
 
 
 def _fit(points: list[tuple[int, int]]) -> tuple[float, float] | None:
@@ -272,7 +303,7 @@ def _save(figure: Any, path: str | Path) -> None:
     """Render in memory, then write atomically: an interrupted run leaves no half-written image."""
     import io
 
-    from ..files import write_atomic
+    from ...files import write_atomic
 
     buffer = io.BytesIO()
     figure.savefig(buffer, format=Path(path).suffix.lower().lstrip("."))

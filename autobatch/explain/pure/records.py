@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-#: Categories a memory tracker assigns to tensor storages (see autobatch.explain.tracker).
+#: Categories a memory tracker assigns to tensor storages (see autobatch.explain.worker.tracker).
 TENSOR_CATEGORIES: tuple[str, ...] = (
     "parameters",
     "buffers",
@@ -42,7 +42,7 @@ CATEGORY_HELP: dict[str, str] = {
 @dataclass(frozen=True)
 class Transforms:
     """Model changes to apply (``vocab_trim``: the fraction of the vocabulary removed); see
-    :mod:`autobatch.explain.transforms`."""
+    :mod:`autobatch.explain.worker.transforms`."""
 
     inplace: bool = False
     vocab_trim: float = 0.0

@@ -1,7 +1,9 @@
 """The parent side of explain and estimate: send their operations to a probe server, search real maxima.
 
 Nothing here imports torch: requests and outcomes are plain records (:mod:`autobatch.probe.protocol`),
-and every tensor operation happens in a forked probe process (:mod:`autobatch.explain.ops`).
+options are typed records (:mod:`autobatch.explain.pure.options`), and every tensor operation happens in a
+forked probe process (:mod:`autobatch.explain.worker.ops`, which the session's probe server imports because
+it is started with ``op_modules=OP_MODULES``).
 """
 
 from __future__ import annotations
@@ -9,15 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..core.maximum import Limits, find_maximum
-from ..core.reuse import Prediction
-from ..core.search import KINDS, Affine, Observation
-from ..core.space import Combo
-from ..probe.client import ProbeClient
-from ..probe.failures import raise_for
-from ..probe.protocol import ProbeOutcome, ProbeRequest
-from ..session import Session
-from .records import Transforms
+from ...core.maximum import Limits, find_maximum
+from ...core.reuse import Prediction
+from ...core.search import KINDS, Affine, Observation
+from ...core.space import Combo
+from ...probe.protocol import ProbeOutcome
+from ...session import Session
+from ..pure.options import EXPLAIN, ExplainOptions
+from ..pure.records import Transforms
 
 
 @dataclass
@@ -35,7 +36,10 @@ def explain_probe(
     session: Session, combo: Combo, batch_size: int, *, budget_bytes: int | None, steps: tuple[int, int]
 ) -> ProbeOutcome:
     """One instrumented real run (``op="explain"``)."""
-    request = session.request(combo, batch_size, op="explain", budget_bytes=budget_bytes, steps=steps)
+    options = ExplainOptions().to_dict()
+    request = session.request(
+        combo, batch_size, op=EXPLAIN, options=options, budget_bytes=budget_bytes, steps=steps
+    )
     return session.run(request, what=f"explaining {combo.key} at batch {batch_size}")
 
 
@@ -45,8 +49,8 @@ def measure(
     """A real probe; with model transforms it goes through ``op="explain"`` without instrumentation."""
     if not transforms.active:
         return session.probe(combo, batch_size, min_steps=steps[0], max_steps=steps[1])
-    options = {"instrument": False, "transforms": transforms.to_dict()}
-    request = session.request(combo, batch_size, op="explain", options=options, steps=steps)
+    options = ExplainOptions(instrument=False, transforms=transforms).to_dict()
+    request = session.request(combo, batch_size, op=EXPLAIN, options=options, steps=steps)
     return session.run(request, what=f"{combo.key} at batch {batch_size} with {transforms}")
 
 
@@ -82,11 +86,3 @@ def measure_max(
     )
     best = found.max_batch_size
     return Measured(best, found.status, len(records), records, peaks.get(best) if best else None)
-
-
-def run_estimate_op(client: ProbeClient, request: ProbeRequest, what: str) -> dict[str, Any]:
-    """Run ``op="estimate"`` and return its ``info`` (raising on errors)."""
-    outcome = client.run(request)
-    if outcome.kind != "fits":
-        raise_for(outcome, what=what)
-    return outcome.info

@@ -3,9 +3,9 @@ smaller vocabulary would save, and the largest batch each would give.
 
 Predictions start from the measured step, not from a model of it: the explained batch size ``N`` and
 ``N/2`` are measured for real, and each lever's step is simulated under fake tensors
-(:mod:`autobatch.explain.simulate`) at the batch sizes its search needs. A lever's predicted memory
+(:mod:`autobatch.explain.worker.simulate`) at the batch sizes its search needs. A lever's predicted memory
 at batch ``b`` is ``simulated_lever(b) + measured(N) - simulated_now(N)`` (the calibration of
-:func:`autobatch.explain.estimate.calibrated_offset`): the simulation only says what the lever
+:func:`autobatch.explain.pure.maxima.calibrated_offset`): the simulation only says what the lever
 *changes* (optimizer state: SGD 0, momentum 1, Adam 2 parameter-sized states; Adafactor a row and a
 column per matrix; bf16 autocast: half-size saved activations plus cached weight copies;
 recomputation: only block inputs kept), the measurement says everything else, including what no
@@ -25,7 +25,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..core.space import Combo
+from ...core.space import Combo
 from .records import Scenario, Transforms
 
 #: Optimizers with less state than Adam that the levers try.
@@ -76,65 +76,77 @@ def plan_levers(
     vocab_trim: float,
 ) -> list[Lever]:
     """Every lever for this combination, the ones that cannot apply with their reason."""
-    levers = [
-        Lever("now", "now", f"{now.key} as measured", Scenario(now.precision, now.optimizer, now.recompute))
+    return [
+        Lever("now", "now", f"{now.key} as measured", Scenario(now.precision, now.optimizer, now.recompute)),
+        _bf16(now, unsupported),
+        *(
+            Lever(
+                f"optimizer {optimizer}",
+                "optimizer",
+                f"{optimizer} instead of {now.optimizer}",
+                Scenario(now.precision, optimizer, now.recompute),
+            )
+            for optimizer in LIGHT_OPTIMIZERS
+            if optimizer != now.optimizer
+        ),
+        _recompute(now, recompute_blocks),
+        Lever("accumulation", "accumulation", "gradient accumulation over micro-batches"),
+        Lever(
+            "in-place activations",
+            "inplace",
+            "ReLU-family activations computed in place",
+            Scenario(now.precision, now.optimizer, now.recompute, Transforms(inplace=True)),
+        ),
+        _vocab(now, has_embedding, vocab_trim),
     ]
-    bf16 = Lever(
+
+
+def _bf16(now: Combo, unsupported: dict[str, str]) -> Lever:
+    lever = Lever(
         "bf16-mixed",
         "precision",
         "autocast to bfloat16 (fp32 parameters, half-size activations)",
         Scenario("bf16-mixed", now.optimizer, now.recompute),
     )
     if now.precision in ("bf16-mixed", "bf16-true"):
-        bf16.applicable, bf16.reason = False, f"already {now.precision}"
+        lever.applicable, lever.reason = False, f"already {now.precision}"
     elif "bf16-mixed" in unsupported:
-        bf16.applicable, bf16.reason = False, f"the device cannot run bf16-mixed: {unsupported['bf16-mixed']}"
-    levers.append(bf16)
-    for optimizer in LIGHT_OPTIMIZERS:
-        if optimizer != now.optimizer:
-            levers.append(
-                Lever(
-                    f"optimizer {optimizer}",
-                    "optimizer",
-                    f"{optimizer} instead of {now.optimizer}",
-                    Scenario(now.precision, optimizer, now.recompute),
-                )
-            )
-    recompute = Lever(
+        lever.applicable, lever.reason = (
+            False,
+            f"the device cannot run bf16-mixed: {unsupported['bf16-mixed']}",
+        )
+    return lever
+
+
+def _recompute(now: Combo, blocks: list[str]) -> Lever:
+    lever = Lever(
         "recompute",
         "recompute",
-        f"activation checkpointing of {', '.join(recompute_blocks) or 'the repeated blocks'}",
+        f"activation checkpointing of {', '.join(blocks) or 'the repeated blocks'}",
         Scenario(now.precision, now.optimizer, True),
     )
     if now.recompute:
-        recompute.applicable, recompute.reason = False, "already on"
-    elif not recompute_blocks:
-        recompute.applicable, recompute.reason = (
+        lever.applicable, lever.reason = False, "already on"
+    elif not blocks:
+        lever.applicable, lever.reason = (
             False,
             "no repeated blocks to wrap (name them with --recompute-class)",
         )
-    levers.append(recompute)
-    levers.append(Lever("accumulation", "accumulation", "gradient accumulation over micro-batches"))
-    levers.append(
-        Lever(
-            "in-place activations",
-            "inplace",
-            "ReLU-family activations computed in place",
-            Scenario(now.precision, now.optimizer, now.recompute, Transforms(inplace=True)),
-        )
-    )
-    vocab = Lever(
+    return lever
+
+
+def _vocab(now: Combo, has_embedding: bool, vocab_trim: float) -> Lever:
+    lever = Lever(
         f"vocab trim {vocab_trim:.0%}",
         "vocab",
         f"the largest embedding's vocabulary cut by {vocab_trim:.0%} (tied output head too)",
         Scenario(now.precision, now.optimizer, now.recompute, Transforms(vocab_trim=vocab_trim)),
     )
     if not has_embedding:
-        vocab.applicable, vocab.reason = False, "the model has no nn.Embedding"
+        lever.applicable, lever.reason = False, "the model has no nn.Embedding"
     elif vocab_trim <= 0:
-        vocab.applicable, vocab.reason = False, "--vocab-trim 0"
-    levers.append(vocab)
-    return levers
+        lever.applicable, lever.reason = False, "--vocab-trim 0"
+    return lever
 
 
 def apply_predictions(levers: list[Lever], estimates: dict[str, dict[str, Any]], batch_size: int) -> None:

@@ -2,8 +2,9 @@
 
 :class:`Instrument` wraps the script's three functions and hooks the step so that the probe's own
 step loop (:func:`autobatch.step.loop.run_steps`, through the worker) runs unchanged while a
-:class:`~autobatch.explain.tracker.MemoryTracker` watches every tensor and a
-:class:`~autobatch.explain.modules.ModuleRecorder` attributes outputs and saved tensors to modules.
+:class:`~autobatch.explain.worker.tracker.MemoryTracker` watches every tensor and a
+:class:`~autobatch.explain.worker.modules.ModuleRecorder` attributes outputs and saved tensors to modules.
+A simulation (:mod:`autobatch.explain.worker.simulate`) hooks its fake step with the same class.
 
 The categories of a measured run (bytes, at the peak) are::
 
@@ -21,24 +22,33 @@ The categories of a measured run (bytes, at the peak) are::
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
-from ..step.loop import autocast_for
+from ...contract import UserScript
+from ...step.loop import autocast_for
+from ..pure.records import TENSOR_CATEGORIES, Transforms
 from .modules import ModuleRecorder, add_flops, table_rows
-from .records import TENSOR_CATEGORIES, Transforms
 from .tracker import MemoryTracker, tensor_leaves
 from .transforms import Applied, apply_to_model, trim_batch
 
 
 class Instrument:
-    """Wraps ``build_model``/``make_batch``/``compute_loss`` and hooks one probe's steps."""
+    """Wraps ``build_model``/``make_batch``/``compute_loss`` and hooks one run's steps.
 
-    def __init__(self, transforms: Transforms, *, track: bool = True) -> None:
+    ``tracker``: the memory tracker to feed (None: only apply the transforms); ``modules``: also
+    attribute outputs, saved tensors and FLOPs to modules (the per-module table).
+    """
+
+    def __init__(
+        self, transforms: Transforms, tracker: MemoryTracker | None, *, modules: bool = True
+    ) -> None:
         self.transforms = transforms
         self.applied = Applied()
-        self.tracker = MemoryTracker() if track else None
+        self.tracker = tracker
+        self.record_modules = modules
         self.recorder: ModuleRecorder | None = None
         self.model: torch.nn.Module | None = None
         self.batch: Any = None
@@ -46,8 +56,18 @@ class Instrument:
         self._compute: Callable[[Any, Any], Any] | None = None
         self._handles: list[Any] = []
         self._vocab: int | None = None
+        self._hooked = False
 
-    def wrap_build(self, build: Callable[[], Any]) -> Callable[[], Any]:
+    def wrap(self, script: UserScript) -> UserScript:
+        """The script with its three functions wrapped."""
+        return replace(
+            script,
+            build_model=self._wrap_build(script.build_model),
+            make_batch=self._wrap_batch(script.make_batch),
+            compute_loss=self._wrap_loss(script.compute_loss),
+        )
+
+    def _wrap_build(self, build: Callable[[], Any]) -> Callable[[], Any]:
         def build_model() -> Any:
             model = build()
             if isinstance(model, torch.nn.Module):
@@ -58,44 +78,52 @@ class Instrument:
 
         return build_model
 
-    def wrap_batch(self, make: Callable[[int], Any]) -> Callable[[int], Any]:
+    def _wrap_batch(self, make: Callable[[int], Any]) -> Callable[[int], Any]:
         def make_batch(batch_size: int) -> Any:
             batch = make(batch_size)
             return trim_batch(batch, self._vocab) if self._vocab else batch
 
         return make_batch
 
-    def wrap_loss(self, compute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def _wrap_loss(self, compute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         self._compute = compute
 
         def compute_loss(model: Any, batch: Any) -> Any:
-            if self.tracker is None:
+            tracker = self.tracker
+            if tracker is None:
                 return compute(model, batch)
-            if self.recorder is None:
+            if not self._hooked:
                 self._first_forward(model, batch)
-            assert self.recorder is not None
-            self.tracker.begin_step()
-            self.tracker.phase = "forward"
-            self.recorder.begin_forward()
+            tracker.begin_step()
+            tracker.phase = "forward"
             try:
-                with torch.autograd.graph.saved_tensors_hooks(self.recorder.pack, _unpack):
-                    loss = compute(model, batch)
+                return self._forward(compute, model, batch)
             finally:
-                self.recorder.end_forward()
-                self.tracker.end_forward()
-                self.tracker.phase = "backward"
-            return loss
+                tracker.end_forward()
+                tracker.phase = "backward"
 
         return compute_loss
+
+    def _forward(self, compute: Callable[[Any, Any], Any], model: Any, batch: Any) -> Any:
+        recorder = self.recorder
+        if recorder is None:
+            return compute(model, batch)
+        recorder.begin_forward()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(recorder.pack, _unpack):
+                return compute(model, batch)
+        finally:
+            recorder.end_forward()
 
     def _first_forward(self, model: torch.nn.Module, batch: Any) -> None:
         """The model is final now (moved, cast, wrapped): register it and hook it."""
         assert self.tracker is not None
         tracker = self.tracker
-        self.model, self.batch = model, batch
+        self.model, self.batch, self._hooked = model, batch, True
         tracker.register_model(model)
         tracker.tag(tensor_leaves(batch), "inputs", only_provisional=False)
-        self.recorder = ModuleRecorder(model, tracker)
+        if self.record_modules:
+            self.recorder = ModuleRecorder(model, tracker)
 
         def on_grad(param: torch.Tensor) -> None:
             if param.grad is not None:

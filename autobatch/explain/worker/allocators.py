@@ -1,6 +1,6 @@
 """How a device turns tensor allocations into the memory a budget counts: three small allocator models.
 
-The memory tracker (:mod:`autobatch.explain.tracker`) sees every tensor storage a step creates and
+The memory tracker (:mod:`autobatch.explain.worker.tracker`) sees every tensor storage a step creates and
 frees; an allocator model turns that stream into the figure the device's budget limits:
 
 * :class:`ExactAllocator`: the bytes of the live storages, nothing else (what a measured run compares

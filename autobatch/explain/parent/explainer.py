@@ -17,14 +17,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from ..core.maximum import Limits
-from ..core.search import Affine
-from ..core.space import Combo
-from ..core.units import format_bytes
-from ..probe.failures import raise_for
-from ..session import Session
+from ...core.maximum import Limits
+from ...core.search import Affine
+from ...core.space import Combo
+from ...core.units import format_bytes
+from ...probe.failures import raise_for
+from ...probe.protocol import ProbeOutcome
+from ...session import Session
+from ..pure.levers import Lever, apply_predictions, plan_levers, ranked
+from ..pure.options import ESTIMATE, Calibration, EstimateOptions, NamedScenario, Points
 from .driver import explain_probe, measure, measure_max
-from .levers import Lever, apply_predictions, plan_levers, ranked
 
 
 @dataclass
@@ -58,7 +60,7 @@ class ExplainReport:
 Progress = Callable[[str], None]
 
 
-def explain(
+def explain_batch(
     session: Session,
     combo: Combo,
     batch_size: int,
@@ -72,47 +74,87 @@ def explain(
     device = session.device
     assert device is not None
     say = progress or (lambda _text: None)
+    report, points = _measure(session, combo, batch_size, limits, say)
+    if not points:
+        report.notes.append("no measured batch completed: levers not predicted")
+        return report
+    levers = plan_levers(
+        combo,
+        unsupported=device.unsupported_precisions,
+        recompute_blocks=device.recompute_blocks,
+        has_embedding=any(m.get("type") == "Embedding" for m in report.modules),
+        vocab_trim=vocab_trim,
+    )
+    say("predicting the levers (fake-tensor simulations calibrated on the measured step)")
+    _predict(session, combo, levers, points, batch_size, limits)
+    levers = ranked(levers)
+    if verify:
+        _verify(session, levers, limits, say)
+    report.levers = [lever.to_dict() for lever in levers]
+    return report
+
+
+def _measure(
+    session: Session, combo: Combo, batch_size: int, limits: Limits, say: Progress
+) -> tuple[ExplainReport, list[tuple[int, int]]]:
+    """The instrumented runs: the batch size (again under a larger cap when it does not fit, so that the
+    breakdown explains the whole step) and half of it for the slope; the report and the measured points."""
+    device = session.device
+    assert device is not None
     steps = (limits.steps, limits.max_steps)
     notes: list[str] = []
     say(f"measuring {combo.key} at batch {batch_size}")
-    first = explain_probe(session, combo, batch_size, budget_bytes=None, steps=steps)
-    fits, kind = first.fits, first.kind
+    verdict = explained = explain_probe(session, combo, batch_size, budget_bytes=None, steps=steps)
     cap: int | None = None
-    if not fits:
+    if not verdict.fits:
         cap = _larger_cap(session)
         notes.append(
-            f"batch {batch_size} does not fit the budget of {format_bytes(device.budget_bytes)} ({first.kind}); "
+            f"batch {batch_size} does not fit the budget of {format_bytes(device.budget_bytes)} ({verdict.kind}); "
             f"measured again under a cap of {format_bytes(cap)} to explain the whole step"
         )
         say(
-            f"batch {batch_size} does not fit ({first.kind}); measuring it under a cap of {format_bytes(cap)}"
+            f"batch {batch_size} does not fit ({verdict.kind}); measuring it under a cap of {format_bytes(cap)}"
         )
         again = explain_probe(session, combo, batch_size, budget_bytes=cap, steps=steps)
-        if again.fits or not first.info.get("categories"):
-            first = again
-    info = first.info
-    measured = [{"batch_size": batch_size, "peak_bytes": first.peak_bytes, "kind": first.kind}]
+        if again.fits or not explained.info.get("categories"):
+            explained = again
     other = batch_size // 2 if batch_size >= 2 else 2
     say(f"measuring batch {other} for the per-sample slope")
     second = explain_probe(session, combo, other, budget_bytes=cap, steps=steps)
-    measured.append({"batch_size": other, "peak_bytes": second.peak_bytes, "kind": second.kind})
-    points = [
-        (int(str(m["batch_size"])), int(str(m["peak_bytes"])))
-        for m in measured
-        if m["kind"] == "fits" and m["peak_bytes"]
+    measured: list[dict[str, Any]] = [
+        {"batch_size": batch_size, "peak_bytes": explained.peak_bytes, "kind": explained.kind},
+        {"batch_size": other, "peak_bytes": second.peak_bytes, "kind": second.kind},
     ]
-    line = _line(points)
+    report = _report(session, combo, batch_size, verdict, explained, measured, notes)
+    return report, _points(measured)
+
+
+def _report(
+    session: Session,
+    combo: Combo,
+    batch_size: int,
+    verdict: ProbeOutcome,
+    explained: ProbeOutcome,
+    measured: list[dict[str, Any]],
+    notes: list[str],
+) -> ExplainReport:
+    """The report: the verdict of the run under the budget, the breakdown of the run that explains the
+    step (the same run, unless it did not fit and was measured again under a larger cap)."""
+    device = session.device
+    assert device is not None
+    info = explained.info
+    line = _line(_points(measured))
     modules = list(info.get("modules", []))
-    report = ExplainReport(
+    return ExplainReport(
         script=str(session.script),
         device=device.to_dict(),
         precision=combo.precision,
         optimizer=combo.optimizer,
         recompute=combo.recompute,
         batch_size=batch_size,
-        fits=fits,
-        kind=kind,
-        peak_bytes=int(first.peak_bytes or 0),
+        fits=verdict.fits,
+        kind=verdict.kind,
+        peak_bytes=int(explained.peak_bytes or 0),
         budget_bytes=device.budget_bytes,
         categories=dict(info.get("categories", {})),
         residual_bytes=int(info.get("residual_bytes", 0)),
@@ -125,23 +167,15 @@ def explain(
         outside_budget=dict(info.get("outside_budget", {})),
         notes=notes + list(info.get("notes", [])),
     )
-    if not points:
-        report.notes.append("no measured batch completed: levers not predicted")
-        return report
-    levers = plan_levers(
-        combo,
-        unsupported=device.unsupported_precisions,
-        recompute_blocks=device.recompute_blocks,
-        has_embedding=any(m.get("type") == "Embedding" for m in modules),
-        vocab_trim=vocab_trim,
-    )
-    say("predicting the levers (fake-tensor simulations calibrated on the measured step)")
-    _predict(session, combo, levers, points, batch_size, limits)
-    levers = ranked(levers)
-    if verify:
-        _verify(session, levers, limits, say)
-    report.levers = [lever.to_dict() for lever in levers]
-    return report
+
+
+def _points(measured: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """(batch size, peak) of the measured runs that fit."""
+    return [
+        (int(m["batch_size"]), int(m["peak_bytes"]))
+        for m in measured
+        if m["kind"] == "fits" and m["peak_bytes"]
+    ]
 
 
 def _predict(
@@ -156,29 +190,31 @@ def _predict(
     assert device is not None
     now = levers[0].scenario
     assert now is not None
-    scenarios = []
-    for lever in levers:
-        if lever.applicable and lever.scenario is not None:
-            entry: dict[str, Any] = {"name": lever.name, **lever.scenario.to_dict()}
-            if lever.kind == "precision":
-                entry["points"] = _own_points(session, lever, batch_size, limits)
-            scenarios.append(entry)
-    options = {
-        "target": "cpu" if device.type == "cpu" else "cuda",
-        "scenarios": scenarios,
-        "budget_bytes": device.budget_bytes,
-        "calibrate": {"scenario": now.to_dict(), "points": [list(p) for p in points]},
-        "report_at": [batch_size],
-        "max_batch_size": limits.max_batch_size,
-        "batch_multiple": limits.batch_multiple,
-        "optimizer_kwargs": {k: dict(v) for k, v in session.optimizer_kwargs.items()},
-    }
+    scenarios = [
+        NamedScenario(
+            lever.name,
+            lever.scenario,
+            _own_points(session, lever, batch_size, limits) if lever.kind == "precision" else (),
+        )
+        for lever in levers
+        if lever.applicable and lever.scenario is not None
+    ]
+    options = EstimateOptions(
+        budget_bytes=device.budget_bytes,
+        scenarios=tuple(scenarios),
+        target="cpu" if device.type == "cpu" else "cuda",
+        max_batch_size=limits.max_batch_size,
+        batch_multiple=limits.batch_multiple,
+        optimizer_kwargs={k: dict(v) for k, v in session.optimizer_kwargs.items()},
+        calibrate=Calibration(now, tuple(points)),
+        report_at=(batch_size,),
+    )
     request = session.request(
         combo,
         batch_size,
         steps=(limits.steps, limits.max_steps),
-        op="estimate",
-        options=options,
+        op=ESTIMATE,
+        options=options.to_dict(),
         budget_bytes=0,
         timeout=session.timeout * max(1, len(scenarios)),
     )
@@ -188,7 +224,7 @@ def _predict(
     apply_predictions(levers, {s["name"]: s for s in info.get("scenarios", [])}, batch_size)
 
 
-def _own_points(session: Session, lever: Lever, batch_size: int, limits: Limits) -> list[list[int]]:
+def _own_points(session: Session, lever: Lever, batch_size: int, limits: Limits) -> Points:
     """A lever that changes the kernels (precision: oneDNN's bf16 GEMMs instead of MKL's fp32 ones) changes
     the buffers libraries keep outside PyTorch's allocator: measure its step at the explained batch size
     once, so that its prediction is calibrated on its own kernels."""
@@ -196,11 +232,11 @@ def _own_points(session: Session, lever: Lever, batch_size: int, limits: Limits)
     scenario = lever.scenario
     combo = Combo(scenario.precision, scenario.optimizer, scenario.recompute)
     outcome = measure(session, combo, batch_size, scenario.transforms, (limits.steps, limits.max_steps))
-    return [[batch_size, int(outcome.peak_bytes)]] if outcome.fits and outcome.peak_bytes else []
+    return ((batch_size, int(outcome.peak_bytes)),) if outcome.fits and outcome.peak_bytes else ()
 
 
 def _verify(session: Session, levers: list[Lever], limits: Limits, say: Progress) -> None:
-    from ..errors import ScriptError
+    from ...errors import ScriptError
 
     now = levers[0]
     for lever in levers:

@@ -19,7 +19,7 @@ refined as the step reveals what it is:
 At every new high-water mark of the live tensor bytes it keeps a copy of the per-category totals, so
 the breakdown it reports is the one at the peak; a storage that was alive at the peak and is identified
 later (optimizer state being created when the peak happened, say) is moved to its category in that
-copy too. An :mod:`allocator model <autobatch.explain.allocators>`
+copy too. An :mod:`allocator model <autobatch.explain.worker.allocators>`
 turns the same stream into the device's figure (a CPU process's data memory, the CUDA caching
 allocator's reserved segments). Allocations that happen inside a kernel without going through the
 dispatcher (library workspaces, oneDNN and MKL buffers) are not seen: a measured run reports them
@@ -39,8 +39,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..pure.records import TENSOR_CATEGORIES
 from .allocators import Allocator, ExactAllocator
-from .records import TENSOR_CATEGORIES
 
 #: Categories a later discovery may overwrite (a parameter stays a parameter even when saved).
 _PROVISIONAL = ("temporaries", "activations")

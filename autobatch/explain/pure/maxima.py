@@ -1,6 +1,6 @@
 """The largest batch a step would fit, predicted from fake-tensor simulations (no real allocation).
 
-For one :class:`~autobatch.explain.simulate.Scenario`, the predicted memory of batch ``b`` is::
+For one :class:`~autobatch.explain.pure.records.Scenario`, the predicted memory of batch ``b`` is::
 
     predicted(b) = offset(b) + simulated(b)
 
@@ -26,17 +26,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..core.search import Affine, Observation, search_max_batch
+from ...core.search import Affine, Observation, search_max_batch
 from .records import Scenario
 
 if TYPE_CHECKING:
-    from ..result import ComboResult
-    from .simulate import SimResult
+    from ...result import ComboResult
 
 MiB = 1 << 20
 #: Assumed CPU runtime buffers outside PyTorch's allocator (MKL GEMM buffers, oneDNN scratchpads):
 #: measured here at 5-40 MiB on the examples, depending on the kernels a model runs.
 CPU_RUNTIME_BYTES = 32 * MiB
+
+
+class SimulationError(Exception):
+    """A step that could not be simulated (the search stops; the estimate operation reports it)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,28 @@ def calibrated_offset(points: list[tuple[int, int]], simulated: dict[int, int]) 
 
 
 @dataclass
+class SimResult:
+    """One simulated batch size (bytes; ``device_peak`` in the target device's units), as
+    :func:`autobatch.explain.worker.simulate.simulate` reports it."""
+
+    batch_size: int
+    ok: bool = True
+    error: str | None = None
+    device_peak: int = 0
+    tensor_peak: int = 0
+    categories: dict[str, int] = field(default_factory=dict)
+    step_peaks: list[int] = field(default_factory=list)
+    static: dict[str, int] = field(default_factory=dict)  # parameters, gradients, optimizer_state
+    peak_phase: str = ""
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    applied: dict[str, Any] = field(default_factory=dict)  # what the transforms changed
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class ScenarioEstimate:
     """A scenario's predicted maximum (``status``: exact | capped | infeasible | error)."""
 
@@ -93,7 +118,7 @@ class ScenarioEstimate:
         return asdict(self)
 
 
-Simulator = Callable[[Scenario, int], "SimResult"]
+Simulator = Callable[[Scenario, int], SimResult]
 
 
 def estimate_scenario(
@@ -119,7 +144,7 @@ def estimate_scenario(
             out.seconds += result.seconds
             out.applied = out.applied or dict(result.applied)
             if not result.ok:
-                raise _SimulationFailed(result.error or "the simulated step failed")
+                raise SimulationError(result.error or "the simulated step failed")
         return int(offset.at(b) + runs[b].device_peak)
 
     def probe(b: int) -> Observation:
@@ -140,7 +165,7 @@ def estimate_scenario(
             batch_multiple=batch_multiple,
             prior=prior,
         )
-    except _SimulationFailed as exc:
+    except SimulationError as exc:
         out.status, out.error = "error", str(exc)
         return out
     out.status = result.status if result.status in ("exact", "capped", "infeasible") else "exact"
@@ -173,13 +198,9 @@ def _line(runs: dict[int, SimResult], offset: Offset, budget_bytes: int) -> tupl
     return y2 - slope * b2, slope
 
 
-class _SimulationFailed(Exception):
-    pass
-
-
 def to_combo_result(found: dict[str, Any]) -> ComboResult:
     """An estimated scenario in ``tune --json``'s combination schema (``trace``: the simulations)."""
-    from ..result import ComboResult, ProbeRecord
+    from ...result import ComboResult, ProbeRecord
 
     scenario = found["scenario"]
     entry = ComboResult(str(scenario["precision"]), str(scenario["optimizer"]), bool(scenario["recompute"]))

@@ -1,0 +1,1 @@
+"""Presentation of explain, estimate and tune results: terminal tables and figures."""

@@ -1,0 +1,211 @@
+"""The parent side of ``autobatch estimate``: the target's budget, one estimate operation, the result.
+
+The result is a :class:`autobatch.result.TuneResult` (its ``combinations`` in ``tune``'s schema, each
+``trace`` the simulated batch sizes), so everything that reads a tune (tables, plots) reads it too.
+The probe server is started without the usual inspection (which builds the model for real): every
+tensor of the estimate is fake.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from ... import __version__
+from ...core.space import Combo, combinations
+from ...core.units import format_bytes
+from ...devices.cpu import MALLOC_ENV, MEMORY_DEFINITION
+from ...errors import UsageError
+from ...probe.client import ProbeClient
+from ...probe.failures import raise_for
+from ...probe.protocol import ProbeRequest
+from ...result import ComboResult, TuneResult
+from ..pure.cards import CardProfile, generic_card, get_card
+from ..pure.maxima import Offset, to_combo_result
+from ..pure.options import ESTIMATE, OP_MODULES, EstimateOptions, NamedScenario
+from ..pure.records import Scenario
+
+if TYPE_CHECKING:
+    from ...settings.groups import Settings
+
+CUDA_DEFINITION = (
+    "cuda (estimated): memory reserved by the caching allocator (modelled: 512 B rounding, 2 MiB / 20 MiB / "
+    "own segments), budget (memory - CUDA context) x (1 - headroom)"
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to estimate for: ``kind`` "cpu" (capacity None: the memory available now) or "cuda"."""
+
+    kind: str
+    name: str
+    capacity_bytes: int | None
+    headroom: float
+    card: CardProfile | None = None
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        card: str | None,
+        device: str,
+        memory: int | None,
+        headroom: float,
+        given_device: bool,
+        memory_flag: int | None = None,
+    ) -> Target:
+        """``--card`` wins, then ``--device cpu``; otherwise a CUDA card of ``--memory``."""
+        if card:
+            if given_device and device == "cpu":
+                raise UsageError("--card and --device cpu contradict each other", hint="drop one of them")
+            profile = get_card(card)
+            if memory_flag:
+                profile = CardProfile(
+                    profile.name,
+                    profile.description,
+                    memory_flag,
+                    profile.context_bytes,
+                    profile.workspace_bytes,
+                    profile.bf16,
+                )
+            return cls("cuda", profile.name, profile.memory_bytes, headroom, profile)
+        if device == "cpu":
+            return cls("cpu", "cpu", memory, headroom)
+        if not memory:
+            raise UsageError(
+                "estimate needs a target: a card, a memory size or the CPU",
+                hint="pass --card NAME (autobatch estimate --list-cards), --memory 80GiB for a CUDA card, or --device cpu",
+            )
+        return cls("cuda", f"cuda ({format_bytes(memory)})", memory, headroom, generic_card(memory))
+
+    def describe(self) -> str:
+        if self.card is not None:
+            return (
+                f"{self.card.description}: {format_bytes(self.card.memory_bytes)}, CUDA context "
+                f"{format_bytes(self.card.context_bytes)} and workspaces {format_bytes(self.card.workspace_bytes)} assumed"
+            )
+        return f"the CPU device, {format_bytes(self.capacity_bytes) if self.capacity_bytes else 'memory available now'}"
+
+
+def cuda_budget_bytes(card: CardProfile, headroom: float) -> int:
+    return int((card.memory_bytes - card.context_bytes) * (1 - headroom))
+
+
+def estimate_combinations(
+    settings: Settings, target: Target, progress: Callable[[str], None] | None = None
+) -> TuneResult:
+    """Estimate every combination of the settings' grid on the target."""
+    say = progress or (lambda _text: None)
+    search = settings.search
+    entries, scenarios = _scenarios(
+        combinations(search.precisions, search.optimizers, search.recompute), target
+    )
+    device = _device(target)
+    options = EstimateOptions(
+        budget_bytes=device["budget_bytes"],
+        scenarios=tuple(scenarios),
+        target=target.kind,
+        max_batch_size=search.max_batch_size,
+        batch_multiple=search.batch_multiple,
+        optimizer_kwargs={k: dict(v) for k, v in search.optimizer_kwargs.items()},
+        offset=Offset(target.card.workspace_bytes, 0.0, "card profile workspaces") if target.card else None,
+    )
+    say(f"simulating {len(scenarios)} combination(s) under fake tensors (no real allocation)")
+    info, torch_version = _run(settings, options, timeout=settings.probe.timeout * max(1, len(scenarios)))
+    if target.kind == "cpu":
+        device["baseline_bytes"] = info.get("baseline_bytes")
+    found = iter(info.get("scenarios", []))
+    return TuneResult(
+        script=str(settings.script.script),
+        script_args=list(settings.script.script_args),
+        device=device,
+        objective="max-batch",
+        combinations=[entry if entry is not None else to_combo_result(next(found)) for entry in entries],
+        status="complete",
+        torch_version=torch_version,
+        autobatch_version=__version__,
+        notes=_notes(target, device, info),
+    )
+
+
+def _scenarios(combos: list[Combo], target: Target) -> tuple[list[ComboResult | None], list[NamedScenario]]:
+    """The scenarios to simulate, and a placeholder per combination (a skipped one's result already)."""
+    entries: list[ComboResult | None] = []
+    scenarios: list[NamedScenario] = []
+    for combo in combos:
+        if target.card is not None and not target.card.bf16 and combo.precision.startswith("bf16"):
+            entry = ComboResult(combo.precision, combo.optimizer, combo.recompute, status="skipped")
+            entry.reason = f"{target.card.name} has no native bfloat16"
+            entries.append(entry)
+            continue
+        entries.append(None)
+        scenarios.append(
+            NamedScenario(combo.key, Scenario(combo.precision, combo.optimizer, combo.recompute))
+        )
+    return entries, scenarios
+
+
+def _device(target: Target) -> dict[str, Any]:
+    """The target as ``tune --json`` describes a device: capacity, budget, and how memory is counted."""
+    if target.card is None:
+        import psutil
+
+        capacity = target.capacity_bytes or int(psutil.virtual_memory().available)
+        budget, definition = int(capacity * (1 - target.headroom)), MEMORY_DEFINITION
+    else:
+        capacity = target.card.memory_bytes
+        budget, definition = cuda_budget_bytes(target.card, target.headroom), CUDA_DEFINITION
+    if budget <= 0:
+        raise UsageError(
+            f"no budget left on {target.name}", hint="the card's memory must exceed its CUDA context"
+        )
+    device: dict[str, Any] = {
+        "type": target.kind,
+        "name": target.name,
+        "capacity_bytes": capacity,
+        "budget_bytes": budget,
+        "headroom": target.headroom,
+        "memory_definition": definition,
+    }
+    if target.card is not None:
+        device["card"] = target.card.to_dict()
+    return device
+
+
+def _run(settings: Settings, options: EstimateOptions, timeout: float) -> tuple[dict[str, Any], str]:
+    """Run the estimate operation in a probe server started without inspection (every tensor is fake);
+    returns its ``info`` and the server's torch version."""
+    assert settings.script.script, "the command checks that a script is given"
+    client = ProbeClient(
+        settings.script.script, settings.script.script_args, env=dict(MALLOC_ENV), op_modules=OP_MODULES
+    )
+    try:
+        request = ProbeRequest(
+            batch_size=0,
+            precision="32-true",
+            optimizer="sgd",
+            recompute=False,
+            device="cpu",
+            budget_bytes=0,
+            timeout=timeout,
+            recompute_classes=tuple(settings.search.recompute_classes),
+            op=ESTIMATE,
+            options=options.to_dict(),
+        )
+        outcome = client.run(request)
+        if outcome.kind != "fits":
+            raise_for(outcome, what="estimating under fake tensors")
+        return outcome.info, client.torch_version
+    finally:
+        client.close()
+
+
+def _notes(target: Target, device: dict[str, Any], info: dict[str, Any]) -> list[str]:
+    notes = [f"predicted memory = simulated step + {info.get('offset', {}).get('basis', 'offset')}"]
+    if target.card is None:
+        if (info.get("baseline_bytes") or 0) >= device["budget_bytes"]:
+            notes.append("the probe process alone exceeds the budget: raise --memory")
+    else:
+        notes.append(f"card profile {target.card.name}: {target.card.description}")
+    return notes

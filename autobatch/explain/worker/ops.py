@@ -1,0 +1,166 @@
+"""The ``explain`` and ``estimate`` operations, registered with the probe layer, run in a forked probe process.
+
+The probe server imports this module at start-up when the parent names it in ``op_modules``
+(:data:`autobatch.explain.pure.options.OP_MODULES`); the registry decodes each request's options into
+:class:`~autobatch.explain.pure.options.ExplainOptions` or :class:`~autobatch.explain.pure.options.EstimateOptions`
+and turns whatever an operation raises into an ``error`` outcome.
+
+``explain``: one probe of the real step (the worker's own probe, so budget, steps, OOM classification
+and peak are exactly a probe's), instrumented by :class:`Instrument` unless the options say not (then
+it is a plain probe with the levers' model changes). Its outcome carries the breakdown in ``info``.
+
+``estimate``: no real step; fake-tensor simulations of each scenario, searched for their maximum
+(:mod:`autobatch.explain.pure.maxima`). Its outcome's ``info`` holds ``target``, ``offset``, the
+``scenarios``' estimates, and ``simulated`` or ``baseline_bytes`` as the offset was found.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import asdict
+from typing import Any
+
+from ...contract import UserScript
+from ...probe.ops import register
+from ...probe.protocol import ProbeOutcome, ProbeRequest
+from ...probe.worker import measure_steps
+from ...step.loop import tiny_step
+from ..pure.maxima import (
+    Offset,
+    ScenarioEstimate,
+    SimResult,
+    SimulationError,
+    Simulator,
+    calibrated_offset,
+    estimate_scenario,
+)
+from ..pure.options import ESTIMATE, EXPLAIN, EstimateOptions, ExplainOptions, NamedScenario
+from ..pure.records import Scenario
+from .breakdown import Instrument
+from .simulate import simulate
+from .tracker import MemoryTracker
+from .transforms import applied_during_step
+
+
+def warm_up(precisions: set[str], optimizers: set[str], optimizer_kwargs: dict[str, Any]) -> None:
+    """A tiny real step per optimizer and precision: loads what torch imports lazily (about 70 MiB of
+    data memory on a first optimizer), so that a baseline read afterwards includes it."""
+    for optimizer in sorted(optimizers):
+        for precision in sorted(precisions):
+            try:
+                tiny_step(precision, optimizer, optimizer_kwargs.get(optimizer))
+            except Exception:  # noqa: BLE001 - a warm-up failure shows up in the real step, if at all
+                pass
+
+
+@register(EXPLAIN, ExplainOptions)
+def explain_operation(request: ProbeRequest, script: UserScript, options: ExplainOptions) -> ProbeOutcome:
+    """One probe of the real step, with the options' transforms, instrumented unless they say not."""
+    if request.device == "cpu":
+        warm_up({request.precision}, {request.optimizer}, {request.optimizer: request.optimizer_kwargs})
+    instrument = Instrument(options.transforms, MemoryTracker() if options.instrument else None)
+    start = time.perf_counter()
+    with applied_during_step(options.transforms, instrument.applied), instrument:
+        outcome = measure_steps(request, instrument.wrap(script), start)
+    info: dict[str, Any] = {"transforms": options.transforms.to_dict(), "applied": asdict(instrument.applied)}
+    if options.instrument:
+        info.update(_breakdown(request, instrument, outcome))
+    outcome.info = info
+    return outcome
+
+
+def _breakdown(request: ProbeRequest, instrument: Instrument, outcome: ProbeOutcome) -> dict[str, Any]:
+    """The categories at the peak (adding up to it with the residual), the modules and the notes."""
+    tracker = instrument.tracker
+    assert tracker is not None
+    cpu = request.device == "cpu"
+    info: dict[str, Any] = {}
+    notes = list(instrument.applied.notes)
+    flops_note = instrument.count_flops(request.precision, "cpu" if cpu else "cuda")
+    if flops_note:
+        notes.append(flops_note)
+    stats = outcome.device_stats
+    runtime = 0
+    if not cpu and stats:
+        runtime = max(0, int(stats.get("max_memory_reserved", 0)) - int(stats.get("max_memory_allocated", 0)))
+        nvml = stats.get("nvml_process_bytes")
+        if nvml:
+            info["outside_budget"] = {"cuda_context": max(0, int(nvml) - int(stats["max_memory_reserved"]))}
+    peak = int(outcome.peak_bytes or 0)
+    categories, residual = instrument.categories(int(outcome.baseline_bytes or 0), peak, runtime)
+    info.update(
+        categories=categories,
+        residual_bytes=residual,
+        tracked_peak_bytes=tracker.peak.tensor_bytes,
+        tracked_step_peaks=list(tracker.step_peaks),
+        peak_phase=f"step {tracker.peak.step} {tracker.peak.phase}",
+        modules=instrument.modules(),
+        notes=notes,
+    )
+    return info
+
+
+@register(ESTIMATE, EstimateOptions)
+def estimate_operation(request: ProbeRequest, script: UserScript, options: EstimateOptions) -> ProbeOutcome:
+    """Every scenario's predicted maximum, from simulations (each batch size simulated once)."""
+
+    @functools.cache
+    def sim(scenario: Scenario, batch_size: int) -> SimResult:
+        return simulate(
+            script,
+            scenario,
+            batch_size,
+            target=options.target,
+            optimizer_kwargs=options.optimizer_kwargs.get(scenario.optimizer),
+            recompute_classes=request.recompute_classes,
+        )
+
+    info: dict[str, Any] = {"target": options.target}
+    offset = _offset(options, sim, info)
+    info["offset"] = offset.to_dict()
+    info["scenarios"] = [_estimate(named, sim, offset, options).to_dict() for named in options.scenarios]
+    return ProbeOutcome(kind="fits", info=info)
+
+
+def _offset(options: EstimateOptions, sim: Simulator, info: dict[str, Any]) -> Offset:
+    """What the simulations do not see (see :class:`EstimateOptions`); notes how it was found in ``info``."""
+    if options.calibrate is not None:
+        batch = max(options.calibrate.points)[0]
+        result = sim(options.calibrate.scenario, batch)
+        if not result.ok:
+            raise SimulationError(f"simulating the measured step under fake tensors failed: {result.error}")
+        info["simulated"] = {str(batch): result.device_peak}
+        return calibrated_offset(list(options.calibrate.points), {batch: result.device_peak})
+    if options.offset is not None:
+        return options.offset
+    from ...devices import cpu
+
+    scenarios = [named.scenario for named in options.scenarios]
+    warm_up({s.precision for s in scenarios}, {s.optimizer for s in scenarios}, options.optimizer_kwargs)
+    baseline = cpu.read_status().data
+    info["baseline_bytes"] = baseline
+    runtime = options.cpu_runtime_bytes
+    return Offset(baseline + runtime, 0.0, f"baseline VmData {baseline} B + runtime buffers {runtime} B")
+
+
+def _estimate(
+    named: NamedScenario, sim: Simulator, offset: Offset, options: EstimateOptions
+) -> ScenarioEstimate:
+    """One scenario's search; calibrated on its own measured step when it has one (its kernels, its
+    library buffers), on the common offset otherwise."""
+    if named.points:
+        batch = max(named.points)[0]
+        result = sim(named.scenario, batch)
+        if result.ok:
+            offset = calibrated_offset(list(named.points), {batch: result.device_peak})
+    return estimate_scenario(
+        named.name,
+        named.scenario,
+        sim,
+        offset=offset,
+        budget_bytes=options.budget_bytes,
+        max_batch_size=options.max_batch_size,
+        batch_multiple=options.batch_multiple,
+        report_at=options.report_at,
+    )

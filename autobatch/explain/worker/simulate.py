@@ -1,0 +1,109 @@
+"""A training step under fake tensors: its memory, with no real allocation.
+
+:func:`simulate` builds the model and the batch under ``torch._subclasses.fake_tensor.FakeTensorMode``
+(tensors with shapes, dtypes and devices but no data), runs two full steps (forward, loss, backward,
+``optimizer.step()``, ``zero_grad``: the second step has the optimizer state resident, so it holds the
+steady-state peak) and tracks every storage with a :class:`~autobatch.explain.worker.tracker.MemoryTracker`
+whose allocator model gives the device's figure: a CPU probe process's data memory, or the CUDA
+caching allocator's reserved segments.
+
+What it cannot see, and an estimate therefore does not include:
+
+* memory a kernel allocates internally (oneDNN and MKL buffers on the CPU; cuDNN and cuBLAS workspaces
+  on CUDA), and kernel choices that differ between devices: the step runs PyTorch's CPU code paths,
+  so on a GPU a different SDPA backend (flash, memory-efficient, math) saves different tensors;
+* the CUDA context (a card profile assumes one) and other processes;
+* data-dependent work: ``.item()`` answers 1, so a step whose shapes depend on values is not modelled,
+  and ``16-mixed`` is simulated as a fixed loss scale (GradScaler's inf checks read values).
+
+On a CUDA target the optimizer is built with ``foreach=True`` where it supports it, as PyTorch does by
+default on CUDA (one extra parameter-sized intermediate in ``step()``).
+
+The step itself is the probe's (:func:`autobatch.step.loop.build_step` and
+:func:`~autobatch.step.loop.one_step`, built with ``fake=True``), hooked by the same
+:class:`~autobatch.explain.worker.breakdown.Instrument` as a measured run, without the per-module table.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from ...contract import UserScript
+from ...errors import ContractError, NoBlocksError
+from ...step.loop import StepConfig, StepReport, build_step, one_step
+from ...step.optimizers import optimizer_state_bytes
+from ..pure.maxima import SimResult
+from ..pure.records import Scenario
+from .allocators import make_allocator
+from .breakdown import Instrument
+from .tracker import MemoryTracker
+from .transforms import applied_during_step
+
+#: Optimizers whose torch.optim class takes ``foreach`` (on CUDA it defaults to True).
+FOREACH = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor", "rmsprop", "adagrad")
+
+
+def simulate(
+    script: UserScript,
+    scenario: Scenario,
+    batch_size: int,
+    *,
+    target: str,
+    optimizer_kwargs: dict[str, Any] | None = None,
+    recompute_classes: tuple[str, ...] = (),
+    steps: int = 2,
+) -> SimResult:
+    """Run ``steps`` full steps under fake tensors and report the peak (see the module docstring)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    started = time.perf_counter()
+    result = SimResult(batch_size)
+    tracker = MemoryTracker(make_allocator(target), fake_scalars=True)
+    instrument = Instrument(scenario.transforms, tracker, modules=False)
+    kwargs = dict(optimizer_kwargs or {})
+    if target == "cuda" and scenario.optimizer in FOREACH:
+        kwargs.setdefault("foreach", True)
+    config = StepConfig(
+        batch_size,
+        scenario.precision,
+        scenario.optimizer,
+        scenario.recompute,
+        optimizer_kwargs=kwargs,
+        recompute_classes=recompute_classes,
+    )
+    try:
+        with (
+            FakeTensorMode(allow_non_fake_inputs=True),
+            instrument,
+            applied_during_step(scenario.transforms, instrument.applied),
+        ):
+            result.static = _run(instrument.wrap(script), config, steps)
+    except Exception as exc:  # noqa: BLE001 - a step that cannot run under fake tensors is reported
+        if isinstance(exc, ContractError) and not isinstance(exc, NoBlocksError):
+            raise  # the script breaks the contract: no scenario can run
+        result.ok = False
+        result.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
+    result.device_peak = tracker.allocator.peak
+    result.tensor_peak = tracker.peak.tensor_bytes
+    result.categories = tracker.peak_categories()
+    result.step_peaks = list(tracker.step_peaks)
+    result.peak_phase = f"step {tracker.peak.step} {tracker.peak.phase}"
+    result.notes = list(instrument.applied.notes)
+    result.applied = asdict(instrument.applied)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _run(script: UserScript, config: StepConfig, steps: int) -> dict[str, int]:
+    """Build the step with fake tensors, run it, and return its static memory."""
+    report = StepReport()
+    step = build_step(script, config, report, fake=True)
+    for _ in range(steps):
+        one_step(step)
+    return {
+        "parameters": report.param_bytes,
+        "gradients": step.grad_bytes,
+        "optimizer_state": optimizer_state_bytes(step.optimizer),
+    }

@@ -1,0 +1,101 @@
+"""The operations a probe process runs, registered by name, and the one dispatch the server's children call.
+
+An operation is a function ``handler(request, script)``, or ``handler(request, script, options)`` for one
+that takes options, registered with :func:`register`. The built-in ``probe`` (apply the budget, run the
+steps, measure) and ``inspect`` (build the model once, report what the search plans with) are
+registered like any other, by :mod:`autobatch.probe.worker`. Other layers register theirs in modules of
+their own, which the probe server imports at start-up, after the script and before any fork, because
+the client names them (``ProbeClient(..., op_modules=("package.module",))``): this layer never names
+them.
+
+An operation's options are a typed record, a frozen dataclass with ``to_dict`` and ``from_dict``. The
+parent builds the record and sends ``to_dict()`` as :attr:`ProbeRequest.options` (requests cross the
+process boundary as JSON); :func:`dispatch` decodes it with ``from_dict`` before it calls the handler.
+Whatever an operation raises becomes an ``error`` outcome
+(:func:`autobatch.probe.failures.describe_failure`), and so does an operation nobody registered.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar, overload
+
+from ..errors import ProbeFailure
+from .failures import describe_failure
+from .protocol import ProbeOutcome, ProbeRequest
+
+if TYPE_CHECKING:
+    from ..contract import UserScript
+
+#: The module that registers the built-in operations; imported before the client's ``op_modules``.
+BUILTIN_MODULES = ("autobatch.probe.worker",)
+
+OptionsT = TypeVar("OptionsT")
+OptionsT_co = TypeVar("OptionsT_co", covariant=True)
+
+
+class OptionsType(Protocol[OptionsT_co]):
+    """A class of options records: ``from_dict`` decodes what the record's ``to_dict`` wrote."""
+
+    def from_dict(self, data: dict[str, Any], /) -> OptionsT_co: ...
+
+
+Handler = Callable[[ProbeRequest, "UserScript"], ProbeOutcome]
+OptionsHandler = Callable[[ProbeRequest, "UserScript", OptionsT], ProbeOutcome]
+
+_OPERATIONS: dict[str, Handler] = {}
+
+
+@overload
+def register(name: str) -> Callable[[Handler], Handler]: ...
+@overload
+def register(
+    name: str, options_type: OptionsType[OptionsT]
+) -> Callable[[OptionsHandler[OptionsT]], OptionsHandler[OptionsT]]: ...
+def register(name: str, options_type: OptionsType[Any] | None = None) -> Callable[[Any], Any]:
+    """Register the decorated function as the operation ``name`` (with its options' record type)."""
+
+    def decorate(handler: Callable[..., ProbeOutcome]) -> Callable[..., ProbeOutcome]:
+        if name in _OPERATIONS:
+            raise ValueError(f"the probe operation {name!r} is registered twice")
+        if options_type is None:
+            _OPERATIONS[name] = handler
+        else:
+            _OPERATIONS[name] = lambda request, script: handler(
+                request, script, options_type.from_dict(request.options)
+            )
+        return handler
+
+    return decorate
+
+
+def operations() -> list[str]:
+    """The names of the registered operations."""
+    return sorted(_OPERATIONS)
+
+
+def load_operations(modules: Iterable[str]) -> None:
+    """Import the modules that register operations: the built-in ones, then ``modules``."""
+    for name in (*BUILTIN_MODULES, *modules):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ProbeFailure(
+                f"the probe server cannot import the operations module {name}: {exc}",
+                hint="op_modules names importable modules that register probe operations",
+            ) from exc
+
+
+def dispatch(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
+    """Run the request's operation in this process; never raises (an exception becomes an outcome)."""
+    try:
+        handler = _OPERATIONS.get(request.op)
+        if handler is None:
+            raise ProbeFailure(
+                f"the probe server has no operation {request.op!r} (it has {', '.join(operations())})",
+                hint="the client names the module that registers it in op_modules",
+            )
+        return handler(request, script)
+    except BaseException as exc:  # noqa: BLE001 - whatever an operation raises becomes data
+        return describe_failure(ProbeOutcome(kind="error", batch_size=request.batch_size), exc)
