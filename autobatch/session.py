@@ -152,6 +152,8 @@ class Session:
             recompute=False,
             device=device,
             budget_bytes=0,
+            min_steps=0,
+            max_steps=0,
             timeout=self.timeout,
             recompute_classes=self.recompute_classes,
             op="inspect",

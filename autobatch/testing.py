@@ -304,7 +304,7 @@ class FakeRunner:
 
     def _estimates(self, request: ProbeRequest) -> list[dict[str, object]]:
         options = request.options
-        budget, top = int(options["budget_bytes"]), int(options.get("max_batch_size", 65536))
+        budget, top = int(options["budget_bytes"]), int(options["max_batch_size"])
         out: list[dict[str, object]] = []
         for scenario in options.get("scenarios", []):
             curve = self.curve_for(scenario["precision"], scenario["optimizer"], bool(scenario["recompute"]))

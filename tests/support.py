@@ -11,6 +11,51 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
+#: A tiny training script: embedding, two Linear + ReLU blocks, a head; the logits dominate per sample.
+TINY = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, WIDTH, TOKENS = 512, 64, 32
+RECOMPUTE_CLASSES = ("Block",)
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.linear(x))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.Sequential(Block(WIDTH), Block(WIDTH))
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(ids)))
+
+
+def build_model() -> nn.Module:
+    return Net()
+
+
+def make_batch(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB, (batch_size, TOKENS), generator=generator)
+    return ids, torch.randint(0, VOCAB, (batch_size, TOKENS), generator=generator)
+
+
+def compute_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    ids, targets = batch
+    return F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+"""
+
 
 def run_cli(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600

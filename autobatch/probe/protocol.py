@@ -25,9 +25,9 @@ class ProbeRequest:
     recompute: bool
     device: str  # "cpu" or "cuda:N"
     budget_bytes: int
-    min_steps: int = 3
-    max_steps: int = 8
-    timeout: float = 300.0
+    min_steps: int  # full steps at least (0 for operations that run none, such as inspect)
+    max_steps: int  # steps at most, while the peak still grows
+    timeout: float  # seconds before the probe is killed
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     recompute_classes: tuple[str, ...] = ()
     op: str = "probe"  # "probe", "inspect", or another operation registered in autobatch.probe.ops

@@ -323,7 +323,7 @@ def _request(batch_size: int, budget: int, steps: int) -> Any:
 
     return ProbeRequest(
         batch_size=batch_size, precision="32-true", optimizer="adamw", recompute=False,
-        device="cpu", budget_bytes=budget, min_steps=steps, max_steps=steps,
+        device="cpu", budget_bytes=budget, min_steps=steps, max_steps=steps, timeout=300.0,
     )  # fmt: skip
 
 

@@ -7,8 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from support import run_cli
-from test_explain_cli import TINY
+from support import TINY, run_cli
 
 from autobatch.errors import UsageError
 from autobatch.explain.parent.estimator import Target, cuda_budget_bytes

@@ -31,6 +31,8 @@ def test_options_round_trip_through_their_dicts() -> None:
     now = Scenario("32-true", "adamw", False)
     estimate = EstimateOptions(
         budget_bytes=1 << 30,
+        max_batch_size=4096,
+        batch_multiple=8,
         scenarios=(
             NamedScenario("now", now),
             NamedScenario("bf16", Scenario("bf16-mixed", "adamw", False), ((8, 99),)),

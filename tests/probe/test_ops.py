@@ -33,7 +33,7 @@ def _own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _request(op: str, options: dict[str, Any] | None = None) -> ProbeRequest:
-    return ProbeRequest(7, "32-true", "sgd", False, "cpu", 0, op=op, options=options or {})
+    return ProbeRequest(7, "32-true", "sgd", False, "cpu", 0, 3, 3, 60.0, op=op, options=options or {})
 
 
 def test_the_handler_gets_the_options_record() -> None:

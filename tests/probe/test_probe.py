@@ -28,6 +28,9 @@ def _request(batch: int, budget: int, **kw: object) -> ProbeRequest:
         recompute=False,
         device="cpu",
         budget_bytes=budget,
+        min_steps=3,
+        max_steps=8,
+        timeout=300.0,
     )
     values.update(kw)
     return ProbeRequest(**values)  # type: ignore[arg-type]

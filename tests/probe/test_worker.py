@@ -35,6 +35,9 @@ def cuda_request(**kw: object) -> ProbeRequest:
         device="cuda:0",
         budget_bytes=60 * GiB,
         process_limit_bytes=LIMIT,
+        min_steps=3,
+        max_steps=8,
+        timeout=60.0,
     )
     values.update(kw)
     return ProbeRequest(**values)  # type: ignore[arg-type]

@@ -188,6 +188,8 @@ def _run(settings: Settings, options: EstimateOptions, timeout: float) -> tuple[
             recompute=False,
             device="cpu",
             budget_bytes=0,
+            min_steps=0,
+            max_steps=0,
             timeout=timeout,
             recompute_classes=tuple(settings.search.recompute_classes),
             op=ESTIMATE,

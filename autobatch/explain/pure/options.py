@@ -86,10 +86,10 @@ class EstimateOptions:
     """
 
     budget_bytes: int
+    max_batch_size: int  # the search's candidates, from the settings
+    batch_multiple: int
     scenarios: tuple[NamedScenario, ...] = ()
     target: str = "cpu"
-    max_batch_size: int = 65536
-    batch_multiple: int = 1
     optimizer_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)  # per optimizer
     calibrate: Calibration | None = None
     offset: Offset | None = None
@@ -116,8 +116,8 @@ class EstimateOptions:
             budget_bytes=int(data["budget_bytes"]),
             scenarios=tuple(NamedScenario.from_dict(s) for s in data.get("scenarios", ())),
             target=str(data.get("target", "cpu")),
-            max_batch_size=int(data.get("max_batch_size", 65536)),
-            batch_multiple=int(data.get("batch_multiple", 1)),
+            max_batch_size=int(data["max_batch_size"]),
+            batch_multiple=int(data["batch_multiple"]),
             optimizer_kwargs={k: dict(v) for k, v in (data.get("optimizer_kwargs") or {}).items()},
             calibrate=Calibration.from_dict(data["calibrate"]) if data.get("calibrate") else None,
             offset=Offset.from_dict(data["offset"]) if data.get("offset") else None,
