@@ -113,15 +113,44 @@ def check_model(model: object) -> torch.nn.Module:
     return model
 
 
-def check_batch(batch: object, batch_size: int) -> None:
-    """``make_batch(batch_size)`` must return tensors, or nested tuples/lists/dicts holding some."""
-    import torch
-    from torch.utils._pytree import tree_leaves
+#: How the batch-size check is turned off, named in its error (the ``check_batch_size`` setting).
+BATCH_CHECK_OFF = (
+    "check_batch_size = false under [script] in autobatch.toml, AUTOBATCH_CHECK_BATCH_SIZE=0, "
+    "or --no-check-batch-size"
+)
 
-    if not any(isinstance(leaf, torch.Tensor) for leaf in tree_leaves(batch)):
+
+def check_batch(batch: object, batch_size: int, *, check_size: bool = True) -> None:
+    """``make_batch(batch_size)`` must return tensors, or nested tuples/lists/dicts holding some, and
+    (``check_size``) every tensor with a dimension must carry ``batch_size`` in its leading one.
+
+    Why: a ``make_batch`` that ignores its argument makes every probe the same size, so peaks stay
+    flat and the search reports any batch as fitting (a silently wrong maximum). Tensors of no
+    dimension (a scalar such as a temperature) are exempt. Scripts whose layout differs (sequence
+    first, packed sequences) turn the check off with the ``check_batch_size`` setting.
+    """
+    import torch
+    from torch.utils._pytree import tree_flatten_with_path, keystr
+
+    leaves, _ = tree_flatten_with_path(batch)
+    tensors = [(keystr(path), leaf) for path, leaf in leaves if isinstance(leaf, torch.Tensor)]
+    if not tensors:
         raise ContractError(
             f"make_batch({batch_size}) returned {type(batch).__name__} with no tensors",
             hint="make_batch(batch_size) must return tensors or nested tuples/lists/dicts of tensors",
+        )
+    if not check_size:
+        return
+    wrong = [(path, t) for path, t in tensors if t.dim() > 0 and t.shape[0] != batch_size]
+    if wrong:
+        shown = ", ".join(f"batch{path or ''} has shape {tuple(t.shape)}" for path, t in wrong[:3])
+        more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+        raise ContractError(
+            f"make_batch({batch_size}) returned tensors whose leading dimension is not {batch_size}: "
+            f"{shown}{more}",
+            hint=f"make_batch(batch_size) must put batch_size samples in the first dimension of every tensor "
+            f"(otherwise every probe has the same size and the maximum is wrong); if your layout differs "
+            f"on purpose, turn this check off: {BATCH_CHECK_OFF}",
         )
 
 

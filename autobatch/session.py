@@ -50,6 +50,7 @@ class Session:
         on_probe: OnProbe | None = None,
         runner: ProbeRunner | None = None,
         op_modules: tuple[str, ...] = (),
+        check_batch_size: bool = True,
     ) -> None:
         self.script = Path(script)
         self.script_args = list(script_args)
@@ -64,6 +65,7 @@ class Session:
         self.on_probe = on_probe
         self.runner = runner
         self.op_modules = op_modules  # modules registering probe operations (see autobatch.probe.ops)
+        self.check_batch_size = check_batch_size
         self.device: DeviceInfo | None = None
         self.journal = ProbeJournal(None)
         self.fingerprint = ""
@@ -96,6 +98,7 @@ class Session:
             on_probe=on_probe,
             runner=runner,
             op_modules=op_modules,
+            check_batch_size=settings.script.check_batch_size,
         )
 
     def __enter__(self) -> Session:
@@ -207,6 +210,7 @@ class Session:
             op=op,
             options=dict(options or {}),
             process_limit_bytes=self.device.process_limit_bytes,
+            check_batch_size=self.check_batch_size,
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:

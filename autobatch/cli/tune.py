@@ -46,6 +46,7 @@ def tune(
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help=opt._help("max_steps")),
     confirm_steps: Optional[int] = typer.Option(None, "--confirm-steps", help=opt._help("confirm_steps")),
     timeout: Optional[float] = opt.TIMEOUT,
+    check_batch_size: Optional[bool] = opt.CHECK_BATCH_SIZE,
     cache: Optional[bool] = typer.Option(None, "--cache/--no-cache", help=opt._help("cache")),
     exact_all: Optional[bool] = typer.Option(None, "--exact-all/--no-exact-all", help=opt._help("exact_all")),
     output: Optional[str] = typer.Option(None, "--output", help=opt._help("result")),

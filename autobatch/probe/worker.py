@@ -41,6 +41,7 @@ def measure_steps(request: ProbeRequest, script: UserScript, start: float) -> Pr
         device=request.device,
         optimizer_kwargs=request.optimizer_kwargs,
         recompute_classes=request.recompute_classes,
+        check_batch_size=request.check_batch_size,
     )
     peak_now, synchronize, finish = _device_hooks(request, outcome)
     outcome.setup_seconds = time.perf_counter() - start

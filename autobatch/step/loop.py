@@ -42,6 +42,7 @@ class StepConfig:
     device: str = "cpu"
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     recompute_classes: tuple[str, ...] = ()  # empty: the script's RECOMPUTE_CLASSES, else detected
+    check_batch_size: bool = True  # see autobatch.contract.check_batch
 
 
 @dataclass
@@ -155,7 +156,7 @@ def build_step(script: UserScript, config: StepConfig, report: StepReport, *, fa
     if config.precision == "16-mixed":
         scaler = FixedScale() if fake else torch.amp.GradScaler(device.type)
     batch = script.make_batch(config.batch_size)
-    check_batch(batch, config.batch_size)
+    check_batch(batch, config.batch_size, check_size=config.check_batch_size)
     batch = move(batch, device, torch.bfloat16 if bf16_true else None)
     return Step(model, params, optimizer, batch, script.compute_loss, config.precision, device.type, scaler)
 
