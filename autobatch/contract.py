@@ -130,7 +130,7 @@ def check_batch(batch: object, batch_size: int, *, check_size: bool = True) -> N
     first, packed sequences) turn the check off with the ``check_batch_size`` setting.
     """
     import torch
-    from torch.utils._pytree import tree_flatten_with_path, keystr
+    from torch.utils._pytree import keystr, tree_flatten_with_path
 
     leaves, _ = tree_flatten_with_path(batch)
     tensors = [(keystr(path), leaf) for path, leaf in leaves if isinstance(leaf, torch.Tensor)]

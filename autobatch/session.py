@@ -234,8 +234,7 @@ class Session:
         outcome = self.journal.get(request) if self.use_cache else None
         cached = outcome is not None
         if outcome is None:
-            assert self.runner is not None, "start() the session first"
-            outcome = self.runner.run(request)
+            outcome = self._run_retrying(request)
             self.journal.record(request, outcome)
         else:
             self.cache_hits += 1
@@ -246,6 +245,22 @@ class Session:
         if outcome.kind == "error":
             raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
         return outcome
+
+    def _run_retrying(self, request: ProbeRequest) -> ProbeOutcome:
+        """Run a probe; a crash or timeout is not an answer about memory, so it runs once more in a fresh
+        process, and only a second crash or timeout stands (its reason says it happened twice)."""
+        assert self.runner is not None, "start() the session first"
+        outcome = self.runner.run(request)
+        if outcome.kind not in RETRIED:
+            return outcome
+        again = self.runner.run(request)
+        if again.kind in RETRIED:
+            again.reason = f"{again.reason} (twice: retried once in a fresh process)"
+        return again
+
+
+#: Outcomes that are retried once: a probe that died or hung says nothing about memory.
+RETRIED = ("crash", "timeout")
 
 
 def apply_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:

@@ -15,6 +15,7 @@ from ..core.units import format_bytes
 from ..errors import AutobatchError
 from . import options as opt
 from .app import app, console, stdout_write
+from .saving import ResultSaver, preflight
 
 if TYPE_CHECKING:
     from ..core.space import Combo
@@ -65,6 +66,7 @@ def tune(
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
     from ..settings import resolve_world_size
+    from ..tuner import limited_failure
 
     settings = opt.load(locals())
     script_path = settings.require_script()
@@ -73,10 +75,13 @@ def tune(
         from ..explain.output.plot import check_plot_path
 
         check_plot_path(plot)  # before any probe
+    saver = ResultSaver(Path(settings.output.result))
+    preflight(saver.path)  # before any probe
     console.print(f"[bold]autobatch tune[/] {escape(script_path)}: starting the probe server")
-    result = run_tune(settings, world, world_source)
+    result = run_tune(settings, world, world_source, saver)
     print_table(result)
-    print_chosen(result)
+    print_chosen(result)  # before the file: a full disk must not hide the answer
+    saver.finish(result)
     console.print(f"result written to {settings.output.result}")
     if plot is not None:
         from ..explain.output.plot import plot_tune
@@ -87,14 +92,20 @@ def tune(
         _emit(result, settings)
     if as_json:
         stdout_write(json.dumps(result.to_dict(), indent=2))
+    failure = limited_failure(result)
+    if failure is not None:
+        raise failure
 
 
-def run_tune(settings: Settings, world: int, world_source: str) -> TuneResult:
+def run_tune(
+    settings: Settings, world: int, world_source: str, saver: ResultSaver | None = None
+) -> TuneResult:
     """Run the tune, saving the result after every probe; on failure or interruption, save and show
     what was measured, then re-raise."""
     from ..tuner import TuneOptions, Tuner
 
     result_path = Path(settings.output.result)
+    save = saver or ResultSaver(result_path)
     session = opt.open_session(settings, on_probe=_progress)
     tuner = None
     try:
@@ -105,24 +116,25 @@ def run_tune(settings: Settings, world: int, world_source: str) -> TuneResult:
             f"(headroom {info.headroom:.0%}); {escape(info.memory_definition)}"
         )
         options = TuneOptions.from_settings(settings, world, world_source)
-        tuner = Tuner(session, options, on_update=lambda r: _save(result_path, r))
+        tuner = Tuner(session, options, on_update=save)
         return tuner.run()
     except BaseException as exc:
         if tuner is not None:
-            _keep_partial(tuner.result, exc, result_path)
+            _keep_partial(tuner.result, exc, save)
         raise
     finally:
         session.close()
 
 
-def _keep_partial(result: TuneResult, exc: BaseException, path: Path) -> None:
+def _keep_partial(result: TuneResult, exc: BaseException, save: ResultSaver) -> None:
     result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
     if isinstance(exc, AutobatchError):
         result.notes.append(f"failed: {exc.message}")
-    _save(path, result)
+    save(result)
     if result.combinations and any(c.trace for c in result.combinations):
         print_table(result)
-    console.print(f"partial result ({result.status}, {result.probes} probes) saved to {path}")
+    where = "not saved (see the warning above)" if save.error else f"saved to {save.path}"
+    console.print(f"partial result ({result.status}, {result.probes} probes) {where}")
 
 
 def _emit(result: TuneResult, settings: Settings) -> None:
@@ -144,12 +156,6 @@ def _emit(result: TuneResult, settings: Settings) -> None:
     )
     for path in written:
         console.print(f"wrote {path}")
-
-
-def _save(path: Path, result: TuneResult) -> None:
-    from ..files import write_atomic
-
-    write_atomic(path, result.to_json() + "\n")
 
 
 def _progress(combo: Combo, outcome: ProbeOutcome, cached: bool) -> None:
