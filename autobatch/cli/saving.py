@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,13 @@ def preflight(path: Path, what: str = "result file") -> None:
         raise UsageError(f"cannot write the {what} {path}: {parent} is a file, not a folder", hint=FIX)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write the {what} {path}: {parent} is not writable", hint=FIX)
+    try:  # what the OS says, for root too (a read-only mount, /proc)
+        with tempfile.TemporaryFile(dir=parent, prefix=".autobatch-check-"):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the {what} {path}: {parent} is not writable ({exc.strerror or exc})", hint=FIX
+        ) from None
 
 
 def explain_os_error(path: Path, exc: OSError, what: str = "result file") -> UsageError:
