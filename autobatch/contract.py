@@ -7,6 +7,7 @@ the arguments given after ``--``. Its folder is put first on ``sys.path`` so tha
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import inspect
 import sys
@@ -17,6 +18,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import ContractError, ScriptError, UsageError
+from .scriptpath import check_script_path
 
 if TYPE_CHECKING:
     import torch
@@ -42,17 +44,14 @@ class UserScript:
 
 def load_script(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> UserScript:
     """Import the script and check that it offers the contract's functions."""
-    path = Path(path).resolve()
-    if not path.is_file():
-        raise UsageError(
-            f"training script not found: {path}",
-            hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
-        )
+    path = check_script_path(path)
     sys.argv = [str(path), *args]
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
     name = "autobatch_user_" + "".join(c if c.isalnum() else "_" for c in path.stem)
-    spec = importlib.util.spec_from_file_location(name, path)
+    # Any file name: a script without the .py suffix is still Python source.
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     if spec is None or spec.loader is None:
         raise UsageError(f"cannot import {path}", hint="the training script must be a Python source file")
     module = importlib.util.module_from_spec(spec)
@@ -109,6 +108,12 @@ def check_model(model: object) -> torch.nn.Module:
         raise ContractError(
             f"build_model() returned {type(model).__name__}, not a torch.nn.Module",
             hint=SIGNATURES["build_model"][0],
+        )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ContractError(
+            f"build_model() returned a {type(model).__name__} with no trainable parameters: there is nothing "
+            "for an optimizer to train",
+            hint="return the model you train (with its layers), and do not freeze every parameter",
         )
     return model
 
@@ -170,6 +175,24 @@ def check_loss(loss: object) -> torch.Tensor:
         f"compute_loss(model, batch) returned {what}",
         hint="def compute_loss(model, batch) -> torch.Tensor  # a scalar connected to the model's parameters",
     )
+
+
+def check_finite_loss(loss: torch.Tensor) -> None:
+    """The first step's loss must be finite: NaN or inf there is a broken ``compute_loss`` (log of zero,
+    a division by zero), not training dynamics. Later steps are not checked (memory does not depend on
+    it), nor are fake tensors (they hold no values)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(loss, FakeTensor) or loss.is_meta:
+        return
+    value = float(loss.detach().float().reshape(()))
+    if not torch.isfinite(torch.tensor(value)):
+        raise ContractError(
+            f"compute_loss(model, batch) returned {value} at the first step",
+            hint="the loss must be a finite number: look for a log of zero, a division by zero or an "
+            "uninitialised tensor in compute_loss or make_batch",
+        )
 
 
 def _accepts(fn: Callable[..., Any], nargs: int) -> bool:

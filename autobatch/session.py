@@ -19,10 +19,11 @@ from .core.space import Combo
 from .core.units import format_bytes
 from .devices.budget import DeviceInfo, cuda_name, device_info
 from .devices.cpu import MALLOC_ENV
-from .errors import DeviceError, UsageError
+from .errors import DeviceError
 from .probe.failures import raise_for
 from .probe.journal import ProbeJournal, fingerprint
 from .probe.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
+from .scriptpath import check_script_path
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -118,11 +119,7 @@ class Session:
 
     def start(self) -> DeviceInfo:
         """Open the runner, inspect the model and the device, open the journal."""
-        if not self.script.is_file():
-            raise UsageError(
-                f"training script not found: {self.script}",
-                hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
-            )
+        check_script_path(self.script)
         if self.runner is None:
             from .probe.client import ProbeClient
 

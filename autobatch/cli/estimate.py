@@ -25,7 +25,6 @@ import typer
 from rich.markup import escape
 
 from ..core.units import format_bytes
-from ..errors import UsageError
 from . import options as opt
 from .app import app, console, stdout_write
 
@@ -72,11 +71,6 @@ def estimate(
         return
     settings = opt.load(locals())
     script_path = settings.require_script()
-    if not Path(script_path).is_file():
-        raise UsageError(
-            f"training script not found: {script_path}",
-            hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
-        )
     if plot is not None:
         from ..explain.output.plot import check_plot_path
 
