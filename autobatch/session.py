@@ -121,10 +121,14 @@ class Session:
         """Open the runner, inspect the model and the device, open the journal."""
         check_script_path(self.script)
         if self.runner is None:
-            from .probe.client import ProbeClient
+            from .probe.client import IMPORT_GRACE, ProbeClient
 
             self.runner = ProbeClient(
-                self.script, self.script_args, env=dict(MALLOC_ENV), op_modules=self.op_modules
+                self.script,
+                self.script_args,
+                env=dict(MALLOC_ENV),
+                op_modules=self.op_modules,
+                start_timeout=self.timeout + IMPORT_GRACE,  # importing the script counts like a probe
             )
         device, info = self._resolve_device()
         self.device = device_info(device, info, memory=self.memory, headroom=self.headroom)

@@ -55,8 +55,7 @@ def raise_for(outcome: ProbeOutcome, what: str) -> None:
         hint = (
             "the probe did not finish in time: raise --timeout for slow models (rerun with --verbose for its log)"
             if outcome.kind == "timeout"
-            else "the probe process died (a signal, an abort, an illegal memory access): rerun with --verbose "
-            "for its log"
+            else crash_hint(outcome.reason or "")
         )
         raise ProbeFailure(f"{what}: {outcome.reason}", hint=hint, detail=detail or None)
     message, _, _hint = (outcome.error_message or "").partition(HINT_MARK)
@@ -65,6 +64,22 @@ def raise_for(outcome: ProbeOutcome, what: str) -> None:
         hint="this is the script's own error, not an out-of-memory; fix the script (rerun with --verbose for the traceback)",
         detail=detail or None,
     )
+
+
+def crash_hint(reason: str) -> str:
+    """What to do about a probe process that died, by how it died (never "raise --timeout")."""
+    if "SIGSEGV" in reason or "SIGBUS" in reason or "SIGILL" in reason:
+        return (
+            "the probe process hit a native crash (segmentation fault): a bug in compiled code the step runs "
+            "(an extension, a custom kernel, a driver) or in the script, not a lack of memory; rerun with "
+            "--verbose for its log"
+        )
+    if "SIGKILL" in reason:
+        return (
+            "the probe process was killed (SIGKILL): usually the kernel's out-of-memory killer, when the machine "
+            "has less free memory than --memory allows; lower --memory, or stop what else uses memory"
+        )
+    return "the probe process died (a signal, an abort, an illegal memory access): rerun with --verbose for its log"
 
 
 def server_error(error: dict[str, Any]) -> AutobatchError:

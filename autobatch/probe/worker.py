@@ -162,6 +162,7 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
 
         info["cuda_available"] = bool(torch.cuda.is_available())
         info["available_bytes"] = cpu.available_bytes()
+        info["total_bytes"] = cpu.total_bytes()
         info["baseline_bytes"] = cpu.read_status().data
         for precision in PRECISION_CHECKS:
             try:
