@@ -19,7 +19,7 @@ from .core.space import Combo
 from .core.units import format_bytes
 from .devices.budget import DeviceInfo, cuda_name, device_info
 from .devices.cpu import MALLOC_ENV
-from .errors import DeviceError
+from .errors import DeviceError, UsageError
 from .probe.failures import raise_for
 from .probe.journal import ProbeJournal, fingerprint
 from .probe.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
@@ -71,6 +71,8 @@ class Session:
         self.journal = ProbeJournal(None)
         self.fingerprint = ""
         self.cache_hits = 0
+        self._script_digest: str | None = None
+        self.probes_run = 0
 
     @classmethod
     def from_settings(
@@ -120,6 +122,7 @@ class Session:
     def start(self) -> DeviceInfo:
         """Open the runner, inspect the model and the device, open the journal."""
         check_script_path(self.script)
+        self._script_digest = script_digest(self.script)
         if self.runner is None:
             from .probe.client import IMPORT_GRACE, ProbeClient
 
@@ -235,7 +238,9 @@ class Session:
         outcome = self.journal.get(request) if self.use_cache else None
         cached = outcome is not None
         if outcome is None:
+            self._check_script_unchanged()
             outcome = self._run_retrying(request)
+            self.probes_run += 1
             self.journal.record(request, outcome)
         else:
             self.cache_hits += 1
@@ -246,6 +251,16 @@ class Session:
         if outcome.kind == "error":
             raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
         return outcome
+
+    def _check_script_unchanged(self) -> None:
+        """The probe server imported the script once: an edit since then would make later probes measure a
+        file that no longer exists, under the old file's fingerprint. Stop and say so."""
+        if self._script_digest is not None and script_digest(self.script) != self._script_digest:
+            raise UsageError(
+                f"{self.script.name} changed while it was being tuned (after {self.probes_run} probes): the "
+                "probes measured the version the run started with, and the answer would not describe the file now",
+                hint="re-run once the script is final: the earlier version's probes stay in the probe journal",
+            )
 
     def _run_retrying(self, request: ProbeRequest) -> ProbeOutcome:
         """Run a probe; a crash or timeout is not an answer about memory, so it runs once more in a fresh
@@ -258,6 +273,16 @@ class Session:
         if again.kind in RETRIED:
             again.reason = f"{again.reason} (twice: retried once in a fresh process)"
         return again
+
+
+def script_digest(path: Path) -> str | None:
+    """A digest of the script's bytes (None when it cannot be read any more)."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 #: Outcomes that are retried once: a probe that died or hung says nothing about memory.

@@ -9,6 +9,8 @@ interrupted or failed run still leaves the probes it measured (``status`` says h
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -83,6 +85,8 @@ class Tuner:
             autobatch_version=__version__,
             created=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
             notes=list(device.notes),
+            pid=os.getpid(),
+            host=socket.gethostname(),
         )
         if options.world_size_source != "default":
             self.result.notes.append(f"world size {options.world_size} from {options.world_size_source}")

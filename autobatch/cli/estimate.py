@@ -25,6 +25,7 @@ import typer
 from rich.markup import escape
 
 from ..core.units import format_bytes
+from ..errors import ProbeFailure
 from . import options as opt
 from .app import app, console, stdout_write
 
@@ -106,6 +107,18 @@ def estimate(
     if as_json:
         data: dict[str, Any] = {"estimate": True, **result.to_dict()}
         stdout_write(json.dumps(data, indent=2))
+    _fail_if_nothing_simulated(result)
+
+
+def _fail_if_nothing_simulated(result: Any) -> None:
+    """Exit 6 (not 0) when no combination could be simulated: an estimate of nothing is not an answer."""
+    failed = [c for c in result.combinations if c.status == "error"]
+    if failed and all(c.status in ("error", "skipped") for c in result.combinations):
+        raise ProbeFailure(
+            f"no combination could be simulated: {failed[0].reason or 'the simulation failed'}",
+            hint="the step does something fake tensors cannot run (a data-dependent operation such as .item() "
+            "or nonzero()); measure on a real device with `autobatch tune` instead (rerun with --verbose)",
+        )
 
 
 def _print_cards(cards: dict[str, Any], as_json: bool) -> None:
