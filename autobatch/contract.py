@@ -11,13 +11,13 @@ import importlib.machinery
 import importlib.util
 import inspect
 import sys
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import ContractError, ScriptError, UsageError
+from .probe.failures import script_traceback
 from .scriptpath import check_script_path
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def load_script(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Use
         raise ScriptError(
             f"{path.name} raised {type(exc).__name__} while being imported: {exc}",
             hint="fix the script so that importing it works (autobatch imports it, it does not run it as __main__)",
-            detail=traceback.format_exc(),
+            detail=script_traceback(exc),
         ) from None
     functions: dict[str, Any] = {}
     problems = []

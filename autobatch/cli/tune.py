@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..core.units import format_bytes
-from ..errors import AutobatchError
+from ..errors import AutobatchError, UsageError
 from . import options as opt
 from .app import app, console, stdout_write
 from .saving import ResultSaver, preflight
@@ -71,6 +71,7 @@ def tune(
     settings = opt.load(locals())
     script_path = settings.require_script()
     world, world_source = resolve_world_size(settings.plan.world_size, os.environ)
+    _check_global_batch(settings.plan.global_batch_size, world, world_source, settings.search.batch_multiple)
     if plot is not None:
         from ..explain.output.plot import check_plot_path
 
@@ -95,6 +96,17 @@ def tune(
     failure = limited_failure(result)
     if failure is not None:
         raise failure
+
+
+def _check_global_batch(global_batch: int | None, world: int, source: str, multiple: int) -> None:
+    """Every process needs at least one micro-batch (of ``batch_multiple`` samples) per step."""
+    least = world * multiple
+    if global_batch is not None and global_batch < least:
+        raise UsageError(
+            f"--global-batch-size {global_batch} is smaller than the world size {world} (from {source}) x "
+            f"batch multiple {multiple}: every process needs at least {multiple} sample(s) per step",
+            hint=f"raise --global-batch-size to a multiple of {least}, or lower --world-size",
+        )
 
 
 def run_tune(

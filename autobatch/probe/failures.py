@@ -10,6 +10,7 @@ In the parent, :func:`raise_for` turns an outcome that carries no answer (``erro
 from __future__ import annotations
 
 import traceback
+from pathlib import Path
 from typing import Any
 
 from ..errors import AutobatchError, ContractError, ProbeFailure, ScriptError, UsageError
@@ -29,10 +30,21 @@ def describe_failure(outcome: ProbeOutcome, exc: BaseException, *, kind: str = "
     else:
         outcome.error_message = str(exc)
     outcome.contract = isinstance(exc, ContractError)
-    outcome.traceback = (
-        None if kind == "oom" else "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    )
+    outcome.traceback = None if kind == "oom" else script_traceback(exc)
     return outcome
+
+
+#: autobatch's own source folder: its frames are left out of the tracebacks of the script's errors.
+PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+def script_traceback(exc: BaseException) -> str:
+    """The traceback of an exception without autobatch's own frames: the script's frames (and those of
+    the libraries it called) are what the user can act on."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(PACKAGE_DIR)]
+    text = "Traceback (most recent call last):\n" if frames else ""
+    text += "".join(traceback.format_list(frames))
+    return text + "".join(traceback.format_exception_only(type(exc), exc))
 
 
 def raise_for(outcome: ProbeOutcome, what: str) -> None:
