@@ -247,6 +247,21 @@ def slow_copy(folder: Path) -> Path:
 
 
 SLOW = {"SLOW_STEP_SECONDS": "0.3"}
+#: The exit code each fault must end with (the README's table): retried probes and a memory hog end
+#: well; a persistent crash or timeout and a dead server exit 6; signals 130/143 (SIGKILL: -9, nothing
+#: can run); an edited script 2.
+EXPECTED = {
+    "probe SIGKILLed": 0,
+    "probe killed once (script)": 0,
+    "probe segfaults": 6,
+    "probe hangs": 6,
+    "probe exhausts memory": 0,
+    "server killed": 6,
+    "tune SIGKILL": -9,
+    "tune SIGINT": 130,
+    "tune SIGTERM": 143,
+    "script edited": 2,
+}
 
 
 def all_faults(base: Path) -> list[FaultRun]:
