@@ -105,7 +105,11 @@ class TuneResult:
     host: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for key in ("pid", "host"):  # written by a tune; absent from results built otherwise
+            if data[key] is None:
+                del data[key]
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

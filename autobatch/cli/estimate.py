@@ -26,6 +26,7 @@ from rich.markup import escape
 
 from ..core.units import format_bytes
 from ..errors import ProbeFailure
+from ..scriptpath import check_script_path
 from . import options as opt
 from .app import app, console, stdout_write
 
@@ -72,6 +73,7 @@ def estimate(
         return
     settings = opt.load(locals())
     script_path = settings.require_script()
+    check_script_path(script_path)
     if plot is not None:
         from ..explain.output.plot import check_plot_path
 

@@ -262,9 +262,6 @@ class Settings:
                 "no training script given",
                 hint="pass SCRIPT, or set `script` under [script] in autobatch.toml (autobatch init writes one)",
             )
-        from autobatch.scriptpath import check_script_path
-
-        check_script_path(self.script.script)
         return self.script.script
 
     def limits(self) -> Limits:
