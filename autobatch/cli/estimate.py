@@ -114,8 +114,8 @@ def estimate(
 
 def _fail_if_nothing_simulated(result: Any) -> None:
     """Exit 6 (not 0) when no combination could be simulated: an estimate of nothing is not an answer."""
-    failed = [c for c in result.combinations if c.status == "error"]
-    if failed and all(c.status in ("error", "skipped") for c in result.combinations):
+    failed = [c for c in result.combinations if (c.reason or "").startswith("cannot be simulated")]
+    if failed and all(c.status == "skipped" for c in result.combinations):
         raise ProbeFailure(
             f"no combination could be simulated: {failed[0].reason or 'the simulation failed'}",
             hint="the step does something fake tensors cannot run (a data-dependent operation such as .item() "
