@@ -104,7 +104,10 @@ def _first_error(stderr: str) -> str:
 
 
 def _last(stderr: str) -> str:
-    return stderr[-120:].replace("|", "/")
+    """The end of a run that did not fail: its choice, else how it ended."""
+    start = stderr.find("chosen (")
+    text = stderr[start : start + 140] if start >= 0 else stderr[-120:]
+    return text.replace("|", "/")
 
 
 def main() -> int:
