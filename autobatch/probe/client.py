@@ -161,7 +161,10 @@ class ProbeClient:
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 log = self.server_log()
-                code = self._proc.poll()
+                try:  # end of file comes a moment before the server can be reaped
+                    code: int | None = self._proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    code = None
                 how = (
                     f"was killed by signal {-code} ({_signal_name(-code)})"
                     if code and code < 0
