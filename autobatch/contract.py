@@ -7,16 +7,18 @@ the arguments given after ``--``. Its folder is put first on ``sys.path`` so tha
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import inspect
 import sys
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import ContractError, ScriptError, UsageError
+from .probe.failures import script_traceback
+from .scriptpath import check_script_path
 
 if TYPE_CHECKING:
     import torch
@@ -42,17 +44,14 @@ class UserScript:
 
 def load_script(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> UserScript:
     """Import the script and check that it offers the contract's functions."""
-    path = Path(path).resolve()
-    if not path.is_file():
-        raise UsageError(
-            f"training script not found: {path}",
-            hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
-        )
+    path = check_script_path(path)
     sys.argv = [str(path), *args]
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
     name = "autobatch_user_" + "".join(c if c.isalnum() else "_" for c in path.stem)
-    spec = importlib.util.spec_from_file_location(name, path)
+    # Any file name: a script without the .py suffix is still Python source.
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     if spec is None or spec.loader is None:
         raise UsageError(f"cannot import {path}", hint="the training script must be a Python source file")
     module = importlib.util.module_from_spec(spec)
@@ -68,7 +67,7 @@ def load_script(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Use
         raise ScriptError(
             f"{path.name} raised {type(exc).__name__} while being imported: {exc}",
             hint="fix the script so that importing it works (autobatch imports it, it does not run it as __main__)",
-            detail=traceback.format_exc(),
+            detail=script_traceback(exc),
         ) from None
     functions: dict[str, Any] = {}
     problems = []
@@ -110,18 +109,53 @@ def check_model(model: object) -> torch.nn.Module:
             f"build_model() returned {type(model).__name__}, not a torch.nn.Module",
             hint=SIGNATURES["build_model"][0],
         )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ContractError(
+            f"build_model() returned a {type(model).__name__} with no trainable parameters: there is nothing "
+            "for an optimizer to train",
+            hint="return the model you train (with its layers), and do not freeze every parameter",
+        )
     return model
 
 
-def check_batch(batch: object, batch_size: int) -> None:
-    """``make_batch(batch_size)`` must return tensors, or nested tuples/lists/dicts holding some."""
-    import torch
-    from torch.utils._pytree import tree_leaves
+#: How the batch-size check is turned off, named in its error (the ``check_batch_size`` setting).
+BATCH_CHECK_OFF = (
+    "check_batch_size = false under [script] in autobatch.toml, AUTOBATCH_CHECK_BATCH_SIZE=0, "
+    "or --no-check-batch-size"
+)
 
-    if not any(isinstance(leaf, torch.Tensor) for leaf in tree_leaves(batch)):
+
+def check_batch(batch: object, batch_size: int, *, check_size: bool = True) -> None:
+    """``make_batch(batch_size)`` must return tensors, or nested tuples/lists/dicts holding some, and
+    (``check_size``) every tensor with a dimension must carry ``batch_size`` in its leading one.
+
+    Why: a ``make_batch`` that ignores its argument makes every probe the same size, so peaks stay
+    flat and the search reports any batch as fitting (a silently wrong maximum). Tensors of no
+    dimension (a scalar such as a temperature) are exempt. Scripts whose layout differs (sequence
+    first, packed sequences) turn the check off with the ``check_batch_size`` setting.
+    """
+    import torch
+    from torch.utils._pytree import keystr, tree_flatten_with_path
+
+    leaves, _ = tree_flatten_with_path(batch)
+    tensors = [(keystr(path), leaf) for path, leaf in leaves if isinstance(leaf, torch.Tensor)]
+    if not tensors:
         raise ContractError(
             f"make_batch({batch_size}) returned {type(batch).__name__} with no tensors",
             hint="make_batch(batch_size) must return tensors or nested tuples/lists/dicts of tensors",
+        )
+    if not check_size:
+        return
+    wrong = [(path, t) for path, t in tensors if t.dim() > 0 and t.shape[0] != batch_size]
+    if wrong:
+        shown = ", ".join(f"batch{path or ''} has shape {tuple(t.shape)}" for path, t in wrong[:3])
+        more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+        raise ContractError(
+            f"make_batch({batch_size}) returned tensors whose leading dimension is not {batch_size}: "
+            f"{shown}{more}",
+            hint=f"make_batch(batch_size) must put batch_size samples in the first dimension of every tensor "
+            f"(otherwise every probe has the same size and the maximum is wrong); if your layout differs "
+            f"on purpose, turn this check off: {BATCH_CHECK_OFF}",
         )
 
 
@@ -141,6 +175,24 @@ def check_loss(loss: object) -> torch.Tensor:
         f"compute_loss(model, batch) returned {what}",
         hint="def compute_loss(model, batch) -> torch.Tensor  # a scalar connected to the model's parameters",
     )
+
+
+def check_finite_loss(loss: torch.Tensor) -> None:
+    """The first step's loss must be finite: NaN or inf there is a broken ``compute_loss`` (log of zero,
+    a division by zero), not training dynamics. Later steps are not checked (memory does not depend on
+    it), nor are fake tensors (they hold no values)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(loss, FakeTensor) or loss.is_meta:
+        return
+    value = float(loss.detach().float().reshape(()))
+    if not torch.isfinite(torch.tensor(value)):
+        raise ContractError(
+            f"compute_loss(model, batch) returned {value} at the first step",
+            hint="the loss must be a finite number: look for a log of zero, a division by zero or an "
+            "uninitialised tensor in compute_loss or make_batch",
+        )
 
 
 def _accepts(fn: Callable[..., Any], nargs: int) -> bool:

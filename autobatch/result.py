@@ -2,7 +2,9 @@
 
 Schema (``schema_version`` 1); fields are only ever added, never renamed or removed:
 
-``status``            "complete" | "interrupted" | "failed"
+``status``            "running" | "complete" | "interrupted" | "failed" (see :mod:`autobatch.liveness`: a
+                      "running" file whose ``pid`` on ``host`` is gone was killed outright)
+``pid``, ``host``     the tune's process and machine (to tell a live run from one killed by SIGKILL)
 ``script``, ``script_args``, ``torch_version``, ``autobatch_version``, ``created``
 ``device``            {"type", "name", "capacity_bytes", "budget_bytes", "headroom", "memory_definition",
                       "baseline_bytes", "process_limit_bytes" (CUDA: what NVML may see the probe process
@@ -99,9 +101,15 @@ class TuneResult:
     created: str | None = None
     notes: list[str] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
+    pid: int | None = None
+    host: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for key in ("pid", "host"):  # written by a tune; absent from results built otherwise
+            if data[key] is None:
+                del data[key]
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

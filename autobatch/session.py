@@ -23,6 +23,7 @@ from .errors import DeviceError, UsageError
 from .probe.failures import raise_for
 from .probe.journal import ProbeJournal, fingerprint
 from .probe.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
+from .scriptpath import check_script_path
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -50,6 +51,7 @@ class Session:
         on_probe: OnProbe | None = None,
         runner: ProbeRunner | None = None,
         op_modules: tuple[str, ...] = (),
+        check_batch_size: bool = True,
     ) -> None:
         self.script = Path(script)
         self.script_args = list(script_args)
@@ -64,10 +66,13 @@ class Session:
         self.on_probe = on_probe
         self.runner = runner
         self.op_modules = op_modules  # modules registering probe operations (see autobatch.probe.ops)
+        self.check_batch_size = check_batch_size
         self.device: DeviceInfo | None = None
         self.journal = ProbeJournal(None)
         self.fingerprint = ""
         self.cache_hits = 0
+        self._script_digest: str | None = None
+        self.probes_run = 0
 
     @classmethod
     def from_settings(
@@ -96,6 +101,7 @@ class Session:
             on_probe=on_probe,
             runner=runner,
             op_modules=op_modules,
+            check_batch_size=settings.script.check_batch_size,
         )
 
     def __enter__(self) -> Session:
@@ -115,16 +121,17 @@ class Session:
 
     def start(self) -> DeviceInfo:
         """Open the runner, inspect the model and the device, open the journal."""
-        if not self.script.is_file():
-            raise UsageError(
-                f"training script not found: {self.script}",
-                hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
-            )
+        check_script_path(self.script)
+        self._script_digest = script_digest(self.script)
         if self.runner is None:
-            from .probe.client import ProbeClient
+            from .probe.client import IMPORT_GRACE, ProbeClient
 
             self.runner = ProbeClient(
-                self.script, self.script_args, env=dict(MALLOC_ENV), op_modules=self.op_modules
+                self.script,
+                self.script_args,
+                env=dict(MALLOC_ENV),
+                op_modules=self.op_modules,
+                start_timeout=self.timeout + IMPORT_GRACE,  # importing the script counts like a probe
             )
         device, info = self._resolve_device()
         self.device = device_info(device, info, memory=self.memory, headroom=self.headroom)
@@ -209,6 +216,7 @@ class Session:
             op=op,
             options=dict(options or {}),
             process_limit_bytes=self.device.process_limit_bytes,
+            check_batch_size=self.check_batch_size,
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:
@@ -232,8 +240,9 @@ class Session:
         outcome = self.journal.get(request) if self.use_cache else None
         cached = outcome is not None
         if outcome is None:
-            assert self.runner is not None, "start() the session first"
-            outcome = self.runner.run(request)
+            self._check_script_unchanged()
+            outcome = self._run_retrying(request)
+            self.probes_run += 1
             self.journal.record(request, outcome)
         else:
             self.cache_hits += 1
@@ -244,6 +253,42 @@ class Session:
         if outcome.kind == "error":
             raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
         return outcome
+
+    def _check_script_unchanged(self) -> None:
+        """The probe server imported the script once: an edit since then would make later probes measure a
+        file that no longer exists, under the old file's fingerprint. Stop and say so."""
+        if self._script_digest is not None and script_digest(self.script) != self._script_digest:
+            raise UsageError(
+                f"{self.script.name} changed while it was being tuned (after {self.probes_run} probes): the "
+                "probes measured the version the run started with, and the answer would not describe the file now",
+                hint="re-run once the script is final: the earlier version's probes stay in the probe journal",
+            )
+
+    def _run_retrying(self, request: ProbeRequest) -> ProbeOutcome:
+        """Run a probe; a crash or timeout is not an answer about memory, so it runs once more in a fresh
+        process, and only a second crash or timeout stands (its reason says it happened twice)."""
+        assert self.runner is not None, "start() the session first"
+        outcome = self.runner.run(request)
+        if outcome.kind not in RETRIED:
+            return outcome
+        again = self.runner.run(request)
+        if again.kind in RETRIED:
+            again.reason = f"{again.reason} (twice: retried once in a fresh process)"
+        return again
+
+
+def script_digest(path: Path) -> str | None:
+    """A digest of the script's bytes (None when it cannot be read any more)."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+#: Outcomes that are retried once: a probe that died or hung says nothing about memory.
+RETRIED = ("crash", "timeout")
 
 
 def apply_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:

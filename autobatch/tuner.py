@@ -9,18 +9,20 @@ interrupted or failed run still leaves the probes it measured (``status`` says h
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from . import __version__
-from .core import reuse
+from .core import reuse, sanity
 from .core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reason
 from .core.plan import Candidate, Plan, choose, knee, plan_accumulation
 from .core.search import Observation
 from .core.space import Combo, combinations
 from .core.units import format_bytes
-from .errors import NothingFitsError
+from .errors import NothingFitsError, ProbeFailure
 from .probe.protocol import ProbeOutcome
 from .result import Chosen, ComboResult, ProbeRecord, TuneResult
 from .session import Session
@@ -83,6 +85,8 @@ class Tuner:
             autobatch_version=__version__,
             created=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
             notes=list(device.notes),
+            pid=os.getpid(),
+            host=socket.gethostname(),
         )
         if options.world_size_source != "default":
             self.result.notes.append(f"world size {options.world_size} from {options.world_size_source}")
@@ -104,6 +108,9 @@ class Tuner:
         self._plan_and_choose(combos)
         self.result.status = "complete"
         self._update()
+        failure = limited_failure(self.result)
+        if self.result.chosen is None and failure is not None:
+            raise failure
         if self.result.chosen is None:
             raise NothingFitsError(
                 "no combination fits even the smallest batch within the budget of "
@@ -159,6 +166,7 @@ class Tuner:
             batch_multiple=limits.batch_multiple,
         )
         self.result.notes.extend(f"{combo.key}: {note}" for note in answer.notes)
+        _check_answer(combo.key, entry, device.budget_bytes, self.result.notes)
         best = outcomes.get(answer.max_batch_size) if answer.max_batch_size is not None else None
         if best is not None and answer.status != "pruned":
             entry.peak_bytes, entry.samples_per_second = best.peak_bytes, best.samples_per_second
@@ -271,6 +279,37 @@ class Tuner:
         self.result.wall_seconds = round(time.perf_counter() - self.started, 3)
         if self.on_update:
             self.on_update(self.result)
+
+
+def limited_failure(result: TuneResult) -> ProbeFailure | None:
+    """The error that ends a tune some of whose maxima a crash or timeout limited (exit 6), or None.
+
+    Raised by :meth:`Tuner.run` when nothing else could be chosen; otherwise ``tune`` raises it after the
+    result, the choice and the emitted files are out (the answer is usable, but not what was asked).
+    """
+    limited = [c for c in result.combinations if c.status.endswith("-limited")]
+    if not limited:
+        return None
+    lines = [
+        f"{c.precision}/{c.optimizer}/{'recompute' if c.recompute else 'no-recompute'}: {c.reason}"
+        for c in limited
+    ]
+    return ProbeFailure(
+        f"{len(limited)} combination(s) ended on a crash or timeout, not on memory:\n  " + "\n  ".join(lines),
+        hint="run `autobatch check SCRIPT --batch-size N --verbose` at that batch to see the probe's log; a timeout "
+        "needs a larger --timeout, a crash is a bug in the script or a native library (not memory)",
+    )
+
+
+def _check_answer(key: str, entry: ComboResult, budget_bytes: int, notes: list[str]) -> None:
+    """A maximum bounded by a crash or timeout says so in its status; flat peaks get a warning."""
+    points = [(r.batch_size, r.kind, r.peak_bytes) for r in entry.trace]
+    limit = sanity.limited_by(points, entry.max_batch_size)
+    if limit is not None and entry.status in ("exact", "capped", "infeasible", "incomplete"):
+        entry.status, entry.reason = limit.status, limit.reason(entry.max_batch_size)
+    warning = sanity.flat_peaks(points, budget_bytes)
+    if warning:
+        notes.append(f"{key}: warning: {warning}")
 
 
 def _observation(outcome: ProbeOutcome) -> Observation:

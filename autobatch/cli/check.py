@@ -41,6 +41,7 @@ def check(
     one_recompute: bool = opt.ONE_RECOMPUTE,
     recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
     timeout: Optional[float] = opt.TIMEOUT,
+    check_batch_size: Optional[bool] = opt.CHECK_BATCH_SIZE,
     as_json: bool = opt.JSON,
 ) -> None:
     """Run one isolated probe: does this batch fit? Peak memory and step time."""

@@ -25,7 +25,8 @@ import typer
 from rich.markup import escape
 
 from ..core.units import format_bytes
-from ..errors import UsageError
+from ..errors import ProbeFailure
+from ..scriptpath import check_script_path
 from . import options as opt
 from .app import app, console, stdout_write
 
@@ -72,11 +73,7 @@ def estimate(
         return
     settings = opt.load(locals())
     script_path = settings.require_script()
-    if not Path(script_path).is_file():
-        raise UsageError(
-            f"training script not found: {script_path}",
-            hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
-        )
+    check_script_path(script_path)
     if plot is not None:
         from ..explain.output.plot import check_plot_path
 
@@ -112,6 +109,18 @@ def estimate(
     if as_json:
         data: dict[str, Any] = {"estimate": True, **result.to_dict()}
         stdout_write(json.dumps(data, indent=2))
+    _fail_if_nothing_simulated(result)
+
+
+def _fail_if_nothing_simulated(result: Any) -> None:
+    """Exit 6 (not 0) when no combination could be simulated: an estimate of nothing is not an answer."""
+    failed = [c for c in result.combinations if (c.reason or "").startswith("cannot be simulated")]
+    if failed and all(c.status == "skipped" for c in result.combinations):
+        raise ProbeFailure(
+            f"no combination could be simulated: {failed[0].reason or 'the simulation failed'}",
+            hint="the step does something fake tensors cannot run (a data-dependent operation such as .item() "
+            "or nonzero()); measure on a real device with `autobatch tune` instead (rerun with --verbose)",
+        )
 
 
 def _print_cards(cards: dict[str, Any], as_json: bool) -> None:

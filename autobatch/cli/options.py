@@ -34,6 +34,9 @@ RECOMPUTE = typer.Option(None, "--recompute/--no-recompute", help=_help("recompu
 RECOMPUTE_CLASS = typer.Option(None, "--recompute-class", help=_help("recompute_classes"))
 TIMEOUT = typer.Option(None, "--timeout", help=_help("timeout"))
 JSON = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
+CHECK_BATCH_SIZE = typer.Option(
+    None, "--check-batch-size/--no-check-batch-size", help=_help("check_batch_size")
+)
 #: One combination (check, explain): the first precision and optimizer of the settings unless given.
 ONE_PRECISION = typer.Option(None, "--precision", "-p", help="Precision (default: the first in settings).")
 ONE_OPTIMIZER = typer.Option(None, "--optimizer", "-o", help="Optimizer (default: the first in settings).")

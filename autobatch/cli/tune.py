@@ -12,9 +12,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..core.units import format_bytes
-from ..errors import AutobatchError
+from ..errors import AutobatchError, UsageError
 from . import options as opt
 from .app import app, console, stdout_write
+from .saving import ResultSaver, preflight
 
 if TYPE_CHECKING:
     from ..core.space import Combo
@@ -46,6 +47,7 @@ def tune(
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help=opt._help("max_steps")),
     confirm_steps: Optional[int] = typer.Option(None, "--confirm-steps", help=opt._help("confirm_steps")),
     timeout: Optional[float] = opt.TIMEOUT,
+    check_batch_size: Optional[bool] = opt.CHECK_BATCH_SIZE,
     cache: Optional[bool] = typer.Option(None, "--cache/--no-cache", help=opt._help("cache")),
     exact_all: Optional[bool] = typer.Option(None, "--exact-all/--no-exact-all", help=opt._help("exact_all")),
     output: Optional[str] = typer.Option(None, "--output", help=opt._help("result")),
@@ -64,18 +66,23 @@ def tune(
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
     from ..settings import resolve_world_size
+    from ..tuner import limited_failure
 
     settings = opt.load(locals())
     script_path = settings.require_script()
     world, world_source = resolve_world_size(settings.plan.world_size, os.environ)
+    _check_global_batch(settings.plan.global_batch_size, world, world_source, settings.search.batch_multiple)
     if plot is not None:
         from ..explain.output.plot import check_plot_path
 
         check_plot_path(plot)  # before any probe
+    saver = ResultSaver(Path(settings.output.result))
+    preflight(saver.path)  # before any probe
     console.print(f"[bold]autobatch tune[/] {escape(script_path)}: starting the probe server")
-    result = run_tune(settings, world, world_source)
+    result = run_tune(settings, world, world_source, saver)
     print_table(result)
-    print_chosen(result)
+    print_chosen(result)  # before the file: a full disk must not hide the answer
+    saver.finish(result)
     console.print(f"result written to {settings.output.result}")
     if plot is not None:
         from ..explain.output.plot import plot_tune
@@ -86,14 +93,31 @@ def tune(
         _emit(result, settings)
     if as_json:
         stdout_write(json.dumps(result.to_dict(), indent=2))
+    failure = limited_failure(result)
+    if failure is not None:
+        raise failure
 
 
-def run_tune(settings: Settings, world: int, world_source: str) -> TuneResult:
+def _check_global_batch(global_batch: int | None, world: int, source: str, multiple: int) -> None:
+    """Every process needs at least one micro-batch (of ``batch_multiple`` samples) per step."""
+    least = world * multiple
+    if global_batch is not None and global_batch < least:
+        raise UsageError(
+            f"--global-batch-size {global_batch} is smaller than the world size {world} (from {source}) x "
+            f"batch multiple {multiple}: every process needs at least {multiple} sample(s) per step",
+            hint=f"raise --global-batch-size to a multiple of {least}, or lower --world-size",
+        )
+
+
+def run_tune(
+    settings: Settings, world: int, world_source: str, saver: ResultSaver | None = None
+) -> TuneResult:
     """Run the tune, saving the result after every probe; on failure or interruption, save and show
     what was measured, then re-raise."""
     from ..tuner import TuneOptions, Tuner
 
     result_path = Path(settings.output.result)
+    save = saver or ResultSaver(result_path)
     session = opt.open_session(settings, on_probe=_progress)
     tuner = None
     try:
@@ -104,24 +128,25 @@ def run_tune(settings: Settings, world: int, world_source: str) -> TuneResult:
             f"(headroom {info.headroom:.0%}); {escape(info.memory_definition)}"
         )
         options = TuneOptions.from_settings(settings, world, world_source)
-        tuner = Tuner(session, options, on_update=lambda r: _save(result_path, r))
+        tuner = Tuner(session, options, on_update=save)
         return tuner.run()
     except BaseException as exc:
         if tuner is not None:
-            _keep_partial(tuner.result, exc, result_path)
+            _keep_partial(tuner.result, exc, save)
         raise
     finally:
         session.close()
 
 
-def _keep_partial(result: TuneResult, exc: BaseException, path: Path) -> None:
+def _keep_partial(result: TuneResult, exc: BaseException, save: ResultSaver) -> None:
     result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
     if isinstance(exc, AutobatchError):
         result.notes.append(f"failed: {exc.message}")
-    _save(path, result)
+    save(result)
     if result.combinations and any(c.trace for c in result.combinations):
         print_table(result)
-    console.print(f"partial result ({result.status}, {result.probes} probes) saved to {path}")
+    where = "not saved (see the warning above)" if save.error else f"saved to {save.path}"
+    console.print(f"partial result ({result.status}, {result.probes} probes) {where}")
 
 
 def _emit(result: TuneResult, settings: Settings) -> None:
@@ -143,12 +168,6 @@ def _emit(result: TuneResult, settings: Settings) -> None:
     )
     for path in written:
         console.print(f"wrote {path}")
-
-
-def _save(path: Path, result: TuneResult) -> None:
-    from ..files import write_atomic
-
-    write_atomic(path, result.to_json() + "\n")
 
 
 def _progress(combo: Combo, outcome: ProbeOutcome, cached: bool) -> None:

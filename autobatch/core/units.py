@@ -19,6 +19,9 @@ _UNITS = {
     "t": 1024**4,
     "tb": 1000**4,
     "tib": 1024**4,
+    "p": 1024**5,
+    "pb": 1000**5,
+    "pib": 1024**5,
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
@@ -31,7 +34,7 @@ def parse_size(text: str | int) -> int:
     """
     if isinstance(text, int):
         if text <= 0:
-            raise ValueError(f"size must be positive, got {text}")
+            raise ValueError(f"a size must be more than 0 bytes, found {text} (such as 2GiB)")
         return text
     match = _SIZE.match(str(text))
     unit = match.group(2).lower() if match else None
@@ -41,7 +44,7 @@ def parse_size(text: str | int) -> int:
         )
     value = int(float(match.group(1)) * _UNITS[unit])
     if value <= 0:
-        raise ValueError(f"size must be positive, got {text!r}")
+        raise ValueError(f"a size must be more than 0 bytes, found {text!r} (such as 2GiB)")
     return value
 
 

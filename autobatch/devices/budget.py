@@ -88,6 +88,18 @@ def cpu_budget(capacity_bytes: int, headroom: float, baseline_bytes: int | None)
     return budget
 
 
+def check_cpu_memory(memory: int | None, total_bytes: int | None) -> None:
+    """Refuse a CPU ``--memory`` above the machine's physical memory: the cap (RLIMIT_DATA) could never
+    be what stops a probe; the kernel's out-of-memory killer would, and that reads as a crash."""
+    if memory and total_bytes and memory > total_bytes:
+        raise UsageError(
+            f"--memory {format_bytes(memory)} is more than this machine's physical memory "
+            f"({format_bytes(total_bytes)}): on the CPU device the cap could never be reached",
+            hint=f"pass at most {format_bytes(total_bytes)} (leave --memory unset to use the memory available now); "
+            "to plan for a bigger machine, use `autobatch estimate --memory`",
+        )
+
+
 def device_info(device: str, info: dict[str, Any], *, memory: int | None, headroom: float) -> DeviceInfo:
     """The :class:`DeviceInfo` of ``device`` ("cpu" or "cuda:N") from an ``inspect`` answer."""
     common: dict[str, Any] = {
@@ -100,6 +112,7 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         from .cpu import MEMORY_DEFINITION
 
         capacity = memory or int(info["available_bytes"])
+        check_cpu_memory(memory, info.get("total_bytes"))
         baseline = info.get("baseline_bytes")
         budget = cpu_budget(capacity, headroom, baseline)
         return DeviceInfo(

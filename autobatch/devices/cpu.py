@@ -70,6 +70,13 @@ def apply_cap(budget_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (budget_bytes, budget_bytes))
 
 
+def total_bytes() -> int:
+    """The machine's physical memory (a CPU ``--memory`` above it can never be the limit)."""
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
 def available_bytes() -> int:
     """Memory available on the machine now (the CPU capacity when ``--memory`` is not given)."""
     import psutil

@@ -25,6 +25,15 @@ from .protocol import ProbeOutcome, ProbeRequest
 
 #: Extra seconds the client waits beyond a probe's own timeout before it gives up on the server.
 SERVER_GRACE = 30.0
+#: Seconds the server's start-up may take beyond the probe timeout: importing Python and torch.
+IMPORT_GRACE = 60.0
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 class ProbeClient:
@@ -64,7 +73,12 @@ class ProbeClient:
         self._next_id = 0
         self._buffer = b""
         self.probes_run = 0
-        hello = self._read(start_timeout, what="the probe server to import torch and the script")
+        hello = self._read(
+            start_timeout,
+            what="the probe server to import torch and the script",
+            hint="raise --timeout if importing the script is slow; a script that waits at import (for input, "
+            "the network, a lock) must not",
+        )
         if not hello.get("ready"):
             self.close()
             raise server_error(hello.get("error", {}))
@@ -129,7 +143,7 @@ class ProbeClient:
             self._stderr.close()
         self._log_dir.cleanup()
 
-    def _read(self, timeout: float, what: str) -> dict[str, Any]:
+    def _read(self, timeout: float, what: str, hint: str | None = None) -> dict[str, Any]:
         assert self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
         deadline = time.monotonic() + timeout
@@ -138,7 +152,8 @@ class ProbeClient:
             if remaining <= 0:
                 self.close()
                 raise ProbeFailure(
-                    f"timed out waiting for {what}", hint="raise --timeout, or rerun with --verbose"
+                    f"timed out after {timeout:g} s waiting for {what}",
+                    hint=hint or "raise --timeout, or rerun with --verbose",
                 )
             ready, _, _ = select.select([fd], [], [], min(remaining, 1.0))
             if not ready:
@@ -146,9 +161,17 @@ class ProbeClient:
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 log = self.server_log()
-                code = self._proc.poll()
+                try:  # end of file comes a moment before the server can be reaped
+                    code: int | None = self._proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    code = None
+                how = (
+                    f"was killed by signal {-code} ({_signal_name(-code)})"
+                    if code and code < 0
+                    else f"exited (status {code})"
+                )
                 raise ProbeFailure(
-                    f"the probe server exited (status {code}) while waiting for {what}",
+                    f"the probe server {how} while waiting for {what}",
                     hint="rerun with --verbose to see its log",
                     detail=log,
                 )

@@ -10,6 +10,7 @@ In the parent, :func:`raise_for` turns an outcome that carries no answer (``erro
 from __future__ import annotations
 
 import traceback
+from pathlib import Path
 from typing import Any
 
 from ..errors import AutobatchError, ContractError, ProbeFailure, ScriptError, UsageError
@@ -29,10 +30,21 @@ def describe_failure(outcome: ProbeOutcome, exc: BaseException, *, kind: str = "
     else:
         outcome.error_message = str(exc)
     outcome.contract = isinstance(exc, ContractError)
-    outcome.traceback = (
-        None if kind == "oom" else "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    )
+    outcome.traceback = None if kind == "oom" else script_traceback(exc)
     return outcome
+
+
+#: autobatch's own source folder: its frames are left out of the tracebacks of the script's errors.
+PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+def script_traceback(exc: BaseException) -> str:
+    """The traceback of an exception without autobatch's own frames: the script's frames (and those of
+    the libraries it called) are what the user can act on."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(PACKAGE_DIR)]
+    text = "Traceback (most recent call last):\n" if frames else ""
+    text += "".join(traceback.format_list(frames))
+    return text + "".join(traceback.format_exception_only(type(exc), exc))
 
 
 def raise_for(outcome: ProbeOutcome, what: str) -> None:
@@ -55,8 +67,7 @@ def raise_for(outcome: ProbeOutcome, what: str) -> None:
         hint = (
             "the probe did not finish in time: raise --timeout for slow models (rerun with --verbose for its log)"
             if outcome.kind == "timeout"
-            else "the probe process died (a signal, an abort, an illegal memory access): rerun with --verbose "
-            "for its log"
+            else crash_hint(outcome.reason or "")
         )
         raise ProbeFailure(f"{what}: {outcome.reason}", hint=hint, detail=detail or None)
     message, _, _hint = (outcome.error_message or "").partition(HINT_MARK)
@@ -65,6 +76,22 @@ def raise_for(outcome: ProbeOutcome, what: str) -> None:
         hint="this is the script's own error, not an out-of-memory; fix the script (rerun with --verbose for the traceback)",
         detail=detail or None,
     )
+
+
+def crash_hint(reason: str) -> str:
+    """What to do about a probe process that died, by how it died (never "raise --timeout")."""
+    if "SIGSEGV" in reason or "SIGBUS" in reason or "SIGILL" in reason:
+        return (
+            "the probe process hit a native crash (segmentation fault): a bug in compiled code the step runs "
+            "(an extension, a custom kernel, a driver) or in the script, not a lack of memory; rerun with "
+            "--verbose for its log"
+        )
+    if "SIGKILL" in reason:
+        return (
+            "the probe process was killed (SIGKILL): usually the kernel's out-of-memory killer, when the machine "
+            "has less free memory than --memory allows; lower --memory, or stop what else uses memory"
+        )
+    return "the probe process died (a signal, an abort, an illegal memory access): rerun with --verbose for its log"
 
 
 def server_error(error: dict[str, Any]) -> AutobatchError:

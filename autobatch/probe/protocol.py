@@ -33,6 +33,7 @@ class ProbeRequest:
     op: str = "probe"  # "probe", "inspect", or another operation registered in autobatch.probe.ops
     options: dict[str, Any] = field(default_factory=dict)  # the operation's options record, as a dict
     process_limit_bytes: int | None = None  # CUDA: all the process may hold, per NVML; None: unknown
+    check_batch_size: bool = True  # every batch tensor's leading dimension must be batch_size
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

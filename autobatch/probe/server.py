@@ -2,7 +2,8 @@
 
 Protocol: JSON lines. The client writes requests on the server's stdin; the server answers on the
 file descriptor that was its stdout at start (its own fd 1 is then pointed at stderr, so whatever
-the user script prints cannot corrupt the protocol). First message: ``{"ready": true, ...}`` or
+the user script prints cannot corrupt the protocol), and reads requests from a copy of the stdin it
+started with (its own fd 0 is then /dev/null, so a script that reads stdin cannot hang or corrupt it). First message: ``{"ready": true, ...}`` or
 ``{"ready": false, "error": {...}}``. Each request ``{"id": n, "request": {...}}`` gets
 ``{"id": n, "outcome": {...}}``. EOF on stdin ends the server.
 
@@ -67,6 +68,14 @@ def main() -> None:
         os._exit(1)
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
+    # Requests come on a private copy of stdin; the script's stdin is /dev/null, so a script that reads
+    # stdin at import (input(), sys.stdin.read()) gets end-of-file instead of eating the protocol or
+    # hanging the tune.
+    requests = os.fdopen(os.dup(0), "r")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the server
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides when we stop
 
     started = time.perf_counter()
@@ -87,7 +96,7 @@ def main() -> None:
         },
     )
 
-    for line in sys.stdin:
+    for line in requests:
         if not line.strip():
             continue
         message = json.loads(line)

@@ -41,6 +41,7 @@ def measure_steps(request: ProbeRequest, script: UserScript, start: float) -> Pr
         device=request.device,
         optimizer_kwargs=request.optimizer_kwargs,
         recompute_classes=request.recompute_classes,
+        check_batch_size=request.check_batch_size,
     )
     peak_now, synchronize, finish = _device_hooks(request, outcome)
     outcome.setup_seconds = time.perf_counter() - start
@@ -161,6 +162,7 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
 
         info["cuda_available"] = bool(torch.cuda.is_available())
         info["available_bytes"] = cpu.available_bytes()
+        info["total_bytes"] = cpu.total_bytes()
         info["baseline_bytes"] = cpu.read_status().data
         for precision in PRECISION_CHECKS:
             try:

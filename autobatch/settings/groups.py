@@ -64,6 +64,11 @@ class ScriptSettings:
         "command line: after --; in the environment: one shell-quoted string).",
         flag="-- ARGS", example=["--size", "small"],
     )  # fmt: skip
+    check_batch_size: bool = setting(
+        True, "bool", "true or false", "Check that every tensor make_batch(n) returns has n in its leading "
+        "dimension (a make_batch that ignores its argument gives a wrong maximum); turn off for other layouts.",
+        flag="--check-batch-size/--no-check-batch-size",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -136,7 +136,9 @@ def _size(meta: Mapping[str, Any], raw: Any, text: bool) -> int:
         raise expected(meta["type"], raw)
     try:
         return parse_size(raw if isinstance(raw, (int, str)) else str(raw))
-    except ValueError:
+    except ValueError as exc:
+        if "more than 0" in str(exc) or str(raw).strip().startswith("-"):
+            raise Bad(f"expected a size above 0 bytes (such as 2GiB), found {raw!r}") from None
         raise expected(meta["type"], raw) from None
 
 

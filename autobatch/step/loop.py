@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..contract import UserScript, check_batch, check_loss, check_model
+from ..contract import UserScript, check_batch, check_finite_loss, check_loss, check_model
 from .optimizers import build_optimizer, optimizer_state_bytes
 from .recompute import wrap_recompute
 
@@ -42,6 +42,7 @@ class StepConfig:
     device: str = "cpu"
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     recompute_classes: tuple[str, ...] = ()  # empty: the script's RECOMPUTE_CLASSES, else detected
+    check_batch_size: bool = True  # see autobatch.contract.check_batch
 
 
 @dataclass
@@ -85,6 +86,7 @@ class Step:
     device_type: str
     scaler: torch.amp.GradScaler | FixedScale | None = None
     grad_bytes: int = 0  # the gradients after the last backward
+    loss_checked: bool = False  # the first loss was checked to be finite
 
 
 def move(batch: Any, device: torch.device, float_dtype: torch.dtype | None = None) -> Any:
@@ -155,7 +157,7 @@ def build_step(script: UserScript, config: StepConfig, report: StepReport, *, fa
     if config.precision == "16-mixed":
         scaler = FixedScale() if fake else torch.amp.GradScaler(device.type)
     batch = script.make_batch(config.batch_size)
-    check_batch(batch, config.batch_size)
+    check_batch(batch, config.batch_size, check_size=config.check_batch_size)
     batch = move(batch, device, torch.bfloat16 if bf16_true else None)
     return Step(model, params, optimizer, batch, script.compute_loss, config.precision, device.type, scaler)
 
@@ -166,6 +168,9 @@ def one_step(step: Step) -> None:
     with autocast_for(step.precision, step.device_type):
         loss = step.compute_loss(step.model, step.batch)
     loss = check_loss(loss)
+    if not step.loss_checked:
+        check_finite_loss(loss)
+        step.loss_checked = True
     scaler = step.scaler
     (scaler.scale(loss.float()) if scaler is not None else loss).backward()
     step.grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in step.params if p.grad is not None)

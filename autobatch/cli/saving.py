@@ -1,0 +1,95 @@
+"""Writing the result file so that a bad path or a full disk costs nothing already measured.
+
+* :func:`preflight` checks the output path before any probe runs (a folder, a parent that is a file,
+  a folder that cannot be written), so that an hour of probing does not end on a path error.
+* :class:`ResultSaver` writes the result after every probe (atomically: the previous file stays whole
+  until the new one replaced it). A write that fails during the tune is remembered and warned about
+  once, and the tune goes on; :meth:`ResultSaver.finish`, called after the chosen configuration is
+  printed, writes the final result or raises an :class:`~autobatch.errors.UsageError` (exit 2) that
+  names the path, what went wrong and the fix.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import UsageError
+from .app import console
+
+if TYPE_CHECKING:
+    from ..result import TuneResult
+
+FIX = "pass --output PATH (or set [output] result) to a file in a folder you can write"
+
+
+def preflight(path: Path, what: str = "result file") -> None:
+    """Raise a :class:`UsageError` when ``path`` cannot be written as a file (before any probe runs).
+
+    A missing folder is fine: it is created when the file is written.
+    """
+    if path.is_dir():
+        raise UsageError(f"the {what} {path} is a folder", hint=f"name a file, not a folder: {FIX}")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"cannot write the {what} {path}: {parent} is a file, not a folder", hint=FIX)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write the {what} {path}: {parent} is not writable", hint=FIX)
+    try:  # what the OS says, for root too (a read-only mount, /proc)
+        with tempfile.TemporaryFile(dir=parent, prefix=".autobatch-check-"):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the {what} {path}: {parent} is not writable ({exc.strerror or exc})", hint=FIX
+        ) from None
+
+
+def explain_os_error(path: Path, exc: OSError, what: str = "result file") -> UsageError:
+    """The error for a write that failed: the path, the reason in words, and the fix."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UsageError(
+            f"cannot write the {what} {path}: the disk is full (no space left on device)",
+            hint=f"free space on that disk, or {FIX} on another disk; the previous {path.name} is left as it was",
+        )
+    reason = exc.strerror or str(exc)
+    return UsageError(
+        f"cannot write the {what} {path}: {reason}", hint=f"{FIX}; nothing was measured in vain"
+    )
+
+
+class ResultSaver:
+    """Saves the result after every probe; a failed write warns once, :meth:`finish` reports it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: OSError | None = None
+
+    def __call__(self, result: TuneResult) -> None:
+        try:
+            _write(self.path, result)
+            self.error = None
+        except OSError as exc:
+            if self.error is None:
+                console.print(
+                    f"[yellow]warning[/]: cannot write {self.path} ({exc.strerror or exc}); probing goes on, "
+                    "and the answer is shown at the end"
+                )
+            self.error = exc
+
+    def finish(self, result: TuneResult) -> None:
+        """Write the final result, or raise the error that names the path and the fix."""
+        try:
+            _write(self.path, result)
+        except OSError as exc:
+            raise explain_os_error(self.path, exc) from None
+
+
+def _write(path: Path, result: TuneResult) -> None:
+    from ..files import write_atomic
+
+    write_atomic(path, result.to_json() + "\n")

@@ -1,0 +1,89 @@
+"""Checks that a combination's answer can be trusted: limited by memory, not by a crash; peaks that grow.
+
+Pure: over the probes a combination ran, as ``(batch, kind, peak)`` triples.
+
+* :func:`limited_by` — a maximum is only a memory maximum when the smallest batch known not to fit
+  above it ran out of memory. When that batch crashed or timed out (after one retry in a fresh
+  process), the maximum is limited by the crash, not by memory: the combination's status becomes
+  ``crash-limited`` or ``timeout-limited`` and the tune exits with the probe-failure code.
+* :func:`flat_peaks` — a step's peak grows with the batch. Peaks that stay flat over a 4x range of
+  fitting batches usually mean that ``make_batch`` ignores its argument (its size check turned off),
+  which makes any batch "fit": worth a warning. (A parameter-heavy model can be flat over a small
+  range while the optimizer step sets the peak; a 4x range with less than :func:`flat_bytes` of growth
+  is what the warning asks about.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .units import format_bytes
+
+#: Kinds that are not an answer about memory.
+NOT_MEMORY = ("crash", "timeout")
+#: Fitting batches this far apart whose peaks barely differ are suspicious.
+FLAT_RATIO = 4
+
+Point = tuple[int, str, "int | None"]
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What bounds a maximum from above when it is not memory."""
+
+    kind: str  # "crash" | "timeout"
+    batch_size: int
+
+    @property
+    def status(self) -> str:
+        return f"{self.kind}-limited"
+
+    def reason(self, max_batch_size: int | None) -> str:
+        what = "a crash" if self.kind == "crash" else "a timeout"
+        below = (
+            f"; {max_batch_size} is the largest batch that fitted below it (the memory maximum may be higher)"
+            if max_batch_size is not None
+            else ""
+        )
+        return (
+            f"limited by {what} at batch {self.batch_size}, not by memory (it happened twice, each time in a "
+            f"fresh process){below}"
+        )
+
+
+def limited_by(points: Sequence[Point], max_batch_size: int | None) -> Limit | None:
+    """The crash or timeout that bounds the maximum, if the smallest non-fit above it is one."""
+    above = [
+        (b, kind)
+        for b, kind, _ in points
+        if kind != "fits" and (max_batch_size is None or b > max_batch_size)
+    ]
+    if not above:
+        return None
+    smallest = min(b for b, _ in above)
+    kinds = {kind for b, kind in above if b == smallest}
+    if kinds & {"oom", "error"}:
+        return None
+    kind = "crash" if "crash" in kinds else "timeout"
+    return Limit(kind, smallest)
+
+
+def flat_bytes(budget_bytes: int) -> int:
+    """Growth under which peaks count as flat: ``max(2 MiB, budget / 500)``."""
+    return max(2 << 20, budget_bytes // 500)
+
+
+def flat_peaks(points: Sequence[Point], budget_bytes: int) -> str | None:
+    """A warning when the peaks of fitting probes do not grow over a :data:`FLAT_RATIO` x range."""
+    fits = sorted((b, peak) for b, kind, peak in points if kind == "fits" and peak is not None)
+    if len(fits) < 2:
+        return None
+    (small, p_small), (large, p_large) = fits[0], fits[-1]
+    if large < FLAT_RATIO * small or p_large - p_small >= flat_bytes(budget_bytes):
+        return None
+    return (
+        f"peaks did not grow with the batch ({format_bytes(p_small)} at batch {small}, {format_bytes(p_large)} "
+        f"at batch {large}): does make_batch use its batch_size? If it does, the optimizer step sets the peak "
+        "over this range and the maximum stands"
+    )

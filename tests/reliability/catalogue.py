@@ -1,0 +1,241 @@
+"""The catalogue of bad inputs (issue #10): each one message naming the problem and the fix, a documented
+exit code, and no traceback unless ``--verbose``.
+
+Each :class:`Case` runs in one of three ways, the cheapest that still exercises the failure:
+
+``cli``        the real command in a subprocess, for inputs refused before any probe server starts;
+``inprocess``  the command's ``main()`` in this process with :class:`~.inprocess.InProcessRunner` (the
+               real contract checks on the real script, no server) or a fake runner (``runner``);
+``server``     the real command with the real probe server (slow: import-time behaviour of a script).
+
+Used by ``tests/reliability/test_catalogue.py`` and ``scripts/reliability.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autobatch.errors import (
+    EXIT_DEVICE,
+    EXIT_NOTHING_FITS,
+    EXIT_PROBE_FAILURE,
+    EXIT_SCRIPT,
+    EXIT_USAGE,
+)
+
+TESTS = Path(__file__).resolve().parent.parent
+ROOT = TESTS.parent
+BAD = TESTS / "scripts" / "bad"
+#: Exit codes the README's table documents.
+DOCUMENTED = {0, 1, 2, 3, 4, 5, 6, 7, 130, 143}
+#: The arguments of a small, quick tune.
+QUICK = ("--device", "cpu", "--memory", "1GiB", "-p", "32-true", "-o", "sgd", "--no-recompute")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    argv: tuple[str, ...]  # after `autobatch`; {tmp} is the case's folder, {bad} tests/scripts/bad
+    code: int
+    words: tuple[str, ...]  # each must appear in stderr (case-insensitive)
+    mode: str = "inprocess"  # cli | inprocess | server
+    runner: str = "script"  # inprocess: script (InProcessRunner) | fake | crash | timeout | edit
+    files: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    stdout_json: bool = False  # stdout must parse as JSON
+
+
+def tune(script: str, *extra: str) -> tuple[str, ...]:
+    return ("tune", script, *QUICK, *extra)
+
+
+GOOD = "{bad}/../../../examples/mlp.py"
+CASES: tuple[Case, ...] = (
+    # -- the script's path -----------------------------------------------------------------------
+    Case("script missing", tune("{tmp}/nope.py"), EXIT_USAGE, ("not found", "hint"), "cli"),
+    Case("script is a folder", tune("{bad}"), EXIT_USAGE, ("is a folder", "hint"), "cli"),
+    Case("script is not a regular file", tune("/dev/null"), EXIT_USAGE, ("not a regular file",), "cli"),
+    Case("no script given", ("tune", *QUICK), EXIT_USAGE, ("no training script given", "hint"), "cli"),
+    Case("script without .py imports as Python", tune("{tmp}/train"), EXIT_SCRIPT,
+         ("does not define make_batch",), files={"train": "def build_model():\n    pass\n"}),
+    Case("script empty", tune("{bad}/empty.py"), EXIT_SCRIPT, ("does not define build_model", "compute_loss")),
+    Case("syntax error", tune("{tmp}/syntax.py"), EXIT_SCRIPT, ("SyntaxError", "fix the script"),
+         files={"syntax.py": "def build_model(:\n    pass\n"}),
+    Case("import error", tune("{bad}/import_error.py"), EXIT_SCRIPT, ("ModuleNotFoundError", "autobatch_no_such_module")),
+    Case("sys.exit at import", tune("{bad}/exits_at_import.py"), EXIT_SCRIPT, ("sys.exit(2)", "parse_known_args")),
+    # -- the contract -------------------------------------------------------------------------------
+    Case("make_batch missing", tune("{bad}/missing_make_batch.py"), EXIT_SCRIPT, ("does not define make_batch", "def make_batch")),
+    Case("make_batch not callable", tune("{bad}/not_callable.py"), EXIT_SCRIPT, ("make_batch is not a function",)),
+    Case("make_batch wrong signature", tune("{bad}/wrong_signature.py"), EXIT_SCRIPT, ("does not take 1 argument",)),
+    Case("make_batch returns None", tune("{bad}/batch_none.py"), EXIT_SCRIPT, ("returned NoneType with no tensors",)),
+    Case("make_batch returns no tensor", tune("{bad}/batch_not_tensor.py"), EXIT_SCRIPT, ("returned list with no tensors",)),
+    Case("make_batch ignores its size", tune("{bad}/batch_ignores_size.py"), EXIT_SCRIPT,
+         ("leading dimension is not", "check_batch_size = false")),
+    Case("compute_loss not scalar", tune("{bad}/loss_not_scalar.py"), EXIT_SCRIPT, ("a tensor of shape",)),
+    Case("compute_loss without grad", tune("{bad}/loss_no_grad.py"), EXIT_SCRIPT, ("does not require grad",)),
+    Case("compute_loss NaN", tune("{bad}/loss_nan.py"), EXIT_SCRIPT, ("returned nan", "finite")),
+    Case("compute_loss inf", tune("{bad}/loss_inf.py"), EXIT_SCRIPT, ("returned inf", "finite")),
+    Case("model without parameters", tune("{bad}/no_parameters.py"), EXIT_SCRIPT, ("no trainable parameters",)),
+    Case("build_model returns a string", tune("{bad}/model_not_module.py"), EXIT_SCRIPT, ("not a torch.nn.Module",)),
+    Case("the script's own error", tune("{bad}/own_error.py"), EXIT_SCRIPT,
+         ("raised ValueError", "labels out of range", "not an out-of-memory")),
+    # -- settings -------------------------------------------------------------------------------------
+    Case("toml syntax", ("tune", "--config", "{tmp}/autobatch.toml"), EXIT_USAGE, ("autobatch.toml",), "cli",
+         files={"autobatch.toml": "[device\nmemory = 1\n"}),
+    Case("toml unknown key", ("tune", "--config", "{tmp}/autobatch.toml"), EXIT_USAGE, ("memroy",), "cli",
+         files={"autobatch.toml": '[device]\nmemroy = "1GiB"\n'}),
+    Case("toml wrong type", ("tune", "--config", "{tmp}/autobatch.toml"), EXIT_USAGE, ("headroom",), "cli",
+         files={"autobatch.toml": '[device]\nheadroom = "lots"\n'}),
+    Case("--memory unparsable", tune(GOOD, "--memory", "lots"), EXIT_USAGE, ("--memory", "2GiB"), "cli"),
+    Case("--memory zero", tune(GOOD, "--memory", "0"), EXIT_USAGE, ("above 0 bytes",), "cli"),
+    Case("--memory negative", tune(GOOD, "--memory", "-1GiB"), EXIT_USAGE, ("above 0 bytes",), "cli"),
+    Case("--memory above physical memory", tune("{bad}/../args_echo.py", "--memory", "1PiB"), EXIT_USAGE,
+         ("more than this machine's physical memory", "pass at most")),
+    Case("headroom 1.5", tune(GOOD, "--headroom", "1.5"), EXIT_USAGE, ("--headroom", "0 <= h < 1"), "cli"),
+    Case("headroom negative", tune(GOOD, "--headroom", "-0.1"), EXIT_USAGE, ("--headroom",), "cli"),
+    Case("unknown precision", tune(GOOD, "-p", "bf16mixed"), EXIT_USAGE, ('did you mean "bf16-mixed"',), "cli"),
+    Case("unknown optimizer", tune(GOOD, "-o", "adamww"), EXIT_USAGE, ('did you mean "adamw"',), "cli"),
+    Case("global batch below world size", tune(GOOD, "-g", "2", "-w", "4"), EXIT_USAGE,
+         ("smaller than the world size 4", "raise --global-batch-size"), "cli"),
+    Case("steps below 3", tune(GOOD, "--steps", "1"), EXIT_USAGE, ("--steps", ">= 3"), "cli"),
+    Case("timeout zero", tune(GOOD, "--timeout", "0"), EXIT_USAGE, ("--timeout",), "cli"),
+    Case("unknown device", tune(GOOD, "--device", "tpu"), EXIT_USAGE, ("--device", "cuda:N"), "cli"),
+    Case("bad environment value", tune(GOOD), EXIT_USAGE, ("AUTOBATCH_HEADROOM",), "cli",
+         env={"AUTOBATCH_HEADROOM": "abc"}),
+    Case("unknown emit format", tune(GOOD, "--emit", "yaml"), EXIT_USAGE, ("--emit", "deepspeed"), "cli"),
+    # -- outputs ---------------------------------------------------------------------------------------
+    Case("output is a folder", tune(GOOD, "--output", "{tmp}"), EXIT_USAGE, ("is a folder", "--output"), "cli"),
+    Case("output's parent is a file", tune(GOOD, "--output", "{tmp}/f/r.json"), EXIT_USAGE,
+         ("is a file, not a folder",), "cli", files={"f": "x"}),
+    Case("output under /proc", tune(GOOD, "--output", "/proc/r.json"), EXIT_USAGE, ("not writable",), "cli"),
+    # -- devices and answers -----------------------------------------------------------------------------
+    Case("cuda without a GPU", ("tune", "{bad}/../args_echo.py", "--device", "cuda", "-p", "32-true",
+         "-o", "sgd", "--no-recompute"), EXIT_DEVICE, ("torch sees no CUDA device", "--device cpu")),
+    Case("nothing fits", tune("{tmp}/train.py", "--memory", "400MiB"), EXIT_NOTHING_FITS,
+         ("no combination fits", "hint"), runner="fake", files={"train.py": "# fake\n"}),
+    Case("probe crashes", tune("{tmp}/train.py"), EXIT_PROBE_FAILURE, ("limited by a crash at batch 33",),
+         runner="crash", files={"train.py": "# fake\n"}),
+    Case("probe times out", tune("{tmp}/train.py"), EXIT_PROBE_FAILURE, ("limited by a timeout at batch 33",),
+         runner="timeout", files={"train.py": "# fake\n"}),
+    Case("script edited between probes", tune("{tmp}/train.py"), EXIT_USAGE,
+         ("changed while it was being tuned", "re-run"), runner="edit", files={"train.py": "# fake\n"}),
+    # -- import-time behaviour (the real probe server) ------------------------------------------------------
+    Case("prints at import with --json", tune("{bad}/prints_at_import.py", "--max-batch-size", "16", "--json"),
+         0, ("chosen",), "server", stdout_json=True),
+    Case("reads stdin at import", tune("{bad}/reads_stdin_at_import.py", "--max-batch-size", "16"), 0,
+         ("chosen",), "server"),
+    Case("import error (server)", tune("{bad}/import_error.py"), EXIT_SCRIPT, ("ModuleNotFoundError",), "server"),
+    Case("sys.exit at import (server)", tune("{bad}/exits_at_import.py"), EXIT_SCRIPT, ("sys.exit(2)",), "server"),
+)  # fmt: skip
+
+
+@dataclass
+class Ran:
+    """How a case ended."""
+
+    code: int
+    stdout: str
+    stderr: str  # white space folded
+    seconds: float
+
+
+def prepare(case: Case, folder: Path) -> list[str]:
+    """Write the case's files into ``folder``; its argv with the placeholders filled in."""
+    for name, text in case.files.items():
+        (folder / name).write_text(text)
+    return [a.replace("{tmp}", str(folder)).replace("{bad}", str(BAD)) for a in case.argv]
+
+
+def run_case(case: Case, folder: Path) -> Ran:
+    argv = prepare(case, folder)
+    started = time.perf_counter()
+    if case.mode in ("cli", "server"):
+        env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "PYTHONPATH": str(ROOT), **case.env}
+        env.setdefault("AUTOBATCH_CACHE_DIR", str(folder / "cache"))
+        done = subprocess.run(
+            [sys.executable, "-m", "autobatch", *argv], cwd=folder, env=env, capture_output=True, text=True,
+            timeout=900, stdin=subprocess.DEVNULL if case.mode == "cli" else None,
+        )  # fmt: skip
+        return Ran(done.returncode, done.stdout, " ".join(done.stderr.split()), time.perf_counter() - started)
+    code, out, err = _in_process(case, argv, folder)
+    return Ran(code, out, err, time.perf_counter() - started)
+
+
+def _in_process(case: Case, argv: list[str], folder: Path) -> tuple[int, str, str]:
+    from support import run_main
+
+    from autobatch.cli.state import STATE
+
+    old_cwd, old_factory = os.getcwd(), STATE.runner_factory
+    old_env = {k: os.environ.get(k) for k in case.env}
+    os.environ.update(case.env)
+    os.chdir(folder)
+    try:
+        script = Path(argv[argv.index("tune") + 1])
+        STATE.runner_factory = lambda: make_runner(case.runner, script)
+        return run_main(*argv)
+    finally:
+        os.chdir(old_cwd)
+        STATE.runner_factory = old_factory
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def make_runner(kind: str, script: Path) -> object:
+    from autobatch.testing import FakeRunner, affine
+
+    from .faulty import FaultyRunner
+    from .inprocess import InProcessRunner
+
+    mib = 1 << 20
+    curve = affine(400 * mib, 1.7 * mib)
+    if kind == "script":
+        return InProcessRunner(script)
+    if kind == "fake":
+        return FakeRunner(curve)
+    if kind in ("crash", "timeout"):
+        return FaultyRunner(curve, fault=lambda request, attempt: kind if request.batch_size > 32 else None)
+
+    def edit(request: object, attempt: int) -> None:
+        runner.probes += 1
+        if runner.probes == 3:
+            with open(script, "a") as handle:
+                handle.write("# edited while tuned\n")
+        return None
+
+    runner = FaultyRunner(curve, fault=edit)
+    runner.probes = 0  # type: ignore[attr-defined]
+    return runner
+
+
+def judge(case: Case, ran: Ran) -> list[str]:
+    """What is wrong with how a case ended (empty: handled as documented)."""
+    problems = []
+    if ran.code != case.code:
+        problems.append(f"exit {ran.code}, expected {case.code}")
+    if ran.code not in DOCUMENTED:
+        problems.append(f"exit {ran.code} is not in the README's table")
+    low = ran.stderr.lower()
+    problems += [f"stderr lacks {w!r}" for w in case.words if w.lower() not in low]
+    if "traceback (most recent call last)" in low:
+        problems.append("a traceback without --verbose")
+    if case.code != 0 and "error:" not in low:
+        problems.append("no 'error:' line")
+    if "internal error" in low:
+        problems.append("reported as an internal error")
+    if case.stdout_json:
+        import json
+
+        try:
+            json.loads(ran.stdout)
+        except ValueError:
+            problems.append("stdout is not clean JSON")
+    return problems

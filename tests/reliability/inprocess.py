@@ -1,0 +1,67 @@
+"""A probe runner that runs the real contract checks in this process (no server, no fork, no cap).
+
+It loads the script with :func:`autobatch.contract.load_script` (what the probe server does at start),
+answers ``inspect`` with the real operation, and runs a ``probe`` as one real step through
+:func:`autobatch.step.loop.run_steps`, translating any exception with the real
+:func:`autobatch.probe.failures.describe_failure`. Memory is not measured: a probe that ran fits or
+not by a synthetic curve. So the catalogue checks every contract message in milliseconds; the probe
+server's own isolation is exercised by the slow tests.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from autobatch.contract import load_script
+from autobatch.probe.failures import describe_failure
+from autobatch.probe.ops import dispatch, load_operations
+from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.testing import affine
+
+MiB = 1 << 20
+CURVE = affine(300 * MiB, 2 * MiB)
+
+
+class InProcessRunner:
+    def __init__(self, script: str | Path, args: list[str] | tuple[str, ...] = ()) -> None:
+        import torch
+
+        argv, path = list(sys.argv), list(sys.path)
+        try:
+            self.script = load_script(script, args)
+        finally:
+            sys.argv[:], sys.path[:] = argv, path
+        load_operations([])
+        self.torch_version = torch.__version__
+        self.requests: list[ProbeRequest] = []
+
+    def run(self, request: ProbeRequest) -> ProbeOutcome:
+        self.requests.append(request)
+        if request.op != "probe":
+            return dispatch(request, self.script)
+        from autobatch.step.loop import StepConfig, StepReport, run_steps
+
+        config = StepConfig(
+            batch_size=request.batch_size,
+            precision=request.precision,
+            optimizer=request.optimizer,
+            recompute=request.recompute,
+            check_batch_size=request.check_batch_size,
+        )
+        outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
+        peak = CURVE(request.batch_size)
+        try:
+            run_steps(self.script, config, StepReport(), min_steps=1, max_steps=1, peak_now=lambda: peak,
+                      synchronize=lambda: None, grow_tolerance=MiB)  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - as the probe process does
+            return describe_failure(outcome, exc)
+        if peak > request.budget_bytes:
+            return ProbeOutcome(kind="oom", batch_size=request.batch_size, steps=1, reason="over the curve")
+        outcome.peak_bytes, outcome.steps = peak, request.min_steps
+        outcome.step_peaks, outcome.step_seconds = [peak] * outcome.steps, [0.01] * outcome.steps
+        outcome.samples_per_second = request.batch_size / 0.01
+        return outcome
+
+    def close(self) -> None:
+        pass

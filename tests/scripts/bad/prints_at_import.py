@@ -1,0 +1,24 @@
+"""Fixture for the bad-input catalogue (tests/reliability/catalogue.py): prints to stdout at import and in every step (must not corrupt --json)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+print("hello from the script at import")
+
+
+def build_model() -> nn.Module:
+    return nn.Linear(8, 2)
+
+
+def make_batch(batch_size: int):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(batch_size, 8, generator=g), torch.randint(0, 2, (batch_size,), generator=g)
+
+
+def compute_loss(model, batch):
+    x, y = batch
+    print("a step")
+    return F.cross_entropy(model(x), y)

@@ -1,0 +1,25 @@
+"""Fixture for the bad-input catalogue (tests/reliability/catalogue.py): a valid script whose every step sleeps SLOW_STEP_SECONDS (default 0.5): time to inject faults."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def build_model() -> nn.Module:
+    return nn.Linear(8, 2)
+
+
+def make_batch(batch_size: int):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(batch_size, 8, generator=g), torch.randint(0, 2, (batch_size,), generator=g)
+
+
+def compute_loss(model, batch):
+    time.sleep(float(os.environ.get("SLOW_STEP_SECONDS", "0.5")))
+    x, y = batch
+    return F.cross_entropy(model(x), y)
