@@ -221,7 +221,7 @@ FILE_PROBLEMS = [
     ("[search.optimizer_kwargs.adamx]\nlr = 1\n", 'search.optimizer_kwargs: expected optimizer names from sgd, '),
     ("[device]\ndevice = 'gpu'\n", 'autobatch.toml: device.device: expected auto, cpu, cuda or cuda:N, found "gpu"'),
     ("[device]\nmemory = '2 gigs'\n", 'autobatch.toml: device.memory: expected bytes, or a size such as "2GiB", found "2 gigs"'),
-    ("[device]\nmemory = 0\n", 'autobatch.toml: device.memory: expected bytes, or a size such as "2GiB", found 0'),
+    ("[device]\nmemory = 0\n", 'autobatch.toml: device.memory: expected a size above 0 bytes (such as 2GiB), found 0'),
     ("[plan]\nobjective = 'max_batch'\n", 'autobatch.toml: plan.objective: expected one of throughput, max-batch, found "max_batch"; did you mean "max-batch"?'),
     ("[plan]\nworld_size = 0\n", "autobatch.toml: plan.world_size: expected an integer >= 1, found 0"),
     ("[output]\nemit = ['yaml=x.yml']\n", 'autobatch.toml: output.emit: expected formats from deepspeed, hf, lightning, accelerate, env, json, toml, found "yaml"'),
