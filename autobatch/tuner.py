@@ -142,7 +142,8 @@ class Tuner:
         analytic = StaticMemory.analytic(combo.precision, combo.optimizer, shapes, device.param_count)
         answer = find_maximum(
             probe,
-            budget_bytes=device.budget_bytes,
+            # The model aims at the line a fit must stay under (the budget less the CPU margin).
+            budget_bytes=device.budget_bytes - device.margin_bytes,
             limits=limits,
             prediction=self._prior(combo),
             floor_bytes=floor_bytes(device.baseline_bytes, analytic),
@@ -281,7 +282,17 @@ def _observation(outcome: ProbeOutcome) -> Observation:
         kind=outcome.kind,
         samples_per_second=outcome.samples_per_second,
         steps=outcome.steps,
+        rising_bytes=rising_peak(outcome),
     )
+
+
+def rising_peak(outcome: ProbeOutcome) -> int | None:
+    """The forward and backward phase's peak once the optimizer state is resident: the first backward's
+    peak (before any optimizer state existed) plus that state. None when the probe could not tell."""
+    first = outcome.first_backward_peak_bytes
+    if not outcome.fits or first is None or outcome.steps < 2:
+        return None
+    return first + outcome.optimizer_state_bytes
 
 
 def _measured_static(outcomes: dict[int, ProbeOutcome]) -> StaticMemory | None:

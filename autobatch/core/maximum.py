@@ -141,6 +141,11 @@ class _Run:
         near_miss = batch + self.limits.batch_multiple in self.misses
         return self(batch, self.limits.confirm if near_miss else self.limits.search_steps, "search")
 
+    def final_probe(self, batch: int) -> Observation:
+        # The model predicts this batch to be the maximum: probe it as long as a confirmation, so that a
+        # right prediction needs no separate one (a wrong one costs the extra steps, never an answer).
+        return self(batch, self.limits.confirm, "search")
+
 
 def find_maximum(
     probe: ProbeCall,
@@ -172,6 +177,7 @@ def find_maximum(
             prune_at_or_below=prune_at_or_below,
             start=SCOUT_CANDIDATES * limits.batch_multiple,
             floor_bytes=floor_bytes,
+            final_probe=run.final_probe,
         )
         known = [*known, *result.trace]
         best = result.max_batch_size

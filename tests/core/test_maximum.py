@@ -74,7 +74,8 @@ def test_a_confirmation_that_fails_once_at_the_boundary() -> None:
     assert answer.max_batch_size == top - 1
     assert answer.status == "exact"
     assert confirmed(probe, top - 1)
-    assert any(f"batch {top} fitted" in note for note in answer.notes)
+    # The model predicted ``top`` exactly, so its search probe already ran as long as a confirmation.
+    assert (top, LIMITS.confirm, "search") in probe.calls
 
 
 def test_confirmation_rounds_that_run_out_never_keep_a_failed_maximum() -> None:
