@@ -197,7 +197,9 @@ class FakeStepProbe:
     unless ``fails_long(batch, purpose)`` says that a probe of at least ``long_steps`` steps fails there
     (a boundary that flickers, memory that creeps over steps, a confirmation that never holds).
     ``phases``: report the rising phase's peak apart (``Observation.rising_bytes``, from
-    :meth:`Curve.rising`), as a real probe does. ``calls`` records ``(batch, steps, purpose)`` in order.
+    :meth:`Curve.rising`), as a real probe does; a probe that does not fit reports it too when its first
+    step's forward and backward (the rising phase less ``state_bytes`` of optimizer state) fitted.
+    ``calls`` records ``(batch, steps, purpose)`` in order.
     """
 
     curve: Curve
@@ -205,6 +207,7 @@ class FakeStepProbe:
     long_steps: int = 10
     fails_long: Callable[[int, str], bool] | None = None
     phases: bool = False
+    state_bytes: int = 0
     calls: list[tuple[int, tuple[int, int], str]] = field(default_factory=list)
 
     def __call__(self, batch_size: int, steps: tuple[int, int], purpose: str) -> Observation:
@@ -213,9 +216,12 @@ class FakeStepProbe:
         too_long = (
             ran >= self.long_steps and self.fails_long is not None and self.fails_long(batch_size, purpose)
         )
-        if self.curve(batch_size) > self.budget_bytes or too_long:
-            return Observation(batch_size, fits=False, kind="oom", steps=ran)
         rising = self.curve.rising(batch_size) if self.phases else None
+        if self.curve(batch_size) > self.budget_bytes or too_long:
+            first = rising is not None and rising - self.state_bytes <= self.budget_bytes
+            return Observation(
+                batch_size, fits=False, kind="oom", steps=ran, rising_bytes=rising if first else None
+            )
         return Observation(
             batch_size, fits=True, peak_bytes=self.curve.measure(batch_size), steps=ran, rising_bytes=rising
         )

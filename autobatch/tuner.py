@@ -136,7 +136,7 @@ class Tuner:
             if purpose != "confirm" or outcome.fits:
                 outcomes[batch] = outcome
             self._record(entry, outcome, purpose)
-            return _observation(outcome)
+            return _observation(outcome, state_bytes=analytic.optimizer_state)
 
         shapes = [tuple(s) for s in device.param_shapes]
         analytic = StaticMemory.analytic(combo.precision, combo.optimizer, shapes, device.param_count)
@@ -274,7 +274,7 @@ class Tuner:
             self.on_update(self.result)
 
 
-def _observation(outcome: ProbeOutcome) -> Observation:
+def _observation(outcome: ProbeOutcome, state_bytes: int = 0) -> Observation:
     return Observation(
         batch_size=outcome.batch_size,
         fits=outcome.fits,
@@ -282,17 +282,20 @@ def _observation(outcome: ProbeOutcome) -> Observation:
         kind=outcome.kind,
         samples_per_second=outcome.samples_per_second,
         steps=outcome.steps,
-        rising_bytes=rising_peak(outcome),
+        rising_bytes=rising_peak(outcome, state_bytes),
     )
 
 
-def rising_peak(outcome: ProbeOutcome) -> int | None:
-    """The forward and backward phase's peak once the optimizer state is resident: the first backward's
-    peak (before any optimizer state existed) plus that state. None when the probe could not tell."""
+def rising_peak(outcome: ProbeOutcome, state_bytes: int) -> int | None:
+    """The forward and backward phase's peak once the optimizer state is resident: the high-water mark
+    when the first backward ended (before any optimizer state existed; the build's own transients
+    included, so it errs high at small batches) plus that state, as measured by the probe (a probe that
+    failed before measuring it: ``state_bytes``, the analytic figure). None when the probe could not tell.
+    """
     first = outcome.first_backward_peak_bytes
-    if not outcome.fits or first is None or outcome.steps < 2:
+    if first is None or outcome.kind not in ("fits", "oom"):
         return None
-    return first + outcome.optimizer_state_bytes
+    return first + (outcome.optimizer_state_bytes or state_bytes)
 
 
 def _measured_static(outcomes: dict[int, ProbeOutcome]) -> StaticMemory | None:

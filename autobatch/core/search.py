@@ -81,7 +81,8 @@ class Observation:
     samples_per_second: float | None = None
     steps: int = 0  # full training steps the probe ran (0: unknown)
     #: The peak of the batch-dependent phase alone (forward and backward with the optimizer state
-    #: resident), when the probe could tell it from the optimizer step's (None: unknown).
+    #: resident), when the probe could tell it from the optimizer step's (None: unknown). A probe that
+    #: ran out of memory after its first backward has one too: a point above the budget.
     rising_bytes: int | None = None
 
     def __post_init__(self) -> None:
@@ -213,7 +214,9 @@ class _State:
         # The rising phase's peaks when every fit has one: the optimizer step's flat peak says nothing
         # about where the batch-dependent phase meets the budget (a plateau has no slope).
         rising = all(o.rising_bytes is not None for o in fits if o.peak_bytes is not None)
-        for o in fits:
+        # A non-fit's rising phase lies above the budget: the model interpolates instead of extrapolating.
+        misses = [o for o in observations if not o.fits and o.rising_bytes is not None] if rising else []
+        for o in [*fits, *misses]:
             peak = o.rising_bytes if rising else o.peak_bytes
             if peak is not None:
                 points[o.batch_size] = max(peak, points.get(o.batch_size, peak))
