@@ -188,11 +188,16 @@ def search_max_batch(
         )
         index, expect_fit, final = guided or state.unguided(start)
         batch = (index + 1) * m
-        obs = (final_probe if final and final_probe is not None else probe)(batch)
-        if not isinstance(obs, Observation) or obs.batch_size != batch:
-            raise ValueError(f"probe({batch}) must return an Observation for batch {batch}, got {obs!r}")
+        obs = _checked((final_probe if final and final_probe is not None else probe)(batch), batch)
         trace.append(obs)
-        distrust = (distrust or expect_fit is True) and not obs.fits
+        # A miss that read its rising phase is a new point that changes the model: no reason to distrust it.
+        distrust = (distrust or expect_fit is True) and not obs.fits and obs.rising_bytes is None
+
+
+def _checked(obs: object, batch: int) -> Observation:
+    if not isinstance(obs, Observation) or obs.batch_size != batch:
+        raise ValueError(f"probe({batch}) must return an Observation for batch {batch}, got {obs!r}")
+    return obs
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Benchmark workload: a peak that is flat over most batch sizes, then rises.
 
-A 65536 x 384 embedding table (25.2 M parameters, P = 96 MiB in fp32) looked up for 128 tokens per
+A 65536 x 384 embedding table (25.2 M parameters, P = 96 MiB in fp32) looked up for 512 tokens per
 sample, mean-pooled, and a 16-class head. The optimizer step's peak (parameters, gradients, the two
 AdamW states and the step's temporaries) does not depend on the batch and sets the step's peak until
-the forward and backward pass (4P + about 0.2 MiB per sample) overtakes it: under the benchmark's cap
+the forward and backward pass (4P + about 0.75 MiB per sample) overtakes it: under the benchmark's cap
 that happens at most 30 % below the maximum, so a line through two small batches' total peaks is flat
 and says nothing about where the boundary is.
 """
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-VOCAB, DIM, TOKENS, CLASSES = 65536, 384, 128, 16
+VOCAB, DIM, TOKENS, CLASSES = 65536, 384, 512, 16
 
 
 class FlatThenRising(nn.Module):
