@@ -157,9 +157,8 @@ def search_max_batch(
     a first probe anywhere keeps the bound). ``floor_bytes``: peak memory known not to scale with the
     batch; the proportional guess after the first fit scales only what lies above it (still a lower
     bound of an affine curve's maximum, and nearer). ``final_probe``: how to probe a candidate the model
-    predicts to be the maximum itself (it fits and the next candidate does not), such as a probe as long
-    as the confirmation, so that a right prediction needs no separate one (default: ``probe``). At most
-    :func:`probe_bound` probes are made.
+    predicts to be the maximum itself (say, as long as a confirmation, so that a right prediction needs
+    no separate one; default ``probe``). At most :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
     m = batch_multiple
