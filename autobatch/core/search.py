@@ -161,12 +161,9 @@ def search_max_batch(
     no separate one; default ``probe``). At most :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
-    m = batch_multiple
-    n = max_batch_size // m
-    known_obs = tuple(known)
+    m, n, known_obs = batch_multiple, max_batch_size // batch_multiple, tuple(known)
     trace: list[Observation] = []
-    debt = 0
-    remaining: int | None = None
+    debt, remaining = 0, None  # type: int, int | None
     distrust = False  # the model said "fits" and the probe did not: ignore it until a new fit
     while True:
         state = _State.of(known_obs + tuple(trace), m, n)
