@@ -11,8 +11,10 @@ of the grid and ``explain --verify`` runs for every lever; it talks to a :data:`
 2. **Search** (:func:`autobatch.core.search.search_max_batch`), starting at the scout candidate when
    nothing is known, with the floor of memory known not to grow with the batch.
 3. **Confirm.** The number a user gets must hold in their job, and feasibility can flicker right at
-   the boundary: the maximum is confirmed by a probe of ``confirm_steps`` steps (a search probe next
-   to a known non-fit already runs that long and needs none). When the confirmation fails, that batch
+   the boundary: the maximum is confirmed by a probe of ``confirm_steps`` steps. A search probe that
+   already ran that long needs none: one next to a known non-fit, and one at the batch the model
+   predicts to be the maximum (so that on an affine curve the whole procedure is four probes: the
+   scout, the proportional guess, the predicted maximum at confirmation length, its neighbour). When the confirmation fails, that batch
    counts as a non-fit and the search continues below it, at most :data:`CONFIRM_ROUNDS` times. When
    the rounds run out, the answer is the largest batch whose confirmation held, with status
    ``incomplete`` — never a maximum whose last confirmation failed.

@@ -23,7 +23,15 @@ the proportional guess that the whole peak scales with the batch, a lower bound 
 when memory is affine; the predicted maximum; its neighbour) and 2 with an accurate prior. A model
 whose "fits" was refuted is ignored until a new fitting point changes it.
 
-**Fallback steps.** Doubling from ``lo`` while no non-fit is known, bisection once bracketed.
+**Two phases.** A step's peak is the larger of two curves: forward and backward (activations grow
+with the batch) and the optimizer step (parameters, gradients, state and the step's temporaries: flat).
+Where every fit also reports the first (``Observation.rising_bytes``), the model is fitted to it, so a
+flat total peak no longer hides the slope; a non-fit that read it adds a point above the budget, which
+turns the next extrapolation into an interpolation.
+
+**Fallback steps.** Doubling from ``lo`` while no non-fit is known, bisection once bracketed. After the
+model overshot a bracket more than :data:`GEOMETRIC_RATIO` times its fitting end, its geometric middle
+(counted as a model-guided step, so the bound below holds).
 
 **Worst case.** Let ``L = ceil(log2 n)`` and define the remaining work ``R``: 0 when done;
 ``ceil(log2(hi - lo))`` once bracketed; ``2L - floor(log2(lo + 1))`` while growing; ``2L + 1``
