@@ -82,6 +82,11 @@ class Chosen:
     requested_global_batch_size: int | None = None
     exact: bool = True
     note: str | None = None
+    #: Throughput objective: the winner's rate over the runner-up's, less 1 (None: no runner-up timed),
+    #: the runner-up, and how the choice was made (measured margin, or a tie within the noise).
+    margin: float | None = None
+    runner_up: str | None = None
+    decided_by: str | None = None
 
 
 @dataclass

@@ -62,6 +62,10 @@ class Curve:
     def measure(self, batch_size: int) -> int:
         return self(batch_size)
 
+    def rising(self, batch_size: int) -> int:
+        """The measured peak of the batch-dependent phase (forward and backward) alone."""
+        return self.measure(batch_size)
+
 
 @dataclass(frozen=True)
 class AffineCurve(Curve):
@@ -103,6 +107,9 @@ class PlateauCurve(Curve):
     def __call__(self, batch_size: int) -> int:
         return math.ceil(max(self.flat, self.intercept + self.slope * batch_size))
 
+    def rising(self, batch_size: int) -> int:
+        return math.ceil(self.intercept + self.slope * batch_size)
+
 
 @dataclass(frozen=True)
 class NoisyCurve(Curve):
@@ -114,9 +121,15 @@ class NoisyCurve(Curve):
         return self.curve(batch_size)
 
     def measure(self, batch_size: int) -> int:
+        return self._noisy(self.curve.measure(batch_size), batch_size)
+
+    def rising(self, batch_size: int) -> int:
+        return self._noisy(self.curve.rising(batch_size), batch_size)
+
+    def _noisy(self, value: int, batch_size: int) -> int:
         # Deterministic per (seed, batch): re-measuring the same batch gives the same number.
         rng = random.Random(self.seed * 1_000_003 + batch_size)
-        return max(0, round(self.curve.measure(batch_size) * (1 + rng.uniform(-self.rel, self.rel))))
+        return max(0, round(value * (1 + rng.uniform(-self.rel, self.rel))))
 
 
 def affine(intercept: float, slope: float) -> AffineCurve:
@@ -183,6 +196,9 @@ class FakeStepProbe:
     A probe of ``(min_steps, max_steps)`` runs ``min_steps`` steps and fits iff ``curve(b) <= budget``,
     unless ``fails_long(batch, purpose)`` says that a probe of at least ``long_steps`` steps fails there
     (a boundary that flickers, memory that creeps over steps, a confirmation that never holds).
+    ``phases``: report the rising phase's peak apart (``Observation.rising_bytes``, from
+    :meth:`Curve.rising`), as a real probe does; a probe that does not fit reports it too when its first
+    step's forward and backward (the rising phase less ``state_bytes`` of optimizer state) fitted.
     ``calls`` records ``(batch, steps, purpose)`` in order.
     """
 
@@ -190,6 +206,8 @@ class FakeStepProbe:
     budget_bytes: int
     long_steps: int = 10
     fails_long: Callable[[int, str], bool] | None = None
+    phases: bool = False
+    state_bytes: int = 0
     calls: list[tuple[int, tuple[int, int], str]] = field(default_factory=list)
 
     def __call__(self, batch_size: int, steps: tuple[int, int], purpose: str) -> Observation:
@@ -198,9 +216,15 @@ class FakeStepProbe:
         too_long = (
             ran >= self.long_steps and self.fails_long is not None and self.fails_long(batch_size, purpose)
         )
+        rising = self.curve.rising(batch_size) if self.phases else None
         if self.curve(batch_size) > self.budget_bytes or too_long:
-            return Observation(batch_size, fits=False, kind="oom", steps=ran)
-        return Observation(batch_size, fits=True, peak_bytes=self.curve.measure(batch_size), steps=ran)
+            first = rising is not None and rising - self.state_bytes <= self.budget_bytes
+            return Observation(
+                batch_size, fits=False, kind="oom", steps=ran, rising_bytes=rising if first else None
+            )
+        return Observation(
+            batch_size, fits=True, peak_bytes=self.curve.measure(batch_size), steps=ran, rising_bytes=rising
+        )
 
 
 def true_max(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from . import __version__
 from .core import reuse, sanity
+from .core.choice import Contender, Decision, Timing, dominated
 from .core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reason
 from .core.plan import Candidate, Plan, choose, knee, plan_accumulation
 from .core.search import Observation
@@ -26,6 +27,7 @@ from .errors import NothingFitsError, ProbeFailure
 from .probe.protocol import ProbeOutcome
 from .result import Chosen, ComboResult, ProbeRecord, TuneResult
 from .session import Session
+from .throughput import Entry, StepTimes, margin_of_choice, settle
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -73,6 +75,7 @@ class Tuner:
         self.on_update = on_update
         self.started = time.perf_counter()
         self.learned: list[reuse.Learned] = []
+        self.step_times = StepTimes()
         device = session.device
         self.result = TuneResult(
             script=str(session.script),
@@ -143,13 +146,14 @@ class Tuner:
             if purpose != "confirm" or outcome.fits:
                 outcomes[batch] = outcome
             self._record(entry, outcome, purpose)
-            return _observation(outcome)
+            return _observation(outcome, state_bytes=analytic.optimizer_state)
 
         shapes = [tuple(s) for s in device.param_shapes]
         analytic = StaticMemory.analytic(combo.precision, combo.optimizer, shapes, device.param_count)
         answer = find_maximum(
             probe,
-            budget_bytes=device.budget_bytes,
+            # The model aims at the line a fit must stay under (the budget less the CPU margin).
+            budget_bytes=device.budget_bytes - device.margin_bytes,
             limits=limits,
             prediction=self._prior(combo),
             floor_bytes=floor_bytes(device.baseline_bytes, analytic),
@@ -201,6 +205,7 @@ class Tuner:
         return best + self.options.limits.batch_multiple if best else None
 
     def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
+        self.step_times.add((entry.precision, entry.optimizer, entry.recompute), outcome)
         entry.trace.append(
             ProbeRecord(
                 batch_size=outcome.batch_size,
@@ -228,7 +233,7 @@ class Tuner:
         opts = self.options
         candidates: list[Candidate] = []
         plans: dict[int, Plan] = {}
-        for index, (combo, entry) in enumerate(zip(combos, self.result.combinations)):
+        for index, entry in enumerate(self.result.combinations):
             if entry.max_batch_size is None or entry.status not in ("exact", "capped"):
                 candidates.append(Candidate(index, None, None, None))
                 continue
@@ -236,13 +241,9 @@ class Tuner:
                 entry.max_batch_size, opts.global_batch_size, opts.world_size, opts.limits.batch_multiple
             )
             plans[index] = plan
-            sps = (
-                self._throughput_at(combo, entry, plan.micro_batch_size)
-                if opts.objective == "throughput"
-                else entry.samples_per_second
-            )
-            candidates.append(Candidate(index, entry.max_batch_size, sps, plan))
-        winner = choose(candidates, opts.objective)
+            candidates.append(Candidate(index, entry.max_batch_size, entry.samples_per_second, plan))
+        decision = self._settle(combos, plans) if opts.objective == "throughput" else None
+        winner = decision.winner if decision is not None else choose(candidates, opts.objective)
         if winner is None:
             return
         entry = self.result.combinations[winner]
@@ -259,16 +260,60 @@ class Tuner:
             exact=plan.exact,
             note=plan.note,
         )
+        if decision is not None:
+            margin_of_choice(self.result, decision)
 
-    def _throughput_at(self, combo: Combo, entry: ComboResult, micro: int) -> float | None:
-        """Samples per second at the planned micro-batch (measured now if no probe ran there)."""
-        for record in reversed(entry.trace):
+    def _settle(self, combos: list[Combo], plans: dict[int, Plan]) -> Decision | None:
+        """The throughput choice (:mod:`autobatch.core.choice`): drop what recomputation cannot win,
+        then time the rest, interleaved, until the rates decide."""
+        contenders = [
+            Contender(
+                i,
+                c.precision,
+                c.optimizer,
+                c.recompute,
+                self.result.combinations[i].max_batch_size or 0,
+                plans[i].micro_batch_size,
+                plans[i].accumulation_steps,
+            )
+            for i, c in enumerate(combos)
+            if i in plans
+        ]
+        dropped = dominated(contenders)
+        for index, twin in dropped.items():
+            self.result.notes.append(
+                f"{combos[index].key}: not chosen: {combos[twin].key} fits the same micro-batch without "
+                "recomputation, which only adds work"
+            )
+        entries = [
+            Entry(c.index, _key(combos[c.index]), c.micro_batch_size)
+            for c in contenders
+            if c.index not in dropped
+        ]
+
+        def time_once(e: Entry) -> None:
+            self._throughput_at(
+                combos[e.index], self.result.combinations[e.index], e.micro_batch_size, again=True
+            )
+
+        decision = settle(entries, self.step_times, time_once, self.options.world_size)
+        for e in entries:
+            timing = Timing(e.index, e.micro_batch_size, 1, self.step_times.get(e.key, e.micro_batch_size))
+            if timing.rate > 0:
+                self.result.combinations[e.index].samples_per_second = round(timing.rate, 3)
+        return decision
+
+    def _throughput_at(
+        self, combo: Combo, entry: ComboResult, micro: int, again: bool = False
+    ) -> float | None:
+        """Samples per second at the planned micro-batch (measured now if no probe ran there, or ``again``)."""
+        for record in reversed(entry.trace if not again else []):
             if record.batch_size == micro and record.kind == "fits" and record.samples_per_second:
                 if micro != entry.max_batch_size:
                     entry.samples_per_second = record.samples_per_second
                 return record.samples_per_second
         limits = self.options.limits
-        outcome = self.session.probe(combo, micro, min_steps=limits.steps, max_steps=limits.max_steps)
+        outcome = self.session.probe(combo, micro, min_steps=limits.max_steps, max_steps=limits.max_steps)
         self._record(entry, outcome, "throughput")
         if outcome.fits:
             entry.samples_per_second = outcome.samples_per_second
@@ -312,7 +357,11 @@ def _check_answer(key: str, entry: ComboResult, budget_bytes: int, notes: list[s
         notes.append(f"{key}: warning: {warning}")
 
 
-def _observation(outcome: ProbeOutcome) -> Observation:
+def _key(combo: Combo) -> tuple[str, str, bool]:
+    return (combo.precision, combo.optimizer, combo.recompute)
+
+
+def _observation(outcome: ProbeOutcome, state_bytes: int = 0) -> Observation:
     return Observation(
         batch_size=outcome.batch_size,
         fits=outcome.fits,
@@ -320,7 +369,20 @@ def _observation(outcome: ProbeOutcome) -> Observation:
         kind=outcome.kind,
         samples_per_second=outcome.samples_per_second,
         steps=outcome.steps,
+        rising_bytes=rising_peak(outcome, state_bytes),
     )
+
+
+def rising_peak(outcome: ProbeOutcome, state_bytes: int) -> int | None:
+    """The forward and backward phase's peak once the optimizer state is resident: the high-water mark
+    when the first backward ended (before any optimizer state existed; the build's own transients
+    included, so it errs high at small batches) plus that state, as measured by the probe (a probe that
+    failed before measuring it: ``state_bytes``, the analytic figure). None when the probe could not tell.
+    """
+    first = outcome.first_backward_peak_bytes
+    if first is None or outcome.kind not in ("fits", "oom"):
+        return None
+    return first + (outcome.optimizer_state_bytes or state_bytes)
 
 
 def _measured_static(outcomes: dict[int, ProbeOutcome]) -> StaticMemory | None:

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "scripts" / "results" / "accuracy.md"
 RAW = ROOT / "scripts" / "results" / "accuracy"
 #: Per example: the CPU cap, and the batch size explained (a fifth to a tenth of its maximum).
-CASES = {"gpt": ("1GiB", 16), "cnn": ("1GiB", 32), "mlp": ("1GiB", 64)}
+CASES = {"gpt": ("1GiB", 16), "cnn": ("1GiB", 32), "mlp": ("1GiB", 64), "lstm": ("1GiB", 8)}
 
 
 def run(*args: str, env: dict[str, str]) -> tuple[dict[str, Any], float]:

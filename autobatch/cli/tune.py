@@ -238,6 +238,8 @@ def print_chosen(result: TuneResult) -> None:
         f"{ch.accumulation_steps} x world {ch.world_size} = global {ch.global_batch_size}"
         + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else "")
     )
+    if ch.decided_by:
+        console.print(f"decided by: {escape(ch.decided_by)}")
     if ch.note:
         console.print(f"[yellow]note[/]: {escape(ch.note)}")
     for note in result.notes:

@@ -11,8 +11,10 @@ of the grid and ``explain --verify`` runs for every lever; it talks to a :data:`
 2. **Search** (:func:`autobatch.core.search.search_max_batch`), starting at the scout candidate when
    nothing is known, with the floor of memory known not to grow with the batch.
 3. **Confirm.** The number a user gets must hold in their job, and feasibility can flicker right at
-   the boundary: the maximum is confirmed by a probe of ``confirm_steps`` steps (a search probe next
-   to a known non-fit already runs that long and needs none). When the confirmation fails, that batch
+   the boundary: the maximum is confirmed by a probe of ``confirm_steps`` steps. A search probe that
+   already ran that long needs none: one next to a known non-fit, and one at the batch the model
+   predicts to be the maximum (so that on an affine curve the whole procedure is four probes: the
+   scout, the proportional guess, the predicted maximum at confirmation length, its neighbour). When the confirmation fails, that batch
    counts as a non-fit and the search continues below it, at most :data:`CONFIRM_ROUNDS` times. When
    the rounds run out, the answer is the largest batch whose confirmation held, with status
    ``incomplete`` — never a maximum whose last confirmation failed.
@@ -141,6 +143,11 @@ class _Run:
         near_miss = batch + self.limits.batch_multiple in self.misses
         return self(batch, self.limits.confirm if near_miss else self.limits.search_steps, "search")
 
+    def final_probe(self, batch: int) -> Observation:
+        # The model predicts this batch to be the maximum: probe it as long as a confirmation, so that a
+        # right prediction needs no separate one (a wrong one costs the extra steps, never an answer).
+        return self(batch, self.limits.confirm, "search")
+
 
 def find_maximum(
     probe: ProbeCall,
@@ -172,6 +179,7 @@ def find_maximum(
             prune_at_or_below=prune_at_or_below,
             start=SCOUT_CANDIDATES * limits.batch_multiple,
             floor_bytes=floor_bytes,
+            final_probe=run.final_probe,
         )
         known = [*known, *result.trace]
         best = result.max_batch_size

@@ -23,7 +23,15 @@ the proportional guess that the whole peak scales with the batch, a lower bound 
 when memory is affine; the predicted maximum; its neighbour) and 2 with an accurate prior. A model
 whose "fits" was refuted is ignored until a new fitting point changes it.
 
-**Fallback steps.** Doubling from ``lo`` while no non-fit is known, bisection once bracketed.
+**Two phases.** A step's peak is the larger of two curves: forward and backward (activations grow
+with the batch) and the optimizer step (parameters, gradients, state and the step's temporaries: flat).
+Where every fit also reports the first (``Observation.rising_bytes``), the model is fitted to it, so a
+flat total peak no longer hides the slope; a non-fit that read it adds a point above the budget, which
+turns the next extrapolation into an interpolation.
+
+**Fallback steps.** Doubling from ``lo`` while no non-fit is known, bisection once bracketed. After the
+model overshot a bracket more than :data:`GEOMETRIC_RATIO` times its fitting end, its geometric middle
+(counted as a model-guided step, so the bound below holds).
 
 **Worst case.** Let ``L = ceil(log2 n)`` and define the remaining work ``R``: 0 when done;
 ``ceil(log2(hi - lo))`` once bracketed; ``2L - floor(log2(lo + 1))`` while growing; ``2L + 1``
@@ -65,6 +73,9 @@ SearchStatus = Literal["exact", "capped", "infeasible", "pruned", "incomplete"]
 
 #: How many probes the model may cost beyond the doubling-then-bisection schedule.
 SLACK = 2
+#: A bracket this many times wider than its fitting end (after the model overshot) is split at its
+#: geometric middle: an extrapolation errs by a factor there, not by an amount.
+GEOMETRIC_RATIO = 32
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,10 @@ class Observation:
     kind: str = "fits"  # "fits" | "oom" | "crash" | "timeout"
     samples_per_second: float | None = None
     steps: int = 0  # full training steps the probe ran (0: unknown)
+    #: The peak of the batch-dependent phase alone (forward and backward with the optimizer state
+    #: resident), when the probe could tell it from the optimizer step's (None: unknown). A probe that
+    #: ran out of memory after its first backward has one too: a point above the budget.
+    rising_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -135,6 +150,7 @@ def search_max_batch(
     max_probes: int | None = None,
     start: int | None = None,
     floor_bytes: int = 0,
+    final_probe: ProbeFn | None = None,
 ) -> SearchResult:
     """Find the largest multiple of ``batch_multiple`` (<= ``max_batch_size``) that fits.
 
@@ -148,15 +164,14 @@ def search_max_batch(
     (default: the smallest candidate, which on real devices says little about the per-sample cost;
     a first probe anywhere keeps the bound). ``floor_bytes``: peak memory known not to scale with the
     batch; the proportional guess after the first fit scales only what lies above it (still a lower
-    bound of an affine curve's maximum, and nearer). At most :func:`probe_bound` probes are made.
+    bound of an affine curve's maximum, and nearer). ``final_probe``: how to probe a candidate the model
+    predicts to be the maximum itself (say, as long as a confirmation, so that a right prediction needs
+    no separate one; default ``probe``). At most :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
-    m = batch_multiple
-    n = max_batch_size // m
-    known_obs = tuple(known)
+    m, n, known_obs = batch_multiple, max_batch_size // batch_multiple, tuple(known)
     trace: list[Observation] = []
-    debt = 0
-    remaining: int | None = None
+    debt, remaining = 0, None  # type: int, int | None
     distrust = False  # the model said "fits" and the probe did not: ignore it until a new fit
     while True:
         state = _State.of(known_obs + tuple(trace), m, n)
@@ -175,13 +190,18 @@ def search_max_batch(
             if debt < SLACK
             else None
         )
-        index, expect_fit = guided or state.unguided(start)
+        index, expect_fit, final = guided or state.unguided(start)
         batch = (index + 1) * m
-        obs = probe(batch)
-        if not isinstance(obs, Observation) or obs.batch_size != batch:
-            raise ValueError(f"probe({batch}) must return an Observation for batch {batch}, got {obs!r}")
+        obs = _checked((final_probe if final and final_probe is not None else probe)(batch), batch)
         trace.append(obs)
-        distrust = (distrust or expect_fit is True) and not obs.fits
+        # A miss that read its rising phase is a new point that changes the model: no reason to distrust it.
+        distrust = (distrust or expect_fit is True) and not obs.fits and obs.rising_bytes is None
+
+
+def _checked(obs: object, batch: int) -> Observation:
+    if not isinstance(obs, Observation) or obs.batch_size != batch:
+        raise ValueError(f"probe({batch}) must return an Observation for batch {batch}, got {obs!r}")
+    return obs
 
 
 @dataclass(frozen=True)
@@ -200,9 +220,15 @@ class _State:
         min_fail = min((o.batch_size for o in observations if not o.fits), default=None)
         fits = [o for o in observations if o.fits and (min_fail is None or o.batch_size < min_fail)]
         points: dict[int, int] = {}
-        for o in fits:
-            if o.peak_bytes is not None:
-                points[o.batch_size] = max(o.peak_bytes, points.get(o.batch_size, o.peak_bytes))
+        # The rising phase's peaks when every fit has one: the optimizer step's flat peak says nothing
+        # about where the batch-dependent phase meets the budget (a plateau has no slope).
+        rising = all(o.rising_bytes is not None for o in fits if o.peak_bytes is not None)
+        # A non-fit's rising phase lies above the budget: the model interpolates instead of extrapolating.
+        misses = [o for o in observations if not o.fits and o.rising_bytes is not None] if rising else []
+        for o in [*fits, *misses]:
+            peak = o.rising_bytes if rising else o.peak_bytes
+            if peak is not None:
+                points[o.batch_size] = max(peak, points.get(o.batch_size, peak))
         lo = min(max((o.batch_size for o in fits), default=0) // m, n) - 1
         hi = n if min_fail is None else min(-(-min_fail // m) - 1, n)
         return cls(lo, hi, n, m, min_fail, points)
@@ -231,11 +257,11 @@ class _State:
             return (self.lo + self.hi) // 2
         return 0 if self.lo < 0 else min(2 * self.lo + 1, self.n - 1)
 
-    def unguided(self, start: int | None) -> tuple[int, None]:
+    def unguided(self, start: int | None) -> tuple[int, None, bool]:
         """The scout candidate while nothing is known, else doubling then bisection."""
         if start is not None and self.lo < 0 and self.hi == self.n:
-            return min(max(start // self.m, 1), self.n) - 1, None
-        return self.fallback(), None
+            return min(max(start // self.m, 1), self.n) - 1, None, False
+        return self.fallback(), None, False
 
     def guided(
         self,
@@ -244,31 +270,43 @@ class _State:
         prune_at_or_below: int | None,
         use_model: bool,
         floor: int = 0,
-    ) -> tuple[int, bool | None] | None:
-        """A model-guided step: (index, whether the model expects it to fit), or None."""
-        step = self._fromreported_model(prior, budget, floor) if use_model else None
+    ) -> tuple[int, bool | None, bool] | None:
+        """A model-guided step: (index, whether the model expects it to fit, whether it predicts that
+        candidate to be the maximum), or None."""
+        step = self._fromreported_model(prior, budget, floor) if use_model else self._geometric()
         if prune_at_or_below is not None:
             # One probe at the largest candidate <= the threshold settles whether pruning applies.
             edge = prune_at_or_below // self.m - 1
             if self.lo < edge < self.hi and (step is None or step[0] < edge):
-                return edge, None
+                return edge, None, False
         return step
 
     def _fromreported_model(
         self, prior: Affine | None, budget: int, floor: int = 0
-    ) -> tuple[int, bool] | None:
+    ) -> tuple[int, bool, bool] | None:
         """Probe the largest candidate the model says fits, else the smallest it says does not,
         if that probe, should the model be right, cuts the remaining work as much as a fallback."""
         prediction = predict(self.points, prior, self.min_fail, budget, floor)
         if prediction is None:
             return None
         low = min(self._index_at_or_below(prediction.low), self.hi - 1)
-        if low > self.lo and self.remaining() - replace(self, lo=low).remaining() >= 1:
-            return low, True
         high = max(self._index_at_or_below(prediction.high) + 1, self.lo + 1)
+        if low > self.lo and self.remaining() - replace(self, lo=low).remaining() >= 1:
+            # The model's own answer: it fits and the next candidate does not (a lower bound, such as
+            # the proportional guess, is never one).
+            return low, True, prediction.reported and high == low + 1
         if high < self.hi and self.remaining() - replace(self, hi=high).remaining() >= 1:
-            return high, False
+            return high, False, False
         return None
+
+    def _geometric(self) -> tuple[int, None, bool] | None:
+        """After the model overshot by a wide factor, the geometric middle of the bracket: an extrapolation
+        errs by a factor, not by an amount (counted as a guided step, so the bound holds)."""
+        low, high = self.lo + 1, self.hi + 1  # batch sizes in units of the multiple
+        if self.lo < 0 or self.hi >= self.n or high < GEOMETRIC_RATIO * low:
+            return None
+        middle = math.isqrt(low * high) - 1
+        return (middle, None, False) if self.lo < middle < self.hi else None
 
     def _index_at_or_below(self, batch: float) -> int:
         """Index of the largest candidate <= batch (-1 if none, n if beyond the last)."""

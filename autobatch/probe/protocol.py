@@ -73,6 +73,7 @@ class ProbeOutcome:
     setup_seconds: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)  # "inspect" answers
     cached: bool = False  # replayed from the probe cache, not run now
+    first_backward_peak_bytes: int | None = None  # the peak when the first backward ended
 
     @property
     def fits(self) -> bool:

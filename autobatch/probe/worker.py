@@ -73,6 +73,7 @@ def measure_steps(request: ProbeRequest, script: UserScript, start: float) -> Pr
     outcome.param_bytes = report.param_bytes
     outcome.grad_bytes = report.grad_bytes
     outcome.optimizer_state_bytes = report.optimizer_state_bytes
+    outcome.first_backward_peak_bytes = report.first_backward_peak
     outcome.recompute_blocks = list(report.recompute_blocks)
     timed = report.step_seconds[1:]
     if outcome.kind == "fits" and timed and sum(timed) > 0:

@@ -57,6 +57,9 @@ class StepReport:
     optimizer_state_bytes: int = 0
     param_count: int = 0
     recompute_blocks: tuple[str, ...] = ()
+    #: The peak when the first backward ended, before any optimizer state existed: the forward and
+    #: backward phase alone (a high-water mark reads nothing of a later phase until it is higher).
+    first_backward_peak: int | None = None
 
 
 class FixedScale:
@@ -162,9 +165,10 @@ def build_step(script: UserScript, config: StepConfig, report: StepReport, *, fa
     return Step(model, params, optimizer, batch, script.compute_loss, config.precision, device.type, scaler)
 
 
-def one_step(step: Step) -> None:
+def one_step(step: Step, after_backward: Callable[[], None] | None = None) -> None:
     """Forward and loss under the precision's autocast, backward (scaled for ``16-mixed``),
-    ``optimizer.step()``, ``zero_grad(set_to_none=True)``."""
+    ``optimizer.step()``, ``zero_grad(set_to_none=True)``; ``after_backward`` runs between the
+    backward and the optimizer step."""
     with autocast_for(step.precision, step.device_type):
         loss = step.compute_loss(step.model, step.batch)
     loss = check_loss(loss)
@@ -174,6 +178,8 @@ def one_step(step: Step) -> None:
     scaler = step.scaler
     (scaler.scale(loss.float()) if scaler is not None else loss).backward()
     step.grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in step.params if p.grad is not None)
+    if after_backward is not None:
+        after_backward()
     if scaler is not None:
         scaler.step(step.optimizer)
         scaler.update()
@@ -198,10 +204,15 @@ def run_steps(
     ``report`` is filled in as the loop goes, so a caller that catches an OOM still sees how far it got.
     """
     step = build_step(script, config, report)
+
+    def first_backward() -> None:
+        synchronize()
+        report.first_backward_peak = peak_now()
+
     for index in range(1, max_steps + 1):
         synchronize()
         start = time.perf_counter()
-        one_step(step)
+        one_step(step, first_backward if index == 1 else None)
         if index == 1:
             report.grad_bytes = step.grad_bytes
         synchronize()

@@ -74,7 +74,8 @@ def test_a_confirmation_that_fails_once_at_the_boundary() -> None:
     assert answer.max_batch_size == top - 1
     assert answer.status == "exact"
     assert confirmed(probe, top - 1)
-    assert any(f"batch {top} fitted" in note for note in answer.notes)
+    # The model predicted ``top`` exactly, so its search probe already ran as long as a confirmation.
+    assert (top, LIMITS.confirm, "search") in probe.calls
 
 
 def test_confirmation_rounds_that_run_out_never_keep_a_failed_maximum() -> None:
@@ -170,3 +171,42 @@ def test_capped_at_the_largest_candidate() -> None:
     answer = find_maximum(probe, budget_bytes=GiB, limits=limits)
     assert (answer.max_batch_size, answer.status) == (64, "capped")
     assert all(b % 8 == 0 for b, _, _ in probe.calls)
+
+
+def test_the_predicted_maximum_runs_as_long_as_a_confirmation() -> None:
+    """Affine: scout, proportional guess, the predicted maximum at confirmation length, its neighbour."""
+    probe = FakeStepProbe(CURVES["affine"], GiB)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
+    top = true_max(CURVES["affine"], GiB, LIMITS.max_batch_size)
+    assert answer.max_batch_size == top and answer.probes == 4
+    assert probe.calls[2] == (top, LIMITS.confirm, "search")
+    assert all(purpose == "search" for _, _, purpose in probe.calls)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    flat=st.floats(0.3, 0.99),
+    slope=st.floats(1e-4, 0.01),
+    error=st.sampled_from((0.5, 0.95, 1.0, 1.05, 2.0)),
+    flicker=st.sets(st.integers(1, 4096), max_size=20),
+)
+def test_phases_wrong_or_right_the_answer_is_exact_and_confirmed(
+    flat: float, slope: float, error: float, flicker: set[int]
+) -> None:
+    curve = plateau(flat * GiB, 0.1 * GiB, slope * GiB)
+
+    class Skewed(FakeStepProbe):
+        def __call__(self, batch: int, steps: tuple[int, int], purpose: str):  # type: ignore[no-untyped-def]
+            obs = super().__call__(batch, steps, purpose)
+            if obs.rising_bytes is None:
+                return obs
+            return type(obs)(**{**obs.__dict__, "rising_bytes": int(obs.rising_bytes * error)})
+
+    probe = Skewed(curve, GiB, phases=True, fails_long=lambda b, _p: b in flicker)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
+    if answer.max_batch_size is not None:
+        assert confirmed(probe, answer.max_batch_size)
+        assert answer.max_batch_size <= (true_max(curve, GiB, LIMITS.max_batch_size) or 0)
+    if not flicker:
+        assert answer.max_batch_size == true_max(curve, GiB, LIMITS.max_batch_size)
+    assert answer.probes <= probe_bound(LIMITS.max_batch_size) + CONFIRM_ROUNDS

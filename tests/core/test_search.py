@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
@@ -22,7 +23,7 @@ from autobatch.core.search import (
     probe_bound,
     search_max_batch,
 )
-from autobatch.testing import Curve, FakeProbe, affine, noisy, quadratic, staircase, true_max
+from autobatch.testing import Curve, FakeProbe, affine, noisy, plateau, quadratic, staircase, true_max
 
 BUDGET = 2**30
 MiB = 2**20
@@ -430,3 +431,64 @@ def test_measured_cpu_curve(max_batch_size: int) -> None:
     assert result.max_batch_size == 17707 == true_max(measured_curve, budget, 20000)
     assert result.probes <= 15  # doubling then bisection (no peaks) needs 30
     assert sum(b > 10_000 for b in probe.calls) <= 8  # the expensive probes near the boundary
+
+
+@st.composite
+def plateaus(draw: st.DrawFn) -> tuple[Curve, int]:
+    """A flat peak (the optimizer step's) until a rising phase overtakes it, anywhere in the range."""
+    max_batch = draw(st.integers(1, 4096))
+    flat = draw(st.floats(0.1, 1.02)) * BUDGET
+    intercept = draw(st.floats(0.0, 0.9)) * BUDGET
+    crossing = draw(st.floats(0.5, 1.5 * max_batch))
+    return plateau(flat, intercept, (BUDGET - intercept) / crossing), max_batch
+
+
+@dataclass
+class RisingProbe:
+    """A probe that reports the rising phase apart, scaled by ``error`` (a wrong reading must cost probes,
+    never correctness)."""
+
+    curve: Curve
+    error: float
+    calls: list[int] = field(default_factory=list)
+
+    def __call__(self, batch: int) -> Observation:
+        self.calls.append(batch)
+        rising = int(self.curve.rising(batch) * self.error)
+        if self.curve(batch) > BUDGET:
+            return Observation(batch, fits=False, rising_bytes=rising if batch % 2 else None)
+        return Observation(batch, fits=True, peak_bytes=self.curve.measure(batch), rising_bytes=rising)
+
+
+@PROPERTY
+@given(plateaus(), st.sampled_from((1.0, 1.0, 0.5, 0.9, 1.1, 3.0)))
+def test_exact_on_plateaus_whatever_the_rising_phase_reads(scenario: tuple[Curve, int], error: float) -> None:
+    curve, max_batch = scenario
+    probe = RisingProbe(curve, error)
+    result = search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=max_batch, start=8)
+    assert result.max_batch_size == true_max(curve, BUDGET, max_batch)
+    assert len(set(probe.calls)) == len(probe.calls)
+    assert result.probes <= probe_bound(max_batch)
+
+
+def test_a_plateau_with_its_rising_phase_takes_four_probes() -> None:
+    curve = plateau(900 * MiB, 100 * MiB, 0.5 * MiB)
+    probe = RisingProbe(curve, 1.0)
+    result = search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=65536, start=8)
+    top = true_max(curve, BUDGET, 65536)
+    assert result.max_batch_size == top
+    assert probe.calls == [
+        8,
+        78,
+        top,
+        top + 1,
+    ]  # scout, proportional guess, the line's maximum, its neighbour
+    # Without the rising phase the flat peaks give no slope: doubling from the scout.
+    assert len(check(curve, 65536, 1, start=8)[1].calls) > 12
+
+
+def test_a_far_overshoot_is_split_at_the_geometric_middle() -> None:
+    probe = FakeProbe(quadratic(300 * MiB, 0.2 * MiB, 0.002 * MiB), BUDGET)
+    search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=65536, start=8, max_probes=4)
+    # The line through 8 and 27 overshoots 5x: next sqrt(27 * 2683), not (27 + 2683) / 2.
+    assert probe.calls == [8, 27, 2683, 269]

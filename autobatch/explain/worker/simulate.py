@@ -10,7 +10,8 @@ caching allocator's reserved segments.
 What it cannot see, and an estimate therefore does not include:
 
 * memory a kernel allocates internally (oneDNN and MKL buffers on the CPU; cuDNN and cuBLAS workspaces
-  on CUDA), and kernel choices that differ between devices: the step runs PyTorch's CPU code paths,
+  on CUDA), except where :mod:`~autobatch.explain.worker.kernels` models it (the oneDNN LSTM workspace),
+  and kernel choices that differ between devices: the step runs PyTorch's CPU code paths,
   so on a GPU a different SDPA backend (flash, memory-efficient, math) saves different tensors;
 * the CUDA context (a card profile assumes one) and other processes;
 * data-dependent work: ``.item()`` answers 1, so a step whose shapes depend on values is not modelled,

@@ -41,6 +41,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..pure.records import TENSOR_CATEGORIES
 from .allocators import Allocator, ExactAllocator
+from .kernels import with_workspaces
 
 #: Categories a later discovery may overwrite (a parameter stays a parameter even when saved).
 _PROVISIONAL = ("temporaries", "activations")
@@ -96,7 +97,7 @@ class MemoryTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.fake_scalars and func is torch.ops.aten._local_scalar_dense.default:
             return _fake_scalar(args[0])
-        out = func(*args, **(kwargs or {}))
+        out = with_workspaces(func, args, func(*args, **(kwargs or {})))
         category = "temporaries"
         if self.phase == "forward" and _is_param_cast(func, args, self._param_storages):
             category = "autocast_copies"

@@ -1,0 +1,102 @@
+"""The throughput choice's timing: interleaved timing probes until the rates decide (:mod:`autobatch.core.choice`).
+
+The tuner keeps every fitting probe's timed steps (a probe's first step excluded: it allocates the
+optimizer state and warms caches) per combination and batch size in :class:`StepTimes`. :func:`settle`
+then makes sure each contender has steps at its planned micro-batch, and times again, one round at a
+time and one probe per contender in turn, those whose rate is still too uncertain to decide, until none
+is or the time cap is spent. Interleaving spreads a neighbour's burst of load over every contender
+instead of one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .core.choice import MAX_ROUNDS, NOISE_Z, TIMING_SECONDS, Decision, Timing, decide, needs_more
+from .probe.protocol import ProbeOutcome
+from .result import TuneResult
+
+Key = tuple[str, str, bool]  # precision, optimizer, recompute
+
+
+@dataclass
+class StepTimes:
+    """Timed steps per (combination, batch size), from every fitting probe."""
+
+    seconds: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
+
+    def add(self, key: Key, outcome: ProbeOutcome) -> None:
+        if outcome.fits and len(outcome.step_seconds) > 1:
+            self.seconds.setdefault((key, outcome.batch_size), []).extend(outcome.step_seconds[1:])
+
+    def get(self, key: Key, batch: int) -> tuple[float, ...]:
+        return tuple(self.seconds.get((key, batch), ()))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One contender: its place in the user's order, its combination and its planned micro-batch."""
+
+    index: int
+    key: Key
+    micro_batch_size: int
+
+
+def settle(
+    entries: Sequence[Entry],
+    times: StepTimes,
+    time_once: Callable[[Entry], None],
+    world_size: int,
+    *,
+    cap_seconds: float = TIMING_SECONDS,
+    rounds: int = MAX_ROUNDS,
+) -> Decision | None:
+    """Time the contenders (none: None) until :func:`~autobatch.core.choice.needs_more` names none (or the cap), then
+    :func:`~autobatch.core.choice.decide`. ``time_once(entry)`` runs one timing probe (which adds to
+    ``times``); a contender with no steps at its micro-batch is timed once whatever the cap."""
+    by_index = {e.index: e for e in entries}
+
+    def timings() -> list[Timing]:
+        return [
+            Timing(e.index, e.micro_batch_size, world_size, times.get(e.key, e.micro_batch_size))
+            for e in entries
+        ]
+
+    if len(entries) == 1:  # nothing to compare: no timing
+        only = timings()[0]
+        return Decision(only.index, None, None, False, only.rse)
+    if len(entries) > 1:
+        for e in entries:
+            if not times.get(e.key, e.micro_batch_size):
+                time_once(e)
+    started = time.perf_counter()
+    for _ in range(rounds):
+        todo = needs_more(timings())
+        if not todo or time.perf_counter() - started > cap_seconds:
+            break
+        for index in todo:
+            time_once(by_index[index])
+    return decide(timings())
+
+
+def margin_of_choice(result: TuneResult, decision: Decision) -> None:
+    """State in the result how the throughput choice was made: the margin, the runner-up, and whether the
+    margin is within the noise (then the user's order decided)."""
+    chosen = result.chosen
+    if chosen is None or decision.runner_up is None:
+        return
+    runner = result.combinations[decision.runner_up]
+    chosen.runner_up = (
+        f"{runner.precision}/{runner.optimizer}/{'recompute' if runner.recompute else 'no-recompute'}"
+    )
+    chosen.margin = None if decision.margin is None else round(decision.margin, 4)
+    error = f"{decision.rse:.1%} relative error of the mean step time"
+    if decision.tie:
+        chosen.decided_by = (
+            f"tie within the noise ({NOISE_Z:g} standard errors) with {chosen.runner_up}: the earlier in your order"
+            f" ({error})"
+        )
+    else:
+        chosen.decided_by = f"{(decision.margin or 0):+.1%} samples/s over {chosen.runner_up} ({error})"

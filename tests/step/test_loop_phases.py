@@ -1,0 +1,66 @@
+"""The step loop reads the peak between the first backward and the first optimizer step, and the tuner
+turns it into the rising phase's peak."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from autobatch.contract import UserScript
+from autobatch.probe.protocol import ProbeOutcome
+from autobatch.step.loop import StepConfig, StepReport, run_steps
+from autobatch.tuner import rising_peak
+
+
+def test_the_first_backward_is_read_before_the_optimizer_state_exists() -> None:
+    script = UserScript(
+        Path("<tiny>"),
+        ModuleType("tiny"),
+        lambda: torch.nn.Linear(8, 8),
+        lambda batch_size: torch.randn(batch_size, 8),
+        lambda model, batch: model(batch).sum(),
+    )
+    reads = itertools.count(100)
+    states: list[int] = []
+    report = StepReport()
+
+    def peak_now() -> int:
+        states.append(sum(len(s) for s in optimizer_states))
+        return next(reads)
+
+    optimizer_states: list[dict[str, object]] = []
+    original = torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        optimizer_states[:] = list(self.state.values())
+        return original(self, *args, **kwargs)
+
+    torch.optim.AdamW.step = step  # type: ignore[method-assign]
+    try:
+        run_steps(
+            script,
+            StepConfig(4, "32-true", "adamw"),
+            report,
+            min_steps=3,
+            max_steps=3,
+            peak_now=peak_now,
+            synchronize=lambda: None,
+            grow_tolerance=0,
+        )
+    finally:
+        torch.optim.AdamW.step = original  # type: ignore[method-assign]
+    assert report.first_backward_peak == 100  # the first read, taken before any optimizer step
+    assert states[0] == 0  # no optimizer state existed then
+    assert report.step_peaks == [101, 102, 103]
+
+
+def test_rising_peak_adds_the_optimizer_state_and_keeps_misses() -> None:
+    fit = ProbeOutcome(kind="fits", steps=3, first_backward_peak_bytes=500, optimizer_state_bytes=200)
+    assert rising_peak(fit, 150) == 700  # the state the probe measured
+    miss = ProbeOutcome(kind="oom", steps=1, first_backward_peak_bytes=900)
+    assert rising_peak(miss, 150) == 1050  # failed before measuring it: the analytic figure
+    assert rising_peak(ProbeOutcome(kind="oom"), 150) is None  # out of memory before the first backward ended
+    assert rising_peak(ProbeOutcome(kind="crash", first_backward_peak_bytes=1), 150) is None

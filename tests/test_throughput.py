@@ -1,0 +1,102 @@
+"""The throughput choice through the real ``tune`` (in process, fake probes): dominance, interleaved
+timing, the margin in the result."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from support import run_main
+
+from autobatch.cli.state import STATE
+from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.settings import FIELDS
+from autobatch.testing import FakeRunner, affine
+
+MiB = 1 << 20
+
+
+class TimedRunner(FakeRunner):
+    """Step times per combination: ``seconds[(precision, recompute)]``, with a repeating jitter."""
+
+    seconds: dict[tuple[str, bool], float] = {}
+    jitter = itertools.cycle((0.9, 1.1, 1.0, 0.95, 1.05))
+
+    def _probe(self, request: ProbeRequest) -> ProbeOutcome:
+        outcome = super()._probe(request)
+        if outcome.fits:
+            base = self.seconds[(request.precision, request.recompute)]
+            outcome.step_seconds = [base * next(self.jitter) for _ in range(outcome.steps)]
+            outcome.samples_per_second = (
+                request.batch_size * (outcome.steps - 1) / sum(outcome.step_seconds[1:])
+            )
+        return outcome
+
+
+def curve(precision: str, optimizer: str, recompute: bool) -> object:
+    return affine(
+        400 * MiB, 1.7 * MiB * (0.35 if recompute else 1.0) * (0.5 if precision == "bf16-mixed" else 1)
+    )
+
+
+@pytest.fixture
+def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TimedRunner:
+    fake = TimedRunner(curve)  # type: ignore[arg-type]
+    monkeypatch.setattr(STATE, "runner_factory", lambda: fake)
+    monkeypatch.chdir(tmp_path)
+    for info in FIELDS:
+        if info.env != "AUTOBATCH_CACHE_DIR":
+            monkeypatch.delenv(info.env, raising=False)
+    (tmp_path / "train.py").write_text("# the fake runner never imports it\n")
+    return fake
+
+
+def tune(*extra: str) -> dict[str, object]:
+    code, out, err = run_main(
+        "tune",
+        "train.py",
+        "--device",
+        "cpu",
+        "--memory",
+        "1GiB",
+        "-o",
+        "adamw",
+        "--no-cache",
+        "--json",
+        *extra,
+    )
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_recompute_that_measured_faster_is_not_chosen_when_its_twin_fits(runner: TimedRunner) -> None:
+    # The measurement says recomputation is three times faster (noise, as seen on a busy machine).
+    runner.seconds = {("32-true", False): 0.3, ("32-true", True): 0.1}
+    Path("autobatch.toml").write_text('[search]\nrecompute = "both"\n')
+    result = tune("-p", "32-true", "--global-batch-size", "64")
+    assert len(result["combinations"]) == 2  # type: ignore[arg-type]
+    chosen = result["chosen"]
+    assert isinstance(chosen, dict) and chosen["recompute"] is False and chosen["micro_batch_size"] == 64
+    assert any("only adds work" in note for note in result["notes"])  # type: ignore[union-attr]
+
+
+def test_the_result_states_the_margin_of_a_timed_choice(runner: TimedRunner) -> None:
+    runner.seconds = {("32-true", False): 0.2, ("bf16-mixed", False): 0.1}
+    result = tune("-p", "32-true", "-p", "bf16-mixed", "--no-recompute", "--global-batch-size", "64")
+    chosen = result["chosen"]
+    assert isinstance(chosen, dict) and chosen["precision"] == "bf16-mixed"
+    assert chosen["runner_up"] == "32-true/adamw/no-recompute"
+    assert 0.5 < chosen["margin"] < 1.5 and "samples/s over" in chosen["decided_by"]
+    # Both contenders were timed at the planned micro-batch, interleaved.
+    timed = [p for c in result["combinations"] for p in c["trace"] if p["purpose"] == "throughput"]  # type: ignore[index]
+    assert {p["batch_size"] for p in timed} == {64}
+
+
+def test_a_difference_within_the_noise_goes_to_the_users_order(runner: TimedRunner) -> None:
+    runner.seconds = {("32-true", False): 0.101, ("bf16-mixed", False): 0.1}
+    result = tune("-p", "32-true", "-p", "bf16-mixed", "--no-recompute", "--global-batch-size", "64")
+    chosen = result["chosen"]
+    assert isinstance(chosen, dict) and chosen["precision"] == "32-true"
+    assert "tie within the noise" in chosen["decided_by"]
