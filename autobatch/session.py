@@ -50,8 +50,12 @@ class Session:
         on_probe: OnProbe | None = None,
         runner: ProbeRunner | None = None,
         op_modules: tuple[str, ...] = (),
+        strategy: str = "none",
+        nproc_per_node: int = 1,
     ) -> None:
         self.script = Path(script)
+        self.strategy = strategy  # "none", "ddp" or "fsdp": every probe on nproc_per_node ranks
+        self.nproc_per_node = nproc_per_node if strategy != "none" else 1
         self.script_args = list(script_args)
         self.requested_device = device
         self.memory = memory
@@ -96,6 +100,8 @@ class Session:
             on_probe=on_probe,
             runner=runner,
             op_modules=op_modules,
+            strategy=settings.distributed.strategy,
+            nproc_per_node=settings.distributed.nproc_per_node,
         )
 
     def __enter__(self) -> Session:
@@ -127,7 +133,10 @@ class Session:
                 self.script, self.script_args, env=dict(MALLOC_ENV), op_modules=self.op_modules
             )
         device, info = self._resolve_device()
-        self.device = device_info(device, info, memory=self.memory, headroom=self.headroom)
+        memory = self.memory
+        if memory is None and device == "cpu" and self.nproc_per_node > 1 and info.get("available_bytes"):
+            memory = int(info["available_bytes"]) // self.nproc_per_node  # the ranks share the machine
+        self.device = device_info(device, info, memory=memory, headroom=self.headroom)
         self._open_journal()
         return self.device
 
@@ -172,7 +181,9 @@ class Session:
                 self.device.budget_bytes,
                 self.optimizer_kwargs,
                 self.recompute_classes,
-            ),
+            )
+            # a strategy's probes are other measurements; single-process fingerprints stay as they were
+            + ((self.strategy, self.nproc_per_node) if self.strategy != "none" else ()),
         )
         if self.use_cache:
             self.journal = ProbeJournal.open(self.cache_dir, self.fingerprint)
@@ -207,6 +218,8 @@ class Session:
             op=op,
             options=dict(options or {}),
             process_limit_bytes=self.device.process_limit_bytes,
+            strategy=self.strategy if op == "probe" else "none",
+            nproc_per_node=self.nproc_per_node if op == "probe" else 1,
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:

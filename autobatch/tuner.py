@@ -19,6 +19,7 @@ from .core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reaso
 from .core.plan import Candidate, Plan, choose, knee, plan_accumulation
 from .core.search import Observation
 from .core.space import Combo, combinations
+from .core.strategy import strategy_fields
 from .core.units import format_bytes
 from .errors import NothingFitsError
 from .probe.protocol import ProbeOutcome
@@ -84,6 +85,8 @@ class Tuner:
             created=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
             notes=list(device.notes),
         )
+        if session.strategy != "none":
+            self.result.distributed = {"strategy": session.strategy, "nproc_per_node": session.nproc_per_node}
         if options.world_size_source != "default":
             self.result.notes.append(f"world size {options.world_size} from {options.world_size_source}")
 
@@ -203,6 +206,7 @@ class Tuner:
                 samples_per_second=outcome.samples_per_second,
                 cached=outcome.cached,
                 purpose=purpose,
+                rank_peak_bytes=list(outcome.rank_peak_bytes),
             )
         )
         entry.probes = len(entry.trace)
@@ -250,6 +254,7 @@ class Tuner:
             requested_global_batch_size=plan.requested_global_batch_size,
             exact=plan.exact,
             note=plan.note,
+            **strategy_fields(self.session.strategy, self.session.nproc_per_node, plan.world_size),
         )
 
     def _throughput_at(self, combo: Combo, entry: ComboResult, micro: int) -> float | None:

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..core.space import STRATEGIES
 from .recompute import detect_blocks
 
 if TYPE_CHECKING:
     from .loop import Wrap
 
-STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp")
+__all__ = ["STRATEGIES", "backend_for", "wrapper", "wrap_ddp", "wrap_fsdp"]
 
 
 def backend_for(device: str) -> str:
