@@ -56,6 +56,7 @@ class Session:
         self.script = Path(script)
         self.strategy = strategy  # "none", "ddp" or "fsdp": every probe on nproc_per_node ranks
         self.nproc_per_node = nproc_per_node if strategy != "none" else 1
+        self.blocks: tuple[str, ...] = ()
         self.script_args = list(script_args)
         self.requested_device = device
         self.memory = memory
@@ -133,6 +134,7 @@ class Session:
                 self.script, self.script_args, env=dict(MALLOC_ENV), op_modules=self.op_modules
             )
         device, info = self._resolve_device()
+        self.blocks = tuple(info.get("recompute_blocks", ()))  # what recomputation and FSDP wrap
         memory = self.memory
         if memory is None and device == "cpu" and self.nproc_per_node > 1 and info.get("available_bytes"):
             memory = int(info["available_bytes"]) // self.nproc_per_node  # the ranks share the machine

@@ -86,7 +86,11 @@ class Tuner:
             notes=list(device.notes),
         )
         if session.strategy != "none":
-            self.result.distributed = {"strategy": session.strategy, "nproc_per_node": session.nproc_per_node}
+            self.result.distributed = {
+                "strategy": session.strategy,
+                "nproc_per_node": session.nproc_per_node,
+                "blocks": list(session.blocks),
+            }
         if options.world_size_source != "default":
             self.result.notes.append(f"world size {options.world_size} from {options.world_size_source}")
 

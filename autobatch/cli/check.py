@@ -119,7 +119,8 @@ def _print(report: dict[str, Any], combo: Combo, outcome: ProbeOutcome, info: De
     )
     if outcome.rank_peak_bytes:
         console.print(
-            "  per rank: " + ", ".join(f"rank {i} {format_bytes(p)}" for i, p in enumerate(outcome.rank_peak_bytes))
+            "  per rank: "
+            + ", ".join(f"rank {i} {format_bytes(p)}" for i, p in enumerate(outcome.rank_peak_bytes))
             + " (the table's peak is the worst rank)"
         )
     if not fits and report["reason"]:

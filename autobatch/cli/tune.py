@@ -194,9 +194,7 @@ def print_table(result: TuneResult) -> None:
     ):
         table.add_column(
             column,
-            justify="right"
-            if column in ("max batch", peak, "of budget", "samples/s", "probes")
-            else "left",
+            justify="right" if column in ("max batch", peak, "of budget", "samples/s", "probes") else "left",
         )
     for c in result.combinations:
         chosen = result.chosen is not None and (c.precision, c.optimizer, c.recompute) == (

@@ -74,7 +74,9 @@ class ProbeOutcome:
     setup_seconds: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)  # "inspect" answers
     cached: bool = False  # replayed from the probe cache, not run now
-    rank_peak_bytes: list[int] = field(default_factory=list)  # distributed: every rank's peak (peak_bytes: the largest)
+    rank_peak_bytes: list[int] = field(
+        default_factory=list
+    )  # distributed: every rank's peak (peak_bytes: the largest)
     failed_rank: int | None = None  # distributed: the rank whose failure ended the probe
 
     @property

@@ -41,7 +41,7 @@ import time
 import traceback
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 from ..contract import UserScript
 from .protocol import ProbeOutcome, ProbeRequest
@@ -72,7 +72,11 @@ def rank_device(device: str, rank: int) -> str:
     return f"cuda:{first + rank}"
 
 
-def run_ranks(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
+#: The probe proper on one rank (:func:`autobatch.probe.worker.measure_steps`, passed in by the worker).
+Measure = Callable[..., ProbeOutcome]
+
+
+def run_ranks(request: ProbeRequest, script: UserScript, measure: Measure) -> ProbeOutcome:
     """Run ``request`` on ``request.nproc_per_node`` fresh ranks; one outcome for the group."""
     world = request.nproc_per_node
     started = time.perf_counter()
@@ -90,7 +94,7 @@ def run_ranks(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
                     os.close(other.fd)
                 if rank != 0:
                     listener.close()
-                _rank_main(request, script, rank, port, listener.fileno(), write_fd, started)
+                _rank_main(request, script, measure, (rank, port, listener.fileno()), write_fd, started)
             os.close(write_fd)
             ranks.append(Rank(rank, pid, read_fd))
         listener.close()
@@ -205,13 +209,20 @@ def combine(request: ProbeRequest, ranks: list[Rank], failure: Rank | None, wall
 
 
 def _rank_main(
-    request: ProbeRequest, script: UserScript, rank: int, port: int, listen_fd: int, write_fd: int, t0: float
+    request: ProbeRequest,
+    script: UserScript,
+    measure: Measure,
+    where: tuple[int, int, int],
+    write_fd: int,
+    t0: float,
 ) -> None:
-    """A rank process: run, report one line, wait to be stopped (never returns)."""
+    """A rank process (``where``: rank, port, listening socket): run, report one line, wait to be
+    stopped (never returns)."""
     code = 0
+    rank, port, listen_fd = where
     try:
         die_with_parent()
-        outcome, info = run_rank(request, script, rank, port, listen_fd if rank == 0 else None, t0)
+        outcome, info = run_rank(request, script, measure, (rank, port, listen_fd if rank == 0 else None), t0)
         data = (json.dumps({"outcome": outcome.to_dict(), "rank_info": info}) + "\n").encode()
         view = memoryview(data)
         while view:
@@ -229,15 +240,20 @@ def _rank_main(
 
 
 def run_rank(
-    request: ProbeRequest, script: UserScript, rank: int, port: int, listen_fd: int | None, t0: float
+    request: ProbeRequest,
+    script: UserScript,
+    measure: Measure,
+    where: tuple[int, int, int | None],
+    t0: float,
 ) -> tuple[ProbeOutcome, dict[str, Any]]:
-    """Join the process group, then the probe proper on this rank: budget, wrapped model, steps."""
+    """Join the process group, then the probe proper on this rank (``where``: rank, port, rank 0's
+    listening socket): budget, wrapped model, steps."""
     import torch.distributed as dist
 
     from ..step.strategy import backend_for, wrapper
     from .failures import describe_failure
-    from .worker import measure_steps
 
+    rank, port, listen_fd = where
     world = request.nproc_per_node
     device = rank_device(request.device, rank)
     os.environ.update(
@@ -256,10 +272,17 @@ def run_rank(
             import torch
 
             torch.cuda.set_device(torch.device(device))
-        dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world, timeout=timeout)
+        dist.init_process_group(
+            backend_for(device), store=store, rank=rank, world_size=world, timeout=timeout
+        )
     except Exception as exc:  # noqa: BLE001 - a rendezvous failure is the probe layer's, reported as data
         return describe_failure(ProbeOutcome(kind="error", batch_size=request.batch_size), exc), info
     info["rendezvous_seconds"] = time.perf_counter() - started
+    if not device.startswith("cuda"):
+        import torch
+
+        # N ranks share the cores: split them, as torchrun does (OMP_NUM_THREADS), or they thrash
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     wrap = wrapper(request.strategy, device, request.recompute_classes or script.recompute_classes)
-    outcome = measure_steps(replace(request, device=device), script, time.perf_counter(), wrap=wrap)
+    outcome = measure(replace(request, device=device), script, time.perf_counter(), wrap=wrap)
     return outcome, info

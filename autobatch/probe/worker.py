@@ -31,7 +31,7 @@ def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     if request.strategy != "none":
         from .ranks import run_ranks
 
-        return run_ranks(request, script)
+        return run_ranks(request, script, measure_steps)
     return measure_steps(request, script, time.perf_counter())
 
 

@@ -256,7 +256,12 @@ class OutputSettings:
 GROUPS: dict[str, type] = {
     cls.SECTION: cls
     for cls in (
-        ScriptSettings, DeviceSettings, SearchSettings, PlanSettings, DistributedSettings, ProbeSettings,
+        ScriptSettings,
+        DeviceSettings,
+        SearchSettings,
+        PlanSettings,
+        DistributedSettings,
+        ProbeSettings,
         OutputSettings,
     )  # fmt: skip
 }

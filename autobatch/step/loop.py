@@ -142,7 +142,12 @@ def local_bytes(tensor: torch.Tensor) -> int:
 
 
 def build_step(
-    script: UserScript, config: StepConfig, report: StepReport, *, fake: bool = False, wrap: Wrap | None = None
+    script: UserScript,
+    config: StepConfig,
+    report: StepReport,
+    *,
+    fake: bool = False,
+    wrap: Wrap | None = None,
 ) -> Step:
     """Build the model (recomputation, precision, device, ``wrap``), the optimizer and the batch.
 
