@@ -57,6 +57,11 @@ class Session:
         self.strategy = strategy  # "none", "ddp" or "fsdp": every probe on nproc_per_node ranks
         self.nproc_per_node = nproc_per_node if strategy != "none" else 1
         self.blocks: tuple[str, ...] = ()
+        if strategy != "none" and nproc_per_node < 2:
+            raise UsageError(
+                f"strategy {strategy} measures every rank, but nproc_per_node is {nproc_per_node}",
+                hint="pass --nproc-per-node 2 (or more), or --strategy none",
+            )
         self.script_args = list(script_args)
         self.requested_device = device
         self.memory = memory

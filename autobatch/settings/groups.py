@@ -174,7 +174,7 @@ class DistributedSettings:
     )  # fmt: skip
     nproc_per_node: int = setting(
         1, "int", "an integer >= 1", "Rank processes per probe (and per node in the plan); with a "
-        "strategy, at least 2 (on CUDA, one GPU each from the device's index).", minimum=1,
+        "strategy, tune and check need at least 2 (on CUDA, one GPU each from the device's index).", minimum=1,
     )  # fmt: skip
     nnodes: Optional[int] = setting(
         None, "int", "an integer >= 1", "Nodes of the job: with a strategy, the plan's world size is "
@@ -184,11 +184,6 @@ class DistributedSettings:
 
     def __post_init__(self) -> None:
         _validate(self)
-        if self.strategy != "none" and self.nproc_per_node < 2:
-            raise ConfigError(
-                [f"distributed.nproc_per_node: strategy {self.strategy} needs at least 2 ranks, found "
-                 f"{self.nproc_per_node}"], hint="pass --nproc-per-node 2 (or more), or --strategy none",
-            )  # fmt: skip
 
 
 @dataclass(frozen=True)

