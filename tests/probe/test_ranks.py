@@ -47,11 +47,16 @@ def test_a_failure_on_rank_1_ends_every_rank_promptly_and_names_it(fault: str) -
     assert [p for p in psutil.Process(os.getpid()).children(recursive=True) if p.is_running()] == []
 
 
-def test_ddp_and_fsdp_measure_every_rank_and_fsdp_shards_the_state() -> None:
-    with ProbeClient(EXAMPLES / "mlp.py", ["--width", "512", "--depth", "4"], env=dict(MALLOC_ENV)) as client:
+def test_per_rank_peaks_order_fsdp_below_one_process_below_ddp() -> None:
+    """A parameter-heavy MLP (32 MiB of parameters, AdamW): FSDP2 shards parameters, gradients and
+    state (below one process, gloo's runtime included), DDP adds its gradient buckets (above it)."""
+    args = ["--width", "512", "--depth", "32", "--tokens", "1", "--in-features", "512", "--classes", "10"]
+    with ProbeClient(EXAMPLES / "mlp.py", args, env=dict(MALLOC_ENV)) as client:
+        single = client.run(_request("none", nproc_per_node=1))
         ddp = client.run(_request("ddp"))
         fsdp = client.run(_request("fsdp"))
         assert _probe_processes(client) == []
+    assert single.kind == "fits" and single.rank_peak_bytes == []
     for outcome in (ddp, fsdp):
         assert outcome.kind == "fits", outcome
         assert len(outcome.rank_peak_bytes) == 2
@@ -60,3 +65,6 @@ def test_ddp_and_fsdp_measure_every_rank_and_fsdp_shards_the_state() -> None:
     # FSDP2 holds half of the parameters and of the AdamW state on each rank (to a shard's padding)
     assert abs(fsdp.param_bytes * 2 - ddp.param_bytes) <= 4096
     assert abs(fsdp.optimizer_state_bytes * 2 - ddp.optimizer_state_bytes) <= 8192
+    assert fsdp.peak_bytes < single.peak_bytes < ddp.peak_bytes  # type: ignore[operator]
+    # DDP's buckets: about one more copy of the gradients than one process holds
+    assert ddp.peak_bytes - single.peak_bytes >= single.grad_bytes  # type: ignore[operator]
