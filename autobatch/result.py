@@ -17,10 +17,13 @@ Schema (``schema_version`` 1); fields are only ever added, never renamed or remo
                       ``probes`` (how many probes this combination cost), ``reason``, ``static_bytes``,
                       ``bytes_per_sample``, ``knee_batch_size``, ``trace`` (every probe: batch_size, kind,
                       peak_bytes, steps, seconds, samples_per_second, cached, purpose: search |
-                      confirm | throughput)
+                      confirm | throughput; ``rank_peak_bytes``: every rank's peak under a
+                      distributed strategy, ``peak_bytes`` then being the largest)
 ``chosen``            null, or {"precision", "optimizer", "recompute", "micro_batch_size",
                       "accumulation_steps", "world_size", "global_batch_size",
-                      "requested_global_batch_size", "exact", "note"}
+                      "requested_global_batch_size", "exact", "note", "strategy" ("none" | "ddp" |
+                      "fsdp"), "nproc_per_node", "num_nodes"}
+``distributed``       {} for one process, else {"strategy", "nproc_per_node"}: how every probe ran
 ``probes``            total probes run (cache hits excluded), ``probe_overhead_seconds``, ``wall_seconds``
 ``notes``             list of strings: decisions and warnings worth reading
 """
@@ -47,6 +50,7 @@ class ProbeRecord:
     samples_per_second: float | None = None
     cached: bool = False
     purpose: str = "search"  # search | confirm | throughput
+    rank_peak_bytes: list[int] = field(default_factory=list)  # distributed: every rank's peak
 
 
 @dataclass
@@ -87,6 +91,9 @@ class Chosen:
     margin: float | None = None
     runner_up: str | None = None
     decided_by: str | None = None
+    strategy: str = "none"  # none | ddp | fsdp: what the maximum was measured with
+    nproc_per_node: int = 1
+    num_nodes: int = 1
 
 
 @dataclass
@@ -105,6 +112,7 @@ class TuneResult:
     autobatch_version: str | None = None
     created: str | None = None
     notes: list[str] = field(default_factory=list)
+    distributed: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     pid: int | None = None
     host: str | None = None

@@ -52,8 +52,18 @@ class Session:
         runner: ProbeRunner | None = None,
         op_modules: tuple[str, ...] = (),
         check_batch_size: bool = True,
+        strategy: str = "none",
+        nproc_per_node: int = 1,
     ) -> None:
         self.script = Path(script)
+        self.strategy = strategy  # "none", "ddp" or "fsdp": every probe on nproc_per_node ranks
+        self.nproc_per_node = nproc_per_node if strategy != "none" else 1
+        self.blocks: tuple[str, ...] = ()
+        if strategy != "none" and nproc_per_node < 2:
+            raise UsageError(
+                f"strategy {strategy} measures every rank, but nproc_per_node is {nproc_per_node}",
+                hint="pass --nproc-per-node 2 (or more), or --strategy none",
+            )
         self.script_args = list(script_args)
         self.requested_device = device
         self.memory = memory
@@ -102,6 +112,8 @@ class Session:
             runner=runner,
             op_modules=op_modules,
             check_batch_size=settings.script.check_batch_size,
+            strategy=settings.distributed.strategy,
+            nproc_per_node=settings.distributed.nproc_per_node,
         )
 
     def __enter__(self) -> Session:
@@ -134,7 +146,11 @@ class Session:
                 start_timeout=self.timeout + IMPORT_GRACE,  # importing the script counts like a probe
             )
         device, info = self._resolve_device()
-        self.device = device_info(device, info, memory=self.memory, headroom=self.headroom)
+        self.blocks = tuple(info.get("recompute_blocks", ()))  # what recomputation and FSDP wrap
+        memory = self.memory
+        if memory is None and device == "cpu" and self.nproc_per_node > 1 and info.get("available_bytes"):
+            memory = int(info["available_bytes"]) // self.nproc_per_node  # the ranks share the machine
+        self.device = device_info(device, info, memory=memory, headroom=self.headroom)
         self._open_journal()
         return self.device
 
@@ -181,7 +197,9 @@ class Session:
                 self.device.budget_bytes,
                 self.optimizer_kwargs,
                 self.recompute_classes,
-            ),
+            )
+            # a strategy's probes are other measurements; single-process fingerprints stay as they were
+            + ((self.strategy, self.nproc_per_node) if self.strategy != "none" else ()),
         )
         if self.use_cache:
             self.journal = ProbeJournal.open(self.cache_dir, self.fingerprint)
@@ -217,6 +235,8 @@ class Session:
             options=dict(options or {}),
             process_limit_bytes=self.device.process_limit_bytes,
             check_batch_size=self.check_batch_size,
+            strategy=self.strategy if op == "probe" else "none",
+            nproc_per_node=self.nproc_per_node if op == "probe" else 1,
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:

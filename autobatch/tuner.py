@@ -22,9 +22,11 @@ from .core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reaso
 from .core.plan import Candidate, Plan, choose, knee, plan_accumulation
 from .core.search import Observation
 from .core.space import Combo, combinations
+from .core.strategy import strategy_fields
 from .core.units import format_bytes
 from .errors import NothingFitsError, ProbeFailure
 from .probe.protocol import ProbeOutcome
+from .probe.readings import measured_static, observation
 from .result import Chosen, ComboResult, ProbeRecord, TuneResult
 from .session import Session
 from .throughput import Entry, StepTimes, margin_of_choice, settle
@@ -91,6 +93,12 @@ class Tuner:
             pid=os.getpid(),
             host=socket.gethostname(),
         )
+        if session.strategy != "none":
+            self.result.distributed = {
+                "strategy": session.strategy,
+                "nproc_per_node": session.nproc_per_node,
+                "blocks": list(session.blocks),
+            }
         if options.world_size_source != "default":
             self.result.notes.append(f"world size {options.world_size} from {options.world_size_source}")
 
@@ -146,7 +154,7 @@ class Tuner:
             if purpose != "confirm" or outcome.fits:
                 outcomes[batch] = outcome
             self._record(entry, outcome, purpose)
-            return _observation(outcome, state_bytes=analytic.optimizer_state)
+            return observation(outcome, state_bytes=analytic.optimizer_state)
 
         shapes = [tuple(s) for s in device.param_shapes]
         analytic = StaticMemory.analytic(combo.precision, combo.optimizer, shapes, device.param_count)
@@ -159,7 +167,7 @@ class Tuner:
             floor_bytes=floor_bytes(device.baseline_bytes, analytic),
             prune_at_or_below=self._prune_threshold(),
         )
-        static = _measured_static(outcomes) or analytic
+        static = measured_static(outcomes.values()) or analytic
         entry.static_bytes = static.to_dict()
         entry.status, entry.max_batch_size = answer.status, answer.max_batch_size
         entry.reason = reason(
@@ -216,6 +224,7 @@ class Tuner:
                 samples_per_second=outcome.samples_per_second,
                 cached=outcome.cached,
                 purpose=purpose,
+                rank_peak_bytes=list(outcome.rank_peak_bytes),
             )
         )
         entry.probes = len(entry.trace)
@@ -259,6 +268,7 @@ class Tuner:
             requested_global_batch_size=plan.requested_global_batch_size,
             exact=plan.exact,
             note=plan.note,
+            **strategy_fields(self.session.strategy, self.session.nproc_per_node, plan.world_size),
         )
         if decision is not None:
             margin_of_choice(self.result, decision)
@@ -359,36 +369,3 @@ def _check_answer(key: str, entry: ComboResult, budget_bytes: int, notes: list[s
 
 def _key(combo: Combo) -> tuple[str, str, bool]:
     return (combo.precision, combo.optimizer, combo.recompute)
-
-
-def _observation(outcome: ProbeOutcome, state_bytes: int = 0) -> Observation:
-    return Observation(
-        batch_size=outcome.batch_size,
-        fits=outcome.fits,
-        peak_bytes=outcome.peak_bytes if outcome.fits else None,
-        kind=outcome.kind,
-        samples_per_second=outcome.samples_per_second,
-        steps=outcome.steps,
-        rising_bytes=rising_peak(outcome, state_bytes),
-    )
-
-
-def rising_peak(outcome: ProbeOutcome, state_bytes: int) -> int | None:
-    """The forward and backward phase's peak once the optimizer state is resident: the high-water mark
-    when the first backward ended (before any optimizer state existed; the build's own transients
-    included, so it errs high at small batches) plus that state, as measured by the probe (a probe that
-    failed before measuring it: ``state_bytes``, the analytic figure). None when the probe could not tell.
-    """
-    first = outcome.first_backward_peak_bytes
-    if first is None or outcome.kind not in ("fits", "oom"):
-        return None
-    return first + (outcome.optimizer_state_bytes or state_bytes)
-
-
-def _measured_static(outcomes: dict[int, ProbeOutcome]) -> StaticMemory | None:
-    """The static memory a fitting probe measured (the latest), if any did."""
-    measured = [o for o in outcomes.values() if o.fits and o.param_bytes]
-    if not measured:
-        return None
-    o = measured[-1]
-    return StaticMemory(o.param_bytes, o.grad_bytes, o.optimizer_state_bytes)

@@ -42,6 +42,8 @@ def check(
     recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
     timeout: Optional[float] = opt.TIMEOUT,
     check_batch_size: Optional[bool] = opt.CHECK_BATCH_SIZE,
+    strategy: Optional[str] = opt.STRATEGY,
+    nproc_per_node: Optional[int] = opt.NPROC_PER_NODE,
     as_json: bool = opt.JSON,
 ) -> None:
     """Run one isolated probe: does this batch fit? Peak memory and step time."""
@@ -80,7 +82,10 @@ def _report(combo: Combo, outcome: ProbeOutcome, info: DeviceInfo) -> dict[str, 
         "optimizer": combo.optimizer,
         "recompute": combo.recompute,
         "steps": outcome.steps,
-        "peak_bytes": outcome.peak_bytes,
+        "peak_bytes": outcome.peak_bytes,  # distributed: the largest of rank_peak_bytes
+        "strategy": info_strategy(outcome),
+        "rank_peak_bytes": outcome.rank_peak_bytes,
+        "failed_rank": outcome.failed_rank,
         "step_peaks": outcome.step_peaks,
         "budget_bytes": info.budget_bytes,
         "capacity_bytes": info.capacity_bytes,
@@ -99,6 +104,11 @@ def _report(combo: Combo, outcome: ProbeOutcome, info: DeviceInfo) -> dict[str, 
     }
 
 
+def info_strategy(outcome: ProbeOutcome) -> dict[str, Any] | None:
+    """A distributed probe's strategy, world size and fixed cost (start, rendezvous); None for one process."""
+    return outcome.info.get("distributed")
+
+
 def _print(report: dict[str, Any], combo: Combo, outcome: ProbeOutcome, info: DeviceInfo) -> None:
     fits = outcome.fits
     verdict = "[green]fits[/]" if fits else "[yellow]out of memory[/]"
@@ -108,6 +118,12 @@ def _print(report: dict[str, Any], combo: Combo, outcome: ProbeOutcome, info: De
         f"{format_bytes(outcome.peak_bytes)} of budget {format_bytes(info.budget_bytes)}"
         + (f"; {mean_step:.3f} s/step" if mean_step else "")
     )
+    if outcome.rank_peak_bytes:
+        console.print(
+            "  per rank: "
+            + ", ".join(f"rank {i} {format_bytes(p)}" for i, p in enumerate(outcome.rank_peak_bytes))
+            + " (the table's peak is the worst rank)"
+        )
     if not fits and report["reason"]:
         console.print(f"  {escape(str(report['reason']).splitlines()[0])}", style="dim")
     if report["within_margin"]:

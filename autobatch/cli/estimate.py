@@ -60,6 +60,10 @@ def estimate(
     batch_multiple: Optional[int] = typer.Option(None, "--batch-multiple", help=opt._help("batch_multiple")),
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help=opt._help("max_batch_size")),
     timeout: Optional[float] = opt.TIMEOUT,
+    strategy: Optional[str] = opt.STRATEGY,
+    world_size: Optional[int] = typer.Option(None, "--world-size", "-w", help=opt._help("world_size")),
+    nproc_per_node: Optional[int] = opt.NPROC_PER_NODE,
+    nnodes: Optional[int] = opt.NNODES,
     plot: Optional[Path] = typer.Option(
         None, "--plot", help="Draw the simulated memory against batch size to FILE (.png or .svg)."
     ),

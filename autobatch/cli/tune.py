@@ -42,6 +42,9 @@ def tune(
         None, "--global-batch-size", "-g", help=opt._help("global_batch_size")
     ),
     world_size: Optional[int] = typer.Option(None, "--world-size", "-w", help=opt._help("world_size")),
+    strategy: Optional[str] = opt.STRATEGY,
+    nproc_per_node: Optional[int] = opt.NPROC_PER_NODE,
+    nnodes: Optional[int] = opt.NNODES,
     objective: Optional[str] = typer.Option(None, "--objective", help=opt._help("objective")),
     steps: Optional[int] = typer.Option(None, "--steps", help=opt._help("steps")),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help=opt._help("max_steps")),
@@ -65,12 +68,17 @@ def tune(
     as_json: bool = opt.JSON,
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
+    from ..core.strategy import strategy_world
     from ..settings import resolve_world_size
     from ..tuner import limited_failure
 
     settings = opt.load(locals())
     script_path = settings.require_script()
     world, world_source = resolve_world_size(settings.plan.world_size, os.environ)
+    dist = settings.distributed
+    implied = strategy_world(dist.strategy, dist.nproc_per_node, dist.nnodes, os.environ)
+    if implied is not None and settings.plan.world_size is None:
+        world, world_source = implied
     _check_global_batch(settings.plan.global_batch_size, world, world_source, settings.search.batch_multiple)
     if plot is not None:
         from ..explain.output.plot import check_plot_path
@@ -186,15 +194,18 @@ def _progress(combo: Combo, outcome: ProbeOutcome, cached: bool) -> None:
 
 def print_table(result: TuneResult) -> None:
     budget = result.device.get("budget_bytes") or 0
+    dist = result.distributed
+    ranks = f", {dist['strategy']} on {dist['nproc_per_node']} ranks, per rank" if dist else ""
     table = Table(
-        title=f"autobatch: {result.script} on {result.device.get('name')} (budget {format_bytes(budget)})"
+        title=f"autobatch: {result.script} on {result.device.get('name')}{ranks} (budget {format_bytes(budget)})"
     )
+    peak = "peak (worst rank)" if dist else "peak"
     for column in (
         "precision",
         "optimizer",
         "recompute",
         "max batch",
-        "peak",
+        peak,
         "of budget",
         "samples/s",
         "probes",
@@ -202,9 +213,7 @@ def print_table(result: TuneResult) -> None:
     ):
         table.add_column(
             column,
-            justify="right"
-            if column in ("max batch", "peak", "of budget", "samples/s", "probes")
-            else "left",
+            justify="right" if column in ("max batch", peak, "of budget", "samples/s", "probes") else "left",
         )
     for c in result.combinations:
         chosen = result.chosen is not None and (c.precision, c.optimizer, c.recompute) == (

@@ -18,6 +18,8 @@ Objective = Literal["throughput", "max-batch"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
+#: Distributed strategies a probe can run (autobatch.step.strategy): one process, DDP, FSDP2.
+STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp")
 
 #: Parameter-sized optimizer states each optimizer keeps (Adafactor's state is factored: rows + columns).
 OPTIMIZER_STATES: dict[str, float] = {

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from autobatch.emit import strategy
 from autobatch.emit.common import EmitOptions, comment_block, on_cpu, provenance, require_chosen
 from autobatch.result import TuneResult
 
@@ -50,12 +51,13 @@ def launch_config(result: TuneResult) -> dict[str, Any]:
     }
     if not cpu:
         config["gpu_ids"] = "all"
+    config.update(strategy.accelerate_fields(result, chosen))
     return config
 
 
 def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
     chosen = require_chosen(result)
-    notes = [
+    notes = strategy.caveat(chosen, "accelerate") + [
         f"gradient accumulation: run ACCELERATE_GRADIENT_ACCUMULATION_STEPS={chosen.accumulation_steps} "
         "accelerate launch --config_file <this file> train.py (Accelerator() reads it; the env format "
         "exports it), or pass Accelerator(gradient_accumulation_steps=...)",

@@ -35,6 +35,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from autobatch.emit import strategy
 from autobatch.emit.common import SGD_MOMENTUM, EmitOptions, require_chosen
 from autobatch.errors import UsageError
 from autobatch.result import Chosen, TuneResult
@@ -141,7 +142,7 @@ def _hjson(text: str) -> dict[str, Any] | None:
 def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
     """What the JSON cannot say: where DeepSpeed differs from the measured step, and what to add."""
     chosen = require_chosen(result)
-    notes: list[str] = []
+    notes: list[str] = strategy.caveat(chosen, "deepspeed")
     if chosen.precision != "32-true":
         notes.append(
             "DeepSpeed's bf16/fp16 modes keep low-precision weights plus fp32 master weights in the "

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autobatch.emit import strategy
 from autobatch.emit.common import SGD_MOMENTUM, EmitOptions, on_cpu, require_chosen, version_at_least
 from autobatch.result import TuneResult
 
@@ -72,6 +73,7 @@ def training_arguments(result: TuneResult, options: EmitOptions) -> dict[str, An
     args[checkpointing_key(options.transformers_version)] = chosen.recompute
     if on_cpu(result):
         args["use_cpu"] = True
+    args.update(strategy.hf_fields(result, chosen))
     return args
 
 
@@ -82,7 +84,7 @@ def render_hf(result: TuneResult, options: EmitOptions) -> str:
 
 def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
     chosen = require_chosen(result)
-    notes: list[str] = []
+    notes: list[str] = strategy.caveat(chosen, "hf")
     if chosen.world_size > 1:
         notes.append(
             f"launch {chosen.world_size} processes (torchrun --nproc-per-node / accelerate launch --num_processes): "

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from autobatch.emit import strategy
 from autobatch.emit.common import EmitOptions, comment_block, on_cpu, provenance, require_chosen
 from autobatch.errors import UsageError
 from autobatch.result import TuneResult
@@ -39,6 +40,7 @@ def overlay(result: TuneResult, options: EmitOptions) -> dict[str, Any]:
         trainer.update(devices=1, num_nodes=1)
     if on_cpu(result):
         trainer["accelerator"] = "cpu"
+    trainer.update(strategy.lightning_fields(chosen))
     data: dict[str, Any] = {"trainer": trainer}
     *parents, leaf = options.lightning_batch_key.split(".")
     node = data
@@ -62,8 +64,8 @@ def _clash(key: str, taken: str) -> UsageError:
 
 def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
     chosen = require_chosen(result)
-    notes = []
-    if chosen.world_size > 1:
+    notes = strategy.caveat(chosen, "lightning")
+    if chosen.world_size > 1 and chosen.strategy == "none":
         notes.append(
             f"world size {chosen.world_size}: set trainer.devices x trainer.num_nodes = {chosen.world_size} "
             "for your cluster (not set here)"

@@ -34,6 +34,8 @@ class ProbeRequest:
     options: dict[str, Any] = field(default_factory=dict)  # the operation's options record, as a dict
     process_limit_bytes: int | None = None  # CUDA: all the process may hold, per NVML; None: unknown
     check_batch_size: bool = True  # every batch tensor's leading dimension must be batch_size
+    strategy: str = "none"  # "none" (one process), "ddp" or "fsdp": see autobatch.probe.ranks
+    nproc_per_node: int = 1  # rank processes of a distributed probe
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,6 +76,10 @@ class ProbeOutcome:
     info: dict[str, Any] = field(default_factory=dict)  # "inspect" answers
     cached: bool = False  # replayed from the probe cache, not run now
     first_backward_peak_bytes: int | None = None  # the peak when the first backward ended
+    rank_peak_bytes: list[int] = field(
+        default_factory=list
+    )  # distributed: every rank's peak (peak_bytes: the largest)
+    failed_rank: int | None = None  # distributed: the rank whose failure ended the probe
 
     @property
     def fits(self) -> bool:

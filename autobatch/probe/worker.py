@@ -8,7 +8,7 @@ like any other operation, and everything they find is returned as a :class:`Prob
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..contract import UserScript, check_model
 from ..devices.cuda.budget import CudaStepStats, judge_step
@@ -18,17 +18,28 @@ from .failures import describe_failure
 from .ops import register
 from .protocol import ProbeOutcome, ProbeRequest
 
+if TYPE_CHECKING:
+    from ..step.loop import Wrap
+
 PRECISION_CHECKS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
 
 @register("probe")
 def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
-    """One probe: the steps of the request's combination and batch size, under its budget."""
+    """One probe: the steps of the request's combination and batch size, under its budget
+    (a distributed strategy runs them on every rank: :mod:`autobatch.probe.ranks`)."""
+    if request.strategy != "none":
+        from .ranks import run_ranks
+
+        return run_ranks(request, script, measure_steps)
     return measure_steps(request, script, time.perf_counter())
 
 
-def measure_steps(request: ProbeRequest, script: UserScript, start: float) -> ProbeOutcome:
-    """Apply the budget, run the steps, measure: the probe proper (explain wraps the script first)."""
+def measure_steps(
+    request: ProbeRequest, script: UserScript, start: float, *, wrap: Wrap | None = None
+) -> ProbeOutcome:
+    """Apply the budget, run the steps, measure: the probe proper (explain wraps the script first;
+    ``wrap``: a distributed strategy's model wrapper, on one rank)."""
     from ..step.loop import StepConfig, StepReport, run_steps
 
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
@@ -55,6 +66,7 @@ def measure_steps(request: ProbeRequest, script: UserScript, start: float) -> Pr
             peak_now=peak_now,
             synchronize=synchronize,
             grow_tolerance=max(1 << 20, request.budget_bytes // 1000),
+            wrap=wrap,
         )
     except AutobatchError as exc:
         describe_failure(outcome, exc)

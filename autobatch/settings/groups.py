@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Optional
 
 from autobatch.core.maximum import Limits
-from autobatch.core.space import OBJECTIVES, OPTIMIZERS, PRECISIONS
+from autobatch.core.space import OBJECTIVES, OPTIMIZERS, PRECISIONS, STRATEGIES
 from autobatch.errors import ConfigError, UsageError
 from autobatch.settings.values import HINT, Bad, coerce, plain, setting
 
@@ -168,6 +168,30 @@ class PlanSettings:
 
 
 @dataclass(frozen=True)
+class DistributedSettings:
+    """``[distributed]``: the strategy the job trains with, measured on every rank of one node."""
+
+    SECTION: ClassVar[str] = "distributed"
+    strategy: str = setting(
+        "none", "str", "none, ddp or fsdp", "Distributed strategy each probe runs: none (one process), "
+        "ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard per repeated block and the root); "
+        "every rank is measured and a batch fits only if it fits on every rank.", choices=STRATEGIES,
+    )  # fmt: skip
+    nproc_per_node: int = setting(
+        1, "int", "an integer >= 1", "Rank processes per probe (and per node in the plan); with a "
+        "strategy, tune and check need at least 2 (on CUDA, one GPU each from the device's index).", minimum=1,
+    )  # fmt: skip
+    nnodes: Optional[int] = setting(
+        None, "int", "an integer >= 1", "Nodes of the job: with a strategy, the plan's world size is "
+        "nproc_per_node x nnodes unless world_size is set; unset: SLURM's node count, else 1.",
+        optional=True, minimum=1, example=4,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+@dataclass(frozen=True)
 class ProbeSettings:
     """``[probe]``: how long each isolated probe runs."""
 
@@ -231,7 +255,15 @@ class OutputSettings:
 
 GROUPS: dict[str, type] = {
     cls.SECTION: cls
-    for cls in (ScriptSettings, DeviceSettings, SearchSettings, PlanSettings, ProbeSettings, OutputSettings)
+    for cls in (
+        ScriptSettings,
+        DeviceSettings,
+        SearchSettings,
+        PlanSettings,
+        DistributedSettings,
+        ProbeSettings,
+        OutputSettings,
+    )  # fmt: skip
 }
 SECTIONS = ", ".join(f"[{section}]" for section in GROUPS)
 
@@ -250,6 +282,7 @@ class Settings:
     device: DeviceSettings = field(default_factory=DeviceSettings)
     search: SearchSettings = field(default_factory=SearchSettings)
     plan: PlanSettings = field(default_factory=PlanSettings)
+    distributed: DistributedSettings = field(default_factory=DistributedSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     output: OutputSettings = field(default_factory=OutputSettings)
     source_files: tuple[str, ...] = ()

@@ -136,10 +136,28 @@ def cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> None:
                 module._buffers[name] = buffer.to(dtype)
 
 
-def build_step(script: UserScript, config: StepConfig, report: StepReport, *, fake: bool = False) -> Step:
-    """Build the model (recomputation, precision, device), the optimizer and the batch.
+#: Wraps the built model for a distributed strategy (DDP, FSDP2) before the optimizer sees its parameters.
+Wrap = Callable[[torch.nn.Module], torch.nn.Module]
 
-    ``report`` gets the parameters and the recomputed blocks; ``fake``: see the module docstring.
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes this process holds of a tensor: a DTensor's local shard (FSDP2), else the whole tensor."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return int(local.numel() * local.element_size())
+
+
+def build_step(
+    script: UserScript,
+    config: StepConfig,
+    report: StepReport,
+    *,
+    fake: bool = False,
+    wrap: Wrap | None = None,
+) -> Step:
+    """Build the model (recomputation, precision, device, ``wrap``), the optimizer and the batch.
+
+    ``report`` gets the parameters and the recomputed blocks; ``fake``: see the module docstring;
+    ``wrap``: a distributed strategy's wrapper (:mod:`autobatch.step.strategy`).
     """
     device = torch.device(config.device)
     model = check_model(script.build_model())
@@ -152,9 +170,11 @@ def build_step(script: UserScript, config: StepConfig, report: StepReport, *, fa
     elif not fake:
         model = (model.to(torch.bfloat16) if bf16_true else model).to(device)
     model.train()
+    if wrap is not None:
+        model = wrap(model)
     params = [p for p in model.parameters() if p.requires_grad]
     report.param_count = sum(p.numel() for p in params)
-    report.param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    report.param_bytes = sum(local_bytes(p) for p in model.parameters())
     optimizer = build_optimizer(config.optimizer, params, config.optimizer_kwargs)
     scaler: torch.amp.GradScaler | FixedScale | None = None
     if config.precision == "16-mixed":
@@ -177,7 +197,7 @@ def one_step(step: Step, after_backward: Callable[[], None] | None = None) -> No
         step.loss_checked = True
     scaler = step.scaler
     (scaler.scale(loss.float()) if scaler is not None else loss).backward()
-    step.grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in step.params if p.grad is not None)
+    step.grad_bytes = sum(local_bytes(p.grad) for p in step.params if p.grad is not None)
     if after_backward is not None:
         after_backward()
     if scaler is not None:
@@ -198,12 +218,13 @@ def run_steps(
     peak_now: Callable[[], int],
     synchronize: Callable[[], None],
     grow_tolerance: int,
+    wrap: Wrap | None = None,
 ) -> StepReport:
     """Build, then step until the peak stops growing (at least ``min_steps``, at most ``max_steps``).
 
     ``report`` is filled in as the loop goes, so a caller that catches an OOM still sees how far it got.
     """
-    step = build_step(script, config, report)
+    step = build_step(script, config, report, wrap=wrap)
 
     def first_backward() -> None:
         synchronize()

@@ -45,5 +45,6 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     for state in optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
-                total += value.numel() * value.element_size()
+                local = value.to_local() if hasattr(value, "to_local") else value  # FSDP2: this rank's shard
+                total += local.numel() * local.element_size()
     return total

@@ -73,7 +73,7 @@ def test_defaults_without_any_layer(tmp_path: Path) -> None:
 
 
 def test_groups_and_field_names_are_the_contract() -> None:
-    assert list(GROUPS) == ["script", "device", "search", "plan", "probe", "output"]
+    assert list(GROUPS) == ["script", "device", "search", "plan", "distributed", "probe", "output"]
     names = {info.name for info in FIELDS}
     assert len(names) == len(FIELDS), "field names must be unique across groups"
     assert {f.name for cls in GROUPS.values() for f in dataclasses.fields(cls)} == names
@@ -94,6 +94,17 @@ def test_groups_validate_on_construction_and_are_frozen() -> None:
     assert search.precisions == ("bf16-mixed", "32-true")  # a tuple, repeats dropped, order kept
     with pytest.raises(dataclasses.FrozenInstanceError):
         search.batch_multiple = 2  # type: ignore[misc]
+
+
+def test_distributed_settings_are_checked() -> None:
+    from autobatch.settings import DistributedSettings
+
+    assert DistributedSettings().strategy == "none" and DistributedSettings().nproc_per_node == 1
+    assert DistributedSettings(strategy="fsdp", nproc_per_node=2).nproc_per_node == 2
+    with pytest.raises(ConfigError, match="strategy"):
+        DistributedSettings(strategy="zero3", nproc_per_node=2)
+    with pytest.raises(ConfigError, match=r"distributed\.nproc_per_node"):
+        DistributedSettings(strategy="ddp", nproc_per_node=0)
 
 
 # --- precedence: defaults < file < environment < flags --------------------------------------------------

@@ -11,8 +11,8 @@ import torch
 
 from autobatch.contract import UserScript
 from autobatch.probe.protocol import ProbeOutcome
+from autobatch.probe.readings import rising_peak
 from autobatch.step.loop import StepConfig, StepReport, run_steps
-from autobatch.tuner import rising_peak
 
 
 def test_the_first_backward_is_read_before_the_optimizer_state_exists() -> None:

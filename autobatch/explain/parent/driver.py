@@ -13,9 +13,10 @@ from typing import Any, Callable
 
 from ...core.maximum import Limits, find_maximum
 from ...core.reuse import Prediction
-from ...core.search import KINDS, Affine, Observation
+from ...core.search import Affine, Observation
 from ...core.space import Combo
 from ...probe.protocol import ProbeOutcome
+from ...probe.readings import observation
 from ...session import Session
 from ..pure.options import EXPLAIN, ExplainOptions
 from ..pure.records import Transforms
@@ -76,9 +77,7 @@ def measure_max(
             peaks[batch] = outcome.peak_bytes if outcome.fits else None
         if on_probe:
             on_probe(outcome)
-        kind = outcome.kind if outcome.kind in KINDS else "crash"
-        peak = outcome.peak_bytes if outcome.fits else None
-        return Observation(batch, outcome.fits, peak, kind=kind, steps=outcome.steps)
+        return observation(outcome)
 
     prediction = Prediction(prior.intercept, prior.slope, "lever prediction") if prior is not None else None
     found = find_maximum(

@@ -24,6 +24,7 @@ from ..pure.cards import CardProfile, generic_card, get_card
 from ..pure.maxima import Offset, to_combo_result
 from ..pure.options import ESTIMATE, OP_MODULES, EstimateOptions, NamedScenario
 from ..pure.records import Scenario
+from .strategy import estimate_strategy, strategy_notes
 
 if TYPE_CHECKING:
     from ...settings.groups import Settings
@@ -110,6 +111,7 @@ def estimate_combinations(
         batch_multiple=search.batch_multiple,
         optimizer_kwargs={k: dict(v) for k, v in search.optimizer_kwargs.items()},
         offset=Offset(target.card.workspace_bytes, 0.0, "card profile workspaces") if target.card else None,
+        **estimate_strategy(settings),
     )
     say(f"simulating {len(scenarios)} combination(s) under fake tensors (no real allocation)")
     info, torch_version = _run(settings, options, timeout=settings.probe.timeout * max(1, len(scenarios)))
@@ -125,7 +127,7 @@ def estimate_combinations(
         status="complete",
         torch_version=torch_version,
         autobatch_version=__version__,
-        notes=_notes(target, device, info),
+        notes=_notes(target, device, info) + strategy_notes(info),
     )
 
 

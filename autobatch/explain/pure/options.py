@@ -95,6 +95,8 @@ class EstimateOptions:
     offset: Offset | None = None
     cpu_runtime_bytes: int = CPU_RUNTIME_BYTES
     report_at: tuple[int, ...] = ()
+    strategy: str = "none"  # ddp | fsdp: one rank of world_size (autobatch.explain.worker.ranks)
+    world_size: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -108,6 +110,8 @@ class EstimateOptions:
             "offset": self.offset.to_dict() if self.offset else None,
             "cpu_runtime_bytes": self.cpu_runtime_bytes,
             "report_at": list(self.report_at),
+            "strategy": self.strategy,
+            "world_size": self.world_size,
         }
 
     @classmethod
@@ -123,4 +127,6 @@ class EstimateOptions:
             offset=Offset.from_dict(data["offset"]) if data.get("offset") else None,
             cpu_runtime_bytes=int(data.get("cpu_runtime_bytes", CPU_RUNTIME_BYTES)),
             report_at=tuple(int(b) for b in data.get("report_at", ())),
+            strategy=str(data.get("strategy", "none")),
+            world_size=int(data.get("world_size", 1)),
         )

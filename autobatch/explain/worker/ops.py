@@ -38,6 +38,7 @@ from ..pure.maxima import (
 from ..pure.options import ESTIMATE, EXPLAIN, EstimateOptions, ExplainOptions, NamedScenario
 from ..pure.records import Scenario
 from .breakdown import Instrument
+from .ranks import LEAVES_OUT, rank_of
 from .simulate import simulate
 from .tracker import MemoryTracker
 from .transforms import applied_during_step
@@ -114,9 +115,16 @@ def estimate_operation(request: ProbeRequest, script: UserScript, options: Estim
             target=options.target,
             optimizer_kwargs=options.optimizer_kwargs.get(scenario.optimizer),
             recompute_classes=request.recompute_classes,
+            rank=rank_of(options.strategy, options.world_size, script, request.recompute_classes),
         )
 
     info: dict[str, Any] = {"target": options.target}
+    if options.strategy != "none":
+        info["strategy"] = {
+            "strategy": options.strategy,
+            "world_size": options.world_size,
+            "leaves_out": LEAVES_OUT,
+        }
     offset = _offset(options, sim, info)
     info["offset"] = offset.to_dict()
     info["scenarios"] = [_estimate(named, sim, offset, options).to_dict() for named in options.scenarios]

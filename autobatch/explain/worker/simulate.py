@@ -27,6 +27,7 @@ The step itself is the probe's (:func:`autobatch.step.loop.build_step` and
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict
 from typing import Any
@@ -39,6 +40,7 @@ from ..pure.maxima import SimResult
 from ..pure.records import Scenario
 from .allocators import make_allocator
 from .breakdown import Instrument
+from .ranks import FakeRank, track_resize
 from .tracker import MemoryTracker
 from .transforms import applied_during_step
 
@@ -55,8 +57,10 @@ def simulate(
     optimizer_kwargs: dict[str, Any] | None = None,
     recompute_classes: tuple[str, ...] = (),
     steps: int = 2,
+    rank: FakeRank | None = None,
 ) -> SimResult:
-    """Run ``steps`` full steps under fake tensors and report the peak (see the module docstring)."""
+    """Run ``steps`` full steps under fake tensors and report the peak (see the module docstring;
+    ``rank``: one rank of a distributed strategy in a fake process group, :mod:`.ranks`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     started = time.perf_counter()
@@ -79,15 +83,17 @@ def simulate(
             FakeTensorMode(allow_non_fake_inputs=True),
             instrument,
             applied_during_step(scenario.transforms, instrument.applied),
+            track_resize(tracker) if rank is not None else contextlib.nullcontext(),
         ):
-            result.static = _run(instrument.wrap(script), config, steps)
+            result.static = _run(instrument.wrap(script), config, steps, rank)
     except Exception as exc:  # noqa: BLE001 - a step that cannot run under fake tensors is reported
         if isinstance(exc, ContractError) and not isinstance(exc, NoBlocksError):
             raise  # the script breaks the contract: no scenario can run
         result.ok = False
         result.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
-    result.device_peak = tracker.allocator.peak
-    result.tensor_peak = tracker.peak.tensor_bytes
+    extra = rank.extra_bytes(result.static) if rank is not None and result.ok else 0
+    result.device_peak = tracker.allocator.peak + extra
+    result.tensor_peak = tracker.peak.tensor_bytes + extra
     result.categories = tracker.peak_categories()
     result.step_peaks = list(tracker.step_peaks)
     result.peak_phase = f"step {tracker.peak.step} {tracker.peak.phase}"
@@ -97,10 +103,10 @@ def simulate(
     return result
 
 
-def _run(script: UserScript, config: StepConfig, steps: int) -> dict[str, int]:
+def _run(script: UserScript, config: StepConfig, steps: int, rank: FakeRank | None) -> dict[str, int]:
     """Build the step with fake tensors, run it, and return its static memory."""
     report = StepReport()
-    step = build_step(script, config, report, fake=True)
+    step = build_step(script, config, report, fake=True, wrap=rank.wrap if rank is not None else None)
     for _ in range(steps):
         one_step(step)
     return {

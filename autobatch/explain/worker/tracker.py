@@ -126,6 +126,23 @@ class MemoryTracker(TorchDispatchMode):
         if self.step_peaks:
             self.step_peaks[-1] = max(self.step_peaks[-1], self.tensor_bytes)
 
+    def resized(self, storage: torch.UntypedStorage, nbytes: int) -> None:
+        """A tracked storage was resized in place (FSDP2 frees and refills its unsharded parameters with
+        ``UntypedStorage.resize_``, which the dispatcher does not see): count its new size."""
+        entry = self._entries.get(storage)
+        if entry is None:
+            return
+        self._released(entry, None)
+        if nbytes > 0:
+            entry.nbytes, entry.handle = nbytes, self.allocator.alloc(nbytes)
+            self._live.add(entry)
+            self.live[entry.category] += nbytes
+            self.tensor_bytes += nbytes
+            if self.tensor_bytes > self.peak.tensor_bytes:
+                self.peak = PeakSnapshot(self.tensor_bytes, dict(self.live), self.phase, self.step, entry.seq)
+            if self.step_peaks:
+                self.step_peaks[-1] = max(self.step_peaks[-1], self.tensor_bytes)
+
     def _released(self, entry: _Entry, _ref: object) -> None:
         if entry not in self._live:
             return

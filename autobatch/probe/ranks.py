@@ -1,0 +1,288 @@
+"""A distributed probe: N fresh rank processes in one process group, measured on every rank.
+
+The probe process the server forked for a request with ``strategy`` ``ddp`` or ``fsdp`` becomes the
+*coordinator*: it forks ``nproc_per_node`` rank processes, watches them and answers with one
+:class:`ProbeOutcome` for the whole group. Each rank initialises the process group (``gloo`` on the
+CPU, ``nccl`` on CUDA, rank ``r`` on ``cuda:r``), applies the budget to itself, builds and wraps the
+model (:mod:`autobatch.step.strategy`), runs the full steps on its own ``make_batch(micro_batch)``
+and reports its own outcome. The probe fits only if every rank fits.
+
+Why fork, not ``torch.multiprocessing.spawn`` or the elastic launcher: the coordinator is a fresh fork
+of the probe server, which has imported torch and the script but never run a tensor operation, so
+forking it is what the server already does for single probes: every rank starts with an allocator
+no earlier probe touched, pays no import (a spawned rank would re-import torch and the script, seconds
+per probe) and starts from the same address space as a single-process probe, so per-rank peaks
+compare with single-process ones. What the elastic launcher adds (restarts, membership changes,
+re-rendezvous) is what a probe must not do. The process group itself is PyTorch's own:
+:func:`torch.distributed.init_process_group` over a :class:`torch.distributed.TCPStore`.
+
+Rendezvous port: the coordinator binds a listening socket on port 0 (the kernel picks a free port) and
+hands that *open* socket to rank 0's ``TCPStore`` (``master_listen_fd``), so the port stays reserved
+from the moment it is chosen: two probes or two tunes on one machine never collide (the close-then-
+reuse of ``torch.distributed.elastic.utils.distributed.get_free_port`` can race).
+
+No rank left waiting: a rank reports as soon as its steps end (a line on its own pipe), then waits to
+be stopped. At the first report that is not a fit, at a rank that dies without reporting, or at the
+deadline, the coordinator SIGKILLs every rank: the one abort that works for every backend and in every
+state (a rank blocked inside a gloo or NCCL collective cannot run Python to abort its group), and that
+frees a dead probe's device memory with the process. The outcome names the rank and what happened.
+Every rank also dies with the coordinator (``PR_SET_PDEATHSIG``), which dies with the server, so
+Ctrl-C and SIGTERM end a distributed probe as they end a single one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any, Callable
+
+from ..contract import UserScript
+from .protocol import ProbeOutcome, ProbeRequest
+from .server import die_with_parent
+
+#: The share of the probe's timeout the coordinator gives its ranks (the rest: stopping them, answering).
+RANK_TIME_SHARE = 0.9
+
+
+@dataclass
+class Rank:
+    """A rank process as the coordinator sees it."""
+
+    rank: int
+    pid: int
+    fd: int
+    buffer: bytes = b""
+    outcome: ProbeOutcome | None = None
+    open: bool = True
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def rank_device(device: str, rank: int) -> str:
+    """The device of ``rank``: the CPU for every rank, else ``cuda:(first + rank)``."""
+    if not device.startswith("cuda"):
+        return device
+    first = int(device.partition(":")[2] or 0)
+    return f"cuda:{first + rank}"
+
+
+#: The probe proper on one rank (:func:`autobatch.probe.worker.measure_steps`, passed in by the worker).
+Measure = Callable[..., ProbeOutcome]
+
+
+def run_ranks(request: ProbeRequest, script: UserScript, measure: Measure) -> ProbeOutcome:
+    """Run ``request`` on ``request.nproc_per_node`` fresh ranks; one outcome for the group."""
+    world = request.nproc_per_node
+    started = time.perf_counter()
+    deadline = started + request.timeout * RANK_TIME_SHARE
+    listener = socket.create_server(("127.0.0.1", 0))  # bound and listening: the port stays ours
+    port = listener.getsockname()[1]
+    ranks: list[Rank] = []
+    try:
+        for rank in range(world):
+            read_fd, write_fd = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # a rank process
+                os.close(read_fd)
+                for other in ranks:
+                    os.close(other.fd)
+                if rank != 0:
+                    listener.close()
+                _rank_main(request, script, measure, (rank, port, listener.fileno()), write_fd, started)
+            os.close(write_fd)
+            ranks.append(Rank(rank, pid, read_fd))
+        listener.close()
+        failure = watch(ranks, deadline)
+    finally:
+        listener.close()
+        stop(ranks)
+    return combine(request, ranks, failure, time.perf_counter() - started)
+
+
+def watch(ranks: list[Rank], deadline: float) -> Rank | None:
+    """Read every rank's report until all fitted (None) or one did not (that rank, its outcome set)."""
+    while any(r.outcome is None for r in ranks):
+        remaining = deadline - time.perf_counter()
+        waiting = [r for r in ranks if r.outcome is None and r.open]
+        if remaining <= 0 or not waiting:
+            late = next(r for r in ranks if r.outcome is None)
+            late.outcome = ProbeOutcome(
+                kind="timeout",
+                reason=f"rank {late.rank} did not report within the probe's time; every rank was stopped",
+            )
+            return late
+        ready, _, _ = select.select([r.fd for r in waiting], [], [], remaining)
+        for rank in (r for r in waiting if r.fd in ready):
+            failed = _read(rank)
+            if failed is not None:
+                return failed
+    return None
+
+
+def _read(rank: Rank) -> Rank | None:
+    """Read what a rank wrote; the rank when its report is a failure (or it died without one)."""
+    chunk = os.read(rank.fd, 1 << 16)
+    if chunk:
+        rank.buffer += chunk
+        line, newline, _ = rank.buffer.partition(b"\n")
+        if not newline:
+            return None
+        report = json.loads(line)
+        rank.info = report.get("rank_info", {})
+        rank.outcome = ProbeOutcome.from_dict(report["outcome"])
+        return None if rank.outcome.fits else rank
+    rank.open = False
+    if rank.outcome is not None:
+        return None
+    _, status = os.waitpid(rank.pid, 0)
+    rank.pid = 0
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        how = f"was killed by signal {sig} ({signal.Signals(sig).name})"
+    else:
+        how = f"exited with status {os.WEXITSTATUS(status)}"
+    rank.outcome = ProbeOutcome(kind="crash", reason=f"rank {rank.rank} {how} without reporting")
+    return rank
+
+
+def stop(ranks: list[Rank]) -> None:
+    """SIGKILL every rank still running and reap it (see the module docstring for why SIGKILL)."""
+    for rank in ranks:
+        if rank.pid:
+            try:
+                os.kill(rank.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for rank in ranks:
+        if rank.pid:
+            try:
+                os.waitpid(rank.pid, 0)
+            except ChildProcessError:
+                pass
+            rank.pid = 0
+        if rank.open:
+            os.close(rank.fd)
+            rank.open = False
+
+
+def combine(request: ProbeRequest, ranks: list[Rank], failure: Rank | None, wall: float) -> ProbeOutcome:
+    """One outcome for the group: the failing rank's, named; else the worst rank's figures."""
+    world = len(ranks)
+    cost = {
+        "strategy": request.strategy,
+        "world_size": world,
+        "start_seconds": max((r.info.get("start_seconds", 0.0) for r in ranks), default=0.0),
+        "rendezvous_seconds": max((r.info.get("rendezvous_seconds", 0.0) for r in ranks), default=0.0),
+    }
+    if failure is not None:
+        assert failure.outcome is not None
+        out = failure.outcome
+        out.batch_size = request.batch_size
+        out.budget_bytes = request.budget_bytes
+        out.failed_rank = failure.rank
+        what = out.reason or (out.error_message or "").split("\n")[0] or out.kind
+        out.reason = f"rank {failure.rank} of {world}: {what}; every rank was stopped"
+        if out.error_message is not None:
+            out.error_message = f"[rank {failure.rank} of {world}] {out.error_message}"
+        out.info = {**out.info, "distributed": cost}
+        return out
+    outcomes = [r.outcome for r in ranks if r.outcome is not None]
+    worst = max(outcomes, key=lambda o: o.peak_bytes or 0)
+    out = replace(worst)
+    out.rank_peak_bytes = [o.peak_bytes or 0 for o in outcomes]
+    out.peak_bytes = max(out.rank_peak_bytes)
+    steps = min(len(o.step_peaks) for o in outcomes)
+    out.step_peaks = [max(o.step_peaks[i] for o in outcomes) for i in range(steps)]
+    out.step_seconds = [max(o.step_seconds[i] for o in outcomes) for i in range(steps)]
+    out.steps = min(o.steps for o in outcomes)
+    rates = [o.samples_per_second for o in outcomes if o.samples_per_second]
+    out.samples_per_second = min(rates) if len(rates) == world else None  # per rank: the slowest's
+    out.info = {**out.info, "distributed": cost}
+    out.wall_seconds = wall
+    return out
+
+
+def _rank_main(
+    request: ProbeRequest,
+    script: UserScript,
+    measure: Measure,
+    where: tuple[int, int, int],
+    write_fd: int,
+    t0: float,
+) -> None:
+    """A rank process (``where``: rank, port, listening socket): run, report one line, wait to be
+    stopped (never returns)."""
+    code = 0
+    rank, port, listen_fd = where
+    try:
+        die_with_parent()
+        outcome, info = run_rank(request, script, measure, (rank, port, listen_fd if rank == 0 else None), t0)
+        data = (json.dumps({"outcome": outcome.to_dict(), "rank_info": info}) + "\n").encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_fd, view) :]
+        while True:  # peers may still be inside a collective with us: the coordinator ends us all
+            signal.pause()
+    except BaseException:  # noqa: BLE001
+        code = 70
+        try:
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)
+
+
+def run_rank(
+    request: ProbeRequest,
+    script: UserScript,
+    measure: Measure,
+    where: tuple[int, int, int | None],
+    t0: float,
+) -> tuple[ProbeOutcome, dict[str, Any]]:
+    """Join the process group, then the probe proper on this rank (``where``: rank, port, rank 0's
+    listening socket): budget, wrapped model, steps."""
+    import torch.distributed as dist
+
+    from ..step.strategy import backend_for, wrapper
+    from .failures import describe_failure
+
+    rank, port, listen_fd = where
+    world = request.nproc_per_node
+    device = rank_device(request.device, rank)
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )  # fmt: skip
+    info: dict[str, Any] = {"start_seconds": time.perf_counter() - t0}
+    started = time.perf_counter()
+    timeout = timedelta(seconds=request.timeout)
+    try:
+        store = dist.TCPStore(
+            "127.0.0.1", port, world, rank == 0, timeout=timeout, wait_for_workers=False,
+            master_listen_fd=listen_fd,
+        )  # fmt: skip
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.set_device(torch.device(device))
+        dist.init_process_group(
+            backend_for(device), store=store, rank=rank, world_size=world, timeout=timeout
+        )
+    except Exception as exc:  # noqa: BLE001 - a rendezvous failure is the probe layer's, reported as data
+        return describe_failure(ProbeOutcome(kind="error", batch_size=request.batch_size), exc), info
+    info["rendezvous_seconds"] = time.perf_counter() - started
+    if not device.startswith("cuda"):
+        import torch
+
+        # N ranks share the cores: split them, as torchrun does (OMP_NUM_THREADS), or they thrash
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    wrap = wrapper(request.strategy, device, request.recompute_classes or script.recompute_classes)
+    outcome = measure(replace(request, device=device), script, time.perf_counter(), wrap=wrap)
+    return outcome, info

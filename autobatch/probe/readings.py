@@ -1,0 +1,43 @@
+"""What the pure core reads from a probe's outcome: an observation, the rising phase's peak, static memory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..core.maximum import StaticMemory
+from ..core.search import KINDS, Observation
+from .protocol import ProbeOutcome
+
+
+def observation(outcome: ProbeOutcome, state_bytes: int = 0) -> Observation:
+    """The search's view of an outcome (a kind the search does not know counts as a crash)."""
+    return Observation(
+        batch_size=outcome.batch_size,
+        fits=outcome.fits,
+        peak_bytes=outcome.peak_bytes if outcome.fits else None,
+        kind=outcome.kind if outcome.kind in KINDS else "crash",
+        samples_per_second=outcome.samples_per_second,
+        steps=outcome.steps,
+        rising_bytes=rising_peak(outcome, state_bytes),
+    )
+
+
+def rising_peak(outcome: ProbeOutcome, state_bytes: int) -> int | None:
+    """The forward and backward phase's peak once the optimizer state is resident: the high-water mark
+    when the first backward ended (before any optimizer state existed; the build's own transients
+    included, so it errs high at small batches) plus that state, as measured by the probe (a probe that
+    failed before measuring it: ``state_bytes``, the analytic figure). None when the probe could not tell.
+    """
+    first = outcome.first_backward_peak_bytes
+    if first is None or outcome.kind not in ("fits", "oom"):
+        return None
+    return first + (outcome.optimizer_state_bytes or state_bytes)
+
+
+def measured_static(outcomes: Iterable[ProbeOutcome]) -> StaticMemory | None:
+    """The static memory a fitting probe measured (the latest), if any did."""
+    measured = [o for o in outcomes if o.fits and o.param_bytes]
+    if not measured:
+        return None
+    o = measured[-1]
+    return StaticMemory(o.param_bytes, o.grad_bytes, o.optimizer_state_bytes)

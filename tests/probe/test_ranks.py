@@ -1,0 +1,70 @@
+"""Distributed probes for real (gloo on the CPU, 2 ranks): every rank measured; one failing rank ends all."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+from support import EXAMPLES, SCRIPTS
+
+from autobatch.devices.cpu import MALLOC_ENV
+from autobatch.probe.client import ProbeClient
+from autobatch.probe.protocol import ProbeRequest
+
+pytestmark = pytest.mark.slow  # every test starts a probe server
+
+GIB = 1 << 30
+TIMEOUT = 120.0
+
+
+def _request(strategy: str, batch: int = 8, **kw: object) -> ProbeRequest:
+    values: dict[str, object] = dict(
+        batch_size=batch, precision="32-true", optimizer="adamw", recompute=False, device="cpu",
+        budget_bytes=2 * GIB, timeout=TIMEOUT, strategy=strategy, nproc_per_node=2, min_steps=3, max_steps=3,
+    )  # fmt: skip
+    values.update(kw)
+    return ProbeRequest(**values)  # type: ignore[arg-type]
+
+
+def _probe_processes(client: ProbeClient) -> list[psutil.Process]:
+    """Every process under the probe server (probes, coordinators, ranks): none between probes."""
+    return psutil.Process(client.pid).children(recursive=True)
+
+
+@pytest.mark.parametrize("fault", ["oom", "crash", "error"])
+def test_a_failure_on_rank_1_ends_every_rank_promptly_and_names_it(fault: str) -> None:
+    with ProbeClient(SCRIPTS / "rank_fault.py", [fault], env=dict(MALLOC_ENV)) as client:
+        started = time.perf_counter()
+        outcome = client.run(_request("ddp"))
+        seconds = time.perf_counter() - started
+        assert outcome.kind == {"oom": "oom", "crash": "crash", "error": "error"}[fault], outcome
+        assert outcome.failed_rank == 1
+        assert outcome.reason is not None and outcome.reason.startswith("rank 1 of 2")
+        assert seconds < TIMEOUT / 4, f"rank 0 was left waiting: {seconds:.1f} s"
+        assert _probe_processes(client) == []  # no rank, no coordinator left behind
+    assert [p for p in psutil.Process(os.getpid()).children(recursive=True) if p.is_running()] == []
+
+
+def test_per_rank_peaks_order_fsdp_below_one_process_below_ddp() -> None:
+    """A parameter-heavy MLP (32 MiB of parameters, AdamW): FSDP2 shards parameters, gradients and
+    state (below one process, gloo's runtime included), DDP adds its gradient buckets (above it)."""
+    args = ["--width", "512", "--depth", "32", "--tokens", "1", "--in-features", "512", "--classes", "10"]
+    with ProbeClient(EXAMPLES / "mlp.py", args, env=dict(MALLOC_ENV)) as client:
+        single = client.run(_request("none", nproc_per_node=1))
+        ddp = client.run(_request("ddp"))
+        fsdp = client.run(_request("fsdp"))
+        assert _probe_processes(client) == []
+    assert single.kind == "fits" and single.rank_peak_bytes == []
+    for outcome in (ddp, fsdp):
+        assert outcome.kind == "fits", outcome
+        assert len(outcome.rank_peak_bytes) == 2
+        assert outcome.peak_bytes == max(outcome.rank_peak_bytes)
+        assert outcome.info["distributed"]["world_size"] == 2
+    # FSDP2 holds half of the parameters and of the AdamW state on each rank (to a shard's padding)
+    assert abs(fsdp.param_bytes * 2 - ddp.param_bytes) <= 4096
+    assert abs(fsdp.optimizer_state_bytes * 2 - ddp.optimizer_state_bytes) <= 8192
+    assert fsdp.peak_bytes < single.peak_bytes < ddp.peak_bytes  # type: ignore[operator]
+    # DDP's buckets: about one more copy of the gradients than one process holds
+    assert ddp.peak_bytes - single.peak_bytes >= single.grad_bytes  # type: ignore[operator]
