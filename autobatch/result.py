@@ -6,7 +6,8 @@ Schema (``schema_version`` 1); fields are only ever added, never renamed or remo
 ``script``, ``script_args``, ``torch_version``, ``autobatch_version``, ``created``
 ``device``            {"type", "name", "capacity_bytes", "budget_bytes", "headroom", "memory_definition",
                       "baseline_bytes", "process_limit_bytes" (CUDA: what NVML may see the probe process
-                      hold; null on the CPU)}
+                      hold; null on the CPU), "others_bytes" (CUDA: memory other processes held on the
+                      GPU when the tune started; null on the CPU)}
 ``objective``         "throughput" | "max-batch"
 ``combinations``      list of :class:`ComboResult` objects: ``precision``, ``optimizer``, ``recompute``,
                       ``status`` ("exact" | "capped" | "infeasible" | "skipped" | "pruned" | "error"),
@@ -21,6 +22,12 @@ Schema (``schema_version`` 1); fields are only ever added, never renamed or remo
                       "requested_global_batch_size", "exact", "note"}
 ``probes``            total probes run (cache hits excluded), ``probe_overhead_seconds``, ``wall_seconds``
 ``notes``             list of strings: decisions and warnings worth reading
+``cache``             present only when the result was served from the cache: {"key", "served": true,
+                      "made"} (``autobatch cache show KEY`` shows what it was computed from)
+``devices``           present only when one job spans several GPU models: one entry per model
+                      ({"model", "device", "indices", "budget_bytes", "budget", "served_from_cache",
+                      "probes", "max_batch_sizes"}); ``combinations`` then hold the smallest maximum
+                      over the models and ``device`` is the model that binds the chosen combination
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+#: Fields added after the first release that are left out of the document while unset.
+_ABSENT_WHEN_NONE = ("cache", "devices")
 
 
 @dataclass
@@ -99,9 +108,15 @@ class TuneResult:
     created: str | None = None
     notes: list[str] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
+    cache: dict[str, Any] | None = None
+    devices: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for name in _ABSENT_WHEN_NONE:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
