@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 from rich.markup import escape
@@ -15,10 +15,11 @@ from ..core.units import format_bytes
 from ..errors import AutobatchError
 from . import options as opt
 from .app import app, console, stdout_write
+from .progress import Output
 
 if TYPE_CHECKING:
-    from ..core.space import Combo
-    from ..probe.protocol import ProbeOutcome
+    from ..calibrate import Hooks
+    from ..devices.budget import DeviceInfo
     from ..result import TuneResult
     from ..settings import Settings
 
@@ -47,6 +48,12 @@ def tune(
     confirm_steps: Optional[int] = typer.Option(None, "--confirm-steps", help=opt._help("confirm_steps")),
     timeout: Optional[float] = opt.TIMEOUT,
     cache: Optional[bool] = typer.Option(None, "--cache/--no-cache", help=opt._help("cache")),
+    refresh: bool = typer.Option(
+        False,
+        "--refresh",
+        help="Ignore the cache: measure every probe again (the new result replaces the stored one).",
+    ),
+    lock_timeout: Optional[float] = typer.Option(None, "--lock-timeout", help=opt._help("lock_timeout")),
     exact_all: Optional[bool] = typer.Option(None, "--exact-all/--no-exact-all", help=opt._help("exact_all")),
     output: Optional[str] = typer.Option(None, "--output", help=opt._help("result")),
     emit: Optional[list[str]] = typer.Option(None, "--emit", "-e", help=opt._help("emit")),
@@ -61,6 +68,8 @@ def tune(
         "combination's breakdown to FILE (.png or .svg; needs the plot extra).",
     ),
     as_json: bool = opt.JSON,
+    verbose: bool = opt.VERBOSE,
+    quiet: bool = opt.QUIET,
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
     from ..settings import resolve_world_size
@@ -72,59 +81,104 @@ def tune(
         from ..explain.plot import check_plot_path
 
         check_plot_path(plot)  # before any probe
-    console.print(f"[bold]autobatch tune[/] {escape(script_path)}: starting the probe server")
-    result = run_tune(settings, world, world_source)
-    print_table(result)
-    print_chosen(result)
-    console.print(f"result written to {settings.output.result}")
+    out = Output()
+    out.status(f"autobatch tune {script_path}")
+    result = run_tune(settings, world, world_source, refresh=refresh, out=out)
+    if not out.quiet:
+        print_table(result)
+        print_chosen(result)
+    out.status(f"result written to {settings.output.result}")
     if plot is not None:
         from ..explain.plot import plot_tune
 
         plot_tune(result, plot)
-        console.print(f"plot written to {plot}")
+        out.status(f"plot written to {plot}")
     if settings.output.emit:
-        _emit(result, settings)
+        _emit(result, settings, out)
+    out.summary(summary_line(result, settings.output.result))
     if as_json:
         stdout_write(json.dumps(result.to_dict(), indent=2))
 
 
-def run_tune(settings: Settings, world: int, world_source: str) -> TuneResult:
-    """Run the tune, saving the result after every probe; on failure or interruption, save and show
-    what was measured, then re-raise."""
-    from ..tuner import TuneOptions, Tuner
+def run_tune(
+    settings: Settings, world: int, world_source: str, *, refresh: bool = False, out: Output | None = None
+) -> TuneResult:
+    """Run the tune (:func:`autobatch.calibrate.calibrate`), saving the result after every probe; on
+    failure or interruption, save and show what was measured, then re-raise."""
+    from ..calibrate import calibrate
 
+    out = out or Output()
     result_path = Path(settings.output.result)
-    session = opt.open_session(settings, on_probe=_progress)
-    tuner = None
+    latest: list[TuneResult] = []
+
+    def update(result: TuneResult) -> None:
+        latest[:1] = [result]
+        _save(result_path, result)
+
+    hooks = _hooks(settings, out, update)
     try:
-        info = session.start()
-        console.print(
-            f"device [bold]{info.name}[/]{' (auto)' if settings.device.device == 'auto' else ''}: capacity "
-            f"{format_bytes(info.capacity_bytes)}, budget {format_bytes(info.budget_bytes)} "
-            f"(headroom {info.headroom:.0%}); {escape(info.memory_definition)}"
-        )
-        options = TuneOptions.from_settings(settings, world, world_source)
-        tuner = Tuner(session, options, on_update=lambda r: _save(result_path, r))
-        return tuner.run()
+        result = calibrate(settings, world, world_source, refresh=refresh, hooks=hooks)
+        _save(result_path, result)
+        return result
     except BaseException as exc:
-        if tuner is not None:
-            _keep_partial(tuner.result, exc, result_path)
+        if latest:
+            _keep_partial(latest[0], exc, result_path, out)
         raise
     finally:
-        session.close()
+        out.close()
 
 
-def _keep_partial(result: TuneResult, exc: BaseException, path: Path) -> None:
+def _hooks(settings: Settings, out: Output, update: Callable[[TuneResult], None]) -> Hooks:
+    from ..calibrate import Hooks
+    from .state import STATE
+
+    def device(info: DeviceInfo) -> None:
+        auto = " (auto)" if settings.device.device == "auto" else ""
+        out.status(
+            f"device {info.name}{auto}: capacity {format_bytes(info.capacity_bytes)}, budget "
+            f"{format_bytes(info.budget_bytes)} (headroom {info.headroom:.0%}); {info.memory_definition}"
+        )
+
+    return Hooks(
+        on_probe=out.probe,
+        on_update=update,
+        on_status=out.status,
+        on_device=device,
+        on_warning=out.warning,
+        on_wait=out.wait,
+        wrap_runner=out.watch,
+        runner_factory=STATE.runner_factory,
+    )
+
+
+def summary_line(result: TuneResult, path: str) -> str:
+    """The one line ``--quiet`` keeps: the choice and the plan, where the result went, what it cost."""
+    ch = result.chosen
+    how = (
+        "served from the cache"
+        if result.cache
+        else f"{result.probes} probes, {result.wall_seconds or 0:.1f} s"
+    )
+    if ch is None:
+        return f"autobatch: no combination chosen ({how}); result in {path}"
+    return (
+        f"autobatch: {ch.precision}/{ch.optimizer}/{'recompute' if ch.recompute else 'no-recompute'} "
+        f"micro-batch {ch.micro_batch_size} x accumulation {ch.accumulation_steps} x world {ch.world_size} = "
+        f"global {ch.global_batch_size} ({how}); result in {path}"
+    )
+
+
+def _keep_partial(result: TuneResult, exc: BaseException, path: Path, out: Output) -> None:
     result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
     if isinstance(exc, AutobatchError):
         result.notes.append(f"failed: {exc.message}")
     _save(path, result)
-    if result.combinations and any(c.trace for c in result.combinations):
+    if not out.quiet and result.combinations and any(c.trace for c in result.combinations):
         print_table(result)
-    console.print(f"partial result ({result.status}, {result.probes} probes) saved to {path}")
+    out.status(f"partial result ({result.status}, {result.probes} probes) saved to {path}")
 
 
-def _emit(result: TuneResult, settings: Settings) -> None:
+def _emit(result: TuneResult, settings: Settings, out: Output) -> None:
     import shlex
     import sys
 
@@ -142,27 +196,13 @@ def _emit(result: TuneResult, settings: Settings) -> None:
         ),
     )
     for path in written:
-        console.print(f"wrote {path}")
+        out.status(f"wrote {path}")
 
 
 def _save(path: Path, result: TuneResult) -> None:
     from ..files import write_atomic
 
     write_atomic(path, result.to_json() + "\n")
-
-
-def _progress(combo: Combo, outcome: ProbeOutcome, cached: bool) -> None:
-    style = {"fits": "green", "oom": "yellow"}.get(outcome.kind, "red")
-    extra = f"peak {format_bytes(outcome.peak_bytes)}" if outcome.peak_bytes else ""
-    if outcome.samples_per_second and outcome.kind == "fits":
-        extra += f", {outcome.samples_per_second:,.0f} samples/s"
-    if outcome.reason and outcome.kind != "fits":
-        extra += f" ({outcome.reason})"
-    console.print(
-        f"  {combo.key:<38} batch {outcome.batch_size:>6} [{style}]{outcome.kind:<7}[/] {escape(extra)}"
-        f" {'(cached)' if cached else f'{outcome.wall_seconds:.1f} s'}",
-        highlight=False,
-    )
 
 
 def print_table(result: TuneResult) -> None:

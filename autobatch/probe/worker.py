@@ -12,6 +12,7 @@ from ..contract import UserScript
 from ..devices.cuda.budget import CudaStepStats, judge_step
 from ..errors import AutobatchError, ContractError
 from ..oom import classify_exception
+from . import progress
 from .failures import describe_failure
 from .protocol import ProbeOutcome, ProbeRequest
 
@@ -43,6 +44,7 @@ def measure_steps(request: ProbeRequest, script: UserScript, start: float) -> Pr
     report = StepReport()
     device = torch.device(request.device)
     peak_now, synchronize, finish = _device_hooks(request, outcome)
+    peak_now = progress.reporting(peak_now, request, report)
     outcome.setup_seconds = time.perf_counter() - start
     try:
         run_steps(
