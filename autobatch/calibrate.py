@@ -20,7 +20,7 @@ Everything the caller shows comes through :class:`Hooks`; nothing here prints.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .cache import CacheFolder, ResultStore, tune_inputs
@@ -90,16 +90,14 @@ def tune_target(
     """One device: the stored result, or a tune under the device's lock (see the module docstring)."""
     from .locks import DeviceLock
 
-    store = (
-        ResultStore(CacheFolder(settings.probe.cache_dir, warn=hooks.on_warning))
-        if settings.probe.cache
-        else None
-    )
+    warnings: list[str] = []
+    hooks = replace(hooks, on_warning=_collecting(warnings, hooks.on_warning))
+    folder = CacheFolder(settings.probe.cache_dir, warn=hooks.on_warning)
+    store = ResultStore(folder) if settings.probe.cache else None
     inputs = tune_inputs(settings, target.identity, world, why_not=target.not_cached)
-    if store is not None and not refresh:
-        hit = store.get(inputs, target.used_bytes)
-        if hit is not None:
-            return _serve(hit, settings, hooks)
+    hit = store.get(inputs, target.used_bytes) if store is not None and not refresh else None
+    if hit is not None:
+        return _serve(hit, settings, hooks, warnings)
     lock = DeviceLock(
         target.lock_key,
         target.label,
@@ -110,11 +108,11 @@ def tune_target(
     )
     with lock:
         used = _used_now(target) if target.used_bytes is not None else None
-        if store is not None and not refresh:
-            hit = store.get(inputs, used)
-            if hit is not None:
-                return _serve(hit, settings, hooks)
+        hit = store.get(inputs, used) if store is not None and not refresh else None
+        if hit is not None:  # the run we waited for stored it
+            return _serve(hit, settings, hooks, warnings)
         result = run_session(settings, target, world, world_source, refresh=refresh, hooks=hooks)
+    _add_warnings(result, warnings)
     if store is not None:
         if not inputs.cacheable:
             result.notes.append(f"result not kept in the cache: {inputs.why_not}")
@@ -145,23 +143,37 @@ def run_session(
         hooks.on_device(info)
         for warning in info.warnings:
             hooks.on_warning(warning)
-        tuner = Tuner(
-            session, TuneOptions.from_settings(settings, world, world_source), on_update=hooks.on_update
-        )
-        tuner.result.notes.extend(f"warning: {w}" for w in session.warnings)
+        options = TuneOptions.from_settings(settings, world, world_source)
+        tuner = Tuner(session, options, on_update=hooks.on_update)
         if hooks.on_update is not None:
-            hooks.on_update(tuner.result)  # the caller holds the result from the start (a partial one on failure)
-        seen = len(session.warnings)
-        try:
-            return tuner.run()
-        finally:
-            tuner.result.notes.extend(f"warning: {w}" for w in session.warnings[seen:])
+            hooks.on_update(
+                tuner.result
+            )  # the caller holds the result from the start (a partial one on failure)
+        return tuner.run()
     finally:
         session.close()
 
 
-def _serve(hit: Any, settings: Settings, hooks: Hooks) -> TuneResult:
+def _collecting(into: list[str], show: Callable[[str], None]) -> Callable[[str], None]:
+    def warn(message: str) -> None:
+        if message not in into:
+            into.append(message)
+            show(message)
+
+    return warn
+
+
+def _add_warnings(result: TuneResult, warnings: list[str]) -> None:
+    """Every warning of the run in the result's notes (once: the device's are there already)."""
+    for warning in warnings:
+        note = f"warning: {warning}"
+        if note not in result.notes:
+            result.notes.append(note)
+
+
+def _serve(hit: Any, settings: Settings, hooks: Hooks, warnings: list[str]) -> TuneResult:
     result = served(hit, settings.require_script(), list(settings.script.script_args))
+    _add_warnings(result, warnings)
     hooks.on_status(
         f"served from the cache: nothing that decides memory changed since {hit.made} "
         f"(key {hit.key}; `autobatch cache show {hit.key}`; --refresh measures again)"

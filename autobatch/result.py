@@ -16,7 +16,7 @@ Schema (``schema_version`` 1); fields are only ever added, never renamed or remo
                       ``probes`` (how many probes this combination cost), ``reason``, ``static_bytes``,
                       ``bytes_per_sample``, ``knee_batch_size``, ``trace`` (every probe: batch_size, kind,
                       peak_bytes, steps, seconds, samples_per_second, cached, purpose: search |
-                      confirm | throughput)
+                      confirm | throughput, started_at: seconds since the epoch, when it ran)
 ``chosen``            null, or {"precision", "optimizer", "recompute", "micro_batch_size",
                       "accumulation_steps", "world_size", "global_batch_size",
                       "requested_global_batch_size", "exact", "note"}
@@ -54,6 +54,7 @@ class ProbeRecord:
     samples_per_second: float | None = None
     cached: bool = False
     purpose: str = "search"  # search | confirm | throughput
+    started_at: float | None = None  # when the probe ran (seconds since the epoch); absent in older results
 
 
 @dataclass
@@ -116,6 +117,10 @@ class TuneResult:
         for name in _ABSENT_WHEN_NONE:
             if data.get(name) is None:
                 data.pop(name, None)
+        for combo in data["combinations"]:
+            for record in combo["trace"]:
+                if record.get("started_at") is None:
+                    record.pop("started_at", None)
         return data
 
     def to_json(self) -> str:

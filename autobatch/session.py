@@ -13,6 +13,7 @@ A session given a ``lock`` (:class:`autobatch.locks.DeviceLock`) holds it from :
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
@@ -274,7 +275,9 @@ class Session:
         cached = outcome is not None
         if outcome is None:
             assert self.runner is not None, "start() the session first"
+            started = time.time()
             outcome = self.runner.run(request)
+            outcome.started_at = started
             self.journal.record(request, outcome)
         else:
             self.cache_hits += 1

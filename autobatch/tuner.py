@@ -203,6 +203,7 @@ class Tuner:
                 samples_per_second=outcome.samples_per_second,
                 cached=outcome.cached,
                 purpose=purpose,
+                started_at=outcome.started_at,
             )
         )
         entry.probes = len(entry.trace)

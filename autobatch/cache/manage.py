@@ -59,7 +59,7 @@ def parse_age(text: str) -> float:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
     if not match:
         raise UsageError(
-            f"cannot read the age {text!r}",
+            f"cannot read the age {text!r}: a number and a unit, such as 7d",
             hint="give a number and a unit: 90s, 30m, 12h, 7d or 2w",
         )
     return float(match.group(1)) * _UNITS[match.group(2)]

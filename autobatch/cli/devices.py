@@ -29,13 +29,21 @@ if TYPE_CHECKING:
 @app.command("devices")
 def devices(
     as_json: bool = typer.Option(False, "--json", help="Print the inventory as JSON on stdout."),
+    node_type: bool = typer.Option(
+        False,
+        "--node-type",
+        help="Print only a file-name-safe name of this node's GPUs on stdout (job scripts).",
+    ),
     verbose: bool = opt.VERBOSE,
     quiet: bool = opt.QUIET,
 ) -> None:
     """List the visible GPUs (memory, processes, MIG instances) and the host's memory."""
-    from ..devices.inventory import read_inventory
+    from ..devices import inventory as inv
 
-    inventory = read_inventory()
+    inventory = inv.read_inventory()
+    if node_type:
+        stdout_write(inv.node_type(inventory))
+        return
     out = Output()
     host = inventory.host
     limit = f", cgroup limit {format_bytes(host.cgroup_limit_bytes)}" if host.cgroup_limit_bytes else ""

@@ -74,7 +74,7 @@ class Output:
         """The final summary line: printed in every mode, quiet included."""
         was, console.quiet = console.quiet, False
         try:
-            prefix = "" if self.live else f"{timestamp()} "
+            prefix = "" if console.is_terminal else f"{timestamp()} "
             console.print(f"{prefix}{message}", markup=False, highlight=False, soft_wrap=True)
         finally:
             console.quiet = was

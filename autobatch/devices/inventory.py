@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import platform
 import socket
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -231,6 +232,21 @@ def _text(value: Any) -> str | None:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def node_type(inventory: Inventory) -> str:
+    """A file-name-safe name of what this node offers: ``4x-nvidia-a100-sxm4-80gb`` (models joined by
+    ``+``), or ``cpu-<processor>`` without a visible GPU; job scripts keep one calibration per node type."""
+    from collections import Counter
+
+    visible = inventory.visible()
+    if visible:
+        models = Counter(g.name for g in visible)
+        text = "+".join(f"{count}x-{name}" for name, count in models.items())
+    else:
+        text = f"cpu-{cpu_model()}"
+    slug = "".join(c if c.isalnum() or c in "+." else "-" for c in text.lower())
+    return "-".join(part for part in slug.split("-") if part)
+
+
 def host_memory() -> HostMemory:
     """The host's memory (psutil) and this process's cgroup memory limit, if any."""
     import psutil
@@ -269,3 +285,15 @@ def cgroup_memory_limit(root: str = "/sys/fs/cgroup") -> int | None:
             if text.isdigit() and int(text) < (1 << 60):
                 return int(text)
     return None
+
+
+def cpu_model() -> str:
+    """The processor's model name (/proc/cpuinfo), else platform's."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.lower().startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -23,7 +23,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from .inventory import Gpu, Inventory
+from .inventory import Gpu, Inventory, cpu_model
 
 CPU_NOT_CACHED = (
     "on the CPU without --memory the capacity is the memory available when the tune starts, which "
@@ -137,15 +137,3 @@ def _model_label(gpu: Gpu) -> str:
 
 def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
-
-
-def cpu_model() -> str:
-    """The processor's model name (/proc/cpuinfo), else platform's."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.lower().startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

@@ -72,6 +72,7 @@ class ProbeOutcome:
     setup_seconds: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)  # "inspect" answers
     cached: bool = False  # replayed from the probe cache, not run now
+    started_at: float | None = None  # when the probe started (seconds since the epoch; set by the session)
 
     @property
     def fits(self) -> bool:
