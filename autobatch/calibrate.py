@@ -45,7 +45,10 @@ class Hooks:
     """What the caller shows and how it runs probes (every field optional)."""
 
     on_probe: OnProbe | None = None
-    on_update: Callable[[TuneResult], None] | None = None
+    on_update: Callable[[TuneResult], None] | None = None  # after every probe
+    on_start: Callable[[TuneResult], None] = (
+        _ignore  # the result the tuner keeps current (partial on failure)
+    )
     on_status: Callable[[str], None] = _ignore  # what is happening ("served from the cache", a model's turn)
     on_device: Callable[[DeviceInfo], None] = _ignore  # the device and its budget, once inspected
     on_warning: Callable[[str], None] = _ignore
@@ -64,12 +67,10 @@ def calibrate(
     inventory: Inventory | None = None,
 ) -> TuneResult:
     """Tune every device the ``device`` setting names on this machine and return the one result."""
-    from .devices.inventory import read_inventory
-    from .devices.targets import targets_for
+    from .devices.targets import resolve_targets
 
     hooks = hooks or Hooks()
-    inventory = inventory or read_inventory()
-    targets = targets_for(settings.device.device, settings.device.memory, inventory)
+    targets = resolve_targets(settings.device.device, settings.device.memory, inventory)
     if len(targets) == 1:
         return tune_target(settings, targets[0], world, world_source, refresh=refresh, hooks=hooks)
     from .mixed import merge_models
@@ -145,10 +146,7 @@ def run_session(
             hooks.on_warning(warning)
         options = TuneOptions.from_settings(settings, world, world_source)
         tuner = Tuner(session, options, on_update=hooks.on_update)
-        if hooks.on_update is not None:
-            hooks.on_update(
-                tuner.result
-            )  # the caller holds the result from the start (a partial one on failure)
+        hooks.on_start(tuner.result)
         return tuner.run()
     finally:
         session.close()

@@ -32,7 +32,7 @@ def environment(tmp_path: Path) -> dict[str, str]:
         PYTHONPATH=str(ROOT),
         NO_COLOR="1",
         AUTOBATCH_DEVICE="cpu",
-        AUTOBATCH_MEMORY="500MiB",
+        AUTOBATCH_MEMORY="400MiB",
         AUTOBATCH_PRECISIONS="32-true",
         AUTOBATCH_OPTIMIZERS="sgd",
         AUTOBATCH_RECOMPUTE="false",

@@ -67,7 +67,21 @@ def fingerprint(sources: Mapping[str, str], parts: Iterable[Any]) -> str:
 
 
 def torch_version() -> str:
-    """The installed torch's version from its metadata (importing torch takes seconds)."""
+    """The installed torch's version, read from ``torch/version.py`` without importing torch (which
+    takes seconds), else from its package metadata."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin:
+        try:
+            text = (Path(spec.origin).parent / "version.py").read_text()
+            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+            if found:
+                return found.group(1)
+        except OSError:
+            pass
     from importlib import metadata
 
     try:

@@ -119,15 +119,14 @@ def open_session(
 ) -> Session:
     """The session a command probes through: the probe server (or the runner the CLI state names, in
     tests) on the first device the ``device`` setting names, holding that device's lock while open."""
-    from ..devices.inventory import read_inventory
-    from ..devices.targets import targets_for
+    from ..devices.targets import resolve_targets
     from ..locks import DeviceLock
     from ..session import Session
     from .progress import Output
     from .state import STATE
 
     out = out or Output()
-    target = targets_for(settings.device.device, settings.device.memory, read_inventory())[0]
+    target = resolve_targets(settings.device.device, settings.device.memory)[0]
     lock = DeviceLock(
         target.lock_key,
         target.label,

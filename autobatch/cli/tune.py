@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -111,11 +112,14 @@ def run_tune(
     result_path = Path(settings.output.result)
     latest: list[TuneResult] = []
 
-    def update(result: TuneResult) -> None:
+    def keep(result: TuneResult) -> None:
         latest[:1] = [result]
+
+    def update(result: TuneResult) -> None:
+        keep(result)
         _save(result_path, result)
 
-    hooks = _hooks(settings, out, update)
+    hooks = replace(_hooks(settings, out, update), on_start=keep)
     try:
         result = calibrate(settings, world, world_source, refresh=refresh, hooks=hooks)
         _save(result_path, result)

@@ -46,6 +46,15 @@ class Target:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
+def resolve_targets(device: str, memory: int | None, inventory: Inventory | None = None) -> list[Target]:
+    """:func:`targets_for` on this machine; the CPU device needs no inventory (NVML is not read)."""
+    if device == "cpu":
+        return [cpu_target(memory, inventory)]
+    from .inventory import read_inventory
+
+    return targets_for(device, memory, inventory or read_inventory())
+
+
 def targets_for(device: str, memory: int | None, inventory: Inventory) -> list[Target]:
     """The targets of a ``device`` setting on this machine (see the module docstring)."""
     visible = inventory.visible()
