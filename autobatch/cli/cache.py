@@ -31,6 +31,11 @@ cache_app = typer.Typer(
 app.add_typer(cache_app, name="cache")
 
 
+@cache_app.callback()
+def _cache(verbose: bool = opt.VERBOSE, quiet: bool = opt.QUIET) -> None:
+    """-v/-q between ``cache`` and its subcommand too."""
+
+
 def _folder(config: Path | None) -> CacheFolder:
     from ..cache import CacheFolder
 

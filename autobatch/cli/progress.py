@@ -30,10 +30,19 @@ from .app import console
 from .state import STATE
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
+    from rich.console import Console, RenderableType
 
     from ..core.space import Combo
     from ..probe.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
+
+
+def unwrapped_console() -> Console:
+    """The console's twin for a log: stderr, as wide as the content (tables are never wrapped)."""
+    from rich.console import Console
+
+    return Console(
+        stderr=True, no_color=console.no_color, highlight=False, width=100_000, quiet=console.quiet
+    )
 
 
 def timestamp() -> str:

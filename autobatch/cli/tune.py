@@ -16,7 +16,7 @@ from ..core.units import format_bytes
 from ..errors import AutobatchError
 from . import options as opt
 from .app import app, console, stdout_write
-from .progress import Output
+from .progress import Output, unwrapped_console
 
 if TYPE_CHECKING:
     from ..calibrate import Hooks
@@ -250,20 +250,23 @@ def print_table(result: TuneResult) -> None:
             escape(note or ""),
             style="bold" if chosen else None,
         )
-    console.print(table)
+    # In a log (not a terminal) no cell is wrapped: the table is as wide as its content.
+    (console if console.is_terminal else unwrapped_console()).print(table)
 
 
 def print_chosen(result: TuneResult) -> None:
     ch = result.chosen
     if ch is None:
         return
+    unwrapped = not console.is_terminal  # a log: one line each, however long
     console.print(
         f"[bold green]chosen[/] ({result.objective}): {ch.precision} / {ch.optimizer} / recompute "
         f"{'on' if ch.recompute else 'off'}: micro-batch {ch.micro_batch_size} x accumulation "
         f"{ch.accumulation_steps} x world {ch.world_size} = global {ch.global_batch_size}"
-        + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else "")
+        + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else ""),
+        soft_wrap=unwrapped,
     )
     if ch.note:
-        console.print(f"[yellow]note[/]: {escape(ch.note)}")
+        console.print(f"[yellow]note[/]: {escape(ch.note)}", soft_wrap=unwrapped)
     for note in result.notes:
-        console.print(f"[dim]- {escape(note)}[/]")
+        console.print(f"[dim]- {escape(note)}[/]", soft_wrap=unwrapped)

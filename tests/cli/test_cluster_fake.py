@@ -297,3 +297,20 @@ def test_two_concurrent_tunes_get_identical_results_and_never_probe_at_once(tmp_
     for before, after in zip(spans, spans[1:]):
         assert before["end"] <= after["start"], f"probes overlap: {before} and {after}"
     assert any("waiting for cpu" in err for _, err in outputs)
+
+
+def test_in_a_log_the_table_and_notes_are_never_wrapped(capfd: pytest.CaptureFixture[str]) -> None:
+    from autobatch.cli.tune import print_chosen, print_table
+    from autobatch.result import Chosen, ComboResult, TuneResult
+
+    reason = "bf16 is not native here: " + "y" * 300
+    result = TuneResult(
+        "train.py", [], {"name": "cpu", "budget_bytes": 1 << 30}, "throughput",
+        [ComboResult("32-true", "adamw", False, "exact", 64, probes=3), ComboResult("bf16-mixed", "adamw", False, "skipped", reason=reason)],
+        chosen=Chosen("32-true", "adamw", False, 64, 1, 1, 64), notes=["z" * 300],
+    )  # fmt: skip
+    print_table(result)
+    print_chosen(result)
+    err = capfd.readouterr().err
+    assert any(reason in line for line in err.splitlines()), "a table cell was wrapped"
+    assert any(line.endswith("z" * 300) for line in err.splitlines()), "a note was wrapped"

@@ -188,3 +188,40 @@ def test_the_devices_command_on_injected_nvml(monkeypatch: pytest.MonkeyPatch) -
     indices = {g["uuid"]: g["index"] for g in data["gpus"]}
     assert indices[B] == 0 and indices[A] == 1
     assert "cuda:0" in err and "CUDA_VISIBLE_DEVICES=1,0" in err
+
+
+def test_node_type_names_the_models_for_job_scripts() -> None:
+    from autobatch.devices.inventory import node_type
+
+    fake = FakeNvml(
+        [
+            FakeDevice(A, "00000000:17:00.0", name="NVIDIA A100-SXM4-80GB"),
+            FakeDevice(B, "00000000:65:00.0", name="NVIDIA A100-SXM4-80GB"),
+            FakeDevice(C, "00000000:CA:00.0", name="Tesla V100-SXM2-32GB", total=32 * GiB),
+        ]
+    )
+    assert node_type(read_inventory(fake, env={})) == "2x-nvidia-a100-sxm4-80gb+1x-tesla-v100-sxm2-32gb"
+    assert node_type(read_inventory(fake, env={"CUDA_VISIBLE_DEVICES": "2"})) == "1x-tesla-v100-sxm2-32gb"
+    assert node_type(read_inventory(fake, env={"CUDA_VISIBLE_DEVICES": ""})).startswith("cpu-")
+
+
+def test_cgroup_memory_limit_v2_and_unlimited(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    from autobatch.devices import inventory
+
+    real_open = builtins.open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/self/cgroup":
+            return real_open(tmp_path / "cgroup", *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    (tmp_path / "cgroup").write_text("0::/slurm/uid_0/job_7/step_batch\n")
+    limit = tmp_path / "slurm" / "uid_0" / "job_7" / "step_batch" / "memory.max"
+    limit.parent.mkdir(parents=True)
+    limit.write_text(f"{16 * GiB}\n")
+    monkeypatch.setattr(builtins, "open", fake_open)
+    assert inventory.cgroup_memory_limit(root=str(tmp_path)) == 16 * GiB
+    limit.write_text("max\n")
+    assert inventory.cgroup_memory_limit(root=str(tmp_path)) is None
