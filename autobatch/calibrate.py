@@ -20,6 +20,7 @@ Everything the caller shows comes through :class:`Hooks`; nothing here prints.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from .devices.budget import DeviceInfo
     from .devices.inventory import Inventory
     from .devices.targets import Target
+    from .locks import DeviceLock
     from .probe.protocol import ProbeRunner
     from .result import TuneResult
     from .session import OnProbe, Session, WrapRunner
@@ -89,37 +91,57 @@ def tune_target(
     settings: Settings, target: Target, world: int, world_source: str, *, refresh: bool, hooks: Hooks
 ) -> TuneResult:
     """One device: the stored result, or a tune under the device's lock (see the module docstring)."""
-    from .locks import DeviceLock
-
     warnings: list[str] = []
     hooks = replace(hooks, on_warning=_collecting(warnings, hooks.on_warning))
     folder = CacheFolder(settings.probe.cache_dir, warn=hooks.on_warning)
     store = ResultStore(folder) if settings.probe.cache else None
     inputs = tune_inputs(settings, target.identity, world, why_not=target.not_cached)
-    hit = store.get(inputs, target.used_bytes) if store is not None and not refresh else None
+    reuse = store is not None and not refresh
+    hit = store.get(inputs, target.used_bytes) if store is not None and reuse else None
     if hit is not None:
         return _serve(hit, settings, hooks, warnings)
-    lock = DeviceLock(
-        target.lock_key,
-        target.label,
-        folder=settings.probe.lock_dir,
+    with ExitStack() as held:
+        if store is not None and reuse and inputs.cacheable and folder.writable:
+            # Identical tunes on other devices of this model (other nodes sharing the cache, a job
+            # array) wait for the first and are served its result.
+            key = inputs.key()
+            held.enter_context(
+                _lock(
+                    settings,
+                    f"computing-{key}",
+                    f"the tune {key}, which another run is computing",
+                    hooks,
+                    folder.path / "locks",
+                )
+            )
+            hit = store.get(inputs, target.used_bytes)
+            if hit is not None:
+                return _serve(hit, settings, hooks, warnings)
+        held.enter_context(_lock(settings, target.lock_key, target.label, hooks, settings.probe.lock_dir))
+        used = _used_now(target) if target.used_bytes is not None else None
+        hit = store.get(inputs, used) if store is not None and reuse else None
+        if hit is not None:  # the run we waited for stored it
+            return _serve(hit, settings, hooks, warnings)
+        result = run_session(settings, target, world, world_source, refresh=refresh, hooks=hooks)
+        _add_warnings(result, warnings)
+        if store is not None and not inputs.cacheable:
+            result.notes.append(f"result not kept in the cache: {inputs.why_not}")
+        elif store is not None and store.put(inputs, result, used):
+            result.notes.append(f"result kept in the cache as {inputs.key()}")
+    return result
+
+
+def _lock(settings: Settings, key: str, label: str, hooks: Hooks, folder: Any) -> DeviceLock:
+    from .locks import DeviceLock
+
+    return DeviceLock(
+        key,
+        label,
+        folder=folder,
         timeout=settings.probe.lock_timeout,
         on_wait=hooks.on_wait,
         on_warning=hooks.on_warning,
     )
-    with lock:
-        used = _used_now(target) if target.used_bytes is not None else None
-        hit = store.get(inputs, used) if store is not None and not refresh else None
-        if hit is not None:  # the run we waited for stored it
-            return _serve(hit, settings, hooks, warnings)
-        result = run_session(settings, target, world, world_source, refresh=refresh, hooks=hooks)
-    _add_warnings(result, warnings)
-    if store is not None:
-        if not inputs.cacheable:
-            result.notes.append(f"result not kept in the cache: {inputs.why_not}")
-        elif store.put(inputs, result, used):
-            result.notes.append(f"result kept in the cache as {inputs.key()}")
-    return result
 
 
 def run_session(

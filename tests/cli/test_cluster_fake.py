@@ -262,7 +262,7 @@ def test_two_concurrent_tunes_get_identical_results_and_never_probe_at_once(tmp_
     args = ["tune", "train.py", "--device", "cpu", "--memory", "1GiB", "-p", "32-true", "-p", "bf16-mixed",
             "--refresh", "--json"]  # fmt: skip
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("AUTOBATCH_") or k in KEEP}
-    env.update(NO_COLOR="1", FAKE_PROBE_SECONDS="0.05")
+    env.update(NO_COLOR="1", FAKE_PROBE_SECONDS="0.15")
     procs = [
         subprocess.Popen(
             [
@@ -314,3 +314,59 @@ def test_in_a_log_the_table_and_notes_are_never_wrapped(capfd: pytest.CaptureFix
     err = capfd.readouterr().err
     assert any(reason in line for line in err.splitlines()), "a table cell was wrapped"
     assert any(line.endswith("z" * 300) for line in err.splitlines()), "a note was wrapped"
+
+
+def test_identical_tunes_on_two_devices_sharing_a_cache_compute_once(tmp_path: Path) -> None:
+    """Two nodes of one type (here: two lock folders, as two hosts have) and one shared cache folder:
+    the second waits for the first's result instead of measuring the same thing again."""
+    import os
+
+    (tmp_path / "train.py").write_text("# the fake runner never imports it\n")
+    log = tmp_path / "probes.jsonl"
+    args = [
+        "tune",
+        "train.py",
+        "--device",
+        "cpu",
+        "--memory",
+        "1GiB",
+        "-p",
+        "32-true",
+        "-p",
+        "bf16-mixed",
+        "--json",
+    ]
+    procs = []
+    for i in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOBATCH_")}
+        env.update(NO_COLOR="1", FAKE_PROBE_SECONDS="0.15", AUTOBATCH_CACHE_DIR=str(tmp_path / "shared-cache"),
+                   AUTOBATCH_LOCK_DIR=str(tmp_path / f"node{i}-locks"))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "tests" / "fake_cli.py"),
+                    str(log),
+                    "--",
+                    *args,
+                    "--output",
+                    f"r{i}.json",
+                ],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+        )
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for proc, (_, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err
+    results = [json.loads(out) for out, _ in outputs]
+    assert results[0]["chosen"] == results[1]["chosen"]
+    assert sorted("cache" in r for r in results) == [False, True], (
+        "exactly one computed, the other was served"
+    )
+    probing = {json.loads(line)["pid"] for line in log.read_text().splitlines() if '"op": "probe"' in line}
+    assert len(probing) == 1
+    assert any("which another run is computing: held by pid" in err for _, err in outputs)
