@@ -6,9 +6,11 @@ model), and tunes each with :func:`tune_target`:
 
 1. the tune's inputs and key (:mod:`autobatch.cache.keys`); a stored result for them is served at
    once, without a probe server, unless ``refresh`` (``tune --refresh``) or the device is busier now;
-2. otherwise the device's lock (:class:`autobatch.locks.DeviceLock`) is taken, waiting for another
-   run if need be, and the store is asked again (the run it waited for may have just stored the
-   answer: two identical tunes started together probe once and get the same result);
+2. otherwise two locks are taken (:class:`autobatch.locks.DeviceLock`), waiting for another run if
+   need be, and the store is asked again after each (the run waited for may have just stored the
+   answer): first the tune's key, in the cache folder (identical tunes on other devices of the model,
+   on other nodes sharing the cache, in a job array, compute once), then the device's (no two runs
+   probe one device at once; two identical tunes started together probe once, same result);
 3. a :class:`~autobatch.session.Session` and a :class:`~autobatch.tuner.Tuner` run the tune, every
    probe journaled (so a tune killed halfway resumes without measuring anything twice);
 4. a complete result is stored.
