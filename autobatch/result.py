@@ -8,7 +8,8 @@ Schema (``schema_version`` 1); fields are only ever added, never renamed or remo
 ``script``, ``script_args``, ``torch_version``, ``autobatch_version``, ``created``
 ``device``            {"type", "name", "capacity_bytes", "budget_bytes", "headroom", "memory_definition",
                       "baseline_bytes", "process_limit_bytes" (CUDA: what NVML may see the probe process
-                      hold; null on the CPU)}
+                      hold; null on the CPU), "others_bytes" (CUDA: memory other processes held on the
+                      GPU when the tune started; null on the CPU)}
 ``objective``         "throughput" | "max-batch"
 ``combinations``      list of :class:`ComboResult` objects: ``precision``, ``optimizer``, ``recompute``,
                       ``status`` ("exact" | "capped" | "infeasible" | "skipped" | "pruned" | "error"),
@@ -17,8 +18,9 @@ Schema (``schema_version`` 1); fields are only ever added, never renamed or remo
                       ``probes`` (how many probes this combination cost), ``reason``, ``static_bytes``,
                       ``bytes_per_sample``, ``knee_batch_size``, ``trace`` (every probe: batch_size, kind,
                       peak_bytes, steps, seconds, samples_per_second, cached, purpose: search |
-                      confirm | throughput; ``rank_peak_bytes``: every rank's peak under a
-                      distributed strategy, ``peak_bytes`` then being the largest)
+                      confirm | throughput, started_at: seconds since the epoch, when it ran;
+                      ``rank_peak_bytes``: every rank's peak under a distributed strategy,
+                      ``peak_bytes`` then being the largest)
 ``chosen``            null, or {"precision", "optimizer", "recompute", "micro_batch_size",
                       "accumulation_steps", "world_size", "global_batch_size",
                       "requested_global_batch_size", "exact", "note", "strategy" ("none" | "ddp" |
@@ -26,6 +28,12 @@ Schema (``schema_version`` 1); fields are only ever added, never renamed or remo
 ``distributed``       {} for one process, else {"strategy", "nproc_per_node"}: how every probe ran
 ``probes``            total probes run (cache hits excluded), ``probe_overhead_seconds``, ``wall_seconds``
 ``notes``             list of strings: decisions and warnings worth reading
+``cache``             present only when the result was served from the cache: {"key", "served": true,
+                      "made"} (``autobatch cache show KEY`` shows what it was computed from)
+``devices``           present only when one job spans several GPU models: one entry per model
+                      ({"model", "device", "indices", "budget_bytes", "budget", "served_from_cache",
+                      "probes", "max_batch_sizes"}); ``combinations`` then hold the smallest maximum
+                      over the models and ``device`` is the model that binds the chosen combination
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+#: Fields added after the first release that are left out of the document while unset.
+_ABSENT_WHEN_NONE = ("cache", "devices", "pid", "host")  # written by a tune only
 
 
 @dataclass
@@ -51,6 +61,7 @@ class ProbeRecord:
     cached: bool = False
     purpose: str = "search"  # search | confirm | throughput
     rank_peak_bytes: list[int] = field(default_factory=list)  # distributed: every rank's peak
+    started_at: float | None = None  # when the probe ran (seconds since the epoch); absent in older results
 
 
 @dataclass
@@ -116,12 +127,18 @@ class TuneResult:
     schema_version: int = SCHEMA_VERSION
     pid: int | None = None
     host: str | None = None
+    cache: dict[str, Any] | None = None
+    devices: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("pid", "host"):  # written by a tune; absent from results built otherwise
-            if data[key] is None:
-                del data[key]
+        for name in _ABSENT_WHEN_NONE:
+            if data.get(name) is None:
+                data.pop(name, None)
+        for combo in data["combinations"]:
+            for record in combo["trace"]:
+                if record.get("started_at") is None:
+                    record.pop("started_at", None)
         return data
 
     def to_json(self) -> str:

@@ -5,23 +5,30 @@ the :class:`~autobatch.probe.protocol.ProbeRunner` protocol, such as :class:`aut
 inspects the model and the device, and opens the journal. :meth:`Session.probe` runs one probe of
 the real step, reusing the journal's outcome when there is one and applying the device's margin;
 :meth:`Session.run` runs any other operation. The parts it wires live elsewhere: the device record,
-budgets and margin in :mod:`autobatch.devices.budget`, the journal in :mod:`autobatch.probe.journal`,
-the translation of outcomes into errors in :mod:`autobatch.probe.failures`.
+budgets and margin in :mod:`autobatch.devices.budget`, the journal and its fingerprint in
+:mod:`autobatch.cache`, the translation of outcomes into errors in :mod:`autobatch.probe.failures`.
+A session given a ``lock`` (:class:`autobatch.locks.DeviceLock`) holds it from :meth:`start` to
+:meth:`close`, so that no other run probes the device meanwhile.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import __version__
+from .cache import CacheFolder, ProbeJournal, fingerprint
+from .cache.sources import source_digests
 from .core.space import Combo
 from .core.units import format_bytes
 from .devices.budget import DeviceInfo, cuda_name, device_info
 from .devices.cpu import MALLOC_ENV
+from .devices.visible import PROBE_ENV
 from .errors import DeviceError, UsageError
 from .probe.failures import raise_for
-from .probe.journal import ProbeJournal, fingerprint
 from .probe.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
 from .scriptpath import check_script_path
 
@@ -30,6 +37,8 @@ if TYPE_CHECKING:
 
 #: Called after every probe with the combination, the outcome and whether it came from the journal.
 OnProbe = Callable[[Combo, ProbeOutcome, bool], None]
+#: Wraps the runner a session creates (a progress display watching each request, for instance).
+WrapRunner = Callable[[ProbeRunner], ProbeRunner]
 
 
 class Session:
@@ -54,6 +63,11 @@ class Session:
         check_batch_size: bool = True,
         strategy: str = "none",
         nproc_per_node: int = 1,
+        refresh: bool = False,
+        identity: Mapping[str, Any] | None = None,
+        lock: AbstractContextManager[Any] | None = None,
+        wrap_runner: WrapRunner | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         self.script = Path(script)
         self.strategy = strategy  # "none", "ddp" or "fsdp": every probe on nproc_per_node ranks
@@ -83,6 +97,13 @@ class Session:
         self.cache_hits = 0
         self._script_digest: str | None = None
         self.probes_run = 0
+        self.refresh = refresh  # measure again (and record), never answer from the journal
+        self.identity = dict(identity or {})
+        self.lock = lock
+        self.wrap_runner = wrap_runner
+        self.on_warning = on_warning
+        self.warnings: list[str] = []
+        self._held = ExitStack()
 
     @classmethod
     def from_settings(
@@ -93,14 +114,17 @@ class Session:
         on_probe: OnProbe | None = None,
         runner: ProbeRunner | None = None,
         op_modules: tuple[str, ...] = (),
+        device: str | None = None,
+        **extra: Any,
     ) -> Session:
         """The session that resolved settings describe (``cache`` defaults to the ``cache`` setting;
-        ``op_modules`` register probe operations beyond ``probe`` and ``inspect``)."""
+        ``op_modules`` register probe operations beyond ``probe`` and ``inspect``; ``device``, when
+        given, the one device of the setting to use; ``extra``: further arguments)."""
         script = settings.require_script()
         return cls(
             script=script,
             script_args=settings.script.script_args,
-            device=settings.device.device,
+            device=device or settings.device.device,
             memory=settings.device.memory,
             headroom=settings.device.headroom,
             timeout=settings.probe.timeout,
@@ -114,6 +138,7 @@ class Session:
             check_batch_size=settings.script.check_batch_size,
             strategy=settings.distributed.strategy,
             nproc_per_node=settings.distributed.nproc_per_node,
+            **extra,
         )
 
     def __enter__(self) -> Session:
@@ -128,23 +153,37 @@ class Session:
         return self.runner.torch_version if self.runner is not None else None
 
     def close(self) -> None:
-        if self.runner is not None:
-            self.runner.close()
+        try:
+            if self.runner is not None:
+                self.runner.close()
+        finally:
+            self._held.close()
+
+    def warn(self, message: str) -> None:
+        """A problem the run survives: kept for the result's notes and shown by the caller."""
+        if message not in self.warnings:
+            self.warnings.append(message)
+            if self.on_warning is not None:
+                self.on_warning(message)
 
     def start(self) -> DeviceInfo:
         """Open the runner, inspect the model and the device, open the journal."""
         check_script_path(self.script)
         self._script_digest = script_digest(self.script)
+        if self.lock is not None:
+            self._held.enter_context(self.lock)
         if self.runner is None:
             from .probe.client import IMPORT_GRACE, ProbeClient
 
             self.runner = ProbeClient(
                 self.script,
                 self.script_args,
-                env=dict(MALLOC_ENV),
+                env={**MALLOC_ENV, **PROBE_ENV},
                 op_modules=self.op_modules,
                 start_timeout=self.timeout + IMPORT_GRACE,  # importing the script counts like a probe
             )
+        if self.wrap_runner is not None:
+            self.runner, self.wrap_runner = self.wrap_runner(self.runner), None
         device, info = self._resolve_device()
         self.blocks = tuple(info.get("recompute_blocks", ()))  # what recomputation and FSDP wrap
         memory = self.memory
@@ -188,7 +227,7 @@ class Session:
     def _open_journal(self) -> None:
         assert self.device is not None
         self.fingerprint = fingerprint(
-            self.script.read_bytes(),
+            source_digests(self.script),
             (
                 self.script_args,
                 __version__,
@@ -197,12 +236,24 @@ class Session:
                 self.device.budget_bytes,
                 self.optimizer_kwargs,
                 self.recompute_classes,
+                self.identity,
             )
             # a strategy's probes are other measurements; single-process fingerprints stay as they were
             + ((self.strategy, self.nproc_per_node) if self.strategy != "none" else ()),
         )
         if self.use_cache:
-            self.journal = ProbeJournal.open(self.cache_dir, self.fingerprint)
+            meta = {
+                "script": str(self.script),
+                "script_args": self.script_args,
+                "device": self.device.name,
+                "identity": self.identity,
+                "budget_bytes": self.device.budget_bytes,
+                "torch": self.torch_version,
+                "autobatch": __version__,
+            }
+            self.journal = ProbeJournal.open(
+                CacheFolder(self.cache_dir, warn=self.warn), self.fingerprint, meta
+            )
 
     # -- operations ----------------------------------------------------------------------------
 
@@ -257,11 +308,13 @@ class Session:
         """
         assert self.device is not None
         request = self.request(combo, batch_size, steps=(min_steps, max_steps))
-        outcome = self.journal.get(request) if self.use_cache else None
+        outcome = self.journal.get(request) if self.use_cache and not self.refresh else None
         cached = outcome is not None
         if outcome is None:
             self._check_script_unchanged()
+            started = time.time()
             outcome = self._run_retrying(request)
+            outcome.started_at = started
             self.probes_run += 1
             self.journal.record(request, outcome)
         else:

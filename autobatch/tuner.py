@@ -225,6 +225,7 @@ class Tuner:
                 cached=outcome.cached,
                 purpose=purpose,
                 rank_peak_bytes=list(outcome.rank_peak_bytes),
+                started_at=outcome.started_at,
             )
         )
         entry.probes = len(entry.trace)

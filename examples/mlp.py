@@ -99,9 +99,14 @@ def compute_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> 
 
 
 if __name__ == "__main__":
+    import os
+
+    # A job that autobatch calibrated reads its plan from the environment (scripts/calibrate_and_train.sh).
+    micro_batch = int(os.environ.get("AUTOBATCH_MICRO_BATCH_SIZE", "32"))
+    print(f"micro-batch {micro_batch}")
     model = build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batch = make_batch(32)
+    batch = make_batch(micro_batch)
     for step in range(3):
         loss = compute_loss(model, batch)
         loss.backward()

@@ -1,4 +1,4 @@
-"""Shared fixtures: every test gets its own probe cache."""
+"""Shared fixtures: every test gets its own probe cache and its own folder of device locks."""
 
 from __future__ import annotations
 
@@ -13,5 +13,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test sees another's probes."""
+    """No test sees another's probes, or waits for another's device lock."""
     monkeypatch.setenv("AUTOBATCH_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setenv("AUTOBATCH_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))

@@ -24,7 +24,17 @@ class FakeMismatch(Exception):
 
 
 class FakeDevice:
-    def __init__(self, uuid, bus, procs=(), mig=None, used=0, locked=False):
+    def __init__(
+        self,
+        uuid,
+        bus,
+        procs=(),
+        mig=None,
+        used=0,
+        locked=False,
+        name="NVIDIA A100-SXM4-80GB",
+        total=80 * GiB,
+    ):
         self.uuid, self.bus, self.procs, self.mig, self.used, self.locked = (
             uuid,
             bus,
@@ -33,6 +43,7 @@ class FakeDevice:
             used,
             locked,
         )
+        self.name, self.total = name, total
 
 
 class FakeNvml:
@@ -92,7 +103,21 @@ class FakeNvml:
         return [p for p in h.procs if getattr(p, "kind", "compute") == "graphics"]
 
     def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(total=80 * GiB, free=80 * GiB - h.used, used=h.used)
+        return SimpleNamespace(total=h.total, free=h.total - h.used, used=h.used)
+
+    def nvmlDeviceGetName(self, h):
+        return h.name
+
+    def nvmlDeviceGetPciInfo(self, h):
+        if h.bus is None:
+            raise FakeNvmlError("Not Supported")
+        return SimpleNamespace(busId=h.bus.encode())
+
+    def nvmlSystemGetDriverVersion(self):
+        return "535.104.05"
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        return 12020
 
 
 def proc(pid, used, kind="compute"):

@@ -19,6 +19,8 @@ from ..errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, Autob
 # Command modules register themselves on `app` when imported (keep this list; one line per module).
 from . import check, emit, init, tune, validate  # noqa: E402,F401,I001
 
+from . import cache, devices  # noqa: E402,F401  # isort: skip
+
 from . import estimate, explain  # noqa: E402,F401  # isort: skip
 from .app import app, console
 from .state import STATE
@@ -42,8 +44,11 @@ def _root(
         None, "--version", callback=_version, is_eager=True, help="Show the version and exit."
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks and probe logs on errors."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and the final summary line."),
 ) -> None:
-    STATE.verbose = verbose
+    STATE.verbose = STATE.verbose or verbose
+    STATE.quiet = STATE.quiet or quiet
+    console.quiet = STATE.quiet
 
 
 _signalled: list[int] = []
@@ -57,7 +62,12 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def main() -> None:
     """Entry point of the ``autobatch`` command."""
     signal.signal(signal.SIGTERM, _on_sigterm)
-    STATE.verbose = "--verbose" in sys.argv or "-v" in sys.argv
+    ours = (
+        sys.argv[1 : sys.argv.index("--")] if "--" in sys.argv else sys.argv[1:]
+    )  # the script's come after --
+    STATE.verbose = "--verbose" in ours or "-v" in ours
+    STATE.quiet = "--quiet" in ours or "-q" in ours
+    console.quiet = STATE.quiet
     try:
         # Typer (non-standalone) returns typer.Exit's code, and 130 for a KeyboardInterrupt.
         code = app(standalone_mode=False)
@@ -72,11 +82,13 @@ def main() -> None:
             sys.exit(EXIT_USAGE if exc.exit_code == 2 else exc.exit_code)  # type: ignore[attr-defined]
         if STATE.verbose:
             raise
+        console.quiet = False
         console.print(f"[red bold]error[/]: internal error: {type(exc).__name__}: {escape(str(exc))}")
         console.print("[cyan]hint[/]: rerun with --verbose for the traceback, and report it")
         sys.exit(EXIT_INTERNAL)
     if code == EXIT_SIGINT or _signalled:
         what = "terminated" if _signalled else "interrupted"
+        console.quiet = False
         console.print(f"[yellow]{what}[/]: probes stopped; the probes measured so far are kept")
         sys.exit(EXIT_SIGTERM if _signalled else EXIT_SIGINT)
     if isinstance(code, int) and code != 0:
@@ -84,6 +96,7 @@ def main() -> None:
 
 
 def report_error(exc: AutobatchError) -> None:
+    console.quiet = False  # errors print under --quiet too
     console.print(f"[red bold]error[/]: {escape(exc.message)}", highlight=False)
     if exc.detail and STATE.verbose:
         console.print(exc.detail, markup=False, highlight=False)

@@ -17,6 +17,7 @@ from ..core.units import format_bytes
 from ..errors import EXIT_OOM, UsageError
 from . import options as opt
 from .app import app, console, stdout_write
+from .progress import Output
 
 if TYPE_CHECKING:
     from ..core.space import Combo
@@ -45,6 +46,8 @@ def check(
     strategy: Optional[str] = opt.STRATEGY,
     nproc_per_node: Optional[int] = opt.NPROC_PER_NODE,
     as_json: bool = opt.JSON,
+    verbose: bool = opt.VERBOSE,
+    quiet: bool = opt.QUIET,
 ) -> None:
     """Run one isolated probe: does this batch fit? Peak memory and step time."""
     settings = opt.load(locals())
@@ -55,16 +58,20 @@ def check(
     from ..probe.failures import raise_for
 
     combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], one_recompute)
-    with opt.open_session(settings, cache=False) as session:
-        info = session.device
-        assert info is not None
-        unsupported = info.unsupported(combo.precision)
-        if unsupported:
-            raise UsageError(unsupported, hint="pick another --precision")
-        outcome = session.probe(combo, batch_size, min_steps=n_steps, max_steps=n_steps, strict=False)
+    out = Output()
+    try:
+        with opt.open_session(settings, cache=False, out=out) as session:
+            info = session.device
+            assert info is not None
+            unsupported = info.unsupported(combo.precision)
+            if unsupported:
+                raise UsageError(unsupported, hint="pick another --precision")
+            outcome = session.probe(combo, batch_size, min_steps=n_steps, max_steps=n_steps, strict=False)
+    finally:
+        out.close()
     raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
     report = _report(combo, outcome, info)
-    _print(report, combo, outcome, info)
+    _print(report, combo, outcome, info, out)
     if as_json:
         stdout_write(json.dumps(report, indent=2))
     if not outcome.fits:
@@ -109,11 +116,13 @@ def info_strategy(outcome: ProbeOutcome) -> dict[str, Any] | None:
     return outcome.info.get("distributed")
 
 
-def _print(report: dict[str, Any], combo: Combo, outcome: ProbeOutcome, info: DeviceInfo) -> None:
+def _print(
+    report: dict[str, Any], combo: Combo, outcome: ProbeOutcome, info: DeviceInfo, out: Output
+) -> None:
     fits = outcome.fits
-    verdict = "[green]fits[/]" if fits else "[yellow]out of memory[/]"
+    verdict = "fits" if fits else "out of memory"
     mean_step = sum(outcome.step_seconds) / len(outcome.step_seconds) if outcome.step_seconds else None
-    console.print(
+    out.summary(
         f"{combo.key} batch {outcome.batch_size} on {info.name}: {verdict} after {outcome.steps} step(s); peak "
         f"{format_bytes(outcome.peak_bytes)} of budget {format_bytes(info.budget_bytes)}"
         + (f"; {mean_step:.3f} s/step" if mean_step else "")

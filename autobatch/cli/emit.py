@@ -15,6 +15,7 @@ from typing import Optional
 
 import typer
 
+from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
 from autobatch.errors import UsageError
 
@@ -43,6 +44,8 @@ def emit_command(
         help="Dotted key of the data module's batch size (default data.batch_size).",
     ),  # fmt: skip
     as_json: bool = typer.Option(False, "--json", help="Print the written paths as JSON on stdout."),
+    verbose: bool = opt.VERBOSE,
+    quiet: bool = opt.QUIET,
 ) -> None:
     """Write launcher configs (DeepSpeed, HF, Lightning, accelerate, env, json, toml) from a saved result."""
     from autobatch.emit import caveats, emit, make_options, parse_emit_spec, summary

@@ -68,6 +68,8 @@ def estimate(
         None, "--plot", help="Draw the simulated memory against batch size to FILE (.png or .svg)."
     ),
     as_json: bool = opt.JSON,
+    verbose: bool = opt.VERBOSE,
+    quiet: bool = opt.QUIET,
 ) -> None:
     """Predict each combination's maximum batch on a card (or the CPU) with fake tensors: no real allocation."""
     from ..explain.pure.cards import CARDS

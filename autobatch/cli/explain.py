@@ -52,6 +52,8 @@ def explain(
         None, "--plot", help="Draw memory against batch size and the breakdown to FILE (.png or .svg)."
     ),
     as_json: bool = opt.JSON,
+    verbose: bool = opt.VERBOSE,
+    quiet: bool = opt.QUIET,
 ) -> None:
     """Break the peak memory of one batch size down (categories, modules) and rank the levers."""
     settings = opt.load(locals())

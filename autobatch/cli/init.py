@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from autobatch.cli import options as opt
 from autobatch.cli.app import app, console
 from autobatch.errors import UsageError
 
@@ -19,6 +20,8 @@ from autobatch.errors import UsageError
 def init(
     path: Path = typer.Argument(Path("autobatch.toml"), help="File to write.", show_default=True),
     force: bool = typer.Option(False, "--force", "-f", help="Overwrite the file if it exists."),
+    verbose: bool = opt.VERBOSE,
+    quiet: bool = opt.QUIET,
 ) -> None:
     """Write a commented starter autobatch.toml: every key, its default and what it does."""
     from autobatch.files import write_atomic

@@ -13,6 +13,7 @@ import typer
 if TYPE_CHECKING:
     from ..session import OnProbe, Session
     from ..settings import Settings
+    from .progress import Output
 
 
 def _help(name: str) -> str:
@@ -24,6 +25,31 @@ def _help(name: str) -> str:
         return ""
 
 
+def _set_verbose(value: bool) -> bool:
+    from .state import STATE
+
+    if value:
+        STATE.verbose = True
+    return value
+
+
+def _set_quiet(value: bool) -> bool:
+    from .app import console
+    from .state import STATE
+
+    if value:
+        STATE.quiet = True
+        console.quiet = True  # errors and the summary line print past it (Output.summary, report_error)
+    return value
+
+
+#: Accepted by every command, after its name as well as before it (``autobatch tune -v``).
+VERBOSE = typer.Option(
+    False, "--verbose", "-v", callback=_set_verbose, help="Show tracebacks and probe logs on errors."
+)
+QUIET = typer.Option(
+    False, "--quiet", "-q", callback=_set_quiet, help="Print only errors and the final summary line."
+)
 CONFIG = typer.Option(None, "--config", "-c", help="Settings file (default: ./autobatch.toml when present).")
 DEVICE = typer.Option(None, "--device", "-d", help=_help("device"))
 MEMORY = typer.Option(None, "--memory", "-m", help=_help("memory"))
@@ -96,13 +122,37 @@ def open_session(
     cache: bool | None = None,
     on_probe: OnProbe | None = None,
     op_modules: tuple[str, ...] = (),
+    out: Output | None = None,
 ) -> Session:
-    """The session a command probes through: the probe server, or the runner the CLI state names (tests);
+    """The session a command probes through: the probe server (or the runner the CLI state names, in
+    tests) on the first device the ``device`` setting names, holding that device's lock while open;
     ``op_modules`` register operations beyond ``probe`` and ``inspect`` (see autobatch.probe.ops)."""
+    from ..devices.targets import resolve_targets
+    from ..locks import DeviceLock
     from ..session import Session
+    from .progress import Output
     from .state import STATE
 
+    out = out or Output()
+    target = resolve_targets(settings.device.device, settings.device.memory)[0]
+    lock = DeviceLock(
+        target.lock_key,
+        target.label,
+        folder=settings.probe.lock_dir,
+        timeout=settings.probe.lock_timeout,
+        on_wait=out.wait,
+        on_warning=out.warning,
+    )
     runner = STATE.runner_factory() if STATE.runner_factory is not None else None
     return Session.from_settings(
-        settings, cache=cache, on_probe=on_probe, runner=runner, op_modules=op_modules
+        settings,
+        cache=cache,
+        on_probe=on_probe,
+        runner=runner,
+        op_modules=op_modules,
+        device=target.device,
+        identity=target.identity,
+        lock=lock,
+        wrap_runner=out.watch,
+        on_warning=out.warning,
     )

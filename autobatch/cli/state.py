@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 @dataclass
 class _State:
     verbose: bool = False
+    quiet: bool = False  # --quiet: only errors and the final summary line
     #: Makes the runner every session of a command probes through (None: the real probe server).
     runner_factory: Optional[Callable[[], ProbeRunner]] = None
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 from rich.markup import escape
@@ -15,11 +16,12 @@ from ..core.units import format_bytes
 from ..errors import AutobatchError, UsageError
 from . import options as opt
 from .app import app, console, stdout_write
+from .progress import Output, unwrapped_console
 from .saving import ResultSaver, preflight
 
 if TYPE_CHECKING:
-    from ..core.space import Combo
-    from ..probe.protocol import ProbeOutcome
+    from ..calibrate import Hooks
+    from ..devices.budget import DeviceInfo
     from ..result import TuneResult
     from ..settings import Settings
 
@@ -52,6 +54,12 @@ def tune(
     timeout: Optional[float] = opt.TIMEOUT,
     check_batch_size: Optional[bool] = opt.CHECK_BATCH_SIZE,
     cache: Optional[bool] = typer.Option(None, "--cache/--no-cache", help=opt._help("cache")),
+    refresh: bool = typer.Option(
+        False,
+        "--refresh",
+        help="Ignore the cache: measure every probe again (the new result replaces the stored one).",
+    ),
+    lock_timeout: Optional[float] = typer.Option(None, "--lock-timeout", help=opt._help("lock_timeout")),
     exact_all: Optional[bool] = typer.Option(None, "--exact-all/--no-exact-all", help=opt._help("exact_all")),
     output: Optional[str] = typer.Option(None, "--output", help=opt._help("result")),
     emit: Optional[list[str]] = typer.Option(None, "--emit", "-e", help=opt._help("emit")),
@@ -66,39 +74,37 @@ def tune(
         "combination's breakdown to FILE (.png or .svg; needs the plot extra).",
     ),
     as_json: bool = opt.JSON,
+    verbose: bool = opt.VERBOSE,
+    quiet: bool = opt.QUIET,
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
-    from ..core.strategy import strategy_world
-    from ..settings import resolve_world_size
     from ..tuner import limited_failure
 
     settings = opt.load(locals())
     script_path = settings.require_script()
-    world, world_source = resolve_world_size(settings.plan.world_size, os.environ)
-    dist = settings.distributed
-    implied = strategy_world(dist.strategy, dist.nproc_per_node, dist.nnodes, os.environ)
-    if implied is not None and settings.plan.world_size is None:
-        world, world_source = implied
-    _check_global_batch(settings.plan.global_batch_size, world, world_source, settings.search.batch_multiple)
+    world, world_source = _world(settings)
     if plot is not None:
         from ..explain.output.plot import check_plot_path
 
         check_plot_path(plot)  # before any probe
     saver = ResultSaver(Path(settings.output.result))
     preflight(saver.path)  # before any probe
-    console.print(f"[bold]autobatch tune[/] {escape(script_path)}: starting the probe server")
-    result = run_tune(settings, world, world_source, saver)
-    print_table(result)
-    print_chosen(result)  # before the file: a full disk must not hide the answer
+    out = Output()
+    out.status(f"autobatch tune {script_path}")
+    result = run_tune(settings, world, world_source, refresh=refresh, out=out, saver=saver)
+    if not out.quiet:
+        print_table(result)
+        print_chosen(result)  # before the file: a full disk must not hide the answer
     saver.finish(result)
-    console.print(f"result written to {settings.output.result}")
+    out.status(f"result written to {settings.output.result}")
     if plot is not None:
         from ..explain.output.plot import plot_tune
 
         plot_tune(result, plot)
-        console.print(f"plot written to {plot}")
+        out.status(f"plot written to {plot}")
     if settings.output.emit:
-        _emit(result, settings)
+        _emit(result, settings, out)
+    out.summary(summary_line(result, settings.output.result))
     if as_json:
         stdout_write(json.dumps(result.to_dict(), indent=2))
     failure = limited_failure(result)
@@ -106,58 +112,116 @@ def tune(
         raise failure
 
 
-def _check_global_batch(global_batch: int | None, world: int, source: str, multiple: int) -> None:
-    """Every process needs at least one micro-batch (of ``batch_multiple`` samples) per step."""
-    least = world * multiple
-    if global_batch is not None and global_batch < least:
+def _world(settings: Settings) -> tuple[int, str]:
+    """The world size (a strategy implies one) and where it came from; every process needs at least one
+    micro-batch (of ``batch_multiple`` samples) of the global batch per step."""
+    from ..core.strategy import strategy_world
+    from ..settings import resolve_world_size
+
+    world, source = resolve_world_size(settings.plan.world_size, os.environ)
+    dist = settings.distributed
+    implied = strategy_world(dist.strategy, dist.nproc_per_node, dist.nnodes, os.environ)
+    if implied is not None and settings.plan.world_size is None:
+        world, source = implied
+    global_batch, multiple = settings.plan.global_batch_size, settings.search.batch_multiple
+    if global_batch is not None and global_batch < world * multiple:
         raise UsageError(
             f"--global-batch-size {global_batch} is smaller than the world size {world} (from {source}) x "
             f"batch multiple {multiple}: every process needs at least {multiple} sample(s) per step",
-            hint=f"raise --global-batch-size to a multiple of {least}, or lower --world-size",
+            hint=f"raise --global-batch-size to a multiple of {world * multiple}, or lower --world-size",
         )
+    return world, source
 
 
 def run_tune(
-    settings: Settings, world: int, world_source: str, saver: ResultSaver | None = None
+    settings: Settings,
+    world: int,
+    world_source: str,
+    *,
+    refresh: bool = False,
+    out: Output | None = None,
+    saver: ResultSaver | None = None,
 ) -> TuneResult:
-    """Run the tune, saving the result after every probe; on failure or interruption, save and show
-    what was measured, then re-raise."""
-    from ..tuner import TuneOptions, Tuner
+    """Run the tune (:func:`autobatch.calibrate.calibrate`), saving the result after every probe; on
+    failure or interruption, save and show what was measured, then re-raise."""
+    from ..calibrate import calibrate
 
-    result_path = Path(settings.output.result)
-    save = saver or ResultSaver(result_path)
-    session = opt.open_session(settings, on_probe=_progress)
-    tuner = None
+    out = out or Output()
+    save = saver or ResultSaver(Path(settings.output.result))
+    latest: list[TuneResult] = []
+
+    def keep(result: TuneResult) -> None:
+        latest[:1] = [result]
+
+    def update(result: TuneResult) -> None:
+        keep(result)
+        save(result)
+
+    hooks = replace(_hooks(settings, out, update), on_start=keep)
     try:
-        info = session.start()
-        console.print(
-            f"device [bold]{info.name}[/]{' (auto)' if settings.device.device == 'auto' else ''}: capacity "
-            f"{format_bytes(info.capacity_bytes)}, budget {format_bytes(info.budget_bytes)} "
-            f"(headroom {info.headroom:.0%}); {escape(info.memory_definition)}"
-        )
-        options = TuneOptions.from_settings(settings, world, world_source)
-        tuner = Tuner(session, options, on_update=save)
-        return tuner.run()
+        result = calibrate(settings, world, world_source, refresh=refresh, hooks=hooks)
+        save(result)
+        return result
     except BaseException as exc:
-        if tuner is not None:
-            _keep_partial(tuner.result, exc, save)
+        if latest:
+            _keep_partial(latest[0], exc, save, out)
         raise
     finally:
-        session.close()
+        out.close()
 
 
-def _keep_partial(result: TuneResult, exc: BaseException, save: ResultSaver) -> None:
+def _hooks(settings: Settings, out: Output, update: Callable[[TuneResult], None]) -> Hooks:
+    from ..calibrate import Hooks
+    from .state import STATE
+
+    def device(info: DeviceInfo) -> None:
+        auto = " (auto)" if settings.device.device == "auto" else ""
+        out.status(
+            f"device {info.name}{auto}: capacity {format_bytes(info.capacity_bytes)}, budget "
+            f"{format_bytes(info.budget_bytes)} (headroom {info.headroom:.0%}); {info.memory_definition}"
+        )
+
+    return Hooks(
+        on_probe=out.probe,
+        on_update=update,
+        on_status=out.status,
+        on_device=device,
+        on_warning=out.warning,
+        on_wait=out.wait,
+        wrap_runner=out.watch,
+        runner_factory=STATE.runner_factory,
+    )
+
+
+def summary_line(result: TuneResult, path: str) -> str:
+    """The one line ``--quiet`` keeps: the choice and the plan, where the result went, what it cost."""
+    ch = result.chosen
+    how = (
+        "served from the cache"
+        if result.cache
+        else f"{result.probes} probes, {result.wall_seconds or 0:.1f} s"
+    )
+    if ch is None:
+        return f"autobatch: no combination chosen ({how}); result in {path}"
+    return (
+        f"autobatch: {ch.precision}/{ch.optimizer}/{'recompute' if ch.recompute else 'no-recompute'} "
+        f"micro-batch {ch.micro_batch_size} x accumulation {ch.accumulation_steps} x world {ch.world_size} = "
+        f"global {ch.global_batch_size} ({how}); result in {path}"
+    )
+
+
+def _keep_partial(result: TuneResult, exc: BaseException, save: ResultSaver, out: Output) -> None:
     result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
     if isinstance(exc, AutobatchError):
         result.notes.append(f"failed: {exc.message}")
     save(result)
-    if result.combinations and any(c.trace for c in result.combinations):
+    if not out.quiet and result.combinations and any(c.trace for c in result.combinations):
         print_table(result)
     where = "not saved (see the warning above)" if save.error else f"saved to {save.path}"
-    console.print(f"partial result ({result.status}, {result.probes} probes) {where}")
+    out.status(f"partial result ({result.status}, {result.probes} probes) {where}")
 
 
-def _emit(result: TuneResult, settings: Settings) -> None:
+def _emit(result: TuneResult, settings: Settings, out: Output) -> None:
     import shlex
     import sys
 
@@ -175,21 +239,7 @@ def _emit(result: TuneResult, settings: Settings) -> None:
         ),
     )
     for path in written:
-        console.print(f"wrote {path}")
-
-
-def _progress(combo: Combo, outcome: ProbeOutcome, cached: bool) -> None:
-    style = {"fits": "green", "oom": "yellow"}.get(outcome.kind, "red")
-    extra = f"peak {format_bytes(outcome.peak_bytes)}" if outcome.peak_bytes else ""
-    if outcome.samples_per_second and outcome.kind == "fits":
-        extra += f", {outcome.samples_per_second:,.0f} samples/s"
-    if outcome.reason and outcome.kind != "fits":
-        extra += f" ({outcome.reason})"
-    console.print(
-        f"  {combo.key:<38} batch {outcome.batch_size:>6} [{style}]{outcome.kind:<7}[/] {escape(extra)}"
-        f" {'(cached)' if cached else f'{outcome.wall_seconds:.1f} s'}",
-        highlight=False,
-    )
+        out.status(f"wrote {path}")
 
 
 def print_table(result: TuneResult) -> None:
@@ -234,22 +284,25 @@ def print_table(result: TuneResult) -> None:
             escape(note or ""),
             style="bold" if chosen else None,
         )
-    console.print(table)
+    # In a log (not a terminal) no cell is wrapped: the table is as wide as its content.
+    (console if console.is_terminal else unwrapped_console()).print(table)
 
 
 def print_chosen(result: TuneResult) -> None:
     ch = result.chosen
     if ch is None:
         return
+    unwrapped = not console.is_terminal  # a log: one line each, however long
     console.print(
         f"[bold green]chosen[/] ({result.objective}): {ch.precision} / {ch.optimizer} / recompute "
         f"{'on' if ch.recompute else 'off'}: micro-batch {ch.micro_batch_size} x accumulation "
         f"{ch.accumulation_steps} x world {ch.world_size} = global {ch.global_batch_size}"
-        + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else "")
+        + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else ""),
+        soft_wrap=unwrapped,
     )
     if ch.decided_by:
-        console.print(f"decided by: {escape(ch.decided_by)}")
+        console.print(f"decided by: {escape(ch.decided_by)}", soft_wrap=unwrapped)
     if ch.note:
-        console.print(f"[yellow]note[/]: {escape(ch.note)}")
+        console.print(f"[yellow]note[/]: {escape(ch.note)}", soft_wrap=unwrapped)
     for note in result.notes:
-        console.print(f"[dim]- {escape(note)}[/]")
+        console.print(f"[dim]- {escape(note)}[/]", soft_wrap=unwrapped)

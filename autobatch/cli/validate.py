@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ def validate(
         True, "--env/--no-env", help="Apply the AUTOBATCH_* variables, as tune does."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the effective settings as JSON on stdout."),
+    verbose: bool = opt.VERBOSE,
+    quiet: bool = opt.QUIET,
 ) -> None:
     """Check a settings file (every key, type and value, and that the script exists) without running it."""
     from autobatch.settings import DEFAULT_FILE, load_settings

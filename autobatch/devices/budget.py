@@ -26,6 +26,25 @@ def margin_bytes(device_type: str, budget_bytes: int) -> int:
     return max(1 << 20, budget_bytes // 1000) if device_type == "cpu" else 0
 
 
+#: Memory other processes hold that is worth a warning: at least this, or 0.5 % of the capacity.
+OTHERS_WARN_BYTES = 64 << 20
+
+
+def others_warning(device: str, others_bytes: int, capacity_bytes: int, subtracted: bool) -> str | None:
+    """The warning about memory other processes hold on a GPU (None below the threshold)."""
+    if others_bytes < max(OTHERS_WARN_BYTES, capacity_bytes // 200):
+        return None
+    how = (
+        "subtracted from the budget, so the maxima are smaller than on a free GPU"
+        if subtracted
+        else "not subtracted (--memory calibrates for a dedicated card), but it must fit beside them"
+    )
+    return (
+        f"other processes hold {format_bytes(others_bytes)} on {device}: {how}; `autobatch devices` "
+        "lists them"
+    )
+
+
 def growth_tolerance(budget_bytes: int) -> int:
     """How much a step's peak may exceed the previous one and still count as settled (any device)."""
     return max(1 << 20, budget_bytes // 1000)
@@ -48,6 +67,8 @@ class DeviceInfo:
     baseline_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
     process_limit_bytes: int | None = None  # CUDA: all a probe process may hold (NVML); None: not checked
+    others_bytes: int | None = None  # CUDA: memory other processes held on the device at the start
+    warnings: list[str] = field(default_factory=list)  # also in notes; shown as warnings
 
     @property
     def margin_bytes(self) -> int:
@@ -57,6 +78,11 @@ class DeviceInfo:
         """Whether a peak that fitted came within :attr:`margin_bytes` of the budget."""
         margin = self.margin_bytes
         return bool(margin and (peak_bytes or 0) > self.budget_bytes - margin)
+
+    def warn(self, message: str) -> None:
+        """A warning about the device: shown, and kept in the result's notes."""
+        self.warnings.append(message)
+        self.notes.append(f"warning: {message}")
 
     def unsupported(self, precision: str) -> str | None:
         """Why this device cannot run ``precision`` (None when it can): the one precision-support check."""
@@ -73,6 +99,7 @@ class DeviceInfo:
             "memory_definition": self.memory_definition,
             "baseline_bytes": self.baseline_bytes,
             "process_limit_bytes": self.process_limit_bytes,
+            "others_bytes": self.others_bytes,
         }
 
 
@@ -115,14 +142,22 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         check_cpu_memory(memory, info.get("total_bytes"))
         baseline = info.get("baseline_bytes")
         budget = cpu_budget(capacity, headroom, baseline)
-        return DeviceInfo(
+        info_ = DeviceInfo(
             "cpu", "cpu", capacity, budget, headroom, MEMORY_DEFINITION, baseline_bytes=baseline, **common
         )
+        available = info.get("available_bytes")
+        if memory and available and memory > int(available):
+            info_.warn(
+                f"--memory {format_bytes(memory)} is more than the host has available now "
+                f"({format_bytes(int(available))}): a probe may be killed for want of memory before it "
+                "reaches the cap"
+            )
+        return info_
     from . import cuda
 
     snapshot = cuda.CudaSnapshot.from_dict(info["snapshot"])
     found = cuda.cuda_budget(snapshot, memory=memory, headroom=headroom)
-    return DeviceInfo(
+    info_ = DeviceInfo(
         "cuda",
         device,
         found.capacity_bytes,
@@ -131,8 +166,13 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         cuda.MEMORY_DEFINITION,
         notes=list(found.breakdown),
         process_limit_bytes=found.process_limit_bytes,
+        others_bytes=found.held_by_others_bytes,
         **common,
     )
+    warning = others_warning(device, found.held_by_others_bytes, found.total_bytes, not found.calibrated)
+    if warning:
+        info_.warn(warning)
+    return info_
 
 
 def cuda_name(device: str) -> str:

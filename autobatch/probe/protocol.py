@@ -80,6 +80,7 @@ class ProbeOutcome:
         default_factory=list
     )  # distributed: every rank's peak (peak_bytes: the largest)
     failed_rank: int | None = None  # distributed: the rank whose failure ended the probe
+    started_at: float | None = None  # when the probe started (seconds since the epoch; set by the session)
 
     @property
     def fits(self) -> bool:

@@ -14,6 +14,7 @@ from ..contract import UserScript, check_model
 from ..devices.cuda.budget import CudaStepStats, judge_step
 from ..errors import AutobatchError
 from ..oom import classify_exception
+from . import progress
 from .failures import describe_failure
 from .ops import register
 from .protocol import ProbeOutcome, ProbeRequest
@@ -55,6 +56,7 @@ def measure_steps(
         check_batch_size=request.check_batch_size,
     )
     peak_now, synchronize, finish = _device_hooks(request, outcome)
+    peak_now = progress.reporting(peak_now, request, report)
     outcome.setup_seconds = time.perf_counter() - start
     try:
         run_steps(

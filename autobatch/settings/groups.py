@@ -213,13 +213,24 @@ class ProbeSettings:
         check=lambda t: t > 0,
     )  # fmt: skip
     cache: bool = setting(
-        True, "bool", "true or false", "Reuse the probes of an earlier run (the probe journal) when the "
-        "script, its arguments, the device, the budget and the versions are unchanged.", flag="--cache/--no-cache",
+        True, "bool", "true or false", "Reuse an earlier run's result and probes when nothing that decides "
+        "memory changed: the script and its local modules, its arguments, the searched settings, the device "
+        "and the versions (tune --refresh measures again and replaces them).", flag="--cache/--no-cache",
     )  # fmt: skip
     cache_dir: Optional[str] = setting(
-        None, "path", "path", "Folder of the probe journal (one file per fingerprint, appended after every "
-        "probe); unset: the user's cache folder (autobatch/probes under it).", optional=True,
-        flag=None, example="/scratch/autobatch-cache",
+        None, "path", "path", "Folder of the cache: probe journals (one file per fingerprint, appended after "
+        "every probe) and stored results; safe to share between runs and nodes (file-locked); unset: the "
+        "user's cache folder (autobatch/probes under it).", optional=True,
+        flag=None, example="/scratch/autobatch-cache", folder=True,
+    )  # fmt: skip
+    lock_dir: Optional[str] = setting(
+        None, "path", "path", "Folder of the per-device locks (one tuner per GPU, or per host on the CPU); "
+        "must be local to the node and shared by its users; unset: autobatch-locks in the temporary folder "
+        "($TMPDIR, else /tmp).", optional=True, flag=None, example="/tmp/autobatch-locks", folder=True,
+    )  # fmt: skip
+    lock_timeout: Optional[float] = setting(
+        None, "float", "seconds > 0", "Longest wait for another run's probes on the same device before giving "
+        "up (exit 7); unset: as long as it takes.", optional=True, check=lambda t: t > 0, example=600,
     )  # fmt: skip
 
     def __post_init__(self) -> None:

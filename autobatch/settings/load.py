@@ -106,7 +106,7 @@ def _coerce_all(given: dict[str, _Given], check_paths: bool, problems: list[str]
             continue
         if META[info.name]["kind"] == "path" and value is not None:
             value = os.path.normpath(g.base / Path(value).expanduser())
-            if check_paths and info.name != "cache_dir" and not Path(value).is_file():
+            if check_paths and not META[info.name].get("folder") and not Path(value).is_file():
                 problems.append(f"{g.where}: expected an existing file, found {show(g.raw)} (as {value})")
         values[info.name] = value
     return values

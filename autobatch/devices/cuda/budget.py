@@ -109,6 +109,7 @@ class Budget:
     fraction: float  # for torch.cuda.set_per_process_memory_fraction (of total_bytes)
     calibrated: bool
     breakdown: tuple[str, ...]
+    held_by_others_bytes: int = 0  # what other processes hold on this GPU (also when calibrating)
 
     @property
     def process_limit_bytes(self) -> int:
@@ -160,7 +161,9 @@ def cuda_budget(snapshot: CudaSnapshot, *, memory: int | None, headroom: float) 
         )
     fraction = min(1.0, budget / total)
     lines.append(f"torch.cuda.set_per_process_memory_fraction({fraction:.6f}) caps reserved memory")
-    return Budget(total, capacity, others, context, headroom, budget, fraction, calibrated, tuple(lines))
+    return Budget(
+        total, capacity, others, context, headroom, budget, fraction, calibrated, tuple(lines), others_here
+    )
 
 
 def fraction_for(budget_bytes: int, total_bytes: int) -> float:

@@ -1,0 +1,30 @@
+"""The cache: probe journals and stored tune results, keyed by what decides memory, safe to share.
+
+``sources``  the script's local modules (what its fingerprint reads besides the script)
+``keys``     the inputs of a tune and its key; the probe journal's fingerprint
+``folder``   the cache folder: its lock, an unwritable folder, damaged files moved aside
+``journal``  every probe's outcome, appended as it finishes (resume after an interruption)
+``results``  complete results, served by a second identical tune without a probe server
+``manage``   ``autobatch cache list | show | clear``: the entries of a folder
+
+Importing this package imports no torch.
+"""
+
+from __future__ import annotations
+
+from .folder import CacheFolder, default_folder
+from .journal import ProbeJournal, request_key
+from .keys import TuneInputs, fingerprint, tune_inputs
+from .results import ResultStore, StoredResult
+
+__all__ = [
+    "CacheFolder",
+    "ProbeJournal",
+    "ResultStore",
+    "StoredResult",
+    "TuneInputs",
+    "default_folder",
+    "fingerprint",
+    "request_key",
+    "tune_inputs",
+]

@@ -1,0 +1,193 @@
+"""The probe journal: every probe's outcome, appended the moment it finishes, reused by a re-run.
+
+One JSON-lines file per fingerprint, ``<cache_dir>/<fingerprint>.jsonl``. The fingerprint covers what
+decides a probe's outcome besides the probe itself (:mod:`autobatch.cache.keys`): the script's bytes
+and those of its local modules, its arguments, the device's identity and budget, the optimizer
+arguments, the recomputed classes, and the torch and autobatch versions. The first line describes the
+entry (``{"meta": {...}}``, for ``autobatch cache list``); each further line is one probe,
+``{"key": ..., "outcome": {...}}``, keyed by combination, batch size and step counts.
+
+An interrupted run (a scheduler's SIGTERM, a crash) keeps every probe it finished, and a re-run
+measures none of them again. Answers (``fits``, ``oom``) are journaled, and so are crashes and
+timeouts (the session journals them only after its retry also failed, so a re-run does not pay for
+them again); a timeout is reused only by a request whose timeout is not longer than the one that ran
+out. The script's own errors are measured again. Appends hold the cache folder's lock, so two runs sharing a journal
+never interleave a line; a run reads what the other appended before each probe. A last line cut
+short by a crash is skipped (and the next append starts on a line of its own); any other line that
+is not a journal entry means the file is damaged: it is moved aside with a warning and rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..probe.protocol import KINDS, ProbeOutcome, ProbeRequest
+from .folder import CacheFolder
+
+#: Outcome kinds the journal keeps.
+JOURNALED = ("fits", "oom", "crash", "timeout")
+
+
+def request_key(request: ProbeRequest) -> str:
+    """What identifies a probe within one fingerprint."""
+    return json.dumps(
+        [
+            request.precision,
+            request.optimizer,
+            request.recompute,
+            request.batch_size,
+            request.min_steps,
+            request.max_steps,
+        ]
+    )
+
+
+class Damaged(ValueError):
+    """A journal file holds something that is not a journal entry."""
+
+
+def parse_lines(text: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(meta, key -> outcome) of a journal's text; raises :class:`Damaged`.
+
+    A last line without its newline is a write cut short and is skipped.
+    """
+    meta: dict[str, Any] = {}
+    outcomes: dict[str, dict[str, Any]] = {}
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            if isinstance(entry, dict) and isinstance(entry.get("meta"), dict):
+                meta = entry["meta"]
+                continue
+            key, outcome = entry["key"], entry["outcome"]
+            if not isinstance(key, str) or outcome.get("kind") not in KINDS:
+                raise ValueError("not a probe outcome")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            if number == len(lines):  # the last line, without a newline: cut short
+                continue
+            raise Damaged(f"line {number}: {exc}") from None
+        outcomes[key] = outcome
+    return meta, outcomes
+
+
+class ProbeJournal:
+    """The outcomes recorded under one fingerprint; without a folder they are kept in memory only."""
+
+    def __init__(
+        self, folder: CacheFolder | None = None, key: str = "", meta: Mapping[str, Any] | None = None
+    ):
+        self.folder = folder
+        self.key = key
+        self.meta = dict(meta or {})
+        self.path: Path | None = folder.path / f"{key}.jsonl" if folder is not None else None
+        self._outcomes: dict[str, dict[str, Any]] = {}
+        self._offset = 0  # bytes of the file read so far
+
+    @classmethod
+    def open(cls, folder: CacheFolder, key: str, meta: Mapping[str, Any] | None = None) -> ProbeJournal:
+        """The journal of fingerprint ``key`` in ``folder``, loaded (a damaged file is moved aside)."""
+        journal = cls(folder, key, meta)
+        journal._refresh()
+        return journal
+
+    def __len__(self) -> int:
+        return len(self._outcomes)
+
+    def get(self, request: ProbeRequest) -> ProbeOutcome | None:
+        """The recorded outcome of this probe (marked ``cached``), or None."""
+        self._refresh()
+        key = request_key(request)
+        data = self._outcomes.get(key)
+        if data is None:
+            return None
+        if data.get("kind") == "timeout" and float(data.get("timeout_seconds", 0.0)) < request.timeout:
+            return None  # ran out of a shorter time than this request allows
+        outcome = ProbeOutcome.from_dict(data)
+        outcome.cached = True
+        return outcome
+
+    def record(self, request: ProbeRequest, outcome: ProbeOutcome) -> None:
+        """Keep an answer (``fits`` or ``oom``), a crash or a timeout, and append it to the file."""
+        if outcome.kind not in JOURNALED:
+            return
+        key = request_key(request)
+        data = outcome.to_dict()
+        data["cached"] = False
+        if outcome.kind == "timeout":
+            data["timeout_seconds"] = request.timeout
+        self._outcomes[key] = data
+        self._append({"key": key, "outcome": data})
+
+    # -- the file ------------------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Read what was appended since the last read (by this run or another)."""
+        path = self.path
+        if path is None:
+            return
+        try:
+            size = path.stat().st_size
+        except OSError:
+            self._offset = 0
+            return
+        if size == self._offset:
+            return
+        if size < self._offset:  # replaced (cleared, moved aside): read it whole again
+            self._offset = 0
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(self._offset)
+                chunk = handle.read()
+        except OSError as exc:
+            if self.folder is not None:
+                self.folder.warn(f"cannot read the probe journal {path}: {exc}")
+            return
+        end = chunk.rfind(b"\n") + 1  # only whole lines; a line being appended is read next time
+        try:
+            meta, outcomes = parse_lines(chunk[:end].decode("utf-8"))
+        except (Damaged, UnicodeDecodeError) as exc:
+            self._damaged(path, str(exc))
+            return
+        self.meta = {**meta, **self.meta} if self._offset == 0 else self.meta
+        self._outcomes.update(outcomes)
+        self._offset += end
+
+    def _damaged(self, path: Path, why: str) -> None:
+        assert self.folder is not None
+        self.folder.move_aside(path, why)
+        self._offset = 0
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        folder, path = self.folder, self.path
+        if folder is None or path is None or not folder.writable:
+            return
+        try:
+            with folder.lock():
+                with open(path, "ab+") as handle:
+                    _drop_cut_line(handle)
+                    lines = [json.dumps({"meta": self.meta})] if handle.tell() == 0 else []
+                    lines.append(json.dumps(entry))
+                    handle.write(("\n".join(lines) + "\n").encode())
+        except OSError as exc:
+            folder.unwritable(exc)
+
+
+def _drop_cut_line(handle: Any) -> None:
+    """Cut off a last line that a crashed writer left without its newline (the caller holds the lock)."""
+    handle.seek(0, 2)
+    size = handle.tell()
+    if size == 0:
+        return
+    handle.seek(size - 1)
+    if handle.read(1) == b"\n":
+        return
+    handle.seek(0)
+    keep = handle.read().rfind(b"\n") + 1
+    handle.truncate(keep)
+    handle.seek(keep)

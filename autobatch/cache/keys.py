@@ -1,0 +1,154 @@
+"""What a tune's answer depends on, and the key it is stored under.
+
+:class:`TuneInputs` gathers, before any probe server starts (no torch import), everything that decides
+the result of ``autobatch tune`` on one device:
+
+* ``sources``: the script's bytes and those of the local modules it imports (:mod:`.sources`);
+* ``script_args``;
+* ``settings``: the searched settings (precisions, optimizers, recomputation and its classes, batch
+  multiple and maximum, optimizer arguments, exact_all), the probe lengths, the plan (global batch,
+  world size, objective), and the device's memory and headroom;
+* ``device``: the device's identity (:func:`autobatch.devices.inventory.identity`: on CUDA the model
+  name, total memory, driver and CUDA driver versions and MIG profile; on the CPU the processor,
+  architecture and C library), never one card's serial number, so that a cache shared between nodes of
+  one type serves all of them;
+* ``versions``: torch (read from its installed metadata, without importing it), autobatch, Python.
+
+Its :meth:`~TuneInputs.key` names the stored result; the probe journal's fingerprint
+(:func:`fingerprint`) adds what only a started session knows (the budget the device leaves).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+#: The settings a tune's result depends on (output paths and timeouts do not change the answer).
+KEY_SETTINGS: tuple[str, ...] = (
+    "memory",
+    "headroom",
+    "precisions",
+    "optimizers",
+    "recompute",
+    "recompute_classes",
+    "batch_multiple",
+    "max_batch_size",
+    "exact_all",
+    "optimizer_kwargs",
+    "global_batch_size",
+    "objective",
+    "steps",
+    "max_steps",
+    "confirm_steps",
+)
+
+
+def digest(parts: Iterable[Any], length: int = 16) -> str:
+    """A short sha256 of JSON-encoded parts (keys sorted)."""
+    hasher = hashlib.sha256()
+    for part in parts:
+        hasher.update(json.dumps(part, sort_keys=True, default=str).encode())
+        hasher.update(b"\0")
+    return hasher.hexdigest()[:length]
+
+
+def fingerprint(sources: Mapping[str, str], parts: Iterable[Any]) -> str:
+    """The probe journal's key: the sources' digests and everything else that decides a probe's outcome."""
+    return digest([dict(sources), *parts])
+
+
+def torch_version() -> str:
+    """The installed torch's version, read from ``torch/version.py`` without importing torch (which
+    takes seconds), else from its package metadata."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin:
+        try:
+            text = (Path(spec.origin).parent / "version.py").read_text()
+            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+            if found:
+                return found.group(1)
+        except OSError:
+            pass
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def versions() -> dict[str, str]:
+    return {"torch": torch_version(), "autobatch": __version__, "python": platform.python_version()}
+
+
+@dataclass(frozen=True)
+class TuneInputs:
+    """Everything a stored tune result is valid for; ``cacheable`` False: nothing is stored or served.
+
+    ``why_not`` says why a result cannot be cached (the CPU's capacity is the memory available right
+    now unless ``--memory`` fixes it; a CUDA device NVML cannot identify).
+    """
+
+    sources: dict[str, str]
+    script_args: list[str]
+    settings: dict[str, Any]
+    device: dict[str, Any]
+    versions: dict[str, str]
+    why_not: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cacheable(self) -> bool:
+        return self.why_not is None
+
+    def key(self) -> str:
+        return digest([self.sources, self.script_args, self.settings, self.device, self.versions, self.extra])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sources": self.sources,
+            "script_args": self.script_args,
+            "settings": self.settings,
+            "device": self.device,
+            "versions": self.versions,
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+
+def key_settings(settings: Settings, world_size: int) -> dict[str, Any]:
+    """The settings that decide a tune's result, as plain values (the world size resolved)."""
+    from ..settings.values import plain
+
+    values = {name: plain(settings.get(name)) for name in KEY_SETTINGS}
+    values["world_size"] = world_size
+    return values
+
+
+def tune_inputs(
+    settings: Settings, device_identity: Mapping[str, Any], world_size: int, *, why_not: str | None = None
+) -> TuneInputs:
+    """The inputs of a tune of ``settings`` on the device ``device_identity`` describes."""
+    from .sources import source_digests
+
+    script = settings.require_script()
+    return TuneInputs(
+        sources=source_digests(script),
+        script_args=list(settings.script.script_args),
+        settings=key_settings(settings, world_size),
+        device=dict(device_identity),
+        versions=versions(),
+        why_not=why_not,
+    )

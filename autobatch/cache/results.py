@@ -1,0 +1,135 @@
+"""Stored tune results: a second identical ``tune`` answers from here without starting a probe server.
+
+``<cache_dir>/<key>.result.json`` holds ``{"kind": "result", "key", "made", "inputs", "device_used_bytes",
+"result"}``: the key and the inputs it was computed from (:class:`autobatch.cache.keys.TuneInputs`),
+when it was made, how much memory other processes held on the device then (CUDA, from NVML; None on
+the CPU), and the complete :class:`autobatch.result.TuneResult`. Only complete results are stored.
+
+A stored result is served only when its inputs are the current ones (same key, and the stored inputs
+equal, so a hash collision cannot serve a wrong answer) and the device is not busier than it was
+(:func:`busier`): memory other processes hold is subtracted from the budget, so more of it would make
+the stored maxima too large. A served result's file is touched, so ``cache clear --older-than`` counts
+from its last use. A file that cannot be read as a stored result is moved aside with a warning.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..result import TuneResult
+from .folder import CacheFolder
+from .keys import TuneInputs
+
+SUFFIX = ".result.json"
+#: More memory held by other processes than this (bytes) counts as a busier device.
+BUSIER_TOLERANCE = 64 << 20
+
+
+@dataclass
+class StoredResult:
+    key: str
+    made: str
+    inputs: dict[str, Any]
+    device_used_bytes: int | None
+    result: TuneResult
+
+
+def busier(used_now: int | None, used_then: int | None, tolerance: int = BUSIER_TOLERANCE) -> bool:
+    """Whether other processes hold more memory on the device now than when the result was made."""
+    if used_now is None or used_then is None:
+        return used_now != used_then  # known only one of the two times: not comparable
+    return used_now > used_then + tolerance
+
+
+class ResultStore:
+    """The stored results of one cache folder."""
+
+    def __init__(self, folder: CacheFolder) -> None:
+        self.folder = folder
+
+    def path(self, key: str) -> Path:
+        return self.folder.path / f"{key}{SUFFIX}"
+
+    def get(self, inputs: TuneInputs, device_used_bytes: int | None = None) -> StoredResult | None:
+        """The stored result for these inputs, if there is one and the device is not busier now."""
+        if not inputs.cacheable:
+            return None
+        path = self.path(inputs.key())
+        stored = self.read(path)
+        if stored is None or stored.inputs != json.loads(json.dumps(inputs.to_dict())):
+            return None
+        if busier(device_used_bytes, stored.device_used_bytes):
+            return None
+        try:
+            os.utime(path)
+        except OSError:
+            pass
+        return stored
+
+    def read(self, path: Path) -> StoredResult | None:
+        """The stored result in ``path`` (None when absent; a damaged file is moved aside)."""
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self.folder.warn(f"cannot read the stored result {path}: {exc}")
+            return None
+        except ValueError as exc:
+            self.folder.move_aside(path, f"not JSON: {exc}")
+            return None
+        try:
+            if data.get("kind") != "result":
+                raise ValueError("not a stored result")
+            result = TuneResult.from_dict(data["result"])
+            return StoredResult(
+                key=str(data["key"]),
+                made=str(data["made"]),
+                inputs=dict(data["inputs"]),
+                device_used_bytes=data.get("device_used_bytes"),
+                result=result,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self.folder.move_aside(path, f"not a stored result: {type(exc).__name__}: {exc}")
+            return None
+
+    def put(
+        self, inputs: TuneInputs, result: TuneResult, device_used_bytes: int | None = None
+    ) -> Path | None:
+        """Store a complete result (a no-op for other statuses, or when the folder cannot be written)."""
+        if not inputs.cacheable or result.status != "complete" or not self.folder.writable:
+            return None
+        from ..files import write_atomic
+
+        key = inputs.key()
+        document = {
+            "kind": "result",
+            "key": key,
+            "made": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+            "inputs": inputs.to_dict(),
+            "device_used_bytes": device_used_bytes,
+            "result": result.to_dict(),
+        }
+        try:
+            with self.folder.lock():
+                return write_atomic(self.path(key), json.dumps(document, indent=1) + "\n")
+        except OSError as exc:
+            self.folder.unwritable(exc)
+            return None
+
+
+def served(stored: StoredResult, script: str, script_args: list[str]) -> TuneResult:
+    """The stored result as this run reports it: every probe marked cached, none run now."""
+    result = TuneResult.from_dict(stored.result.to_dict())
+    result.script, result.script_args = script, list(script_args)
+    for combo in result.combinations:
+        for record in combo.trace:
+            record.cached = True
+    result.probes = 0
+    result.cache = {"key": stored.key, "served": True, "made": stored.made}
+    return result

@@ -1,0 +1,144 @@
+"""The source files a training script's memory depends on: the script and the local modules it imports.
+
+"Local" means what the probe server imports from the script's folder or the working folder (both are
+on its ``sys.path``, the script's folder first, as :func:`autobatch.contract.load_script` and
+``python -m`` put them), not installed packages: a file under ``sys.prefix`` or a ``site-packages``
+folder never counts. Imports are found by reading every ``import`` statement of each file, inside
+functions and ``if`` blocks too, and following them into the local modules they reach, packages'
+``__init__.py`` files included. An import whose name is computed at run time
+(``importlib.import_module(name)``) cannot be seen this way; such a module is not part of the
+fingerprint (the README says so).
+
+Paths are reported relative to the script's folder (or the working folder), so that the same sources
+checked out elsewhere have the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import sys
+from pathlib import Path
+
+#: Folders whose files are installed packages, never the user's own sources.
+_INSTALLED_MARKERS = ("site-packages", "dist-packages")
+
+
+def local_sources(script: str | Path, cwd: str | Path | None = None) -> list[Path]:
+    """The script and every local module it imports, directly or through other local modules."""
+    script = Path(script).resolve()
+    roots = _roots(script, cwd)
+    found: dict[Path, None] = {}
+    queue = [script]
+    while queue:
+        path = queue.pop()
+        if path in found:
+            continue
+        found[path] = None
+        for name, level in _imports(path):
+            queue.extend(_resolve(name, level, path, roots))
+    return list(found)
+
+
+def source_digests(script: str | Path, cwd: str | Path | None = None) -> dict[str, str]:
+    """Relative path -> sha256 of the script and its local modules (the script first)."""
+    script = Path(script).resolve()
+    roots = _roots(script, cwd)
+    out: dict[str, str] = {}
+    for path in local_sources(script, cwd):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        out[_relative(path, roots)] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def _roots(script: Path, cwd: str | Path | None) -> list[Path]:
+    roots = [script.parent]
+    here = Path(cwd).resolve() if cwd is not None else Path.cwd().resolve()
+    if here not in roots:
+        roots.append(here)
+    return roots
+
+
+def _relative(path: Path, roots: list[Path]) -> str:
+    for root in roots:
+        try:
+            return path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+    return path.as_posix()
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """(dotted name, level) of every import in the file; ``from a import b`` also yields ``a.b``."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return []  # the probe server reports a broken script; its bytes still count
+    names: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend((alias.name, 0) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            names.append((base, node.level))
+            names.extend(
+                (f"{base}.{alias.name}" if base else alias.name, node.level)
+                for alias in node.names
+                if alias.name != "*"
+            )
+    return names
+
+
+def _resolve(name: str, level: int, importer: Path, roots: list[Path]) -> list[Path]:
+    """The local files that importing ``name`` executes (empty for installed or missing modules)."""
+    parts = [p for p in name.split(".") if p]
+    if level:
+        base = importer.parent
+        for _ in range(level - 1):
+            base = base.parent
+        candidates = [base] if any(_inside(base, root) for root in roots) else []
+    else:
+        # Python takes the first folder on sys.path that has the top-level name.
+        candidates = [root for root in roots if parts and _module_at(root, parts[:1])]
+        candidates = candidates[:1]
+    files: list[Path] = []
+    for base in candidates:
+        folder = base
+        for index in range(len(parts)):
+            init = folder / parts[index] / "__init__.py"
+            module = folder / f"{parts[index]}.py"
+            if init.is_file():
+                files.append(init)
+                folder = folder / parts[index]
+            elif module.is_file():
+                files.append(module)
+                break
+            elif (folder / parts[index]).is_dir():  # a namespace package
+                folder = folder / parts[index]
+            else:
+                break
+    return [f.resolve() for f in files if not _installed(f)]
+
+
+def _module_at(root: Path, parts: list[str]) -> bool:
+    head = root / parts[0]
+    return (head.with_suffix(".py")).is_file() or head.is_dir()
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+def _installed(path: Path) -> bool:
+    resolved = path.resolve()
+    if any(marker in resolved.parts for marker in _INSTALLED_MARKERS):
+        return True
+    prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    return any(_inside(resolved, prefix) for prefix in prefixes if prefix != Path("/"))

@@ -1,0 +1,213 @@
+"""A tune as a cluster job runs it: instant when nothing changed, one tuner per device, once per GPU model.
+
+:func:`calibrate` reads the machine (:mod:`autobatch.devices.inventory`, no torch), picks the devices
+to tune (:func:`autobatch.devices.targets.targets_for`: the one named, or one per distinct GPU
+model), and tunes each with :func:`tune_target`:
+
+1. the tune's inputs and key (:mod:`autobatch.cache.keys`); a stored result for them is served at
+   once, without a probe server, unless ``refresh`` (``tune --refresh``) or the device is busier now;
+2. otherwise two locks are taken (:class:`autobatch.locks.DeviceLock`), waiting for another run if
+   need be, and the store is asked again after each (the run waited for may have just stored the
+   answer): first the tune's key, in the cache folder (identical tunes on other devices of the model,
+   on other nodes sharing the cache, in a job array, compute once), then the device's (no two runs
+   probe one device at once; two identical tunes started together probe once, same result);
+3. a :class:`~autobatch.session.Session` and a :class:`~autobatch.tuner.Tuner` run the tune, every
+   probe journaled (so a tune killed halfway resumes without measuring anything twice);
+4. a complete result is stored.
+
+Several GPU models give several results, merged into one plan by :func:`autobatch.mixed.merge_models`.
+Everything the caller shows comes through :class:`Hooks`; nothing here prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from .cache import CacheFolder, ResultStore, tune_inputs
+from .cache.results import served
+
+if TYPE_CHECKING:
+    from .devices.budget import DeviceInfo
+    from .devices.inventory import Inventory
+    from .devices.targets import Target
+    from .locks import DeviceLock
+    from .probe.protocol import ProbeRunner
+    from .result import TuneResult
+    from .session import OnProbe, Session, WrapRunner
+    from .settings import Settings
+
+
+def _ignore(*_args: Any) -> None:
+    return None
+
+
+@dataclass
+class Hooks:
+    """What the caller shows and how it runs probes (every field optional)."""
+
+    on_probe: OnProbe | None = None
+    on_update: Callable[[TuneResult], None] | None = None  # after every probe
+    on_start: Callable[[TuneResult], None] = (
+        _ignore  # the result the tuner keeps current (partial on failure)
+    )
+    on_status: Callable[[str], None] = _ignore  # what is happening ("served from the cache", a model's turn)
+    on_device: Callable[[DeviceInfo], None] = _ignore  # the device and its budget, once inspected
+    on_warning: Callable[[str], None] = _ignore
+    on_wait: Callable[[str], None] = _ignore  # waiting for another run's lock on the device
+    wrap_runner: WrapRunner | None = None
+    runner_factory: Callable[[], ProbeRunner] | None = None  # tests: a fake probe runner
+
+
+def calibrate(
+    settings: Settings,
+    world: int,
+    world_source: str,
+    *,
+    refresh: bool = False,
+    hooks: Hooks | None = None,
+    inventory: Inventory | None = None,
+) -> TuneResult:
+    """Tune every device the ``device`` setting names on this machine and return the one result."""
+    from .devices.targets import resolve_targets
+
+    hooks = hooks or Hooks()
+    targets = resolve_targets(settings.device.device, settings.device.memory, inventory)
+    if len(targets) == 1:
+        return tune_target(settings, targets[0], world, world_source, refresh=refresh, hooks=hooks)
+    from .mixed import merge_models
+
+    results = []
+    for number, target in enumerate(targets, 1):
+        hooks.on_status(
+            f"GPU model {number} of {len(targets)}: {target.model} on {target.label} "
+            f"(visible as {', '.join(f'cuda:{i}' for i in target.indices)})"
+        )
+        results.append(tune_target(settings, target, world, world_source, refresh=refresh, hooks=hooks))
+    return merge_models(results, targets, settings, world, world_source)
+
+
+def tune_target(
+    settings: Settings, target: Target, world: int, world_source: str, *, refresh: bool, hooks: Hooks
+) -> TuneResult:
+    """One device: the stored result, or a tune under the device's lock (see the module docstring)."""
+    warnings: list[str] = []
+    hooks = replace(hooks, on_warning=_collecting(warnings, hooks.on_warning))
+    folder = CacheFolder(settings.probe.cache_dir, warn=hooks.on_warning)
+    store = ResultStore(folder) if settings.probe.cache else None
+    inputs = tune_inputs(settings, target.identity, world, why_not=target.not_cached)
+    reuse = store is not None and not refresh
+    hit = store.get(inputs, target.used_bytes) if store is not None and reuse else None
+    if hit is not None:
+        return _serve(hit, settings, hooks, warnings)
+    with ExitStack() as held:
+        if store is not None and reuse and inputs.cacheable and folder.writable:
+            # Identical tunes on other devices of this model (other nodes sharing the cache, a job
+            # array) wait for the first and are served its result.
+            key = inputs.key()
+            held.enter_context(
+                _lock(
+                    settings,
+                    f"computing-{key}",
+                    f"the tune {key}, which another run is computing",
+                    hooks,
+                    folder.path / "locks",
+                )
+            )
+            hit = store.get(inputs, target.used_bytes)
+            if hit is not None:
+                return _serve(hit, settings, hooks, warnings)
+        held.enter_context(_lock(settings, target.lock_key, target.label, hooks, settings.probe.lock_dir))
+        used = _used_now(target) if target.used_bytes is not None else None
+        hit = store.get(inputs, used) if store is not None and reuse else None
+        if hit is not None:  # the run we waited for stored it
+            return _serve(hit, settings, hooks, warnings)
+        result = run_session(settings, target, world, world_source, refresh=refresh, hooks=hooks)
+        _add_warnings(result, warnings)
+        if store is not None and not inputs.cacheable:
+            result.notes.append(f"result not kept in the cache: {inputs.why_not}")
+        elif store is not None and store.put(inputs, result, used):
+            result.notes.append(f"result kept in the cache as {inputs.key()}")
+    return result
+
+
+def _lock(settings: Settings, key: str, label: str, hooks: Hooks, folder: Any) -> DeviceLock:
+    from .locks import DeviceLock
+
+    return DeviceLock(
+        key,
+        label,
+        folder=folder,
+        timeout=settings.probe.lock_timeout,
+        on_wait=hooks.on_wait,
+        on_warning=hooks.on_warning,
+    )
+
+
+def run_session(
+    settings: Settings, target: Target, world: int, world_source: str, *, refresh: bool, hooks: Hooks
+) -> TuneResult:
+    """Start a session on the target's device and run the tune (the caller holds the device's lock)."""
+    from .session import Session
+    from .tuner import TuneOptions, Tuner
+
+    session: Session = Session.from_settings(
+        settings,
+        on_probe=hooks.on_probe,
+        runner=hooks.runner_factory() if hooks.runner_factory is not None else None,
+        device=target.device,
+        refresh=refresh,
+        identity=target.identity,
+        wrap_runner=hooks.wrap_runner,
+        on_warning=hooks.on_warning,
+    )
+    try:
+        info = session.start()
+        hooks.on_device(info)
+        for warning in info.warnings:
+            hooks.on_warning(warning)
+        options = TuneOptions.from_settings(settings, world, world_source)
+        tuner = Tuner(session, options, on_update=hooks.on_update)
+        hooks.on_start(tuner.result)
+        return tuner.run()
+    finally:
+        session.close()
+
+
+def _collecting(into: list[str], show: Callable[[str], None]) -> Callable[[str], None]:
+    def warn(message: str) -> None:
+        if message not in into:
+            into.append(message)
+            show(message)
+
+    return warn
+
+
+def _add_warnings(result: TuneResult, warnings: list[str]) -> None:
+    """Every warning of the run in the result's notes (once: the device's are there already)."""
+    for warning in warnings:
+        note = f"warning: {warning}"
+        if note not in result.notes:
+            result.notes.append(note)
+
+
+def _serve(hit: Any, settings: Settings, hooks: Hooks, warnings: list[str]) -> TuneResult:
+    result = served(hit, settings.require_script(), list(settings.script.script_args))
+    _add_warnings(result, warnings)
+    hooks.on_status(
+        f"served from the cache: nothing that decides memory changed since {hit.made} "
+        f"(key {hit.key}; `autobatch cache show {hit.key}`; --refresh measures again)"
+    )
+    return result
+
+
+def _used_now(target: Target) -> int | None:
+    """Memory in use on the target's GPU now (NVML), read again once the lock is held."""
+    from .devices.inventory import read_inventory
+
+    for gpu in read_inventory().visible():
+        if target.device == f"cuda:{gpu.index}":
+            return gpu.used_bytes
+    return target.used_bytes

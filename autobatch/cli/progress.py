@@ -1,0 +1,210 @@
+"""Human output of the probing commands, readable on a terminal and in a log file alike.
+
+Three modes, chosen per run:
+
+* **terminal** (stderr is a TTY): a live line for the probe in flight, redrawn four times a second
+  with rich: combination, batch, step k of n (the probe reports each finished step, see
+  :mod:`autobatch.probe.progress`) and elapsed time; every finished probe stays as a line above it.
+* **log** (stderr is a file or a pipe: a cluster job's output): plain lines, each prefixed with a
+  timestamp, one per probe and one per event, never wrapped however long (a table is printed as it
+  is, without a timestamp).
+* **quiet** (``--quiet``/``-q``): nothing but errors and the final summary line.
+
+``NO_COLOR`` turns colour off in every mode (:mod:`.app`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from rich.markup import escape
+from rich.text import Text
+
+from ..core.units import format_bytes
+from .app import console
+from .state import STATE
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from ..core.space import Combo
+    from ..probe.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
+
+
+def unwrapped_console() -> Console:
+    """The console's twin for a log: stderr, as wide as the content (tables are never wrapped)."""
+    from rich.console import Console
+
+    return Console(
+        stderr=True, no_color=console.no_color, highlight=False, width=100_000, quiet=console.quiet
+    )
+
+
+def timestamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+class Output:
+    """Where a command's human output goes (see the module docstring)."""
+
+    def __init__(self, *, quiet: bool | None = None, live: bool | None = None) -> None:
+        self.quiet = STATE.quiet if quiet is None else quiet
+        self.live = (console.is_terminal and not self.quiet) if live is None else live
+        self.display: LiveProbe | None = None
+
+    @property
+    def mode(self) -> str:
+        return "quiet" if self.quiet else ("terminal" if self.live else "log")
+
+    def line(self, message: str, *, style: str | None = None, markup: bool = False) -> None:
+        """One event: a timestamped plain line in a log, as is on a terminal, nothing when quiet."""
+        if self.quiet:
+            return
+        if self.live:
+            console.print(message, style=style, markup=markup, highlight=False)
+        else:
+            console.print(f"{timestamp()} {message}", markup=markup, highlight=False, soft_wrap=True)
+
+    def status(self, message: str) -> None:
+        self.line(message)
+
+    def warning(self, message: str) -> None:
+        self.line(f"warning: {message}", style="yellow")
+
+    def wait(self, message: str) -> None:
+        self.line(message, style="cyan")
+
+    def summary(self, message: str) -> None:
+        """The final summary line: printed in every mode, quiet included."""
+        was, console.quiet = console.quiet, False
+        try:
+            prefix = "" if console.is_terminal else f"{timestamp()} "
+            console.print(f"{prefix}{message}", markup=False, highlight=False, soft_wrap=True)
+        finally:
+            console.quiet = was
+
+    def probe(self, combo: Combo, outcome: ProbeOutcome, cached: bool) -> None:
+        """A finished probe (``cached``: answered from the journal)."""
+        if self.quiet:
+            return
+        extra = f"peak {format_bytes(outcome.peak_bytes)}" if outcome.peak_bytes else ""
+        if outcome.samples_per_second and outcome.kind == "fits":
+            extra += f", {outcome.samples_per_second:,.0f} samples/s"
+        if outcome.reason and outcome.kind != "fits":
+            extra += f" ({outcome.reason})"
+        took = "(cached)" if cached else f"{outcome.wall_seconds:.1f} s"
+        if self.live:
+            style = {"fits": "green", "oom": "yellow"}.get(outcome.kind, "red")
+            console.print(
+                f"  {combo.key:<38} batch {outcome.batch_size:>6} [{style}]{outcome.kind:<7}[/] {escape(extra)} {took}",
+                highlight=False,
+            )
+        else:
+            self.line(
+                f"probe {combo.key} batch {outcome.batch_size} {outcome.kind} {extra} {took}".replace(
+                    "  ", " "
+                )
+            )
+
+    def watch(self, runner: ProbeRunner) -> ProbeRunner:
+        """The runner, wrapped so that the live line follows its probes (unchanged outside a terminal)."""
+        if not self.live:
+            return runner
+        self.display = self.display or LiveProbe()
+        return WatchedRunner(runner, self.display)
+
+    def close(self) -> None:
+        if self.display is not None:
+            self.display.stop()
+            self.display = None
+
+
+class LiveProbe:
+    """The live line: what the probe in flight is, how far it got, for how long."""
+
+    def __init__(self) -> None:
+        self.request: ProbeRequest | None = None
+        self.started = 0.0
+        self.folder = tempfile.mkdtemp(prefix="autobatch-progress-")
+        self.path = os.path.join(self.folder, "step")
+        self._live: Any = None
+        self._lock = threading.Lock()
+
+    def begin(self, request: ProbeRequest) -> None:
+        from rich.live import Live
+
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        with self._lock:
+            self.request, self.started = request, time.monotonic()
+        if self._live is None:
+            self._live = Live(self, console=console, refresh_per_second=4, transient=True)
+            self._live.start()
+
+    def end(self) -> None:
+        with self._lock:
+            self.request = None
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        try:
+            os.unlink(self.path)
+            os.rmdir(self.folder)
+        except OSError:
+            pass
+
+    def text(self) -> str:
+        from ..probe.progress import read_step
+
+        with self._lock:
+            request, started = self.request, self.started
+        if request is None:
+            return ""
+        elapsed = time.monotonic() - started
+        if request.op != "probe":
+            return f"{request.op}: building the model on {request.device}, {elapsed:.1f} s"
+        steps = (
+            f"{request.min_steps}"
+            if request.min_steps == request.max_steps
+            else f"{request.min_steps}-{request.max_steps}"
+        )
+        done = read_step(self.path)
+        where = f"step {min((done or 0) + 1, request.max_steps)} of {steps}"
+        key = (
+            f"{request.precision}/{request.optimizer}/{'recompute' if request.recompute else 'no-recompute'}"
+        )
+        return f"probing {key} batch {request.batch_size}: {where}, {elapsed:.1f} s"
+
+    def __rich__(self) -> RenderableType:
+        return Text(self.text(), style="cyan")
+
+
+class WatchedRunner:
+    """A :class:`~autobatch.probe.protocol.ProbeRunner` that shows each request on the live line."""
+
+    def __init__(self, inner: ProbeRunner, display: LiveProbe) -> None:
+        self.inner, self.display = inner, display
+        self.torch_version = inner.torch_version
+
+    def run(self, request: ProbeRequest) -> ProbeOutcome:
+        from ..probe.progress import OPTION
+
+        if request.op == "probe":
+            request = replace(request, options={**request.options, OPTION: self.display.path})
+        self.display.begin(request)
+        try:
+            return self.inner.run(request)
+        finally:
+            self.display.end()
+
+    def close(self) -> None:
+        self.inner.close()

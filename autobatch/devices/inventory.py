@@ -1,0 +1,299 @@
+"""What this machine offers: every GPU NVML lists (with the index this process sees it as), who holds
+memory on each, MIG instances, and the host's memory. ``autobatch devices`` prints it; ``tune`` picks
+its devices, their identities and their locks from it (:mod:`.targets`).
+
+Read without torch and without a CUDA context (so it is quick and never disturbs the GPUs), through
+nvidia-ml-py's documented functions; ``pynvml.NVMLError`` means "unknown", never a failure. The pynvml
+module is an argument, so tests pass a fake (``tests/fake_nvml.py``). Process PIDs are the host's:
+inside a container NVML may list PIDs that do not exist here, so a process's name is looked up only
+when its PID is in this PID namespace, and memory the listed processes do not account for is shown
+as held by processes NVML does not list.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import socket
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .cuda.nvml import NVML_DEVICE_MIG_ENABLE, _errors, running_processes
+from .visible import Physical, describe_variable, visible_indices
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    used_bytes: int | None  # None: NVML cannot tell (MIG, some drivers)
+    name: str | None = None  # None: the PID is not in this PID namespace (a container?)
+
+
+@dataclass
+class Gpu:
+    """A physical GPU or a MIG instance (``parent_uuid`` set)."""
+
+    nvml_index: int
+    name: str
+    uuid: str
+    index: int | None = None  # as CUDA (torch) sees it here under CUDA_VISIBLE_DEVICES; None: not visible
+    pci_bus_id: str | None = None
+    total_bytes: int | None = None
+    used_bytes: int | None = None
+    free_bytes: int | None = None
+    processes: list[GpuProcess] = field(default_factory=list)
+    unlisted_bytes: int | None = None  # used memory no listed process accounts for
+    mig_enabled: bool = False
+    mig: list[Gpu] = field(default_factory=list)
+    parent_uuid: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mig_profile(self) -> str | None:
+        """``1g.10gb`` from a MIG instance's name (``NVIDIA A100-SXM4-80GB MIG 1g.10gb``)."""
+        if self.parent_uuid is None:
+            return None
+        _, _, profile = self.name.rpartition(" MIG ")
+        return profile or self.name
+
+
+@dataclass
+class HostMemory:
+    hostname: str
+    total_bytes: int
+    available_bytes: int
+    used_bytes: int
+    cgroup_limit_bytes: int | None = None  # the memory limit of this process's cgroup (a SLURM job's --mem)
+
+
+@dataclass
+class Inventory:
+    host: HostMemory
+    gpus: list[Gpu] = field(default_factory=list)
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    no_gpu: str | None = None  # why no GPU is listed (no driver, no pynvml, ...)
+    nvml: str = "ok"  # "ok", "no-driver" (NVML cannot start: no CUDA either), "missing" (no pynvml: unknown)
+    visibility: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def visible(self) -> list[Gpu]:
+        """GPUs and MIG instances this process sees, by index."""
+        every = [g for gpu in self.gpus for g in (gpu, *gpu.mig)]
+        return sorted((g for g in every if g.index is not None), key=lambda g: g.index or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_inventory(nvml: Any = None, env: Mapping[str, str] | None = None) -> Inventory:
+    """The inventory now (``nvml``: the pynvml module, imported when None)."""
+    env = os.environ if env is None else env
+    inventory = Inventory(host=host_memory(), visibility=describe_variable(env))
+    if nvml is None:
+        try:
+            nvml = importlib.import_module("pynvml")
+        except ImportError as exc:
+            inventory.no_gpu = f"pynvml is not importable ({exc}): pip install nvidia-ml-py"
+            inventory.nvml = "missing"
+            return inventory
+    errors = _errors(nvml)
+    try:
+        nvml.nvmlInit()
+    except (*errors, OSError) as exc:  # type: ignore[misc]
+        inventory.no_gpu = f"no NVIDIA driver: NVML cannot start ({exc})"
+        inventory.nvml = "no-driver"
+        return inventory
+    try:
+        _read_gpus(nvml, inventory, env)
+    except errors as exc:
+        inventory.no_gpu = f"NVML started but cannot list the GPUs ({exc})"
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except errors:
+            pass
+    return inventory
+
+
+def _read_gpus(nvml: Any, inventory: Inventory, env: Mapping[str, str]) -> None:
+    inventory.driver_version = _text(_call(nvml, "nvmlSystemGetDriverVersion"))
+    cuda = _call(nvml, "nvmlSystemGetCudaDriverVersion")
+    inventory.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None
+    for index in range(nvml.nvmlDeviceGetCount()):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        except _errors(nvml) as exc:
+            inventory.notes.append(f"NVML device {index} cannot be read ({exc})")
+            continue
+        inventory.gpus.append(_gpu(nvml, handle, index))
+    if not inventory.gpus:
+        inventory.no_gpu = "NVML lists no GPU on this machine"
+        return
+    physical = [Physical(g.uuid, g.pci_bus_id or "", tuple(m.uuid for m in g.mig)) for g in inventory.gpus]
+    indices = visible_indices(physical, env.get("CUDA_VISIBLE_DEVICES"))
+    for gpu in inventory.gpus:
+        gpu.index = indices.get(gpu.uuid)
+        for instance in gpu.mig:
+            instance.index = indices.get(instance.uuid)
+        if gpu.mig_enabled and gpu.index is not None:
+            gpu.notes.append(
+                "MIG is enabled: which instance CUDA opens through this GPU is the driver's choice; "
+                "name one with CUDA_VISIBLE_DEVICES=MIG-<uuid>"
+            )
+    models = {(g.name, g.total_bytes) for g in inventory.visible()}
+    if len(models) > 1 and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+        inventory.notes.append(
+            "indices follow PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID, as autobatch's probes use); CUDA's "
+            "default order (FASTEST_FIRST) may number these different models otherwise"
+        )
+    if not inventory.visible():
+        inventory.no_gpu = (
+            f"NVML lists {len(inventory.gpus)} GPU(s), none visible here ({inventory.visibility})"
+        )
+
+
+def _gpu(nvml: Any, handle: Any, nvml_index: int, parent: str | None = None) -> Gpu:
+    gpu = Gpu(
+        nvml_index=nvml_index,
+        name=_text(_call(nvml, "nvmlDeviceGetName", handle)) or "unknown GPU",
+        uuid=_text(_call(nvml, "nvmlDeviceGetUUID", handle)) or f"unknown-{nvml_index}",
+        parent_uuid=parent,
+    )
+    if parent is None:
+        pci = _call(nvml, "nvmlDeviceGetPciInfo", handle)
+        gpu.pci_bus_id = _text(getattr(pci, "busId", None)) if pci is not None else None
+    memory = _call(nvml, "nvmlDeviceGetMemoryInfo", handle)
+    if memory is not None:
+        gpu.total_bytes, gpu.used_bytes, gpu.free_bytes = (
+            int(memory.total),
+            int(memory.used),
+            int(memory.free),
+        )
+    _processes(nvml, handle, gpu)
+    if parent is None:
+        mode = _call(nvml, "nvmlDeviceGetMigMode", handle)
+        gpu.mig_enabled = bool(mode) and mode[0] == NVML_DEVICE_MIG_ENABLE
+        if gpu.mig_enabled:
+            gpu.mig = _instances(nvml, handle, nvml_index, gpu.uuid)
+    return gpu
+
+
+def _instances(nvml: Any, handle: Any, nvml_index: int, parent: str) -> list[Gpu]:
+    slots = _call(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle) or 0
+    found = []
+    for slot in range(int(slots)):
+        instance = _call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+        if instance is not None:
+            found.append(_gpu(nvml, instance, nvml_index, parent=parent))
+    return found
+
+
+def _processes(nvml: Any, handle: Any, gpu: Gpu) -> None:
+    try:
+        usage = running_processes(nvml, handle)
+    except _errors(nvml) as exc:
+        gpu.notes.append(f"NVML cannot list the processes ({exc})")
+        return
+    gpu.processes = [GpuProcess(pid, used, _process_name(pid)) for pid, used in sorted(usage.items())]
+    listed = sum(p.used_bytes or 0 for p in gpu.processes)
+    if gpu.used_bytes is not None and all(p.used_bytes is not None for p in gpu.processes):
+        gpu.unlisted_bytes = max(0, gpu.used_bytes - listed)
+    if any(p.name is None for p in gpu.processes):
+        gpu.notes.append(
+            "some PIDs are not in this PID namespace (a container?): NVML reports the host's PIDs"
+        )
+
+
+def _process_name(pid: int) -> str | None:
+    import psutil
+
+    try:
+        return str(psutil.Process(pid).name())
+    except (psutil.Error, OSError):
+        return None
+
+
+def _call(nvml: Any, name: str, *args: Any) -> Any:
+    fn = getattr(nvml, name, None)
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except _errors(nvml):
+        return None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def node_type(inventory: Inventory) -> str:
+    """A file-name-safe name of what this node offers: ``4x-nvidia-a100-sxm4-80gb`` (models joined by
+    ``+``), or ``cpu-<processor>`` without a visible GPU; job scripts keep one calibration per node type."""
+    from collections import Counter
+
+    visible = inventory.visible()
+    if visible:
+        models = Counter(g.name for g in visible)
+        text = "+".join(f"{count}x-{name}" for name, count in models.items())
+    else:
+        text = f"cpu-{cpu_model()}"
+    slug = "".join(c if c.isalnum() or c in "+." else "-" for c in text.lower())
+    return "-".join(part for part in slug.split("-") if part)
+
+
+def host_memory() -> HostMemory:
+    """The host's memory (psutil) and this process's cgroup memory limit, if any."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return HostMemory(
+        hostname=socket.gethostname(),
+        total_bytes=int(vm.total),
+        available_bytes=int(vm.available),
+        used_bytes=int(vm.total - vm.available),
+        cgroup_limit_bytes=cgroup_memory_limit(),
+    )
+
+
+def cgroup_memory_limit(root: str = "/sys/fs/cgroup") -> int | None:
+    """This process's cgroup memory limit (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``)."""
+    try:
+        with open("/proc/self/cgroup") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            candidates = [os.path.join(root, path.lstrip("/"), "memory.max")]
+        elif "memory" in controllers.split(","):
+            candidates = [os.path.join(root, "memory", path.lstrip("/"), "memory.limit_in_bytes")]
+        else:
+            continue
+        for candidate in candidates:
+            try:
+                with open(candidate) as handle:
+                    text = handle.read().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < (1 << 60):
+                return int(text)
+    return None
+
+
+def cpu_model() -> str:
+    """The processor's model name (/proc/cpuinfo), else platform's."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.lower().startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -1,0 +1,196 @@
+"""One tuner per device: a lock keyed by the device's identity, which a killed process cannot leave held.
+
+Two runs aimed at the same device (two tunes, a tune and a ``check``) never probe at the same time:
+the one that comes second waits, and says what it waits for, who holds it and since when. The lock
+is keyed by the GPU's UUID (a MIG instance's own UUID; two instances of one GPU do not share a lock)
+or, for the CPU device, the host name (:mod:`autobatch.devices.targets`).
+
+The lock is ``flock`` on a file (filelock) in the ``lock_dir`` setting's folder, by default
+``$TMPDIR/autobatch-locks`` (created world-writable with the sticky bit, as /tmp is, so that every user
+of a node shares it). The kernel releases ``flock`` when its holder dies, however it dies (SIGKILL,
+an out-of-memory kill, a node's scheduler ending the job), so a lock is never left held. Beside it,
+``KEY.holder.json`` says who holds it (PID, host, command, since when), for the waiting run's
+message; a stale one is never trusted, only shown while the lock is really held.
+
+A folder that cannot be created or locked leaves the run working, with a warning: it then probes
+without the guarantee.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Callable
+
+from .errors import DeviceError
+
+#: Seconds between "still waiting" messages.
+REPORT_EVERY = 60.0
+#: Seconds each blocking attempt waits (the loop checks the timeout and reports between attempts).
+POLL = 1.0
+
+
+def default_lock_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "autobatch-locks"
+
+
+class DeviceLock:
+    """``with DeviceLock(key, label): ...`` holds the device for the block; see the module docstring."""
+
+    def __init__(
+        self,
+        key: str,
+        label: str,
+        *,
+        folder: str | Path | None = None,
+        timeout: float | None = None,
+        on_wait: Callable[[str], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
+        command: str | None = None,
+    ) -> None:
+        self.key, self.label = key, label
+        self.folder = Path(folder) if folder else default_lock_dir()
+        self.timeout = timeout
+        self.on_wait = on_wait or (lambda _m: None)
+        self.on_warning = on_warning or (lambda _m: None)
+        self.command = command or " ".join(["autobatch", *sys.argv[1:]])
+        self.waited: float = 0.0
+        self._lock: Any = None
+
+    @property
+    def path(self) -> Path:
+        return self.folder / f"{self.key}.lock"
+
+    @property
+    def holder_path(self) -> Path:
+        return self.folder / f"{self.key}.holder.json"
+
+    def __enter__(self) -> DeviceLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        import filelock
+
+        try:
+            _make_shared_folder(self.folder)
+            lock = filelock.FileLock(str(self.path), mode=0o666)
+            if not self._try(lock, 0):
+                self._wait(lock)
+        except OSError as exc:
+            self.on_warning(
+                f"cannot lock {self.label} in {self.folder} ({exc.strerror or exc}): probing without the "
+                "one-tuner-per-device guarantee; set lock_dir to a writable local folder"
+            )
+            return
+        self._lock = lock
+        self._write_holder()
+
+    def release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is None:
+            return
+        try:
+            if _read_json(self.holder_path).get("pid") == os.getpid():
+                self.holder_path.unlink()
+        except OSError:
+            pass
+        lock.release()
+
+    def _try(self, lock: Any, seconds: float) -> bool:
+        import filelock
+
+        try:
+            lock.acquire(timeout=seconds)
+            return True
+        except filelock.Timeout:
+            return False
+
+    def _wait(self, lock: Any) -> None:
+        started = time.monotonic()
+        self.on_wait(f"waiting for {self.label}: {describe_holder(_read_json(self.holder_path))}")
+        next_report = started + REPORT_EVERY
+        while not self._try(lock, POLL):
+            now = time.monotonic()
+            if self.timeout is not None and now - started >= self.timeout:
+                raise DeviceError(
+                    f"{self.label} stayed busy for {self.timeout:g} s: "
+                    + describe_holder(_read_json(self.holder_path)),
+                    hint="wait for the other run to finish, or raise lock_timeout (--lock-timeout)",
+                )
+            if now >= next_report:
+                self.on_wait(f"still waiting for {self.label} ({_duration(now - started)})")
+                next_report += REPORT_EVERY
+        self.waited = time.monotonic() - started
+        self.on_wait(f"{self.label} is free after {_duration(self.waited)}")
+
+    def _write_holder(self) -> None:
+        from .files import write_atomic
+
+        now = datetime.datetime.now().astimezone().replace(microsecond=0)
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": self.command,
+            "since": now.isoformat(),
+        }
+        try:
+            write_atomic(self.holder_path, json.dumps(holder) + "\n")
+            os.chmod(self.holder_path, 0o644)
+        except OSError:
+            pass  # only the message of a waiting run is poorer
+
+
+def describe_holder(holder: dict[str, Any]) -> str:
+    """ "held by pid 123 on node7 (autobatch tune train.py) since 10:03:04, 2 min ago"."""
+    if not holder.get("pid"):
+        return "held by another run (who and since when is not recorded)"
+    since = str(holder.get("since", ""))
+    ago = ""
+    try:
+        then = datetime.datetime.fromisoformat(since)
+        ago = ", " + _duration((datetime.datetime.now(then.tzinfo) - then).total_seconds()) + " ago"
+        since = then.strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        pass
+    command = f" ({holder['command']})" if holder.get("command") else ""
+    return f"held by pid {holder['pid']} on {holder.get('host', '?')}{command} since {since}{ago}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _make_shared_folder(folder: Path) -> None:
+    if folder.is_dir():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        os.chmod(folder, 0o1777)
+    except OSError:
+        pass

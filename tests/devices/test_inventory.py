@@ -1,0 +1,227 @@
+"""The device inventory and the tune targets, from injected NVML data (tests/fake_nvml.py).
+
+Covers what a node shows NVML: several GPUs in PCI order, ``CUDA_VISIBLE_DEVICES`` in each of its
+forms, processes (ours, and host PIDs that do not exist in this PID namespace, as in a container),
+MIG instances, two GPU models on one node, and no driver at all.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from fake_nvml import A, B, FakeDevice, FakeNvml, GiB, M, MiB, machine, proc
+
+from autobatch.devices.inventory import read_inventory
+from autobatch.devices.targets import targets_for
+from autobatch.devices.visible import Physical, visible_indices
+
+C = "GPU-cccccccc-1111-2222-3333-444444444444"
+
+
+def gpus() -> list[Physical]:
+    # NVML lists them out of PCI order on purpose: CUDA numbers by PCI bus id.
+    return [
+        Physical(B, "00000000:65:00.0"),
+        Physical(A, "00000000:17:00.0", (M,)),
+        Physical(C, "00000000:CA:00.0"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("variable", "expected"),
+    [
+        (None, {A: 0, B: 1, C: 2}),
+        ("", {}),
+        ("2,0", {C: 0, A: 1}),
+        ("1, 0", {B: 0, A: 1}),
+        ("GPU-cccc", {C: 0}),
+        ("GPU-cccc,0", {C: 0, A: 1}),
+        ("0,7,1", {A: 0}),  # an index that matches nothing ends the list
+        ("0,-1,1", {A: 0}),
+        ("0,0,1", {A: 0}),  # a repeat ends it too
+        ("GPU-", {}),  # a prefix of every UUID is not unique
+        ("MIG-cccc", {M: 0}),
+        ("MIG-cccc,1", {M: 0, B: 1}),
+        ("nonsense,0", {}),
+    ],
+)
+def test_cuda_visible_devices_as_cuda_reads_it(variable: str | None, expected: dict[str, int]) -> None:
+    assert visible_indices(gpus(), variable) == expected
+
+
+def test_inventory_lists_gpus_in_pci_order_with_memory_and_versions() -> None:
+    fake = FakeNvml(
+        [
+            FakeDevice(B, "00000000:65:00.0", used=3 * GiB, name="NVIDIA H100 80GB HBM3"),
+            FakeDevice(A, "00000000:17:00.0", used=0, name="NVIDIA A100-SXM4-40GB", total=40 * GiB),
+        ]
+    )
+    inventory = read_inventory(fake, env={})
+    by_uuid = {g.uuid: g for g in inventory.gpus}
+    assert by_uuid[A].index == 0 and by_uuid[B].index == 1
+    assert by_uuid[B].used_bytes == 3 * GiB and by_uuid[B].free_bytes == 77 * GiB
+    assert by_uuid[A].total_bytes == 40 * GiB and by_uuid[A].name == "NVIDIA A100-SXM4-40GB"
+    assert inventory.driver_version == "535.104.05" and inventory.cuda_driver_version == "12.2"
+    assert inventory.no_gpu is None
+    # two models and CUDA's default order: the inventory says its indices follow PCI bus order
+    assert any("PCI bus order" in note for note in inventory.notes)
+    assert not read_inventory(fake, env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}).notes
+
+
+def test_processes_ours_named_and_host_pids_of_a_container_flagged() -> None:
+    ours = os.getpid()
+    elsewhere = 4_000_000  # above pid_max: no such process in this namespace
+    fake = FakeNvml(
+        [
+            FakeDevice(
+                A, "00000000:17:00.0", procs=[proc(ours, 1 * GiB), proc(elsewhere, 2 * GiB)], used=4 * GiB
+            )
+        ]
+    )
+    (gpu,) = read_inventory(fake, env={}).gpus
+    named = {p.pid: p for p in gpu.processes}
+    assert named[ours].name and named[ours].used_bytes == 1 * GiB
+    assert named[elsewhere].name is None and named[elsewhere].used_bytes == 2 * GiB
+    assert gpu.unlisted_bytes == 1 * GiB  # 4 GiB used, 3 GiB listed
+    assert any("PID namespace" in note for note in gpu.notes)
+
+
+def test_a_container_where_nvml_lists_no_process_still_shows_used_memory() -> None:
+    fake = FakeNvml([FakeDevice(A, "00000000:17:00.0", procs=[], used=5 * GiB)])
+    (gpu,) = read_inventory(fake, env={}).gpus
+    assert gpu.processes == [] and gpu.used_bytes == 5 * GiB and gpu.unlisted_bytes == 5 * GiB
+
+
+def test_mig_instances_are_listed_under_their_gpu_and_visible_by_their_uuid() -> None:
+    fake = machine()
+    inventory = read_inventory(fake, env={"CUDA_VISIBLE_DEVICES": "MIG-cccc"})
+    parent = next(g for g in inventory.gpus if g.mig_enabled)
+    (instance,) = parent.mig
+    assert instance.uuid == M and instance.parent_uuid == parent.uuid and instance.index == 0
+    assert [g.uuid for g in inventory.visible()] == [M]
+    everything = read_inventory(fake, env={})
+    parent = next(g for g in everything.gpus if g.mig_enabled)
+    assert parent.index == 2 and parent.mig[0].index is None
+    assert any("MIG is enabled" in note for note in parent.notes)
+
+
+def test_mig_profile_comes_from_the_instance_name() -> None:
+    parent = FakeDevice(
+        "GPU-dddddddd-1111-2222-3333-444444444444",
+        "00000000:CA:00.0",
+        mig=[FakeDevice(M, None, name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", total=10 * GiB)],
+    )
+    inventory = read_inventory(FakeNvml([parent]), env={"CUDA_VISIBLE_DEVICES": M})
+    (target,) = targets_for("cuda", None, inventory)
+    assert target.identity["mig_profile"] == "1g.10gb" and target.lock_key.startswith("mig-")
+    assert target.device == "cuda:0"
+
+
+def test_no_driver_gives_the_host_and_the_reason() -> None:
+    class NoDriver(FakeNvml):
+        def nvmlInit(self):
+            raise self.NVMLError("NVML Shared Library Not Found")
+
+    inventory = read_inventory(NoDriver([]), env={})
+    assert inventory.gpus == [] and inventory.nvml == "no-driver"
+    assert "no NVIDIA driver" in (inventory.no_gpu or "")
+    assert inventory.host.total_bytes > 0 and inventory.host.available_bytes > 0
+    (target,) = targets_for("auto", None, inventory)
+    assert target.device == "cpu" and target.not_cached  # no --memory: the CPU's capacity moves
+    (target,) = targets_for("auto", 2 * GiB, inventory)
+    assert target.not_cached is None and target.lock_key.startswith("host-")
+
+
+def test_one_target_per_gpu_model_and_the_one_named() -> None:
+    fake = FakeNvml(
+        [
+            FakeDevice(A, "00000000:17:00.0", name="NVIDIA A100-SXM4-80GB"),
+            FakeDevice(B, "00000000:65:00.0", name="NVIDIA A100-SXM4-80GB", used=512 * MiB),
+            FakeDevice(C, "00000000:CA:00.0", name="Tesla V100-SXM2-32GB", total=32 * GiB),
+        ]
+    )
+    inventory = read_inventory(fake, env={})
+    a100, v100 = targets_for("auto", None, inventory)
+    assert (a100.device, a100.indices) == ("cuda:0", (0, 1))
+    assert (v100.device, v100.indices) == ("cuda:2", (2,))
+    # the identity is the model's (shared by every card of it), never one card's UUID
+    assert A not in str(a100.identity) and a100.identity["name"] == "NVIDIA A100-SXM4-80GB"
+    assert a100.identity["driver"] == "535.104.05" and a100.identity["total_bytes"] == 80 * GiB
+    assert a100.lock_key != v100.lock_key and "aaaaaaaa" in a100.lock_key
+    (named,) = targets_for("cuda:1", None, inventory)
+    assert named.device == "cuda:1" and named.used_bytes == 512 * MiB and named.indices == (0, 1)
+    (missing,) = targets_for("cuda:5", None, inventory)
+    assert missing.not_cached and "index 5" in missing.not_cached
+
+
+def test_the_cpu_machine_has_no_gpu_and_the_devices_command_says_why() -> None:
+    """On this machine (no NVIDIA driver): the real NVML path, the host memory and the no-driver line."""
+    from support import run_main
+
+    inventory = read_inventory()
+    if inventory.gpus:
+        pytest.skip("this machine has GPUs")
+    code, out, err = run_main("devices")
+    assert code == 0, err
+    assert "host " in err and "total" in err and "available" in err
+    assert "no GPU: " in err
+    code, out, err = run_main("devices", "--json", "-q")
+    assert code == 0 and err.count("no visible GPU") == 1
+    import json
+
+    data = json.loads(out)
+    assert data["gpus"] == [] and data["no_gpu"] and data["host"]["total_bytes"] > 0
+
+
+def test_the_devices_command_on_injected_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import sys
+
+    from support import run_main
+
+    monkeypatch.setitem(sys.modules, "pynvml", machine())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    code, out, err = run_main("devices", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    indices = {g["uuid"]: g["index"] for g in data["gpus"]}
+    assert indices[B] == 0 and indices[A] == 1
+    assert "cuda:0" in err and "CUDA_VISIBLE_DEVICES=1,0" in err
+
+
+def test_node_type_names_the_models_for_job_scripts() -> None:
+    from autobatch.devices.inventory import node_type
+
+    fake = FakeNvml(
+        [
+            FakeDevice(A, "00000000:17:00.0", name="NVIDIA A100-SXM4-80GB"),
+            FakeDevice(B, "00000000:65:00.0", name="NVIDIA A100-SXM4-80GB"),
+            FakeDevice(C, "00000000:CA:00.0", name="Tesla V100-SXM2-32GB", total=32 * GiB),
+        ]
+    )
+    assert node_type(read_inventory(fake, env={})) == "2x-nvidia-a100-sxm4-80gb+1x-tesla-v100-sxm2-32gb"
+    assert node_type(read_inventory(fake, env={"CUDA_VISIBLE_DEVICES": "2"})) == "1x-tesla-v100-sxm2-32gb"
+    assert node_type(read_inventory(fake, env={"CUDA_VISIBLE_DEVICES": ""})).startswith("cpu-")
+
+
+def test_cgroup_memory_limit_v2_and_unlimited(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    from autobatch.devices import inventory
+
+    real_open = builtins.open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/self/cgroup":
+            return real_open(tmp_path / "cgroup", *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    (tmp_path / "cgroup").write_text("0::/slurm/uid_0/job_7/step_batch\n")
+    limit = tmp_path / "slurm" / "uid_0" / "job_7" / "step_batch" / "memory.max"
+    limit.parent.mkdir(parents=True)
+    limit.write_text(f"{16 * GiB}\n")
+    monkeypatch.setattr(builtins, "open", fake_open)
+    assert inventory.cgroup_memory_limit(root=str(tmp_path)) == 16 * GiB
+    limit.write_text("max\n")
+    assert inventory.cgroup_memory_limit(root=str(tmp_path)) is None

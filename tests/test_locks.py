@@ -1,0 +1,80 @@
+"""One tuner per device: the lock waits and says for whom, times out, and never outlives its holder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from autobatch.errors import DeviceError
+from autobatch.locks import DeviceLock, describe_holder
+
+HOLD = textwrap.dedent(
+    """
+    import sys, time
+    from autobatch.locks import DeviceLock
+    lock = DeviceLock("gpu-test", "cuda:0 (test)", folder=sys.argv[1], command="autobatch tune held.py")
+    lock.acquire()
+    print("held", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def holder(folder: Path) -> subprocess.Popen[str]:
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_killed_holder_never_leaves_the_device_locked(tmp_path: Path) -> None:
+    proc = holder(tmp_path)
+    waits: list[str] = []
+    lock = DeviceLock("gpu-test", "cuda:0 (test)", folder=tmp_path, timeout=0.5, on_wait=waits.append)
+    with pytest.raises(
+        DeviceError, match=r"stayed busy .* held by pid \d+ on .*\(autobatch tune held.py\) since"
+    ):
+        lock.acquire()
+    assert waits and waits[0].startswith("waiting for cuda:0 (test): held by pid")
+    proc.send_signal(signal.SIGKILL)  # as an out-of-memory kill or a scheduler would
+    proc.wait(10)
+    started = time.monotonic()
+    with DeviceLock("gpu-test", "cuda:0 (test)", folder=tmp_path, timeout=10) as held:
+        assert time.monotonic() - started < 5 and held.holder_path.is_file()
+    assert not held.holder_path.exists()
+
+
+def test_different_devices_do_not_wait_for_each_other(tmp_path: Path) -> None:
+    with DeviceLock("gpu-a", "a", folder=tmp_path, timeout=1):
+        with DeviceLock("gpu-b", "b", folder=tmp_path, timeout=1):
+            pass
+
+
+def test_an_unusable_lock_folder_warns_and_lets_the_run_go_on(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    warnings: list[str] = []
+    with DeviceLock("gpu-a", "cuda:0", folder=tmp_path / "file" / "locks", on_warning=warnings.append):
+        pass
+    assert len(warnings) == 1 and "probing without the one-tuner-per-device guarantee" in warnings[0]
+
+
+def test_describe_holder() -> None:
+    assert describe_holder({}) == "held by another run (who and since when is not recorded)"
+    text = describe_holder(
+        {"pid": 7, "host": "n1", "command": "autobatch check t.py", "since": "2026-01-02T03:04:05+00:00"}
+    )
+    assert text.startswith(
+        "held by pid 7 on n1 (autobatch check t.py) since 2026-01-02 03:04:05, "
+    ) and text.endswith(" ago")
