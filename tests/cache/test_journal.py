@@ -11,7 +11,7 @@ from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
 
 
 def request(batch: int, optimizer: str = "adamw") -> ProbeRequest:
-    return ProbeRequest(batch, "32-true", optimizer, False, "cpu", 1 << 30)
+    return ProbeRequest(batch, "32-true", optimizer, False, "cpu", 1 << 30, 3, 8, 60.0)
 
 
 def fits(batch: int) -> ProbeOutcome:
@@ -27,12 +27,15 @@ def test_records_answers_and_replays_them_marked_cached(tmp_path: Path) -> None:
     journal = opened(tmp_path)
     journal.record(request(8), fits(8))
     journal.record(request(9), ProbeOutcome(kind="oom", batch_size=9))
-    journal.record(request(10), ProbeOutcome(kind="crash", batch_size=10))  # measured again next time
+    journal.record(request(10), ProbeOutcome(kind="crash", batch_size=10))  # after its retry: not paid again
+    journal.record(request(11), ProbeOutcome(kind="error", batch_size=11))  # the script's own: measured again
     again = opened(tmp_path)
-    assert len(again) == 2 and again.meta["script"] == "train.py"
+    assert len(again) == 3 and again.meta["script"] == "train.py"
     replay = again.get(request(8))
     assert replay is not None and replay.cached and replay.peak_bytes == 1008
-    assert again.get(request(10)) is None and again.get(request(8, "sgd")) is None
+    crash = again.get(request(10))
+    assert crash is not None and crash.kind == "crash"
+    assert again.get(request(11)) is None and again.get(request(8, "sgd")) is None
 
 
 def test_a_line_cut_short_by_a_crash_is_skipped_and_the_next_append_is_whole(tmp_path: Path) -> None:

@@ -145,19 +145,19 @@ class Preempted(KeyboardInterrupt):
 
 def test_an_interrupted_tune_resumes_without_measuring_anything_twice(fake: FakeRunner) -> None:
     real_probe = fake._probe
-    budget = {"left": 4}
+    budget = {"left": 2}
 
-    def preempted_after_four(request: ProbeRequest) -> ProbeOutcome:
+    def preempted_after_two(request: ProbeRequest) -> ProbeOutcome:
         if budget["left"] == 0:
             raise Preempted()
         budget["left"] -= 1
         return real_probe(request)
 
-    fake._probe = preempted_after_four  # type: ignore[method-assign]
+    fake._probe = preempted_after_two  # type: ignore[method-assign]
     code, _, _ = tune()
     assert code == 130
-    measured = {(r.batch_size, r.min_steps, r.max_steps) for r in probes(fake)[:4]}
-    assert len(measured) == 4
+    measured = {(r.batch_size, r.min_steps, r.max_steps) for r in probes(fake)[:2]}
+    assert len(measured) == 2
     fake._probe = real_probe  # type: ignore[method-assign]
     before = len(probes(fake))
     code, result, err = tune()
@@ -165,7 +165,7 @@ def test_an_interrupted_tune_resumes_without_measuring_anything_twice(fake: Fake
     again = [(r.batch_size, r.min_steps, r.max_steps) for r in probes(fake)[before:]]
     assert not measured & set(again), "a probe measured before the interruption ran again"
     trace = result["combinations"][0]["trace"]
-    assert sum(1 for p in trace if p["cached"]) == 4
+    assert sum(1 for p in trace if p["cached"]) == 2
 
 
 def test_quiet_prints_only_the_summary_line_and_log_lines_are_timestamped(fake: FakeRunner) -> None:

@@ -16,7 +16,16 @@ from autobatch.testing import FakeRunner, affine
 
 def request(**options: object) -> ProbeRequest:
     return ProbeRequest(
-        96, "bf16-mixed", "adamw", True, "cpu", 1 << 30, min_steps=3, max_steps=8, options=dict(options)
+        96,
+        "bf16-mixed",
+        "adamw",
+        True,
+        "cpu",
+        1 << 30,
+        min_steps=3,
+        max_steps=8,
+        timeout=60.0,
+        options=dict(options),
     )
 
 
@@ -57,7 +66,7 @@ def test_the_watched_runner_asks_probes_for_their_steps_and_passes_answers_throu
     try:
         outcome = runner.run(request())
         assert outcome.fits and inner.requests[-1].options[OPTION] == display.path
-        runner.run(ProbeRequest(0, "32-true", "sgd", False, "cpu", 0, op="inspect"))
+        runner.run(ProbeRequest(0, "32-true", "sgd", False, "cpu", 0, 0, 0, 60.0, op="inspect"))
         assert OPTION not in inner.requests[-1].options and display.request is None
         runner.close()
         assert inner.closed and runner.torch_version == "fake"
