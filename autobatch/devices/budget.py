@@ -48,6 +48,12 @@ class DeviceInfo:
     baseline_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
     process_limit_bytes: int | None = None  # CUDA: all a probe process may hold (NVML); None: not checked
+    requested: str | None = None  # the --device asked for ("auto", "cpu", "cuda:1"); None: not recorded
+
+    @property
+    def fell_back(self) -> bool:
+        """``--device auto`` found no CUDA device and took the CPU."""
+        return self.requested == "auto" and self.type == "cpu"
 
     @property
     def margin_bytes(self) -> int:
@@ -67,6 +73,7 @@ class DeviceInfo:
         return {
             "type": self.type,
             "name": self.name,
+            "requested": self.requested,
             "capacity_bytes": self.capacity_bytes,
             "budget_bytes": self.budget_bytes,
             "headroom": self.headroom,
