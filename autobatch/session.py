@@ -19,16 +19,30 @@ from .core.space import Combo
 from .core.units import format_bytes
 from .devices.budget import DeviceInfo, cuda_name, device_info
 from .devices.cpu import MALLOC_ENV
-from .errors import DeviceError, UsageError
+from .errors import DeviceError
 from .probe.failures import raise_for
 from .probe.journal import ProbeJournal, fingerprint
 from .probe.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
+from .spec import ScriptSpec, select_spec
 
 if TYPE_CHECKING:
     from .settings import Settings
 
 #: Called after every probe with the combination, the outcome and whether it came from the journal.
 OnProbe = Callable[[Combo, ProbeOutcome, bool], None]
+#: The note (first in the result's notes) of a ``--device auto`` that found no CUDA device.
+FALLBACK_NOTE = (
+    "device auto found no CUDA device (torch {torch}) and tuned on the CPU: these numbers hold for CPU "
+    "training only; launcher configs for GPU jobs are refused unless allow_cpu is set"
+)
+
+
+def spec_from_settings(settings: Settings) -> ScriptSpec:
+    """Where the settings say the step comes from: ``script``, ``hf`` or ``lightning`` (see :func:`select_spec`)."""
+    values = {f: settings.get(f) for f in ("script", "hf", "hf_task", "seq_len", "lightning", "datamodule")}
+    values["lightning_config"] = settings.script.lightning_config
+    values["batch_attr"] = settings.output.lightning_batch_key.rpartition(".")[2]
+    return select_spec(values, settings.origin)
 
 
 class Session:
@@ -37,7 +51,7 @@ class Session:
     def __init__(
         self,
         *,
-        script: str | Path,
+        script: str | Path | ScriptSpec,
         script_args: tuple[str, ...] | list[str],
         device: str,
         memory: int | None,
@@ -50,7 +64,9 @@ class Session:
         on_probe: OnProbe | None = None,
         runner: ProbeRunner | None = None,
     ) -> None:
-        self.script = Path(script)
+        #: Where the step comes from; ``script`` is its path (a plain script) or its label (any other spec).
+        self.spec = script if isinstance(script, ScriptSpec) else ScriptSpec.file(script)
+        self.script: str | Path = Path(self.spec.target) if self.spec.kind == "path" else self.spec.label
         self.script_args = list(script_args)
         self.requested_device = device
         self.memory = memory
@@ -75,11 +91,12 @@ class Session:
         cache: bool | None = None,
         on_probe: OnProbe | None = None,
         runner: ProbeRunner | None = None,
+        spec: ScriptSpec | None = None,
     ) -> Session:
-        """The session that resolved settings describe (``cache`` defaults to the ``cache`` setting)."""
-        script = settings.require_script()
+        """The session that resolved settings describe (``cache`` defaults to the ``cache`` setting;
+        ``spec``, where the step comes from, to the one the settings name)."""
         return cls(
-            script=script,
+            script=spec or spec_from_settings(settings),
             script_args=settings.script.script_args,
             device=settings.device.device,
             memory=settings.device.memory,
@@ -110,17 +127,16 @@ class Session:
 
     def start(self) -> DeviceInfo:
         """Open the runner, inspect the model and the device, open the journal."""
-        if not self.script.is_file():
-            raise UsageError(
-                f"training script not found: {self.script}",
-                hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
-            )
+        self.spec.check()
         if self.runner is None:
             from .probe.client import ProbeClient
 
-            self.runner = ProbeClient(self.script, self.script_args, env=dict(MALLOC_ENV))
+            self.runner = ProbeClient(self.spec.to_init(), self.script_args, env=dict(MALLOC_ENV))
         device, info = self._resolve_device()
         self.device = device_info(device, info, memory=self.memory, headroom=self.headroom)
+        self.device.requested = self.requested_device
+        if self.device.fell_back:
+            self.device.notes.insert(0, FALLBACK_NOTE.format(torch=self.torch_version))
         self._open_journal()
         return self.device
 
@@ -156,7 +172,7 @@ class Session:
     def _open_journal(self) -> None:
         assert self.device is not None
         self.fingerprint = fingerprint(
-            self.script.read_bytes(),
+            self.spec.content(),
             (
                 self.script_args,
                 __version__,
