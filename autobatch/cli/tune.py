@@ -54,6 +54,16 @@ def tune(
         None, "--lightning-batch-key", help=opt._help("lightning_batch_key")
     ),
     deepspeed_base: Optional[str] = typer.Option(None, "--deepspeed-base", help=opt._help("deepspeed_base")),
+    deepspeed_optimizer: Optional[bool] = typer.Option(
+        None, "--deepspeed-optimizer", help=opt._help("deepspeed_optimizer")
+    ),
+    allow_cpu: Optional[bool] = typer.Option(None, "--allow-cpu", help=opt._help("allow_cpu")),
+    hf: Optional[str] = opt.HF,
+    hf_task: Optional[str] = opt.HF_TASK,
+    seq_len: Optional[int] = opt.SEQ_LEN,
+    lightning: Optional[str] = opt.LIGHTNING,
+    datamodule: Optional[str] = opt.DATAMODULE,
+    lightning_config: Optional[str] = opt.LIGHTNING_CONFIG,
     plot: Optional[Path] = typer.Option(
         None,
         "--plot",
@@ -63,10 +73,11 @@ def tune(
     as_json: bool = opt.JSON,
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
+    from ..session import spec_from_settings
     from ..settings import resolve_world_size
 
     settings = opt.load(locals())
-    script_path = settings.require_script()
+    script_path = spec_from_settings(settings).label
     world, world_source = resolve_world_size(settings.plan.world_size, os.environ)
     if plot is not None:
         from ..explain.plot import check_plot_path
@@ -103,6 +114,11 @@ def run_tune(settings: Settings, world: int, world_source: str) -> TuneResult:
             f"{format_bytes(info.capacity_bytes)}, budget {format_bytes(info.budget_bytes)} "
             f"(headroom {info.headroom:.0%}); {escape(info.memory_definition)}"
         )
+        if info.fell_back:
+            from ..emit import refuse_fallback
+
+            refuse_fallback(settings.output.emit, settings.output.allow_cpu)
+            console.print(f"[yellow bold]warning[/]: {escape(info.notes[0])}")
         options = TuneOptions.from_settings(settings, world, world_source)
         tuner = Tuner(session, options, on_update=lambda r: _save(result_path, r))
         return tuner.run()
@@ -129,20 +145,19 @@ def _emit(result: TuneResult, settings: Settings) -> None:
     import sys
 
     from ..emit import emit as emit_files
-    from ..emit import make_options, parse_emit_spec
+    from ..emit import make_options, parse_emit_spec, report
 
     specs = [parse_emit_spec(spec) for spec in settings.output.emit]
-    written = emit_files(
-        result,
-        specs,
-        make_options(
-            generated_by="autobatch " + shlex.join(sys.argv[1:]),
-            lightning_batch_key=settings.output.lightning_batch_key,
-            deepspeed_base=settings.output.deepspeed_base,
-        ),
+    options = make_options(
+        generated_by="autobatch " + shlex.join(sys.argv[1:]),
+        lightning_batch_key=settings.output.lightning_batch_key,
+        deepspeed_base=settings.output.deepspeed_base,
+        deepspeed_optimizer=settings.output.deepspeed_optimizer,
+        allow_cpu=settings.output.allow_cpu,
     )
-    for path in written:
-        console.print(f"wrote {path}")
+    written = emit_files(result, specs, options)
+    for line in report(result, [(fmt, path) for (fmt, _), path in zip(specs, written)], options):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _save(path: Path, result: TuneResult) -> None:
