@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -32,35 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .core.targets import HF_TASKS, is_file_target, is_reference, split_target
 from .errors import UsageError
 
+__all__ = ["HF_TASKS", "KINDS", "ScriptSpec", "is_file_target", "is_reference", "select_spec", "split_target"]
+
 KINDS = ("path", "reference", "pickled", "hf", "lightning")
-#: ``--hf-task`` names, each a transformers auto class (:mod:`autobatch.integrations.hf`).
-HF_TASKS = (
-    "causal-lm",
-    "masked-lm",
-    "seq-classification",
-    "token-classification",
-    "question-answering",
-    "seq2seq-lm",
-)
-_REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?$")
-
-
-def is_reference(text: str) -> bool:
-    """``"package.module:attribute"``: a dotted module, a colon, a dotted attribute (no ``.py``, no slash)."""
-    return ":" in text and not text.endswith(".py") and bool(_REFERENCE.match(text))
-
-
-def split_target(target: str) -> tuple[str, str]:
-    """``"models/lit.py:LitModel"`` or ``"pkg.lit:LitModel"`` -> (where, attribute); the attribute may be empty."""
-    where, _, attribute = target.rpartition(":") if ":" in target else (target, "", "")
-    return where, attribute
-
-
-def is_file_target(where: str) -> bool:
-    """Whether the part before the colon names a file (``.py`` or a path) rather than a module."""
-    return where.endswith(".py") or "/" in where or "\\" in where
 
 
 @dataclass(frozen=True)

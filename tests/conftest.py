@@ -44,7 +44,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()
     consumer = item.get_closest_marker("consumers") is not None
-    if report.when == "call" and consumer:
+    if report.when == "call" and consumer and not report.skipped:
         _counts["ran"] += 1
     if report.skipped and (consumer or _names_a_consumer(report)):
         _counts["skipped"] += 1

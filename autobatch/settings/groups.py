@@ -14,9 +14,9 @@ from typing import Any, ClassVar, Optional
 
 from autobatch.core.maximum import Limits
 from autobatch.core.space import OBJECTIVES, OPTIMIZERS, PRECISION_ALIASES, PRECISIONS, canonical_precision
+from autobatch.core.targets import HF_TASKS
 from autobatch.errors import ConfigError, UsageError
 from autobatch.settings.values import HINT, Bad, coerce, plain, setting
-from autobatch.spec import HF_TASKS
 
 #: Formats of ``--emit FORMAT[=PATH]``.
 EMIT_FORMATS: tuple[str, ...] = ("deepspeed", "hf", "lightning", "accelerate", "env", "json", "toml")
