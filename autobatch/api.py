@@ -182,6 +182,8 @@ def check(
     combo = Combo(loaded.search.precisions[0], loaded.search.optimizers[0], bool(recompute))
     with _spec(script, loaded, (build_model, make_batch, compute_loss)) as spec:
         with _session(loaded, spec, on_probe, runner, cache=False) as session:
+            if session.device is not None and session.device.fell_back:
+                logger.warning("%s", session.device.notes[0])
             return check_batch(session, combo, batch_size, steps or loaded.probe.confirm_steps)
 
 

@@ -69,6 +69,8 @@ def check(
 
 def _print(report: CheckResult, combo: Combo, info: DeviceInfo) -> None:
     fits = report.fits
+    if info.fell_back:
+        console.print(f"[yellow bold]warning[/]: {escape(info.notes[0])}")
     verdict = "[green]fits[/]" if fits else "[yellow]out of memory[/]"
     mean_step = sum(report.step_seconds) / len(report.step_seconds) if report.step_seconds else None
     console.print(
