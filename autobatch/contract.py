@@ -3,22 +3,25 @@
 The script is imported under its own module name, never as ``__main__`` (its
 ``if __name__ == "__main__":`` block does not run), with ``sys.argv`` set to the script path plus
 the arguments given after ``--``. Its folder is put first on ``sys.path`` so that its own imports work.
+
+Every other way of naming the step (a ``package.module:attribute`` reference, callables shipped by
+value, a Hugging Face config, a LightningModule) arrives as a script spec (:mod:`autobatch.spec`) and
+becomes the same three functions here, checked the same way (:func:`user_script`).
 """
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import inspect
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import ContractError, ScriptError, UsageError
-from .probe.failures import script_traceback
-from .scriptpath import check_script_path
+from .errors import ContractError
+from .importing import import_file, import_target, translated
+from .spec import ScriptSpec
 
 if TYPE_CHECKING:
     import torch
@@ -42,44 +45,66 @@ class UserScript:
     recompute_classes: tuple[str, ...] = ()
 
 
-def load_script(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> UserScript:
-    """Import the script and check that it offers the contract's functions."""
-    path = check_script_path(path)
+def load_script(path: str | Path | Mapping[str, Any], args: list[str] | tuple[str, ...] = ()) -> UserScript:
+    """Import the script and check that it offers the contract's functions.
+
+    ``path`` is a script's path, or a script spec record (:class:`autobatch.spec.ScriptSpec`, as the probe
+    server's init message carries it) naming a reference, a pickled object, an HF config or a Lightning module.
+    """
+    if isinstance(path, Mapping):
+        return load_spec(ScriptSpec.from_dict(path), args)
+    path = Path(path).resolve()
     sys.argv = [str(path), *args]
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    name = "autobatch_user_" + "".join(c if c.isalnum() else "_" for c in path.stem)
-    # Any file name: a script without the .py suffix is still Python source.
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"cannot import {path}", hint="the training script must be a Python source file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except SystemExit as exc:
-        raise ScriptError(
-            f"{path.name} called sys.exit({exc.code}) while being imported",
-            hint="argument parsing at import time must accept the arguments given after `--` (use parse_known_args)",
-        ) from None
-    except Exception as exc:
-        raise ScriptError(
-            f"{path.name} raised {type(exc).__name__} while being imported: {exc}",
-            hint="fix the script so that importing it works (autobatch imports it, it does not run it as __main__)",
-            detail=script_traceback(exc),
-        ) from None
+    module = import_file(path)
+    return user_script(module, path.name, path)
+
+
+def load_spec(spec: ScriptSpec, args: list[str] | tuple[str, ...] = ()) -> UserScript:
+    """The functions a script spec names (see :mod:`autobatch.spec`), checked like a script's."""
+    if spec.kind == "path":
+        return load_script(spec.target, args)
+    sys.argv = [spec.label, *args]
+    sys.path.extend(folder for folder in spec.sys_path if folder not in sys.path)
+    with translated(spec.label):
+        if spec.kind == "reference":
+            found = import_target(spec.target, "reference")
+        elif spec.kind == "pickled":
+            import cloudpickle
+
+            found = cloudpickle.loads(Path(spec.target).read_bytes())
+        elif spec.kind == "hf":
+            from .integrations.hf import HFScript
+
+            found = HFScript(spec.target, spec.options.get("task"), spec.options.get("seq_len"))
+        else:
+            from .integrations.lightning import from_targets
+
+            found = from_targets(spec.target, **spec.options)
+    return user_script(found, spec.label, Path(spec.target))
+
+
+def user_script(found: Any, name: str, path: Path) -> UserScript:
+    """Check that ``found`` (a module, or any object) offers the contract's functions.
+
+    Without ``compute_loss``, in a script that imported transformers, the loss is the model's own
+    (``model(**batch).loss``): for a ``build_model`` that returns a ``PreTrainedModel`` and batches that
+    carry labels, checked at the first step.
+    """
     functions: dict[str, Any] = {}
     problems = []
     for fname, (signature, nargs) in SIGNATURES.items():
-        fn = getattr(module, fname, None)
+        fn = getattr(found, fname, None)
+        if fn is None and fname == "compute_loss" and "transformers" in sys.modules:
+            from .integrations.hf import model_loss
+
+            fn = model_loss  # checked at the first step: a PreTrainedModel, and labels in the batch
         if fn is None:
-            problems.append(f"{path.name} does not define {fname}; expected:\n    {signature}")
+            problems.append(f"{name} does not define {fname}; expected:\n    {signature}")
         elif not callable(fn):
-            problems.append(f"{path.name}: {fname} is not a function; expected:\n    {signature}")
+            problems.append(f"{name}: {fname} is not a function; expected:\n    {signature}")
         elif not _accepts(fn, nargs):
             problems.append(
-                f"{path.name}: {fname}{_sig(fn)} does not take {nargs} argument(s); expected:\n    {signature}"
+                f"{name}: {fname}{_sig(fn)} does not take {nargs} argument(s); expected:\n    {signature}"
             )
         functions[fname] = fn
     if problems:
@@ -87,9 +112,10 @@ def load_script(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Use
             "\n".join(problems),
             hint="a training script defines build_model(), make_batch(batch_size) and compute_loss(model, batch); see examples/",
         )
-    classes = getattr(module, "RECOMPUTE_CLASSES", ())
+    classes = getattr(found, "RECOMPUTE_CLASSES", ())
     if isinstance(classes, str):
         classes = (classes,)
+    module = found if isinstance(found, ModuleType) else ModuleType(name)
     return UserScript(
         path,
         module,

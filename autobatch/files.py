@@ -1,21 +1,52 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+
+The temporary file ``mkstemp`` creates is private (0600); before it replaces the target it gets the
+mode a plain ``open(path, "w")`` would give: the existing file's mode when it replaces one, else
+0666 less the process's umask. Configs written on shared storage stay as readable to the team as
+any other file the user writes there.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux tells (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (not thread-safe, but brief)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode(path: Path) -> int:
+    """The mode ``path`` gets: that of the file it replaces, else 0666 less the umask."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o666 & ~current_umask()
 
 
 def write_atomic(path: str | Path, text: str | bytes) -> Path:
     """Write ``text`` (or bytes) to ``path`` through a temporary file in the same folder and ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = new_file_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(text.encode("utf-8") if isinstance(text, str) else text)
             handle.flush()
+            os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:

@@ -1,12 +1,15 @@
 """The result of a tune: a public, versioned JSON document (``tune --json`` and the result file).
 
-Schema (``schema_version`` 1); fields are only ever added, never renamed or removed:
+Schema (``schema_version`` 1); fields are only ever added, never renamed or removed. The JSON Schema
+is published as ``autobatch/result.schema.json``; :meth:`TuneResult.load` checks a file against it
+(:mod:`autobatch.schema`) and refuses, naming each field, what it does not match:
 
 ``status``            "running" | "complete" | "interrupted" | "failed" (see :mod:`autobatch.liveness`: a
                       "running" file whose ``pid`` on ``host`` is gone was killed outright)
 ``pid``, ``host``     the tune's process and machine (to tell a live run from one killed by SIGKILL)
 ``script``, ``script_args``, ``torch_version``, ``autobatch_version``, ``created``
-``device``            {"type", "name", "capacity_bytes", "budget_bytes", "headroom", "memory_definition",
+``device``            {"type", "name", "requested" (the --device asked for: "auto", "cpu", "cuda:0"),
+                      "capacity_bytes", "budget_bytes", "headroom", "memory_definition",
                       "baseline_bytes", "process_limit_bytes" (CUDA: what NVML may see the probe process
                       hold; null on the CPU), "others_bytes" (CUDA: memory other processes held on the
                       GPU when the tune started; null on the CPU)}
@@ -43,7 +46,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from .schema import SCHEMA_VERSION
+
+__all__ = ["SCHEMA_VERSION", "Chosen", "ComboResult", "ProbeRecord", "TuneResult"]
 #: Fields added after the first release that are left out of the document while unset.
 _ABSENT_WHEN_NONE = ("cache", "devices", "pid", "host")  # written by a tune only
 
@@ -161,6 +166,7 @@ class TuneResult:
     @classmethod
     def load(cls, path: str | Path) -> TuneResult:
         from .errors import UsageError
+        from .schema import check_result
 
         try:
             data = json.loads(Path(path).read_text())
@@ -172,10 +178,7 @@ class TuneResult:
             raise UsageError(
                 f"cannot read result file {path}: {exc}", hint="pass a JSON file written by `autobatch tune`"
             ) from None
-        if not isinstance(data, dict) or "combinations" not in data:
-            raise UsageError(
-                f"{path} is not an autobatch result", hint="pass a JSON file written by `autobatch tune`"
-            )
+        check_result(data, path)
         return cls.from_dict(data)
 
     def combo(self, precision: str, optimizer: str, recompute: bool) -> ComboResult | None:

@@ -32,3 +32,13 @@ def check_script_path(path: str | Path) -> Path:
             f"cannot read the training script {path}: {exc.strerror or exc}", hint=HINT
         ) from None
     return resolved
+
+
+def script_digest(path: Path) -> str | None:
+    """A digest of the script's bytes (None when it cannot be read any more)."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None

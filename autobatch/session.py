@@ -13,6 +13,7 @@ A session given a ``lock`` (:class:`autobatch.locks.DeviceLock`) holds it from :
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, ExitStack
@@ -30,7 +31,8 @@ from .devices.visible import PROBE_ENV
 from .errors import DeviceError, UsageError
 from .probe.failures import raise_for
 from .probe.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
-from .scriptpath import check_script_path
+from .scriptpath import script_digest
+from .spec import ScriptSpec, spec_from_settings
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -41,13 +43,20 @@ OnProbe = Callable[[Combo, ProbeOutcome, bool], None]
 WrapRunner = Callable[[ProbeRunner], ProbeRunner]
 
 
+#: The note (first in the result's notes) of a ``--device auto`` that found no CUDA device.
+FALLBACK_NOTE = (
+    "device auto found no CUDA device (torch {torch}) and tuned on the CPU: these numbers hold for CPU "
+    "training only; launcher configs for GPU jobs are refused unless allow_cpu is set"
+)
+
+
 class Session:
     """Open with :meth:`start`; always :meth:`close` (or use it as a context manager)."""
 
     def __init__(
         self,
         *,
-        script: str | Path,
+        script: str | Path | ScriptSpec,
         script_args: tuple[str, ...] | list[str],
         device: str,
         memory: int | None,
@@ -69,15 +78,12 @@ class Session:
         wrap_runner: WrapRunner | None = None,
         on_warning: Callable[[str], None] | None = None,
     ) -> None:
-        self.script = Path(script)
+        #: Where the step comes from; ``script`` is its path (a plain script) or its label (any other spec).
+        self.spec = script if isinstance(script, ScriptSpec) else ScriptSpec.file(script)
+        self.script: str | Path = Path(self.spec.target) if self.spec.kind == "path" else self.spec.label
         self.strategy = strategy  # "none", "ddp" or "fsdp": every probe on nproc_per_node ranks
-        self.nproc_per_node = nproc_per_node if strategy != "none" else 1
+        self.nproc_per_node = _ranks(strategy, nproc_per_node)
         self.blocks: tuple[str, ...] = ()
-        if strategy != "none" and nproc_per_node < 2:
-            raise UsageError(
-                f"strategy {strategy} measures every rank, but nproc_per_node is {nproc_per_node}",
-                hint="pass --nproc-per-node 2 (or more), or --strategy none",
-            )
         self.script_args = list(script_args)
         self.requested_device = device
         self.memory = memory
@@ -115,14 +121,15 @@ class Session:
         runner: ProbeRunner | None = None,
         op_modules: tuple[str, ...] = (),
         device: str | None = None,
+        spec: ScriptSpec | None = None,
         **extra: Any,
     ) -> Session:
         """The session that resolved settings describe (``cache`` defaults to the ``cache`` setting;
         ``op_modules`` register probe operations beyond ``probe`` and ``inspect``; ``device``, when
-        given, the one device of the setting to use; ``extra``: further arguments)."""
-        script = settings.require_script()
+        given, the one device of the setting to use; ``spec``, where the step comes from, to the one
+        the settings name; ``extra``: further arguments)."""
         return cls(
-            script=script,
+            script=spec or spec_from_settings(settings),
             script_args=settings.script.script_args,
             device=device or settings.device.device,
             memory=settings.device.memory,
@@ -168,15 +175,15 @@ class Session:
 
     def start(self) -> DeviceInfo:
         """Open the runner, inspect the model and the device, open the journal."""
-        check_script_path(self.script)
-        self._script_digest = script_digest(self.script)
+        self.spec.check()
+        self._script_digest = script_digest(Path(self.spec.target)) if self.spec.kind == "path" else None
         if self.lock is not None:
             self._held.enter_context(self.lock)
         if self.runner is None:
             from .probe.client import IMPORT_GRACE, ProbeClient
 
             self.runner = ProbeClient(
-                self.script,
+                self.spec.to_init(),
                 self.script_args,
                 env={**MALLOC_ENV, **PROBE_ENV},
                 op_modules=self.op_modules,
@@ -190,6 +197,9 @@ class Session:
         if memory is None and device == "cpu" and self.nproc_per_node > 1 and info.get("available_bytes"):
             memory = int(info["available_bytes"]) // self.nproc_per_node  # the ranks share the machine
         self.device = device_info(device, info, memory=memory, headroom=self.headroom)
+        self.device.requested = self.requested_device
+        if self.device.fell_back:
+            self.device.notes.insert(0, FALLBACK_NOTE.format(torch=self.torch_version))
         self._open_journal()
         return self.device
 
@@ -227,7 +237,9 @@ class Session:
     def _open_journal(self) -> None:
         assert self.device is not None
         self.fingerprint = fingerprint(
-            source_digests(self.script),
+            source_digests(self.script)
+            if self.spec.kind == "path"
+            else {"spec": hashlib.sha256(self.spec.content()).hexdigest()},
             (
                 self.script_args,
                 __version__,
@@ -330,9 +342,9 @@ class Session:
     def _check_script_unchanged(self) -> None:
         """The probe server imported the script once: an edit since then would make later probes measure a
         file that no longer exists, under the old file's fingerprint. Stop and say so."""
-        if self._script_digest is not None and script_digest(self.script) != self._script_digest:
+        if self._script_digest is not None and script_digest(Path(self.script)) != self._script_digest:
             raise UsageError(
-                f"{self.script.name} changed while it was being tuned (after {self.probes_run} probes): the "
+                f"{Path(self.script).name} changed while it was being tuned (after {self.probes_run} probes): the "
                 "probes measured the version the run started with, and the answer would not describe the file now",
                 hint="re-run once the script is final: the earlier version's probes stay in the probe journal",
             )
@@ -348,16 +360,6 @@ class Session:
         if again.kind in RETRIED:
             again.reason = f"{again.reason} (twice: retried once in a fresh process)"
         return again
-
-
-def script_digest(path: Path) -> str | None:
-    """A digest of the script's bytes (None when it cannot be read any more)."""
-    import hashlib
-
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
 
 
 #: Outcomes that are retried once: a probe that died or hung says nothing about memory.
@@ -378,3 +380,15 @@ def apply_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:
         f"{format_bytes(device.budget_bytes)}): a fresh process can exceed the budget"
     )
     return True
+
+
+def _ranks(strategy: str, nproc_per_node: int) -> int:
+    """The rank processes of each probe: one without a strategy, at least two with one."""
+    if strategy == "none":
+        return 1
+    if nproc_per_node < 2:
+        raise UsageError(
+            f"strategy {strategy} measures every rank, but nproc_per_node is {nproc_per_node}",
+            hint="pass --nproc-per-node 2 (or more), or --strategy none",
+        )
+    return nproc_per_node

@@ -1,14 +1,72 @@
-"""Shared fixtures: every test gets its own probe cache and its own folder of device locks."""
+"""Shared fixtures: every test gets its own probe cache and its own folder of device locks. Under
+``AUTOBATCH_REQUIRE_CONSUMERS=1`` (CI sets it in ``.ci/run``) a consumer library that is missing fails
+the run instead of skipping its tests."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 # Helpers shared by the tests (support.py) are imported by name from every folder under tests/.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: Set by .ci/run: the consumer libraries are part of the test environment, so none may be skipped.
+REQUIRE = "AUTOBATCH_REQUIRE_CONSUMERS"
+#: Import names of the libraries that load emitted files or host the integrations (the consumers extra).
+CONSUMERS = ("transformers", "lightning", "accelerate", "deepspeed", "jsonargparse", "dotenv", "hjson")
+_counts = {"ran": 0, "skipped": 0}
+
+
+def _required() -> bool:
+    return os.environ.get(REQUIRE, "") not in ("", "0")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _required():
+        missing = [name for name in CONSUMERS if importlib.util.find_spec(name) is None]
+        if missing:
+            pytest.exit(
+                f"{REQUIRE}=1 but these consumer libraries cannot be imported: {', '.join(missing)}", 3
+            )
+
+
+def _names_a_consumer(report: Any) -> bool:
+    return any(name in str(report.longrepr) for name in CONSUMERS)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    consumer = item.get_closest_marker("consumers") is not None
+    if report.when == "call" and consumer and not report.skipped:
+        _counts["ran"] += 1
+    if report.skipped and (consumer or _names_a_consumer(report)):
+        _counts["skipped"] += 1
+        if _required():
+            report.outcome = "failed"
+            report.longrepr = f"skipped under {REQUIRE}=1 (a consumer test must run): {report.longrepr}"
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped and _names_a_consumer(report):
+        _counts["skipped"] += 1
+        if _required():
+            report.outcome = "failed"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _counts["ran"] or _counts["skipped"]:
+        terminalreporter.write_line(
+            f"consumer tests: {_counts['ran']} ran, {_counts['skipped']} skipped"
+            + (f" ({REQUIRE}=1: skips fail)" if _required() else "")
+        )
 
 
 @pytest.fixture(autouse=True)

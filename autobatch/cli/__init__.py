@@ -70,7 +70,7 @@ def main() -> None:
     console.quiet = STATE.quiet
     try:
         # Typer (non-standalone) returns typer.Exit's code, and 130 for a KeyboardInterrupt.
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="autobatch")
     except AutobatchError as exc:
         report_error(exc)
         sys.exit(exc.exit_code)

@@ -12,7 +12,10 @@ app = typer.Typer(
     name="autobatch",
     help="Find the largest batch that fits your real PyTorch training step, and plan accumulation.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # autobatch --install-completion / --show-completion
+    # Click's own help layout: wraps help text and never truncates a flag's name, at any width (the rich
+    # layout cut --lightning-batch-key to "--lightning-batch-…" at 80 columns).
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

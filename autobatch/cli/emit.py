@@ -43,12 +43,24 @@ def emit_command(
         "--lightning-batch-key",
         help="Dotted key of the data module's batch size (default data.batch_size).",
     ),  # fmt: skip
+    deepspeed_optimizer: bool = typer.Option(
+        False,
+        "--deepspeed-optimizer",
+        help="Write an optimizer section into the DeepSpeed config even "
+        "when the base has none (DeepSpeed then builds the optimizer, at its default learning rate).",
+    ),  # fmt: skip
+    allow_cpu: bool = typer.Option(
+        False,
+        "--allow-cpu",
+        help="Write launcher configs from a result measured on the CPU although "
+        "the CPU was not asked for (device auto found no GPU).",
+    ),  # fmt: skip
     as_json: bool = typer.Option(False, "--json", help="Print the written paths as JSON on stdout."),
     verbose: bool = opt.VERBOSE,
     quiet: bool = opt.QUIET,
 ) -> None:
     """Write launcher configs (DeepSpeed, HF, Lightning, accelerate, env, json, toml) from a saved result."""
-    from autobatch.emit import caveats, emit, make_options, parse_emit_spec, summary
+    from autobatch.emit import emit, make_options, parse_emit_spec, report
     from autobatch.result import TuneResult
 
     specs = [parse_emit_spec(spec) for spec in formats]
@@ -66,22 +78,21 @@ def emit_command(
         )
 
     options = make_options(
-        generated_by=_command_line(result_file, formats, output, base, lightning_batch_key),
+        generated_by=_command_line(result_file, formats, output, base, lightning_batch_key)
+        + "".join(
+            f" {flag}"
+            for flag, on in (("--deepspeed-optimizer", deepspeed_optimizer), ("--allow-cpu", allow_cpu))
+            if on
+        ),
         deepspeed_base=str(base) if base is not None else None,
         lightning_batch_key=lightning_batch_key,
+        deepspeed_optimizer=deepspeed_optimizer,
+        allow_cpu=allow_cpu,
     )
     result = TuneResult.load(result_file)
     written = emit(result, specs, options)
-
-    line = summary(result)
-    if line:
-        console.print(line, markup=False, highlight=False)
-    if result.chosen is not None and result.chosen.note:
-        console.print(f"note: {result.chosen.note}", markup=False, highlight=False, soft_wrap=True)
-    for (fmt, _), path in zip(specs, written):
-        console.print(f"wrote {path} ({fmt})", markup=False, highlight=False)
-        for note in caveats(result, fmt, options):
-            console.print(f"  note: {note}", markup=False, highlight=False, soft_wrap=True)
+    for line in report(result, [(fmt, path) for (fmt, _), path in zip(specs, written)], options):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if as_json:
         stdout_write(
             json.dumps(

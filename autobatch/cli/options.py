@@ -73,8 +73,17 @@ ONE_RECOMPUTE = typer.Option(
     False, "--recompute/--no-recompute", help="Wrap repeated blocks in activation checkpointing."
 )
 SCRIPT = typer.Argument(
-    None, help="Training script (default: `script` in autobatch.toml).", show_default=False
+    None,
+    help="Training script, or package.module:attribute (default: `script` in autobatch.toml).",
+    show_default=False,
 )
+#: Where the step comes from instead of a script (tune and check).
+HF = typer.Option(None, "--hf", help=_help("hf"))
+HF_TASK = typer.Option(None, "--hf-task", help=_help("hf_task"))
+SEQ_LEN = typer.Option(None, "--seq-len", help=_help("seq_len"))
+LIGHTNING = typer.Option(None, "--lightning", help=_help("lightning"))
+DATAMODULE = typer.Option(None, "--datamodule", help=_help("datamodule"))
+LIGHTNING_CONFIG = typer.Option(None, "--lightning-config", help=_help("lightning_config"))
 SCRIPT_ARGS = typer.Argument(None, help="Arguments for the script, after `--`.", show_default=False)
 
 

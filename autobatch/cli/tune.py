@@ -67,6 +67,16 @@ def tune(
         None, "--lightning-batch-key", help=opt._help("lightning_batch_key")
     ),
     deepspeed_base: Optional[str] = typer.Option(None, "--deepspeed-base", help=opt._help("deepspeed_base")),
+    deepspeed_optimizer: Optional[bool] = typer.Option(
+        None, "--deepspeed-optimizer", help=opt._help("deepspeed_optimizer")
+    ),
+    allow_cpu: Optional[bool] = typer.Option(None, "--allow-cpu", help=opt._help("allow_cpu")),
+    hf: Optional[str] = opt.HF,
+    hf_task: Optional[str] = opt.HF_TASK,
+    seq_len: Optional[int] = opt.SEQ_LEN,
+    lightning: Optional[str] = opt.LIGHTNING,
+    datamodule: Optional[str] = opt.DATAMODULE,
+    lightning_config: Optional[str] = opt.LIGHTNING_CONFIG,
     plot: Optional[Path] = typer.Option(
         None,
         "--plot",
@@ -78,10 +88,11 @@ def tune(
     quiet: bool = opt.QUIET,
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
+    from ..session import spec_from_settings
     from ..tuner import limited_failure
 
     settings = opt.load(locals())
-    script_path = settings.require_script()
+    script_path = spec_from_settings(settings).label
     world, world_source = _world(settings)
     if plot is not None:
         from ..explain.output.plot import check_plot_path
@@ -175,6 +186,11 @@ def _hooks(settings: Settings, out: Output, update: Callable[[TuneResult], None]
     from .state import STATE
 
     def device(info: DeviceInfo) -> None:
+        if info.fell_back:
+            from ..emit import refuse_fallback
+
+            refuse_fallback(settings.output.emit, settings.output.allow_cpu)
+            out.warning(info.notes[0])
         auto = " (auto)" if settings.device.device == "auto" else ""
         out.status(
             f"device {info.name}{auto}: capacity {format_bytes(info.capacity_bytes)}, budget "
@@ -226,20 +242,19 @@ def _emit(result: TuneResult, settings: Settings, out: Output) -> None:
     import sys
 
     from ..emit import emit as emit_files
-    from ..emit import make_options, parse_emit_spec
+    from ..emit import make_options, parse_emit_spec, report
 
     specs = [parse_emit_spec(spec) for spec in settings.output.emit]
-    written = emit_files(
-        result,
-        specs,
-        make_options(
-            generated_by="autobatch " + shlex.join(sys.argv[1:]),
-            lightning_batch_key=settings.output.lightning_batch_key,
-            deepspeed_base=settings.output.deepspeed_base,
-        ),
+    options = make_options(
+        generated_by="autobatch " + shlex.join(sys.argv[1:]),
+        lightning_batch_key=settings.output.lightning_batch_key,
+        deepspeed_base=settings.output.deepspeed_base,
+        deepspeed_optimizer=settings.output.deepspeed_optimizer,
+        allow_cpu=settings.output.allow_cpu,
     )
-    for path in written:
-        out.status(f"wrote {path}")
+    written = emit_files(result, specs, options)
+    for line in report(result, [(fmt, path) for (fmt, _), path in zip(specs, written)], options):
+        out.status(line)
 
 
 def print_table(result: TuneResult) -> None:

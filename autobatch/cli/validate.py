@@ -56,10 +56,17 @@ def summary(settings: Settings) -> list[str]:
     memory = format_bytes(device.memory) if device.memory else "the device's capacity"
     world = plan.world_size if plan.world_size is not None else "from the environment"
     args = "".join(f" {arg}" for arg in script.script_args)
-    lines = [
+    source = (
         f"script   {_short(script.script)}{args}"
         if script.script
-        else "script   not set: give SCRIPT to tune",
+        else f"script   Hugging Face config {_short(script.hf)}"
+        if script.hf
+        else f"script   LightningModule {script.lightning}"
+        if script.lightning
+        else "script   not set: give SCRIPT (or --hf, --lightning) to tune"
+    )
+    lines = [
+        source,
         f"device   {device.device}, memory {memory}, headroom {device.headroom:g}",
         f"search   {len(search.precisions)} precision(s) x {len(search.optimizers)} optimizer(s) x "
         f"{len(search.recompute)} recompute = {combos} combination(s); batch multiple {search.batch_multiple}, "

@@ -21,6 +21,15 @@ OBJECTIVES: tuple[str, ...] = get_args(Objective)
 #: Distributed strategies a probe can run (autobatch.step.strategy): one process, DDP, FSDP2.
 STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp")
 
+#: Lightning's short precision names (``Trainer(precision="bf16")``), and what Lightning takes them for.
+PRECISION_ALIASES: dict[str, str] = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
+
+
+def canonical_precision(name: str | int) -> str:
+    """A precision by its full name: ``"bf16"`` -> ``"bf16-mixed"``, ``16`` -> ``"16-mixed"``; others unchanged."""
+    return PRECISION_ALIASES.get(str(name).strip(), str(name).strip())
+
+
 #: Parameter-sized optimizer states each optimizer keeps (Adafactor's state is factored: rows + columns).
 OPTIMIZER_STATES: dict[str, float] = {
     "sgd": 0,

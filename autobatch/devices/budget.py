@@ -69,6 +69,12 @@ class DeviceInfo:
     process_limit_bytes: int | None = None  # CUDA: all a probe process may hold (NVML); None: not checked
     others_bytes: int | None = None  # CUDA: memory other processes held on the device at the start
     warnings: list[str] = field(default_factory=list)  # also in notes; shown as warnings
+    requested: str | None = None  # the --device asked for ("auto", "cpu", "cuda:1"); None: not recorded
+
+    @property
+    def fell_back(self) -> bool:
+        """``--device auto`` found no CUDA device and took the CPU."""
+        return self.requested == "auto" and self.type == "cpu"
 
     @property
     def margin_bytes(self) -> int:
@@ -93,6 +99,7 @@ class DeviceInfo:
         return {
             "type": self.type,
             "name": self.name,
+            "requested": self.requested,
             "capacity_bytes": self.capacity_bytes,
             "budget_bytes": self.budget_bytes,
             "headroom": self.headroom,

@@ -17,6 +17,10 @@ json           ``autobatch-result.json``       ``TuneResult.load``
 toml           ``autobatch-result.toml``       any TOML reader
 =============  ==============================  ==================================================
 
+Launcher configs (every format but json and toml) are refused for a result measured on the CPU
+unless the CPU was asked for (``--device cpu``) or ``allow_cpu`` is set
+(:func:`~autobatch.emit.common.check_device`).
+
 Files whose format allows comments (YAML, TOML, env) start with where they came from and the batch
 arithmetic ("micro-batch 12 x accumulation 5 x world 8 = global 480 (requested 480)"); the JSON
 consumers reject unknown keys, so those files carry only the settings.
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autobatch.emit import accelerate, deepspeed, env, hf, lightning, whole
-from autobatch.emit.common import EmitOptions, arithmetic, make_options, require_chosen
+from autobatch.emit.common import EmitOptions, arithmetic, check_device, make_options, require_chosen
 from autobatch.errors import UsageError
 from autobatch.files import write_atomic
 from autobatch.result import TuneResult
@@ -91,6 +95,7 @@ def render(result: TuneResult, fmt: str, options: EmitOptions) -> str:
     spec = get_format(fmt)
     if spec.needs_choice:
         require_chosen(result)
+        check_device(result, f"a {fmt} config", options)
     return spec.render(result, options)
 
 
@@ -134,9 +139,33 @@ def _targets(specs: Iterable[str | tuple[str, str | Path]]) -> list[tuple[str, P
     return targets
 
 
+def refuse_fallback(specs: Iterable[str], allow_cpu: bool) -> None:
+    """Before probing: ``--device auto`` fell back to the CPU and ``specs`` ask for launcher configs
+    (which :func:`render` would refuse after the whole tune): say so now, unless ``allow_cpu``."""
+    launchers = [fmt for fmt, _ in map(parse_emit_spec, specs) if FORMATS[fmt].needs_choice]
+    if launchers and not allow_cpu:
+        raise UsageError(
+            "device auto found no CUDA device and would tune the CPU, but emit asks for launcher configs "
+            f"({', '.join(launchers)}) that would carry CPU numbers into a GPU job",
+            hint="run on a machine with the GPU; to train on the CPU, pass --device cpu (or --allow-cpu)",
+        )
+
+
 def summary(result: TuneResult) -> str | None:
     """The chosen plan's batch arithmetic, for a command to print after emitting."""
     return arithmetic(result.chosen) if result.chosen else None
+
+
+def report(result: TuneResult, written: Iterable[tuple[str, Path]], options: EmitOptions) -> list[str]:
+    """What a command prints after writing files: the arithmetic, the plan's note, and per file where it
+    went and its caveats (for the JSON formats, which hold no comment, the only place they appear)."""
+    lines = [line for line in (summary(result),) if line]
+    if result.chosen is not None and result.chosen.note:
+        lines.append(f"note: {result.chosen.note}")
+    for fmt, path in written:
+        lines.append(f"wrote {path} ({fmt})")
+        lines += [f"  note: {note}" for note in caveats(result, fmt, options)]
+    return lines
 
 
 __all__ = [
@@ -148,6 +177,8 @@ __all__ = [
     "get_format",
     "make_options",
     "parse_emit_spec",
+    "refuse_fallback",
     "render",
+    "report",
     "summary",
 ]

@@ -32,6 +32,9 @@ class EmitOptions:
     time (None: left out, which keeps golden files stable). ``deepspeed_base`` is the path of the
     user's DeepSpeed JSON that the deepspeed emitter overlays. ``transformers_version`` picks the
     TrainingArguments key names (None: the names every release from 4.11 to 5.x accepts).
+    ``deepspeed_optimizer`` writes a DeepSpeed optimizer section although the base has none;
+    ``allow_cpu`` lets launcher configs come from a CPU result the CPU was not asked for
+    (:func:`check_device`).
     """
 
     generated_by: str = "autobatch emit"
@@ -40,6 +43,8 @@ class EmitOptions:
     deepspeed_base: str | None = None
     hf_output_dir: str = "trainer_output"
     transformers_version: str | None = None
+    deepspeed_optimizer: bool = False
+    allow_cpu: bool = False
 
     def __post_init__(self) -> None:
         if not _DOTTED.match(self.lightning_batch_key):
@@ -167,3 +172,28 @@ def version_at_least(version: str | None, minimum: tuple[int, ...]) -> bool:
 def on_cpu(result: TuneResult) -> bool:
     """The tune measured the CPU device, so its numbers apply to CPU training."""
     return str((result.device or {}).get("type", "")).lower() == "cpu"
+
+
+def cpu_by_choice(result: TuneResult) -> bool:
+    """The result was measured on the CPU because the CPU was asked for (``--device cpu``)."""
+    return on_cpu(result) and (result.device or {}).get("requested") == "cpu"
+
+
+def check_device(result: TuneResult, what: str, options: EmitOptions) -> None:
+    """Refuse a launcher config (``what``) from a CPU result unless the CPU was asked for or ``allow_cpu``.
+
+    ``--device auto`` on a machine without a GPU (a login node) measures the CPU; its numbers in a
+    GPU job's config would be wrong, and ``use_cpu: true`` would move the job off its GPUs.
+    """
+    if not on_cpu(result) or cpu_by_choice(result) or options.allow_cpu:
+        return
+    requested = (result.device or {}).get("requested")
+    how = (
+        "--device auto found no GPU and fell back to the CPU"
+        if requested == "auto"
+        else "the result does not say the CPU was asked for"
+    )
+    raise UsageError(
+        f"the result was measured on the CPU ({how}): {what} from it would carry CPU numbers into a GPU job",
+        hint="tune on a machine with the GPU; to train on the CPU, tune with --device cpu or pass --allow-cpu",
+    )

@@ -10,7 +10,10 @@ Where each number lands (``deepspeed.runtime.config.DeepSpeedConfig`` reads them
   autocast-only or pure-bf16 switch here; Lightning's DeepSpeed strategy maps both the same way);
   ``16-mixed`` enables fp16 with dynamic loss scaling (``loss_scale: 0``, initial scale 2^16, as
   torch's GradScaler); ``32-true`` enables neither.
-* ``optimizer.type``: adam -> ``Adam`` with ``adam_w_mode: false`` (DeepSpeed's Adam is AdamW
+* ``optimizer``, only when asked for (``EmitOptions.deepspeed_optimizer``, ``--deepspeed-optimizer``)
+  or when the base config has an optimizer section: otherwise DeepSpeed, the HF Trainer and
+  Lightning use the optimizer the training code builds, at its learning rate (a section without a
+  learning rate would make them train at DeepSpeed's default). ``optimizer.type``: adam -> ``Adam`` with ``adam_w_mode: false`` (DeepSpeed's Adam is AdamW
   unless told otherwise), adamw / adamw-fused -> ``AdamW``, adagrad -> ``Adagrad`` (DeepSpeed's
   own names); sgd / sgd-momentum -> ``SGD`` (momentum 0.9 for the latter), rmsprop -> ``RMSprop``,
   adafactor -> ``Adafactor``: names DeepSpeed does not know are looked up in ``torch.optim``, case
@@ -25,8 +28,7 @@ arithmetic are not in this file; :func:`caveats` returns them for the command to
 With a base config (``EmitOptions.deepspeed_base``), only the keys above change; everything else,
 the ZeRO section included, is kept. A base ``"auto"`` batch value is replaced by the number. A
 base optimizer of the same type keeps its params; one of another type is replaced, keeping only
-``lr`` and ``weight_decay``. A base without an optimizer section gets none (the user's code
-passes its optimizer, which would override the section anyway).
+``lr`` and ``weight_decay``. A base without an optimizer section gets none unless asked for.
 """
 
 from __future__ import annotations
@@ -61,11 +63,14 @@ def render_deepspeed(result: TuneResult, options: EmitOptions) -> str:
     """The DeepSpeed config as JSON text (the base config overlaid, when one is given)."""
     chosen = require_chosen(result)
     base = load_base(options.deepspeed_base) if options.deepspeed_base else None
-    return json.dumps(deepspeed_config(chosen, base), indent=2) + "\n"
+    return json.dumps(deepspeed_config(chosen, base, optimizer=options.deepspeed_optimizer), indent=2) + "\n"
 
 
-def deepspeed_config(chosen: Chosen, base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The config dict: ``base`` (not modified) with the keys autobatch decides set from ``chosen``."""
+def deepspeed_config(
+    chosen: Chosen, base: dict[str, Any] | None = None, *, optimizer: bool = False
+) -> dict[str, Any]:
+    """The config dict: ``base`` (not modified) with the keys autobatch decides set from ``chosen``;
+    an optimizer section when ``optimizer`` is asked for or the base has one."""
     config: dict[str, Any] = json.loads(json.dumps(base)) if base is not None else {}
     config["train_batch_size"] = chosen.micro_batch_size * chosen.accumulation_steps * chosen.world_size
     config["train_micro_batch_size_per_gpu"] = chosen.micro_batch_size
@@ -78,7 +83,7 @@ def deepspeed_config(chosen: Chosen, base: dict[str, Any] | None = None) -> dict
         fp16 = {"loss_scale": 0, "initial_scale_power": 16}
     config["fp16"] = {**fp16, "enabled": chosen.precision == "16-mixed"}
 
-    if base is None or isinstance(config.get("optimizer"), dict):
+    if optimizer or isinstance(config.get("optimizer"), dict):
         ds_type, params = OPTIMIZERS[chosen.optimizer]
         config["optimizer"] = _optimizer(config.get("optimizer"), ds_type, params)
         if ds_type.lower() not in _ZERO_TESTED:
@@ -154,13 +159,17 @@ def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
             "(torch.utils.checkpoint or deepspeed.checkpointing.checkpoint)"
         )
     base = load_base(options.deepspeed_base) if options.deepspeed_base else None
-    if base is None:
+    base_optimizer = base.get("optimizer") if base is not None else None
+    if isinstance(base_optimizer, dict) or options.deepspeed_optimizer:
+        params = base_optimizer.get("params") if isinstance(base_optimizer, dict) else None
+        if not (isinstance(params, dict) and "lr" in params):
+            notes.append(
+                "the optimizer section sets no learning rate: DeepSpeed's default applies unless your code "
+                'passes an optimizer; under the HF Trainer, give the base config "lr": "auto"'
+            )
+    else:
         notes.append(
-            "the optimizer section sets no learning rate (DeepSpeed's default applies); an optimizer "
-            'passed to deepspeed.initialize overrides it, and under the HF Trainer use --base with "lr": "auto"'
-        )
-    elif not isinstance(base.get("optimizer"), dict):
-        notes.append(
-            f"the base config has no optimizer section, so none was added: build {chosen.optimizer} in your code"
+            f"no optimizer section: build {chosen.optimizer} in your code and pass it to deepspeed.initialize "
+            "(the HF Trainer and Lightning pass theirs); --deepspeed-optimizer writes one"
         )
     return notes

@@ -45,14 +45,15 @@ class ProbeClient:
 
     def __init__(
         self,
-        script: str | Path,
+        script: str | Path | dict[str, Any],
         script_args: list[str] | tuple[str, ...] = (),
         *,
         env: dict[str, str] | None = None,
         start_timeout: float = 300.0,
         op_modules: Sequence[str] = (),
     ) -> None:
-        self.script = str(script)
+        # a script's path, or a script spec record (autobatch.spec) that the server's load_script resolves
+        self.script: str | dict[str, Any] = script if isinstance(script, dict) else str(script)
         self._log_dir = tempfile.TemporaryDirectory(prefix="autobatch-")
         self._stderr = open(os.path.join(self._log_dir.name, "server.log"), "wb")  # noqa: SIM115
         init = {

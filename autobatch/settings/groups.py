@@ -13,7 +13,15 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Optional
 
 from autobatch.core.maximum import Limits
-from autobatch.core.space import OBJECTIVES, OPTIMIZERS, PRECISIONS, STRATEGIES
+from autobatch.core.space import (
+    OBJECTIVES,
+    OPTIMIZERS,
+    PRECISION_ALIASES,
+    PRECISIONS,
+    STRATEGIES,
+    canonical_precision,
+)
+from autobatch.core.targets import HF_TASKS
 from autobatch.errors import ConfigError, UsageError
 from autobatch.settings.values import HINT, Bad, coerce, plain, setting
 
@@ -56,8 +64,9 @@ class ScriptSettings:
     SECTION: ClassVar[str] = "script"
     script: Optional[str] = setting(
         None, "path", "path", "Training script defining build_model(), make_batch(batch_size) and "
-        "compute_loss(model, batch). A relative path in a config file resolves against the file's folder.",
-        flag="SCRIPT", optional=True, example="train.py",
+        "compute_loss(model, batch), or an importable package.module:attribute holding them. A relative path "
+        "in a config file resolves against the file's folder.",
+        flag="SCRIPT", optional=True, example="train.py", reference_ok=True,
     )  # fmt: skip
     script_args: tuple[str, ...] = setting(
         (), "args", "a list of strings", "Arguments the script sees in sys.argv after its own name (on the "
@@ -68,6 +77,36 @@ class ScriptSettings:
         True, "bool", "true or false", "Check that every tensor make_batch(n) returns has n in its leading "
         "dimension (a make_batch that ignores its argument gives a wrong maximum); turn off for other layouts.",
         flag="--check-batch-size/--no-check-batch-size",
+    )  # fmt: skip
+    hf: Optional[str] = setting(
+        None, "path", "path", "Instead of a script: a Hugging Face config.json, or a model folder holding one. "
+        "The model is built from the config with the auto class of hf_task (weights are never loaded) and "
+        "trained on synthesised worst-case batches of seq_len tokens; the loss is the model's own.",
+        optional=True, example="models/gpt2-small/config.json",
+    )  # fmt: skip
+    hf_task: Optional[str] = setting(
+        None, "str", f"one of {', '.join(HF_TASKS)}", "The Hugging Face task (which auto class builds the "
+        "model); unset: from the config's architectures.", optional=True, choices=HF_TASKS, example="causal-lm",
+    )  # fmt: skip
+    seq_len: Optional[int] = setting(
+        None, "int", "an integer >= 1", "Tokens per sample of the synthesised Hugging Face batches: the "
+        "longest sequence your job sees; unset: the model's maximum positions.", optional=True, minimum=1,
+        example=512,
+    )  # fmt: skip
+    lightning: Optional[str] = setting(
+        None, "target", "PATH:Class", "Instead of a script: a LightningModule, as PATH:Class or "
+        "package.module:Class. Its training_step is the loss; the batch is the first of train_dataloader() "
+        "with the batch size set where Lightning's own finder sets it.",
+        optional=True, example="train.py:LitModel",
+    )  # fmt: skip
+    datamodule: Optional[str] = setting(
+        None, "target", "PATH:Class", "The LightningDataModule (PATH:Class or package.module:Class) whose "
+        "train_dataloader() gives the batches; unset: the module's own.", optional=True,
+        example="train.py:LitData",
+    )  # fmt: skip
+    lightning_config: Optional[str] = setting(
+        None, "path", "path", "YAML file with the init arguments of the module and the data module, as "
+        "LightningCLI takes them (model: and data: sections).", optional=True, example="config.yaml",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -104,8 +143,10 @@ class SearchSettings:
     SECTION: ClassVar[str] = "search"
     precisions: tuple[str, ...] = setting(
         ("32-true", "bf16-mixed"), "strs", "a list of precisions", "Precisions to search, in order of "
-        f"preference (ties go to the earlier one): {', '.join(PRECISIONS)}.",
+        f"preference (ties go to the earlier one): {', '.join(PRECISIONS)}; Lightning's short names "
+        f"{', '.join(f'{k} ({v})' for k, v in PRECISION_ALIASES.items())} are accepted.",
         flag="--precision", choices=PRECISIONS, item="precision names", nonempty=True,
+        aliases=canonical_precision,
     )  # fmt: skip
     optimizers: tuple[str, ...] = setting(
         ("adamw",), "strs", "a list of optimizers",
@@ -258,6 +299,17 @@ class OutputSettings:
     deepspeed_base: Optional[str] = setting(
         None, "path", "path", "Your DeepSpeed config: the deepspeed emitter overlays the batch settings "
         "onto it and keeps the rest (ZeRO stage included).", optional=True, example="ds_config.json",
+    )  # fmt: skip
+    deepspeed_optimizer: bool = setting(
+        False, "bool", "true or false", "Write an optimizer section into the DeepSpeed config even when the "
+        "base config has none (DeepSpeed then builds the optimizer, at its default learning rate unless the "
+        "base sets one); otherwise the optimizer stays the one your code passes.",
+        flag="--deepspeed-optimizer",
+    )  # fmt: skip
+    allow_cpu: bool = setting(
+        False, "bool", "true or false", "Write launcher configs (deepspeed, hf, lightning, accelerate, env) "
+        "from a result measured on the CPU although the CPU was not asked for (device auto found no GPU).",
+        flag="--allow-cpu",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

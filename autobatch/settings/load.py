@@ -17,6 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python < 3.11 only
     import tomli as tomllib
 
+from autobatch.core.targets import is_file_target, is_reference, split_target
 from autobatch.errors import ConfigError
 from autobatch.settings.docs import BY_NAME, FIELDS, META
 from autobatch.settings.groups import GROUPS, SECTIONS, Settings, relations
@@ -104,12 +105,29 @@ def _coerce_all(given: dict[str, _Given], check_paths: bool, problems: list[str]
         except Bad as bad:
             problems.append(f"{g.where}: {bad}")
             continue
-        if META[info.name]["kind"] == "path" and value is not None:
-            value = os.path.normpath(g.base / Path(value).expanduser())
-            if check_paths and not META[info.name].get("folder") and not Path(value).is_file():
-                problems.append(f"{g.where}: expected an existing file, found {show(g.raw)} (as {value})")
+        if META[info.name]["kind"] in ("path", "target") and value is not None:
+            value = _resolve(META[info.name], value, g.base)
+            if check_paths and META[info.name]["kind"] == "path" and not META[info.name].get("folder"):
+                exists = Path(value).exists() if info.name == "hf" else Path(value).is_file()
+                if not exists and not is_reference(value):
+                    problems.append(f"{g.where}: expected an existing file, found {show(g.raw)} (as {value})")
         values[info.name] = value
     return values
+
+
+def _resolve(meta: Mapping[str, Any], value: str, base: Path) -> str:
+    """An input path resolved against ``base``: a ``path``, or the file part of a ``PATH:Class`` target.
+
+    A ``package.module:attribute`` reference (where the setting allows one) and a module target stay as given.
+    """
+    if meta["kind"] == "path":
+        if meta.get("reference_ok") and is_reference(value):
+            return value
+        return os.path.normpath(base / Path(value).expanduser())
+    where, attribute = split_target(value)
+    if not is_file_target(where):
+        return value
+    return os.path.normpath(base / Path(where).expanduser()) + (f":{attribute}" if attribute else "")
 
 
 def _relate(values: dict[str, Any], given: dict[str, _Given], cwd: Path, problems: list[str]) -> None:

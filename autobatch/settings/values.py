@@ -156,8 +156,13 @@ def _args(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[str, ...]:
 def _strs(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[str, ...]:
     what = meta["type"]
     items = []
+    aliases: Callable[[Any], str] | None = meta.get("aliases")
     for item in raw if isinstance(raw, (list, tuple)) else [raw]:
+        if aliases is not None and isinstance(item, int) and not isinstance(item, bool):
+            item = str(item)  # Lightning's precision=16
         items += _parse_list(item, True, what)
+    if aliases is not None:
+        items = [aliases(item) if isinstance(item, str) else item for item in items]
     if not all(isinstance(item, str) for item in items):
         raise expected(what, raw)
     value = tuple(dict.fromkeys(items))  # drop repeats, keep the user's order (it breaks ties)
@@ -201,6 +206,7 @@ def _kwargs(meta: Mapping[str, Any], raw: Any, text: bool) -> Mapping[str, Mappi
 _PARSERS: dict[str, Callable[[Mapping[str, Any], Any, bool], Any]] = {
     "str": _text,
     "path": _text,
+    "target": _text,
     "int": lambda meta, raw, text: _parse_number(raw, text, True, meta["type"]),
     "float": lambda meta, raw, text: _parse_number(raw, text, False, meta["type"]),
     "bool": lambda meta, raw, text: _parse_bool(raw, text, meta["type"]),

@@ -126,6 +126,7 @@ def realistic_result(device: str = "cuda") -> TuneResult:
         device_info = {
             "type": "cpu",
             "name": "x86_64 (2 cores)",
+            "requested": "cpu",  # --device cpu: asked for, so launcher configs may come from it
             "capacity_bytes": 2 * GIB,
             "budget_bytes": int(1.8 * GIB),
             "headroom": 0.1,

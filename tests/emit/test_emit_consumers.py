@@ -64,10 +64,13 @@ def deepspeed_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[st
     jobs, keys = [], []
     for case in CASES:
         plain = write(folder, case, "deepspeed")
+        asked = write(
+            folder, case, "deepspeed", replace(OPTIONS, deepspeed_optimizer=True), f"{case.name}.asked.json"
+        )
         based = write(
             folder, case, "deepspeed", replace(OPTIONS, deepspeed_base=DS_BASE), f"{case.name}.base.json"
         )
-        for kind, path in (("plain", plain), ("base", based)):
+        for kind, path in (("plain", plain), ("asked", asked), ("base", based)):
             for world in (case.world, case.world + 1):
                 jobs.append([str(path), world])
                 keys.append((case.name, kind, world))
@@ -82,7 +85,7 @@ def deepspeed_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[st
     return dict(zip(keys, json.loads(lines[-1][len("RESULT ") :])))
 
 
-@pytest.mark.parametrize("kind", ["plain", "base"])
+@pytest.mark.parametrize("kind", ["plain", "asked", "base"])
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_deepspeed_accepts_and_agrees(deepspeed_reports: dict, case_id: str, kind: str) -> None:
     case = BY_NAME[case_id]
@@ -94,6 +97,10 @@ def test_deepspeed_accepts_and_agrees(deepspeed_reports: dict, case_id: str, kin
     assert report["gradient_accumulation_steps"] == case.accumulation
     assert report["bf16"] == (case.precision in ("bf16-mixed", "bf16-true"))
     assert report["fp16"] == (case.precision == "16-mixed")
+    if kind == "plain":  # no optimizer section: the training code's optimizer (and learning rate) is used
+        assert report["optimizer_name"] is None and report["zero_allow_untested_optimizer"] is False
+        assert report["zero_stage"] == 0
+        return
     assert report["optimizer_name"] == DS_NAMES[case.optimizer]
     params = report["optimizer_params"] or {}
     assert params.get("momentum") == (0.9 if case.optimizer == "sgd-momentum" else params.get("momentum"))
@@ -122,7 +129,7 @@ def test_deepspeed_rejects_the_file_at_another_world_size(deepspeed_reports: dic
 
 
 @pytest.mark.parametrize("case_id", ["32-true_noaccum_w1", "32-true_accum_w1", "no_request"])
-@pytest.mark.parametrize("kind", ["plain", "base"])
+@pytest.mark.parametrize("kind", ["asked", "base"])
 def test_deepspeed_builds_the_optimizer(deepspeed_reports: dict, case_id: str, kind: str) -> None:
     """deepspeed.initialize on a tiny fp32 model builds the torch optimizer the section names."""
     case = BY_NAME[case_id]

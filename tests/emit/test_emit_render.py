@@ -202,10 +202,22 @@ def test_deepspeed_other_optimizer_type_keeps_only_portable_params() -> None:
 
 
 def test_deepspeed_fp16_defaults_to_dynamic_loss_scaling() -> None:
-    config = deepspeed_config(BY_NAME["16-mixed_accum_w4"].chosen())
+    config = deepspeed_config(BY_NAME["16-mixed_accum_w4"].chosen(), optimizer=True)
     assert config["fp16"] == {"loss_scale": 0, "initial_scale_power": 16, "enabled": True}
     assert config["bf16"] == {"enabled": False}
     assert config["optimizer"] == {"type": "Adam", "params": {"adam_w_mode": False}}
+
+
+def test_deepspeed_writes_no_optimizer_unless_asked() -> None:
+    """Issue 12: without a base, the file carried {"type": "AdamW"} with no learning rate, so the HF
+    Trainer and Lightning handed the optimizer to DeepSpeed, which trained at its default rate."""
+    result = BY_NAME["bf16-mixed_accum_w4"].result()
+    plain = json.loads(render(result, "deepspeed", OPTIONS))
+    assert "optimizer" not in plain and "zero_allow_untested_optimizer" not in plain
+    assert any("--deepspeed-optimizer writes one" in note for note in caveats(result, "deepspeed", OPTIONS))
+    asked = replace(OPTIONS, deepspeed_optimizer=True)
+    assert json.loads(render(result, "deepspeed", asked))["optimizer"] == {"type": "AdamW"}
+    assert any("sets no learning rate" in note for note in caveats(result, "deepspeed", asked))
 
 
 def test_deepspeed_bad_bases(tmp_path: Path) -> None:

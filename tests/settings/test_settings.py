@@ -222,9 +222,9 @@ FILE_PROBLEMS = [
     ("[probe]\ncache = 'yes'\n", 'autobatch.toml: probe.cache: expected true or false, found "yes"'),
     ("[search]\nbatch_multiple = 8\nmax_batch_size = 4\n",
      "autobatch.toml: search.max_batch_size: expected an integer >= batch_multiple (8, from autobatch.toml), found 4"),
-    ("[search]\nprecisions = ['fp8', 'bf16']\n",
+    ("[search]\nprecisions = ['fp8', 'bf16-mix']\n",
      'autobatch.toml: search.precisions: expected precision names from 32-true, bf16-mixed, 16-mixed, bf16-true, '
-     'found "fp8", "bf16" (did you mean "bf16-true"?)'),
+     'found "fp8", "bf16-mix" (did you mean "bf16-mixed"?)'),
     ("[search]\nprecisions = []\n", "autobatch.toml: search.precisions: expected a list of precisions (at least one), found []"),
     ("[search]\noptimizers = ['adamx']\n", 'found "adamx" (did you mean "adam"?)'),
     ("[search]\nrecompute = 'maybe'\n", 'autobatch.toml: search.recompute: expected a bool, a list of bools, or "both", found "maybe"'),

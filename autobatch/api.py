@@ -1,0 +1,336 @@
+"""The Python API: ``autobatch.tune()`` and ``autobatch.check()`` from your own code or a notebook.
+
+They run the CLI's isolated probes (a probe server; every probe a fresh process) and return the
+objects ``--json`` documents: a :class:`~autobatch.result.TuneResult` (``tune --json``) and a
+:class:`~autobatch.check_result.CheckResult` (``check --json``)::
+
+    import autobatch
+
+    def build_model(): ...
+    def make_batch(batch_size): ...
+    def compute_loss(model, batch): ...
+
+    result = autobatch.tune(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss,
+                            device="cpu", memory="2GiB", global_batch_size=256)
+    result.chosen.micro_batch_size
+
+**The step** (the first argument, or keywords): a script's path; ``"package.module:attribute"`` (an
+importable object or module holding the three functions; ``"package.module"`` for the module itself);
+a module object (an importable one by name, ``__main__`` by value); any object with the three
+functions (by value); or ``build_model=``, ``make_batch=``, ``compute_loss=`` themselves. Objects and
+callables reach the probe server by value through cloudpickle, so functions and classes defined in a
+notebook or in ``__main__`` work; what they use from importable modules is imported there by name
+(the caller's ``sys.path`` is passed on). ``compute_loss`` may be left out for a transformers model
+whose batches carry labels. With no step given, the ``script``, ``hf`` or ``lightning`` setting names it.
+
+**Settings**: every ``autobatch.toml`` key, by its name, as a keyword argument (``device="cpu"``,
+``memory="2GiB"``, ``precisions=["bf16"]``, ``global_batch_size=512``, ``hf="config.json"``, ...).
+Layers: defaults < ``config=FILE`` (read only when given: a notebook does not pick up a stray
+``./autobatch.toml``) < ``AUTOBATCH_*`` environment variables < keyword arguments.
+
+**Output**: nothing on stdout. Each probe goes to ``on_probe(event)`` (a :class:`ProbeEvent`) when
+given, else to the ``autobatch`` logger at INFO; warnings (``device="auto"`` found no GPU) to it at
+WARNING. The result file is written only when ``result=PATH`` is given (or set in the config file or
+the environment); ``emit=[...]`` writes launcher configs, their caveats logged at INFO.
+
+**Errors** are the CLI's (:mod:`autobatch.errors`): a :class:`~autobatch.errors.NothingFitsError`
+carries the complete result as ``.result``. ``runner=`` takes a fake probe runner
+(:class:`autobatch.testing.FakeRunner`) for tests, as httpx takes a transport.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import NothingFitsError
+
+if TYPE_CHECKING:
+    from .check_result import CheckResult
+    from .core.space import Combo
+    from .probe.protocol import ProbeOutcome, ProbeRunner
+    from .result import TuneResult
+    from .session import Session
+    from .settings import Settings
+    from .spec import ScriptSpec
+
+logger = logging.getLogger("autobatch")
+FUNCTIONS = ("build_model", "make_batch", "compute_loss")
+
+
+@dataclass(frozen=True)
+class ProbeEvent:
+    """One probe, as it finished (or as the probe cache replayed it: ``cached``)."""
+
+    precision: str
+    optimizer: str
+    recompute: bool
+    batch_size: int
+    kind: str  # fits | oom | timeout | crash
+    peak_bytes: int | None
+    samples_per_second: float | None
+    seconds: float
+    cached: bool
+    reason: str | None
+
+    @property
+    def combination(self) -> str:
+        return f"{self.precision}/{self.optimizer}/{'recompute' if self.recompute else 'no-recompute'}"
+
+    def __str__(self) -> str:
+        from .core.units import format_bytes
+
+        text = f"{self.combination} batch {self.batch_size}: {self.kind}"
+        if self.peak_bytes:
+            text += f", peak {format_bytes(self.peak_bytes)}"
+        if self.reason and self.kind != "fits":
+            text += f" ({self.reason})"
+        return text + (" (cached)" if self.cached else f", {self.seconds:.1f} s")
+
+
+def tune(
+    script: Any = None,
+    *,
+    build_model: Callable[[], Any] | None = None,
+    make_batch: Callable[[int], Any] | None = None,
+    compute_loss: Callable[[Any, Any], Any] | None = None,
+    config: str | Path | None = None,
+    on_probe: Callable[[ProbeEvent], None] | None = None,
+    runner: ProbeRunner | None = None,
+    **settings: Any,
+) -> TuneResult:
+    """Every combination's exact maximum, the chosen configuration and its accumulation plan.
+
+    See the module docstring for the step, the settings (keyword arguments named as in
+    ``autobatch.toml``) and where progress goes. Raises what ``autobatch tune`` exits with.
+    """
+    from .settings import resolve_world_size
+    from .tuner import TuneOptions, Tuner
+
+    loaded = _settings("tune", config, script, settings)
+    world, world_source = resolve_world_size(loaded.plan.world_size, os.environ)
+    with _spec(script, loaded, (build_model, make_batch, compute_loss)) as spec:
+        session = _session(loaded, spec, on_probe, runner, cache=None)
+        tuner = None
+        try:
+            info = session.start()
+            logger.info("tuning %s on %s (budget %d bytes)", session.script, info.name, info.budget_bytes)
+            if info.fell_back:
+                from .emit import refuse_fallback
+
+                refuse_fallback(loaded.output.emit, loaded.output.allow_cpu)
+                logger.warning("%s", info.notes[0])
+            tuner = Tuner(session, TuneOptions.from_settings(loaded, world, world_source))
+            result = tuner.run()
+        except BaseException as exc:
+            if tuner is not None:
+                _keep(tuner.result, exc, loaded)
+            raise
+        finally:
+            session.close()
+    _save(result, loaded)
+    if result.chosen is not None:
+        c = result.chosen
+        logger.info(
+            "chosen: %s/%s/recompute %s: micro-batch %d x accumulation %d x world %d = global %d",
+            c.precision, c.optimizer, "on" if c.recompute else "off",
+            c.micro_batch_size, c.accumulation_steps, c.world_size, c.global_batch_size,
+        )  # fmt: skip
+    if loaded.output.emit:
+        _emit(result, loaded)
+    return result
+
+
+def check(
+    script: Any = None,
+    *,
+    batch_size: int,
+    precision: str | None = None,
+    optimizer: str | None = None,
+    recompute: bool = False,
+    steps: int | None = None,
+    build_model: Callable[[], Any] | None = None,
+    make_batch: Callable[[int], Any] | None = None,
+    compute_loss: Callable[[Any, Any], Any] | None = None,
+    config: str | Path | None = None,
+    on_probe: Callable[[ProbeEvent], None] | None = None,
+    runner: ProbeRunner | None = None,
+    **settings: Any,
+) -> CheckResult:
+    """One isolated probe of ``steps`` steps (default: the ``confirm_steps`` setting) at ``batch_size``.
+
+    ``precision`` and ``optimizer`` default to the first of the ``precisions`` and ``optimizers``
+    settings. Running out of memory is an answer (``fits`` false), not an error. The step and the
+    settings are given as to :func:`tune`.
+    """
+    from .check_result import check_batch
+    from .core.space import Combo
+
+    if precision is not None:
+        settings["precisions"] = [precision]
+    if optimizer is not None:
+        settings["optimizers"] = [optimizer]
+    loaded = _settings("check", config, script, settings)
+    combo = Combo(loaded.search.precisions[0], loaded.search.optimizers[0], bool(recompute))
+    with _spec(script, loaded, (build_model, make_batch, compute_loss)) as spec:
+        with _session(loaded, spec, on_probe, runner, cache=False) as session:
+            if session.device is not None and session.device.fell_back:
+                logger.warning("%s", session.device.notes[0])
+            return check_batch(session, combo, batch_size, steps or loaded.probe.confirm_steps)
+
+
+# -- settings and the step ----------------------------------------------------------------------------
+
+
+def _settings(what: str, config: str | Path | None, script: Any, given: dict[str, Any]) -> Settings:
+    """Keyword arguments as settings (unknown names are a TypeError, as Python reports them)."""
+    import difflib
+
+    from .settings import load_settings
+    from .settings.docs import BY_NAME
+
+    for name in given:
+        if name not in BY_NAME:
+            near = difflib.get_close_matches(name, list(BY_NAME), n=1)
+            raise TypeError(
+                f"{what}() got an unexpected keyword argument {name!r}"
+                + (f"; did you mean {near[0]!r}?" if near else "; settings are named as in autobatch.toml")
+            )
+    overrides = dict(given)
+    if isinstance(script, (str, os.PathLike)):
+        overrides["script"] = os.fspath(script)
+    return load_settings(config=config, overrides=overrides, use_default_file=False)
+
+
+@contextmanager
+def _spec(script: Any, settings: Settings, functions: tuple[Any, ...]) -> Iterator[ScriptSpec]:
+    """Where the step comes from; an object or callables are pickled into a file that lives for the block."""
+    from .session import spec_from_settings
+
+    given = {name: fn for name, fn in zip(FUNCTIONS, functions) if fn is not None}
+    if given and script is not None:
+        raise TypeError("pass either a script (or object) or build_model/make_batch/compute_loss, not both")
+    if given:
+        missing = [name for name in FUNCTIONS[:2] if name not in given]
+        if missing:
+            raise TypeError(
+                f"the step needs {' and '.join(missing)} too (compute_loss is optional for transformers)"
+            )
+        label = f"<callables from {getattr(given['build_model'], '__module__', '?')}>"
+        found: Any = types.SimpleNamespace(**given)
+    elif script is None or isinstance(script, (str, os.PathLike)):
+        yield spec_from_settings(settings)
+        return
+    elif isinstance(script, types.ModuleType) and script.__name__ != "__main__":
+        from .spec import ScriptSpec
+
+        yield ScriptSpec("reference", script.__name__, sys_path=_sys_path(), label=script.__name__)
+        return
+    else:
+        found, label = _object(script)
+    with tempfile.TemporaryDirectory(prefix="autobatch-step-") as folder:
+        yield _pickled(found, Path(folder) / "step.pkl", label)
+
+
+def _object(script: Any) -> tuple[Any, str]:
+    """An object holding the step (``__main__`` as a namespace of its functions) and its label."""
+    if isinstance(script, types.ModuleType):  # __main__: by value, never re-run as a module
+        names = [*FUNCTIONS, "RECOMPUTE_CLASSES"]
+        return types.SimpleNamespace(
+            **{n: getattr(script, n) for n in names if hasattr(script, n)}
+        ), "<__main__>"
+    if not all(callable(getattr(script, name, None)) for name in FUNCTIONS[:2]):
+        raise TypeError(
+            f"{type(script).__name__} is not a training step: expected a script path, 'package.module:attribute', "
+            "a module, or an object with build_model, make_batch and compute_loss"
+        )
+    return script, f"<{type(script).__name__} from {type(script).__module__}>"
+
+
+def _pickled(found: Any, path: Path, label: str) -> ScriptSpec:
+    import cloudpickle
+
+    from .errors import UsageError
+    from .spec import ScriptSpec
+
+    try:
+        path.write_bytes(cloudpickle.dumps(found))
+    except Exception as exc:  # noqa: BLE001 - what cloudpickle cannot carry (locks, open files, ...)
+        raise UsageError(
+            f"cannot send {label} to the probe server: {type(exc).__name__}: {exc}",
+            hint="the step's functions must be picklable with cloudpickle: keep open files, locks and "
+            "processes out of what they reference, or put them in an importable module",
+        ) from None
+    return ScriptSpec("pickled", str(path), sys_path=_sys_path(), label=label)
+
+
+def _sys_path() -> tuple[str, ...]:
+    return tuple(p for p in sys.path if p and os.path.isdir(p))
+
+
+def _session(
+    settings: Settings, spec: ScriptSpec, on_probe: Any, runner: ProbeRunner | None, cache: bool | None
+) -> Session:
+    from .session import Session
+
+    return Session.from_settings(
+        settings, cache=cache, on_probe=_reporter(on_probe), runner=runner, spec=spec
+    )
+
+
+def _reporter(on_probe: Callable[[ProbeEvent], None] | None) -> Callable[[Combo, ProbeOutcome, bool], None]:
+    def report(combo: Combo, outcome: ProbeOutcome, cached: bool) -> None:
+        event = ProbeEvent(
+            combo.precision, combo.optimizer, combo.recompute, outcome.batch_size, outcome.kind,
+            outcome.peak_bytes, outcome.samples_per_second, outcome.wall_seconds, cached, outcome.reason,
+        )  # fmt: skip
+        if on_probe is not None:
+            on_probe(event)
+        else:
+            logger.info("%s", event)
+
+    return report
+
+
+# -- what a tune leaves behind --------------------------------------------------------------------------
+
+
+def _keep(result: TuneResult, exc: BaseException, settings: Settings) -> None:
+    """A tune that stops early: its status, and the result attached to a NothingFitsError (and saved)."""
+    if isinstance(exc, NothingFitsError):
+        exc.result = result  # type: ignore[attr-defined]
+    else:
+        result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    _save(result, settings)
+
+
+def _save(result: TuneResult, settings: Settings) -> None:
+    if settings.origin("result") != "default":
+        from .files import write_atomic
+
+        write_atomic(settings.output.result, result.to_json() + "\n")
+        logger.info("result written to %s", settings.output.result)
+
+
+def _emit(result: TuneResult, settings: Settings) -> None:
+    from .emit import emit, make_options, parse_emit_spec, report
+
+    specs = [parse_emit_spec(spec) for spec in settings.output.emit]
+    options = make_options(
+        generated_by="autobatch.tune()",
+        lightning_batch_key=settings.output.lightning_batch_key,
+        deepspeed_base=settings.output.deepspeed_base,
+        deepspeed_optimizer=settings.output.deepspeed_optimizer,
+        allow_cpu=settings.output.allow_cpu,
+    )
+    written = emit(result, specs, options)
+    for line in report(result, [(fmt, path) for (fmt, _), path in zip(specs, written)], options):
+        logger.info("%s", line)

@@ -1,0 +1,97 @@
+"""Importing the user's code: a ``.py`` file by path, a module by name, an attribute of either.
+
+A file is imported under its own module name (``autobatch_user_<stem>``), never as ``__main__``, with
+its folder first on ``sys.path`` so that its own imports work. Whatever the import raises becomes a
+:class:`~autobatch.errors.ScriptError` (exit 3) that names the file; a missing file or module is a
+:class:`~autobatch.errors.UsageError`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .errors import AutobatchError, ScriptError, UsageError
+from .probe.failures import script_traceback
+from .scriptpath import check_script_path
+from .spec import is_file_target, split_target
+
+
+def import_file(path: str | Path, *, reuse: bool = False) -> ModuleType:
+    """Import the Python file at ``path`` (``reuse``: return the module a previous call imported from it)."""
+    path = check_script_path(path)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    name = "autobatch_user_" + "".join(c if c.isalnum() else "_" for c in path.stem)
+    loaded = sys.modules.get(name)
+    if reuse and loaded is not None and getattr(loaded, "__file__", None) == str(path):
+        return loaded
+    # Any file name: a script without the .py suffix is still Python source.
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"cannot import {path}", hint="the training script must be a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    with translated(path.name):
+        spec.loader.exec_module(module)
+    return module
+
+
+def import_module(name: str) -> ModuleType:
+    """Import a module by its dotted name (from the folders on ``sys.path``)."""
+    try:
+        with translated(name):
+            return importlib.import_module(name)
+    except ScriptError as exc:
+        if exc.detail and f"No module named '{name.split('.')[0]}'" in exc.detail:
+            raise UsageError(
+                f"no module named {name!r}",
+                hint="check the name, and that its folder is on sys.path (or is the working directory)",
+            ) from None
+        raise
+
+
+def import_target(target: str, what: str) -> Any:
+    """The object ``"path/to/file.py:Attr"`` or ``"package.module:Attr"`` names (``what``: the flag, for messages)."""
+    where, attribute = split_target(target)
+    module = import_file(where, reuse=True) if is_file_target(where) else import_module(where)
+    if not attribute:
+        return module
+    found: Any = module
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise UsageError(
+                f"{what} {target}: {where} has no attribute {attribute!r}",
+                hint="name a class or object the module defines, as PATH:Name",
+            )
+        found = getattr(found, part)
+    return found
+
+
+@contextmanager
+def translated(name: str) -> Iterator[None]:
+    """Turn what importing user code raises into autobatch's errors (``name``: the file or module)."""
+    try:
+        yield
+    except AutobatchError:
+        raise
+    except SystemExit as exc:
+        raise ScriptError(
+            f"{name} called sys.exit({exc.code}) while being imported",
+            hint="argument parsing at import time must accept the arguments given after `--` "
+            "(use parse_known_args)",
+        ) from None
+    except Exception as exc:
+        raise ScriptError(
+            f"{name} raised {type(exc).__name__} while being imported: {exc}",
+            hint="fix the script so that importing it works (autobatch imports it, it does not run it as __main__)",
+            detail=script_traceback(exc),
+        ) from None

@@ -1,0 +1,104 @@
+"""The published JSON Schema of the result (``autobatch/result.schema.json``) and the check of a loaded result.
+
+A result file read back (``autobatch emit RESULT``, ``TuneResult.load``) is checked before anything
+is rendered from it: its ``schema_version`` first (a newer one is refused with "upgrade autobatch"),
+then every field's type against the schema, then the batch arithmetic of ``chosen``. Every problem is
+listed, each naming its field (``chosen.micro_batch_size: expected an integer, found "48"``), in one
+:class:`~autobatch.errors.UsageError` (exit 2). The schema is the one users validate against too.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+
+SCHEMA_FILE = Path(__file__).with_name("result.schema.json")
+#: The schema_version this autobatch writes, and the newest it reads.
+SCHEMA_VERSION = 1
+_JSON_TYPES: dict[str, str] = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+               "array": "a list", "object": "an object", "null": "null"}  # fmt: skip
+
+
+@lru_cache(maxsize=1)
+def result_schema() -> dict[str, Any]:
+    """The JSON Schema of a result (draft 2020-12), as published in the package."""
+    data: dict[str, Any] = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    return data
+
+
+def result_problems(data: Any) -> list[str]:
+    """Every problem of a result document, each naming its field; empty when it is valid."""
+    if not isinstance(data, dict):
+        return [f"expected a JSON object, found {_json_type(data)}"]
+    version = data.get("schema_version")
+    if "schema_version" not in data:
+        return ["schema_version: missing: not an autobatch result"]
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        return [f"schema_version: expected an integer >= 1, found {json.dumps(version)}"]
+    if version > SCHEMA_VERSION:
+        return [
+            f"schema_version: {version} was written by a newer autobatch; this one reads "
+            f"{SCHEMA_VERSION} (upgrade autobatch)"
+        ]
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(result_schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
+    problems = [f"{_where(error.absolute_path)}: {_message(error)}" for error in errors]
+    chosen = data.get("chosen")
+    if not problems and isinstance(chosen, dict):
+        product = chosen["micro_batch_size"] * chosen["accumulation_steps"] * chosen["world_size"]
+        if product != chosen["global_batch_size"]:
+            problems.append(
+                f"chosen.global_batch_size: expected micro_batch_size x accumulation_steps x world_size = "
+                f"{product}, found {chosen['global_batch_size']}"
+            )
+    return problems
+
+
+def check_result(data: Any, source: str | Path) -> None:
+    """Raise a UsageError listing every problem of the result read from ``source``."""
+    problems = result_problems(data)
+    if problems:
+        noun = "problem" if len(problems) == 1 else "problems"
+        raise UsageError(
+            f"{source} is not a valid autobatch result ({len(problems)} {noun}):\n  - "
+            + "\n  - ".join(problems),
+            hint=f"pass a result written by `autobatch tune`; its schema is {SCHEMA_FILE.name} in the autobatch package",
+        )
+
+
+def _where(path: Any) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(the document)"
+
+
+def _message(error: Any) -> str:
+    found = (
+        json.dumps(error.instance)
+        if not isinstance(error.instance, (dict, list))
+        else _json_type(error.instance)
+    )
+    if error.validator == "type":
+        types = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+        return f"expected {' or '.join(_JSON_TYPES.get(str(t), str(t)) for t in types)}, found {found}"
+    if error.validator in ("enum", "const"):
+        allowed = error.validator_value if error.validator == "enum" else [error.validator_value]
+        return f"expected one of {', '.join(json.dumps(v) for v in allowed)}, found {found}"
+    if error.validator in ("minimum", "exclusiveMaximum"):
+        sign = ">=" if error.validator == "minimum" else "<"
+        return f"expected a number {sign} {error.validator_value}, found {found}"
+    if error.validator == "required":
+        return error.message.replace("is a required property", "is missing")
+    return str(error.message)
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")

@@ -1,0 +1,93 @@
+"""Acceptance: a notebook defines the three functions in ``__main__``, calls ``autobatch.tune()``, and gets
+the exact maximum the CLI finds on the same functions written as a script (real probe server; slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from support import ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+
+#: Cheap to compute, heavy in memory: about 24 MiB of activations per sample. Under a 495 MiB cap the
+#: boundary lies mid-way between two batch sizes, far from the ~1 MiB by which probe processes of two
+#: different probe servers differ.
+STEP = """
+import torch
+from torch import nn
+
+TOKENS, WIDTH = 32768, 32
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x.mean()
+
+
+def build_model():
+    return Net()
+
+
+def make_batch(batch_size):
+    return torch.randn(batch_size, TOKENS, WIDTH)
+
+
+def compute_loss(model, batch):
+    return model(batch)
+"""
+SETTINGS = {"device": "cpu", "memory": "495MiB", "precisions": ["32-true"], "optimizers": ["adamw"],
+            "recompute": False, "confirm_steps": 5}  # fmt: skip
+NOTEBOOK = STEP + textwrap.dedent(f"""
+    # --- the cell that tunes ---
+    import json, autobatch
+
+    events = []
+    result = autobatch.tune(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss,
+                            on_probe=events.append, **{SETTINGS!r})
+    print(json.dumps({{"result": result.to_dict(), "events": len(events)}}))
+""")
+
+
+def test_callables_in_main_get_the_clis_exact_maximum(tmp_path: Path) -> None:
+    (tmp_path / "notebook.py").write_text(NOTEBOOK)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    proc = subprocess.run(
+        [sys.executable, "notebook.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, "autobatch.tune() wrote to stdout"  # only the cell's own print
+    notebook = json.loads(lines[0])
+    api = notebook["result"]
+    assert (
+        api["script"] == "<callables from __main__>"
+        and notebook["events"] == api["combinations"][0]["probes"]
+    )
+
+    (tmp_path / "step.py").write_text(STEP)
+    flags = ("--device", "cpu", "--memory", "495MiB", "-p", "32-true", "-o", "adamw", "--no-recompute",
+             "--confirm-steps", "5")  # fmt: skip
+    cli = run_cli("tune", "step.py", *flags, "--json", cwd=tmp_path)
+    assert cli.returncode == 0, cli.stderr
+    from_cli = json.loads(cli.stdout)
+
+    (mine,), (theirs,) = api["combinations"], from_cli["combinations"]
+    assert mine["status"] == theirs["status"] == "exact"
+    assert mine["max_batch_size"] == theirs["max_batch_size"] > 1
+    assert api["chosen"]["micro_batch_size"] == from_cli["chosen"]["micro_batch_size"]
+
+    from autobatch.schema import result_problems
+
+    assert result_problems(api) == [] and result_problems(from_cli) == []  # real results match the schema

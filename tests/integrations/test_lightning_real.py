@@ -1,0 +1,73 @@
+"""``tune --lightning`` and the ``AutoBatch`` callback on the real probe server (slow)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support import run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.consumers]
+pytest.importorskip("lightning")
+
+HERE = Path(__file__).resolve().parent
+APP = HERE / "lit_app.py"
+#: 64-wide vectors, 256 per sample: about 0.6 MiB of activations per sample under a 450 MiB cap.
+CONFIG = "model:\n  width: 64\ndata:\n  width: 64\n  tokens: 256\n  samples: 512\n"
+QUICK = ("--device", "cpu", "--memory", "450MiB", "-p", "32", "-o", "adamw", "--no-recompute",
+         "--confirm-steps", "5")  # fmt: skip
+
+
+def test_tune_lightning_finds_an_exact_maximum(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text(CONFIG)
+    proc = run_cli(
+        "tune", "--lightning", f"{APP}:LitMLP", "--datamodule", f"{APP}:LitData",
+        "--lightning-config", str(tmp_path / "config.yaml"), *QUICK, "--json", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    (combo,) = result["combinations"]
+    top = combo["max_batch_size"]
+    assert combo["status"] == "exact" and 8 < top < 512, combo
+    probed = {p["batch_size"]: p["kind"] for p in combo["trace"]}
+    assert probed[top] == "fits" and probed.get(top + 1) == "oom", probed  # both sides of the boundary
+    assert result["script"] == f"lightning:{APP}:LitMLP"
+
+    from autobatch.schema import result_problems
+
+    assert result_problems(result) == []  # a real result matches the published schema
+
+
+def test_callback_trains_with_the_tuned_batch_size(tmp_path: Path) -> None:
+    from lightning.pytorch import Trainer
+    from lit_app import LitData, LitMLP
+
+    from autobatch.integrations.lightning import AutoBatch
+
+    events: list[object] = []
+    callback = AutoBatch(memory="450MiB", confirm_steps=5, global_batch_size=120, on_probe=events.append)
+    model, data = LitMLP(width=64), LitData(width=64, tokens=256, samples=512)
+    trainer = Trainer(
+        accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+        default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    trainer.fit(model, datamodule=data)
+
+    result = callback.result
+    assert result is not None and result.chosen is not None
+    (combo,) = result.combinations  # the Trainer's precision and optimizer, no recomputation
+    assert (combo.precision, combo.optimizer, combo.recompute, combo.status) == (
+        "32-true",
+        "adamw",
+        False,
+        "exact",
+    )
+    chosen = result.chosen
+    assert chosen.micro_batch_size * chosen.accumulation_steps == 120
+    assert data.batch_size == data.hparams.batch_size == chosen.micro_batch_size
+    assert trainer.accumulate_grad_batches == chosen.accumulation_steps
+    # two optimizer steps of `accumulation` batches each, every one at the tuned micro-batch
+    assert model.seen == [chosen.micro_batch_size] * (2 * chosen.accumulation_steps)
+    assert events and all(e.combination == "32-true/adamw/no-recompute" for e in events)
