@@ -194,7 +194,9 @@ def _add_warnings(result: TuneResult, warnings: list[str]) -> None:
 
 
 def _serve(hit: Any, settings: Settings, hooks: Hooks, warnings: list[str]) -> TuneResult:
-    result = served(hit, settings.require_script(), list(settings.script.script_args))
+    from .spec import spec_from_settings
+
+    result = served(hit, spec_from_settings(settings).label, list(settings.script.script_args))
     _add_warnings(result, warnings)
     hooks.on_status(
         f"served from the cache: nothing that decides memory changed since {hit.made} "

@@ -86,6 +86,7 @@ class Session:
         self.blocks: tuple[str, ...] = ()
         self.script_args = list(script_args)
         self.requested_device = device
+        self.asked_device: str | None = None  # the device setting, when it named another (auto)
         self.memory = memory
         self.headroom = headroom
         self.timeout = timeout
@@ -128,7 +129,7 @@ class Session:
         ``op_modules`` register probe operations beyond ``probe`` and ``inspect``; ``device``, when
         given, the one device of the setting to use; ``spec``, where the step comes from, to the one
         the settings name; ``extra``: further arguments)."""
-        return cls(
+        session = cls(
             script=spec or spec_from_settings(settings),
             script_args=settings.script.script_args,
             device=device or settings.device.device,
@@ -147,6 +148,8 @@ class Session:
             nproc_per_node=settings.distributed.nproc_per_node,
             **extra,
         )
+        session.asked_device = settings.device.device  # "auto" stays "auto" when a target was picked for it
+        return session
 
     def __enter__(self) -> Session:
         self.start()
@@ -197,7 +200,7 @@ class Session:
         if memory is None and device == "cpu" and self.nproc_per_node > 1 and info.get("available_bytes"):
             memory = int(info["available_bytes"]) // self.nproc_per_node  # the ranks share the machine
         self.device = device_info(device, info, memory=memory, headroom=self.headroom)
-        self.device.requested = self.requested_device
+        self.device.requested = self.asked_device or self.requested_device
         if self.device.fell_back:
             self.device.notes.insert(0, FALLBACK_NOTE.format(torch=self.torch_version))
         self._open_journal()

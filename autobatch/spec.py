@@ -88,11 +88,9 @@ class ScriptSpec:
     def check(self) -> None:
         """Refuse, before the server starts, a spec whose files do not exist."""
         if self.kind == "path":
-            if not Path(self.target).is_file():
-                raise UsageError(
-                    f"training script not found: {self.target}",
-                    hint="pass the path of a .py file that defines build_model, make_batch and compute_loss",
-                )
+            from .scriptpath import check_script_path
+
+            check_script_path(self.target)  # a folder, a missing file, not a regular file: each named
         elif self.kind == "hf":
             hf_config_file(self.target)
         elif self.kind == "lightning":

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 #: The settings a tune's result depends on (output paths and timeouts do not change the answer).
 KEY_SETTINGS: tuple[str, ...] = (
+    "device",  # as asked: a result records it (an "auto" that fell back to the CPU refuses GPU configs)
     "memory",
     "headroom",
     "precisions",
@@ -141,11 +142,17 @@ def tune_inputs(
     settings: Settings, device_identity: Mapping[str, Any], world_size: int, *, why_not: str | None = None
 ) -> TuneInputs:
     """The inputs of a tune of ``settings`` on the device ``device_identity`` describes."""
+    from ..spec import spec_from_settings
     from .sources import source_digests
 
-    script = settings.require_script()
+    spec = spec_from_settings(settings)
+    sources = (
+        source_digests(spec.target)
+        if spec.kind == "path"
+        else {"spec": hashlib.sha256(spec.content()).hexdigest()}  # an HF config, a module, a pickle
+    )
     return TuneInputs(
-        sources=source_digests(script),
+        sources=sources,
         script_args=list(settings.script.script_args),
         settings=key_settings(settings, world_size),
         device=dict(device_identity),
