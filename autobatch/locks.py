@@ -120,9 +120,17 @@ class DeviceLock:
 
     def _wait(self, lock: Any) -> None:
         started = time.monotonic()
-        self.on_wait(f"waiting for {self.label}: {describe_holder(_read_json(self.holder_path))}")
+        holder = self._holder()
+        for _ in range(10):  # the holder writes who it is just after it took the lock
+            if holder.get("pid") or self._try(lock, 0.1):
+                break
+            holder = self._holder()
+        else:
+            holder = {}
+        if not lock.is_locked:
+            self.on_wait(f"waiting for {self.label}: {describe_holder(holder)}")
         next_report = started + REPORT_EVERY
-        while not self._try(lock, POLL):
+        while not lock.is_locked and not self._try(lock, POLL):
             now = time.monotonic()
             if self.timeout is not None and now - started >= self.timeout:
                 raise DeviceError(
@@ -134,7 +142,21 @@ class DeviceLock:
                 self.on_wait(f"still waiting for {self.label} ({_duration(now - started)})")
                 next_report += REPORT_EVERY
         self.waited = time.monotonic() - started
-        self.on_wait(f"{self.label} is free after {_duration(self.waited)}")
+        if self.waited >= 1.0:
+            self.on_wait(f"{self.label} is free after {_duration(self.waited)}")
+
+    def _holder(self) -> dict[str, Any]:
+        """Who holds the lock, as its holder wrote it (empty when unknown or when that process is gone)."""
+        holder = _read_json(self.holder_path)
+        pid = holder.get("pid")
+        if isinstance(pid, int) and holder.get("host") == socket.gethostname():
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return {}
+            except PermissionError:
+                pass  # alive, another user's
+        return holder
 
     def _write_holder(self) -> None:
         from .files import write_atomic

@@ -4,7 +4,7 @@ Per example, in a fresh cache folder: one cold ``autobatch tune`` (every probe m
 ``--repeats`` identical runs (served from the stored result: no probe server, no torch import), then one
 run after the script's local module changed in a way the cache must notice (a copy of the example
 with a comment added: the stored result is not served and the probes run again). Two floors: ``autobatch
---version`` (the interpreter and the CLI's imports) and ``autobatch validate`` (a command with options:
+--version`` (the interpreter and the CLI's imports) and ``autobatch cache list -q`` (a command with options:
 the Typer in use here coerces options through pydantic, whose import alone is a few tenths of a second).
 Wall times are of the whole command, as a job script sees them; the children run with Python's default
 bytecode cache (as an installed package does; ``PYTHONDONTWRITEBYTECODE`` is dropped). The load average at
@@ -84,7 +84,7 @@ def measure(example: str, memory: str, repeats: int) -> list[dict[str, Any]]:
         ]
         for what, floor in (
             ("floor: autobatch --version", ["--version"]),
-            ("floor: autobatch validate", ["validate"]),
+            ("floor: autobatch cache list -q", ["cache", "list", "-q"]),
         ):
             took, cpu, _ = run(floor, env, work)
             rows.append({"example": example, "run": what, "seconds": took, "cpu": cpu})
