@@ -110,18 +110,7 @@ def _plan_and_choose(merged: TuneResult, settings: Settings, world: int) -> None
     if winner is None:
         return
     entry, plan = merged.combinations[winner], plans[winner]
-    merged.chosen = Chosen(
-        precision=entry.precision,
-        optimizer=entry.optimizer,
-        recompute=entry.recompute,
-        micro_batch_size=plan.micro_batch_size,
-        accumulation_steps=plan.accumulation_steps,
-        world_size=plan.world_size,
-        global_batch_size=plan.global_batch_size,
-        requested_global_batch_size=plan.requested_global_batch_size,
-        exact=plan.exact,
-        note=plan.note,
-    )
+    merged.chosen = Chosen.of(entry, plan)
 
 
 def _model_entry(result: TuneResult, target: Target) -> dict[str, Any]:

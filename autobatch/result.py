@@ -44,9 +44,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from .core.plan import Plan
 
 __all__ = ["SCHEMA_VERSION", "Chosen", "ComboResult", "ProbeRecord", "TuneResult"]
 #: Fields added after the first release that are left out of the document while unset.
@@ -110,6 +113,23 @@ class Chosen:
     strategy: str = "none"  # none | ddp | fsdp: what the maximum was measured with
     nproc_per_node: int = 1
     num_nodes: int = 1
+
+    @classmethod
+    def of(cls, entry: ComboResult, plan: Plan, **extra: Any) -> Chosen:
+        """The chosen combination ``entry`` with its accumulation ``plan``."""
+        return cls(
+            precision=entry.precision,
+            optimizer=entry.optimizer,
+            recompute=entry.recompute,
+            micro_batch_size=plan.micro_batch_size,
+            accumulation_steps=plan.accumulation_steps,
+            world_size=plan.world_size,
+            global_batch_size=plan.global_batch_size,
+            requested_global_batch_size=plan.requested_global_batch_size,
+            exact=plan.exact,
+            note=plan.note,
+            **extra,
+        )
 
 
 @dataclass

@@ -258,17 +258,9 @@ class Tuner:
             return
         entry = self.result.combinations[winner]
         plan = plans[winner]
-        self.result.chosen = Chosen(
-            precision=entry.precision,
-            optimizer=entry.optimizer,
-            recompute=entry.recompute,
-            micro_batch_size=plan.micro_batch_size,
-            accumulation_steps=plan.accumulation_steps,
-            world_size=plan.world_size,
-            global_batch_size=plan.global_batch_size,
-            requested_global_batch_size=plan.requested_global_batch_size,
-            exact=plan.exact,
-            note=plan.note,
+        self.result.chosen = Chosen.of(
+            entry,
+            plan,
             **strategy_fields(self.session.strategy, self.session.nproc_per_node, plan.world_size),
         )
         if decision is not None:

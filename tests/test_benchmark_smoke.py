@@ -53,5 +53,5 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
         assert found.isdigit() and int(found) >= 1, rows[method]
         assert float(wall) > 0
         assert cells[3] in ("yes", "**no**"), rows[method]  # holds? was checked in a fresh process
-    assert "## Summary against issue 3's targets" in text
+    assert "## Summary against issue 14's targets" in text
     assert "autobatch's answer equals the true maximum" in text

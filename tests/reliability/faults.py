@@ -127,6 +127,8 @@ def journaled(cache: Path) -> set[tuple[object, ...]]:
                 entry = json.loads(line)
             except ValueError:
                 continue
+            if "key" not in entry:  # the journal's first line describes it ({"meta": ...})
+                continue
             precision, optimizer, recompute, batch, _min, _max = json.loads(entry["key"])
             out.add((precision, optimizer, recompute, batch, entry["outcome"]["kind"]))
     return out
