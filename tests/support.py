@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -95,3 +96,25 @@ def run_main(*args: str) -> tuple[int, str, str]:
             return code, out.getvalue().decode(), " ".join(err.getvalue().decode().split())
     finally:
         sys.argv = argv
+
+
+def wire_fake_runner(
+    runner: Any,
+    folder: Path,
+    monkeypatch: Any,
+    *,
+    keep: tuple[str, ...] = ("AUTOBATCH_CACHE_DIR",),
+    script: str = "# the fake runner never imports it\n",
+) -> Any:
+    """Make every command run in-process (``run_main``) probe through ``runner``, in ``folder``, with no
+    ``AUTOBATCH_*`` setting from the caller's environment but ``keep``; writes ``train.py`` there."""
+    from autobatch.cli.state import STATE
+    from autobatch.settings import FIELDS
+
+    monkeypatch.setattr(STATE, "runner_factory", lambda: runner)
+    monkeypatch.chdir(folder)
+    for info in FIELDS:
+        if info.env not in keep:
+            monkeypatch.delenv(info.env, raising=False)
+    (folder / "train.py").write_text(script)
+    return runner

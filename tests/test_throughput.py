@@ -8,11 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from support import run_main
+from support import run_main, wire_fake_runner
 
-from autobatch.cli.state import STATE
 from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
-from autobatch.settings import FIELDS
 from autobatch.testing import FakeRunner, affine
 
 MiB = 1 << 20
@@ -44,13 +42,7 @@ def curve(precision: str, optimizer: str, recompute: bool) -> object:
 @pytest.fixture
 def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TimedRunner:
     fake = TimedRunner(curve)  # type: ignore[arg-type]
-    monkeypatch.setattr(STATE, "runner_factory", lambda: fake)
-    monkeypatch.chdir(tmp_path)
-    for info in FIELDS:
-        if info.env != "AUTOBATCH_CACHE_DIR":
-            monkeypatch.delenv(info.env, raising=False)
-    (tmp_path / "train.py").write_text("# the fake runner never imports it\n")
-    return fake
+    return wire_fake_runner(fake, tmp_path, monkeypatch)
 
 
 def tune(*extra: str) -> dict[str, object]:

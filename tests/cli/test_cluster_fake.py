@@ -16,11 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support import ROOT, run_main
+from support import ROOT, run_main, wire_fake_runner
 
-from autobatch.cli.state import STATE
 from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
-from autobatch.settings import FIELDS
 from autobatch.testing import FakeRunner, affine
 
 MiB = 1 << 20
@@ -30,13 +28,7 @@ KEEP = ("AUTOBATCH_CACHE_DIR", "AUTOBATCH_LOCK_DIR")
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
-    runner = FakeRunner(BASE)
-    monkeypatch.setattr(STATE, "runner_factory", lambda: runner)
-    monkeypatch.chdir(tmp_path)
-    for info in FIELDS:
-        if info.env not in KEEP:
-            monkeypatch.delenv(info.env, raising=False)
-    (tmp_path / "train.py").write_text("import model\n")
+    runner = wire_fake_runner(FakeRunner(BASE), tmp_path, monkeypatch, keep=KEEP, script="import model\n")
     (tmp_path / "model.py").write_text("WIDTH = 256\n")
     return runner
 

@@ -11,12 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
-from support import run_main
+from support import run_main, wire_fake_runner
 
-from autobatch.cli.state import STATE
 from autobatch.devices.budget import margin_bytes
 from autobatch.errors import EXIT_NOTHING_FITS, EXIT_OOM, EXIT_SCRIPT
-from autobatch.settings import FIELDS
 from autobatch.testing import FakeRunner, affine, true_max
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -38,14 +36,7 @@ def expected_max(curve: object) -> int | None:
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
-    runner = FakeRunner(BASE)
-    monkeypatch.setattr(STATE, "runner_factory", lambda: runner)
-    monkeypatch.chdir(tmp_path)
-    for info in FIELDS:
-        if info.env != "AUTOBATCH_CACHE_DIR":
-            monkeypatch.delenv(info.env, raising=False)
-    (tmp_path / "train.py").write_text("# the fake runner never imports it\n")
-    return runner
+    return wire_fake_runner(FakeRunner(BASE), tmp_path, monkeypatch)
 
 
 def tune(*extra: str) -> tuple[int, dict[str, object], str]:

@@ -8,10 +8,8 @@ import stat
 from pathlib import Path
 
 import pytest
-from support import run_cli, run_main
+from support import run_cli, run_main, wire_fake_runner
 
-from autobatch.cli.state import STATE
-from autobatch.settings import FIELDS
 from autobatch.testing import FakeRunner, affine
 
 MiB = 1 << 20
@@ -21,13 +19,7 @@ TUNE = ("tune", "train.py", "--memory", "1GiB", "-p", "32-true", "-o", "adamw", 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
     runner = FakeRunner(affine(400 * MiB, 1.7 * MiB))  # a machine without CUDA, as the fake says
-    monkeypatch.setattr(STATE, "runner_factory", lambda: runner)
-    monkeypatch.chdir(tmp_path)
-    for info in FIELDS:
-        if info.env != "AUTOBATCH_CACHE_DIR":
-            monkeypatch.delenv(info.env, raising=False)
-    (tmp_path / "train.py").write_text("# the fake runner never imports it\n")
-    return runner
+    return wire_fake_runner(runner, tmp_path, monkeypatch)
 
 
 def test_tune_emit_prints_the_caveats_emit_prints(fake: FakeRunner) -> None:

@@ -7,11 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from support import run_main
+from support import run_main, wire_fake_runner
 
-from autobatch.cli.state import STATE
 from autobatch.errors import EXIT_USAGE
-from autobatch.settings import FIELDS
 from autobatch.testing import FakeRunner, affine
 
 MiB = 1 << 20
@@ -19,14 +17,9 @@ MiB = 1 << 20
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
-    runner = FakeRunner(affine(400 * MiB, 1.7 * MiB))
-    monkeypatch.setattr(STATE, "runner_factory", lambda: runner)
-    monkeypatch.chdir(tmp_path)
-    for info in FIELDS:
-        monkeypatch.delenv(info.env, raising=False)
+    runner = wire_fake_runner(FakeRunner(affine(400 * MiB, 1.7 * MiB)), tmp_path, monkeypatch, keep=())
     for name in ("WORLD_SIZE", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_GPUS_ON_NODE"):
         monkeypatch.delenv(name, raising=False)
-    (tmp_path / "train.py").write_text("# the fake runner never imports it\n")
     return runner
 
 
