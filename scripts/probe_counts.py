@@ -1,46 +1,143 @@
 """Probes per curve family for the per-combination procedure (pure: fake probes, seconds).
 
 ``python scripts/probe_counts.py`` prints, per synthetic curve, the probes ``find_maximum`` makes
-(confirmation included) and whether the answer is the true maximum. Run it before and after a change to
-the search: each idea is measured before it goes in.
+(confirmation included) and whether the answer is the true maximum; then the same for the grid's second
+combination, primed by the first one's line through :mod:`autobatch.core.reuse`. Run it before and after
+a change to the search: each idea is measured before it goes in.
+
+Besides the synthetic families, two curves follow a real tune (``scripts/workloads/param_heavy.py``, CPU,
+1 GiB cap, 2026-11-23): the rising phase's reading (``first_backward_peak`` + optimizer state) is not
+affine (0.25 MiB per sample under batch 340, where the gradients and the build set it, 0.53 above), the
+step's peak is flat (the optimizer step's) until batch ~540, a 10-step probe peaks ~0.3 MiB above a
+3-step one (so batch 642 fits 3 steps and fails 10), and at bf16-mixed the step's peak lies 8.3 MiB
+above the rising reading (an autocast cache the reading misses).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+from dataclasses import dataclass
 
 from autobatch.core.maximum import Limits, find_maximum
-from autobatch.testing import FakeStepProbe, affine, noisy, plateau, quadratic, staircase, true_max
+from autobatch.core.reuse import Learned, Prediction, predict
+from autobatch.testing import (
+    Curve,
+    FakeStepProbe,
+    affine,
+    noisy,
+    plateau,
+    quadratic,
+    staircase,
+    true_max,
+)
 
 GiB, MiB = 2**30, 2**20
 LIMITS = Limits(max_batch_size=65536, batch_multiple=1, steps=3, max_steps=8, confirm_steps=10)
 
-CURVES = {
-    "affine": affine(300 * MiB, 1.5 * MiB),
-    "quadratic": quadratic(300 * MiB, 0.2 * MiB, 0.002 * MiB),
-    "staircase": staircase(300 * MiB, 1.3 * MiB, 20 * MiB),
-    "noisy affine": noisy(affine(300 * MiB, 1.5 * MiB), 0.02, seed=1),
-    "flat-then-rising": plateau(900 * MiB, 100 * MiB, 0.5 * MiB),
+
+@dataclass(frozen=True)
+class Measured(Curve):
+    """A curve from a real tune (MiB): ``total`` the 3-step peak, ``long`` the 10-step one (it decides a
+    confirmation), ``rise`` the rising phase's reading; each piecewise ``max`` of lines ``(a, k)``."""
+
+    total: tuple[tuple[float, float], ...]
+    long: tuple[tuple[float, float], ...]
+    rise: tuple[tuple[float, float], ...]
+
+    def __call__(self, batch_size: int) -> int:
+        return _lines(self.total, batch_size)
+
+    def rising(self, batch_size: int) -> int:
+        return _lines(self.rise, batch_size)
+
+    def fails_long(self, batch_size: int, budget: int) -> bool:
+        return _lines(self.long, batch_size) > budget
+
+
+def _lines(lines: tuple[tuple[float, float], ...], b: int) -> int:
+    return math.ceil(max(a + k * b for a, k in lines) * MiB)
+
+
+#: The line the model aims at there: budget 921.6 MiB less the 1 MiB CPU margin.
+PH_BUDGET = int(920.6 * MiB)
+PARAM_HEAVY = Measured(
+    total=((866.82, 0.0), (579.33, 0.5315)),
+    long=((866.82, 0.0), (579.6, 0.5315)),
+    rise=((674.8, 0.25), (579.2, 0.5315)),
+)
+PARAM_HEAVY_BF16 = Measured(
+    total=((876.0, 0.0), (580.45 + 8.31, 0.3905)),
+    long=((876.0, 0.0), (580.45 + 8.67, 0.3905)),
+    rise=((642.0, 0.3164), (580.45, 0.3905)),
+)
+#: baseline 290 MiB + parameters 96 MiB + AdamW's two states 192 MiB (the tuner's floor).
+PH_FLOOR = (290 + 96 + 192) * MiB
+PH_STATE = int(192.26 * MiB)
+#: The embedding table, the 512 -> 64 layer and the 16-class head: 25.2 M parameters.
+PH_SHAPES = [(49152, 512), (64, 512), (64,), (16, 64), (16,)]
+
+CURVES: dict[str, tuple[Curve, int, int]] = {
+    "affine": (affine(300 * MiB, 1.5 * MiB), GiB, 0),
+    "quadratic": (quadratic(300 * MiB, 0.2 * MiB, 0.002 * MiB), GiB, 0),
+    "staircase": (staircase(300 * MiB, 1.3 * MiB, 20 * MiB), GiB, 0),
+    "noisy affine (2 %)": (noisy(affine(300 * MiB, 1.5 * MiB), 0.02, seed=1), GiB, 0),
+    "noisy affine (0.1 %)": (noisy(affine(600 * MiB, 0.53 * MiB), 0.001, seed=3), GiB, 0),
+    "flat-then-rising": (plateau(900 * MiB, 100 * MiB, 0.5 * MiB), GiB, 0),
+    "param_heavy (measured)": (PARAM_HEAVY, PH_BUDGET, PH_FLOOR),
+    "param_heavy bf16 (measured)": (PARAM_HEAVY_BF16, PH_BUDGET, PH_FLOOR),
 }
 
+#: (first combination, second combination, precision of the second): the grid's prior at work.
+GRIDS: dict[str, tuple[str, Curve, str]] = {
+    "affine, bf16 slope 0.7x": ("affine", affine(300 * MiB + 8 * MiB, 1.05 * MiB), "bf16-mixed"),
+    "affine, bf16 slope 0.5x": ("affine", affine(300 * MiB + 8 * MiB, 0.75 * MiB), "bf16-mixed"),
+    "param_heavy, bf16 (measured)": ("param_heavy (measured)", PARAM_HEAVY_BF16, "bf16-mixed"),
+}
+GRID_SHAPES = [(1024, 1024)]
 
-def count(name: str, phases: bool) -> tuple[int, bool, list[int]]:
-    curve = CURVES[name]
-    probe = FakeStepProbe(curve, GiB, phases=phases)
-    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
-    exact = answer.max_batch_size == true_max(curve, GiB, LIMITS.max_batch_size)
-    return answer.probes, exact, [b for b, _, _ in probe.calls]
+
+def _probe(curve: Curve, budget: int, phases: bool) -> FakeStepProbe:
+    fails = (lambda b, _p: curve.fails_long(b, budget)) if isinstance(curve, Measured) else None
+    return FakeStepProbe(curve, budget, phases=phases, fails_long=fails, state_bytes=PH_STATE)
+
+
+def _truth(curve: Curve, budget: int) -> int | None:
+    if isinstance(curve, Measured):
+        return true_max(lambda b: max(curve(b), _lines(curve.long, b)), budget, LIMITS.max_batch_size)
+    return true_max(curve, budget, LIMITS.max_batch_size)
+
+
+def count(
+    curve: Curve, budget: int, floor: int, phases: bool, prediction: Prediction | None = None
+) -> tuple[int, bool, list[str], object]:
+    probe = _probe(curve, budget, phases)
+    answer = find_maximum(probe, budget_bytes=budget, limits=LIMITS, prediction=prediction, floor_bytes=floor)
+    exact = answer.max_batch_size == _truth(curve, budget)
+    calls = [f"{b}{'(10)' if steps[0] >= LIMITS.confirm_steps else ''}" for b, steps, _ in probe.calls]
+    return answer.probes, exact, calls, answer.model
 
 
 def main() -> None:
     for phases in (False, True):
         print(f"phase peaks reported: {phases}")
         counts = []
-        for name in CURVES:
-            probes, exact, calls = count(name, phases)
+        for name, (curve, budget, floor) in CURVES.items():
+            if isinstance(curve, Measured) and not phases:
+                continue  # a real probe reports its rising phase
+            probes, exact, calls, _ = count(curve, budget, floor, phases)
             counts.append(probes)
-            print(f"  {name:18s} {probes:3d} probes  exact={exact}  {calls}")
+            print(f"  {name:28s} {probes:3d} probes  exact={exact}  {' '.join(calls)}")
         print(f"  median {statistics.median(counts)}, max {max(counts)}")
+    print("grid: the second combination, primed by the first's line (phase peaks reported)")
+    for name, (first, second, precision) in GRIDS.items():
+        curve, budget, floor = CURVES[first]
+        _, _, _, model = count(curve, budget, floor, True)
+        shapes = PH_SHAPES if "param_heavy" in name else GRID_SHAPES
+        learned = [Learned("32-true", "adamw", False, model.intercept, model.slope)]  # type: ignore[attr-defined]
+        prior = predict(precision, "adamw", False, learned, shapes)
+        probes, exact, calls, _ = count(second, budget, floor, True, prior)
+        print(f"  {name:28s} {probes:3d} probes  exact={exact}  {' '.join(calls)}")
 
 
 if __name__ == "__main__":

@@ -180,6 +180,7 @@ def find_maximum(
             start=SCOUT_CANDIDATES * limits.batch_multiple,
             floor_bytes=floor_bytes,
             final_probe=run.final_probe,
+            long_steps=limits.confirm_steps,
         )
         known = [*known, *result.trace]
         best = result.max_batch_size

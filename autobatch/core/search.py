@@ -53,7 +53,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from .model import Affine, predict, reported_model
+from . import endgame
+from .model import Affine, Prediction, predict, reported_model
 
 __all__ = [
     "KINDS",
@@ -76,6 +77,9 @@ SLACK = 2
 #: A bracket this many times wider than its fitting end (after the model overshot) is split at its
 #: geometric middle: an extrapolation errs by a factor there, not by an amount.
 GEOMETRIC_RATIO = 32
+#: The end game reads the model's noise from the points this close to its boundary (a fraction of it): a
+#: curve that bends (a rising phase's reading, measured here) is near-affine only there.
+NEAR = 0.9
 
 
 @dataclass(frozen=True)
@@ -151,22 +155,25 @@ def search_max_batch(
     start: int | None = None,
     floor_bytes: int = 0,
     final_probe: ProbeFn | None = None,
+    long_steps: int | None = None,
 ) -> SearchResult:
     """Find the largest multiple of ``batch_multiple`` (<= ``max_batch_size``) that fits.
 
-    ``probe(b)`` runs batch ``b`` and returns an :class:`Observation`. ``known`` observations
-    (a cache, an earlier run) count as probed and may be at any batch size. ``prior`` predicts the
-    peak curve (e.g. from another combination). ``prune_at_or_below``: stop ("pruned") as soon as
-    a batch at or below it is known not to fit, and probe the largest candidate at or below it
-    early to find out; pass the best maximum so far to skip combinations that cannot reach it, or
-    that maximum + 1 to skip those that can at best tie. ``max_probes``: stop ("incomplete") after
-    that many new probes. ``start``: the first batch when nothing is known and there is no prior
-    (default: the smallest candidate, which on real devices says little about the per-sample cost;
-    a first probe anywhere keeps the bound). ``floor_bytes``: peak memory known not to scale with the
-    batch; the proportional guess after the first fit scales only what lies above it (still a lower
-    bound of an affine curve's maximum, and nearer). ``final_probe``: how to probe a candidate the model
-    predicts to be the maximum itself (say, as long as a confirmation, so that a right prediction needs
-    no separate one; default ``probe``). At most :func:`probe_bound` probes are made.
+        ``probe(b)`` runs batch ``b`` and returns an :class:`Observation`. ``known`` observations
+        (a cache, an earlier run) count as probed and may be at any batch size. ``prior`` predicts the
+        peak curve (e.g. from another combination). ``prune_at_or_below``: stop ("pruned") as soon as
+        a batch at or below it is known not to fit, and probe the largest candidate at or below it
+        early to find out; pass the best maximum so far to skip combinations that cannot reach it, or
+        that maximum + 1 to skip those that can at best tie. ``max_probes``: stop ("incomplete") after
+        that many new probes. ``start``: the first batch when nothing is known and there is no prior
+        (default: the smallest candidate, which on real devices says little about the per-sample cost;
+        a first probe anywhere keeps the bound). ``floor_bytes``: peak memory known not to scale with the
+        batch; the proportional guess after the first fit scales only what lies above it (still a lower
+        bound of an affine curve's maximum, and nearer). ``final_probe``: how to probe a candidate the model
+        predicts to be the maximum itself (say, as long as a confirmation, so that a right prediction needs
+        no separate one; default ``probe``; the end game probes this way too). ``long_steps``: a fit of at least
+    this many steps needs no confirmation (the end game counts one for a fitting end that ran fewer).
+    At most :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
     m, n, known_obs = batch_multiple, max_batch_size // batch_multiple, tuple(known)
@@ -174,7 +181,7 @@ def search_max_batch(
     debt, remaining = 0, None  # type: int, int | None
     distrust = False  # the model said "fits" and the probe did not: ignore it until a new fit
     while True:
-        state = _State.of(known_obs + tuple(trace), m, n)
+        state = _State.of(known_obs + tuple(trace), m, n, long_steps)
         status = state.status(prune_at_or_below)
         if status is None and max_probes is not None and len(trace) >= max_probes:
             status = "incomplete"
@@ -198,6 +205,30 @@ def search_max_batch(
         distrust = (distrust or expect_fit is True) and not obs.fits and obs.rising_bytes is None
 
 
+def _gap(fits: list[Observation]) -> int:
+    """How far the whole step's peak lies above the rising phase's once that phase sets it (0: unknown).
+
+    The rising phase's reading misses what the later steps add (an autocast cache, allocator creep): measured
+    here, 0.1 MiB at 32-true and 8 MiB at bf16-mixed near the boundary. It is read at the largest fit, when
+    the step's peak grew from the smallest fit's by at least a quarter of what the rising phase grew (so
+    the optimizer step's flat peak no longer sets it).
+    """
+    both = sorted((o for o in fits if o.peak_bytes is not None and o.rising_bytes is not None), key=_batch)
+    if len(both) < 2:
+        return 0
+    small, large = both[0], both[-1]
+    assert small.peak_bytes is not None and large.peak_bytes is not None
+    assert small.rising_bytes is not None and large.rising_bytes is not None
+    grew = large.rising_bytes - small.rising_bytes
+    if grew <= 0 or large.peak_bytes - small.peak_bytes < grew / 4:
+        return 0
+    return max(0, large.peak_bytes - large.rising_bytes)
+
+
+def _batch(o: Observation) -> int:
+    return o.batch_size
+
+
 def _checked(obs: object, batch: int) -> Observation:
     if not isinstance(obs, Observation) or obs.batch_size != batch:
         raise ValueError(f"probe({batch}) must return an Observation for batch {batch}, got {obs!r}")
@@ -214,9 +245,12 @@ class _State:
     m: int
     min_fail: int | None
     points: dict[int, int]  # consistent fitting batches -> peak (the larger if measured twice)
+    lo_confirmed: bool = False  # the fitting end ran as long as a confirmation
 
     @classmethod
-    def of(cls, observations: tuple[Observation, ...], m: int, n: int) -> _State:
+    def of(
+        cls, observations: tuple[Observation, ...], m: int, n: int, long_steps: int | None = None
+    ) -> _State:
         min_fail = min((o.batch_size for o in observations if not o.fits), default=None)
         fits = [o for o in observations if o.fits and (min_fail is None or o.batch_size < min_fail)]
         points: dict[int, int] = {}
@@ -225,13 +259,18 @@ class _State:
         rising = all(o.rising_bytes is not None for o in fits if o.peak_bytes is not None)
         # A non-fit's rising phase lies above the budget: the model interpolates instead of extrapolating.
         misses = [o for o in observations if not o.fits and o.rising_bytes is not None] if rising else []
+        gap = _gap(fits) if rising else 0
         for o in [*fits, *misses]:
-            peak = o.rising_bytes if rising else o.peak_bytes
+            peak = o.rising_bytes + gap if rising and o.rising_bytes is not None else o.peak_bytes
             if peak is not None:
                 points[o.batch_size] = max(peak, points.get(o.batch_size, peak))
-        lo = min(max((o.batch_size for o in fits), default=0) // m, n) - 1
+        top = max((o.batch_size for o in fits), default=0)
+        lo = min(top // m, n) - 1
         hi = n if min_fail is None else min(-(-min_fail // m) - 1, n)
-        return cls(lo, hi, n, m, min_fail, points)
+        confirmed = long_steps is not None and any(
+            o.batch_size == top and o.steps >= long_steps for o in fits
+        )
+        return cls(lo, hi, n, m, min_fail, points, confirmed)
 
     def status(self, prune_at_or_below: int | None) -> SearchStatus | None:
         if self.hi == 0:
@@ -289,6 +328,10 @@ class _State:
         prediction = predict(self.points, prior, self.min_fail, budget, floor)
         if prediction is None:
             return None
+        if 0 <= self.lo and self.hi < self.n and 2 <= self.hi - self.lo <= endgame.WIDTH:
+            step = self._endgame(prediction, budget)
+            if step is not None:
+                return step
         low = min(self._index_at_or_below(prediction.low), self.hi - 1)
         high = max(self._index_at_or_below(prediction.high) + 1, self.lo + 1)
         if low > self.lo and self.remaining() - replace(self, lo=low).remaining() >= 1:
@@ -298,6 +341,34 @@ class _State:
         if high < self.hi and self.remaining() - replace(self, hi=high).remaining() >= 1:
             return high, False, False
         return None
+
+    def _endgame(self, prediction: Prediction, budget: int) -> tuple[int, None, bool] | None:
+        """In a narrow bracket, the probe with the fewest expected probes left (:mod:`endgame`), as
+        long as a confirmation."""
+        center = prediction.line.predict_max(budget)
+        if center is None or not math.isfinite(center):
+            return None
+        reach = (self.hi - self.lo) * self.m  # an unbounded spread is as good as the bracket's width
+        below = min(max(0.0, center - prediction.low), reach)
+        above = min(max(0.0, prediction.high - center), reach)
+        # The noise from the residuals: how far the points near the boundary lie off the line, in batch sizes.
+        line = prediction.line
+        near = [abs(p - line.predict(b)) for b, p in self.points.items() if b >= NEAR * center]
+        noise = max(near, default=0.0) / line.slope
+        weights = endgame.distribution(
+            self.lo, self.hi, self.m, center, max(below / 2, noise), max(above / 2, noise)
+        )
+        offset = endgame.best_probe(weights, self.lo_confirmed)
+        # As for any model-guided step: the likelier outcome must cut the remaining work (else the
+        # model's own step or a fallback does better).
+        likely = (
+            replace(self, lo=self.lo + offset)
+            if sum(weights[offset:]) >= 0.5
+            else replace(self, hi=self.lo + offset)
+        )
+        if self.remaining() - likely.remaining() < 1:
+            return None
+        return self.lo + offset, None, True
 
     def _geometric(self) -> tuple[int, None, bool] | None:
         """After the model overshot by a wide factor, the geometric middle of the bracket: an extrapolation
