@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from . import endgame
-from .model import Affine, Prediction, predict, reported_model
+from .model import Affine, Prediction, predict, reported_model, rising_gap
 
 __all__ = [
     "KINDS",
@@ -77,9 +77,6 @@ SLACK = 2
 #: A bracket this many times wider than its fitting end (after the model overshot) is split at its
 #: geometric middle: an extrapolation errs by a factor there, not by an amount.
 GEOMETRIC_RATIO = 32
-#: The end game reads the model's noise from the points this close to its boundary (a fraction of it): a
-#: curve that bends (a rising phase's reading, measured here) is near-affine only there.
-NEAR = 0.9
 
 
 @dataclass(frozen=True)
@@ -171,9 +168,8 @@ def search_max_batch(
         batch; the proportional guess after the first fit scales only what lies above it (still a lower
         bound of an affine curve's maximum, and nearer). ``final_probe``: how to probe a candidate the model
         predicts to be the maximum itself (say, as long as a confirmation, so that a right prediction needs
-        no separate one; default ``probe``; the end game probes this way too). ``long_steps``: a fit of at least
-    this many steps needs no confirmation (the end game counts one for a fitting end that ran fewer).
-    At most :func:`probe_bound` probes are made.
+        no separate one; default ``probe``; the end game's too). ``long_steps``: a fit of at least this many
+    steps needs no confirmation (:mod:`autobatch.core.endgame`). At most :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
     m, n, known_obs = batch_multiple, max_batch_size // batch_multiple, tuple(known)
@@ -203,30 +199,6 @@ def search_max_batch(
         trace.append(obs)
         # A miss that read its rising phase is a new point that changes the model: no reason to distrust it.
         distrust = (distrust or expect_fit is True) and not obs.fits and obs.rising_bytes is None
-
-
-def _gap(fits: list[Observation]) -> int:
-    """How far the whole step's peak lies above the rising phase's once that phase sets it (0: unknown).
-
-    The rising phase's reading misses what the later steps add (an autocast cache, allocator creep): measured
-    here, 0.1 MiB at 32-true and 8 MiB at bf16-mixed near the boundary. It is read at the largest fit, when
-    the step's peak grew from the smallest fit's by at least a quarter of what the rising phase grew (so
-    the optimizer step's flat peak no longer sets it).
-    """
-    both = sorted((o for o in fits if o.peak_bytes is not None and o.rising_bytes is not None), key=_batch)
-    if len(both) < 2:
-        return 0
-    small, large = both[0], both[-1]
-    assert small.peak_bytes is not None and large.peak_bytes is not None
-    assert small.rising_bytes is not None and large.rising_bytes is not None
-    grew = large.rising_bytes - small.rising_bytes
-    if grew <= 0 or large.peak_bytes - small.peak_bytes < grew / 4:
-        return 0
-    return max(0, large.peak_bytes - large.rising_bytes)
-
-
-def _batch(o: Observation) -> int:
-    return o.batch_size
 
 
 def _checked(obs: object, batch: int) -> Observation:
@@ -259,7 +231,7 @@ class _State:
         rising = all(o.rising_bytes is not None for o in fits if o.peak_bytes is not None)
         # A non-fit's rising phase lies above the budget: the model interpolates instead of extrapolating.
         misses = [o for o in observations if not o.fits and o.rising_bytes is not None] if rising else []
-        gap = _gap(fits) if rising else 0
+        gap = rising_gap([(o.batch_size, o.peak_bytes, o.rising_bytes) for o in fits]) if rising else 0
         for o in [*fits, *misses]:
             peak = o.rising_bytes + gap if rising and o.rising_bytes is not None else o.peak_bytes
             if peak is not None:
@@ -328,7 +300,7 @@ class _State:
         prediction = predict(self.points, prior, self.min_fail, budget, floor)
         if prediction is None:
             return None
-        if 0 <= self.lo and self.hi < self.n and 2 <= self.hi - self.lo <= endgame.WIDTH:
+        if 0 <= self.lo and self.hi - self.lo >= 2 and prediction.reported:
             step = self._endgame(prediction, budget)
             if step is not None:
                 return step
@@ -342,33 +314,23 @@ class _State:
             return high, False, False
         return None
 
-    def _endgame(self, prediction: Prediction, budget: int) -> tuple[int, None, bool] | None:
-        """In a narrow bracket, the probe with the fewest expected probes left (:mod:`endgame`), as
-        long as a confirmation."""
-        center = prediction.line.predict_max(budget)
-        if center is None or not math.isfinite(center):
+    def _endgame(self, prediction: Prediction, budget: int) -> tuple[int, bool, bool] | None:
+        """Near the model's boundary, the probe with the fewest expected probes left (:mod:`endgame`)."""
+        proposal = endgame.propose(
+            endgame.Bracket(self.lo, self.hi, self.n, self.m, self.lo_confirmed),
+            self.points,
+            prediction,
+            budget,
+        )
+        if proposal is None:
             return None
-        reach = (self.hi - self.lo) * self.m  # an unbounded spread is as good as the bracket's width
-        below = min(max(0.0, center - prediction.low), reach)
-        above = min(max(0.0, prediction.high - center), reach)
-        # The noise from the residuals: how far the points near the boundary lie off the line, in batch sizes.
-        line = prediction.line
-        near = [abs(p - line.predict(b)) for b, p in self.points.items() if b >= NEAR * center]
-        noise = max(near, default=0.0) / line.slope
-        weights = endgame.distribution(
-            self.lo, self.hi, self.m, center, max(below / 2, noise), max(above / 2, noise)
-        )
-        offset = endgame.best_probe(weights, self.lo_confirmed)
-        # As for any model-guided step: the likelier outcome must cut the remaining work (else the
-        # model's own step or a fallback does better).
-        likely = (
-            replace(self, lo=self.lo + offset)
-            if sum(weights[offset:]) >= 0.5
-            else replace(self, hi=self.lo + offset)
-        )
+        # As for any model-guided step: the likelier outcome must cut the remaining work (else the model's
+        # own step or a fallback does better).
+        index = proposal.index
+        likely = replace(self, lo=index) if proposal.likely_fits else replace(self, hi=index)
         if self.remaining() - likely.remaining() < 1:
             return None
-        return self.lo + offset, None, True
+        return index, proposal.line_says_fits, proposal.final
 
     def _geometric(self) -> tuple[int, None, bool] | None:
         """After the model overshot by a wide factor, the geometric middle of the bracket: an extrapolation
