@@ -7,10 +7,11 @@ the activations kept for backward. So:
 * another optimizer at the same precision and recomputation has the same slope, and an intercept
   that differs by the analytic optimizer-state difference (SGD 0, momentum 1, Adam/AdamW 2
   parameter-sized states, Adafactor factored);
-* another precision or recomputation setting changes the slope by a typical ratio
-  (:data:`SLOPE_RATIOS`), a guess the runner calibrates with one probe. A ratio measured on another
-  optimizer would need the target setting measured, and then its slope is taken directly (a
-  measured slope at the same setting always wins).
+* another precision or recomputation setting changes the slope by a ratio, a guess the runner
+  calibrates with one probe: the ratio this model measured when another pair of lines differs by just
+  that (bf16-mixed against 32-true without recomputation, for bf16-mixed with it), else a typical one
+  (:data:`SLOPE_RATIOS`; measured on a GPT on the CPU, bf16-mixed cost more per sample than 0.7x).
+  A measured slope at the same setting always wins.
 
 A prediction is only a proposal: the search verifies it with a probe on each side of the boundary,
 so a wrong guess costs probes, never correctness.
@@ -79,7 +80,12 @@ def predict(
         same_optimizer = item.optimizer == optimizer
         return (0 if same_setting else 1, 0 if same_optimizer else 1)
 
-    base = min(learned, key=rank)
+    def typical(item: Learned) -> int:
+        return sum(f[1] == "typical" for f in _factors(item, target, learned))
+
+    # A measured line at the setting first; else the one whose slope needs the fewest typical ratios
+    # (a ratio another pair of combinations measured is better than a typical one); the same optimizer.
+    base = min(learned, key=lambda item: (rank(item)[0], typical(item), rank(item)[1]))
     intercept = (
         base.intercept
         - _static(base.precision, base.optimizer, shapes)
@@ -87,13 +93,43 @@ def predict(
     )
     if (base.precision, base.recompute) == target:
         return Prediction(intercept, base.slope, f"{base.precision}/{base.optimizer} slope")
-    ratio = SLOPE_RATIOS[target] / SLOPE_RATIOS[(base.precision, base.recompute)]
+    factors = _factors(base, target, learned)
+    ratio = 1.0
+    for value, _kind in factors:
+        ratio *= value
+    kinds = " and ".join(sorted({kind for _, kind in factors}))
     return Prediction(
         intercept,
         base.slope * ratio,
-        f"{base.precision}/{base.optimizer} slope x {ratio:.2f} (typical ratio)",
+        f"{base.precision}/{base.optimizer} slope x {ratio:.2f} ({kinds} ratio)",
         slope_known=False,
     )
+
+
+def _factors(base: Learned, target: tuple[str, bool], learned: list[Learned]) -> list[tuple[float, str]]:
+    """The slope ratios from ``base``'s setting to ``target``: the precision's, then recomputation's, each
+    measured when another pair of lines differs by just that (on this model, not a typical one)."""
+    slopes = {(item.precision, item.recompute): item.slope for item in learned if item.slope > 0}
+    (precision, recompute), out = target, []
+    steps = [((base.precision, base.recompute), (precision, base.recompute))]
+    steps.append(((precision, base.recompute), (precision, recompute)))
+    for source, goal in steps:
+        if source == goal:
+            continue
+        measured = [
+            slopes[(goal[0], other)] / slopes[(source[0], other)]
+            for other in (False, True)
+            if source[1] == goal[1] and (goal[0], other) in slopes and (source[0], other) in slopes
+        ] + [
+            slopes[(other, goal[1])] / slopes[(other, source[1])]
+            for other in {p for p, _ in slopes}
+            if source[0] == goal[0] and (other, goal[1]) in slopes and (other, source[1]) in slopes
+        ]
+        if measured:
+            out.append((measured[0], "measured"))
+        else:
+            out.append((SLOPE_RATIOS[goal] / SLOPE_RATIOS[source], "typical"))
+    return out
 
 
 def _numel(shape: tuple[int, ...]) -> int:
