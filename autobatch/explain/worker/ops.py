@@ -16,10 +16,12 @@ it is a plain probe with the levers' model changes). Its outcome carries the bre
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+from contextlib import AbstractContextManager
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ...contract import UserScript
 from ...probe.ops import register
@@ -43,6 +45,9 @@ from .simulate import simulate
 from .tracker import MemoryTracker
 from .transforms import applied_during_step
 
+if TYPE_CHECKING:
+    from ...step.loop import Wrap
+
 
 def warm_up(precisions: set[str], optimizers: set[str], optimizer_kwargs: dict[str, Any]) -> None:
     """A tiny real step per optimizer and precision: loads what torch imports lazily (about 70 MiB of
@@ -57,13 +62,33 @@ def warm_up(precisions: set[str], optimizers: set[str], optimizer_kwargs: dict[s
 
 @register(EXPLAIN, ExplainOptions)
 def explain_operation(request: ProbeRequest, script: UserScript, options: ExplainOptions) -> ProbeOutcome:
-    """One probe of the real step, with the options' transforms, instrumented unless they say not."""
+    """One probe of the real step, with the options' transforms, instrumented unless they say not
+    (with a distributed strategy, on every rank: :mod:`autobatch.explain.worker.distributed`)."""
+    if request.strategy != "none":
+        from .distributed import explain_on_ranks
+
+        return explain_on_ranks(request, script, options)
+    return explain_step(request, script, options)
+
+
+def explain_step(
+    request: ProbeRequest,
+    script: UserScript,
+    options: ExplainOptions,
+    *,
+    start: float | None = None,
+    wrap: Wrap | None = None,
+    around: Callable[[MemoryTracker | None], AbstractContextManager[Any]] | None = None,
+) -> ProbeOutcome:
+    """The explain operation's run in this process (``wrap``: a strategy's model wrapper on one rank;
+    ``around``: a context the step runs in, given the tracker)."""
     if request.device == "cpu":
         warm_up({request.precision}, {request.optimizer}, {request.optimizer: request.optimizer_kwargs})
     instrument = Instrument(options.transforms, MemoryTracker() if options.instrument else None)
-    start = time.perf_counter()
-    with applied_during_step(options.transforms, instrument.applied), instrument:
-        outcome = measure_steps(request, instrument.wrap(script), start)
+    start = time.perf_counter() if start is None else start
+    context = around(instrument.tracker) if around is not None else contextlib.nullcontext()
+    with applied_during_step(options.transforms, instrument.applied), instrument, context:
+        outcome = measure_steps(request, instrument.wrap(script), start, wrap=wrap)
     info: dict[str, Any] = {"transforms": options.transforms.to_dict(), "applied": asdict(instrument.applied)}
     if options.instrument:
         info.update(_breakdown(request, instrument, outcome))
