@@ -365,9 +365,7 @@ class Session:
         return again
 
 
-#: Operations that run on every rank of a strategy (explain: autobatch.explain.worker.distributed); the
-#: others (inspect, estimate) run in one process.
-RANKED_OPS = ("probe", "explain")
+RANKED_OPS = ("probe", "explain")  # run on every rank of a strategy; inspect and estimate: one process
 
 #: Outcomes that are retried once: a probe that died or hung says nothing about memory.
 RETRIED = ("crash", "timeout")

@@ -2,7 +2,7 @@
 
 The ranks are started, joined and stopped by the probe layer's own machinery
 (:func:`autobatch.probe.ranks.run_ranks`, the same as a tune's distributed probe): each rank runs the
-instrumented step of :func:`autobatch.explain.worker.ops.explain_step` on the wrapped model (DDP, or
+instrumented step of :func:`autobatch.explain.worker.instrumented.explain_step` on the wrapped model (DDP, or
 FSDP2's ``fully_shard``), so its breakdown is that of the real wrapped step on that rank:
 
 ``parameters``    the rank's own parameters: the whole model under DDP, the local shards under FSDP2
@@ -55,7 +55,7 @@ def explain_rank(
     """One rank: the instrumented step on the wrapped model, its breakdown with the strategy's own parts."""
     import torch.distributed as dist
 
-    from .ops import explain_step
+    from .instrumented import explain_step
 
     seen: dict[str, Any] = {}
 

@@ -16,18 +16,12 @@ it is a plain probe with the levers' model changes). Its outcome carries the bre
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import time
-from contextlib import AbstractContextManager
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 from ...contract import UserScript
 from ...probe.ops import register
 from ...probe.protocol import ProbeOutcome, ProbeRequest
-from ...probe.worker import measure_steps
-from ...step.loop import tiny_step
 from ..pure.maxima import (
     Offset,
     ScenarioEstimate,
@@ -39,25 +33,9 @@ from ..pure.maxima import (
 )
 from ..pure.options import ESTIMATE, EXPLAIN, EstimateOptions, ExplainOptions, NamedScenario
 from ..pure.records import Scenario
-from .breakdown import Instrument
+from .instrumented import explain_step, warm_up
 from .ranks import LEAVES_OUT, rank_of
 from .simulate import simulate
-from .tracker import MemoryTracker
-from .transforms import applied_during_step
-
-if TYPE_CHECKING:
-    from ...step.loop import Wrap
-
-
-def warm_up(precisions: set[str], optimizers: set[str], optimizer_kwargs: dict[str, Any]) -> None:
-    """A tiny real step per optimizer and precision: loads what torch imports lazily (about 70 MiB of
-    data memory on a first optimizer), so that a baseline read afterwards includes it."""
-    for optimizer in sorted(optimizers):
-        for precision in sorted(precisions):
-            try:
-                tiny_step(precision, optimizer, optimizer_kwargs.get(optimizer))
-            except Exception:  # noqa: BLE001 - a warm-up failure shows up in the real step, if at all
-                pass
 
 
 @register(EXPLAIN, ExplainOptions)
@@ -69,62 +47,6 @@ def explain_operation(request: ProbeRequest, script: UserScript, options: Explai
 
         return explain_on_ranks(request, script, options)
     return explain_step(request, script, options)
-
-
-def explain_step(
-    request: ProbeRequest,
-    script: UserScript,
-    options: ExplainOptions,
-    *,
-    start: float | None = None,
-    wrap: Wrap | None = None,
-    around: Callable[[MemoryTracker | None], AbstractContextManager[Any]] | None = None,
-) -> ProbeOutcome:
-    """The explain operation's run in this process (``wrap``: a strategy's model wrapper on one rank;
-    ``around``: a context the step runs in, given the tracker)."""
-    if request.device == "cpu":
-        warm_up({request.precision}, {request.optimizer}, {request.optimizer: request.optimizer_kwargs})
-    instrument = Instrument(options.transforms, MemoryTracker() if options.instrument else None)
-    start = time.perf_counter() if start is None else start
-    context = around(instrument.tracker) if around is not None else contextlib.nullcontext()
-    with applied_during_step(options.transforms, instrument.applied), instrument, context:
-        outcome = measure_steps(request, instrument.wrap(script), start, wrap=wrap)
-    info: dict[str, Any] = {"transforms": options.transforms.to_dict(), "applied": asdict(instrument.applied)}
-    if options.instrument:
-        info.update(_breakdown(request, instrument, outcome))
-    outcome.info = info
-    return outcome
-
-
-def _breakdown(request: ProbeRequest, instrument: Instrument, outcome: ProbeOutcome) -> dict[str, Any]:
-    """The categories at the peak (adding up to it with the residual), the modules and the notes."""
-    tracker = instrument.tracker
-    assert tracker is not None
-    cpu = request.device == "cpu"
-    info: dict[str, Any] = {}
-    notes = list(instrument.applied.notes)
-    flops_note = instrument.count_flops(request.precision, "cpu" if cpu else "cuda")
-    if flops_note:
-        notes.append(flops_note)
-    stats = outcome.device_stats
-    runtime = 0
-    if not cpu and stats:
-        runtime = max(0, int(stats.get("max_memory_reserved", 0)) - int(stats.get("max_memory_allocated", 0)))
-        nvml = stats.get("nvml_process_bytes")
-        if nvml:
-            info["outside_budget"] = {"cuda_context": max(0, int(nvml) - int(stats["max_memory_reserved"]))}
-    peak = int(outcome.peak_bytes or 0)
-    categories, residual = instrument.categories(int(outcome.baseline_bytes or 0), peak, runtime)
-    info.update(
-        categories=categories,
-        residual_bytes=residual,
-        tracked_peak_bytes=tracker.peak.tensor_bytes,
-        tracked_step_peaks=list(tracker.step_peaks),
-        peak_phase=f"step {tracker.peak.step} {tracker.peak.phase}",
-        modules=instrument.modules(),
-        notes=notes,
-    )
-    return info
 
 
 @register(ESTIMATE, EstimateOptions)
