@@ -82,3 +82,18 @@ def test_the_line_maximum_respects_the_limits() -> None:
     assert line_max(100.0, 10.0, (1000, 50, 1)) == 50
     assert line_max(1000.0, 10.0, (1000, 65536, 1)) is None
     assert line_max(100.0, 0.0, (1000, 64, 1)) == 64
+
+
+def test_levers_that_cannot_run_under_the_strategy_are_not_offered() -> None:
+    from autobatch.explain.pure.levers import Lever
+    from autobatch.explain.pure.strategy_levers import offered
+
+    now = Lever("now", "now", "as measured")
+    adafactor = Lever("optimizer adafactor", "optimizer", "adafactor instead of adamw", applicable=False)
+    adafactor.reason = "cannot run: RuntimeError: aten.pow_.Scalar: in-place operations\nmore"
+    vocab = Lever("vocab trim 50%", "vocab", "trim", applicable=False, reason="the model has no nn.Embedding")
+    kept, notes = offered([now, adafactor, vocab], "fsdp")
+    assert kept == [now, vocab]  # a lever that does not apply for another reason is still listed, with it
+    assert notes == ["not offered under fsdp: optimizer adafactor (cannot run: RuntimeError: aten.pow_.Scalar: "
+                     "in-place operations)"]  # fmt: skip
+    assert offered([now, adafactor], "none") == ([now, adafactor], [])

@@ -17,7 +17,7 @@ from ...probe.protocol import ProbeOutcome
 from ...session import Session
 from ..pure.levers import Lever
 from ..pure.per_rank import worst_rank
-from ..pure.strategy_levers import strategy_lever
+from ..pure.strategy_levers import offered, strategy_lever
 
 #: Said under every strategy's breakdown.
 RESIDUAL_NOTE = (
@@ -62,15 +62,23 @@ def estimate_fields(session: Session) -> dict[str, Any]:
 def add_strategy_lever(
     levers: list[Lever], section: dict[str, Any] | None, report: Any, limits: Limits
 ) -> None:
-    """Append the strategy lever (computed from the shown rank's categories) when there is a strategy."""
+    """Append the strategy lever (computed from the shown rank's categories) when there is a strategy, and
+    leave out the levers that cannot run under it (noted)."""
     if section is None:
         return
+    now = levers[0]
+    line = report.line  # the lever moves the now lever's predicted line down by its saving, if there is one
+    if now.static_bytes is not None and now.bytes_per_sample is not None:
+        line = {"static_bytes": now.static_bytes, "bytes_per_sample": now.bytes_per_sample}
     lever = strategy_lever(
         section["strategy"],
         section["nproc_per_node"],
         report.categories,
-        report.line,
+        line,
         (report.budget_bytes, limits.max_batch_size, limits.batch_multiple),
     )
     if lever is not None:
         levers.append(lever)
+    kept, notes = offered(levers, section["strategy"])
+    levers[:] = kept
+    report.notes.extend(notes)

@@ -40,7 +40,8 @@ CATEGORY_HELP: dict[str, str] = {
     "activations": "activations saved for backward",
     "autocast_copies": "low-precision weight copies cached by autocast",
     "temporaries": "intermediates not kept for backward (forward, backward, optimizer step)",
-    "ddp_buckets": "DDP's gradient buckets (DDP's own figure; explain --strategy ddp)",
+    "ddp_buckets": "DDP's gradient buckets: a flat copy of every gradient (explain --strategy ddp)",
+    "fsdp_buffers": "FSDP2's all-gather and reduce-scatter buffers, unsharded parameters (--strategy fsdp)",
     "runtime_overhead": "CUDA caching allocator slack (reserved - allocated)",
     "residual": "untracked: library buffers (MKL, oneDNN, cuBLAS), allocator rounding, Python objects",
 }

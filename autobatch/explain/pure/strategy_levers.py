@@ -70,3 +70,19 @@ def line_max(static: float, per_sample: float, limits: tuple[int, int, int]) -> 
     best = int((budget - static) // per_sample)
     best = min(best, largest) // max(1, multiple) * max(1, multiple)
     return best if best >= 1 else None
+
+
+def offered(levers: list[Lever], strategy: str) -> tuple[list[Lever], list[str]]:
+    """The levers offered under ``strategy`` and a note for each one left out: a lever whose step cannot run
+    under the strategy (its simulation, one rank of the strategy, failed: Adafactor's in-place updates on
+    FSDP2's sharded parameters, say) does not apply to this job. Without a strategy every lever stays."""
+    if strategy == "none":
+        return levers, []
+    kept, notes = [], []
+    for lever in levers:
+        if lever.kind != "now" and not lever.applicable and (lever.reason or "").startswith("cannot run"):
+            first = (lever.reason or "").splitlines()[0]
+            notes.append(f"not offered under {strategy}: {lever.name} ({first})")
+        else:
+            kept.append(lever)
+    return kept, notes
