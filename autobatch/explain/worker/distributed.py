@@ -65,6 +65,8 @@ def explain_rank(
         out = wrap(model) if wrap is not None else model
         if tracker is not None and request.strategy in WRAP_CATEGORY:
             seen["wrap_bytes"] = tracker.tag_since(before, WRAP_CATEGORY[request.strategy])
+            if request.strategy == "ddp":
+                _follow_rebuilt_buckets(out, tracker)
         seen["model"] = out
         return out
 
@@ -90,6 +92,23 @@ def explain_rank(
             )
     info["rank_summary"] = rank_summary(info, outcome.peak_bytes)
     return outcome
+
+
+def _follow_rebuilt_buckets(model: Any, tracker: Any) -> None:
+    """DDP rebuilds its buckets in the order gradients became ready, in the forward after the first backward
+    (``_pre_forward``): what that allocates and keeps is buckets, not activations."""
+    pre_forward = getattr(model, "_pre_forward", None)
+    if pre_forward is None:
+        return
+
+    @functools.wraps(pre_forward)
+    def tagged(*args: Any, **kwargs: Any) -> Any:
+        before = tracker.seq
+        out = pre_forward(*args, **kwargs)
+        tracker.tag_since(before, WRAP_CATEGORY["ddp"])
+        return out
+
+    model._pre_forward = tagged
 
 
 @contextlib.contextmanager
