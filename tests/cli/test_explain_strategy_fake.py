@@ -22,7 +22,8 @@ EXPLAIN = ("explain", "train.py", "-b", "64", "--device", "cpu", "--memory", "1G
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
-    runner = wire_fake_runner(FakeRunner(affine(400 * MiB, 1.7 * MiB)), tmp_path, monkeypatch)
+    keep = ("AUTOBATCH_CACHE_DIR", "AUTOBATCH_LOCK_DIR")  # a fake runner waits for no real run's device lock
+    runner = wire_fake_runner(FakeRunner(affine(400 * MiB, 1.7 * MiB)), tmp_path, monkeypatch, keep=keep)
     plain = runner.run
 
     def on_ranks(request: ProbeRequest) -> ProbeOutcome:
@@ -84,3 +85,14 @@ def test_explain_with_a_strategy_needs_two_ranks(fake: FakeRunner) -> None:
     code, _, err = run_main(*EXPLAIN, "--strategy", "zero3", "--nproc-per-node", "2")
     assert code != 0 and "none, ddp, fsdp" in err
     assert not [r for r in fake.requests if r.op == "explain"]
+
+
+def test_explain_verify_searches_with_the_strategy(fake: FakeRunner) -> None:
+    code, out, err = run_main(*EXPLAIN, "--strategy", "fsdp", "--nproc-per-node", "2", "--verify", "--json")
+    assert code == 0, err
+    measured = [r for r in fake.requests if r.op in ("probe", "explain")]
+    assert [r for r in measured if r.op == "probe"], "the levers' maxima are searched with real probes"
+    assert all((r.strategy, r.nproc_per_node) == ("fsdp", 2) for r in measured)
+    levers = {lever["name"]: lever for lever in json.loads(out)["levers"]}
+    assert levers["now"]["verified_max_batch_size"]
+    assert levers["fsdp on 4 ranks"]["verified_max_batch_size"] is None  # computed, another world: not probed
