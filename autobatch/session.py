@@ -301,8 +301,8 @@ class Session:
             options=dict(options or {}),
             process_limit_bytes=self.device.process_limit_bytes,
             check_batch_size=self.check_batch_size,
-            strategy=self.strategy if op == "probe" else "none",
-            nproc_per_node=self.nproc_per_node if op == "probe" else 1,
+            strategy=self.strategy if op in RANKED_OPS else "none",
+            nproc_per_node=self.nproc_per_node if op in RANKED_OPS else 1,
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:
@@ -364,6 +364,8 @@ class Session:
             again.reason = f"{again.reason} (twice: retried once in a fresh process)"
         return again
 
+
+RANKED_OPS = ("probe", "explain")  # run on every rank of a strategy; inspect and estimate: one process
 
 #: Outcomes that are retried once: a probe that died or hung says nothing about memory.
 RETRIED = ("crash", "timeout")

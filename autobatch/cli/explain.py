@@ -37,6 +37,8 @@ def explain(
     one_recompute: bool = opt.ONE_RECOMPUTE,
     recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
     timeout: Optional[float] = opt.TIMEOUT,
+    strategy: Optional[str] = opt.STRATEGY,
+    nproc_per_node: Optional[int] = opt.NPROC_PER_NODE,
     vocab_trim: float = typer.Option(
         0.5,
         "--vocab-trim",
@@ -109,6 +111,15 @@ def _print_report(report: Any, data: dict[str, Any], key: str, device: str, veri
         f"{key} batch {report.batch_size} on {device}: {verdict}; measured peak "
         f"{format_bytes(report.peak_bytes)} of budget {format_bytes(report.budget_bytes)}"
     )
+    if report.distributed:
+        from ..explain.pure.per_rank import rank_peaks_line
+
+        dist = report.distributed
+        peaks = [{"rank": r, "peak_bytes": p} for r, p in enumerate(dist["rank_peak_bytes"])]
+        console.print(
+            f"{dist['strategy']} on {dist['nproc_per_node']} ranks, per-rank peaks: "
+            f"{rank_peaks_line(peaks, dist['shown_rank'], format_bytes)}; the breakdown is rank {dist['shown_rank']}'s"
+        )
     print_breakdown(console, data)
     print_modules(console, report.modules)
     if report.line:

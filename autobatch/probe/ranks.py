@@ -74,10 +74,15 @@ def rank_device(device: str, rank: int) -> str:
 
 #: The probe proper on one rank (:func:`autobatch.probe.worker.measure_steps`, passed in by the worker).
 Measure = Callable[..., ProbeOutcome]
+#: What an operation adds to the group's outcome from every rank's own (explain: each rank's breakdown).
+Summarize = Callable[[ProbeOutcome, list[ProbeOutcome]], None]
 
 
-def run_ranks(request: ProbeRequest, script: UserScript, measure: Measure) -> ProbeOutcome:
-    """Run ``request`` on ``request.nproc_per_node`` fresh ranks; one outcome for the group."""
+def run_ranks(
+    request: ProbeRequest, script: UserScript, measure: Measure, *, summarize: Summarize | None = None
+) -> ProbeOutcome:
+    """Run ``request`` on ``request.nproc_per_node`` fresh ranks; one outcome for the group
+    (``summarize``: called with it and every rank's outcome when every rank fitted)."""
     world = request.nproc_per_node
     started = time.perf_counter()
     deadline = started + request.timeout * RANK_TIME_SHARE
@@ -102,7 +107,10 @@ def run_ranks(request: ProbeRequest, script: UserScript, measure: Measure) -> Pr
     finally:
         listener.close()
         stop(ranks)
-    return combine(request, ranks, failure, time.perf_counter() - started)
+    out = combine(request, ranks, failure, time.perf_counter() - started)
+    if summarize is not None and failure is None:
+        summarize(out, [r.outcome for r in ranks if r.outcome is not None])
+    return out
 
 
 def watch(ranks: list[Rank], deadline: float) -> Rank | None:

@@ -31,6 +31,7 @@ COLOURS: dict[str, str] = {
     "activations": "#2ca02c",
     "autocast_copies": "#98df8a",
     "temporaries": "#ffbf00",
+    "ddp_buckets": "#e377c2",
     "runtime_overhead": "#ff7f0e",
     "residual": "#d9d9d9",
     "per-sample (activations, temporaries)": "#2ca02c",

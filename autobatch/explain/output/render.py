@@ -23,6 +23,7 @@ COLOURS: dict[str, str] = {
     "activations": "green",
     "autocast_copies": "bright_green",
     "temporaries": "yellow",
+    "ddp_buckets": "bright_magenta",
     "runtime_overhead": "bright_red",
     "residual": "white",
 }

@@ -27,6 +27,7 @@ from ...session import Session
 from ..pure.levers import Lever, apply_predictions, plan_levers, ranked
 from ..pure.options import ESTIMATE, Calibration, EstimateOptions, NamedScenario, Points
 from .driver import explain_probe, measure, measure_max
+from .on_ranks import add_strategy_lever, distributed_section, estimate_fields, residual_note
 
 
 @dataclass
@@ -52,9 +53,13 @@ class ExplainReport:
     macs: int = 0
     outside_budget: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    distributed: dict[str, Any] | None = None  # --strategy: autobatch.explain.parent.on_ranks
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if self.distributed is None:
+            del data["distributed"]
+        return data
 
 
 Progress = Callable[[str], None]
@@ -87,6 +92,7 @@ def explain_batch(
     )
     say("predicting the levers (fake-tensor simulations calibrated on the measured step)")
     _predict(session, combo, levers, points, batch_size, limits)
+    add_strategy_lever(levers, report.distributed, report, limits)
     levers = ranked(levers)
     if verify:
         _verify(session, levers, limits, say)
@@ -145,6 +151,9 @@ def _report(
     info = explained.info
     line = _line(_points(measured))
     modules = list(info.get("modules", []))
+    section = distributed_section(session, explained)
+    if section is not None:
+        notes = [*notes, residual_note(section)]
     return ExplainReport(
         script=str(session.script),
         device=device.to_dict(),
@@ -166,6 +175,7 @@ def _report(
         macs=sum(int(m.get("macs", 0)) for m in modules),
         outside_budget=dict(info.get("outside_budget", {})),
         notes=notes + list(info.get("notes", [])),
+        distributed=section,
     )
 
 
@@ -208,6 +218,7 @@ def _predict(
         optimizer_kwargs={k: dict(v) for k, v in session.optimizer_kwargs.items()},
         calibrate=Calibration(now, tuple(points)),
         report_at=(batch_size,),
+        **estimate_fields(session),
     )
     request = session.request(
         combo,

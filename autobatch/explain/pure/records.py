@@ -22,7 +22,13 @@ TENSOR_CATEGORIES: tuple[str, ...] = (
 )
 
 #: Categories of ``explain --json``, in display order (``residual_bytes`` is reported beside them).
-CATEGORIES: tuple[str, ...] = ("baseline", *TENSOR_CATEGORIES, "runtime_overhead")
+CATEGORIES: tuple[str, ...] = (
+    "baseline",
+    *TENSOR_CATEGORIES,
+    "ddp_buckets",
+    "fsdp_buffers",
+    "runtime_overhead",
+)
 
 CATEGORY_HELP: dict[str, str] = {
     "baseline": "the process before the model (Python, torch, the script)",
@@ -34,6 +40,8 @@ CATEGORY_HELP: dict[str, str] = {
     "activations": "activations saved for backward",
     "autocast_copies": "low-precision weight copies cached by autocast",
     "temporaries": "intermediates not kept for backward (forward, backward, optimizer step)",
+    "ddp_buckets": "DDP's gradient buckets: a flat copy of every gradient (explain --strategy ddp)",
+    "fsdp_buffers": "FSDP2's all-gather and reduce-scatter buffers, unsharded parameters (--strategy fsdp)",
     "runtime_overhead": "CUDA caching allocator slack (reserved - allocated)",
     "residual": "untracked: library buffers (MKL, oneDNN, cuBLAS), allocator rounding, Python objects",
 }

@@ -17,15 +17,11 @@ it is a plain probe with the levers' model changes). Its outcome carries the bre
 from __future__ import annotations
 
 import functools
-import time
-from dataclasses import asdict
 from typing import Any
 
 from ...contract import UserScript
 from ...probe.ops import register
 from ...probe.protocol import ProbeOutcome, ProbeRequest
-from ...probe.worker import measure_steps
-from ...step.loop import tiny_step
 from ..pure.maxima import (
     Offset,
     ScenarioEstimate,
@@ -37,69 +33,20 @@ from ..pure.maxima import (
 )
 from ..pure.options import ESTIMATE, EXPLAIN, EstimateOptions, ExplainOptions, NamedScenario
 from ..pure.records import Scenario
-from .breakdown import Instrument
+from .instrumented import explain_step, warm_up
 from .ranks import LEAVES_OUT, rank_of
 from .simulate import simulate
-from .tracker import MemoryTracker
-from .transforms import applied_during_step
-
-
-def warm_up(precisions: set[str], optimizers: set[str], optimizer_kwargs: dict[str, Any]) -> None:
-    """A tiny real step per optimizer and precision: loads what torch imports lazily (about 70 MiB of
-    data memory on a first optimizer), so that a baseline read afterwards includes it."""
-    for optimizer in sorted(optimizers):
-        for precision in sorted(precisions):
-            try:
-                tiny_step(precision, optimizer, optimizer_kwargs.get(optimizer))
-            except Exception:  # noqa: BLE001 - a warm-up failure shows up in the real step, if at all
-                pass
 
 
 @register(EXPLAIN, ExplainOptions)
 def explain_operation(request: ProbeRequest, script: UserScript, options: ExplainOptions) -> ProbeOutcome:
-    """One probe of the real step, with the options' transforms, instrumented unless they say not."""
-    if request.device == "cpu":
-        warm_up({request.precision}, {request.optimizer}, {request.optimizer: request.optimizer_kwargs})
-    instrument = Instrument(options.transforms, MemoryTracker() if options.instrument else None)
-    start = time.perf_counter()
-    with applied_during_step(options.transforms, instrument.applied), instrument:
-        outcome = measure_steps(request, instrument.wrap(script), start)
-    info: dict[str, Any] = {"transforms": options.transforms.to_dict(), "applied": asdict(instrument.applied)}
-    if options.instrument:
-        info.update(_breakdown(request, instrument, outcome))
-    outcome.info = info
-    return outcome
+    """One probe of the real step, with the options' transforms, instrumented unless they say not
+    (with a distributed strategy, on every rank: :mod:`autobatch.explain.worker.distributed`)."""
+    if request.strategy != "none":
+        from .distributed import explain_on_ranks
 
-
-def _breakdown(request: ProbeRequest, instrument: Instrument, outcome: ProbeOutcome) -> dict[str, Any]:
-    """The categories at the peak (adding up to it with the residual), the modules and the notes."""
-    tracker = instrument.tracker
-    assert tracker is not None
-    cpu = request.device == "cpu"
-    info: dict[str, Any] = {}
-    notes = list(instrument.applied.notes)
-    flops_note = instrument.count_flops(request.precision, "cpu" if cpu else "cuda")
-    if flops_note:
-        notes.append(flops_note)
-    stats = outcome.device_stats
-    runtime = 0
-    if not cpu and stats:
-        runtime = max(0, int(stats.get("max_memory_reserved", 0)) - int(stats.get("max_memory_allocated", 0)))
-        nvml = stats.get("nvml_process_bytes")
-        if nvml:
-            info["outside_budget"] = {"cuda_context": max(0, int(nvml) - int(stats["max_memory_reserved"]))}
-    peak = int(outcome.peak_bytes or 0)
-    categories, residual = instrument.categories(int(outcome.baseline_bytes or 0), peak, runtime)
-    info.update(
-        categories=categories,
-        residual_bytes=residual,
-        tracked_peak_bytes=tracker.peak.tensor_bytes,
-        tracked_step_peaks=list(tracker.step_peaks),
-        peak_phase=f"step {tracker.peak.step} {tracker.peak.phase}",
-        modules=instrument.modules(),
-        notes=notes,
-    )
-    return info
+        return explain_on_ranks(request, script, options)
+    return explain_step(request, script, options)
 
 
 @register(ESTIMATE, EstimateOptions)

@@ -91,6 +91,9 @@ class MemoryTracker(TorchDispatchMode):
         self.step = 0
         self._seq = 0
         self._param_storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        #: Operator namespaces whose outputs get a category of their own (``explain --strategy fsdp``: the
+        #: ``fsdp`` ops' all-gather and reduce-scatter buffers); empty: every new storage is a temporary.
+        self.op_categories: dict[str, str] = {}
 
     # -- the dispatch hook --------------------------------------------------------------------------
 
@@ -98,7 +101,7 @@ class MemoryTracker(TorchDispatchMode):
         if self.fake_scalars and func is torch.ops.aten._local_scalar_dense.default:
             return _fake_scalar(args[0])
         out = with_workspaces(func, args, func(*args, **(kwargs or {})))
-        category = "temporaries"
+        category = self.op_categories.get(getattr(func, "namespace", ""), "temporaries")
         if self.phase == "forward" and _is_param_cast(func, args, self._param_storages):
             category = "autocast_copies"
         for tensor in tree_leaves(out):
@@ -110,7 +113,7 @@ class MemoryTracker(TorchDispatchMode):
 
     def track(self, tensor: torch.Tensor, category: str) -> None:
         """Start tracking the tensor's storage (no-op when already tracked)."""
-        storage = tensor.untyped_storage()
+        storage = storage_of(tensor)
         if storage in self._entries:
             return
         nbytes = storage.nbytes()
@@ -151,11 +154,23 @@ class MemoryTracker(TorchDispatchMode):
         self.tensor_bytes -= entry.nbytes
         self.allocator.free(entry.handle)
 
+    def tag_storage(self, storage: torch.UntypedStorage, category: str) -> None:
+        """Set the category of a tracked provisional storage (no-op when untracked)."""
+        entry = self._entries.get(storage)
+        if entry is None or entry.category == category or entry.category not in _PROVISIONAL:
+            return
+        self.live.setdefault(category, 0)
+        self.peak.categories.setdefault(category, 0)
+        if entry in self._live:
+            self._move(entry, category)
+        else:  # resized to nothing: counted in its category when it is refilled
+            entry.category = category
+
     def tag(self, tensors: Iterable[torch.Tensor], category: str, *, only_provisional: bool = True) -> int:
         """Set the category of these tensors' storages (tracking them if new); returns bytes newly tagged."""
         moved = 0
         for tensor in tensors:
-            storage = tensor.untyped_storage()
+            storage = storage_of(tensor)
             entry = self._entries.get(storage)
             if entry is None:
                 self.track(tensor, category)
@@ -164,6 +179,23 @@ class MemoryTracker(TorchDispatchMode):
                 continue
             self._move(entry, category)
             moved += entry.nbytes
+        return moved
+
+    @property
+    def seq(self) -> int:
+        """The sequence number of the last storage tracked (for :meth:`tag_since`)."""
+        return self._seq
+
+    def tag_since(self, seq: int, category: str) -> int:
+        """Move the live provisional storages tracked after ``seq`` to ``category``, which may be one of a
+        distributed strategy's own (DDP's gradient buckets, made while the model is wrapped); the bytes moved."""
+        self.live.setdefault(category, 0)
+        self.peak.categories.setdefault(category, 0)
+        moved = 0
+        for entry in list(self._live):
+            if entry.seq > seq and entry.category in _PROVISIONAL:
+                self._move(entry, category)
+                moved += entry.nbytes
         return moved
 
     def _move(self, entry: _Entry, category: str) -> None:
@@ -175,7 +207,7 @@ class MemoryTracker(TorchDispatchMode):
         entry.category = category
 
     def category_of(self, tensor: torch.Tensor) -> str | None:
-        entry = self._entries.get(tensor.untyped_storage())
+        entry = self._entries.get(storage_of(tensor))
         return entry.category if entry is not None else None
 
     def register_model(self, model: torch.nn.Module) -> None:
@@ -184,7 +216,7 @@ class MemoryTracker(TorchDispatchMode):
         self.tag(params, "parameters", only_provisional=False)
         self.tag(list(model.buffers()), "buffers", only_provisional=False)
         for p in params:
-            self._param_storages[p.untyped_storage()] = True
+            self._param_storages[storage_of(p)] = True
 
     def begin_step(self) -> None:
         self.step += 1
@@ -216,7 +248,14 @@ def _is_param_cast(func: Any, args: Any, param_storages: WeakIdKeyDictionary) ->
     name = getattr(getattr(func, "overloadpacket", None), "__name__", "")
     if name not in _CASTS or not args or not isinstance(args[0], torch.Tensor):
         return False
-    return args[0].untyped_storage() in param_storages
+    return storage_of(args[0]) in param_storages
+
+
+def storage_of(tensor: torch.Tensor) -> torch.UntypedStorage:
+    """The storage that holds a tensor's memory: a ``DTensor``'s is its local shard's (the wrapper's own
+    storage has the global size and holds nothing)."""
+    local = getattr(tensor, "_local_tensor", None)
+    return (local if isinstance(local, torch.Tensor) else tensor).untyped_storage()
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
