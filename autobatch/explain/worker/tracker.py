@@ -35,7 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    is_traceable_wrapper_subclass,
+    is_traceable_wrapper_subclass_type,
+)
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -95,6 +99,11 @@ class MemoryTracker(TorchDispatchMode):
     # -- the dispatch hook --------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(is_traceable_wrapper_subclass_type(t) for t in types):
+            # A DTensor (FSDP2's sharded parameters, gradients, optimizer state): let it desugar into
+            # ops on its local shard, which come back here; its own storage has the global size, which
+            # no rank holds (torch.distributed._tools.MemTracker does the same).
+            return NotImplemented
         if self.fake_scalars and func is torch.ops.aten._local_scalar_dense.default:
             return _fake_scalar(args[0])
         out = with_workspaces(func, args, func(*args, **(kwargs or {})))
@@ -109,8 +118,11 @@ class MemoryTracker(TorchDispatchMode):
     # -- bookkeeping -------------------------------------------------------------------------------
 
     def track(self, tensor: torch.Tensor, category: str) -> None:
-        """Start tracking the tensor's storage (no-op when already tracked)."""
-        storage = tensor.untyped_storage()
+        """Start tracking the tensor's storage (a DTensor's: its local shard's; no-op when already tracked)."""
+        for storage in storages_of(tensor):
+            self._track_storage(storage, category)
+
+    def _track_storage(self, storage: torch.UntypedStorage, category: str) -> None:
         if storage in self._entries:
             return
         nbytes = storage.nbytes()
@@ -154,11 +166,10 @@ class MemoryTracker(TorchDispatchMode):
     def tag(self, tensors: Iterable[torch.Tensor], category: str, *, only_provisional: bool = True) -> int:
         """Set the category of these tensors' storages (tracking them if new); returns bytes newly tagged."""
         moved = 0
-        for tensor in tensors:
-            storage = tensor.untyped_storage()
+        for storage in (st for tensor in tensors for st in storages_of(tensor)):
             entry = self._entries.get(storage)
             if entry is None:
-                self.track(tensor, category)
+                self._track_storage(storage, category)
                 continue
             if entry.category == category or (only_provisional and entry.category not in _PROVISIONAL):
                 continue
@@ -175,7 +186,7 @@ class MemoryTracker(TorchDispatchMode):
         entry.category = category
 
     def category_of(self, tensor: torch.Tensor) -> str | None:
-        entry = self._entries.get(tensor.untyped_storage())
+        entry = next((self._entries.get(st) for st in storages_of(tensor)), None)
         return entry.category if entry is not None else None
 
     def register_model(self, model: torch.nn.Module) -> None:
@@ -183,8 +194,8 @@ class MemoryTracker(TorchDispatchMode):
         params = list(model.parameters())
         self.tag(params, "parameters", only_provisional=False)
         self.tag(list(model.buffers()), "buffers", only_provisional=False)
-        for p in params:
-            self._param_storages[p.untyped_storage()] = True
+        for storage in (st for p in params for st in storages_of(p)):
+            self._param_storages[storage] = True
 
     def begin_step(self) -> None:
         self.step += 1
@@ -204,6 +215,16 @@ class MemoryTracker(TorchDispatchMode):
 
     def peak_categories(self) -> dict[str, int]:
         return dict(self.peak.categories)
+
+
+def storages_of(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages that hold a tensor's memory in this process: its own, or for a traceable wrapper
+    subclass (a DTensor) its inner tensors' (a DTensor's local shard), never the wrapper's."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor.untyped_storage()]
+    names, _context = tensor.__tensor_flatten__()
+    inner = (getattr(tensor, name) for name in names)
+    return [st for t in inner if isinstance(t, torch.Tensor) for st in storages_of(t)]
 
 
 def _fake_scalar(tensor: torch.Tensor) -> Any:
