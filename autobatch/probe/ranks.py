@@ -289,7 +289,9 @@ def run_rank(
 
         # N ranks share the cores: split them, as torchrun does (OMP_NUM_THREADS), or they thrash
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    wrap = _timed(wrapper(request.strategy, device, request.recompute_classes or script.recompute_classes), info)
+    wrap = _timed(
+        wrapper(request.strategy, device, request.recompute_classes or script.recompute_classes), info
+    )
     outcome = measure(replace(request, device=device), script, time.perf_counter(), wrap=wrap)
     return outcome, info
 
