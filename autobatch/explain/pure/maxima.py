@@ -85,6 +85,8 @@ class SimResult:
     tensor_peak: int = 0
     categories: dict[str, int] = field(default_factory=dict)
     step_peaks: list[int] = field(default_factory=list)
+    #: The device's peak in forward and backward with the optimizer state resident (None: not seen).
+    rising_peak: int | None = None
     static: dict[str, int] = field(default_factory=dict)  # parameters, gradients, optimizer_state
     peak_phase: str = ""
     seconds: float = 0.0
@@ -153,17 +155,24 @@ def estimate_scenario(
         out.trace.append(
             {"batch_size": b, "fits": fits, "predicted_bytes": total, "seconds": runs[b].seconds}
         )
-        return Observation(b, fits, peak_bytes=total if fits else None, kind="fits" if fits else "oom")
+        # The batch-dependent phase's peak: where the optimizer step's flat peak sets the total (small
+        # batches of a parameter-heavy model), the search still sees the per-sample cost.
+        rising = runs[b].rising_peak
+        rising_bytes = int(offset.at(b) + rising) if rising is not None else None
+        kind = "fits" if fits else "oom"
+        return Observation(b, fits, peak_bytes=total if fits else None, kind=kind, rising_bytes=rising_bytes)
 
     try:
         for b in report_at:
             out.points[str(b)] = predicted(b)
+        seeds = _seed(probe, budget_bytes, max_batch_size, batch_multiple) if prior is None else []
         result = search_max_batch(
             probe,
             budget_bytes=budget_bytes,
             max_batch_size=max_batch_size,
             batch_multiple=batch_multiple,
             prior=prior,
+            known=seeds,
         )
     except SimulationError as exc:
         out.status, out.error = "error", str(exc)
@@ -181,6 +190,50 @@ def estimate_scenario(
     if line is not None:
         out.intercept_bytes, out.bytes_per_sample = line
     return out
+
+
+#: The second seed simulation, in batch multiples: far enough from the first for a per-sample slope.
+SEED_SPAN = 64
+#: Secant steps of the seeding at most.
+SEED_STEPS = 4
+
+
+def _seed(probe: Callable[[int], Observation], budget: int, largest: int, m: int) -> list[Observation]:
+    """Simulations that bracket the maximum in a few steps (a simulation is deterministic, so no noise
+    margin is needed): the smallest candidate, one :data:`SEED_SPAN` multiples above it (times
+    :data:`SEED_SPAN` again while the rising peak stays flat), then secant
+    steps on the rising-phase peaks (forward and backward, flat at small batches while buffers of fixed
+    size set it, affine after) to the batch where they cross the budget, and its neighbour. Without
+    rising peaks, only the first. The search (:func:`~autobatch.core.search.search_max_batch`) takes
+    them as known and finishes from there, so the answer stays exact whatever the curve; only the
+    number of simulations changes."""
+    seen: dict[int, Observation] = {}
+
+    def sim(b: int) -> Observation:
+        if b not in seen:
+            seen[b] = probe(b)
+        return seen[b]
+
+    first = sim(m)
+    points = [(m, first.rising_bytes)]
+    b = min(SEED_SPAN * m, largest // m * m)
+    for _ in range(SEED_STEPS + 1):
+        if b in seen or points[-1][1] is None:
+            break
+        points.append((b, sim(b).rising_bytes))
+        (b1, r1), (b2, r2) = points[-2:]
+        if r1 is None or r2 is None:
+            break
+        slope = (r2 - r1) / (b2 - b1)
+        if slope <= 0:  # still flat: look further
+            b = min(largest // m * m, max(b1, b2) * SEED_SPAN)
+            continue
+        b = max(m, min(largest // m * m, int((b2 + (budget - r2) / slope) // m) * m))
+    if b in seen:  # converged: its neighbour on the other side of the budget closes the bracket
+        neighbour = b + m if seen[b].fits else b - m
+        if m <= neighbour <= largest:
+            sim(neighbour)
+    return [seen[k] for k in sorted(seen)]
 
 
 def _line(runs: dict[int, SimResult], offset: Offset, budget_bytes: int) -> tuple[float, float] | None:

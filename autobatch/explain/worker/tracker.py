@@ -91,6 +91,9 @@ class MemoryTracker(TorchDispatchMode):
         self.tensor_bytes = 0
         self.peak = PeakSnapshot(categories=dict(self.live))
         self.step_peaks: list[int] = []
+        #: The device's peak (allocator units) in the forward and backward of step 2 on, when the
+        #: optimizer state is resident: the batch-dependent phase, apart from the optimizer step's.
+        self.rising_peak = 0
         self.phase = "setup"
         self.step = 0
         self._seq = 0
@@ -137,6 +140,11 @@ class MemoryTracker(TorchDispatchMode):
             self.peak = PeakSnapshot(self.tensor_bytes, dict(self.live), self.phase, self.step, self._seq)
         if self.step_peaks:
             self.step_peaks[-1] = max(self.step_peaks[-1], self.tensor_bytes)
+        self._note_rising()
+
+    def _note_rising(self) -> None:
+        if self.step >= 2 and self.phase in ("forward", "backward"):
+            self.rising_peak = max(self.rising_peak, self.allocator.current)
 
     def resized(self, storage: torch.UntypedStorage, nbytes: int) -> None:
         """A tracked storage was resized in place (FSDP2 frees and refills its unsharded parameters with
@@ -154,6 +162,7 @@ class MemoryTracker(TorchDispatchMode):
                 self.peak = PeakSnapshot(self.tensor_bytes, dict(self.live), self.phase, self.step, entry.seq)
             if self.step_peaks:
                 self.step_peaks[-1] = max(self.step_peaks[-1], self.tensor_bytes)
+            self._note_rising()
 
     def _released(self, entry: _Entry, _ref: object) -> None:
         if entry not in self._live:
