@@ -14,6 +14,7 @@ instead of running anything; ``--depth`` and ``--memory`` shrink the example for
     python scripts/strategies.py                            # the README's table; 20-40 min on 2 busy cores
     python scripts/strategies.py --depth 16 --memory 600MiB --folder /tmp/quick   # a few minutes
     python scripts/strategies.py --from strategies-run
+    python scripts/strategies.py --from strategies-run --estimates-only   # the estimates again, new code
 """
 
 from __future__ import annotations
@@ -79,21 +80,28 @@ class Runner:
             raise SystemExit(f"{name}: exit {done.returncode}")
         return json.loads(out.read_text())
 
-    def measure(self) -> None:
-        self.log["load_start"] = os.getloadavg()
-        self.log["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    def measure(self, *, estimates_only: bool = False) -> None:
+        """Every command (``estimates_only``: the estimates again, into an earlier run's folder)."""
+        logged = self.folder / "log.json"
+        if estimates_only and logged.is_file():
+            self.log = json.loads(logged.read_text())
+        else:
+            self.log["load_start"] = os.getloadavg()
+            self.log["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         base = ["examples/mlp.py", *common(self.memory)]
-        for strategy in STRATEGIES:
+        for strategy in () if estimates_only else STRATEGIES:
             tuned = self.run(f"tune-{strategy}", ["tune", *base, *TUNE, *ranks(strategy), "--no-cache"])
             maximum = tuned["combinations"][0]["max_batch_size"]
             for label, batch in (("max", maximum), ("next", maximum + 1)):
                 check = ["check", *base, "-b", str(batch), "--steps", CHECK_STEPS, *ranks(strategy)]
                 self.run(f"check-{strategy}-{label}", check, ok_codes=(0, 5))
+        if estimates_only:
+            self.log["estimates_load_start"] = os.getloadavg()
         for strategy, world in (("ddp", 2), ("fsdp", 2), ("fsdp", 64)):
             estimate = ["estimate", *base, "--strategy", strategy, "--world-size", str(world)]
             self.run(f"est-{strategy}-{world}", [*estimate, "--timeout", "1800"])
-        self.log["load_end"] = os.getloadavg()
-        (self.folder / "log.json").write_text(json.dumps(self.log, indent=2))
+        self.log["estimates_load_end" if estimates_only else "load_end"] = os.getloadavg()
+        logged.write_text(json.dumps(self.log, indent=2))
 
 
 def _read(folder: Path, name: str) -> Any:
@@ -157,6 +165,10 @@ def report(folder: Path) -> str:
         lines.append(f"- run at {log.get('started')}; load average (1, 5, 15 min) at start "
                      f"{', '.join(f'{x:.2f}' for x in log['load_start'])}, at end "
                      f"{', '.join(f'{x:.2f}' for x in log['load_end'])} (2 cores, shared)")  # fmt: skip
+        if "estimates_load_start" in log:
+            lines.append(f"- estimates rerun afterwards (`--from FOLDER --estimates-only`, same code as the "
+                         f"table's); load average at their start {', '.join(f'{x:.2f}' for x in log['estimates_load_start'])}, "
+                         f"at their end {', '.join(f'{x:.2f}' for x in log['estimates_load_end'])}")  # fmt: skip
         lines.append("- commands (each `--json`, wall seconds):")
         lines += [f"  - `{cmd}` ({log['seconds'][name]} s)" for name, cmd in log["commands"].items()]
     big = _read(folder, "est-fsdp-64")
@@ -172,12 +184,17 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, default=Path("strategies-run"), help="where a run writes")
     parser.add_argument("--depth", type=int, default=64, help="blocks of the example MLP (README: 64)")
     parser.add_argument("--memory", default="780MiB", help="memory per rank (README: 780MiB)")
+    parser.add_argument(
+        "--estimates-only", action="store_true", help="with --from: run the estimates again into that folder"
+    )
     parser.add_argument("--results", type=Path, default=ROOT / "scripts" / "results" / "strategies.md")
     args = parser.parse_args()
     folder = args.source or args.folder
     if args.source is None:
         folder.mkdir(parents=True, exist_ok=True)
         Runner(folder, args.depth, args.memory).measure()
+    elif args.estimates_only:
+        Runner(folder, args.depth, args.memory).measure(estimates_only=True)
     text = report(folder)
     print(text)
     args.results.parent.mkdir(exist_ok=True)

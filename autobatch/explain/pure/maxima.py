@@ -194,8 +194,9 @@ def estimate_scenario(
 
 #: The second seed simulation, in batch multiples: far enough from the first for a per-sample slope.
 SEED_SPAN = 64
-#: Secant steps of the seeding at most.
+#: Secant steps of the seeding at most, and candidates it walks from where they converge.
 SEED_STEPS = 4
+SEED_WALK = 3
 
 
 def _seed(probe: Callable[[int], Observation], budget: int, largest: int, m: int) -> list[Observation]:
@@ -203,7 +204,8 @@ def _seed(probe: Callable[[int], Observation], budget: int, largest: int, m: int
     margin is needed): the smallest candidate, one :data:`SEED_SPAN` multiples above it (times
     :data:`SEED_SPAN` again while the rising peak stays flat), then secant
     steps on the rising-phase peaks (forward and backward, flat at small batches while buffers of fixed
-    size set it, affine after) to the batch where they cross the budget, and its neighbour. Without
+    size set it, affine after) to the batch where they cross the budget, and up to :data:`SEED_WALK`
+    neighbours until one lands on the other side of the budget. Without
     rising peaks, only the first. The search (:func:`~autobatch.core.search.search_max_batch`) takes
     them as known and finishes from there, so the answer stays exact whatever the curve; only the
     number of simulations changes."""
@@ -229,10 +231,11 @@ def _seed(probe: Callable[[int], Observation], budget: int, largest: int, m: int
             b = min(largest // m * m, max(b1, b2) * SEED_SPAN)
             continue
         b = max(m, min(largest // m * m, int((b2 + (budget - r2) / slope) // m) * m))
-    if b in seen:  # converged: its neighbour on the other side of the budget closes the bracket
-        neighbour = b + m if seen[b].fits else b - m
-        if m <= neighbour <= largest:
-            sim(neighbour)
+    if b in seen:  # converged: walk a few candidates towards the other side of the budget
+        step = m if seen[b].fits else -m
+        for neighbour in range(b + step, b + (SEED_WALK + 1) * step, step):
+            if not m <= neighbour <= largest or sim(neighbour).fits != seen[b].fits:
+                break
     return [seen[k] for k in sorted(seen)]
 
 
