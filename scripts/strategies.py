@@ -86,6 +86,7 @@ class Runner:
         if estimates_only and logged.is_file():
             self.log = json.loads(logged.read_text())
         else:
+            self.log["argv"] = " ".join(["python", "scripts/strategies.py", *sys.argv[1:]])
             self.log["load_start"] = os.getloadavg()
             self.log["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         base = ["examples/mlp.py", *common(self.memory)]
@@ -96,6 +97,7 @@ class Runner:
                 check = ["check", *base, "-b", str(batch), "--steps", CHECK_STEPS, *ranks(strategy)]
                 self.run(f"check-{strategy}-{label}", check, ok_codes=(0, 5))
         if estimates_only:
+            self.log["estimates_argv"] = " ".join(["python", "scripts/strategies.py", *sys.argv[1:]])
             self.log["estimates_load_start"] = os.getloadavg()
         for strategy, world in (("ddp", 2), ("fsdp", 2), ("fsdp", 64)):
             estimate = ["estimate", *base, "--strategy", strategy, "--world-size", str(world)]
@@ -148,7 +150,7 @@ def table(folder: Path) -> str:
     for strategy in STRATEGIES:
         measured = _maximum(_read(folder, f"tune-{strategy}"))
         estimate = _maximum(_read(folder, f"est-{strategy}-2")) if strategy != "none" else None
-        shown = f"{estimate} ({estimate / measured:.2f} x)" if estimate and measured else "-"
+        shown = f"{estimate} ({estimate / measured:.3f} x)" if estimate and measured else "-"
         at_max = _read(folder, f"check-{strategy}-max")
         name = "none (one process)" if strategy == "none" else f"{strategy}, 2 ranks"
         lines.append(
@@ -162,6 +164,8 @@ def report(folder: Path) -> str:
     log = json.loads((folder / "log.json").read_text()) if (folder / "log.json").is_file() else {}
     lines = ["# Strategies on the CPU device: measured per-rank maxima, checks and estimates", ""]
     if log:
+        made = [f"`{log[k]}`" for k in ("argv", "estimates_argv") if k in log]
+        lines.append(f"- made by {' then '.join(made) or '`python scripts/strategies.py`'}")
         lines.append(f"- run at {log.get('started')}; load average (1, 5, 15 min) at start "
                      f"{', '.join(f'{x:.2f}' for x in log['load_start'])}, at end "
                      f"{', '.join(f'{x:.2f}' for x in log['load_end'])} (2 cores, shared)")  # fmt: skip
@@ -175,7 +179,28 @@ def report(folder: Path) -> str:
     if big is not None and log:
         lines.append(f"- `estimate --strategy fsdp --world-size 64`: maximum {_maximum(big)} per rank, "
                      f"{log['seconds']['est-fsdp-64']} s for the whole command")  # fmt: skip
-    return "\n".join([*lines, "", table(folder), ""])
+    return "\n".join([*lines, "", table(folder), "", *step_down(folder), ""])
+
+
+def step_down(folder: Path) -> list[str]:
+    """Batches each tune saw fit a search probe (3 steps) but not a 4-step one: the peak's growth in
+    step 4, against the CPU margin, is why a confirmation steps down."""
+    lines = []
+    for strategy in STRATEGIES:
+        tuned = _read(folder, f"tune-{strategy}")
+        trace = tuned["combinations"][0].get("trace", []) if tuned and tuned.get("combinations") else []
+        short = {t["batch_size"]: t["peak_bytes"] for t in trace if t["kind"] == "fits" and t["steps"] == 3}
+        long = {t["batch_size"]: t["peak_bytes"] for t in trace if t["steps"] == 4 and t.get("peak_bytes")}
+        pairs = [f"{b}: {short[b] / MiB:.2f} -> {long[b] / MiB:.2f} MiB" for b in sorted(short) if b in long]
+        if pairs:
+            lines.append(
+                f"- {strategy}: worst rank's peak, 3 steps -> 4 steps, at the same batch: {'; '.join(pairs)}"
+            )
+    if lines:
+        lines.insert(
+            0, "Peaks the tunes measured at the same batch with 3 and with 4 steps (the confirmation's):"
+        )
+    return lines
 
 
 def main() -> None:
