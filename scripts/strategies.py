@@ -170,8 +170,8 @@ def report(folder: Path) -> str:
                      f"{', '.join(f'{x:.2f}' for x in log['load_start'])}, at end "
                      f"{', '.join(f'{x:.2f}' for x in log['load_end'])} (2 cores, shared)")  # fmt: skip
         if "estimates_load_start" in log:
-            lines.append(f"- estimates rerun afterwards (`--from FOLDER --estimates-only`, same code as the "
-                         f"table's); load average at their start {', '.join(f'{x:.2f}' for x in log['estimates_load_start'])}, "
+            lines.append(f"- estimates rerun afterwards (`--from FOLDER --estimates-only`, with the final estimate code"
+                         f"); load average at their start {', '.join(f'{x:.2f}' for x in log['estimates_load_start'])}, "
                          f"at their end {', '.join(f'{x:.2f}' for x in log['estimates_load_end'])}")  # fmt: skip
         lines.append("- commands (each `--json`, wall seconds):")
         lines += [f"  - `{cmd}` ({log['seconds'][name]} s)" for name, cmd in log["commands"].items()]

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...core.search import Affine, Observation, search_max_batch
+from ...core.search import Affine, Observation, SearchResult, search_max_batch
 from .records import Scenario
 
 if TYPE_CHECKING:
@@ -177,19 +177,31 @@ def estimate_scenario(
     except SimulationError as exc:
         out.status, out.error = "error", str(exc)
         return out
+    _record(out, result, runs, offset, budget_bytes, batch_multiple)
+    return out
+
+
+def _record(
+    out: ScenarioEstimate,
+    result: SearchResult,
+    runs: dict[int, SimResult],
+    offset: Offset,
+    budget_bytes: int,
+    batch_multiple: int,
+) -> None:
+    """The search's answer into ``out``: status, maximum, the simulation at it, the line."""
     out.status = result.status if result.status in ("exact", "capped", "infeasible") else "exact"
     out.max_batch_size = result.max_batch_size
     if result.model is not None:
         out.bytes_per_sample, out.intercept_bytes = result.model.slope, result.model.intercept
     at = result.max_batch_size or batch_multiple
     if at in runs:
-        out.peak_bytes = predicted(at)
+        out.peak_bytes = int(offset.at(at) + runs[at].device_peak)
         out.categories = dict(runs[at].categories)
         out.static_bytes = dict(runs[at].static)
     line = _line(runs, offset, budget_bytes)
     if line is not None:
         out.intercept_bytes, out.bytes_per_sample = line
-    return out
 
 
 #: The second seed simulation, in batch multiples: far enough from the first for a per-sample slope.
