@@ -44,6 +44,8 @@ class CheckResult:
     strategy: dict[str, Any] | None = None
     rank_peak_bytes: list[int] = field(default_factory=list)
     failed_rank: int | None = None
+    #: The probe's wall clock, fork to answer: less the steps' seconds, its fixed cost.
+    wall_seconds: float = 0.0
 
     @classmethod
     def from_outcome(cls, combo: Combo, outcome: ProbeOutcome, info: DeviceInfo) -> CheckResult:
@@ -74,6 +76,7 @@ class CheckResult:
             strategy=outcome.info.get("distributed"),
             rank_peak_bytes=list(outcome.rank_peak_bytes),
             failed_rank=outcome.failed_rank,
+            wall_seconds=outcome.wall_seconds,
         )
 
     def to_dict(self) -> dict[str, Any]:

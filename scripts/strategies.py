@@ -1,79 +1,229 @@
-"""Measured maxima per strategy on the CPU (2 ranks), and the per-rank estimates beside them.
+"""Measured maxima per strategy on the CPU (2 ranks), checked, with the per-rank estimates beside them.
 
-Runs ``autobatch tune`` with ``--strategy none``, ``ddp`` and ``fsdp`` (2 ranks) and ``autobatch estimate
---strategy ddp|fsdp --world-size 2`` on one parameter-heavy example under one per-rank cap, then prints
-the table (and writes it to ``scripts/results/strategies.md``). ``--from DIR`` reads the JSON files an
-earlier run left in DIR instead of running anything::
+For one parameter-heavy example under one per-rank cap, runs (every command a fresh ``autobatch``, no cache):
 
-    python scripts/strategies.py                 # about 20-40 min on 2 busy cores
-    python scripts/strategies.py --from /tmp/dist
+1. ``tune`` with ``--strategy none`` (one process), ``ddp`` and ``fsdp`` (2 ranks each);
+2. ``check`` at each maximum and at the next batch (the confirmation's steps), with per-rank peaks and the
+   fixed cost of the probe (``wall_seconds`` less the steps; for ranks: start, rendezvous, wrap);
+3. ``estimate --strategy ddp|fsdp --world-size 2``, and ``estimate --strategy fsdp --world-size 64`` timed;
+
+then prints the table and writes it, with the commands and the machine's load, to
+``scripts/results/strategies.md``. ``--from DIR`` reads the JSON files an earlier run left in DIR
+instead of running anything; ``--depth`` and ``--memory`` shrink the example for a quick run::
+
+    python scripts/strategies.py                            # the README's table; 20-40 min on 2 busy cores
+    python scripts/strategies.py --depth 16 --memory 600MiB --folder /tmp/quick   # a few minutes
+    python scripts/strategies.py --from strategies-run
+    python scripts/strategies.py --from strategies-run --estimates-only   # the estimates again, new code
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT_ARGS = ["--width", "512", "--depth", "64", "--tokens", "1", "--in-features", "512", "--classes", "10"]
-COMMON = ["-d", "cpu", "-m", "780MiB", "-p", "32-true", "-o", "adamw", "--no-recompute"]
+MiB = 1 << 20
 TUNE = ["--steps", "3", "--max-steps", "3", "--confirm-steps", "4"]
+CHECK_STEPS = "4"  # the confirmation's steps
+STRATEGIES = ("none", "ddp", "fsdp")
 
 
-def _run(args: list[str], out: Path) -> None:
-    command = [sys.executable, "-m", "autobatch", *args, "--json", "--", *SCRIPT_ARGS]
-    print("$ autobatch " + " ".join(args), file=sys.stderr, flush=True)
-    with out.open("w") as handle:
-        subprocess.run(command, stdout=handle, check=True, cwd=ROOT)
+def script_args(depth: int) -> list[str]:
+    return [
+        "--width",
+        "512",
+        "--depth",
+        str(depth),
+        "--tokens",
+        "1",
+        "--in-features",
+        "512",
+        "--classes",
+        "10",
+    ]
 
 
-def measure(folder: Path) -> None:
-    for strategy in ("none", "ddp", "fsdp"):
-        ranks = "1" if strategy == "none" else "2"
-        tune = ["tune", "examples/mlp.py", *COMMON, *TUNE, "--strategy", strategy, "--nproc-per-node", ranks]
-        _run([*tune, "--output", str(folder / f"result-{strategy}.json")], folder / f"{strategy}.json")
-    for strategy in ("ddp", "fsdp"):
-        estimate = ["estimate", "examples/mlp.py", *COMMON, "--strategy", strategy, "--world-size", "2"]
-        _run([*estimate, "--timeout", "1800"], folder / f"est-{strategy}.json")
+def common(memory: str) -> list[str]:
+    return ["-d", "cpu", "-m", memory, "-p", "32-true", "-o", "adamw", "--no-recompute"]
 
 
-def _maximum(path: Path) -> int | None:
+def ranks(strategy: str) -> list[str]:
+    return ["--strategy", strategy, "--nproc-per-node", "1" if strategy == "none" else "2"]
+
+
+class Runner:
+    """Runs ``autobatch`` commands, keeping each one's JSON and wall time in ``folder``."""
+
+    def __init__(self, folder: Path, depth: int, memory: str) -> None:
+        self.folder, self.depth, self.memory = folder, depth, memory
+        self.log: dict[str, Any] = {"commands": {}, "seconds": {}}
+
+    def run(self, name: str, args: list[str], *, ok_codes: tuple[int, ...] = (0,)) -> Any:
+        shown = " ".join(["autobatch", *args, "--", *script_args(self.depth)])
+        command = [sys.executable, "-m", "autobatch", *args, "--json", "--", *script_args(self.depth)]
+        print(f"$ {shown}", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        out = self.folder / f"{name}.json"
+        with out.open("w") as handle:
+            done = subprocess.run(command, stdout=handle, cwd=ROOT, check=False)
+        self.log["commands"][name] = shown
+        self.log["seconds"][name] = round(time.perf_counter() - started, 1)
+        if done.returncode not in ok_codes:
+            raise SystemExit(f"{name}: exit {done.returncode}")
+        return json.loads(out.read_text())
+
+    def measure(self, *, estimates_only: bool = False) -> None:
+        """Every command (``estimates_only``: the estimates again, into an earlier run's folder)."""
+        logged = self.folder / "log.json"
+        if estimates_only and logged.is_file():
+            self.log = json.loads(logged.read_text())
+        else:
+            self.log["argv"] = " ".join(["python", "scripts/strategies.py", *sys.argv[1:]])
+            self.log["load_start"] = os.getloadavg()
+            self.log["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        base = ["examples/mlp.py", *common(self.memory)]
+        for strategy in () if estimates_only else STRATEGIES:
+            tuned = self.run(f"tune-{strategy}", ["tune", *base, *TUNE, *ranks(strategy), "--no-cache"])
+            maximum = tuned["combinations"][0]["max_batch_size"]
+            for label, batch in (("max", maximum), ("next", maximum + 1)):
+                check = ["check", *base, "-b", str(batch), "--steps", CHECK_STEPS, *ranks(strategy)]
+                self.run(f"check-{strategy}-{label}", check, ok_codes=(0, 5))
+        if estimates_only:
+            self.log["estimates_argv"] = " ".join(["python", "scripts/strategies.py", *sys.argv[1:]])
+            self.log["estimates_load_start"] = os.getloadavg()
+        for strategy, world in (("ddp", 2), ("fsdp", 2), ("fsdp", 64)):
+            estimate = ["estimate", *base, "--strategy", strategy, "--world-size", str(world)]
+            self.run(f"est-{strategy}-{world}", [*estimate, "--timeout", "1800"])
+        self.log["estimates_load_end" if estimates_only else "load_end"] = os.getloadavg()
+        logged.write_text(json.dumps(self.log, indent=2))
+
+
+def _read(folder: Path, name: str) -> Any:
+    path = folder / f"{name}.json"
     if not path.is_file() or not path.read_text().strip():
         return None
-    combos = json.loads(path.read_text())["combinations"]
-    return combos[0]["max_batch_size"] if combos else None
+    return json.loads(path.read_text())
+
+
+def _maximum(result: Any) -> int | None:
+    return result["combinations"][0]["max_batch_size"] if result and result.get("combinations") else None
+
+
+def _check(result: Any) -> str:
+    if result is None:
+        return "-"
+    peaks = result.get("rank_peak_bytes") or [result.get("peak_bytes") or 0]
+    shown = ", ".join(f"{p / MiB:.1f}" for p in peaks)
+    budget = result["budget_bytes"] / MiB
+    if not result["fits"]:
+        return f"out of memory ({result.get('reason') or result['kind']})"
+    verdict = "fits only inside the CPU margin" if result["within_margin"] else "fits"
+    return f"{verdict} ({shown} of {budget:.0f} MiB)"
+
+
+def _fixed_cost(result: Any) -> str:
+    if result is None or not result.get("wall_seconds"):
+        return "-"
+    overhead = result["wall_seconds"] - sum(result["step_seconds"])
+    text = f"{overhead:.2f} s (wall {result['wall_seconds']:.2f} s - steps)"
+    cost = result.get("strategy")
+    if cost:
+        parts = [f"{cost.get(k, 0.0):.2f}" for k in ("start_seconds", "rendezvous_seconds", "wrap_seconds")]
+        text += f"; start / rendezvous / wrap {' / '.join(parts)} s"
+    return text
 
 
 def table(folder: Path) -> str:
     lines = [
-        "| strategy (2 ranks, 780 MiB per rank) | measured maximum | estimate | estimate / measured |",
-        "| --- | --- | --- | --- |",
+        "| strategy | tune: maximum per rank | `check` at the maximum | `check` at the next batch "
+        "| `estimate --world-size 2` (/ measured) | probe's fixed cost (at the maximum) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
-    for strategy in ("none", "ddp", "fsdp"):
-        measured = _maximum(folder / f"{strategy}.json")
-        estimate = _maximum(folder / f"est-{strategy}.json") if strategy != "none" else None
-        ratio = f"{estimate / measured:.2f}" if estimate and measured else "-"
-        lines.append(f"| {strategy} | {measured or '-'} | {estimate or '-'} | {ratio} |")
+    for strategy in STRATEGIES:
+        measured = _maximum(_read(folder, f"tune-{strategy}"))
+        estimate = _maximum(_read(folder, f"est-{strategy}-2")) if strategy != "none" else None
+        shown = f"{estimate} ({estimate / measured:.3f} x)" if estimate and measured else "-"
+        at_max = _read(folder, f"check-{strategy}-max")
+        name = "none (one process)" if strategy == "none" else f"{strategy}, 2 ranks"
+        lines.append(
+            f"| {name} | {measured or '-'} | {_check(at_max)} | {_check(_read(folder, f'check-{strategy}-next'))} "
+            f"| {shown} | {_fixed_cost(at_max)} |"
+        )
     return "\n".join(lines)
+
+
+def report(folder: Path) -> str:
+    log = json.loads((folder / "log.json").read_text()) if (folder / "log.json").is_file() else {}
+    lines = ["# Strategies on the CPU device: measured per-rank maxima, checks and estimates", ""]
+    if log:
+        made = [f"`{log[k]}`" for k in ("argv", "estimates_argv") if k in log]
+        lines.append(f"- made by {' then '.join(made) or '`python scripts/strategies.py`'}")
+        lines.append(f"- run at {log.get('started')}; load average (1, 5, 15 min) at start "
+                     f"{', '.join(f'{x:.2f}' for x in log['load_start'])}, at end "
+                     f"{', '.join(f'{x:.2f}' for x in log['load_end'])} (2 cores, shared)")  # fmt: skip
+        if "estimates_load_start" in log:
+            lines.append(f"- estimates rerun afterwards (`--from FOLDER --estimates-only`, with the final estimate code"
+                         f"); load average at their start {', '.join(f'{x:.2f}' for x in log['estimates_load_start'])}, "
+                         f"at their end {', '.join(f'{x:.2f}' for x in log['estimates_load_end'])}")  # fmt: skip
+        lines.append("- commands (each `--json`, wall seconds):")
+        lines += [f"  - `{cmd}` ({log['seconds'][name]} s)" for name, cmd in log["commands"].items()]
+    big = _read(folder, "est-fsdp-64")
+    if big is not None and log:
+        lines.append(f"- `estimate --strategy fsdp --world-size 64`: maximum {_maximum(big)} per rank, "
+                     f"{log['seconds']['est-fsdp-64']} s for the whole command")  # fmt: skip
+    return "\n".join([*lines, "", table(folder), "", *step_down(folder), ""])
+
+
+def step_down(folder: Path) -> list[str]:
+    """Batches each tune saw fit a search probe (3 steps) but not a 4-step one: the peak's growth in
+    step 4, against the CPU margin, is why a confirmation steps down."""
+    lines = []
+    for strategy in STRATEGIES:
+        tuned = _read(folder, f"tune-{strategy}")
+        trace = tuned["combinations"][0].get("trace", []) if tuned and tuned.get("combinations") else []
+        short = {t["batch_size"]: t["peak_bytes"] for t in trace if t["kind"] == "fits" and t["steps"] == 3}
+        long = {t["batch_size"]: t["peak_bytes"] for t in trace if t["steps"] == 4 and t.get("peak_bytes")}
+        pairs = [f"{b}: {short[b] / MiB:.2f} -> {long[b] / MiB:.2f} MiB" for b in sorted(short) if b in long]
+        if pairs:
+            lines.append(
+                f"- {strategy}: worst rank's peak, 3 steps -> 4 steps, at the same batch: {'; '.join(pairs)}"
+            )
+    if lines:
+        lines.insert(
+            0, "Peaks the tunes measured at the same batch with 3 and with 4 steps (the confirmation's):"
+        )
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="source", type=Path, help="read the JSON files of an earlier run")
     parser.add_argument("--folder", type=Path, default=Path("strategies-run"), help="where a run writes")
+    parser.add_argument("--depth", type=int, default=64, help="blocks of the example MLP (README: 64)")
+    parser.add_argument("--memory", default="780MiB", help="memory per rank (README: 780MiB)")
+    parser.add_argument(
+        "--estimates-only", action="store_true", help="with --from: run the estimates again into that folder"
+    )
+    parser.add_argument("--results", type=Path, default=ROOT / "scripts" / "results" / "strategies.md")
     args = parser.parse_args()
     folder = args.source or args.folder
     if args.source is None:
         folder.mkdir(parents=True, exist_ok=True)
-        measure(folder)
-    text = table(folder)
+        Runner(folder, args.depth, args.memory).measure()
+    elif args.estimates_only:
+        Runner(folder, args.depth, args.memory).measure(estimates_only=True)
+    text = report(folder)
     print(text)
-    results = ROOT / "scripts" / "results"
-    results.mkdir(exist_ok=True)
-    (results / "strategies.md").write_text(text + "\n")
+    args.results.parent.mkdir(exist_ok=True)
+    args.results.write_text(text)
 
 
 if __name__ == "__main__":

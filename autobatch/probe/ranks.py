@@ -41,11 +41,16 @@ import time
 import traceback
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..contract import UserScript
 from .protocol import ProbeOutcome, ProbeRequest
 from .server import die_with_parent
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..step.loop import Wrap
 
 #: The share of the probe's timeout the coordinator gives its ranks (the rest: stopping them, answering).
 RANK_TIME_SHARE = 0.9
@@ -187,6 +192,7 @@ def combine(request: ProbeRequest, ranks: list[Rank], failure: Rank | None, wall
         "world_size": world,
         "start_seconds": max((r.info.get("start_seconds", 0.0) for r in ranks), default=0.0),
         "rendezvous_seconds": max((r.info.get("rendezvous_seconds", 0.0) for r in ranks), default=0.0),
+        "wrap_seconds": max((r.info.get("wrap_seconds", 0.0) for r in ranks), default=0.0),
     }
     if failure is not None:
         assert failure.outcome is not None
@@ -291,6 +297,23 @@ def run_rank(
 
         # N ranks share the cores: split them, as torchrun does (OMP_NUM_THREADS), or they thrash
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    wrap = wrapper(request.strategy, device, request.recompute_classes or script.recompute_classes)
+    wrap = _timed(
+        wrapper(request.strategy, device, request.recompute_classes or script.recompute_classes), info
+    )
     outcome = measure(replace(request, device=device), script, time.perf_counter(), wrap=wrap)
     return outcome, info
+
+
+def _timed(wrap: Wrap | None, info: dict[str, Any]) -> Wrap | None:
+    """``wrap``, noting in ``info["wrap_seconds"]`` how long it took (part of a distributed probe's fixed cost)."""
+    if wrap is None:
+        return None
+
+    def timed(model: torch.nn.Module) -> torch.nn.Module:
+        started = time.perf_counter()
+        try:
+            return wrap(model)
+        finally:
+            info["wrap_seconds"] = time.perf_counter() - started
+
+    return timed

@@ -185,3 +185,22 @@ def test_list_cards() -> None:
     proc = run_cli("estimate", "--list-cards", "--json")
     assert proc.returncode == 0, proc.stderr
     assert {card["name"] for card in json.loads(proc.stdout)} == set(CARDS)
+
+
+@pytest.mark.parametrize("fixed", [0, 5_000])
+def test_rising_phase_peaks_seed_the_search_to_a_few_simulations(fixed: int) -> None:
+    """The forward/backward peak is flat while fixed-size buffers set it, then affine (FSDP at small
+    batches); the optimizer step's peak is flat: secant steps on the rising peaks bracket the maximum."""
+    calls: list[int] = []
+
+    def simulate(scenario: Scenario, batch: int) -> SimResult:
+        calls.append(batch)
+        rising = max(3_000 + fixed, 3_000 + 7 * batch)
+        return SimResult(batch, device_peak=max(rising, 9_000), rising_peak=rising)
+
+    found = estimate_scenario(
+        "x", SCENARIO, simulate, offset=Offset(50), budget_bytes=1_000_000, max_batch_size=1 << 20
+    )
+    expected = (1_000_000 - 50 - 3_000) // 7
+    assert found.status == "exact" and found.max_batch_size == expected
+    assert len(calls) == len(set(calls)) <= 7, calls

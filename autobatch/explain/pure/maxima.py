@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...core.search import Affine, Observation, search_max_batch
+from ...core.search import Affine, Observation, SearchResult, search_max_batch
 from .records import Scenario
 
 if TYPE_CHECKING:
@@ -85,6 +85,8 @@ class SimResult:
     tensor_peak: int = 0
     categories: dict[str, int] = field(default_factory=dict)
     step_peaks: list[int] = field(default_factory=list)
+    #: The device's peak in forward and backward with the optimizer state resident (None: not seen).
+    rising_peak: int | None = None
     static: dict[str, int] = field(default_factory=dict)  # parameters, gradients, optimizer_state
     peak_phase: str = ""
     seconds: float = 0.0
@@ -153,34 +155,100 @@ def estimate_scenario(
         out.trace.append(
             {"batch_size": b, "fits": fits, "predicted_bytes": total, "seconds": runs[b].seconds}
         )
-        return Observation(b, fits, peak_bytes=total if fits else None, kind="fits" if fits else "oom")
+        # The batch-dependent phase's peak: where the optimizer step's flat peak sets the total (small
+        # batches of a parameter-heavy model), the search still sees the per-sample cost.
+        rising = runs[b].rising_peak
+        rising_bytes = int(offset.at(b) + rising) if rising is not None else None
+        kind = "fits" if fits else "oom"
+        return Observation(b, fits, peak_bytes=total if fits else None, kind=kind, rising_bytes=rising_bytes)
 
     try:
         for b in report_at:
             out.points[str(b)] = predicted(b)
+        seeds = _seed(probe, budget_bytes, max_batch_size, batch_multiple) if prior is None else []
         result = search_max_batch(
             probe,
             budget_bytes=budget_bytes,
             max_batch_size=max_batch_size,
             batch_multiple=batch_multiple,
             prior=prior,
+            known=seeds,
         )
     except SimulationError as exc:
         out.status, out.error = "error", str(exc)
         return out
+    _record(out, result, runs, offset, budget_bytes, batch_multiple)
+    return out
+
+
+def _record(
+    out: ScenarioEstimate,
+    result: SearchResult,
+    runs: dict[int, SimResult],
+    offset: Offset,
+    budget_bytes: int,
+    batch_multiple: int,
+) -> None:
+    """The search's answer into ``out``: status, maximum, the simulation at it, the line."""
     out.status = result.status if result.status in ("exact", "capped", "infeasible") else "exact"
     out.max_batch_size = result.max_batch_size
     if result.model is not None:
         out.bytes_per_sample, out.intercept_bytes = result.model.slope, result.model.intercept
     at = result.max_batch_size or batch_multiple
     if at in runs:
-        out.peak_bytes = predicted(at)
+        out.peak_bytes = int(offset.at(at) + runs[at].device_peak)
         out.categories = dict(runs[at].categories)
         out.static_bytes = dict(runs[at].static)
     line = _line(runs, offset, budget_bytes)
     if line is not None:
         out.intercept_bytes, out.bytes_per_sample = line
-    return out
+
+
+#: The second seed simulation, in batch multiples: far enough from the first for a per-sample slope.
+SEED_SPAN = 64
+#: Secant steps of the seeding at most, and candidates it walks from where they converge.
+SEED_STEPS = 4
+SEED_WALK = 3
+
+
+def _seed(probe: Callable[[int], Observation], budget: int, largest: int, m: int) -> list[Observation]:
+    """Simulations that bracket the maximum in a few steps (a simulation is deterministic, so no noise
+    margin is needed): the smallest candidate, one :data:`SEED_SPAN` multiples above it (times
+    :data:`SEED_SPAN` again while the rising peak stays flat), then secant
+    steps on the rising-phase peaks (forward and backward, flat at small batches while buffers of fixed
+    size set it, affine after) to the batch where they cross the budget, and up to :data:`SEED_WALK`
+    neighbours until one lands on the other side of the budget. Without
+    rising peaks, only the first. The search (:func:`~autobatch.core.search.search_max_batch`) takes
+    them as known and finishes from there, so the answer stays exact whatever the curve; only the
+    number of simulations changes."""
+    seen: dict[int, Observation] = {}
+
+    def sim(b: int) -> Observation:
+        if b not in seen:
+            seen[b] = probe(b)
+        return seen[b]
+
+    first = sim(m)
+    points = [(m, first.rising_bytes)]
+    b = min(SEED_SPAN * m, largest // m * m)
+    for _ in range(SEED_STEPS + 1):
+        if b in seen or points[-1][1] is None:
+            break
+        points.append((b, sim(b).rising_bytes))
+        (b1, r1), (b2, r2) = points[-2:]
+        if r1 is None or r2 is None:
+            break
+        slope = (r2 - r1) / (b2 - b1)
+        if slope <= 0:  # still flat: look further
+            b = min(largest // m * m, max(b1, b2) * SEED_SPAN)
+            continue
+        b = max(m, min(largest // m * m, int((b2 + (budget - r2) / slope) // m) * m))
+    if b in seen:  # converged: walk a few candidates towards the other side of the budget
+        step = m if seen[b].fits else -m
+        for neighbour in range(b + step, b + (SEED_WALK + 1) * step, step):
+            if not m <= neighbour <= largest or sim(neighbour).fits != seen[b].fits:
+                break
+    return [seen[k] for k in sorted(seen)]
 
 
 def _line(runs: dict[int, SimResult], offset: Offset, budget_bytes: int) -> tuple[float, float] | None:

@@ -10,6 +10,15 @@ as a measured FSDP2 probe (each repeated block, then the root), and stepped with
 the sharded parameters. Building straight on fake tensors replaces the recipe's ``meta`` device and
 ``to_empty``: both give parameters with no storage, and fake ones also run the step.
 
+What the tracker counts is what this rank holds. FSDP2's sharded parameters, their gradients and the
+optimizer state built on them are DTensors: wrappers whose own storage has the *global* size, over a
+local shard of about 1/N of it. The tracker therefore lets every DTensor operation desugar into the
+operations on the local shards, which it sees and counts, and counts a DTensor by its inner tensors'
+storages (:func:`~autobatch.explain.worker.tracker.storages_of`), as ``torch.distributed._tools.MemTracker``
+does; counting the wrappers made every rank hold the whole model's state (the FSDP estimate was
+0.54 x the measured 2-rank maximum on the README's MLP). The unsharded parameters a block all-gathers
+are plain tensors, freed and refilled with ``UntypedStorage.resize_`` (:func:`track_resize`).
+
 ``ddp``: the step of one process plus DDP's gradient buckets, which hold a flat copy of every gradient
 from construction on (``gradient_as_bucket_view=False``, DDP's default): :meth:`FakeRank.extra_bytes`.
 DDP itself is not constructed under fake tensors (its C++ reducer allocates outside the tracker).

@@ -96,6 +96,7 @@ def simulate(
     result.tensor_peak = tracker.peak.tensor_bytes + extra
     result.categories = tracker.peak_categories()
     result.step_peaks = list(tracker.step_peaks)
+    result.rising_peak = tracker.rising_peak + extra if tracker.rising_peak else None
     result.peak_phase = f"step {tracker.peak.step} {tracker.peak.phase}"
     result.notes = list(instrument.applied.notes)
     result.applied = asdict(instrument.applied)

@@ -35,7 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    is_traceable_wrapper_subclass,
+    is_traceable_wrapper_subclass_type,
+)
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -87,6 +91,9 @@ class MemoryTracker(TorchDispatchMode):
         self.tensor_bytes = 0
         self.peak = PeakSnapshot(categories=dict(self.live))
         self.step_peaks: list[int] = []
+        #: The device's peak (allocator units) in the forward and backward of step 2 on, when the
+        #: optimizer state is resident: the batch-dependent phase, apart from the optimizer step's.
+        self.rising_peak = 0
         self.phase = "setup"
         self.step = 0
         self._seq = 0
@@ -98,6 +105,11 @@ class MemoryTracker(TorchDispatchMode):
     # -- the dispatch hook --------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(is_traceable_wrapper_subclass_type(t) for t in types):
+            # A DTensor (FSDP2's sharded parameters, gradients, optimizer state): let it desugar into
+            # ops on its local shard, which come back here; its own storage has the global size, which
+            # no rank holds (torch.distributed._tools.MemTracker does the same).
+            return NotImplemented
         if self.fake_scalars and func is torch.ops.aten._local_scalar_dense.default:
             return _fake_scalar(args[0])
         out = with_workspaces(func, args, func(*args, **(kwargs or {})))
@@ -112,8 +124,11 @@ class MemoryTracker(TorchDispatchMode):
     # -- bookkeeping -------------------------------------------------------------------------------
 
     def track(self, tensor: torch.Tensor, category: str) -> None:
-        """Start tracking the tensor's storage (no-op when already tracked)."""
-        storage = storage_of(tensor)
+        """Start tracking the tensor's storage (a DTensor's: its local shard's; no-op when already tracked)."""
+        for storage in storages_of(tensor):
+            self._track_storage(storage, category)
+
+    def _track_storage(self, storage: torch.UntypedStorage, category: str) -> None:
         if storage in self._entries:
             return
         nbytes = storage.nbytes()
@@ -128,6 +143,11 @@ class MemoryTracker(TorchDispatchMode):
             self.peak = PeakSnapshot(self.tensor_bytes, dict(self.live), self.phase, self.step, self._seq)
         if self.step_peaks:
             self.step_peaks[-1] = max(self.step_peaks[-1], self.tensor_bytes)
+        self._note_rising()
+
+    def _note_rising(self) -> None:
+        if self.step >= 2 and self.phase in ("forward", "backward"):
+            self.rising_peak = max(self.rising_peak, self.allocator.current)
 
     def resized(self, storage: torch.UntypedStorage, nbytes: int) -> None:
         """A tracked storage was resized in place (FSDP2 frees and refills its unsharded parameters with
@@ -145,6 +165,7 @@ class MemoryTracker(TorchDispatchMode):
                 self.peak = PeakSnapshot(self.tensor_bytes, dict(self.live), self.phase, self.step, entry.seq)
             if self.step_peaks:
                 self.step_peaks[-1] = max(self.step_peaks[-1], self.tensor_bytes)
+            self._note_rising()
 
     def _released(self, entry: _Entry, _ref: object) -> None:
         if entry not in self._live:
@@ -169,11 +190,10 @@ class MemoryTracker(TorchDispatchMode):
     def tag(self, tensors: Iterable[torch.Tensor], category: str, *, only_provisional: bool = True) -> int:
         """Set the category of these tensors' storages (tracking them if new); returns bytes newly tagged."""
         moved = 0
-        for tensor in tensors:
-            storage = storage_of(tensor)
+        for storage in (st for tensor in tensors for st in storages_of(tensor)):
             entry = self._entries.get(storage)
             if entry is None:
-                self.track(tensor, category)
+                self._track_storage(storage, category)
                 continue
             if entry.category == category or (only_provisional and entry.category not in _PROVISIONAL):
                 continue
@@ -207,7 +227,7 @@ class MemoryTracker(TorchDispatchMode):
         entry.category = category
 
     def category_of(self, tensor: torch.Tensor) -> str | None:
-        entry = self._entries.get(storage_of(tensor))
+        entry = next((self._entries.get(st) for st in storages_of(tensor)), None)
         return entry.category if entry is not None else None
 
     def register_model(self, model: torch.nn.Module) -> None:
@@ -215,8 +235,8 @@ class MemoryTracker(TorchDispatchMode):
         params = list(model.parameters())
         self.tag(params, "parameters", only_provisional=False)
         self.tag(list(model.buffers()), "buffers", only_provisional=False)
-        for p in params:
-            self._param_storages[storage_of(p)] = True
+        for storage in (st for p in params for st in storages_of(p)):
+            self._param_storages[storage] = True
 
     def begin_step(self) -> None:
         self.step += 1
@@ -238,6 +258,16 @@ class MemoryTracker(TorchDispatchMode):
         return dict(self.peak.categories)
 
 
+def storages_of(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages that hold a tensor's memory in this process: its own, or for a traceable wrapper
+    subclass (a DTensor) its inner tensors' (a DTensor's local shard), never the wrapper's."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor.untyped_storage()]
+    names, _context = tensor.__tensor_flatten__()
+    inner = (getattr(tensor, name) for name in names)
+    return [st for t in inner if isinstance(t, torch.Tensor) for st in storages_of(t)]
+
+
 def _fake_scalar(tensor: torch.Tensor) -> Any:
     if tensor.dtype == torch.bool:
         return True
@@ -252,10 +282,8 @@ def _is_param_cast(func: Any, args: Any, param_storages: WeakIdKeyDictionary) ->
 
 
 def storage_of(tensor: torch.Tensor) -> torch.UntypedStorage:
-    """The storage that holds a tensor's memory: a ``DTensor``'s is its local shard's (the wrapper's own
-    storage has the global size and holds nothing)."""
-    local = getattr(tensor, "_local_tensor", None)
-    return (local if isinstance(local, torch.Tensor) else tensor).untyped_storage()
+    """The one storage that holds a plain tensor's or a ``DTensor``'s memory (its local shard's)."""
+    return storages_of(tensor)[0]
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
