@@ -101,14 +101,14 @@ def test_rounds_alternate_their_order_and_keep_each_probes_mean() -> None:
 
     times, order = StepTimes(), []
     entries = [Entry(0, ("32-true", "adamw", False), 16), Entry(1, ("32-true", "sgd", False), 16)]
-    slow = itertools.cycle((1.0, 1.6, 0.7))
+    slow = itertools.cycle((1.0, 1.05, 0.95))
 
     def time_once(e: Entry) -> None:
         order.append(e.index)
         base = next(slow)
         times.add(
             e.key,
-            ProbeOutcome("fits", batch_size=16, step_seconds=[9.0] + [base * 0.9, base, base * 1.1] * 2),
+            ProbeOutcome("fits", batch_size=16, step_seconds=[9.0] + [base * 0.7, base, base * 1.3] * 2),
         )
 
     decision = settle(entries, times, time_once, 1, rounds=3)
