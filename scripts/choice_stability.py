@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -115,12 +116,20 @@ def tune_once(number: int, base: Path) -> Run:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOBATCH_CACHE_DIR": str(folder / "cache")}
     command = [sys.executable, "-m", "autobatch", "tune", "--refresh", "--output", str(output)]
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    tune = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _, stderr = tune.communicate()
+    except BaseException:  # Ctrl-C or SIGTERM: let the tune stop its probes and keep them, as a user's would
+        tune.terminate()
+        tune.wait(timeout=60)
+        raise
     seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        print(done.stderr[-2000:], file=sys.stderr)
+    if tune.returncode != 0:
+        print(stderr[-2000:], file=sys.stderr)
     result = json.loads(output.read_text()) if output.exists() else None
-    return read_run(number, done.returncode, result, seconds)
+    return read_run(number, tune.returncode, result, seconds)
 
 
 def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
@@ -146,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="how many tunes (default 5)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="where the table is written")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the busy child is killed on SIGTERM too
     load_start = os.getloadavg()[0]
     busy = subprocess.Popen(BUSY)
     runs: list[Run] = []

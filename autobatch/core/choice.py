@@ -13,8 +13,8 @@ round, whom to time again and, at the end, who won and by how much.
   ``sqrt(n)``, or, when it was timed by two probes or more, the same over the probes' mean step times
   if that is larger: a probe's steps share one stretch of the machine's load, so on a busy machine they
   vary less among themselves than between probes, and their own error understates the noise.
-  :func:`needs_more` names the contenders still in contention whose error is above the bound or that
-  one probe alone timed; the tuner times them again until none is, or its time cap is spent.
+  :func:`needs_more` names every contender one probe alone timed, then those still in contention whose
+  error is above the bound; the tuner times them again until none is, or its time cap is spent.
 * **Ties.** Two rates within :data:`NOISE_Z` combined standard errors of each other are a tie; ties go
   to the user's order (the lower index). :func:`decide` reports the winner's margin over the runner-up
   and whether that margin is within the noise.
@@ -132,16 +132,19 @@ def _tied(a: Timing, b: Timing) -> bool:
 
 
 def needs_more(timings: Sequence[Timing], rse_bound: float = RSE_BOUND) -> list[int]:
-    """The contenders to time again, in the user's order: those that could still win (within the noise
-    of the fastest) whose error is above ``rse_bound``, or that one probe alone timed (its steps cannot
-    show the load between probes). None when a single contender is left."""
+    """The contenders to time again, in the user's order: first every one that one probe alone timed (its
+    steps cannot show the load between probes, so its reach is unknown), then those that could still win
+    (within the noise of the fastest) whose error is above ``rse_bound``. None for a single contender."""
     if len(timings) < 2:
         return []
+    once = sorted(t.index for t in timings if len(t.probe_seconds) == 1)
+    if once:  # one probe's steady steps say nothing of the load between probes: no one is out of reach yet
+        return once
     best = max(timings, key=lambda t: t.rate)
     reach = [t for t in timings if t is best or _tied(t, best) or t.rate + NOISE_Z * t.rate_se >= best.rate]
     if len(reach) < 2:
         return []
-    return sorted(t.index for t in reach if t.rse > rse_bound or len(t.probe_seconds) == 1)
+    return sorted(t.index for t in reach if t.rse > rse_bound)
 
 
 def decide(timings: Sequence[Timing]) -> Decision | None:
