@@ -5,7 +5,9 @@ optimizer state and warms caches) per combination and batch size in :class:`Step
 then makes sure each contender has steps at its planned micro-batch, and times again, one round at a
 time and one probe per contender in turn, those whose rate is still too uncertain to decide, until none
 is or the time cap is spent. Interleaving spreads a neighbour's burst of load over every contender
-instead of one.
+instead of one; each round runs in the reverse order of the one before (A B, B A, A B, ...), so that
+load rising or falling through the rounds favours no contender. Each probe's mean step time is kept too:
+between probes is where a busy machine's noise shows (:attr:`~autobatch.core.choice.Timing.rse`).
 """
 
 from __future__ import annotations
@@ -26,13 +28,21 @@ class StepTimes:
     """Timed steps per (combination, batch size), from every fitting probe."""
 
     seconds: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
+    #: each fitting probe's mean step time (its first step excluded), per (combination, batch size)
+    means: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
 
     def add(self, key: Key, outcome: ProbeOutcome) -> None:
         if outcome.fits and len(outcome.step_seconds) > 1:
-            self.seconds.setdefault((key, outcome.batch_size), []).extend(outcome.step_seconds[1:])
+            timed = outcome.step_seconds[1:]
+            self.seconds.setdefault((key, outcome.batch_size), []).extend(timed)
+            self.means.setdefault((key, outcome.batch_size), []).append(sum(timed) / len(timed))
 
     def get(self, key: Key, batch: int) -> tuple[float, ...]:
         return tuple(self.seconds.get((key, batch), ()))
+
+    def timing(self, index: int, key: Key, batch: int, world_size: int) -> Timing:
+        """The :class:`~autobatch.core.choice.Timing` of ``key`` at ``batch``: its steps and its probes' means."""
+        return Timing(index, batch, world_size, self.get(key, batch), tuple(self.means.get((key, batch), ())))
 
 
 @dataclass(frozen=True)
@@ -59,10 +69,7 @@ def settle(
     by_index = {e.index: e for e in entries}
 
     def timings() -> list[Timing]:
-        return [
-            Timing(e.index, e.micro_batch_size, world_size, times.get(e.key, e.micro_batch_size))
-            for e in entries
-        ]
+        return [times.timing(e.index, e.key, e.micro_batch_size, world_size) for e in entries]
 
     if len(entries) == 1:  # nothing to compare: no timing
         only = timings()[0]
@@ -72,11 +79,11 @@ def settle(
             if not times.get(e.key, e.micro_batch_size):
                 time_once(e)
     started = time.perf_counter()
-    for _ in range(rounds):
+    for round_ in range(rounds):
         todo = needs_more(timings())
         if not todo or time.perf_counter() - started > cap_seconds:
             break
-        for index in todo:
+        for index in todo if round_ % 2 else reversed(todo):  # the first-timed went first: now last
             time_once(by_index[index])
     return decide(timings())
 

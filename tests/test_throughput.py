@@ -92,3 +92,27 @@ def test_a_difference_within_the_noise_goes_to_the_users_order(runner: TimedRunn
     chosen = result["chosen"]
     assert isinstance(chosen, dict) and chosen["precision"] == "32-true"
     assert "tie within the noise" in chosen["decided_by"]
+
+
+def test_rounds_alternate_their_order_and_keep_each_probes_mean() -> None:
+    # settle alone, with injected timings: two contenders whose probes disagree keep being timed; each
+    # round runs in the reverse order of the one before, so a load that rises or falls favours neither.
+    from autobatch.throughput import Entry, StepTimes, settle
+
+    times, order = StepTimes(), []
+    entries = [Entry(0, ("32-true", "adamw", False), 16), Entry(1, ("32-true", "sgd", False), 16)]
+    slow = itertools.cycle((1.0, 1.05, 0.95))
+
+    def time_once(e: Entry) -> None:
+        order.append(e.index)
+        base = next(slow)
+        times.add(
+            e.key,
+            ProbeOutcome("fits", batch_size=16, step_seconds=[9.0] + [base * 0.7, base, base * 1.3] * 2),
+        )
+
+    decision = settle(entries, times, time_once, 1, rounds=3)
+    assert order == [0, 1, 1, 0, 0, 1, 1, 0]
+    assert len(times.means[(entries[0].key, 16)]) == 4  # one mean per probe, the first step excluded
+    assert times.means[(entries[0].key, 16)][0] == pytest.approx(1.0)
+    assert decision is not None and decision.tie and decision.winner == 0

@@ -10,8 +10,11 @@ round, whom to time again and, at the end, who won and by how much.
   :func:`dominated` drops it before any timing.
 * **Enough steps.** A contender's rate is its micro-batch (times the world size) over its mean step
   time; its relative standard error is the step times' standard deviation over their mean over
-  ``sqrt(n)``. :func:`needs_more` names the contenders still in contention whose error is above the
-  bound; the tuner times them again until none is, or its time cap is spent.
+  ``sqrt(n)``, or, when it was timed by two probes or more, the same over the probes' mean step times
+  if that is larger: a probe's steps share one stretch of the machine's load, so on a busy machine they
+  vary less among themselves than between probes, and their own error understates the noise.
+  :func:`needs_more` names every contender one probe alone timed, then those still in contention whose
+  error is above the bound; the tuner times them again until none is, or its time cap is spent.
 * **Ties.** Two rates within :data:`NOISE_Z` combined standard errors of each other are a tie; ties go
   to the user's order (the lower index). :func:`decide` reports the winner's margin over the runner-up
   and whether that margin is within the noise.
@@ -82,6 +85,8 @@ class Timing:
     micro_batch_size: int
     world_size: int
     step_seconds: tuple[float, ...]
+    #: each probe's mean step time (its steps are in ``step_seconds``); two or more widen :attr:`rse`
+    probe_seconds: tuple[float, ...] = ()
 
     @property
     def rate(self) -> float:
@@ -91,11 +96,13 @@ class Timing:
 
     @property
     def rse(self) -> float:
-        """Relative standard error of the mean step time (inf below two steps)."""
+        """Relative standard error of the mean step time (inf below two steps): over the steps, or over
+        the probes' means when two probes or more timed it and that is larger."""
         steps = [s for s in self.step_seconds if s > 0]
         if len(steps) < 2:
             return math.inf
-        return statistics.stdev(steps) / statistics.fmean(steps) / math.sqrt(len(steps))
+        probes = [p for p in self.probe_seconds if p > 0]
+        return max(_relative_error(steps), _relative_error(probes) if len(probes) > 1 else 0.0)
 
     @property
     def rate_se(self) -> float:
@@ -114,6 +121,10 @@ class Decision:
     rse: float  # the winner's relative standard error
 
 
+def _relative_error(values: Sequence[float]) -> float:
+    return statistics.stdev(values) / statistics.fmean(values) / math.sqrt(len(values))
+
+
 def _tied(a: Timing, b: Timing) -> bool:
     if math.isinf(a.rse) or math.isinf(b.rse):
         return a.rate == b.rate
@@ -121,10 +132,14 @@ def _tied(a: Timing, b: Timing) -> bool:
 
 
 def needs_more(timings: Sequence[Timing], rse_bound: float = RSE_BOUND) -> list[int]:
-    """The contenders to time again, in the user's order: those whose error is above ``rse_bound``
-    and that could still win (within the noise of the fastest). None when a single contender is left."""
+    """The contenders to time again, in the user's order: first every one that one probe alone timed (its
+    steps cannot show the load between probes, so its reach is unknown), then those that could still win
+    (within the noise of the fastest) whose error is above ``rse_bound``. None for a single contender."""
     if len(timings) < 2:
         return []
+    once = sorted(t.index for t in timings if len(t.probe_seconds) == 1)
+    if once:  # one probe's steady steps say nothing of the load between probes: no one is out of reach yet
+        return once
     best = max(timings, key=lambda t: t.rate)
     reach = [t for t in timings if t is best or _tied(t, best) or t.rate + NOISE_Z * t.rate_se >= best.rate]
     if len(reach) < 2:

@@ -74,3 +74,44 @@ def test_the_winner_is_never_slower_beyond_the_noise(
     # Nothing earlier in the user's order ties with the fastest and was passed over.
     for earlier in timings[: decision.winner]:
         assert best.rate - earlier.rate > NOISE_Z * (best.rate_se**2 + earlier.rate_se**2) ** 0.5 - 1e-9
+
+
+def test_probes_that_disagree_widen_the_error_their_steady_steps_understate() -> None:
+    # Issue 14's root tune on a busy machine: three probes of 7 steps each, steady within a probe
+    # (+-2 %), but at 10.5, 14.2 and 17.1 samples/s from one probe to the next (micro-batch 32).
+    rates = (10.5, 14.2, 17.1)
+    steps = tuple(32 / r * f for r in rates for f in (0.98, 1.0, 1.02, 0.99, 1.01, 1.0, 1.0))
+    means = tuple(32 / r for r in rates)
+    alone, probed = Timing(1, 32, 1, steps), Timing(1, 32, 1, steps, means)
+    assert alone.rse < 0.1 < probed.rse  # the steps' own error misses the load between probes
+    assert probed.rate == alone.rate
+    # Against a steadier rival at 9.8 samples/s (timed by three probes too): a tie by the probes' error,
+    # settled by the user's order; by the steps' error alone it looked like a +37 % win.
+    rival_means = (32 / 11.1, 32 / 9.3, 32 / 9.2)
+    rival_steps = tuple(m * f for m in rival_means for f in (0.98, 1.0, 1.02, 0.99, 1.01, 1.0, 1.0))
+    rival = Timing(0, 32, 1, rival_steps, rival_means)
+    by_steps = decide([Timing(0, 32, 1, rival_steps), alone])
+    by_probes = decide([rival, probed])
+    assert by_steps is not None and by_steps.winner == 1 and not by_steps.tie
+    assert by_probes is not None and by_probes.winner == 0 and by_probes.tie
+
+
+def test_probes_that_agree_change_nothing() -> None:
+    steps = tuple(0.1 * (1 + 0.05 * ((i % 3) - 1)) for i in range(21))
+    t = Timing(0, 8, 1, steps, (0.1, 0.1001, 0.0999))
+    assert t.rse == Timing(0, 8, 1, steps).rse
+    assert Timing(0, 8, 1, steps, (0.1,)).rse == Timing(0, 8, 1, steps).rse  # one probe: nothing to add
+
+
+def test_a_contender_one_probe_timed_is_timed_again_while_in_reach() -> None:
+    steady = tuple(0.5 * (1 + 0.01 * (i % 3)) for i in range(7))  # its steps alone: under the bound
+    one = Timing(0, 16, 1, steady, (0.5,))
+    two = Timing(1, 16, 1, steady * 2, (0.5, 0.505))
+    assert one.rse <= RSE_BOUND and two.rse <= RSE_BOUND
+    assert needs_more([one, two]) == [0]
+    # One probe at ten times the step time is timed again too: a single probe can be a burst of load
+    # (the root tune measured 33.4 samples/s at micro-batch 16 after 10.1 at 27 in the search).
+    far = Timing(1, 16, 1, tuple(s * 10 for s in steady), (5.0,))
+    assert needs_more([Timing(0, 16, 1, steady * 2, (0.5, 0.505)), far]) == [1]
+    far_twice = Timing(1, 16, 1, tuple(s * 10 for s in steady * 2), (5.0, 5.05))
+    assert needs_more([Timing(0, 16, 1, steady * 2, (0.5, 0.505)), far_twice]) == []
