@@ -84,3 +84,15 @@ def test_the_first_fsdp_probe_lands_at_the_boundary_the_single_process_curve_pre
     assert "prior from the single-process curve, sharded state / 2" in err
     notes = [n for n in result["notes"] if "single-process curve" in n]  # type: ignore[attr-defined]
     assert notes and notes[0].startswith("32-true/adamw/no-recompute: first probe near batch")
+
+
+def test_what_crosses_strategies_is_the_curve_never_the_answer(fake: StrategyRunner) -> None:
+    """The stored result of one strategy is not served to a tune with another on as many ranks (same world
+    size): each rank's memory differs."""
+    code, out, err = run_main(*ARGS, *STRATEGY)
+    assert code == 0, err
+    code, out, err = run_main(*ARGS, "--strategy", "ddp", "--nproc-per-node", "2", "--json")
+    assert code == 0, err
+    assert "served from the cache" not in err
+    assert json.loads(out)["distributed"]["strategy"] == "ddp"
+    assert any(r.strategy == "ddp" for r in fake.requests)
