@@ -23,6 +23,7 @@ from .core.plan import Candidate, Plan, choose, knee, plan_accumulation
 from .core.search import Observation
 from .core.space import Combo, combinations
 from .core.strategy import strategy_fields
+from .core.strategy_prior import per_rank
 from .core.units import format_bytes
 from .cross_strategy import StrategyPriors
 from .errors import NothingFitsError, ProbeFailure
@@ -165,6 +166,7 @@ class Tuner:
 
         shapes = [tuple(s) for s in device.param_shapes]
         analytic = StaticMemory.analytic(combo.precision, combo.optimizer, shapes, device.param_count)
+        analytic = per_rank(analytic, self.session.strategy, self.session.nproc_per_node)  # FSDP shards it
         answer = find_maximum(
             probe,
             # The model aims at the line a fit must stay under (the budget less the CPU margin).

@@ -24,11 +24,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .maximum import StaticMemory
 from .model import Affine
 from .reuse import Prediction
 from .search import Observation
 
-__all__ = ["GLOO_RANK_BYTES", "RankState", "basis", "curve_of", "fit_line", "rank_line", "strategy_prior"]
+__all__ = [
+    "GLOO_RANK_BYTES",
+    "RankState",
+    "basis",
+    "curve_of",
+    "fit_line",
+    "per_rank",
+    "rank_line",
+    "strategy_prior",
+]
 
 #: What a rank process holds beyond a single probe process before building the model, on the CPU device
 #: (``gloo``). Measured here (torch 2.13, 2 ranks, the MLP example): a rank's baseline 313.4 MiB against
@@ -122,3 +132,14 @@ def strategy_prior(
         return None
     line = rank_line(single, strategy, world, state, runtime_bytes)
     return Prediction(line.intercept, line.slope, basis(strategy, world))
+
+
+def per_rank(static: StaticMemory, strategy: str, world: int) -> StaticMemory:
+    """One rank's share of static memory: FSDP holds ``1/N`` of the parameters, gradients and optimizer
+    state (the search reads a miss's rising phase with it and floors its guesses by it); DDP and one process
+    hold them whole."""
+    if strategy != "fsdp" or world < 2:
+        return static
+    return StaticMemory(
+        static.parameters // world, static.gradients // world, static.optimizer_state // world
+    )

@@ -6,10 +6,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autobatch.core.maximum import SCOUT_CANDIDATES, Limits, find_maximum
+from autobatch.core.maximum import SCOUT_CANDIDATES, Limits, StaticMemory, find_maximum
 from autobatch.core.model import Affine
 from autobatch.core.search import Observation
-from autobatch.core.strategy_prior import RankState, basis, curve_of, fit_line, rank_line, strategy_prior
+from autobatch.core.strategy_prior import (
+    RankState,
+    basis,
+    curve_of,
+    fit_line,
+    per_rank,
+    rank_line,
+    strategy_prior,
+)
 from autobatch.testing import FakeStepProbe, affine, true_max
 
 MiB = 2**20
@@ -121,3 +129,9 @@ def test_a_wrong_prior_costs_probes_never_the_answer(off: int, slope_kib: int) -
     answer = find_maximum(probe, budget_bytes=budget, limits=LIMITS, prediction=prior)
     assert answer.max_batch_size == true_max(rank, budget, LIMITS.max_batch_size)
     assert answer.status in ("exact", "capped")
+
+
+def test_one_fsdp_rank_holds_a_share_of_the_static_memory() -> None:
+    static = StaticMemory(64 * MiB, 64 * MiB, 128 * MiB)
+    assert per_rank(static, "fsdp", 4) == StaticMemory(16 * MiB, 16 * MiB, 32 * MiB)
+    assert per_rank(static, "ddp", 4) == static == per_rank(static, "none", 1)
