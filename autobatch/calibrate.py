@@ -169,7 +169,7 @@ def run_session(
         for warning in info.warnings:
             hooks.on_warning(warning)
         options = TuneOptions.from_settings(settings, world, world_source)
-        tuner = Tuner(session, options, on_update=hooks.on_update)
+        tuner = Tuner(session, options, on_update=hooks.on_update, on_status=hooks.on_status)
         hooks.on_start(tuner.result)
         return tuner.run()
     finally:

@@ -100,7 +100,7 @@ class Session:
         self.check_batch_size = check_batch_size
         self.device: DeviceInfo | None = None
         self.journal = ProbeJournal(None)
-        self.fingerprint = ""
+        self.fingerprint = self.single_fingerprint = ""
         self.cache_hits = 0
         self._script_digest: str | None = None
         self.probes_run = 0
@@ -239,23 +239,19 @@ class Session:
 
     def _open_journal(self) -> None:
         assert self.device is not None
-        self.fingerprint = fingerprint(
+        sources = (
             source_digests(self.script)
             if self.spec.kind == "path"
-            else {"spec": hashlib.sha256(self.spec.content()).hexdigest()},
-            (
-                self.script_args,
-                __version__,
-                self.torch_version or "",
-                self.device.name,
-                self.device.budget_bytes,
-                self.optimizer_kwargs,
-                self.recompute_classes,
-                self.identity,
-            )
-            # a strategy's probes are other measurements; single-process fingerprints stay as they were
-            + ((self.strategy, self.nproc_per_node) if self.strategy != "none" else ()),
+            else {"spec": hashlib.sha256(self.spec.content()).hexdigest()}
         )
+        device = (self.device.name, self.device.budget_bytes)
+        parts = [self.script_args, __version__, self.torch_version or "", *device, self.optimizer_kwargs]
+        parts += [self.recompute_classes, self.identity]
+        # a strategy's probes are other measurements; single-process fingerprints stay as they were, and the
+        # strategy's first probe is predicted from them (autobatch.cross_strategy)
+        self.single_fingerprint = fingerprint(sources, parts)
+        strategy = (self.strategy, self.nproc_per_node) if self.strategy != "none" else ()
+        self.fingerprint = fingerprint(sources, [*parts, *strategy])
         if self.use_cache:
             meta = {
                 "script": str(self.script),

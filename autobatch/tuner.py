@@ -23,7 +23,9 @@ from .core.plan import Candidate, Plan, choose, knee, plan_accumulation
 from .core.search import Observation
 from .core.space import Combo, combinations
 from .core.strategy import strategy_fields
+from .core.strategy_prior import per_rank
 from .core.units import format_bytes
+from .cross_strategy import StrategyPriors
 from .errors import NothingFitsError, ProbeFailure
 from .probe.protocol import ProbeOutcome
 from .probe.readings import measured_static, observation
@@ -69,12 +71,18 @@ class Tuner:
     """Runs one tune over a started :class:`Session`; :attr:`result` is always current."""
 
     def __init__(
-        self, session: Session, options: TuneOptions, on_update: Callable[[TuneResult], None] | None = None
+        self,
+        session: Session,
+        options: TuneOptions,
+        on_update: Callable[[TuneResult], None] | None = None,
+        on_status: Callable[[str], None] | None = None,
     ) -> None:
         assert session.device is not None
         self.session = session
         self.options = options
         self.on_update = on_update
+        self.on_status = on_status
+        self.cross = StrategyPriors.of(session)  # a strategy's priors from the single-process probes
         self.started = time.perf_counter()
         self.learned: list[reuse.Learned] = []
         self.step_times = StepTimes()
@@ -158,6 +166,7 @@ class Tuner:
 
         shapes = [tuple(s) for s in device.param_shapes]
         analytic = StaticMemory.analytic(combo.precision, combo.optimizer, shapes, device.param_count)
+        analytic = per_rank(analytic, self.session.strategy, self.session.nproc_per_node)  # FSDP shards it
         answer = find_maximum(
             probe,
             # The model aims at the line a fit must stay under (the budget less the CPU margin).
@@ -235,7 +244,17 @@ class Tuner:
         device = self.session.device
         assert device is not None
         shapes = [tuple(s) for s in device.param_shapes]
-        return reuse.predict(combo.precision, combo.optimizer, combo.recompute, self.learned, shapes)
+        grid = reuse.predict(combo.precision, combo.optimizer, combo.recompute, self.learned, shapes)
+        if self.cross is None or (grid is not None and grid.slope_known):
+            return grid  # a line measured under this strategy beats one moved from a single process
+        prior = self.cross.predict(combo)
+        if prior is None:
+            return grid
+        note = self.cross.describe(combo, prior, device.budget_bytes - device.margin_bytes)
+        self.result.notes.append(note)
+        if self.on_status is not None:
+            self.on_status(note)
+        return prior
 
     # -- plan and choice ------------------------------------------------------------------------
 

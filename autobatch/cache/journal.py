@@ -112,6 +112,15 @@ class ProbeJournal:
         outcome.cached = True
         return outcome
 
+    def outcomes(self) -> list[tuple[tuple[str, str, bool], ProbeOutcome]]:
+        """Every recorded outcome with its combination ``(precision, optimizer, recompute)``, in file order."""
+        self._refresh()
+        out: list[tuple[tuple[str, str, bool], ProbeOutcome]] = []
+        for key, data in self._outcomes.items():
+            precision, optimizer, recompute, *_ = json.loads(key)
+            out.append(((str(precision), str(optimizer), bool(recompute)), ProbeOutcome.from_dict(data)))
+        return out
+
     def record(self, request: ProbeRequest, outcome: ProbeOutcome) -> None:
         """Keep an answer (``fits`` or ``oom``), a crash or a timeout, and append it to the file."""
         if outcome.kind not in JOURNALED:

@@ -135,6 +135,8 @@ def key_settings(settings: Settings, world_size: int) -> dict[str, Any]:
 
     values = {name: plain(settings.get(name)) for name in KEY_SETTINGS}
     values["world_size"] = world_size
+    if settings.distributed.strategy != "none":  # each rank's memory; single-process keys stay as they were
+        values["strategy"] = [settings.distributed.strategy, settings.distributed.nproc_per_node]
     return values
 
 

@@ -64,6 +64,7 @@ class DeviceInfo:
     recompute_blocks: list[str] = field(default_factory=list)
     param_shapes: list[list[int]] = field(default_factory=list)
     param_count: int = 0
+    block_params: list[int] = field(default_factory=list)  # each repeated block's parameter count
     baseline_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
     process_limit_bytes: int | None = None  # CUDA: all a probe process may hold (NVML); None: not checked
@@ -141,6 +142,7 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         "recompute_blocks": list(info.get("recompute_blocks", [])),
         "param_shapes": [list(s) for s in info.get("param_shapes", [])],
         "param_count": int(info.get("param_count", 0)),
+        "block_params": [int(n) for n in info.get("block_params", [])],
     }
     if device == "cpu":
         from .cpu import MEMORY_DEFINITION

@@ -163,6 +163,10 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     info["recompute_blocks"] = list(
         request.recompute_classes or script.recompute_classes or detect_blocks(model)
     )
+    blocks = set(info["recompute_blocks"])  # each block's parameters: what FSDP all-gathers at once
+    info["block_params"] = [
+        sum(p.numel() for p in m.parameters()) for m in model.modules() if type(m).__name__ in blocks
+    ]
     del model
     device = torch.device(request.device)
     unsupported: dict[str, str] = {}
