@@ -103,7 +103,7 @@ def wire_fake_runner(
     folder: Path,
     monkeypatch: Any,
     *,
-    keep: tuple[str, ...] = ("AUTOBATCH_CACHE_DIR",),
+    keep: tuple[str, ...] = ("AUTOBATCH_CACHE_DIR", "AUTOBATCH_LOCK_DIR"),
     script: str = "# the fake runner never imports it\n",
 ) -> Any:
     """Make every command run in-process (``run_main``) probe through ``runner``, in ``folder``, with no
