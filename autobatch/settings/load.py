@@ -115,6 +115,15 @@ def _coerce_all(given: dict[str, _Given], check_paths: bool, problems: list[str]
     return values
 
 
+def _expand(value: str) -> Path:
+    """``~`` and ``~user`` expanded; a user that does not exist leaves the path as given (it then fails
+    the existence check with the usual message rather than with Python's RuntimeError)."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        return Path(value)
+
+
 def _resolve(meta: Mapping[str, Any], value: str, base: Path) -> str:
     """An input path resolved against ``base``: a ``path``, or the file part of a ``PATH:Class`` target.
 
@@ -123,11 +132,11 @@ def _resolve(meta: Mapping[str, Any], value: str, base: Path) -> str:
     if meta["kind"] == "path":
         if meta.get("reference_ok") and is_reference(value):
             return value
-        return os.path.normpath(base / Path(value).expanduser())
+        return os.path.normpath(base / _expand(value))
     where, attribute = split_target(value)
     if not is_file_target(where):
         return value
-    return os.path.normpath(base / Path(where).expanduser()) + (f":{attribute}" if attribute else "")
+    return os.path.normpath(base / _expand(where)) + (f":{attribute}" if attribute else "")
 
 
 def _relate(values: dict[str, Any], given: dict[str, _Given], cwd: Path, problems: list[str]) -> None:

@@ -65,3 +65,9 @@ def test_settings_loading_raises_only_the_documented_error(
         resolve_world_size(loaded.plan.world_size, env)
     except ConfigError as exc:
         assert exc.exit_code == 2 and exc.problems
+
+
+def test_a_path_under_an_unknown_user_stays_as_given(tmp_path: Path) -> None:
+    """``~0/train.py`` (no such user): Path.expanduser raises RuntimeError; settings keep the path as given."""
+    loaded = load_settings(config=None, env={}, overrides={"script": "~0/train.py"}, cwd=tmp_path)
+    assert str(loaded.script.script).endswith("~0/train.py")
