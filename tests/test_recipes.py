@@ -79,6 +79,25 @@ def test_shell_recipe_trains_with_the_plan_and_slurm_calibration_runs_outside_sl
     assert f"export AUTOBATCH_MICRO_BATCH_SIZE={micro}" in (folder / "autobatch.env").read_text()
     assert (
         "served from the cache" in slurm.stderr
-        and f"plan for {folder.name}: micro-batch {micro}" in slurm.stderr
+        and f"plan for {folder.name} (none): micro-batch {micro}" in slurm.stderr
     )
     assert took < 30, f"a cached calibration took {took:.1f} s"
+
+
+@pytest.mark.slow
+def test_slurm_calibration_measures_the_jobs_strategy(tmp_path: Path) -> None:
+    """STRATEGY=fsdp: every probe runs the node's ranks under FSDP2 (2 gloo ranks here, GPUS_PER_NODE=2),
+    and the calibration writes accelerate's FSDP config instead of DeepSpeed's."""
+    env = environment(tmp_path) | {"STRATEGY": "fsdp", "GPUS_PER_NODE": "2", "AUTOBATCH_MEMORY": "500MiB"}
+    done = subprocess.run(
+        ["bash", str(SLURM), "--calibrate-only", str(EXAMPLES / "mlp.py"), "--", "--width", "128", "--depth", "4"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (folder,) = (tmp_path / "calibration").iterdir()
+    assert {p.name for p in folder.iterdir()} == {"autobatch.env", "accelerate.yaml", "autobatch-result.json"}
+    result = json.loads((folder / "autobatch-result.json").read_text())
+    chosen = result["chosen"]
+    assert (chosen["strategy"], chosen["nproc_per_node"], chosen["world_size"]) == ("fsdp", 2, 2)
+    assert "distributed_type: FSDP" in (folder / "accelerate.yaml").read_text()
+    assert f"plan for {folder.name} (fsdp): micro-batch {chosen['micro_batch_size']}" in done.stderr
