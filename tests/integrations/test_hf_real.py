@@ -49,8 +49,9 @@ def test_tune_hf_finds_exact_maxima_that_check_confirms(tmp_path: Path, model: s
     assert recomputed > plain > 1
     assert result["script"].startswith("hf:")
 
-    for entry in combos.values():  # both sides of each boundary were probed
-        probed = {p["batch_size"]: p["kind"] for p in entry["trace"]}
+    for entry in combos.values():  # both sides of each boundary were probed by the search (a later timing
+        # probe at the maximum may land inside the CPU margin: the boundary flickers by a sample)
+        probed = {p["batch_size"]: p["kind"] for p in entry["trace"] if p["purpose"] != "throughput"}
         assert probed[entry["max_batch_size"]] == "fits" and probed[entry["max_batch_size"] + 1] == "oom"
     confirmed = check_hf(tmp_path, recomputed, *args, "--recompute")  # a fresh server, a fresh probe
     assert confirmed["fits"] and not confirmed["within_margin"], confirmed
