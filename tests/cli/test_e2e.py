@@ -75,11 +75,12 @@ def test_tune_maximum_holds_and_next_batch_does_not(script: str, memory: str, tm
     assert fits.returncode == 0, fits.stderr
     assert json.loads(fits.stdout)["fits"] is True
     # The next size runs out of memory, or fits the cap by about the margin that tune keeps (1 MiB here: a
-    # fresh process can exceed a peak that close), give or take the ~150 KiB a peak varies between processes.
+    # fresh process can exceed a peak that close), give or take what a peak varies between fresh processes
+    # at the boundary (up to about 0.8 MiB seen under load; 1 MiB allowed).
     over = run_cli("check", str(EXAMPLES / script), "--batch-size", str(b_max + 1), *common)
     report = json.loads(over.stdout)
     if over.returncode == 0:
-        assert report["peak_bytes"] > data["device"]["budget_bytes"] - (1 << 20) - (512 << 10), over.stderr
+        assert report["peak_bytes"] > data["device"]["budget_bytes"] - (1 << 20) - (1 << 20), over.stderr
     else:
         assert over.returncode == EXIT_OOM, over.stderr
         assert report["fits"] is False and report["kind"] == "oom"
