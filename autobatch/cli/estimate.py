@@ -60,6 +60,7 @@ def estimate(
     batch_multiple: Optional[int] = typer.Option(None, "--batch-multiple", help=opt._help("batch_multiple")),
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help=opt._help("max_batch_size")),
     timeout: Optional[float] = opt.TIMEOUT,
+    check_batch_size: Optional[bool] = opt.CHECK_BATCH_SIZE,
     strategy: Optional[str] = opt.STRATEGY,
     world_size: Optional[int] = typer.Option(None, "--world-size", "-w", help=opt._help("world_size")),
     nproc_per_node: Optional[int] = opt.NPROC_PER_NODE,

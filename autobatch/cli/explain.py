@@ -37,6 +37,7 @@ def explain(
     one_recompute: bool = opt.ONE_RECOMPUTE,
     recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
     timeout: Optional[float] = opt.TIMEOUT,
+    check_batch_size: Optional[bool] = opt.CHECK_BATCH_SIZE,
     strategy: Optional[str] = opt.STRATEGY,
     nproc_per_node: Optional[int] = opt.NPROC_PER_NODE,
     vocab_trim: float = typer.Option(

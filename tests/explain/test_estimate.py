@@ -204,3 +204,52 @@ def test_rising_phase_peaks_seed_the_search_to_a_few_simulations(fixed: int) -> 
     expected = (1_000_000 - 50 - 3_000) // 7
     assert found.status == "exact" and found.max_batch_size == expected
     assert len(calls) == len(set(calls)) <= 7, calls
+
+
+SEQUENCE_FIRST = """
+import torch
+from torch import nn
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def make_batch(batch_size):  # time first: (steps, batch, features)
+    return torch.randn(8, batch_size, 16), torch.randint(0, 4, (8, batch_size))
+
+
+def compute_loss(model, batch):
+    x, y = batch
+    return nn.functional.cross_entropy(model(x).reshape(-1, 4), y.reshape(-1))
+"""
+
+
+@pytest.mark.slow
+def test_estimate_honours_the_batch_size_check_setting(tmp_path: Path) -> None:
+    """A sequence-first script breaks the leading-dimension check; turning the check off (as its hint
+    says) lets the fake-tensor simulations run, as it lets tune's probes run."""
+    script = tmp_path / "seq.py"
+    script.write_text(SEQUENCE_FIRST)
+    common = (
+        "estimate",
+        str(script),
+        "-d",
+        "cpu",
+        "-m",
+        "400MiB",
+        "-p",
+        "32-true",
+        "-o",
+        "sgd",
+        "--no-recompute",
+    )
+    refused = run_cli(*common)
+    assert refused.returncode == 3, refused.stderr
+    assert "leading dimension" in refused.stderr and "--no-check-batch-size" in refused.stderr
+    for off in (("--no-check-batch-size",), ()):
+        env = {} if off else {"AUTOBATCH_CHECK_BATCH_SIZE": "0"}
+        proc = run_cli(*common, *off, "--json", env=env)
+        assert proc.returncode == 0, proc.stderr
+        (combo,) = json.loads(proc.stdout)["combinations"]
+        assert combo["status"] == "exact" and combo["max_batch_size"] > 100

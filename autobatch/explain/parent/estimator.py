@@ -194,6 +194,7 @@ def _run(settings: Settings, options: EstimateOptions, timeout: float) -> tuple[
             max_steps=0,
             timeout=timeout,
             recompute_classes=tuple(settings.search.recompute_classes),
+            check_batch_size=settings.script.check_batch_size,
             op=ESTIMATE,
             options=options.to_dict(),
         )

@@ -63,6 +63,7 @@ def estimate_operation(request: ProbeRequest, script: UserScript, options: Estim
             optimizer_kwargs=options.optimizer_kwargs.get(scenario.optimizer),
             recompute_classes=request.recompute_classes,
             rank=rank_of(options.strategy, options.world_size, script, request.recompute_classes),
+            check_batch_size=request.check_batch_size,
         )
 
     info: dict[str, Any] = {"target": options.target}

@@ -58,6 +58,7 @@ def simulate(
     recompute_classes: tuple[str, ...] = (),
     steps: int = 2,
     rank: FakeRank | None = None,
+    check_batch_size: bool = True,
 ) -> SimResult:
     """Run ``steps`` full steps under fake tensors and report the peak (see the module docstring;
     ``rank``: one rank of a distributed strategy in a fake process group, :mod:`.ranks`)."""
@@ -77,6 +78,7 @@ def simulate(
         scenario.recompute,
         optimizer_kwargs=kwargs,
         recompute_classes=recompute_classes,
+        check_batch_size=check_batch_size,
     )
     try:
         with (
