@@ -42,6 +42,34 @@ def run_state(result: dict[str, Any]) -> RunState:
     return "alive"
 
 
+def unfinished(result: dict[str, Any]) -> str | None:
+    """What to say of a result whose tune did not finish (None for a complete one): a launcher config
+    must not be written from it, and "nothing fits" would be the wrong reason."""
+    status = result.get("status")
+    if status == "complete":
+        return None
+    if status == "running":
+        state = run_state(result)
+        who = f"process {result.get('pid')} on {result.get('host')}"
+        if state == "alive":
+            return f"the tune that writes this result is still running ({who})"
+        if state == "dead":
+            return f"the tune that wrote this result was killed before it finished ({who} is gone)"
+        return "the tune that wrote this result had not finished when it last wrote it (status running)"
+    if status == "interrupted":
+        return "the tune that wrote this result was interrupted (SIGINT or SIGTERM) before it chose"
+    if status == "failed":
+        return "the tune that wrote this result failed before it chose (its notes say why)"
+    return None
+
+
+#: How to get a finished result from an unfinished one.
+RESUME_HINT = (
+    "run the same `autobatch tune` again (wait for a live one to finish): it resumes from the probes it "
+    "already measured (the probe journal); the json and toml formats still write the partial result"
+)
+
+
 def _timestamp(text: object) -> float | None:
     if not isinstance(text, str):
         return None

@@ -37,6 +37,7 @@ from autobatch.emit import accelerate, deepspeed, env, hf, lightning, whole
 from autobatch.emit.common import EmitOptions, arithmetic, check_device, make_options, require_chosen
 from autobatch.errors import UsageError
 from autobatch.files import write_atomic
+from autobatch.liveness import unfinished
 from autobatch.result import TuneResult
 
 Renderer = Callable[[TuneResult, EmitOptions], str]
@@ -103,6 +104,9 @@ def caveats(result: TuneResult, fmt: str, options: EmitOptions) -> list[str]:
     """What a person should know about this format's file that the file itself may not say."""
     spec = get_format(fmt)
     if result.chosen is None:
+        reason = unfinished(result.to_dict())
+        if reason is not None:
+            return [f"a partial result: {reason}"]
         return [] if not spec.needs_choice else ["nothing fits: no configuration to emit"]
     return spec.caveats(result, options)
 

@@ -75,8 +75,13 @@ def installed_version(distribution: str) -> str | None:
 
 
 def require_chosen(result: TuneResult) -> Chosen:
-    """The chosen configuration, or a UsageError when the tune chose none."""
+    """The chosen configuration, or a UsageError when the tune chose none (or has not finished)."""
     if result.chosen is None:
+        from ..liveness import RESUME_HINT, unfinished
+
+        reason = unfinished(result.to_dict())
+        if reason is not None:
+            raise UsageError(f"no configuration to emit: {reason}", hint=RESUME_HINT)
         raise UsageError(
             "nothing fits: no configuration to emit",
             hint="the result has no chosen configuration; allow more memory (--memory, --headroom), "

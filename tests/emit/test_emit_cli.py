@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -123,6 +125,39 @@ def test_nothing_fits(tmp_path: Path) -> None:
     out = invoke(str(path), "--format", "toml", cwd=tmp_path)
     assert out.exit_code == 0  # type: ignore[attr-defined]
     assert TuneResult.load(path) == result
+
+
+@pytest.mark.parametrize(
+    ("status", "pid", "said"),
+    [
+        ("running", "live", "still running"),
+        ("running", "dead", "was killed before it finished"),
+        ("running", None, "had not finished"),
+        ("interrupted", None, "was interrupted"),
+        ("failed", None, "failed before it chose"),
+    ],
+)
+def test_an_unfinished_tune_is_named_not_called_nothing_fits(
+    tmp_path: Path, status: str, pid: str | None, said: str
+) -> None:
+    """A result file of a tune that has not chosen yet (still running, killed, interrupted, failed)
+    emits no launcher config and says why, with how to resume; the whole-result formats still write."""
+    result = BY_NAME["32-true_accum_w1"].result()
+    result.chosen, result.status = None, status
+    if pid is not None:
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        result.pid = os.getpid() if pid == "live" else gone.pid
+        result.host = socket.gethostname()
+        result.created = datetime.datetime.now(datetime.timezone.utc).isoformat()  # after our own start
+    path = tmp_path / "r.json"
+    path.write_text(result.to_json())
+    out = invoke(str(path), "--format", "env", cwd=tmp_path)
+    error = out.exception  # type: ignore[attr-defined]
+    assert isinstance(error, UsageError) and said in error.message and "nothing fits" not in error.message
+    assert "resumes from the probes" in (error.hint or "")
+    out = invoke(str(path), "--format", "json=partial.json", cwd=tmp_path)
+    assert out.exit_code == 0 and "partial result" in out.output  # type: ignore[attr-defined]
 
 
 def _wired() -> bool:
