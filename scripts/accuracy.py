@@ -112,11 +112,18 @@ def measure(name: str, memory: str, batch: int, env: dict[str, str]) -> dict[str
             "explain_verify": round(explain_s, 1),
         },
         "tune": [
-            {"combination": key(c), "max_batch_size": c["max_batch_size"], "probes": c["probes"]}
+            {
+                "combination": key(c),
+                "max_batch_size": c["max_batch_size"],
+                "probes": c["probes"],
+                "status": c["status"],
+                "reason": c.get("reason"),
+            }
             for c in tuned["combinations"]
         ],
         "estimate": [
-            {"combination": key(c), "max_batch_size": c["max_batch_size"]} for c in estimated["combinations"]
+            {"combination": key(c), "max_batch_size": c["max_batch_size"], "status": c["status"]}
+            for c in estimated["combinations"]
         ],
         "levers": [
             {
@@ -173,6 +180,16 @@ def main() -> None:
     print(text)
 
 
+def _maximum(row: dict[str, Any] | None) -> str:
+    """A maximum, or why there is none (a combination the tune skipped: e.g. nothing to recompute)."""
+    if row is None:
+        return "-"
+    if row["max_batch_size"] is not None:
+        return str(row["max_batch_size"])
+    reason = row.get("reason")
+    return f"{row.get('status', 'none')}" + (f": {reason}" if reason else "")
+
+
 def render_stored() -> str:
     """The tables from every stored example (``--render-only`` re-renders without measuring)."""
     return render([json.loads(path.read_text()) for path in sorted(RAW.glob("*.json"))])
@@ -193,13 +210,14 @@ def render(stored: list[dict[str, Any]]) -> str:
     ]
     errors = []
     for raw in stored:
-        measured = {row["combination"]: row["max_batch_size"] for row in raw["tune"]}
+        tuned = {row["combination"]: row for row in raw["tune"]}
         seconds = raw["seconds"]
         for row in raw["estimate"]:
-            m = measured.get(row["combination"])
+            m = tuned[row["combination"]]["max_batch_size"] if row["combination"] in tuned else None
             error = pct(row["max_batch_size"], m)
             lines.append(
-                f"| {raw['example']} | {raw['memory']} | {row['combination']} | {row['max_batch_size']} | {m} | "
+                f"| {raw['example']} | {raw['memory']} | {row['combination']} | {_maximum(row)} | "
+                f"{_maximum(tuned.get(row['combination']))} | "
                 f"{fmt(error)} | {seconds['estimate']:.0f} s / {seconds['tune']:.0f} s |"
             )
             if error is not None:
