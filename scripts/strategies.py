@@ -15,6 +15,8 @@ instead of running anything; ``--depth`` and ``--memory`` shrink the example for
     python scripts/strategies.py --depth 16 --memory 600MiB --folder /tmp/quick   # a few minutes
     python scripts/strategies.py --from strategies-run
     python scripts/strategies.py --from strategies-run --estimates-only   # the estimates again, new code
+    python scripts/strategies.py --example gpt --strategies ddp,fsdp --no-checks   # another example
+    python scripts/strategies.py --summary       # every example's estimate against its measured maximum
 """
 
 from __future__ import annotations
@@ -36,7 +38,14 @@ CHECK_STEPS = "4"  # the confirmation's steps
 STRATEGIES = ("none", "ddp", "fsdp")
 
 
-def script_args(depth: int) -> list[str]:
+#: Per example: its per-rank cap (the README's). The MLP is the parameter-heavy one (``--depth`` blocks);
+#: the others run with their own defaults, where activations dominate.
+EXAMPLES = {"mlp": "780MiB", "gpt": "1GiB", "cnn": "1GiB", "lstm": "1GiB"}
+
+
+def script_args(example: str, depth: int) -> list[str]:
+    if example != "mlp":
+        return []
     return [
         "--width",
         "512",
@@ -62,13 +71,18 @@ def ranks(strategy: str) -> list[str]:
 class Runner:
     """Runs ``autobatch`` commands, keeping each one's JSON and wall time in ``folder``."""
 
-    def __init__(self, folder: Path, depth: int, memory: str) -> None:
-        self.folder, self.depth, self.memory = folder, depth, memory
-        self.log: dict[str, Any] = {"commands": {}, "seconds": {}}
+    def __init__(
+        self, folder: Path, example: str, depth: int, memory: str, strategies: tuple[str, ...], checks: bool
+    ) -> None:
+        self.folder, self.example, self.memory = folder, example, memory
+        self.strategies, self.checks = strategies, checks
+        self.args = script_args(example, depth)
+        self.log: dict[str, Any] = {"commands": {}, "seconds": {}, "example": example}
 
     def run(self, name: str, args: list[str], *, ok_codes: tuple[int, ...] = (0,)) -> Any:
-        shown = " ".join(["autobatch", *args, "--", *script_args(self.depth)])
-        command = [sys.executable, "-m", "autobatch", *args, "--json", "--", *script_args(self.depth)]
+        tail = ["--", *self.args] if self.args else []
+        shown = " ".join(["autobatch", *args, *tail])
+        command = [sys.executable, "-m", "autobatch", *args, "--json", *tail]
         print(f"$ {shown}", file=sys.stderr, flush=True)
         started = time.perf_counter()
         out = self.folder / f"{name}.json"
@@ -89,17 +103,19 @@ class Runner:
             self.log["argv"] = " ".join(["python", "scripts/strategies.py", *sys.argv[1:]])
             self.log["load_start"] = os.getloadavg()
             self.log["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        base = ["examples/mlp.py", *common(self.memory)]
-        for strategy in () if estimates_only else STRATEGIES:
+        base = [f"examples/{self.example}.py", *common(self.memory)]
+        for strategy in () if estimates_only else self.strategies:
             tuned = self.run(f"tune-{strategy}", ["tune", *base, *TUNE, *ranks(strategy), "--no-cache"])
             maximum = tuned["combinations"][0]["max_batch_size"]
-            for label, batch in (("max", maximum), ("next", maximum + 1)):
+            for label, batch in (("max", maximum), ("next", maximum + 1)) if self.checks else ():
                 check = ["check", *base, "-b", str(batch), "--steps", CHECK_STEPS, *ranks(strategy)]
                 self.run(f"check-{strategy}-{label}", check, ok_codes=(0, 5))
         if estimates_only:
             self.log["estimates_argv"] = " ".join(["python", "scripts/strategies.py", *sys.argv[1:]])
             self.log["estimates_load_start"] = os.getloadavg()
         for strategy, world in (("ddp", 2), ("fsdp", 2), ("fsdp", 64)):
+            if strategy not in self.strategies:
+                continue
             estimate = ["estimate", *base, "--strategy", strategy, "--world-size", str(world)]
             self.run(f"est-{strategy}-{world}", [*estimate, "--timeout", "1800"])
         self.log["estimates_load_end" if estimates_only else "load_end"] = os.getloadavg()
@@ -150,6 +166,8 @@ def table(folder: Path) -> str:
     for strategy in STRATEGIES:
         measured = _maximum(_read(folder, f"tune-{strategy}"))
         estimate = _maximum(_read(folder, f"est-{strategy}-2")) if strategy != "none" else None
+        if measured is None and estimate is None:
+            continue  # not measured in this run (--strategies)
         shown = f"{estimate} ({estimate / measured:.3f} x)" if estimate and measured else "-"
         at_max = _read(folder, f"check-{strategy}-max")
         name = "none (one process)" if strategy == "none" else f"{strategy}, 2 ranks"
@@ -162,7 +180,11 @@ def table(folder: Path) -> str:
 
 def report(folder: Path) -> str:
     log = json.loads((folder / "log.json").read_text()) if (folder / "log.json").is_file() else {}
-    lines = ["# Strategies on the CPU device: measured per-rank maxima, checks and estimates", ""]
+    example = log.get("example", "mlp")
+    lines = [
+        f"# Strategies on the CPU device ({example} example): measured per-rank maxima, checks and estimates",
+        "",
+    ]
     if log:
         made = [f"`{log[k]}`" for k in ("argv", "estimates_argv") if k in log]
         lines.append(f"- made by {' then '.join(made) or '`python scripts/strategies.py`'}")
@@ -203,27 +225,87 @@ def step_down(folder: Path) -> list[str]:
     return lines
 
 
+def summary(results: Path) -> str:
+    """One row per example and strategy measured into the default folders: the estimate against the
+    measured 2-rank maximum (the README's second table)."""
+    lines = [
+        "| example | per-rank cap | strategy | tune: maximum per rank | `estimate --world-size 2` | estimate / measured |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    ratios = []
+    for example, memory in EXAMPLES.items():
+        folder = default_folder(results, example)
+        for strategy in STRATEGIES[1:]:
+            measured = _maximum(_read(folder, f"tune-{strategy}"))
+            estimate = _maximum(_read(folder, f"est-{strategy}-2"))
+            if measured is None or estimate is None:
+                continue
+            ratios.append(estimate / measured)
+            lines.append(
+                f"| {example} | {memory} | {strategy}, 2 ranks | {measured} | {estimate} | {estimate / measured:.3f} |"
+            )
+    if ratios:
+        worst = max(ratios, key=lambda r: abs(r - 1))
+        lines += ["", f"Largest difference: {worst - 1:+.1%} (issue 11: within 10 %): "
+                      f"{'met' if abs(worst - 1) <= 0.10 else 'MISSED'}."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def default_folder(results: Path, example: str) -> Path:
+    return results / ("strategies-run" if example == "mlp" else f"strategies-run-{example}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--example", choices=sorted(EXAMPLES), default="mlp", help="which examples/*.py")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset to tune")
+    parser.add_argument(
+        "--no-checks", action="store_true", help="skip `check` at each maximum and the next batch"
+    )
     parser.add_argument("--from", dest="source", type=Path, help="read the JSON files of an earlier run")
-    parser.add_argument("--folder", type=Path, default=Path("strategies-run"), help="where a run writes")
+    parser.add_argument(
+        "--folder", type=Path, help="where a run writes (default: scripts/results/strategies-run[-EXAMPLE])"
+    )
     parser.add_argument("--depth", type=int, default=64, help="blocks of the example MLP (README: 64)")
-    parser.add_argument("--memory", default="780MiB", help="memory per rank (README: 780MiB)")
+    parser.add_argument(
+        "--memory", help="memory per rank (default: the example's, README: mlp 780MiB, others 1GiB)"
+    )
     parser.add_argument(
         "--estimates-only", action="store_true", help="with --from: run the estimates again into that folder"
     )
-    parser.add_argument("--results", type=Path, default=ROOT / "scripts" / "results" / "strategies.md")
+    parser.add_argument(
+        "--summary", action="store_true", help="print every example's estimate against its measured maximum"
+    )
+    parser.add_argument(
+        "--results", type=Path, help="the report (default: scripts/results/strategies[-EXAMPLE].md)"
+    )
     args = parser.parse_args()
-    folder = args.source or args.folder
+    results = ROOT / "scripts" / "results"
+    if args.summary:
+        print(summary(results))
+        return
+    folder = args.source or args.folder or default_folder(results, args.example)
+    strategies = tuple(s for s in STRATEGIES if s in args.strategies.split(","))
+    runner = Runner(
+        folder,
+        args.example,
+        args.depth,
+        args.memory or EXAMPLES[args.example],
+        strategies,
+        not args.no_checks,
+    )
     if args.source is None:
         folder.mkdir(parents=True, exist_ok=True)
-        Runner(folder, args.depth, args.memory).measure()
+        runner.measure()
     elif args.estimates_only:
-        Runner(folder, args.depth, args.memory).measure(estimates_only=True)
+        runner.measure(estimates_only=True)
     text = report(folder)
     print(text)
-    args.results.parent.mkdir(exist_ok=True)
-    args.results.write_text(text)
+    out = args.results or results / (
+        "strategies.md" if args.example == "mlp" else f"strategies-{args.example}.md"
+    )
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(text)
 
 
 if __name__ == "__main__":
