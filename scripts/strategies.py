@@ -1,6 +1,7 @@
 """Measured maxima per strategy on the CPU (2 ranks), checked, with the per-rank estimates beside them.
 
-For one parameter-heavy example under one per-rank cap, runs (every command a fresh ``autobatch``, no cache):
+For one example (``--example``: the parameter-heavy MLP by default, or gpt, cnn, lstm) under one per-rank
+cap, runs (every command a fresh ``autobatch``, no cache):
 
 1. ``tune`` with ``--strategy none`` (one process), ``ddp`` and ``fsdp`` (2 ranks each);
 2. ``check`` at each maximum and at the next batch (the confirmation's steps), with per-rank peaks and the
