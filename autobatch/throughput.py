@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from .core.choice import (
     EQUIVALENT,
     MAX_ROUNDS,
-    NOISE_Z,
     TIMING_SECONDS,
     Decision,
     Timing,
@@ -116,7 +115,8 @@ def margin_of_choice(result: TuneResult, decision: Decision) -> None:
     error = f"{decision.rse:.1%} relative error of the fastest step time"
     if decision.tie:
         chosen.decided_by = (
-            f"tie within the noise ({NOISE_Z:g} standard errors) or within {EQUIVALENT:.0%} with {chosen.runner_up}:"
+            f"tie within the noise (95 % interval of the timings, Student's t for few probes) or within "
+            f"{EQUIVALENT:.0%} with {chosen.runner_up}:"
             f" the earlier in your order ({error})"
         )
     else:
