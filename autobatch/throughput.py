@@ -6,8 +6,9 @@ then makes sure each contender has steps at its planned micro-batch, and times a
 time and one probe per contender in turn, those whose rate is still too uncertain to decide, until none
 is or the time cap is spent. Interleaving spreads a neighbour's burst of load over every contender
 instead of one; each round runs in the reverse order of the one before (A B, B A, A B, ...), so that
-load rising or falling through the rounds favours no contender. Each probe's mean step time is kept too:
-between probes is where a busy machine's noise shows (:attr:`~autobatch.core.choice.Timing.rse`).
+load rising or falling through the rounds favours no contender. Each probe's fastest step is kept too:
+load only adds time, so the contenders are compared on those (:attr:`~autobatch.core.choice.Timing.step_time`),
+and their spread between probes is the error (:attr:`~autobatch.core.choice.Timing.rse`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .core.choice import MAX_ROUNDS, NOISE_Z, TIMING_SECONDS, Decision, Timing, decide, needs_more
+from .core.choice import (
+    EQUIVALENT,
+    MAX_ROUNDS,
+    TIMING_SECONDS,
+    Decision,
+    Timing,
+    decide,
+    needs_more,
+)
+from .core.units import format_bytes
+from .devices.budget import DeviceInfo
 from .probe.protocol import ProbeOutcome
 from .result import TuneResult
 
@@ -28,21 +39,23 @@ class StepTimes:
     """Timed steps per (combination, batch size), from every fitting probe."""
 
     seconds: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
-    #: each fitting probe's mean step time (its first step excluded), per (combination, batch size)
-    means: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
+    #: each fitting probe's fastest step (its first step excluded), per (combination, batch size)
+    fastest: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
 
     def add(self, key: Key, outcome: ProbeOutcome) -> None:
         if outcome.fits and len(outcome.step_seconds) > 1:
             timed = outcome.step_seconds[1:]
             self.seconds.setdefault((key, outcome.batch_size), []).extend(timed)
-            self.means.setdefault((key, outcome.batch_size), []).append(sum(timed) / len(timed))
+            self.fastest.setdefault((key, outcome.batch_size), []).append(min(timed))
 
     def get(self, key: Key, batch: int) -> tuple[float, ...]:
         return tuple(self.seconds.get((key, batch), ()))
 
     def timing(self, index: int, key: Key, batch: int, world_size: int) -> Timing:
-        """The :class:`~autobatch.core.choice.Timing` of ``key`` at ``batch``: its steps and its probes' means."""
-        return Timing(index, batch, world_size, self.get(key, batch), tuple(self.means.get((key, batch), ())))
+        """The :class:`~autobatch.core.choice.Timing` of ``key`` at ``batch``: its steps and its probes' fastest."""
+        return Timing(
+            index, batch, world_size, self.get(key, batch), tuple(self.fastest.get((key, batch), ()))
+        )
 
 
 @dataclass(frozen=True)
@@ -99,11 +112,33 @@ def margin_of_choice(result: TuneResult, decision: Decision) -> None:
         f"{runner.precision}/{runner.optimizer}/{'recompute' if runner.recompute else 'no-recompute'}"
     )
     chosen.margin = None if decision.margin is None else round(decision.margin, 4)
-    error = f"{decision.rse:.1%} relative error of the mean step time"
+    error = f"{decision.rse:.1%} relative error of the fastest step time"
     if decision.tie:
         chosen.decided_by = (
-            f"tie within the noise ({NOISE_Z:g} standard errors) with {chosen.runner_up}: the earlier in your order"
-            f" ({error})"
+            f"tie within the noise (95 % interval of the timings, Student's t for few probes) or within "
+            f"{EQUIVALENT:.0%} with {chosen.runner_up}:"
+            f" the earlier in your order ({error})"
         )
     else:
         chosen.decided_by = f"{(decision.margin or 0):+.1%} samples/s over {chosen.runner_up} ({error})"
+
+
+def edge_note(key: str, maximum: int | None, outcome: ProbeOutcome, device: DeviceInfo | None) -> str | None:
+    """What a timing probe at the maximum says of it, when it came within the margin or ran out of memory
+    in its fresh process (None otherwise). Timing probes ask for step times, not a verdict (the tuner runs
+    them without the margin rule, and their steps count); the maximum stands on the search's evidence,
+    and the result says what this probe saw."""
+    if device is None or outcome.batch_size != maximum:
+        return None
+    if outcome.fits and not device.too_close(outcome.peak_bytes):
+        return None
+    seen = (
+        f"fitted within the {format_bytes(device.margin_bytes)} margin (peak {format_bytes(outcome.peak_bytes)})"
+        if outcome.fits
+        else f"did not fit ({outcome.reason or outcome.kind})"
+    )
+    return (
+        f"{key}: a timing probe at the maximum {maximum} {seen} in a fresh process, where the search's "
+        f"confirmation fitted: this maximum sits on the edge; `autobatch check -b {maximum}` measures it "
+        "again, a batch one smaller leaves room"
+    )

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from . import __version__
 from .core import reuse, sanity
-from .core.choice import Contender, Decision, Timing, dominated
+from .core.choice import Contender, Decision, dominated
 from .core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reason
 from .core.plan import Candidate, Plan, choose, knee, plan_accumulation
 from .core.search import Observation
@@ -31,7 +31,7 @@ from .probe.protocol import ProbeOutcome
 from .probe.readings import measured_static, observation
 from .result import Chosen, ComboResult, ProbeRecord, TuneResult
 from .session import Session
-from .throughput import Entry, StepTimes, margin_of_choice, settle
+from .throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -320,7 +320,7 @@ class Tuner:
 
         decision = settle(entries, self.step_times, time_once, self.options.world_size)
         for e in entries:
-            timing = Timing(e.index, e.micro_batch_size, 1, self.step_times.get(e.key, e.micro_batch_size))
+            timing = self.step_times.timing(e.index, e.key, e.micro_batch_size, 1)
             if timing.rate > 0:
                 self.result.combinations[e.index].samples_per_second = round(timing.rate, 3)
         return decision
@@ -335,10 +335,17 @@ class Tuner:
                     entry.samples_per_second = record.samples_per_second
                 return record.samples_per_second
         limits = self.options.limits
-        outcome = self.session.probe(combo, micro, min_steps=limits.max_steps, max_steps=limits.max_steps)
+        # A timing probe asks for step times, not a verdict: its steps count even when its peak comes
+        # within the margin (it ran them all); what it says of the maximum becomes a note.
+        outcome = self.session.probe(
+            combo, micro, min_steps=limits.max_steps, max_steps=limits.max_steps, strict=False
+        )
         self._record(entry, outcome, "throughput")
         if outcome.fits:
             entry.samples_per_second = outcome.samples_per_second
+        note = edge_note(combo.key, entry.max_batch_size, outcome, self.session.device)
+        if note:
+            self.result.notes.append(note)
         return outcome.samples_per_second
 
     def _update(self) -> None:

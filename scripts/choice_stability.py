@@ -132,6 +132,20 @@ def tune_once(number: int, base: Path) -> Run:
     return read_run(number, tune.returncode, result, seconds)
 
 
+def _commit() -> str:
+    """The checkout's commit (and whether it has local changes), or "unknown" outside git."""
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    if rev.returncode != 0:
+        return "unknown"
+    return rev.stdout.strip() + (" with local changes" if dirty.stdout.strip() else "")
+
+
 def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
     return [
         "# Choice stability: the root `autobatch.toml` tune, N runs, one core kept busy",
@@ -140,7 +154,7 @@ def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
         "each run: `autobatch tune --refresh --output RUN/result.json` from the repository root with a fresh "
         "`AUTOBATCH_CACHE_DIR`",
         f"- busy process during every run: `{shlex.join(['python', *BUSY[1:]])}`",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; autobatch at {_commit()}",
         f"- machine: {platform.machine()}, {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
         f"{platform.platform()}, Python {platform.python_version()}",
         f"- load average (1 min) at start {loads[0]:.1f}, at end {loads[1]:.1f} (the busy process is 1, a tune "

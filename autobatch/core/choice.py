@@ -8,16 +8,20 @@ round, whom to time again and, at the end, who won and by how much.
   adds work (the checkpointed forward runs twice). A combination with recomputation is therefore never
   preferred to the same precision and optimizer without it when that one fits the micro-batch:
   :func:`dominated` drops it before any timing.
-* **Enough steps.** A contender's rate is its micro-batch (times the world size) over its mean step
-  time; its relative standard error is the step times' standard deviation over their mean over
-  ``sqrt(n)``, or, when it was timed by two probes or more, the same over the probes' mean step times
-  if that is larger: a probe's steps share one stretch of the machine's load, so on a busy machine they
-  vary less among themselves than between probes, and their own error understates the noise.
-  :func:`needs_more` names every contender one probe alone timed, then those still in contention whose
-  error is above the bound; the tuner times them again until none is, or its time cap is spent.
-* **Ties.** Two rates within :data:`NOISE_Z` combined standard errors of each other are a tie; ties go
-  to the user's order (the lower index). :func:`decide` reports the winner's margin over the runner-up
-  and whether that margin is within the noise.
+* **A statistic load cannot inflate.** Another process on the machine only ever adds time to a step
+  (it takes the core away, it never lends a faster one), so a contender's step cost is the mean over
+  its probes of each probe's *fastest* timed step, not the mean step: the mean follows the load of the
+  moment (the root tune once measured 41 samples/s against 14 for the same micro-batch), the fastest
+  step of a probe barely moves. Its relative standard error is the spread of those per-probe minima
+  over ``sqrt(probes)`` (a single probe: the spread of its fastest half of steps).
+* **Enough steps.** :func:`needs_more` names every contender one probe alone timed (one probe cannot
+  show the machine between probes), then those still in contention whose error is above the bound;
+  the tuner times them again until none is, or its time cap is spent.
+* **Ties.** Two rates within :data:`NOISE_Z` combined standard errors of each other (Student's t quantile
+  when the errors rest on few probes: three probes that agree by chance prove little), or within
+  :data:`EQUIVALENT` (a practical-equivalence band: a few per cent of throughput is not worth trusting
+  one measurement over the user's preference), are a tie; ties go to the user's order (the lower
+  index). :func:`decide` reports the winner's margin over the runner-up and whether it was a tie.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "EQUIVALENT",
     "MAX_ROUNDS",
     "NOISE_Z",
     "RSE_BOUND",
@@ -42,8 +47,13 @@ __all__ = [
 
 #: Time a contender until the relative standard error of its mean step time is at most this.
 RSE_BOUND = 0.03
-#: Rates closer than this many combined standard errors are a tie (about 95 % for normal errors).
+#: Rates closer than this many combined standard errors are a tie (about 95 % for normal errors); with
+#: few samples behind an error, Student's t quantile for them instead (:data:`T_975`).
 NOISE_Z = 2.0
+#: Student's t two-sided 95 % quantiles by degrees of freedom: an error from 3 probes is itself uncertain.
+T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+#: Rates within this fraction of each other are a tie whatever the errors (practical equivalence).
+EQUIVALENT = 0.05
 #: At most this many seconds of timing probes beyond the search, and this many rounds.
 TIMING_SECONDS = 60.0
 MAX_ROUNDS = 4
@@ -85,24 +95,43 @@ class Timing:
     micro_batch_size: int
     world_size: int
     step_seconds: tuple[float, ...]
-    #: each probe's mean step time (its steps are in ``step_seconds``); two or more widen :attr:`rse`
+    #: each probe's fastest timed step (its steps are in ``step_seconds``)
     probe_seconds: tuple[float, ...] = ()
 
     @property
-    def rate(self) -> float:
-        """Samples per second over the world (0 without a timed step)."""
+    def step_time(self) -> float:
+        """The step's own cost: the mean of the probes' fastest steps (without them: the fastest step)."""
+        probes = [p for p in self.probe_seconds if p > 0]
+        if probes:
+            return statistics.fmean(probes)
         steps = [s for s in self.step_seconds if s > 0]
-        return self.micro_batch_size * self.world_size / statistics.fmean(steps) if steps else 0.0
+        return min(steps) if steps else 0.0
+
+    @property
+    def rate(self) -> float:
+        """Samples per second over the world at :attr:`step_time` (0 without a timed step)."""
+        cost = self.step_time
+        return self.micro_batch_size * self.world_size / cost if cost > 0 else 0.0
 
     @property
     def rse(self) -> float:
-        """Relative standard error of the mean step time (inf below two steps): over the steps, or over
-        the probes' means when two probes or more timed it and that is larger."""
-        steps = [s for s in self.step_seconds if s > 0]
+        """Relative standard error of :attr:`step_time` (inf below two steps): over the probes' fastest
+        steps when two probes or more timed it, else over the fastest half of the steps."""
+        probes = [p for p in self.probe_seconds if p > 0]
+        if len(probes) > 1:
+            return _relative_error(probes)
+        steps = sorted(s for s in self.step_seconds if s > 0)
         if len(steps) < 2:
             return math.inf
+        return _relative_error(steps[: max(2, len(steps) // 2)])
+
+    @property
+    def samples(self) -> int:
+        """How many values :attr:`rse` is computed from."""
         probes = [p for p in self.probe_seconds if p > 0]
-        return max(_relative_error(steps), _relative_error(probes) if len(probes) > 1 else 0.0)
+        if len(probes) > 1:
+            return len(probes)
+        return max(2, len([s for s in self.step_seconds if s > 0]) // 2)
 
     @property
     def rate_se(self) -> float:
@@ -125,26 +154,42 @@ def _relative_error(values: Sequence[float]) -> float:
     return statistics.stdev(values) / statistics.fmean(values) / math.sqrt(len(values))
 
 
-def _tied(a: Timing, b: Timing) -> bool:
+def _equivalent(a: Timing, b: Timing) -> bool:
+    """Within the practical-equivalence band: a tie however precise the timings."""
+    return abs(a.rate - b.rate) <= EQUIVALENT * max(a.rate, b.rate)
+
+
+def _within_noise(a: Timing, b: Timing, z: float) -> bool:
     if math.isinf(a.rse) or math.isinf(b.rse):
         return a.rate == b.rate
-    return abs(a.rate - b.rate) <= NOISE_Z * math.hypot(a.rate_se, b.rate_se)
+    return abs(a.rate - b.rate) <= z * math.hypot(a.rate_se, b.rate_se)
+
+
+def _tied(a: Timing, b: Timing) -> bool:
+    """Within the practical-equivalence band, or within the noise (Student's t for the fewer samples)."""
+    return _equivalent(a, b) or _within_noise(a, b, T_975.get(min(a.samples, b.samples) - 1, NOISE_Z))
 
 
 def needs_more(timings: Sequence[Timing], rse_bound: float = RSE_BOUND) -> list[int]:
     """The contenders to time again, in the user's order: first every one that one probe alone timed (its
-    steps cannot show the load between probes, so its reach is unknown), then those that could still win
-    (within the noise of the fastest) whose error is above ``rse_bound``. None for a single contender."""
+    steps cannot show the load between probes, so its reach is unknown); then, when one is tied with the
+    fastest by the noise alone (outside the equivalence band), both; else those that could still win
+    whose error is above ``rse_bound``. None for a single contender, or when every contender in reach
+    is within the equivalence band of the fastest (a tie however long they are timed)."""
     if len(timings) < 2:
         return []
     once = sorted(t.index for t in timings if len(t.probe_seconds) == 1)
     if once:  # one probe's steady steps say nothing of the load between probes: no one is out of reach yet
         return once
     best = max(timings, key=lambda t: t.rate)
-    reach = [t for t in timings if t is best or _tied(t, best) or t.rate + NOISE_Z * t.rate_se >= best.rate]
+    reach = [t for t in timings if t is best or _tied(t, best) or _within_noise(t, best, NOISE_Z)]
     if len(reach) < 2:
         return []
-    return sorted(t.index for t in reach if t.rse > rse_bound)
+    # Tied with the fastest by the noise alone, not by the equivalence band: more probes can settle it.
+    unsettled = [t for t in reach if t is not best and _tied(t, best) and not _equivalent(t, best)]
+    if unsettled:
+        return sorted({best.index, *(t.index for t in unsettled)})
+    return sorted(t.index for t in reach if t.rse > rse_bound and not _equivalent(t, best))
 
 
 def decide(timings: Sequence[Timing]) -> Decision | None:
