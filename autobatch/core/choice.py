@@ -45,7 +45,7 @@ __all__ = [
     "needs_more",
 ]
 
-#: Time a contender until the relative standard error of its mean step time is at most this.
+#: Time a contender until the relative standard error of its step time (:attr:`Timing.step_time`) is at most this.
 RSE_BOUND = 0.03
 #: Rates closer than this many combined standard errors are a tie (about 95 % for normal errors); with
 #: few samples behind an error, Student's t quantile for them instead (:data:`T_975`).
