@@ -117,19 +117,3 @@ def test_moving_to_another_optimizer_and_back_is_the_identity(precision, first, 
     )
     assert back is not None
     assert back.intercept == pytest.approx(intercept) and back.slope == slope
-
-
-def test_a_slope_from_ratios_all_measured_on_this_model_is_trusted_as_measured():
-    # The default grid's last combination: recomputation's ratio measured at 32-true (0.75), applied to
-    # bf16-mixed's measured slope; no typical ratio in the product, so no calibration probe is needed.
-    learned = [
-        Learned("32-true", "adamw", False, 300.0, 1.5),
-        Learned("32-true", "adamw", True, 300.0, 1.125),
-        Learned("bf16-mixed", "adamw", False, 302.0, 1.425),
-    ]
-    p = predict("bf16-mixed", "adamw", True, learned, SHAPES)
-    assert p is not None and p.slope_known and "measured ratio" in p.basis
-    assert p.slope == pytest.approx(1.425 * 0.75)
-    # With only the first line, bf16-mixed's ratio is typical: a guess to calibrate.
-    guess = predict("bf16-mixed", "adamw", False, learned[:1], SHAPES)
-    assert guess is not None and not guess.slope_known and "typical" in guess.basis
