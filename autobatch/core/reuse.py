@@ -7,12 +7,11 @@ the activations kept for backward. So:
 * another optimizer at the same precision and recomputation has the same slope, and an intercept
   that differs by the analytic optimizer-state difference (SGD 0, momentum 1, Adam/AdamW 2
   parameter-sized states, Adafactor factored);
-* another precision or recomputation setting changes the slope by a ratio: the ratio this model
-  measured when another pair of lines differs by just that (bf16-mixed against 32-true without
-  recomputation, for bf16-mixed with it), else a typical one (:data:`SLOPE_RATIOS`; measured on a GPT on
-  the CPU, bf16-mixed cost more per sample than 0.7x). A slope that needs a typical ratio is a guess the
-  runner calibrates with one probe; one built from measured ratios only is trusted as measured (the
-  first probe goes to the boundary it predicts). A measured slope at the same setting always wins.
+* another precision or recomputation setting changes the slope by a ratio, a guess the runner
+  calibrates with one probe: the ratio this model measured when another pair of lines differs by just
+  that (bf16-mixed against 32-true without recomputation, for bf16-mixed with it), else a typical one
+  (:data:`SLOPE_RATIOS`; measured on a GPT on the CPU, bf16-mixed cost more per sample than 0.7x).
+  A measured slope at the same setting always wins.
 
 A prediction is only a proposal: the search verifies it with a probe on each side of the boundary,
 so a wrong guess costs probes, never correctness.
@@ -98,14 +97,12 @@ def predict(
     ratio = 1.0
     for value, _kind in factors:
         ratio *= value
-    kinds = {kind for _, kind in factors}
+    kinds = " and ".join(sorted({kind for _, kind in factors}))
     return Prediction(
         intercept,
         base.slope * ratio,
-        f"{base.precision}/{base.optimizer} slope x {ratio:.2f} ({' and '.join(sorted(kinds))} ratio)",
-        # Every ratio measured on this model (another pair of lines differing by just that): trusted as a
-        # measured slope, no calibration probe; a wrong one costs the search probes, never the answer.
-        slope_known=kinds == {"measured"},
+        f"{base.precision}/{base.optimizer} slope x {ratio:.2f} ({kinds} ratio)",
+        slope_known=False,
     )
 
 
