@@ -11,7 +11,11 @@ the activations kept for backward. So:
   calibrates with one probe: the ratio this model measured when another pair of lines differs by just
   that (bf16-mixed against 32-true without recomputation, for bf16-mixed with it), else a typical one
   (:data:`SLOPE_RATIOS`; measured on a GPT on the CPU, bf16-mixed cost more per sample than 0.7x).
-  A measured slope at the same setting always wins.
+  A measured slope at the same setting always wins. A slope built from measured ratios stays a guess
+  to calibrate: trusting it (no calibration probe) was measured on the gpt workload's default grid
+  (``scripts/benchmark.py --workloads gpt``): recomputation's ratio measured at 32-true put
+  bf16-mixed with recomputation's boundary at 88 against a true 66, and that combination took 6 probes
+  instead of 4.
 
 A prediction is only a proposal: the search verifies it with a probe on each side of the boundary,
 so a wrong guess costs probes, never correctness.
