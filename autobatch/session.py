@@ -125,10 +125,8 @@ class Session:
         spec: ScriptSpec | None = None,
         **extra: Any,
     ) -> Session:
-        """The session that resolved settings describe (``cache`` defaults to the ``cache`` setting;
-        ``op_modules`` register probe operations beyond ``probe`` and ``inspect``; ``device``, when
-        given, the one device of the setting to use; ``spec``, where the step comes from, to the one
-        the settings name; ``extra``: further arguments)."""
+        """The session resolved settings describe; ``cache`` overrides the setting, ``op_modules`` add probe
+        operations, ``device`` picks one device of the setting, ``spec`` replaces the settings' script."""
         session = cls(
             script=spec or spec_from_settings(settings),
             script_args=settings.script.script_args,
@@ -310,16 +308,23 @@ class Session:
         return outcome
 
     def probe(
-        self, combo: Combo, batch_size: int, *, min_steps: int, max_steps: int, strict: bool = True
+        self,
+        combo: Combo,
+        batch_size: int,
+        *,
+        min_steps: int,
+        max_steps: int,
+        strict: bool = True,
+        fresh: bool = False,
     ) -> ProbeOutcome:
         """One probe of the real step (journaled); raises ScriptError/ContractError when the script fails.
-
-        ``strict`` (the search's verdict) turns a fit whose peak comes within the device's margin of
-        the budget into an out-of-memory outcome that says so; ``check`` asks only what the cap says.
-        """
+        ``strict`` (the search's verdict) turns a fit whose peak comes within the device's margin of the
+        budget into an out-of-memory outcome that says so; ``check`` asks only what the cap says. ``fresh``
+        runs it even when the journal has its answer (a timing probe measures time: a journaled one again
+        would count as a second probe that agrees)."""
         assert self.device is not None
         request = self.request(combo, batch_size, steps=(min_steps, max_steps))
-        outcome = self.journal.get(request) if self.use_cache and not self.refresh else None
+        outcome = self.journal.get(request) if self.use_cache and not (self.refresh or fresh) else None
         cached = outcome is not None
         if outcome is None:
             self._check_script_unchanged()
@@ -349,8 +354,7 @@ class Session:
             )
 
     def _run_retrying(self, request: ProbeRequest) -> ProbeOutcome:
-        """Run a probe; a crash or timeout is not an answer about memory, so it runs once more in a fresh
-        process, and only a second crash or timeout stands (its reason says it happened twice)."""
+        """Run a probe; a crash or timeout says nothing about memory: once more, and only a second one stands."""
         assert self.runner is not None, "start() the session first"
         outcome = self.runner.run(request)
         if outcome.kind not in RETRIED:

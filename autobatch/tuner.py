@@ -338,7 +338,7 @@ class Tuner:
         # A timing probe asks for step times, not a verdict: its steps count even when its peak comes
         # within the margin (it ran them all); what it says of the maximum becomes a note.
         outcome = self.session.probe(
-            combo, micro, min_steps=limits.max_steps, max_steps=limits.max_steps, strict=False
+            combo, micro, min_steps=limits.max_steps, max_steps=limits.max_steps, strict=False, fresh=again
         )
         self._record(entry, outcome, "throughput")
         if outcome.fits:

@@ -139,3 +139,27 @@ def test_a_timing_probe_at_the_maximum_on_the_edge_becomes_a_note() -> None:
     assert edge_note("k", 47, inside, cpu) is None  # not at the maximum (a smaller planned micro-batch)
     cuda = DeviceInfo("cuda", "cuda:0", 500 * mib, 500 * mib, 0.0, "allocated")
     assert edge_note("k", 46, inside, cuda) is None  # no margin on CUDA: a fit is a fit
+
+
+def test_a_timing_probe_again_is_measured_again_not_read_from_the_journal(tmp_path) -> None:
+    """The choice's second probe of a contender must be a new measurement: the journal's answer to the
+    same request would count the first probe's steps twice, as two probes that agree (no error at all)."""
+    from autobatch.cache import CacheFolder, ProbeJournal
+    from autobatch.core.space import Combo
+    from autobatch.devices.budget import device_info
+    from autobatch.session import Session
+    from autobatch.testing import FakeRunner, affine
+
+    runner = FakeRunner(affine(300 << 20, 1 << 20))
+    session = Session(
+        script=tmp_path / "train.py", script_args=(), device="cpu", memory=1 << 30, headroom=0.1, timeout=60,
+        runner=runner,
+    )  # fmt: skip
+    session.device = device_info("cpu", {"available_bytes": 8 << 30, "baseline_bytes": 300 << 20}, memory=1 << 30, headroom=0.1)  # fmt: skip
+    session.journal = ProbeJournal.open(CacheFolder(tmp_path / "cache"), "k", {"script": "train.py"})
+    combo = Combo("32-true", "adamw", False)
+    first = session.probe(combo, 16, min_steps=8, max_steps=8)
+    again = session.probe(combo, 16, min_steps=8, max_steps=8)  # a search probe: answered by the journal
+    assert not first.cached and again.cached and len(runner.requests) == 1
+    timed = session.probe(combo, 16, min_steps=8, max_steps=8, strict=False, fresh=True)
+    assert not timed.cached and len(runner.requests) == 2
