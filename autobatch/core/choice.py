@@ -99,13 +99,26 @@ class Timing:
     probe_seconds: tuple[float, ...] = ()
 
     @property
+    def _probes(self) -> list[float]:
+        return [p for p in self.probe_seconds if p > 0]
+
+    @property
+    def _basis(self) -> list[float]:
+        """What :attr:`rse` is computed from: the probes' fastest steps when two probes or more timed it,
+        else the fastest half of the steps (at least two)."""
+        probes = self._probes
+        if len(probes) > 1:
+            return probes
+        steps = sorted(s for s in self.step_seconds if s > 0)
+        return steps[: max(2, len(steps) // 2)]
+
+    @property
     def step_time(self) -> float:
         """The step's own cost: the mean of the probes' fastest steps (without them: the fastest step)."""
-        probes = [p for p in self.probe_seconds if p > 0]
+        probes = self._probes
         if probes:
             return statistics.fmean(probes)
-        steps = [s for s in self.step_seconds if s > 0]
-        return min(steps) if steps else 0.0
+        return min((s for s in self.step_seconds if s > 0), default=0.0)
 
     @property
     def rate(self) -> float:
@@ -115,23 +128,14 @@ class Timing:
 
     @property
     def rse(self) -> float:
-        """Relative standard error of :attr:`step_time` (inf below two steps): over the probes' fastest
-        steps when two probes or more timed it, else over the fastest half of the steps."""
-        probes = [p for p in self.probe_seconds if p > 0]
-        if len(probes) > 1:
-            return _relative_error(probes)
-        steps = sorted(s for s in self.step_seconds if s > 0)
-        if len(steps) < 2:
-            return math.inf
-        return _relative_error(steps[: max(2, len(steps) // 2)])
+        """Relative standard error of :attr:`step_time` over :attr:`_basis` (inf below two values)."""
+        basis = self._basis
+        return _relative_error(basis) if len(basis) > 1 else math.inf
 
     @property
     def samples(self) -> int:
-        """How many values :attr:`rse` is computed from."""
-        probes = [p for p in self.probe_seconds if p > 0]
-        if len(probes) > 1:
-            return len(probes)
-        return max(2, len([s for s in self.step_seconds if s > 0]) // 2)
+        """How many values :attr:`rse` is computed from (two at least)."""
+        return max(2, len(self._basis))
 
     @property
     def rate_se(self) -> float:

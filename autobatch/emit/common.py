@@ -16,6 +16,7 @@ from importlib import metadata
 
 from autobatch.core.units import format_bytes
 from autobatch.errors import UsageError
+from autobatch.liveness import RESUME_HINT, unfinished
 from autobatch.result import Chosen, TuneResult
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -77,8 +78,6 @@ def installed_version(distribution: str) -> str | None:
 def require_chosen(result: TuneResult) -> Chosen:
     """The chosen configuration, or a UsageError when the tune chose none (or has not finished)."""
     if result.chosen is None:
-        from ..liveness import RESUME_HINT, unfinished
-
         reason = unfinished(result.to_dict())
         if reason is not None:
             raise UsageError(f"no configuration to emit: {reason}", hint=RESUME_HINT)
