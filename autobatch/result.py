@@ -50,6 +50,7 @@ from .schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from .core.plan import Plan
+    from .probe.protocol import ProbeOutcome
 
 __all__ = ["SCHEMA_VERSION", "Chosen", "ComboResult", "ProbeRecord", "TuneResult"]
 #: Fields added after the first release that are left out of the document while unset.
@@ -70,6 +71,22 @@ class ProbeRecord:
     purpose: str = "search"  # search | confirm | throughput
     rank_peak_bytes: list[int] = field(default_factory=list)  # distributed: every rank's peak
     started_at: float | None = None  # when the probe ran (seconds since the epoch); absent in older results
+
+    @classmethod
+    def of(cls, outcome: ProbeOutcome, purpose: str = "search") -> ProbeRecord:
+        """A probe's outcome as the trace shows it."""
+        return cls(
+            batch_size=outcome.batch_size,
+            kind=outcome.kind,
+            peak_bytes=outcome.peak_bytes,
+            steps=outcome.steps,
+            seconds=round(outcome.wall_seconds, 3),
+            samples_per_second=outcome.samples_per_second,
+            cached=outcome.cached,
+            purpose=purpose,
+            rank_peak_bytes=list(outcome.rank_peak_bytes),
+            started_at=outcome.started_at,
+        )
 
 
 @dataclass

@@ -24,8 +24,7 @@ from . import __version__
 from .cache import CacheFolder, ProbeJournal, fingerprint
 from .cache.sources import source_digests
 from .core.space import Combo
-from .core.units import format_bytes
-from .devices.budget import DeviceInfo, cuda_name, device_info
+from .devices.budget import DeviceInfo, apply_margin, cuda_name, device_info
 from .devices.cpu import MALLOC_ENV
 from .devices.visible import PROBE_ENV
 from .errors import DeviceError, UsageError
@@ -307,6 +306,23 @@ class Session:
             raise_for(outcome, what=what)
         return outcome
 
+    def journaled(self, combo: Combo, lengths: tuple[tuple[int, int], ...]) -> list[ProbeOutcome]:
+        """Every answer the journal holds for ``combo`` at these probe lengths, margin applied, in order. A
+        resumed search starts from all of them: asked one batch at a time, it would reuse only those its path
+        reaches again, and that path moves with the probe process's baseline memory, which varies by run."""
+        if not self.use_cache or self.refresh:
+            return []
+        answers = self.journal.answers(
+            (combo.precision, combo.optimizer, combo.recompute), lengths, self.timeout
+        )
+        for outcome in answers:
+            assert self.device is not None
+            apply_margin(outcome, self.device)
+            self.cache_hits += 1
+            if self.on_probe:
+                self.on_probe(combo, outcome, True)
+        return answers
+
     def probe(
         self,
         combo: Combo,
@@ -369,22 +385,6 @@ RANKED_OPS = ("probe", "explain")  # run on every rank of a strategy; inspect an
 
 #: Outcomes that are retried once: a probe that died or hung says nothing about memory.
 RETRIED = ("crash", "timeout")
-
-
-def apply_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:
-    """Turn a fit whose peak came within the device's margin of the budget into an out-of-memory outcome.
-
-    Returns whether it did. The search never stands on a batch that fitted by less than the variation
-    between processes (:mod:`autobatch.devices.budget`).
-    """
-    if not (outcome.fits and device.too_close(outcome.peak_bytes)):
-        return False
-    outcome.kind = "oom"
-    outcome.reason = (
-        f"fitted by less than the {format_bytes(device.margin_bytes)} margin (peak {format_bytes(outcome.peak_bytes)} of "
-        f"{format_bytes(device.budget_bytes)}): a fresh process can exceed the budget"
-    )
-    return True
 
 
 def _ranks(strategy: str, nproc_per_node: int) -> int:

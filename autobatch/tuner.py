@@ -167,8 +167,13 @@ class Tuner:
         shapes = [tuple(s) for s in device.param_shapes]
         analytic = StaticMemory.analytic(combo.precision, combo.optimizer, shapes, device.param_count)
         analytic = per_rank(analytic, self.session.strategy, self.session.nproc_per_node)  # FSDP shards it
+        known = [
+            observation(o, state_bytes=analytic.optimizer_state)
+            for o in self._journaled(combo, entry, outcomes)
+        ]
         answer = find_maximum(
             probe,
+            known=known,
             # The model aims at the line a fit must stay under (the budget less the CPU margin).
             budget_bytes=device.budget_bytes - device.margin_bytes,
             limits=limits,
@@ -207,6 +212,18 @@ class Tuner:
         ]
         entry.knee_batch_size = knee(points) if points else None
 
+    def _journaled(
+        self, combo: Combo, entry: ComboResult, outcomes: dict[int, ProbeOutcome]
+    ) -> list[ProbeOutcome]:
+        """What an earlier run of this tune measured for ``combo`` (interrupted, say): in the trace as cached,
+        and where the search starts from."""
+        limits = self.options.limits
+        journaled = self.session.journaled(combo, (limits.search_steps, limits.confirm))
+        for outcome in journaled:
+            outcomes[outcome.batch_size] = outcome
+            self._record(entry, outcome)
+        return journaled
+
     def _prune_threshold(self) -> int | None:
         """Under max-batch, a later combination must beat the best maximum so far (ties go to the earlier)."""
         if self.options.objective != "max-batch" or self.options.exact_all:
@@ -223,20 +240,7 @@ class Tuner:
 
     def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
         self.step_times.add((entry.precision, entry.optimizer, entry.recompute), outcome)
-        entry.trace.append(
-            ProbeRecord(
-                batch_size=outcome.batch_size,
-                kind=outcome.kind,
-                peak_bytes=outcome.peak_bytes,
-                steps=outcome.steps,
-                seconds=round(outcome.wall_seconds, 3),
-                samples_per_second=outcome.samples_per_second,
-                cached=outcome.cached,
-                purpose=purpose,
-                rank_peak_bytes=list(outcome.rank_peak_bytes),
-                started_at=outcome.started_at,
-            )
-        )
+        entry.trace.append(ProbeRecord.of(outcome, purpose))
         entry.probes = len(entry.trace)
         self._update()
 

@@ -8,7 +8,8 @@ entry (``{"meta": {...}}``, for ``autobatch cache list``); each further line is 
 ``{"key": ..., "outcome": {...}}``, keyed by combination, batch size and step counts.
 
 An interrupted run (a scheduler's SIGTERM, a crash) keeps every probe it finished, and a re-run
-measures none of them again. Answers (``fits``, ``oom``) are journaled, and so are crashes and
+measures none of them again: each combination's search starts from all of its answers
+(:meth:`ProbeJournal.answers`), not only from the batches its path reaches again. Answers (``fits``, ``oom``) are journaled, and so are crashes and
 timeouts (the session journals them only after its retry also failed, so a re-run does not pay for
 them again); a timeout is reused only by a request whose timeout is not longer than the one that ran
 out. The script's own errors are measured again. Appends hold the cache folder's lock, so two runs sharing a journal
@@ -20,7 +21,7 @@ is not a journal entry means the file is damaged: it is moved aside with a warni
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,10 +105,8 @@ class ProbeJournal:
         self._refresh()
         key = request_key(request)
         data = self._outcomes.get(key)
-        if data is None:
+        if data is None or _too_short(data, request.timeout):
             return None
-        if data.get("kind") == "timeout" and float(data.get("timeout_seconds", 0.0)) < request.timeout:
-            return None  # ran out of a shorter time than this request allows
         outcome = ProbeOutcome.from_dict(data)
         outcome.cached = True
         return outcome
@@ -119,6 +118,24 @@ class ProbeJournal:
         for key, data in self._outcomes.items():
             precision, optimizer, recompute, *_ = json.loads(key)
             out.append(((str(precision), str(optimizer), bool(recompute)), ProbeOutcome.from_dict(data)))
+        return out
+
+    def answers(
+        self, combination: tuple[str, str, bool], lengths: Collection[tuple[int, int]], timeout: float
+    ) -> list[ProbeOutcome]:
+        """What :meth:`get` would serve for one combination at these probe lengths ``(min_steps,
+        max_steps)`` and this timeout, at every batch recorded, in file order, marked ``cached``."""
+        self._refresh()
+        out: list[ProbeOutcome] = []
+        for key, data in self._outcomes.items():
+            precision, optimizer, recompute, _batch, *steps = json.loads(key)
+            if [precision, optimizer, recompute] != list(combination) or tuple(steps) not in lengths:
+                continue
+            if _too_short(data, timeout):
+                continue
+            outcome = ProbeOutcome.from_dict(data)
+            outcome.cached = True
+            out.append(outcome)
         return out
 
     def record(self, request: ProbeRequest, outcome: ProbeOutcome) -> None:
@@ -185,6 +202,11 @@ class ProbeJournal:
                     handle.write(("\n".join(lines) + "\n").encode())
         except OSError as exc:
             folder.unwritable(exc)
+
+
+def _too_short(data: Mapping[str, Any], timeout: float) -> bool:
+    """A timeout that ran out of a shorter time than ``timeout`` allows: it says nothing about a longer one."""
+    return data.get("kind") == "timeout" and float(data.get("timeout_seconds", 0.0)) < timeout
 
 
 def _drop_cut_line(handle: Any) -> None:

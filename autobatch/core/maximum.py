@@ -22,7 +22,7 @@ of the grid and ``explain --verify`` runs for every lever; it talks to a :data:`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .model import Affine
@@ -127,15 +127,23 @@ class _Run:
     attempts: list[Attempt] = field(default_factory=list)
     misses: set[int] = field(default_factory=set)  # did not fit, confirmations included
     confirmed: set[int] = field(default_factory=set)  # fitted a probe as long as a confirmation
+    known: Sequence[Observation] = ()  # measured before this run (not attempts): what they proved counts
+
+    def __post_init__(self) -> None:
+        for observation in self.known:
+            self.learn(observation)
 
     def __call__(self, batch: int, steps: tuple[int, int], purpose: str) -> Observation:
         observation = self.probe(batch, steps, purpose)
         self.attempts.append(Attempt(observation, purpose))
-        if not observation.fits:
-            self.misses.add(batch)
-        elif observation.steps >= self.limits.confirm_steps:
-            self.confirmed.add(batch)
+        self.learn(observation)
         return observation
+
+    def learn(self, observation: Observation) -> None:
+        if not observation.fits:
+            self.misses.add(observation.batch_size)
+        elif observation.steps >= self.limits.confirm_steps:
+            self.confirmed.add(observation.batch_size)
 
     def search_probe(self, batch: int) -> Observation:
         # Next to a known non-fit, a fit is the answer: run it as long as the confirmation, so that it
@@ -157,16 +165,18 @@ def find_maximum(
     prediction: Prediction | None = None,
     floor_bytes: int = 0,
     prune_at_or_below: int | None = None,
+    known: Sequence[Observation] = (),
 ) -> Maximum:
     """The exact largest batch of one combination, confirmed (see the module docstring).
 
     ``prediction``: the line other combinations predict (None: search from the scout candidate).
     ``floor_bytes``: peak memory known not to grow with the batch (a lower bound of the intercept).
     ``prune_at_or_below``: stop as soon as a batch at or below it is known not to fit (status
-    ``pruned``): the combination cannot beat the best maximum so far.
+    ``pruned``): the combination cannot beat the best maximum so far. ``known``: earlier answers.
     """
-    run = _Run(probe, limits)
-    prior, known = calibrate(prediction, run.search_probe, budget_bytes, limits)
+    run = _Run(probe, limits, known=known)
+    prior, calibration = calibrate(prediction, run.search_probe, budget_bytes, limits)
+    known = [*known, *calibration]
     notes: list[str] = []
     for _round in range(CONFIRM_ROUNDS + 1):
         result = search_max_batch(

@@ -15,10 +15,13 @@ statistics: no margin.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.units import format_bytes
 from ..errors import DeviceError, UsageError
+
+if TYPE_CHECKING:
+    from ..probe.protocol import ProbeOutcome
 
 
 def margin_bytes(device_type: str, budget_bytes: int) -> int:
@@ -191,3 +194,19 @@ def cuda_name(device: str) -> str:
     if not device.startswith("cuda:") or not device[5:].isdigit():
         raise DeviceError(f"unknown device {device!r}", hint="use auto, cpu, cuda or cuda:N")
     return device
+
+
+def apply_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:
+    """Turn a fit whose peak came within the device's margin of the budget into an out-of-memory outcome.
+
+    Returns whether it did. The search never stands on a batch that fitted by less than the variation
+    between processes (the module docstring).
+    """
+    if not (outcome.fits and device.too_close(outcome.peak_bytes)):
+        return False
+    outcome.kind = "oom"
+    outcome.reason = (
+        f"fitted by less than the {format_bytes(device.margin_bytes)} margin (peak {format_bytes(outcome.peak_bytes)} of "
+        f"{format_bytes(device.budget_bytes)}): a fresh process can exceed the budget"
+    )
+    return True

@@ -160,8 +160,7 @@ class Checker:
         return all(self.history[batch_size])
 
     def _via_client(self, batch_size: int) -> bool:
-        from autobatch.devices.budget import DeviceInfo
-        from autobatch.session import apply_margin
+        from autobatch.devices.budget import DeviceInfo, apply_margin
 
         outcome = self._client.run(_request(batch_size, self.setup.budget, CHECK_STEPS))
         if outcome.kind not in ("fits", "oom"):

@@ -105,3 +105,26 @@ def test_two_writers_never_interleave_a_line(tmp_path: Path) -> None:
     entries = [json.loads(line) for line in lines]  # every line is whole JSON
     assert sum(1 for e in entries if "key" in e) == 400 and sum(1 for e in entries if "meta" in e) == 1
     assert len(ProbeJournal.open(CacheFolder(folder), "shared")) == 400
+
+
+def test_answers_are_one_combinations_fits_and_ooms_at_the_asked_lengths_in_order(tmp_path: Path) -> None:
+    journal = opened(tmp_path)
+    journal.record(request(33), fits(33))
+    journal.record(request(8), fits(8))
+    journal.record(request(40), ProbeOutcome(kind="oom", batch_size=40))
+    journal.record(request(12, "sgd"), fits(12))  # another combination
+    journal.record(request(50), ProbeOutcome(kind="crash", batch_size=50))  # after its retry: not paid again
+    journal.record(
+        request(60), ProbeOutcome(kind="timeout", batch_size=60)
+    )  # 60 s: a run allowing 90 asks again
+    longer = ProbeRequest(20, "32-true", "adamw", False, "cpu", 1 << 30, 12, 12, 60.0)
+    journal.record(longer, fits(20))
+    timing = ProbeRequest(24, "32-true", "adamw", False, "cpu", 1 << 30, 30, 30, 60.0)
+    journal.record(timing, fits(24))  # a length not asked for
+    combination = ("32-true", "adamw", False)
+    answers = opened(tmp_path).answers(combination, {(3, 8), (12, 12)}, 90.0)
+    expected = [(33, "fits"), (8, "fits"), (40, "oom"), (50, "crash"), (20, "fits")]
+    assert [(a.batch_size, a.kind) for a in answers] == expected
+    assert all(a.cached for a in answers)
+    again = opened(tmp_path).answers(combination, {(3, 8)}, 60.0)
+    assert [a.batch_size for a in again] == [33, 8, 40, 50, 60]

@@ -135,7 +135,12 @@ class Preempted(KeyboardInterrupt):
     """What the CLI's SIGTERM handler raises (autobatch.cli.Terminated)."""
 
 
-def test_an_interrupted_tune_resumes_without_measuring_anything_twice(fake: FakeRunner) -> None:
+@pytest.mark.parametrize("baseline_moves", [False, True], ids=["same-process", "other-baseline"])
+def test_an_interrupted_tune_resumes_without_measuring_anything_twice(
+    fake: FakeRunner, baseline_moves: bool
+) -> None:
+    """The re-run starts from every probe the journal holds, even when its own probe process holds other
+    memory before building (a fresh process's baseline moves, and with it the path the search would take)."""
     real_probe = fake._probe
     budget = {"left": 2}
 
@@ -151,6 +156,8 @@ def test_an_interrupted_tune_resumes_without_measuring_anything_twice(fake: Fake
     measured = {(r.batch_size, r.min_steps, r.max_steps) for r in probes(fake)[:2]}
     assert len(measured) == 2
     fake._probe = real_probe  # type: ignore[method-assign]
+    if baseline_moves:
+        fake.baseline_bytes += 90 * MiB
     before = len(probes(fake))
     code, result, err = tune()
     assert code == 0, err

@@ -110,8 +110,7 @@ def test_session_raises_script_errors_with_message() -> None:
 
 def test_a_fit_within_the_margin_of_the_budget_is_not_counted() -> None:
     """The search does not stand on a batch whose peak lands within the CPU margin of the cap."""
-    from autobatch.devices.budget import DeviceInfo
-    from autobatch.session import apply_margin
+    from autobatch.devices.budget import DeviceInfo, apply_margin
 
     with ProbeClient(EXAMPLES / "mlp.py") as client:
         outcome = client.run(_request(8, 2 * GIB))
