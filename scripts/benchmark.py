@@ -47,6 +47,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_workers import report, runs  # noqa: E402
 from bench_workers.common import count_trials  # noqa: E402
 
+from autobatch.devices.budget import margin_bytes  # noqa: E402
+
 MiB = 1 << 20
 
 WORKLOADS = (
@@ -236,7 +238,7 @@ def verify(result: report.WorkloadResult, mode: str) -> None:
             result.truth_note += f"; **the boundary flickers** at {', '.join(map(str, sorted(flicker)))}"
         if checker.marginal:
             result.truth_note += (
-                "; fitted the cap by less than the 1 MiB margin (counted as no fit): "
+                f"; fitted the cap by less than the {margin_bytes('cpu', result.setup.budget) / MiB:g} MiB margin (counted as no fit): "
                 + ", ".join(map(str, sorted(checker.marginal)))
             )
         result.truth_note += f"; {checker.seconds:.0f} s in all"

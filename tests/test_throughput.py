@@ -131,7 +131,7 @@ def test_a_timing_probe_at_the_maximum_on_the_edge_becomes_a_note() -> None:
     cpu = DeviceInfo("cpu", "cpu", 500 * mib, 500 * mib, 0.0, "VmData")
     inside = ProbeOutcome("fits", batch_size=46, peak_bytes=500 * mib - mib // 2, budget_bytes=500 * mib)
     note = edge_note("32-true/adamw/no-recompute", 46, inside, cpu)
-    assert note is not None and "within the 1.00 MiB margin" in note and "autobatch check -b 46" in note
+    assert note is not None and "within the 3.00 MiB margin" in note and "autobatch check -b 46" in note
     oom = ProbeOutcome("oom", batch_size=46, reason="out of memory at step 3")
     assert "did not fit (out of memory at step 3)" in (edge_note("k", 46, oom, cpu) or "")
     clear = ProbeOutcome("fits", batch_size=46, peak_bytes=400 * mib)

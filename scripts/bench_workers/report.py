@@ -10,6 +10,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from autobatch.devices.budget import margin_bytes
+
 from .runs import Overhead, Setup
 
 MiB = 1 << 20
@@ -91,7 +93,7 @@ def table(result: WorkloadResult) -> list[str]:
         f"Cap {s.memory / MiB:.0f} MiB, headroom {s.headroom:g}: budget {s.budget / MiB:.1f} MiB "
         f"(RLIMIT_DATA, VmData of the whole process). {result.cap_note}",
         "True maximum (32-true, adamw, no recompute; the largest batch that fitted every fresh-process "
-        "10-step check run at it, 2 at least, with its peak at least the CPU margin (1 MiB) under the cap, "
+        f"10-step check run at it, 2 at least, with its peak at least the CPU margin ({margin_bytes('cpu', s.budget) / MiB:g} MiB) under the cap, "
         "tune's own criterion, bisected from autobatch's answer, with the next size failing): "
         f"**{result.truth if result.truth is not None else 'unknown'}** ({result.truth_note})",
         "",

@@ -167,7 +167,7 @@ class Checker:
             raise RuntimeError(
                 f"check at batch {batch_size}: {outcome.kind}: {outcome.error_message or outcome.reason}"
             )
-        # A fit whose peak comes within the CPU margin of the cap (1 MiB here) does not reproduce
+        # A fit whose peak comes within the CPU margin of the cap (3 MiB here) does not reproduce
         # reliably in another process: it counts as no fit, as in tune's own search.
         device = DeviceInfo("cpu", "cpu", self.setup.budget, self.setup.budget, 0.0, "VmData")
         self.cap_history.setdefault(batch_size, []).append(outcome.kind == "fits")

@@ -53,15 +53,11 @@ def test_tune_hf_finds_exact_maxima_that_check_confirms(tmp_path: Path, model: s
         # probe at the maximum may land inside the CPU margin: the boundary flickers by a sample)
         probed = {p["batch_size"]: p["kind"] for p in entry["trace"] if p["purpose"] != "throughput"}
         assert probed[entry["max_batch_size"]] == "fits" and probed[entry["max_batch_size"] + 1] == "oom"
-    # The maximum runs under the budget in a fresh process. Its peak may land inside the 1 MiB CPU margin:
-    # fresh processes vary by up to about 0.8 MiB at the boundary (seen in CI), and one confirmation probe
-    # at the search's confirmation length is the answer's evidence (issue 14: no second confirmation). In
-    # CI (2026-11-24) one fresh check at bert's maximum ran out of memory once and passed on every rerun:
-    # that flicker is open under issue 14, so a second fresh check is allowed to settle it, not more.
-    checks = [check_hf(tmp_path, recomputed, *args, "--recompute")]  # a fresh server, a fresh probe
-    if not checks[0]["fits"]:
-        checks.append(check_hf(tmp_path, recomputed, *args, "--recompute"))
-    assert checks[-1]["fits"], checks
+    # The maximum runs under the budget in a fresh process. Fresh processes' peaks differ in 1 MiB steps (in
+    # CI, 2026-11-24, one check here ran out of memory under the 1 MiB margin of then); tune keeps the maximum
+    # at least the 3 MiB CPU margin under the budget, so one fresh check must fit.
+    check = check_hf(tmp_path, recomputed, *args, "--recompute")  # a fresh server, a fresh probe
+    assert check["fits"], check
 
     from autobatch.schema import result_problems
 

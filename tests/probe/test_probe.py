@@ -120,11 +120,11 @@ def test_a_fit_within_the_margin_of_the_budget_is_not_counted() -> None:
         return DeviceInfo("cpu", "cpu", budget, budget, 0.0, "VmData")
 
     roomy = device(outcome.peak_bytes + 4 * (1 << 20))
-    assert roomy.margin_bytes == 1 << 20
+    assert roomy.margin_bytes == 3 << 20
     assert not apply_margin(outcome, roomy) and outcome.fits
     tight = device(outcome.peak_bytes + 100 * 1024)
     assert apply_margin(outcome, tight)
-    assert outcome.kind == "oom" and "less than the 1.00 MiB margin" in (outcome.reason or "")
+    assert outcome.kind == "oom" and "less than the 3.00 MiB margin" in (outcome.reason or "")
     # a large budget gets a proportional margin; CUDA's verdict has none
     assert device(16 * GIB).margin_bytes == 16 * GIB // 1000
     assert DeviceInfo("cuda", "cuda:0", GIB, GIB, 0.0, "allocated").margin_bytes == 0
