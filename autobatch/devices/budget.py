@@ -5,9 +5,9 @@ device and the model into a :class:`DeviceInfo`; the arithmetic of each device's
 function per device (:func:`cpu_budget` here, :func:`autobatch.devices.cuda.cuda_budget` for CUDA).
 
 **The margin.** On the CPU the same probe's peak differs between fresh processes, in steps of 1 MiB:
-24 fresh ``autobatch check`` runs of one Hugging Face BERT step (batch 155, 440 MiB) peaked in two groups
-1 MiB apart (412.93-413.11 MB and 413.95-414.33 MB), 16 of the MLP example (batch 64, 400 MiB) likewise
-(372.30-372.34 and 373.33-373.39 MB), and in CI a check of a batch whose tune confirmation had fitted
+fresh ``autobatch check`` runs of one Hugging Face BERT step (batch 155, 440 MiB) peak in two groups
+1 MiB apart (412.93-413.10 MB and 414.01-414.21 MB), of the MLP example likewise
+(``scripts/peak_spread.py``, ``scripts/results/peak-spread-*.md``), and in CI a check of a batch whose tune confirmation had fitted
 under a 1 MiB margin ran out of memory: a third step. So a batch whose peak lands within a few MiB of
 the cap fits once and fails the next time. The search therefore does not accept a fit within
 :func:`margin_bytes` of the budget: :data:`CPU_MARGIN_FLOOR` (two of those steps and their spread), or
