@@ -17,6 +17,7 @@ import hashlib
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -313,7 +314,7 @@ class Session:
         if not self.use_cache or self.refresh:
             return []
         answers = self.journal.answers(
-            (combo.precision, combo.optimizer, combo.recompute), lengths, self.timeout
+            (combo.precision, combo.optimizer, combo.recompute), lengths, self.timeout, self.stop_line()
         )
         for outcome in answers:
             assert self.device is not None
@@ -322,6 +323,17 @@ class Session:
             if self.on_probe:
                 self.on_probe(combo, outcome, True)
         return answers
+
+    def stop_line(self) -> int | None:
+        """The line a search's probe stops at once its peak crosses it: the budget less the margin (a peak
+        above it does not fit under the margin rule, and a high-water mark only rises). One process only:
+        ranks that stopped on their own would leave the others waiting in a collective; none on CUDA,
+        where the verdict has no margin."""
+        assert self.device is not None
+        margin = self.device.margin_bytes
+        if not margin or self.strategy != "none":
+            return None
+        return self.device.budget_bytes - margin
 
     def probe(
         self,
@@ -340,6 +352,8 @@ class Session:
         would count as a second probe that agrees)."""
         assert self.device is not None
         request = self.request(combo, batch_size, steps=(min_steps, max_steps))
+        if strict:
+            request = replace(request, stop_above_bytes=self.stop_line())
         outcome = self.journal.get(request) if self.use_cache and not (self.refresh or fresh) else None
         cached = outcome is not None
         if outcome is None:

@@ -12,7 +12,8 @@ measures none of them again: each combination's search starts from all of its an
 (:meth:`ProbeJournal.answers`), not only from the batches its path reaches again. Answers (``fits``, ``oom``) are journaled, and so are crashes and
 timeouts (the session journals them only after its retry also failed, so a re-run does not pay for
 them again); a timeout is reused only by a request whose timeout is not longer than the one that ran
-out. The script's own errors are measured again. Appends hold the cache folder's lock, so two runs sharing a journal
+out, and a probe that stopped at a search's margin line (:attr:`ProbeRequest.stop_above_bytes`) only
+by a request whose line its peak is above. The script's own errors are measured again. Appends hold the cache folder's lock, so two runs sharing a journal
 never interleave a line; a run reads what the other appended before each probe. A last line cut
 short by a crash is skipped (and the next append starts on a line of its own); any other line that
 is not a journal entry means the file is damaged: it is moved aside with a warning and rebuilt.
@@ -105,7 +106,7 @@ class ProbeJournal:
         self._refresh()
         key = request_key(request)
         data = self._outcomes.get(key)
-        if data is None or _too_short(data, request.timeout):
+        if data is None or _too_short(data, request.timeout) or _unsettled(data, request.stop_above_bytes):
             return None
         outcome = ProbeOutcome.from_dict(data)
         outcome.cached = True
@@ -121,17 +122,22 @@ class ProbeJournal:
         return out
 
     def answers(
-        self, combination: tuple[str, str, bool], lengths: Collection[tuple[int, int]], timeout: float
+        self,
+        combination: tuple[str, str, bool],
+        lengths: Collection[tuple[int, int]],
+        timeout: float,
+        stop_above: int | None = None,
     ) -> list[ProbeOutcome]:
         """What :meth:`get` would serve for one combination at these probe lengths ``(min_steps,
-        max_steps)`` and this timeout, at every batch recorded, in file order, marked ``cached``."""
+        max_steps)``, this timeout and this stop line, at every batch recorded, in file order, marked
+        ``cached``."""
         self._refresh()
         out: list[ProbeOutcome] = []
         for key, data in self._outcomes.items():
             precision, optimizer, recompute, _batch, *steps = json.loads(key)
             if [precision, optimizer, recompute] != list(combination) or tuple(steps) not in lengths:
                 continue
-            if _too_short(data, timeout):
+            if _too_short(data, timeout) or _unsettled(data, stop_above):
                 continue
             outcome = ProbeOutcome.from_dict(data)
             outcome.cached = True
@@ -207,6 +213,15 @@ class ProbeJournal:
 def _too_short(data: Mapping[str, Any], timeout: float) -> bool:
     """A timeout that ran out of a shorter time than ``timeout`` allows: it says nothing about a longer one."""
     return data.get("kind") == "timeout" and float(data.get("timeout_seconds", 0.0)) < timeout
+
+
+def _unsettled(data: Mapping[str, Any], stop_above: int | None) -> bool:
+    """A probe that stopped at a search's line (its peak crossed the budget less the margin) answers only a
+    request whose own line its peak is also above: not ``check`` (no line: every step, the cap's verdict),
+    nor a search under a smaller margin."""
+    if data.get("stopped_above_bytes") is None:
+        return False
+    return stop_above is None or int(data.get("peak_bytes") or 0) <= stop_above
 
 
 def _drop_cut_line(handle: Any) -> None:

@@ -36,6 +36,9 @@ class ProbeRequest:
     check_batch_size: bool = True  # every batch tensor's leading dimension must be batch_size
     strategy: str = "none"  # "none" (one process), "ddp" or "fsdp": see autobatch.probe.ranks
     nproc_per_node: int = 1  # rank processes of a distributed probe
+    # A search's line (budget less the margin, one process only): a peak above it already means "does not
+    # fit", so the probe stops at the step that crosses it; None (check, timing, ranks): every step runs.
+    stop_above_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +84,7 @@ class ProbeOutcome:
     )  # distributed: every rank's peak (peak_bytes: the largest)
     failed_rank: int | None = None  # distributed: the rank whose failure ended the probe
     started_at: float | None = None  # when the probe started (seconds since the epoch; set by the session)
+    stopped_above_bytes: int | None = None  # the request's stop line, when the probe stopped at it
 
     @property
     def fits(self) -> bool:

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..contract import UserScript, check_model
+from ..core.units import format_bytes
 from ..devices.cuda.budget import CudaStepStats, judge_step
 from ..errors import AutobatchError
 from ..oom import classify_exception
@@ -69,6 +70,7 @@ def measure_steps(
             synchronize=synchronize,
             grow_tolerance=max(1 << 20, request.budget_bytes // 1000),
             wrap=wrap,
+            stop_above=request.stop_above_bytes,
         )
     except AutobatchError as exc:
         describe_failure(outcome, exc)
@@ -80,6 +82,8 @@ def measure_steps(
     finally:
         outcome.peak_bytes = _safe(peak_now)
     finish(outcome)
+    if outcome.fits and report.stopped_above:
+        _stopped_at_line(outcome, report.steps, request)
     outcome.steps = report.steps
     outcome.step_peaks = report.step_peaks
     outcome.step_seconds = report.step_seconds
@@ -93,6 +97,19 @@ def measure_steps(
     if outcome.kind == "fits" and timed and sum(timed) > 0:
         outcome.samples_per_second = request.batch_size * len(timed) / sum(timed)
     return outcome
+
+
+def _stopped_at_line(outcome: ProbeOutcome, steps: int, request: ProbeRequest) -> None:
+    """The peak crossed the search's line (budget less the margin) at step ``steps``: the probe does not
+    fit under the margin rule whatever the later steps would have done, as a high-water mark only rises."""
+    assert request.stop_above_bytes is not None
+    outcome.kind = "oom"
+    outcome.stopped_above_bytes = request.stop_above_bytes
+    outcome.reason = (
+        f"fitted by less than the {format_bytes(request.budget_bytes - request.stop_above_bytes)} margin: "
+        f"crossed {format_bytes(request.stop_above_bytes)} at step {steps} of at most {request.max_steps} and "
+        "stopped there (later steps only add to a peak)"
+    )
 
 
 def _device_hooks(

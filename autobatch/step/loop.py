@@ -60,6 +60,8 @@ class StepReport:
     #: The peak when the first backward ended, before any optimizer state existed: the forward and
     #: backward phase alone (a high-water mark reads nothing of a later phase until it is higher).
     first_backward_peak: int | None = None
+    #: The loop stopped before ``max_steps`` because the peak crossed the caller's ``stop_above`` line.
+    stopped_above: bool = False
 
 
 class FixedScale:
@@ -219,10 +221,13 @@ def run_steps(
     synchronize: Callable[[], None],
     grow_tolerance: int,
     wrap: Wrap | None = None,
+    stop_above: int | None = None,
 ) -> StepReport:
     """Build, then step until the peak stops growing (at least ``min_steps``, at most ``max_steps``).
 
     ``report`` is filled in as the loop goes, so a caller that catches an OOM still sees how far it got.
+    ``stop_above``: a peak above this line settles the caller's question (a high-water mark only rises),
+    so the loop stops at the step that crossed it (``report.stopped_above``).
     """
     step = build_step(script, config, report, wrap=wrap)
 
@@ -240,6 +245,9 @@ def run_steps(
         report.step_seconds.append(time.perf_counter() - start)
         report.step_peaks.append(peak_now())
         report.steps = index
+        if stop_above is not None and report.step_peaks[-1] > stop_above:
+            report.stopped_above = True
+            break
         if index >= max(min_steps, 2) and report.step_peaks[-1] - report.step_peaks[-2] <= grow_tolerance:
             break
     report.optimizer_state_bytes = optimizer_state_bytes(step.optimizer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+from dataclasses import replace
 from pathlib import Path
 
 from autobatch.cache import CacheFolder, ProbeJournal
@@ -128,3 +129,23 @@ def test_answers_are_one_combinations_fits_and_ooms_at_the_asked_lengths_in_orde
     assert all(a.cached for a in answers)
     again = opened(tmp_path).answers(combination, {(3, 8)}, 60.0)
     assert [a.batch_size for a in again] == [33, 8, 40, 50, 60]
+
+
+def test_a_probe_stopped_at_a_search_line_answers_only_requests_whose_line_its_peak_is_above(
+    tmp_path: Path,
+) -> None:
+    """A search's probe stops once its peak crosses the budget less the margin: that settles "does not
+    fit" for that line and any lower one, never the cap's own verdict that `check` asks for."""
+    journal = opened(tmp_path)
+    line = (1 << 30) - (3 << 20)
+    stopped = ProbeOutcome(kind="oom", batch_size=9, peak_bytes=line + 1, steps=2, stopped_above_bytes=line)
+    search = replace(request(9), stop_above_bytes=line)
+    journal.record(search, stopped)
+    again = opened(tmp_path)
+    served = again.get(search)
+    assert served is not None and served.kind == "oom" and served.stopped_above_bytes == line
+    assert again.get(request(9)) is None  # check: every step, the cap's verdict
+    assert again.get(replace(request(9), stop_above_bytes=line + 2)) is None  # a smaller margin
+    combination = ("32-true", "adamw", False)
+    assert [a.batch_size for a in again.answers(combination, {(3, 8)}, 60.0, line)] == [9]
+    assert again.answers(combination, {(3, 8)}, 60.0, None) == []

@@ -128,3 +128,18 @@ def test_a_fit_within_the_margin_of_the_budget_is_not_counted() -> None:
     # a large budget gets a proportional margin; CUDA's verdict has none
     assert device(16 * GIB).margin_bytes == 16 * GIB // 1000
     assert DeviceInfo("cuda", "cuda:0", GIB, GIB, 0.0, "allocated").margin_bytes == 0
+
+
+def test_a_search_probe_stops_at_the_step_whose_peak_crosses_its_line() -> None:
+    """A peak above the search's line (budget less the margin) cannot come back under it, so a
+    confirmation-length probe that crosses it at its first step ends there, as an out-of-memory answer
+    that says why; the same request without a line runs every step and fits the cap."""
+    with ProbeClient(EXAMPLES / "mlp.py") as client:
+        full = client.run(_request(8, 2 * GIB, min_steps=6, max_steps=6))
+        assert full.kind == "fits" and full.steps == 6, full
+        line = full.step_peaks[0] - (16 << 20)  # well under step 1's peak in any fresh process
+        stopped = client.run(_request(8, 2 * GIB, min_steps=6, max_steps=6, stop_above_bytes=line))
+    assert stopped.kind == "oom" and stopped.steps == 1, stopped
+    assert stopped.stopped_above_bytes == line and (stopped.peak_bytes or 0) > line
+    assert "at step 1 of at most 6 and stopped" in (stopped.reason or "")
+    assert stopped.samples_per_second is None
