@@ -1,14 +1,11 @@
 """A probing session: one script, one device, one budget, one probe runner, one probe journal.
 
-:meth:`Session.start` opens the runner (the probe server, unless a runner is given: any object with
-the :class:`~autobatch.probe.protocol.ProbeRunner` protocol, such as :class:`autobatch.testing.FakeRunner`),
-inspects the model and the device, and opens the journal. :meth:`Session.probe` runs one probe of
-the real step, reusing the journal's outcome when there is one and applying the device's margin;
-:meth:`Session.run` runs any other operation. The parts it wires live elsewhere: the device record,
-budgets and margin in :mod:`autobatch.devices.budget`, the journal and its fingerprint in
-:mod:`autobatch.cache`, the translation of outcomes into errors in :mod:`autobatch.probe.failures`.
-A session given a ``lock`` (:class:`autobatch.locks.DeviceLock`) holds it from :meth:`start` to
-:meth:`close`, so that no other run probes the device meanwhile.
+:meth:`Session.start` opens the runner (the probe server, or any :class:`~autobatch.probe.protocol.ProbeRunner`
+such as :class:`autobatch.testing.FakeRunner`), inspects the model and the device, and opens the journal;
+:meth:`Session.probe` runs one probe of the real step (the journal's answer when it has one, the device's
+margin applied), :meth:`Session.run` any other operation. What it wires lives elsewhere: the device, budgets
+and margin in :mod:`autobatch.devices.budget`, the journal in :mod:`autobatch.cache`, outcomes as errors in
+:mod:`autobatch.probe.failures`. A ``lock`` (:class:`autobatch.locks.DeviceLock`) is held from start to close.
 """
 
 from __future__ import annotations
@@ -313,27 +310,15 @@ class Session:
         reaches again, and that path moves with the probe process's baseline memory, which varies by run."""
         if not self.use_cache or self.refresh:
             return []
-        answers = self.journal.answers(
-            (combo.precision, combo.optimizer, combo.recompute), lengths, self.timeout, self.stop_line()
-        )
+        assert self.device is not None
+        combination = (combo.precision, combo.optimizer, combo.recompute)
+        answers = self.journal.answers(combination, lengths, self.timeout, self.device.margin_line)
         for outcome in answers:
-            assert self.device is not None
             apply_margin(outcome, self.device)
             self.cache_hits += 1
             if self.on_probe:
                 self.on_probe(combo, outcome, True)
         return answers
-
-    def stop_line(self) -> int | None:
-        """The line a search's probe stops at once its peak crosses it: the budget less the margin (a peak
-        above it does not fit under the margin rule, and a high-water mark only rises). One process only:
-        ranks that stopped on their own would leave the others waiting in a collective; none on CUDA,
-        where the verdict has no margin."""
-        assert self.device is not None
-        margin = self.device.margin_bytes
-        if not margin or self.strategy != "none":
-            return None
-        return self.device.budget_bytes - margin
 
     def probe(
         self,
@@ -353,7 +338,7 @@ class Session:
         assert self.device is not None
         request = self.request(combo, batch_size, steps=(min_steps, max_steps))
         if strict:
-            request = replace(request, stop_above_bytes=self.stop_line())
+            request = replace(request, stop_above_bytes=self.device.margin_line)
         outcome = self.journal.get(request) if self.use_cache and not (self.refresh or fresh) else None
         cached = outcome is not None
         if outcome is None:

@@ -90,6 +90,12 @@ class DeviceInfo:
     def margin_bytes(self) -> int:
         return margin_bytes(self.type, self.budget_bytes)
 
+    @property
+    def margin_line(self) -> int | None:
+        """The line a search's peak must stay under, the budget less the margin (None: no margin, CUDA). A
+        probe may stop at the step that crosses it: a high-water mark only rises."""
+        return self.budget_bytes - self.margin_bytes if self.margin_bytes else None
+
     def too_close(self, peak_bytes: int | None) -> bool:
         """Whether a peak that fitted came within :attr:`margin_bytes` of the budget."""
         margin = self.margin_bytes

@@ -8,6 +8,7 @@ like any other operation, and everything they find is returned as a :class:`Prob
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..contract import UserScript, check_model
@@ -33,7 +34,8 @@ def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     if request.strategy != "none":
         from .ranks import run_ranks
 
-        return run_ranks(request, script, measure_steps)
+        # no rank stops at the search's line on its own: the others would wait for it in a collective
+        return run_ranks(replace(request, stop_above_bytes=None), script, measure_steps)
     return measure_steps(request, script, time.perf_counter())
 
 

@@ -128,6 +128,9 @@ def test_a_fit_within_the_margin_of_the_budget_is_not_counted() -> None:
     # a large budget gets a proportional margin; CUDA's verdict has none
     assert device(16 * GIB).margin_bytes == 16 * GIB // 1000
     assert DeviceInfo("cuda", "cuda:0", GIB, GIB, 0.0, "allocated").margin_bytes == 0
+    # the line a search's probe stops at: the budget less the margin, none without a margin
+    assert roomy.margin_line == roomy.budget_bytes - (3 << 20)
+    assert DeviceInfo("cuda", "cuda:0", GIB, GIB, 0.0, "allocated").margin_line is None
 
 
 def test_a_search_probe_stops_at_the_step_whose_peak_crosses_its_line() -> None:

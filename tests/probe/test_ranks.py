@@ -68,3 +68,14 @@ def test_per_rank_peaks_order_fsdp_below_one_process_below_ddp() -> None:
     assert fsdp.peak_bytes < single.peak_bytes < ddp.peak_bytes  # type: ignore[operator]
     # DDP's buckets: about one more copy of the gradients than one process holds
     assert ddp.peak_bytes - single.peak_bytes >= single.grad_bytes  # type: ignore[operator]
+
+
+def test_no_rank_stops_at_a_search_line_on_its_own() -> None:
+    """A single process stops at the step whose peak crosses the search's line; a rank that did would leave
+    the others waiting in a collective until the timeout, so every rank runs every step."""
+    with ProbeClient(EXAMPLES / "mlp.py", env=dict(MALLOC_ENV)) as client:
+        started = time.perf_counter()
+        outcome = client.run(_request("ddp", min_steps=4, max_steps=4, stop_above_bytes=1 << 20))
+        seconds = time.perf_counter() - started
+    assert outcome.kind == "fits" and outcome.steps == 4 and outcome.stopped_above_bytes is None, outcome
+    assert seconds < TIMEOUT / 4
