@@ -492,3 +492,19 @@ def test_a_far_overshoot_is_split_at_the_geometric_middle() -> None:
     search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=65536, start=8, max_probes=4)
     # The line through 8 and 27 overshoots 5x: next sqrt(27 * 2683), not (27 + 2683) / 2.
     assert probe.calls == [8, 27, 2683, 269]
+
+
+def test_the_rising_gap_is_read_only_where_the_rising_phase_sets_the_peak() -> None:
+    """The gap between the step's peak and the rising phase's reading (an autocast cache: 8 MiB at bf16 on
+    the CPU) shifts the model; the optimizer step's flat peak 186 MiB above that reading is no gap, even
+    when a few MiB of its temporaries grow with the batch (param_heavy, batches 8 and 24, measured)."""
+    from autobatch.core.model import rising_gap
+
+    def mib(x: float) -> int:
+        return int(x * MiB)
+
+    flat = [(8, mib(878.33), mib(688.32)), (24, mib(883.61), mib(697.60))]
+    assert rising_gap(flat) == 0
+    rising = [(807, mib(903.9), mib(895.6)), (840, mib(916.8), mib(908.5))]  # bf16: 8.3 MiB above
+    assert rising_gap(rising) == mib(916.8) - mib(908.5)
+    assert rising_gap(rising[:1]) == 0
