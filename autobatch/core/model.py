@@ -107,7 +107,7 @@ def rising_gap(fits: list[tuple[int, int | None, int | None]]) -> int:
     the optimizer step's flat peak no longer sets it), and when it is smaller than that growth: a gap
     above everything the rising phase added between the fits is the optimizer step's peak, still flat but
     for a few MiB of batch-dependent temporaries (measured on a parameter-heavy model: from batch 8 to 24
-    its peak grew 5.3 MiB, a third of the rising reading's growth, 186 MiB above that reading).
+    its peak grew about 5 MiB, over half the rising reading's growth, and lay 186 MiB above that reading).
     """
     both = sorted((b, p, r) for b, p, r in fits if p is not None and r is not None)
     if len(both) < 2:
