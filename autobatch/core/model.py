@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["Affine", "Point", "Prediction", "predict", "reported_model", "rising_gap"]
+__all__ = ["Affine", "Point", "Prediction", "peak_keeps_pace", "predict", "reported_model", "rising_gap"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,20 @@ def rising_gap(fits: list[tuple[int, int | None, int | None]]) -> int:
     if grew <= 0 or large_peak - small_peak < grew / 4 or gap > grew:
         return 0
     return max(0, gap)
+
+
+def peak_keeps_pace(fits: list[tuple[int, int | None, int | None]]) -> bool:
+    """Whether the step's peak grew at least as much as the rising phase's reading between the smallest and
+    the largest of the fits ``(batch, peak, rising)``: then a batch-dependent phase sets the peak, and the
+    peak's own slope is the one to model. The reading is the first backward's; a later step can grow faster
+    with the batch (the MLP example: 1.76 MiB per sample against the reading's 1.5, so a line through the
+    readings put the boundary three samples high)."""
+    both = sorted((b, p, r) for b, p, r in fits if p is not None and r is not None)
+    if len(both) < 2:
+        return False
+    (_, small_peak, small_rising), (_, large_peak, large_rising) = both[0], both[-1]
+    grew = large_rising - small_rising
+    return grew > 0 and large_peak - small_peak >= grew
 
 
 def _exact(line: Affine, budget: int, reported: bool = True) -> Prediction | None:

@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from . import endgame
-from .model import Affine, Prediction, predict, reported_model, rising_gap
+from .model import Affine, Prediction, peak_keeps_pace, predict, reported_model, rising_gap
 
 __all__ = [
     "KINDS",
@@ -227,11 +227,14 @@ class _State:
         fits = [o for o in observations if o.fits and (min_fail is None or o.batch_size < min_fail)]
         points: dict[int, int] = {}
         # The rising phase's peaks when every fit has one: the optimizer step's flat peak says nothing
-        # about where the batch-dependent phase meets the budget (a plateau has no slope).
+        # about where the batch-dependent phase meets the budget (a plateau has no slope); unless the peak
+        # itself rises at least as fast as they do: then its own slope is the better one.
+        phases = [(o.batch_size, o.peak_bytes, o.rising_bytes) for o in fits]
         rising = all(o.rising_bytes is not None for o in fits if o.peak_bytes is not None)
+        rising = rising and not peak_keeps_pace(phases)
         # A non-fit's rising phase lies above the budget: the model interpolates instead of extrapolating.
         misses = [o for o in observations if not o.fits and o.rising_bytes is not None] if rising else []
-        gap = rising_gap([(o.batch_size, o.peak_bytes, o.rising_bytes) for o in fits]) if rising else 0
+        gap = rising_gap(phases) if rising else 0
         for o in [*fits, *misses]:
             peak = o.rising_bytes + gap if rising and o.rising_bytes is not None else o.peak_bytes
             if peak is not None:

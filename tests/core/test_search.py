@@ -508,3 +508,39 @@ def test_the_rising_gap_is_read_only_where_the_rising_phase_sets_the_peak() -> N
     rising = [(807, mib(903.9), mib(895.6)), (840, mib(916.8), mib(908.5))]  # bf16: 8.3 MiB above
     assert rising_gap(rising) == mib(916.8) - mib(908.5)
     assert rising_gap(rising[:1]) == 0
+
+
+def test_a_peak_that_rises_faster_than_the_rising_reading_is_modelled_by_its_own_slope() -> None:
+    """The MLP example under a 420 MiB cap, measured: the second step's peak grows 1.76 MiB per sample, the
+    first backward's reading (plus the optimizer state) 1.5. A line through the readings put the boundary
+    at 35 (three samples high) and the search crept down 35, 34, 33 before it bracketed 32; the peaks' own
+    line finds it in four probes, the two sides of the boundary included."""
+    from autobatch.core.model import peak_keeps_pace
+
+    batches = [8, 17, 30, 32, 33, 34, 35, 40]
+    totals = [331.92, 347.70, 370.51, 373.96, 375.77, 377.46, 379.2, 388.0]
+    readings = [330.15, 343.68, 363.23, 366.18, 367.74, 369.19, 370.7, 378.2]
+    line = 375 * MiB
+
+    def at(values: list[float], b: int) -> int:
+        for (b0, v0), (b1, v1) in zip(zip(batches, values), zip(batches[1:], values[1:])):
+            if b0 <= b <= b1:
+                return int((v0 + (v1 - v0) * (b - b0) / (b1 - b0)) * MiB)
+        raise ValueError(b)
+
+    def probe(b: int, steps: int = 3) -> Observation:
+        total, reading = at(totals, b), at(readings, b)
+        if total > line:
+            return Observation(b, False, kind="oom", rising_bytes=reading, steps=steps)
+        return Observation(b, True, peak_bytes=total, rising_bytes=reading, steps=steps)
+
+    result = search_max_batch(
+        probe, budget_bytes=line, max_batch_size=65536, batch_multiple=1, start=8,
+        floor_bytes=300 * MiB, final_probe=lambda b: probe(b, 10), long_steps=10,
+    )  # fmt: skip
+    assert result.max_batch_size == 32 and len(result.trace) <= 4, result.trace
+    flat = [(8, int(879.32 * MiB), int(689.31 * MiB)), (24, int(884.71 * MiB), int(698.57 * MiB))]
+    assert not peak_keeps_pace(flat)  # param_heavy: the optimizer step's flat peak; the readings model it
+    assert peak_keeps_pace(
+        [(8, int(331.92 * MiB), int(330.15 * MiB)), (17, int(347.70 * MiB), int(343.68 * MiB))]
+    )
