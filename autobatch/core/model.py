@@ -109,13 +109,11 @@ def rising_gap(fits: list[tuple[int, int | None, int | None]]) -> int:
     for a few MiB of batch-dependent temporaries (measured on a parameter-heavy model: from batch 8 to 24
     its peak grew about 5 MiB, over half the rising reading's growth, and lay 186 MiB above that reading).
     """
-    both = sorted((b, p, r) for b, p, r in fits if p is not None and r is not None)
-    if len(both) < 2:
+    ends = _phase_growth(fits)
+    if ends is None:
         return 0
-    (_, small_peak, small_rising), (_, large_peak, large_rising) = both[0], both[-1]
-    grew = large_rising - small_rising
-    gap = large_peak - large_rising
-    if grew <= 0 or large_peak - small_peak < grew / 4 or gap > grew:
+    grew, peak_grew, gap = ends
+    if grew <= 0 or peak_grew < grew / 4 or gap > grew:
         return 0
     return max(0, gap)
 
@@ -126,12 +124,19 @@ def peak_keeps_pace(fits: list[tuple[int, int | None, int | None]]) -> bool:
     peak's own slope is the one to model. The reading is the first backward's; a later step can grow faster
     with the batch (the MLP example: 1.76 MiB per sample against the reading's 1.5, so a line through the
     readings put the boundary three samples high)."""
+    ends = _phase_growth(fits)
+    return ends is not None and 0 < ends[0] <= ends[1]
+
+
+def _phase_growth(fits: list[tuple[int, int | None, int | None]]) -> tuple[int, int, int] | None:
+    """From the smallest to the largest of the fits ``(batch, peak, rising)`` that have both readings: how
+    much the rising reading grew, how much the peak grew, and the peak above the reading at the largest
+    (None: fewer than two such fits)."""
     both = sorted((b, p, r) for b, p, r in fits if p is not None and r is not None)
     if len(both) < 2:
-        return False
+        return None
     (_, small_peak, small_rising), (_, large_peak, large_rising) = both[0], both[-1]
-    grew = large_rising - small_rising
-    return grew > 0 and large_peak - small_peak >= grew
+    return large_rising - small_rising, large_peak - small_peak, large_peak - large_rising
 
 
 def _exact(line: Affine, budget: int, reported: bool = True) -> Prediction | None:

@@ -14,7 +14,7 @@ pytest.importorskip("lightning")
 HERE = Path(__file__).resolve().parent
 APP = HERE / "lit_app.py"
 #: 64-wide vectors, 256 per sample: about 0.6 MiB of activations per sample under a 520 MiB cap, of whose
-#: 468 MiB budget Lightning's imports hold about 395 MiB (at 450 MiB the maximum was 7 to 10 samples).
+#: 468 MiB budget Lightning's imports hold about 395 MiB (at 450 MiB one CI run's maximum was 7).
 CONFIG = "model:\n  width: 64\ndata:\n  width: 64\n  tokens: 256\n  samples: 512\n"
 QUICK = ("--device", "cpu", "--memory", "520MiB", "-p", "32", "-o", "adamw", "--no-recompute",
          "--confirm-steps", "5")  # fmt: skip
