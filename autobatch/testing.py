@@ -219,8 +219,14 @@ class FakeStepProbe:
         rising = self.curve.rising(batch_size) if self.phases else None
         if self.curve(batch_size) > self.budget_bytes or too_long:
             first = rising is not None and rising - self.state_bytes <= self.budget_bytes
+            # As a real probe stops at the step whose peak crosses its line: the peak it reached.
             return Observation(
-                batch_size, fits=False, kind="oom", steps=ran, rising_bytes=rising if first else None
+                batch_size,
+                fits=False,
+                kind="oom",
+                peak_bytes=self.curve.measure(batch_size) if first else None,
+                steps=ran,
+                rising_bytes=rising if first else None,
             )
         return Observation(
             batch_size, fits=True, peak_bytes=self.curve.measure(batch_size), steps=ran, rising_bytes=rising

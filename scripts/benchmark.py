@@ -111,10 +111,11 @@ def autobatch_row(setup: runs.Setup, single: bool, result: report.WorkloadResult
     else:
         searched = [c for c in combos if c["status"] != "skipped"]
         result.grid_combos, result.grid_probes = len(searched), sum(c["probes"] for c in combos)
+        result.grid_timing = sum(1 for c in combos for p in c["trace"] if p.get("purpose") == "throughput")
         row.probes = result.grid_probes / len(searched) if searched else None
         row.probes_note = (
-            f"per searched combination ({result.grid_probes} in all; {len(searched)} of {len(combos)} "
-            "combinations searched, the rest skipped)"
+            f"per searched combination ({result.grid_probes} in all, {result.grid_timing} of them timing the "
+            f"throughput choice; {len(searched)} of {len(combos)} combinations searched, the rest skipped)"
         )
         row.note += "; " + "; ".join(
             f"{c['precision']}/{c['optimizer']}/{'rc' if c['recompute'] else 'no-rc'}: "

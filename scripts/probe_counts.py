@@ -154,7 +154,7 @@ def main() -> None:
         curve, budget, floor = CURVES[first]
         _, _, _, model = count(curve, budget, floor, True)
         shapes = PH_SHAPES if "param_heavy" in name else GRID_SHAPES
-        learned = [Learned("32-true", "adamw", False, model.intercept, model.slope)]  # type: ignore[attr-defined]
+        learned = [Learned("32-true", "adamw", False, model.intercept, model.slope, model.of_readings)]  # type: ignore[attr-defined]
         prior = predict(precision, "adamw", False, learned, shapes)
         probes, exact, calls, _ = count(second, budget, floor, True, prior)
         print(f"  {name:28s} {probes:3d} probes  exact={exact}  {' '.join(calls)}")
@@ -171,7 +171,16 @@ def grid4() -> None:
         probe = _probe(curve, GiB, True)
         answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS, prediction=prior)
         assert answer.max_batch_size == _truth(curve, GiB) and answer.model is not None
-        learned.append(Learned(precision, "adamw", recompute, answer.model.intercept, answer.model.slope))
+        learned.append(
+            Learned(
+                precision,
+                "adamw",
+                recompute,
+                answer.model.intercept,
+                answer.model.slope,
+                answer.model.of_readings,
+            )
+        )
         counts.append(answer.probes)
         calls = " ".join(f"{b}{'(10)' if st[0] >= LIMITS.confirm_steps else ''}" for b, st, _ in probe.calls)
         print(f"  {precision}/{'rc' if recompute else 'no-rc':5s} {answer.probes:3d} probes  {calls}")

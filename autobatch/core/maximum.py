@@ -23,7 +23,7 @@ of the grid and ``explain --verify`` runs for every lever; it talks to a :data:`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .model import Affine
 from .reuse import Prediction
@@ -233,7 +233,7 @@ def calibrate(
     """
     if prediction is None:
         return None, []
-    line = Affine(prediction.intercept, prediction.slope)
+    line = Affine(prediction.intercept, prediction.slope, prediction.of_readings)
     if prediction.slope_known:
         return line, []
     guess = line.predict_max(budget_bytes)
@@ -243,7 +243,14 @@ def calibrate(
     batch = min(max(int(CALIBRATE_AT * guess) // m * m, m), top // m * m)
     first = probe(batch)
     if first.fits and first.peak_bytes is not None and first.peak_bytes > line.intercept:
-        line = Affine(line.intercept, (first.peak_bytes - line.intercept) / batch)
+        line = replace(line, slope=(first.peak_bytes - line.intercept) / batch)
+    elif not first.fits and first.kind == "oom":
+        # The guessed slope was too low. The next guess puts the boundary as far below this batch as this
+        # batch was below the first guess's (a line whose boundary is the miss itself has the search creep
+        # down from it a sample a probe), or keeps the measured slope it was scaled from where that is
+        # steeper: the setting saved less than typical, or nothing (recomputation on the MLP example).
+        floor = (budget_bytes - line.intercept) / (CALIBRATE_AT * batch)
+        line = replace(line, slope=max(line.slope, floor, prediction.base_slope or 0.0))
     return line, [first]
 
 

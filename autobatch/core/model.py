@@ -14,16 +14,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Optional
 
-__all__ = ["Affine", "Point", "Prediction", "peak_keeps_pace", "predict", "reported_model", "rising_gap"]
+__all__ = [
+    "Affine",
+    "Point",
+    "Prediction",
+    "model_points",
+    "peak_keeps_pace",
+    "phase_gap",
+    "predict",
+    "reported_model",
+    "rising_gap",
+]
 
 
 @dataclass(frozen=True)
 class Affine:
-    """``peak(b) = intercept + slope * b`` (bytes)."""
+    """``peak(b) = intercept + slope * b`` (bytes). ``of_readings``: the line follows the rising phase's
+    readings plus their gap (:mod:`autobatch.core.search`'s two-phase model), not the step's peaks."""
 
     intercept: float
     slope: float
+    of_readings: bool = False
 
     def predict(self, batch_size: float) -> float:
         return self.intercept + self.slope * batch_size
@@ -116,6 +129,58 @@ def rising_gap(fits: list[tuple[int, int | None, int | None]]) -> int:
     if grew <= 0 or peak_grew < grew / 4 or gap > grew:
         return 0
     return max(0, gap)
+
+
+Reading = tuple[int, Optional[int], Optional[int]]  # (batch, peak, rising phase's reading) of a probe
+
+
+def model_points(
+    fits: list[Reading], misses: list[Reading], line: int, primed: bool | None
+) -> tuple[dict[int, int], bool]:
+    """The points the model is fitted to, from the consistent fits and the batches that did not fit under
+    ``line``, and whether they are the rising phase's readings plus the gap (:func:`phase_gap`) rather
+    than the step's peaks. ``primed``: how the prior's line was drawn (:attr:`Affine.of_readings`; None:
+    no prior).
+
+    Readings when every fit has one and two fits show a peak that did not keep pace with them (the
+    optimizer step's plateau says nothing of where the batch-dependent phase meets the budget; where the
+    peak kept pace, its own slope is the better one). One fit alone: as the prior's line was drawn, since
+    its slope goes through it (through the reading, where the prior followed the peaks, the MLP example's
+    grid probes landed 3 to 11 samples above the boundary, one miss after another); without a prior, the
+    reading, which the proportional guess scales and which grows faster than a plateau. A miss adds a point
+    above the line, next to a fit (an interpolation instead of an extrapolation): its reading plus the gap,
+    or the peak it reached at or above the line before it stopped (a lower bound, at its crossing step; a
+    reading under the line, an allocation that failed whole, says nothing of where the curve crosses it).
+    """
+    measured: list[Reading] = [(b, p, r) for b, p, r in fits if p is not None]
+    phased = bool(measured) and all(r is not None for _, _, r in measured)
+    if phased:
+        phased = not peak_keeps_pace(measured) if len(measured) >= 2 else primed is not False
+    points: dict[int, int] = {}
+    if phased:
+        read = [(b, p, r) for b, p, r in misses if r is not None]
+        gap = phase_gap(measured, [(p, r) for _, p, r in read], line)
+        values = [(b, r + gap) for b, _, r in [*measured, *read] if r is not None]
+    else:
+        over = [(b, p) for b, p, _ in misses if p is not None and p >= line] if measured else []
+        values = [(b, p) for b, p, _ in measured if p is not None] + over
+    for b, value in values:
+        points[b] = max(value, points.get(b, value))
+    return points, phased
+
+
+def phase_gap(
+    fits: list[tuple[int, int | None, int | None]], misses: list[tuple[int | None, int | None]], line: int
+) -> int:
+    """How far the step's peak lies above the rising phase's reading, for the search's model, from fits
+    ``(batch, peak, rising)`` and batches that did not fit under ``line``, ``(peak reached, rising)``:
+    :func:`rising_gap`, raised to what every miss proves. A miss peaked at or above the line, and at
+    least as high as the peak it reached before it stopped, so the gap is at least either less its reading
+    (a parameter-heavy model at bf16-mixed: fits on the optimizer step's plateau read no gap, the first
+    miss reached 8 MiB above its reading, and without it the search crept down a sample a probe).
+    """
+    proven = [max(line, p or 0) - r for p, r in misses if r is not None]
+    return max(0, rising_gap(fits), *proven)
 
 
 def peak_keeps_pace(fits: list[tuple[int, int | None, int | None]]) -> bool:

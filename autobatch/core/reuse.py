@@ -49,6 +49,7 @@ class Learned:
     recompute: bool
     intercept: float
     slope: float
+    of_readings: bool = False  # the line follows the rising phase's readings (:class:`~.model.Affine`)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ class Prediction:
     slope: float
     basis: str  # which measurement it came from, for the result's notes
     slope_known: bool = True  # False when the slope is a typical ratio, not measured
+    #: The measured slope a guessed one was scaled from (None: not a guess); the search falls back on it
+    #: when the guess proves too low (:func:`autobatch.core.maximum.calibrate`).
+    base_slope: float | None = None
+    of_readings: bool = False  # as the measured line it came from
 
 
 def _elem(precision: str) -> int:
@@ -96,7 +101,9 @@ def predict(
         + _static(precision, optimizer, shapes)
     )
     if (base.precision, base.recompute) == target:
-        return Prediction(intercept, base.slope, f"{base.precision}/{base.optimizer} slope")
+        return Prediction(
+            intercept, base.slope, f"{base.precision}/{base.optimizer} slope", of_readings=base.of_readings
+        )
     factors = _factors(base, target, learned)
     ratio = 1.0
     for value, _kind in factors:
@@ -107,6 +114,8 @@ def predict(
         base.slope * ratio,
         f"{base.precision}/{base.optimizer} slope x {ratio:.2f} ({kinds} ratio)",
         slope_known=False,
+        base_slope=base.slope,
+        of_readings=base.of_readings,
     )
 
 

@@ -25,9 +25,12 @@ whose "fits" was refuted is ignored until a new fitting point changes it.
 
 **Two phases.** A step's peak is the larger of two curves: forward and backward (activations grow
 with the batch) and the optimizer step (parameters, gradients, state and the step's temporaries: flat).
-Where every fit also reports the first (``Observation.rising_bytes``), the model is fitted to it, so a
-flat total peak no longer hides the slope; a non-fit that read it adds a point above the budget, which
-turns the next extrapolation into an interpolation.
+Where every fit also reports the first (``Observation.rising_bytes``) and the peak does not keep pace
+with it, the model is fitted to it, so a flat total peak no longer hides the slope; otherwise to the
+peaks. Either way a non-fit next to a fit adds a point above the budget (its reading, or the peak it
+reached before it stopped at the line), which turns the next extrapolation into an interpolation
+(:func:`autobatch.core.model.model_points`). A miss that the model said fits and that adds no point
+makes the search distrust the model until the next fit (else it creeps down a candidate a probe).
 
 **Fallback steps.** Doubling from ``lo`` while no non-fit is known, bisection once bracketed. After the
 model overshot a bracket more than :data:`GEOMETRIC_RATIO` times its fitting end, its geometric middle
@@ -54,7 +57,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from . import endgame
-from .model import Affine, Prediction, peak_keeps_pace, predict, reported_model, rising_gap
+from .model import Affine, Prediction, model_points, predict, reported_model
 
 __all__ = [
     "KINDS",
@@ -85,7 +88,9 @@ class Observation:
 
     batch_size: int
     fits: bool
-    peak_bytes: int | None = None  # measured peak when it fits (None if unknown)
+    #: The measured peak when it fits (None if unknown); when it does not, the high-water mark it reached
+    #: before it stopped or failed (a lower bound of its peak), which only the two-phase model reads.
+    peak_bytes: int | None = None
     kind: str = "fits"  # "fits" | "oom" | "crash" | "timeout"
     samples_per_second: float | None = None
     steps: int = 0  # full training steps the probe ran (0: unknown)
@@ -156,49 +161,49 @@ def search_max_batch(
 ) -> SearchResult:
     """Find the largest multiple of ``batch_multiple`` (<= ``max_batch_size``) that fits.
 
-        ``probe(b)`` runs batch ``b`` and returns an :class:`Observation`. ``known`` observations
-        (a cache, an earlier run) count as probed and may be at any batch size. ``prior`` predicts the
-        peak curve (e.g. from another combination). ``prune_at_or_below``: stop ("pruned") as soon as
-        a batch at or below it is known not to fit, and probe the largest candidate at or below it
-        early to find out; pass the best maximum so far to skip combinations that cannot reach it, or
-        that maximum + 1 to skip those that can at best tie. ``max_probes``: stop ("incomplete") after
-        that many new probes. ``start``: the first batch when nothing is known and there is no prior
-        (default: the smallest candidate, which on real devices says little about the per-sample cost;
-        a first probe anywhere keeps the bound). ``floor_bytes``: peak memory known not to scale with the
-        batch; the proportional guess after the first fit scales only what lies above it (still a lower
-        bound of an affine curve's maximum, and nearer). ``final_probe``: how to probe a candidate the model
-        predicts to be the maximum itself (say, as long as a confirmation, so that a right prediction needs
-        no separate one; default ``probe``; the end game's too). ``long_steps``: a fit of at least this many
+    ``probe(b)`` runs batch ``b`` and returns an :class:`Observation`. ``known`` observations
+    (a cache, an earlier run) count as probed and may be at any batch size. ``prior`` predicts the
+    peak curve (e.g. from another combination). ``prune_at_or_below``: stop ("pruned") as soon as
+    a batch at or below it is known not to fit, and probe the largest candidate at or below it
+    early to find out; pass the best maximum so far to skip combinations that cannot reach it, or
+    that maximum + 1 to skip those that can at best tie. ``max_probes``: stop ("incomplete") after
+    that many new probes. ``start``: the first batch when nothing is known and there is no prior
+    (default: the smallest candidate, which on real devices says little about the per-sample cost;
+    a first probe anywhere keeps the bound). ``floor_bytes``: peak memory known not to scale with the
+    batch; the proportional guess after the first fit scales only what lies above it (still a lower
+    bound of an affine curve's maximum, and nearer). ``final_probe``: how to probe a candidate the model
+    predicts to be the maximum itself (say, as long as a confirmation, so that a right prediction needs
+    no separate one; default ``probe``; the end game's too). ``long_steps``: a fit of at least this many
     steps needs no confirmation (:mod:`autobatch.core.endgame`). At most :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
     m, n, known_obs = batch_multiple, max_batch_size // batch_multiple, tuple(known)
     trace: list[Observation] = []
+    primed = prior.of_readings if prior is not None else None
     debt, remaining = 0, None  # type: int, int | None
-    distrust = False  # the model said "fits" and the probe did not: ignore it until a new fit
+    # distrust: the model said "fits" and the probe did not: ignore it until a new fit; refuted: the last did
+    distrust = refuted = False
     while True:
-        state = _State.of(known_obs + tuple(trace), m, n, long_steps)
+        state = _State.of(known_obs + tuple(trace), m, n, long_steps, budget_bytes, primed)
+        if trace and not trace[-1].fits:
+            # Unless the miss became a point of the model (a reading that changes it): the same model would
+            # say "fits" a candidate lower, and the search would creep down a sample a probe.
+            distrust = (distrust or refuted) and trace[-1].batch_size not in state.points
         status = state.status(prune_at_or_below)
         if status is None and max_probes is not None and len(trace) >= max_probes:
             status = "incomplete"
         if status is not None:
-            best = (state.lo + 1) * m if state.lo >= 0 else None
-            model = reported_model(state.points, prior, state.min_fail, budget_bytes)
-            return SearchResult(best, status, tuple(trace), state.min_fail, model)
+            return state.result(status, trace, prior, budget_bytes)
         now = state.remaining()
         debt = debt if remaining is None else max(0, debt + 1 - (remaining - now))
         remaining = now
-        guided = (
-            state.guided(prior, budget_bytes, prune_at_or_below, not distrust, floor_bytes)
-            if debt < SLACK
-            else None
-        )
+        model = (prior, budget_bytes, prune_at_or_below, not distrust, floor_bytes)
+        guided = state.guided(*model) if debt < SLACK else None
         index, expect_fit, final = guided or state.unguided(start)
         batch = (index + 1) * m
         obs = _checked((final_probe if final and final_probe is not None else probe)(batch), batch)
         trace.append(obs)
-        # A miss that read its rising phase is a new point that changes the model: no reason to distrust it.
-        distrust = (distrust or expect_fit is True) and not obs.fits and obs.rising_bytes is None
+        refuted, distrust = expect_fit is True and not obs.fits, distrust and not obs.fits
 
 
 def _checked(obs: object, batch: int) -> Observation:
@@ -218,34 +223,39 @@ class _State:
     min_fail: int | None
     points: dict[int, int]  # consistent fitting batches -> peak (the larger if measured twice)
     lo_confirmed: bool = False  # the fitting end ran as long as a confirmation
+    of_readings: bool = False  # the points are the rising phase's readings plus the gap
 
     @classmethod
     def of(
-        cls, observations: tuple[Observation, ...], m: int, n: int, long_steps: int | None = None
+        cls,
+        observations: tuple[Observation, ...],
+        m: int,
+        n: int,
+        long_steps: int | None = None,
+        line: int = 0,
+        primed: bool | None = None,
     ) -> _State:
         min_fail = min((o.batch_size for o in observations if not o.fits), default=None)
         fits = [o for o in observations if o.fits and (min_fail is None or o.batch_size < min_fail)]
-        points: dict[int, int] = {}
-        # The rising phase's peaks when every fit has one: the optimizer step's flat peak says nothing
-        # about where the batch-dependent phase meets the budget (a plateau has no slope); unless the peak
-        # itself rises at least as fast as they do: then its own slope is the better one.
-        phases = [(o.batch_size, o.peak_bytes, o.rising_bytes) for o in fits]
-        rising = all(o.rising_bytes is not None for o in fits if o.peak_bytes is not None)
-        rising = rising and not peak_keeps_pace(phases)
-        # A non-fit's rising phase lies above the budget: the model interpolates instead of extrapolating.
-        misses = [o for o in observations if not o.fits and o.rising_bytes is not None] if rising else []
-        gap = rising_gap(phases) if rising else 0
-        for o in [*fits, *misses]:
-            peak = o.rising_bytes + gap if rising and o.rising_bytes is not None else o.peak_bytes
-            if peak is not None:
-                points[o.batch_size] = max(peak, points.get(o.batch_size, peak))
+        misses = [(o.batch_size, o.peak_bytes, o.rising_bytes) for o in observations if not o.fits]
+        points, phased = model_points(
+            [(o.batch_size, o.peak_bytes, o.rising_bytes) for o in fits], misses, line, primed
+        )
         top = max((o.batch_size for o in fits), default=0)
         lo = min(top // m, n) - 1
         hi = n if min_fail is None else min(-(-min_fail // m) - 1, n)
         confirmed = long_steps is not None and any(
             o.batch_size == top and o.steps >= long_steps for o in fits
         )
-        return cls(lo, hi, n, m, min_fail, points, confirmed)
+        return cls(lo, hi, n, m, min_fail, points, confirmed, phased)
+
+    def result(
+        self, status: SearchStatus, trace: list[Observation], prior: Affine | None, budget: int
+    ) -> SearchResult:
+        best = (self.lo + 1) * self.m if self.lo >= 0 else None
+        model = reported_model(self.points, prior, self.min_fail, budget)
+        model = replace(model, of_readings=self.of_readings) if model is not None else None
+        return SearchResult(best, status, tuple(trace), self.min_fail, model)
 
     def status(self, prune_at_or_below: int | None) -> SearchStatus | None:
         if self.hi == 0:
@@ -314,7 +324,11 @@ class _State:
             # the proportional guess, is never one).
             return low, True, prediction.reported and high == low + 1
         if high < self.hi and self.remaining() - replace(self, hi=high).remaining() >= 1:
-            return high, False, False
+            # The first candidate the model says does not fit, right above a one-candidate interval: should
+            # it fit after all, it is the maximum but for noise (the gpt example: boundary 41.97, batch 42
+            # fitted 3 steps, 43 did not, and 42 ran again for its confirmation). A miss stops at its
+            # crossing step whatever its length.
+            return high, False, prediction.reported and high == low + 1
         return None
 
     def _endgame(self, prediction: Prediction, budget: int) -> tuple[int, bool, bool] | None:

@@ -14,7 +14,8 @@ def observation(outcome: ProbeOutcome, state_bytes: int = 0) -> Observation:
     return Observation(
         batch_size=outcome.batch_size,
         fits=outcome.fits,
-        peak_bytes=outcome.peak_bytes if outcome.fits else None,
+        # A miss's peak is how high it got before it stopped or failed (a lower bound), if it ran out of memory.
+        peak_bytes=outcome.peak_bytes if outcome.kind in ("fits", "oom") else None,
         kind=outcome.kind if outcome.kind in KINDS else "crash",
         samples_per_second=outcome.samples_per_second,
         steps=outcome.steps,

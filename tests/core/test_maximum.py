@@ -210,3 +210,33 @@ def test_phases_wrong_or_right_the_answer_is_exact_and_confirmed(
     if not flicker:
         assert answer.max_batch_size == true_max(curve, GiB, LIMITS.max_batch_size)
     assert answer.probes <= probe_bound(LIMITS.max_batch_size) + CONFIRM_ROUNDS
+
+
+def test_a_calibration_that_does_not_fit_takes_the_measured_slope_it_was_scaled_from() -> None:
+    """The MLP example's grid, measured: recomputation saved nothing there, the typical 0.6x guess put the
+    boundary at 53 and the calibration at 42 ran out of memory; with the guessed slope kept, three misses
+    (40, 37, 36) came before the answer. The slope it was scaled from finds 32 in two more probes."""
+    line = 375 * MiB
+    curve = affine(318.9 * MiB, 1.75 * MiB)
+    guess = Prediction(318.9 * MiB, 1.05 * MiB, "0.60x typical", slope_known=False, base_slope=1.75 * MiB)
+    probe = FakeStepProbe(curve, line)
+    answer = find_maximum(probe, budget_bytes=line, limits=LIMITS, prediction=guess)
+    assert answer.max_batch_size == true_max(curve, line, LIMITS.max_batch_size) == 32
+    assert [(b, steps[0]) for b, steps, _ in probe.calls][:2] == [(42, 3), (32, 10)]
+    assert [b for b, _, _ in probe.calls] == [42, 32, 33]
+
+
+def test_a_calibration_that_does_not_fit_aims_below_itself_when_nothing_measured_is_steeper() -> None:
+    """Without a steeper measured slope, the next line puts the boundary as far below the miss as the miss
+    lay below the guess (a line through the miss itself has the search creep down a sample a probe)."""
+    line = GiB
+    curve = affine(
+        300 * MiB, 2.0 * MiB
+    )  # true maximum 362; the guess 1.3 MiB puts it at 557, calibrated at 445
+    guess = Prediction(300 * MiB, 1.3 * MiB, "typical ratio", slope_known=False, base_slope=1.2 * MiB)
+    probe = FakeStepProbe(curve, line)
+    answer = find_maximum(probe, budget_bytes=line, limits=LIMITS, prediction=guess)
+    assert answer.max_batch_size == true_max(curve, line, LIMITS.max_batch_size)
+    assert not probe.calls[0][0] <= answer.max_batch_size  # the calibration missed
+    assert probe.calls[1][0] <= int(CALIBRATE_AT * probe.calls[0][0]) + 1  # then aimed below it
+    assert answer.probes <= 5

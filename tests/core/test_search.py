@@ -544,3 +544,77 @@ def test_a_peak_that_rises_faster_than_the_rising_reading_is_modelled_by_its_own
     assert peak_keeps_pace(
         [(8, int(331.92 * MiB), int(330.15 * MiB)), (17, int(347.70 * MiB), int(343.68 * MiB))]
     )
+
+
+def test_one_fit_under_a_prior_is_read_as_the_prior_was_drawn() -> None:
+    """The MLP example's bf16 grid, measured: one fit at 35 (peak 357.75 MiB, rising reading 354.77) and a
+    prior slope of 1.08 MiB per sample, drawn through the peaks of the combination before. Through the
+    reading, the boundary lands at 53 (the true maximum is 50, and 52, 53 and 54 ran out of memory); through
+    the peak, at 50. A prior drawn through readings reads the reading."""
+    line = 375 * MiB
+    fit = Observation(35, True, peak_bytes=int(357.75 * MiB), steps=3, rising_bytes=int(354.77 * MiB))
+
+    def first_probe(of_readings: bool) -> int:
+        calls: list[int] = []
+
+        def probe(b: int) -> Observation:
+            calls.append(b)
+            return Observation(b, False, kind="oom")
+
+        prior = Affine(320 * MiB, 1.08 * MiB, of_readings=of_readings)
+        search_max_batch(
+            probe, budget_bytes=line, max_batch_size=4096, prior=prior, known=[fit], max_probes=1
+        )
+        return calls[0]
+
+    assert first_probe(of_readings=False) in (50, 51)
+    assert first_probe(of_readings=True) >= 53
+
+
+def test_a_miss_that_reached_past_the_line_shows_the_gap_the_fits_on_a_plateau_could_not() -> None:
+    """Two fits on the optimizer step's plateau read no gap between the step's peak and the rising phase's
+    reading (the bf16 autocast cache: 8 MiB on the parameter-heavy workload); a miss that stopped at the
+    line after reaching 8 MiB above its reading shows it, and the next probe lands on the boundary instead
+    of a sample under the miss."""
+    line = 920 * MiB
+
+    def rising(b: int) -> int:
+        return int((700 + 0.25 * b) * MiB)  # the boundary: rising + 8 MiB = line at batch 848
+
+    fits = [Observation(b, True, peak_bytes=905 * MiB, steps=3, rising_bytes=rising(b)) for b in (625, 733)]
+
+    def next_probe(reached: int | None) -> int:
+        miss = Observation(875, False, kind="oom", peak_bytes=reached, rising_bytes=rising(875))
+        calls: list[int] = []
+
+        def probe(b: int) -> Observation:
+            calls.append(b)
+            return Observation(b, False, kind="oom")
+
+        search_max_batch(probe, budget_bytes=line, max_batch_size=4096, known=[*fits, miss], max_probes=1)
+        return calls[0]
+
+    assert abs(next_probe(rising(875) + 8 * MiB) - 848) <= 1
+    assert next_probe(None) > 860
+
+
+def test_the_first_candidate_over_a_one_candidate_interval_runs_as_long_as_a_confirmation() -> None:
+    """The gpt example, measured: from the fits at 8 and 34 the boundary is 41.97, and batch 42 fitted after
+    all (its peak 1.3 MiB under the line); run at 3 steps it needed a confirmation of its own after 43 ran
+    out of memory. Run as long as a confirmation, it is the answer once 43 does not fit: four probes."""
+    line = int(544.2 * MiB)
+    peaks = {8: (365.64, 360.05), 34: (502.32, 491.92), 42: (542.88, 532.53)}
+
+    def probe(b: int, steps: int = 3) -> Observation:
+        if b not in peaks:
+            return Observation(b, False, kind="oom", steps=1)
+        peak, reading = peaks[b]
+        return Observation(b, True, peak_bytes=int(peak * MiB), steps=steps, rising_bytes=int(reading * MiB))
+
+    known = [probe(8), probe(34)]
+    result = search_max_batch(
+        probe, budget_bytes=line, max_batch_size=65536, known=known, final_probe=lambda b: probe(b, 10),
+        long_steps=10,
+    )  # fmt: skip
+    assert [(o.batch_size, o.fits, o.steps) for o in result.trace] == [(42, True, 10), (43, False, 1)]
+    assert result.max_batch_size == 42 and result.status == "exact"

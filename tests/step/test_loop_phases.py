@@ -11,7 +11,7 @@ import torch
 
 from autobatch.contract import UserScript
 from autobatch.probe.protocol import ProbeOutcome
-from autobatch.probe.readings import rising_peak
+from autobatch.probe.readings import observation, rising_peak
 from autobatch.step.loop import StepConfig, StepReport, run_steps
 
 
@@ -64,3 +64,13 @@ def test_rising_peak_adds_the_optimizer_state_and_keeps_misses() -> None:
     assert rising_peak(miss, 150) == 1050  # failed before measuring it: the analytic figure
     assert rising_peak(ProbeOutcome(kind="oom"), 150) is None  # out of memory before the first backward ended
     assert rising_peak(ProbeOutcome(kind="crash", first_backward_peak_bytes=1), 150) is None
+
+
+def test_a_miss_keeps_the_peak_it_reached_for_the_search() -> None:
+    """A probe that ran out of memory, or stopped at the step whose peak crossed its line, reports how high
+    it got: a lower bound of its peak, which the two-phase model reads (a crash says nothing of memory)."""
+    stopped = ProbeOutcome(kind="oom", batch_size=315, steps=2, peak_bytes=919, first_backward_peak_bytes=900)
+    seen = observation(stopped, state_bytes=4)
+    assert (seen.fits, seen.peak_bytes, seen.rising_bytes) == (False, 919, 904)
+    crashed = ProbeOutcome(kind="crash", batch_size=315, steps=0, peak_bytes=700)
+    assert observation(crashed).peak_bytes is None
