@@ -149,8 +149,9 @@ def model_points(
     grid probes landed 3 to 11 samples above the boundary, one miss after another); without a prior, the
     reading, which the proportional guess scales and which grows faster than a plateau. A miss adds a point
     above the line, next to a fit (an interpolation instead of an extrapolation): its reading plus the gap,
-    or the peak it reached at or above the line before it stopped (a lower bound, at its crossing step; a
-    reading under the line, an allocation that failed whole, says nothing of where the curve crosses it).
+    or the peak of the step at which it stopped past the line (a lower bound, near its own peak); a miss
+    whose allocation failed has no such peak (how high it got before says nothing of where the curve
+    crosses the line).
     """
     measured: list[Reading] = [(b, p, r) for b, p, r in fits if p is not None]
     phased = bool(measured) and all(r is not None for _, _, r in measured)

@@ -88,8 +88,8 @@ class Observation:
 
     batch_size: int
     fits: bool
-    #: The measured peak when it fits (None if unknown); when it does not, the high-water mark it reached
-    #: before it stopped or failed (a lower bound of its peak), which only the two-phase model reads.
+    #: The measured peak when it fits (None if unknown); when it does not, the peak of the step at which it
+    #: stopped, past the search's line (a lower bound of its peak; None for an allocation that failed).
     peak_bytes: int | None = None
     kind: str = "fits"  # "fits" | "oom" | "crash" | "timeout"
     samples_per_second: float | None = None

@@ -14,8 +14,9 @@ def observation(outcome: ProbeOutcome, state_bytes: int = 0) -> Observation:
     return Observation(
         batch_size=outcome.batch_size,
         fits=outcome.fits,
-        # A miss's peak is how high it got before it stopped or failed (a lower bound), if it ran out of memory.
-        peak_bytes=outcome.peak_bytes if outcome.kind in ("fits", "oom") else None,
+        # A miss that stopped at the search's line after a whole step: that step's peak (a lower bound of its
+        # own, near it). An allocation that failed says only that it got past the cap less that allocation.
+        peak_bytes=outcome.peak_bytes if outcome.fits or outcome.stopped_above_bytes is not None else None,
         kind=outcome.kind if outcome.kind in KINDS else "crash",
         samples_per_second=outcome.samples_per_second,
         steps=outcome.steps,

@@ -618,3 +618,27 @@ def test_the_first_candidate_over_a_one_candidate_interval_runs_as_long_as_a_con
     )  # fmt: skip
     assert [(o.batch_size, o.fits, o.steps) for o in result.trace] == [(42, True, 10), (43, False, 1)]
     assert result.max_batch_size == 42 and result.status == "exact"
+
+
+def test_a_miss_the_model_cannot_read_makes_it_step_aside_instead_of_creeping() -> None:
+    """The root tune's fourth combination (sgd with recomputation), measured: a prior with a known slope put
+    the boundary at 39, which fitted as the answer's candidate; the next step said 44 fits, and 44, 43, 42,
+    41 and 40 ran out of memory one after another, each an allocation that failed (a rising reading, no
+    peak, so the peaks' model had no new point and said the same a candidate lower). A refuted model that
+    gained no point is set aside until the next fit: bisection finds the maximum in a few more probes."""
+    line = 400 * MiB
+    prior = Affine(300 * MiB, 0.5 * MiB)  # through the fit at 39: boundary 44; the truth: 2.5 MiB a sample, 40
+    calls: list[int] = []
+
+    def probe(b: int) -> Observation:
+        calls.append(b)
+        peak = int((300 + 2.5 * b) * MiB)
+        if peak > line:
+            return Observation(b, False, kind="oom", steps=1, rising_bytes=peak - 5 * MiB)
+        return Observation(b, True, peak_bytes=peak, steps=10, rising_bytes=peak - 5 * MiB)
+
+    known = [probe(39)]
+    calls.clear()
+    result = search_max_batch(probe, budget_bytes=line, max_batch_size=4096, prior=prior, known=known)
+    assert result.max_batch_size == 40 and result.status == "exact"
+    assert len(calls) <= 4, calls

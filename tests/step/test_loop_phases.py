@@ -67,10 +67,26 @@ def test_rising_peak_adds_the_optimizer_state_and_keeps_misses() -> None:
 
 
 def test_a_miss_keeps_the_peak_it_reached_for_the_search() -> None:
-    """A probe that ran out of memory, or stopped at the step whose peak crossed its line, reports how high
-    it got: a lower bound of its peak, which the two-phase model reads (a crash says nothing of memory)."""
-    stopped = ProbeOutcome(kind="oom", batch_size=315, steps=2, peak_bytes=919, first_backward_peak_bytes=900)
+    """A probe that stopped at the step whose peak crossed its line reports that step's peak, a point for the
+    search; one whose allocation failed reports none: how high it got before is no measure of its peak (the
+    root tune's fourth combination crept 44, 43, 42, 41, 40 down on such readings), nor is a crash's."""
+    stopped = ProbeOutcome(
+        kind="oom",
+        batch_size=315,
+        steps=2,
+        peak_bytes=919,
+        first_backward_peak_bytes=900,
+        stopped_above_bytes=918,
+    )
     seen = observation(stopped, state_bytes=4)
     assert (seen.fits, seen.peak_bytes, seen.rising_bytes) == (False, 919, 904)
+    failed = ProbeOutcome(kind="oom", batch_size=316, steps=1, peak_bytes=917, first_backward_peak_bytes=901)
+    assert (
+        observation(failed, state_bytes=4).peak_bytes,
+        observation(failed, state_bytes=4).rising_bytes,
+    ) == (
+        None,
+        905,
+    )
     crashed = ProbeOutcome(kind="crash", batch_size=315, steps=0, peak_bytes=700)
     assert observation(crashed).peak_bytes is None
