@@ -117,16 +117,19 @@ def rising_gap(fits: list[tuple[int, int | None, int | None]]) -> int:
     The rising phase's reading misses what later steps add (an autocast cache, allocator creep): measured
     here near the boundary, 0.1 MiB at 32-true and 8 MiB at bf16-mixed. It is read at the largest fit when
     the step's peak grew from the smallest fit's by at least a quarter of what the rising phase grew (so
-    the optimizer step's flat peak no longer sets it), and when it is smaller than that growth: a gap
-    above everything the rising phase added between the fits is the optimizer step's peak, still flat but
-    for a few MiB of batch-dependent temporaries (measured on a parameter-heavy model: from batch 8 to 24
-    its peak grew about 5 MiB, over half the rising reading's growth, and lay 186 MiB above that reading).
+    the optimizer step's flat peak no longer sets it), and, unless the peak grew nearly as much (three
+    quarters), when it is smaller than that growth: a gap above everything the rising phase added between
+    the fits is the optimizer step's peak, still flat but for a few MiB of batch-dependent temporaries
+    (measured on a parameter-heavy model: from batch 8 to 24 its peak grew about 5 MiB, over half the
+    rising reading's growth, and lay 186 MiB above that reading). A peak that follows the reading is set by
+    it, whatever the gap against the growth between two close fits (the root tune's sgd fits at 24 and 25:
+    both grew 5 MiB and the gap is 10.9; taken for no gap, it put the boundary at 27 instead of 25).
     """
     ends = _phase_growth(fits)
     if ends is None:
         return 0
     grew, peak_grew, gap = ends
-    if grew <= 0 or peak_grew < grew / 4 or gap > grew:
+    if grew <= 0 or peak_grew < grew / 4 or (peak_grew < 3 * grew / 4 and gap > grew):
         return 0
     return max(0, gap)
 

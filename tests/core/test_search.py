@@ -508,6 +508,10 @@ def test_the_rising_gap_is_read_only_where_the_rising_phase_sets_the_peak() -> N
     rising = [(807, mib(903.9), mib(895.6)), (840, mib(916.8), mib(908.5))]  # bf16: 8.3 MiB above
     assert rising_gap(rising) == mib(916.8) - mib(908.5)
     assert rising_gap(rising[:1]) == 0
+    close = [(24, mib(442.07), mib(431.11)), (25, mib(446.99), mib(436.13))]  # the root tune's sgd, 32-true
+    assert rising_gap(close) == mib(446.99) - mib(
+        436.13
+    )  # the peak follows the reading: a gap, not a plateau
 
 
 def test_a_peak_that_rises_faster_than_the_rising_reading_is_modelled_by_its_own_slope() -> None:
@@ -627,7 +631,9 @@ def test_a_miss_the_model_cannot_read_makes_it_step_aside_instead_of_creeping() 
     peak, so the peaks' model had no new point and said the same a candidate lower). A refuted model that
     gained no point is set aside until the next fit: bisection finds the maximum in a few more probes."""
     line = 400 * MiB
-    prior = Affine(300 * MiB, 0.5 * MiB)  # through the fit at 39: boundary 44; the truth: 2.5 MiB a sample, 40
+    prior = Affine(
+        300 * MiB, 0.5 * MiB
+    )  # through the fit at 39: boundary 44; the truth: 2.5 MiB a sample, 40
     calls: list[int] = []
 
     def probe(b: int) -> Observation:
