@@ -198,9 +198,9 @@ class Tuner:
             entry.peak_bytes, entry.samples_per_second = best.peak_bytes, best.samples_per_second
         if answer.model is not None:
             entry.bytes_per_sample = answer.model.slope
-            line = answer.model
-            measured = (line.intercept, line.slope, line.of_readings)
-            self.learned.append(reuse.Learned(combo.precision, combo.optimizer, combo.recompute, *measured))
+            self.learned.append(
+                reuse.Learned.of(combo.precision, combo.optimizer, combo.recompute, answer.model)
+            )
         points = [
             (b, o.samples_per_second) for b, o in sorted(outcomes.items()) if o.fits and o.samples_per_second
         ]

@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from autobatch.core.maximum import Limits, find_maximum
+from autobatch.core.model import Affine
 from autobatch.core.reuse import Learned, Prediction, predict
 from autobatch.devices.budget import margin_bytes
 from autobatch.testing import (
@@ -130,7 +131,7 @@ def _truth(curve: Curve, budget: int) -> int | None:
 
 def count(
     curve: Curve, budget: int, floor: int, phases: bool, prediction: Prediction | None = None
-) -> tuple[int, bool, list[str], object]:
+) -> tuple[int, bool, list[str], Affine | None]:
     probe = _probe(curve, budget, phases)
     answer = find_maximum(probe, budget_bytes=budget, limits=LIMITS, prediction=prediction, floor_bytes=floor)
     exact = answer.max_batch_size == _truth(curve, budget)
@@ -154,7 +155,8 @@ def main() -> None:
         curve, budget, floor = CURVES[first]
         _, _, _, model = count(curve, budget, floor, True)
         shapes = PH_SHAPES if "param_heavy" in name else GRID_SHAPES
-        learned = [Learned("32-true", "adamw", False, model.intercept, model.slope, model.of_readings)]  # type: ignore[attr-defined]
+        assert model is not None
+        learned = [Learned.of("32-true", "adamw", False, model)]
         prior = predict(precision, "adamw", False, learned, shapes)
         probes, exact, calls, _ = count(second, budget, floor, True, prior)
         print(f"  {name:28s} {probes:3d} probes  exact={exact}  {' '.join(calls)}")
@@ -171,16 +173,7 @@ def grid4() -> None:
         probe = _probe(curve, GiB, True)
         answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS, prediction=prior)
         assert answer.max_batch_size == _truth(curve, GiB) and answer.model is not None
-        learned.append(
-            Learned(
-                precision,
-                "adamw",
-                recompute,
-                answer.model.intercept,
-                answer.model.slope,
-                answer.model.of_readings,
-            )
-        )
+        learned.append(Learned.of(precision, "adamw", recompute, answer.model))
         counts.append(answer.probes)
         calls = " ".join(f"{b}{'(10)' if st[0] >= LIMITS.confirm_steps else ''}" for b, st, _ in probe.calls)
         print(f"  {precision}/{'rc' if recompute else 'no-rc':5s} {answer.probes:3d} probes  {calls}")

@@ -20,9 +20,9 @@ __all__ = [
     "Affine",
     "Point",
     "Prediction",
+    "Reading",
     "model_points",
     "peak_keeps_pace",
-    "phase_gap",
     "predict",
     "reported_model",
     "rising_gap",
@@ -110,7 +110,10 @@ def reported_model(
     return prior
 
 
-def rising_gap(fits: list[tuple[int, int | None, int | None]]) -> int:
+Reading = tuple[int, Optional[int], Optional[int]]  # (batch, peak, rising phase's reading) of a probe
+
+
+def rising_gap(fits: list[Reading]) -> int:
     """How far the step's peak lies above the rising phase's reading once that phase sets it (0: unknown),
     from fits ``(batch, peak, rising)``.
 
@@ -134,14 +137,11 @@ def rising_gap(fits: list[tuple[int, int | None, int | None]]) -> int:
     return max(0, gap)
 
 
-Reading = tuple[int, Optional[int], Optional[int]]  # (batch, peak, rising phase's reading) of a probe
-
-
 def model_points(
     fits: list[Reading], misses: list[Reading], line: int, primed: bool | None
 ) -> tuple[dict[int, int], bool]:
     """The points the model is fitted to, from the consistent fits and the batches that did not fit under
-    ``line``, and whether they are the rising phase's readings plus the gap (:func:`phase_gap`) rather
+    ``line``, and whether they are the rising phase's readings plus the gap (:func:`_phase_gap`) rather
     than the step's peaks. ``primed``: how the prior's line was drawn (:attr:`Affine.of_readings`; None:
     no prior).
 
@@ -163,7 +163,7 @@ def model_points(
     points: dict[int, int] = {}
     if phased:
         read = [(b, p, r) for b, p, r in misses if r is not None]
-        gap = phase_gap(measured, [(p, r) for _, p, r in read], line)
+        gap = _phase_gap(measured, [(p, r) for _, p, r in read], line)
         values = [(b, r + gap) for b, _, r in [*measured, *read] if r is not None]
     else:
         over = [(b, p) for b, p, _ in misses if p is not None and p >= line] if measured else []
@@ -173,9 +173,7 @@ def model_points(
     return points, phased
 
 
-def phase_gap(
-    fits: list[tuple[int, int | None, int | None]], misses: list[tuple[int | None, int | None]], line: int
-) -> int:
+def _phase_gap(fits: list[Reading], misses: list[tuple[int | None, int | None]], line: int) -> int:
     """How far the step's peak lies above the rising phase's reading, for the search's model, from fits
     ``(batch, peak, rising)`` and batches that did not fit under ``line``, ``(peak reached, rising)``:
     :func:`rising_gap`, raised to what every miss proves. A miss peaked at or above the line, and at
@@ -187,7 +185,7 @@ def phase_gap(
     return max(0, rising_gap(fits), *proven)
 
 
-def peak_keeps_pace(fits: list[tuple[int, int | None, int | None]]) -> bool:
+def peak_keeps_pace(fits: list[Reading]) -> bool:
     """Whether the step's peak grew at least as much as the rising phase's reading between the smallest and
     the largest of the fits ``(batch, peak, rising)``: then a batch-dependent phase sets the peak, and the
     peak's own slope is the one to model. The reading is the first backward's; a later step can grow faster
@@ -197,7 +195,7 @@ def peak_keeps_pace(fits: list[tuple[int, int | None, int | None]]) -> bool:
     return ends is not None and 0 < ends[0] <= ends[1]
 
 
-def _phase_growth(fits: list[tuple[int, int | None, int | None]]) -> tuple[int, int, int] | None:
+def _phase_growth(fits: list[Reading]) -> tuple[int, int, int] | None:
     """From the smallest to the largest of the fits ``(batch, peak, rising)`` that have both readings: how
     much the rising reading grew, how much the peak grew, and the peak above the reading at the largest
     (None: fewer than two such fits)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .model import Affine
 from .space import optimizer_state_bytes
 
 #: Typical activation-slope ratios against 32-true without recomputation (used until measured).
@@ -50,6 +51,11 @@ class Learned:
     intercept: float
     slope: float
     of_readings: bool = False  # the line follows the rising phase's readings (:class:`~.model.Affine`)
+
+    @classmethod
+    def of(cls, precision: str, optimizer: str, recompute: bool, line: Affine) -> Learned:
+        """The line a combination's search reported."""
+        return cls(precision, optimizer, recompute, line.intercept, line.slope, line.of_readings)
 
 
 @dataclass(frozen=True)

@@ -197,8 +197,8 @@ def search_max_batch(
         now = state.remaining()
         debt = debt if remaining is None else max(0, debt + 1 - (remaining - now))
         remaining = now
-        model = (prior, budget_bytes, prune_at_or_below, not distrust, floor_bytes)
-        guided = state.guided(*model) if debt < SLACK else None
+        guide = (prior, budget_bytes, prune_at_or_below, not distrust, floor_bytes)
+        guided = state.guided(*guide) if debt < SLACK else None
         index, expect_fit, final = guided or state.unguided(start)
         batch = (index + 1) * m
         obs = _checked((final_probe if final and final_probe is not None else probe)(batch), batch)

@@ -217,8 +217,16 @@ def apply_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:
     if not (outcome.fits and device.too_close(outcome.peak_bytes)):
         return False
     outcome.kind = "oom"
-    outcome.reason = (
-        f"fitted by less than the {format_bytes(device.margin_bytes)} margin (peak {format_bytes(outcome.peak_bytes)} of "
-        f"{format_bytes(device.budget_bytes)}): a fresh process can exceed the budget"
+    outcome.reason = margin_reason(
+        device.margin_bytes, outcome.peak_bytes, device.budget_bytes, "a fresh process can exceed the budget"
     )
     return True
+
+
+def margin_reason(margin_bytes: int, peak_bytes: int | None, budget_bytes: int, why: str) -> str:
+    """Why a probe that fitted the budget by less than the margin counts as out of memory (after the probe,
+    :func:`apply_margin`; or when a search probe stopped at the margin's line, :mod:`autobatch.probe.worker`)."""
+    return (
+        f"fitted by less than the {format_bytes(margin_bytes)} margin (peak {format_bytes(peak_bytes)} of "
+        f"{format_bytes(budget_bytes)}): {why}"
+    )

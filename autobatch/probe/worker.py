@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..contract import UserScript, check_model
 from ..core.units import format_bytes
+from ..devices.budget import margin_reason
 from ..devices.cuda.budget import CudaStepStats, judge_step
 from ..errors import AutobatchError
 from ..oom import classify_exception
@@ -107,10 +108,12 @@ def _stopped_at_line(outcome: ProbeOutcome, steps: int, request: ProbeRequest) -
     assert request.stop_above_bytes is not None
     outcome.kind = "oom"
     outcome.stopped_above_bytes = request.stop_above_bytes
-    outcome.reason = (
-        f"fitted by less than the {format_bytes(request.budget_bytes - request.stop_above_bytes)} margin: "
+    outcome.reason = margin_reason(
+        request.budget_bytes - request.stop_above_bytes,
+        outcome.peak_bytes,
+        request.budget_bytes,
         f"crossed {format_bytes(request.stop_above_bytes)} at step {steps} of at most {request.max_steps} and "
-        "stopped there (later steps only add to a peak)"
+        "stopped there (later steps only add to a peak)",
     )
 
 
