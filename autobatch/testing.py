@@ -169,6 +169,7 @@ class FakeProbe:
     a batch does not fit ("oom" by default; "crash"/"timeout" to exercise those paths).
     ``report_peaks=False`` hides the peak (a device that cannot measure it).
     ``throughput`` optionally maps a batch size to samples per second, reported for fitting probes.
+    ``static_bytes``: what a fit reports it measured of memory that does not scale with the batch.
     """
 
     curve: Curve | Callable[[int], float]
@@ -176,6 +177,7 @@ class FakeProbe:
     fail_kind: str = "oom"
     throughput: Callable[[int], float] | None = None
     report_peaks: bool = True
+    static_bytes: int | None = None  # what a fit reports of memory that does not scale (None: nothing)
     calls: list[int] = field(default_factory=list)
 
     def __call__(self, batch_size: int) -> Observation:
@@ -186,7 +188,9 @@ class FakeProbe:
         measured = self.curve.measure(batch_size) if isinstance(self.curve, Curve) else peak
         sps = self.throughput(batch_size) if self.throughput is not None else None
         reported = int(measured) if self.report_peaks else None
-        return Observation(batch_size, fits=True, peak_bytes=reported, samples_per_second=sps)
+        return Observation(
+            batch_size, fits=True, peak_bytes=reported, samples_per_second=sps, static_bytes=self.static_bytes
+        )
 
 
 @dataclass
@@ -199,7 +203,8 @@ class FakeStepProbe:
     ``phases``: report the rising phase's peak apart (``Observation.rising_bytes``, from
     :meth:`Curve.rising`), as a real probe does; a probe that does not fit reports it too when its first
     step's forward and backward (the rising phase less ``state_bytes`` of optimizer state) fitted.
-    ``calls`` records ``(batch, steps, purpose)`` in order.
+    ``static_bytes``: what a fit reports it measured of memory that does not scale with the batch
+    (:attr:`Observation.static_bytes`; None: nothing, as before probes measured it). ``calls`` records ``(batch, steps, purpose)`` in order.
     """
 
     curve: Curve
@@ -208,6 +213,7 @@ class FakeStepProbe:
     fails_long: Callable[[int, str], bool] | None = None
     phases: bool = False
     state_bytes: int = 0
+    static_bytes: int | None = None
     calls: list[tuple[int, tuple[int, int], str]] = field(default_factory=list)
 
     def __call__(self, batch_size: int, steps: tuple[int, int], purpose: str) -> Observation:
@@ -229,7 +235,12 @@ class FakeStepProbe:
                 rising_bytes=rising if first else None,
             )
         return Observation(
-            batch_size, fits=True, peak_bytes=self.curve.measure(batch_size), steps=ran, rising_bytes=rising
+            batch_size,
+            fits=True,
+            peak_bytes=self.curve.measure(batch_size),
+            steps=ran,
+            rising_bytes=rising,
+            static_bytes=self.static_bytes,
         )
 
 

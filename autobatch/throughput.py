@@ -25,6 +25,7 @@ from .core.choice import (
     Timing,
     decide,
     needs_more,
+    quiet,
 )
 from .core.units import format_bytes
 from .devices.budget import DeviceInfo
@@ -41,12 +42,15 @@ class StepTimes:
     seconds: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
     #: each fitting probe's fastest step (its first step excluded), per (combination, batch size)
     fastest: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
+    #: whether each of those probes ran while the rest of the machine was quiet
+    quiet: dict[tuple[Key, int], list[bool]] = field(default_factory=dict)
 
     def add(self, key: Key, outcome: ProbeOutcome) -> None:
         if outcome.fits and len(outcome.step_seconds) > 1:
             timed = outcome.step_seconds[1:]
             self.seconds.setdefault((key, outcome.batch_size), []).extend(timed)
             self.fastest.setdefault((key, outcome.batch_size), []).append(min(timed))
+            self.quiet.setdefault((key, outcome.batch_size), []).append(quiet(outcome.other_cores))
 
     def get(self, key: Key, batch: int) -> tuple[float, ...]:
         return tuple(self.seconds.get((key, batch), ()))
@@ -54,7 +58,12 @@ class StepTimes:
     def timing(self, index: int, key: Key, batch: int, world_size: int) -> Timing:
         """The :class:`~autobatch.core.choice.Timing` of ``key`` at ``batch``: its steps and its probes' fastest."""
         return Timing(
-            index, batch, world_size, self.get(key, batch), tuple(self.fastest.get((key, batch), ()))
+            index,
+            batch,
+            world_size,
+            self.get(key, batch),
+            tuple(self.fastest.get((key, batch), ())),
+            tuple(self.quiet.get((key, batch), ())),
         )
 
 

@@ -6,7 +6,10 @@ a fresh ``AUTOBATCH_CACHE_DIR`` (so no stored result or probe serves it), nothin
 child (``python -c "while True: pass"``) runs for the whole measurement and is killed at the end, also on
 Ctrl-C or an error.
 
-    python scripts/choice_stability.py [--runs 5] [--output scripts/results/choice.md]
+    python scripts/choice_stability.py [--runs 5] [--no-busy] [--output scripts/results/choice.md]
+
+``--no-busy``: no busy child, a quiet machine (where one probe per contender may time the choice:
+``autobatch/core/choice.py``, quiet probes); does the choice hold from run to run there too?
 
 Prints the table (run, chosen combination, micro-batch, samples/s of the winner and the runner-up, the
 margin, ``decided_by``, wall time) and the summary "same choice in k of N", and writes them to ``--output``.
@@ -146,14 +149,17 @@ def _commit() -> str:
     return rev.stdout.strip() + (" with local changes" if dirty.stdout.strip() else "")
 
 
-def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
+def header(argv: list[str], loads: tuple[float, float], busy: bool) -> list[str]:
     return [
-        "# Choice stability: the root `autobatch.toml` tune, N runs, one core kept busy",
+        "# Choice stability: the root `autobatch.toml` tune, N runs, "
+        + ("one core kept busy" if busy else "nothing else running (no busy process)"),
         "",
         f"- command: `{' '.join(shlex.quote(a) for a in ['python', 'scripts/choice_stability.py', *argv])}`; "
         "each run: `autobatch tune --refresh --output RUN/result.json` from the repository root with a fresh "
         "`AUTOBATCH_CACHE_DIR`",
-        f"- busy process during every run: `{shlex.join(['python', *BUSY[1:]])}`",
+        f"- busy process during every run: `{shlex.join(['python', *BUSY[1:]])}`"
+        if busy
+        else "- no busy process",
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; autobatch at {_commit()}",
         f"- machine: {platform.machine()}, {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
         f"{platform.platform()}, Python {platform.python_version()}",
@@ -168,11 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="how many tunes (default 5)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="where the table is written")
+    parser.add_argument("--no-busy", action="store_true", help="no busy process: a quiet machine")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the busy child is killed on SIGTERM too
     load_start = os.getloadavg()[0]
-    busy = subprocess.Popen(BUSY)
+    busy = None if args.no_busy else subprocess.Popen(BUSY)
     runs: list[Run] = []
     try:
         with tempfile.TemporaryDirectory(prefix="autobatch-choice-") as tmp:
@@ -180,9 +187,15 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(tune_once(number, Path(tmp)))
                 print(table(runs)[-1], flush=True)
     finally:
-        busy.kill()
-        busy.wait()
-    lines = [*header(argv, (load_start, os.getloadavg()[0])), *table(runs), "", f"**{summary(runs)}**"]
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+    lines = [
+        *header(argv, (load_start, os.getloadavg()[0]), busy is not None),
+        *table(runs),
+        "",
+        f"**{summary(runs)}**",
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     args.output.parent.mkdir(parents=True, exist_ok=True)

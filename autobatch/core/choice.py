@@ -15,7 +15,9 @@ round, whom to time again and, at the end, who won and by how much.
   step of a probe barely moves. Its relative standard error is the spread of those per-probe minima
   over ``sqrt(probes)`` (a single probe: the spread of its fastest half of steps).
 * **Enough steps.** :func:`needs_more` names every contender one probe alone timed (one probe cannot
-  show the machine between probes), then those still in contention whose error is above the bound;
+  show the machine between probes), unless that probe ran while the rest of the machine was quiet (other
+  processes' CPU work under :data:`QUIET_CORES` cores: nothing then took a core from its steps, so its
+  fastest step is the step's own cost); then those still in contention whose error is above the bound;
   the tuner times them again until none is, or its time cap is spent.
 * **Ties.** Two rates within :data:`NOISE_Z` combined standard errors of each other (Student's t quantile
   when the errors rest on few probes: three probes that agree by chance prove little), or within
@@ -35,6 +37,7 @@ __all__ = [
     "EQUIVALENT",
     "MAX_ROUNDS",
     "NOISE_Z",
+    "QUIET_CORES",
     "RSE_BOUND",
     "TIMING_SECONDS",
     "Contender",
@@ -43,6 +46,7 @@ __all__ = [
     "decide",
     "dominated",
     "needs_more",
+    "quiet",
 ]
 
 #: Time a contender until the relative standard error of its step time (:attr:`Timing.step_time`) is at most this.
@@ -54,6 +58,9 @@ NOISE_Z = 2.0
 T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
 #: Rates within this fraction of each other are a tie whatever the errors (practical equivalence).
 EQUIVALENT = 0.05
+#: A probe while other processes did less CPU work than this many cores (on average over its run) timed
+#: the step alone: one such probe is enough (a neighbour that keeps a core busy reads about 1.0).
+QUIET_CORES = 0.25
 #: At most this many seconds of timing probes beyond the search, and this many rounds.
 TIMING_SECONDS = 60.0
 MAX_ROUNDS = 4
@@ -97,6 +104,14 @@ class Timing:
     step_seconds: tuple[float, ...]
     #: each probe's fastest timed step (its steps are in ``step_seconds``)
     probe_seconds: tuple[float, ...] = ()
+    #: per probe, whether it ran while the rest of the machine was quiet (:data:`QUIET_CORES`)
+    quiet: tuple[bool, ...] = ()
+
+    @property
+    def alone(self) -> bool:
+        """One probe timed it, and nothing can say how load between probes would have moved it: it did
+        not run while the machine was quiet."""
+        return len(self.probe_seconds) == 1 and not (self.quiet and self.quiet[0])
 
     @property
     def _probes(self) -> list[float]:
@@ -176,13 +191,13 @@ def _tied(a: Timing, b: Timing) -> bool:
 
 def needs_more(timings: Sequence[Timing], rse_bound: float = RSE_BOUND) -> list[int]:
     """The contenders to time again, in the user's order: first every one that one probe alone timed (its
-    steps cannot show the load between probes, so its reach is unknown); then, when one is tied with the
+    steps cannot show the load between probes, so its reach is unknown), but on a quiet machine; then, when one is tied with the
     fastest by the noise alone (outside the equivalence band), both; else those that could still win
     whose error is above ``rse_bound``. None for a single contender, or when every contender in reach
     is within the equivalence band of the fastest (a tie however long they are timed)."""
     if len(timings) < 2:
         return []
-    once = sorted(t.index for t in timings if len(t.probe_seconds) == 1)
+    once = sorted(t.index for t in timings if t.alone)
     if once:  # one probe's steady steps say nothing of the load between probes: no one is out of reach yet
         return once
     best = max(timings, key=lambda t: t.rate)
@@ -209,3 +224,8 @@ def decide(timings: Sequence[Timing]) -> Decision | None:
     runner = max(others, key=lambda t: (t.rate, -t.index))
     margin = winner.rate / runner.rate - 1 if runner.rate > 0 else None
     return Decision(winner.index, runner.index, margin, _tied(winner, runner), winner.rse)
+
+
+def quiet(other_cores: float | None) -> bool:
+    """Whether a probe that saw ``other_cores`` of other processes' CPU work timed the step alone."""
+    return other_cores is not None and other_cores < QUIET_CORES

@@ -18,9 +18,9 @@ slopes that change with the batch) or through the smallest and the largest (wide
 for noisy or quantised peaks). The step probes the largest candidate the interval says fits, else
 the smallest it says does not, provided that probe, if the model is right, cuts the remaining
 work at least as much as a fallback step would. With exact data the interval is a point, which
-gives the ideal sequences: 4 probes for an affine curve without a prior (the smallest candidate;
-the proportional guess that the whole peak scales with the batch, a lower bound of the maximum
-when memory is affine; the predicted maximum; its neighbour) and 2 with an accurate prior. A model
+gives the ideal sequences: 4 probes for an affine curve without a prior (the scout; the proportional
+guess that what lies above the scout's static memory scales with the batch, just under the maximum;
+the predicted maximum; its neighbour) and 2 with an accurate prior. A model
 whose "fits" was refuted is ignored until a new fitting point changes it.
 
 **Two phases.** A step's peak is the larger of two curves: forward and backward (activations grow
@@ -98,6 +98,10 @@ class Observation:
     #: resident), when the probe could tell it from the optimizer step's (None: unknown). A probe that
     #: ran out of memory after its first backward has one too: a point above the budget.
     rising_bytes: int | None = None
+    #: What the probe itself measured of memory that does not scale with the batch: its process before
+    #: building, the parameters, their gradients and the optimizer state (None: unknown). A fit's reading
+    #: less this is the batch's own share, so the guess after the first fit needs no other figure.
+    static_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -169,12 +173,12 @@ def search_max_batch(
     that maximum + 1 to skip those that can at best tie. ``max_probes``: stop ("incomplete") after
     that many new probes. ``start``: the first batch when nothing is known and there is no prior
     (default: the smallest candidate, which on real devices says little about the per-sample cost;
-    a first probe anywhere keeps the bound). ``floor_bytes``: peak memory known not to scale with the
-    batch; the proportional guess after the first fit scales only what lies above it (still a lower
-    bound of an affine curve's maximum, and nearer). ``final_probe``: how to probe a candidate the model
-    predicts to be the maximum itself (say, as long as a confirmation, so that a right prediction needs
-    no separate one; default ``probe``; the end game's too). ``long_steps``: a fit of at least this many
-    steps needs no confirmation (:mod:`autobatch.core.endgame`). At most :func:`probe_bound` probes are made.
+    a first probe anywhere keeps the bound). ``floor_bytes``: memory known not to scale with the batch;
+    the guess after the first fit scales what lies above it (a bound of an affine curve's maximum), or
+    until a miss, above the fit's own :attr:`Observation.static_bytes` (nearer, no bound). ``final_probe``: how to probe a candidate the model predicts to be the maximum itself (say, as long
+    as a confirmation, so that a right prediction needs no separate one; default ``probe``; the end
+    game's too). ``long_steps``: a fit of at least this many steps needs no confirmation
+    (:mod:`autobatch.core.endgame`). At most :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
     m, n, known_obs = batch_multiple, max_batch_size // batch_multiple, tuple(known)
@@ -224,6 +228,7 @@ class _State:
     points: dict[int, int]  # consistent fitting batches -> peak (the larger if measured twice)
     lo_confirmed: bool = False  # the fitting end ran as long as a confirmation
     of_readings: bool = False  # the points are the rising phase's readings plus the gap
+    static: int | None = None  # the fits' own static memory (the largest measured), while no non-fit is known
 
     @classmethod
     def of(
@@ -247,7 +252,8 @@ class _State:
         confirmed = long_steps is not None and any(
             o.batch_size == top and o.steps >= long_steps for o in fits
         )
-        return cls(lo, hi, n, m, min_fail, points, confirmed, phased)
+        static = max((o.static_bytes for o in fits if o.static_bytes), default=None)
+        return cls(lo, hi, n, m, min_fail, points, confirmed, phased, static if min_fail is None else None)
 
     def result(
         self, status: SearchStatus, trace: list[Observation], prior: Affine | None, budget: int
@@ -310,7 +316,7 @@ class _State:
     ) -> tuple[int, bool, bool] | None:
         """Probe the largest candidate the model says fits, else the smallest it says does not,
         if that probe, should the model be right, cuts the remaining work as much as a fallback."""
-        prediction = predict(self.points, prior, self.min_fail, budget, floor)
+        prediction = predict(self.points, prior, self.min_fail, budget, floor, self.static)
         if prediction is None:
             return None
         if 0 <= self.lo and self.hi - self.lo >= 2 and prediction.reported:

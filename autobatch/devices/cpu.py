@@ -22,7 +22,9 @@ server starts, so every probe inherits it.
 
 from __future__ import annotations
 
+import os
 import resource
+import time
 from dataclasses import dataclass
 
 #: Environment that pins glibc's malloc in CPU probe processes (set before the process starts).
@@ -63,6 +65,42 @@ def peak_data_bytes(start: VmStatus, now: VmStatus) -> int:
     growth = now.peak - start.size
     not_data_growth = max(0, now.not_data - start.not_data)
     return start.data + max(0, growth - not_data_growth)
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """Seconds of CPU work: every core's busy time since boot (``/proc/stat``: all but idle and iowait;
+    steal counts, a hypervisor's neighbour being load too), this process's own (all its threads), and
+    the wall clock when read."""
+
+    machine_busy: float
+    process: float
+    wall: float
+
+
+def read_cpu_times() -> CpuTimes | None:
+    """The machine's and this process's CPU time now (None where ``/proc/stat`` is not readable)."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = handle.readline().split()
+        ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    if fields[0] != "cpu" or len(ticks) < 8:
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    return CpuTimes(busy / tick, time.process_time(), time.monotonic())
+
+
+def other_cores(start: CpuTimes | None, end: CpuTimes | None) -> float | None:
+    """Cores' worth of CPU work other processes did between two readings: the machine's busy time less
+    this process's, over the wall time (None without both readings). ``/proc/stat`` counts in clock
+    ticks (10 ms here), so over a window of a second it reads to about 0.02 cores."""
+    if start is None or end is None or end.wall <= start.wall:
+        return None
+    others = (end.machine_busy - start.machine_busy) - (end.process - start.process)
+    return max(0.0, others) / (end.wall - start.wall)
 
 
 def apply_cap(budget_bytes: int) -> None:

@@ -21,7 +21,16 @@ def observation(outcome: ProbeOutcome, state_bytes: int = 0) -> Observation:
         samples_per_second=outcome.samples_per_second,
         steps=outcome.steps,
         rising_bytes=rising_peak(outcome, state_bytes),
+        static_bytes=static_bytes(outcome),
     )
+
+
+def static_bytes(outcome: ProbeOutcome) -> int | None:
+    """What a fitting probe measured of memory that does not scale with the batch: its process before
+    building, the parameters, the gradients and the optimizer state (None: not a fit, or not measured)."""
+    if not outcome.fits or outcome.baseline_bytes is None or not outcome.param_bytes:
+        return None
+    return outcome.baseline_bytes + outcome.param_bytes + outcome.grad_bytes + outcome.optimizer_state_bytes
 
 
 def rising_peak(outcome: ProbeOutcome, state_bytes: int) -> int | None:

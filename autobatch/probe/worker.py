@@ -23,7 +23,7 @@ from .ops import register
 from .protocol import ProbeOutcome, ProbeRequest
 
 if TYPE_CHECKING:
-    from ..step.loop import Wrap
+    from ..step.loop import StepReport, Wrap
 
 PRECISION_CHECKS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
@@ -62,6 +62,7 @@ def measure_steps(
     peak_now, synchronize, finish = _device_hooks(request, outcome)
     peak_now = progress.reporting(peak_now, request, report)
     outcome.setup_seconds = time.perf_counter() - start
+    load = _load_meter(request)
     try:
         run_steps(
             script,
@@ -84,9 +85,16 @@ def measure_steps(
         )
     finally:
         outcome.peak_bytes = _safe(peak_now)
+        outcome.other_cores = load()
     finish(outcome)
     if outcome.fits and report.stopped_above:
         _stopped_at_line(outcome, report.steps, request)
+    _read_report(outcome, report)
+    return outcome
+
+
+def _read_report(outcome: ProbeOutcome, report: StepReport) -> None:
+    """What the steps measured, into the outcome (and the throughput of a fit's timed steps)."""
     outcome.steps = report.steps
     outcome.step_peaks = report.step_peaks
     outcome.step_seconds = report.step_seconds
@@ -98,8 +106,7 @@ def measure_steps(
     outcome.recompute_blocks = list(report.recompute_blocks)
     timed = report.step_seconds[1:]
     if outcome.kind == "fits" and timed and sum(timed) > 0:
-        outcome.samples_per_second = request.batch_size * len(timed) / sum(timed)
-    return outcome
+        outcome.samples_per_second = outcome.batch_size * len(timed) / sum(timed)
 
 
 def _stopped_at_line(outcome: ProbeOutcome, steps: int, request: ProbeRequest) -> None:
@@ -117,6 +124,24 @@ def _stopped_at_line(outcome: ProbeOutcome, steps: int, request: ProbeRequest) -
     )
 
 
+def _load_meter(request: ProbeRequest) -> Callable[[], float | None]:
+    """On the CPU device, a reading of the other processes' CPU work since now, in cores (a timing taken
+    while none ran measures the step's own cost); elsewhere, nothing."""
+    if request.device != "cpu":
+        return lambda: None
+    from ..devices import cpu
+
+    start = cpu.read_cpu_times()
+    return lambda: cpu.other_cores(start, cpu.read_cpu_times())
+
+
+def _start_thread_pool() -> None:
+    """Start torch's intra-op thread pool, so that its stacks count in a baseline, not mid-step."""
+    import torch
+
+    torch.ones(512, 512) @ torch.ones(512, 512)
+
+
 def _device_hooks(
     request: ProbeRequest, outcome: ProbeOutcome
 ) -> tuple[Callable[[], int], Callable[[], None], Callable[[ProbeOutcome], None]]:
@@ -127,8 +152,7 @@ def _device_hooks(
         from ..devices import cpu
 
         cpu.apply_cap(request.budget_bytes)
-        # Start the intra-op thread pool now, so its stacks count in the baseline, not mid-step.
-        torch.ones(512, 512) @ torch.ones(512, 512)
+        _start_thread_pool()
         vm0 = cpu.read_status()
         outcome.baseline_bytes = vm0.data
         return (lambda: cpu.peak_data_bytes(vm0, cpu.read_status())), (lambda: None), (lambda _o: None)
@@ -204,6 +228,7 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
         info["cuda_available"] = bool(torch.cuda.is_available())
         info["available_bytes"] = cpu.available_bytes()
         info["total_bytes"] = cpu.total_bytes()
+        _start_thread_pool()  # the baseline as a probe measures it (about 10 MiB of thread stacks here)
         info["baseline_bytes"] = cpu.read_status().data
         for precision in PRECISION_CHECKS:
             try:

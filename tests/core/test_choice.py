@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from autobatch.core.choice import (
     EQUIVALENT,
     NOISE_Z,
+    QUIET_CORES,
     RSE_BOUND,
     T_975,
     Contender,
@@ -17,6 +18,7 @@ from autobatch.core.choice import (
     decide,
     dominated,
     needs_more,
+    quiet,
 )
 
 
@@ -177,3 +179,26 @@ def test_a_contender_one_probe_timed_is_timed_again_while_in_reach() -> None:
     assert needs_more([Timing(0, 16, 1, steady * 2, (0.5, 0.505)), far]) == [1]
     far_twice = Timing(1, 16, 1, tuple(s * 10 for s in steady * 2), (5.0, 5.05))
     assert needs_more([Timing(0, 16, 1, steady * 2, (0.5, 0.505)), far_twice]) == []
+
+
+def test_one_probe_on_a_quiet_machine_is_enough() -> None:
+    """A probe during which no other process took a core measured the step's own cost: a clear difference
+    is decided without timing anyone again, and a tie within the equivalence band goes to the user's order;
+    a probe that ran beside a busy neighbour is timed again (the load between probes is unknown)."""
+    steady = tuple(0.5 * (1 + 0.01 * (i % 3)) for i in range(7))
+    fast = Timing(0, 16, 1, steady, (0.5,), (True,))
+    slow = Timing(1, 16, 1, tuple(s * 3 for s in steady), (1.5,), (True,))
+    assert needs_more([fast, slow]) == []
+    decision = decide([fast, slow])
+    assert decision is not None and (decision.winner, decision.tie) == (0, False)
+    near = Timing(1, 16, 1, tuple(s * 1.02 for s in steady), (0.51,), (True,))
+    assert needs_more([fast, near]) == []
+    assert decide([near, fast]) is not None and decide([fast, near]).tie  # type: ignore[union-attr]
+    loaded = Timing(1, 16, 1, tuple(s * 3 for s in steady), (1.5,), (False,))
+    assert needs_more([fast, loaded]) == [1]
+    assert needs_more([Timing(0, 16, 1, steady, (0.5,)), slow]) == [0]  # unknown: as a busy machine
+
+
+def test_quiet_means_less_than_a_quarter_core_of_other_work() -> None:
+    assert quiet(0.0) and quiet(0.2)
+    assert not quiet(QUIET_CORES) and not quiet(1.0) and not quiet(None)

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autobatch.core.model import LIKELY_SHORT
 from autobatch.core.search import (
     SLACK,
     Affine,
@@ -66,10 +67,16 @@ def scenarios(draw: st.DrawFn, families: tuple[str, ...] = FAMILIES) -> tuple[Cu
 
 
 def check(
-    curve: Curve, max_batch: int, multiple: int, *, report_peaks: bool = True, **kwargs: object
+    curve: Curve,
+    max_batch: int,
+    multiple: int,
+    *,
+    report_peaks: bool = True,
+    static_bytes: int | None = None,
+    **kwargs: object,
 ) -> tuple[SearchResult, FakeProbe]:
     """Run the search and assert what must hold for every curve."""
-    probe = FakeProbe(curve, BUDGET, report_peaks=report_peaks)
+    probe = FakeProbe(curve, BUDGET, report_peaks=report_peaks, static_bytes=static_bytes)
     result = search_max_batch(
         probe, budget_bytes=BUDGET, max_batch_size=max_batch, batch_multiple=multiple, **kwargs
     )  # type: ignore[arg-type]
@@ -342,6 +349,77 @@ def test_a_floor_keeps_the_guess_a_lower_bound_and_nearer() -> None:
             assert floored.trace[1].fits
             assert floored.trace[1].batch_size >= plain.trace[1].batch_size
     assert statistics.median(counts) <= 4
+
+
+@PROPERTY
+@given(scenarios(), st.floats(0.0, 1.5), st.sampled_from((None, 8, 64)))
+def test_a_fit_s_own_static_memory_costs_probes_not_correctness(
+    scenario: tuple[Curve, int, int], fraction: float, start: int | None
+) -> None:
+    """What a fit reports as static memory, at any share of the curve's value at batch 0, above it too
+    (gradients a peak early in the backward does not hold yet): exact, within the bound."""
+    curve, max_batch, multiple = scenario
+    check(curve, max_batch, multiple, static_bytes=int(fraction * curve(0)), start=start)
+
+
+def test_a_fit_s_own_static_memory_puts_the_second_probe_near_the_maximum() -> None:
+    """Where the optimizer's state and the parameters are most of a scout's peak, the proportional guess
+    over the floor (what is certain) lands a small fraction of the way: flat_rising's probes guessed 24
+    against a maximum of 314. Scaling only what lies above the fit's own static memory (its gradients
+    included) puts the second probe just under the maximum (on an exact line both take four probes; on a
+    real device's, a point near the maximum is what makes the third probe land on it)."""
+    rng = random.Random(2)
+    counts, reach, plain_reach = [], [], []
+    for _ in range(300):
+        static = rng.uniform(0.5, 0.9) * BUDGET
+        slope = (BUDGET - static) / rng.uniform(64, 4096)
+        curve = affine(static, slope)
+        floor = int(static * rng.uniform(0.8, 0.9))  # baseline, parameters, state: no gradients
+        # the fit's own: up to half a sample's memory under (the real probes': 0.04 MiB at 0.5 MiB a sample)
+        measured = int(static - rng.uniform(0, 0.5) * slope)
+        plain = check(curve, 8192, 1, start=8, floor_bytes=floor)[0]
+        near = check(curve, 8192, 1, start=8, floor_bytes=floor, static_bytes=measured)[0]
+        counts.append(near.probes)
+        best = near.max_batch_size
+        assert best is not None and near.trace[1].fits
+        assert 0.9 * LIKELY_SHORT * best - 1 <= near.trace[1].batch_size <= best
+        reach.append(near.trace[1].batch_size / best)
+        plain_reach.append(plain.trace[1].batch_size / best)
+    assert statistics.median(counts) <= 4
+    assert statistics.median(reach) >= 0.9 > 0.5 > statistics.median(plain_reach)
+
+
+def test_a_static_claim_that_overshoots_gives_way_to_the_floor() -> None:
+    """A fit that claims more static memory than its peak holds (gradients not yet allocated at the
+    peak) makes the guess overshoot: once a batch is known not to fit, the guess scales over the certain
+    floor again, a lower bound, instead of creeping down from the miss."""
+    curve = affine(600 * MiB, 0.5 * MiB)
+    result, probe = check(curve, 8192, 1, start=8, floor_bytes=500 * MiB, static_bytes=int(603.5 * MiB))
+    expected = true_max(curve, BUDGET, 8192)
+    assert probe.calls[1] > expected  # the claim put the guess too high
+    assert probe.calls[2] < expected  # the floor's guess: a lower bound
+    assert result.probes <= 6
+
+
+def test_before_any_fit_a_miss_at_the_line_is_the_point_a_prior_s_slope_goes_through() -> None:
+    """A prior whose intercept is low (the MLP example's recomputation, after its calibration missed): its
+    first candidate misses, 0.05 MiB past the line where the probe stopped. The prior's slope through that
+    point puts the maximum one below, instead of bisecting from nothing."""
+    curve = affine(300 * MiB, 1.76 * MiB)
+    expected = true_max(curve, BUDGET, 8192)
+    assert expected is not None
+
+    def probe(batch: int) -> Observation:
+        peak = int(curve(batch))
+        if peak <= BUDGET:
+            return Observation(batch, fits=True, peak_bytes=peak)
+        stopped = peak - BUDGET < 2 * MiB  # a whole step ran and crossed the line: its peak is known
+        return Observation(batch, fits=False, peak_bytes=peak if stopped else None)
+
+    prior = Affine(300 * MiB - 1.5 * MiB, 1.76 * MiB)
+    result = search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=8192, prior=prior)
+    assert [o.batch_size for o in result.trace] == [expected + 1, expected]
+    assert (result.max_batch_size, result.status) == (expected, "exact")
 
 
 def test_probe_bound() -> None:

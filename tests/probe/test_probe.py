@@ -13,6 +13,7 @@ from autobatch.core.space import Combo
 from autobatch.errors import ScriptError
 from autobatch.probe.client import ProbeClient
 from autobatch.probe.protocol import ProbeRequest
+from autobatch.probe.readings import observation
 from autobatch.session import Session
 
 pytestmark = pytest.mark.slow  # every test starts a probe server
@@ -50,6 +51,11 @@ def test_fits_and_oom_are_data_and_peak_is_what_the_cap_limits() -> None:
         assert small.step_peaks == sorted(small.step_peaks)  # cumulative peaks
         # AdamW: exp_avg + exp_avg_sq, plus one scalar step counter per parameter tensor
         assert 0 <= small.optimizer_state_bytes - 2 * small.param_bytes <= 1024
+        # What the throughput choice reads: other processes' CPU work while it ran (the client and the
+        # server wait; nothing else of ours runs), and the static memory the search's guess scales over.
+        assert small.other_cores is not None and 0 <= small.other_cores < 2
+        static = small.baseline_bytes + small.param_bytes + small.grad_bytes + small.optimizer_state_bytes
+        assert observation(small).static_bytes == static < small.peak_bytes
         huge = client.run(_request(1_000_000, 2 * GIB))
         assert huge.kind == "oom", huge
         assert huge.error_message and "allocate" in huge.error_message

@@ -90,3 +90,22 @@ def test_a_miss_keeps_the_peak_it_reached_for_the_search() -> None:
     )
     crashed = ProbeOutcome(kind="crash", batch_size=315, steps=0, peak_bytes=700)
     assert observation(crashed).peak_bytes is None
+
+
+def test_a_fit_reports_the_static_memory_it_measured() -> None:
+    """Its own baseline, parameters, gradients and optimizer state: what the guess after the first fit
+    scales the rest over (a miss reports none; nor does a fit that measured no parameters)."""
+    fit = ProbeOutcome(
+        kind="fits",
+        batch_size=8,
+        steps=3,
+        peak_bytes=880,
+        baseline_bytes=298,
+        param_bytes=96,
+        grad_bytes=96,
+        optimizer_state_bytes=192,
+    )
+    assert observation(fit).static_bytes == 682
+    miss = ProbeOutcome(kind="oom", batch_size=9, steps=1, baseline_bytes=298, param_bytes=96)
+    assert observation(miss).static_bytes is None
+    assert observation(ProbeOutcome(kind="fits", batch_size=8, steps=3, peak_bytes=1)).static_bytes is None
