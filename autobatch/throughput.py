@@ -25,7 +25,6 @@ from .core.choice import (
     Timing,
     decide,
     needs_more,
-    quiet,
 )
 from .core.units import format_bytes
 from .devices.budget import DeviceInfo
@@ -42,15 +41,15 @@ class StepTimes:
     seconds: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
     #: each fitting probe's fastest step (its first step excluded), per (combination, batch size)
     fastest: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
-    #: whether each of those probes ran while the rest of the machine was quiet
-    quiet: dict[tuple[Key, int], list[bool]] = field(default_factory=dict)
+    #: how long each of those probes' threads waited for a core, over its wall time (None: not measured)
+    waits: dict[tuple[Key, int], list[float | None]] = field(default_factory=dict)
 
     def add(self, key: Key, outcome: ProbeOutcome) -> None:
         if outcome.fits and len(outcome.step_seconds) > 1:
             timed = outcome.step_seconds[1:]
             self.seconds.setdefault((key, outcome.batch_size), []).extend(timed)
             self.fastest.setdefault((key, outcome.batch_size), []).append(min(timed))
-            self.quiet.setdefault((key, outcome.batch_size), []).append(quiet(outcome.other_cores))
+            self.waits.setdefault((key, outcome.batch_size), []).append(outcome.cpu_wait)
 
     def get(self, key: Key, batch: int) -> tuple[float, ...]:
         return tuple(self.seconds.get((key, batch), ()))
@@ -63,7 +62,7 @@ class StepTimes:
             world_size,
             self.get(key, batch),
             tuple(self.fastest.get((key, batch), ())),
-            tuple(self.quiet.get((key, batch), ())),
+            tuple(self.waits.get((key, batch), ())),
         )
 
 
@@ -122,7 +121,12 @@ def margin_of_choice(result: TuneResult, decision: Decision) -> None:
     )
     chosen.margin = None if decision.margin is None else round(decision.margin, 4)
     error = f"{decision.rse:.1%} relative error of the fastest step time"
-    if decision.tie:
+    if decision.busy:
+        chosen.decided_by = (
+            f"the machine was busy while timing (every probe of {chosen.runner_up} or of the winner waited for a "
+            "core, their rates are the load's): the earlier in your order; time again on a quiet machine"
+        )
+    elif decision.tie:
         chosen.decided_by = (
             f"tie within the noise (95 % interval of the timings, Student's t for few probes) or within "
             f"{EQUIVALENT:.0%} with {chosen.runner_up}:"

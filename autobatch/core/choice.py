@@ -15,10 +15,16 @@ round, whom to time again and, at the end, who won and by how much.
   step of a probe barely moves. Its relative standard error is the spread of those per-probe minima
   over ``sqrt(probes)`` (a single probe: the spread of its fastest half of steps).
 * **Enough steps.** :func:`needs_more` names every contender one probe alone timed (one probe cannot
-  show the machine between probes), unless that probe ran while the rest of the machine was quiet (other
-  processes' CPU work under :data:`QUIET_CORES` cores: nothing then took a core from its steps, so its
-  fastest step is the step's own cost); then those still in contention whose error is above the bound;
-  the tuner times them again until none is, or its time cap is spent.
+  show the machine between probes), unless no thread of that probe waited for a core (run-queue time
+  under :data:`QUIET_WAIT` of its wall time: nothing took a core from its steps, so its fastest step is
+  the step's own cost); then those still in contention whose error is above the bound; the tuner times
+  them again until none is, or its time cap is spent.
+* **A busy machine decides nothing.** A contender every one of whose probes waited for a core longer than
+  that (a neighbour that keeps one of two cores busy: about 0.9 of the wall time, and every step of the
+  root tune ten times slower) has no rate to compare: it ties with everyone, so the user's order decides
+  and the result says the machine was busy (the root tune under one busy core chose recomputation at
+  micro-batch 32 in two runs of five, on rates of 13 against 9 samples/s that a quiet machine measures
+  at 140-156, and no recomputation at 16 there).
 * **Ties.** Two rates within :data:`NOISE_Z` combined standard errors of each other (Student's t quantile
   when the errors rest on few probes: three probes that agree by chance prove little), or within
   :data:`EQUIVALENT` (a practical-equivalence band: a few per cent of throughput is not worth trusting
@@ -37,7 +43,7 @@ __all__ = [
     "EQUIVALENT",
     "MAX_ROUNDS",
     "NOISE_Z",
-    "QUIET_CORES",
+    "QUIET_WAIT",
     "RSE_BOUND",
     "TIMING_SECONDS",
     "Contender",
@@ -58,9 +64,9 @@ NOISE_Z = 2.0
 T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
 #: Rates within this fraction of each other are a tie whatever the errors (practical equivalence).
 EQUIVALENT = 0.05
-#: A probe while other processes did less CPU work than this many cores (on average over its run) timed
-#: the step alone: one such probe is enough (a neighbour that keeps a core busy reads about 1.0).
-QUIET_CORES = 0.25
+#: A probe whose threads waited for a core less than this share of its wall time timed the step alone: one
+#: such probe is enough. Measured here: 0.003 alone, 0.86 with a neighbour keeping one of the two cores busy.
+QUIET_WAIT = 0.1
 #: At most this many seconds of timing probes beyond the search, and this many rounds.
 TIMING_SECONDS = 60.0
 MAX_ROUNDS = 4
@@ -104,14 +110,19 @@ class Timing:
     step_seconds: tuple[float, ...]
     #: each probe's fastest timed step (its steps are in ``step_seconds``)
     probe_seconds: tuple[float, ...] = ()
-    #: per probe, whether it ran while the rest of the machine was quiet (:data:`QUIET_CORES`)
-    quiet: tuple[bool, ...] = ()
+    #: per probe, how long its threads waited for a core over its wall time (None: not measured)
+    waits: tuple[float | None, ...] = ()
 
     @property
     def alone(self) -> bool:
-        """One probe timed it, and nothing can say how load between probes would have moved it: it did
-        not run while the machine was quiet."""
-        return len(self.probe_seconds) == 1 and not (self.quiet and self.quiet[0])
+        """One probe timed it, and nothing can say how load between probes would have moved it: some
+        thread of it waited for a core (or that was not measured)."""
+        return len(self.probe_seconds) == 1 and not (self.waits and quiet(self.waits[0]))
+
+    @property
+    def busy(self) -> bool:
+        """Every probe that timed it waited for a core (:data:`QUIET_WAIT`): its rate is the load's."""
+        return bool(self.waits) and all(w is not None and not quiet(w) for w in self.waits)
 
     @property
     def _probes(self) -> list[float]:
@@ -167,6 +178,7 @@ class Decision:
     margin: float | None  # winner's rate over the runner-up's, less 1 (negative: a tie went to order)
     tie: bool  # the runner-up is within the noise: the user's order decided
     rse: float  # the winner's relative standard error
+    busy: bool = False  # the tie is the busy machine's: the winner's or the runner-up's probes all waited
 
 
 def _relative_error(values: Sequence[float]) -> float:
@@ -185,14 +197,19 @@ def _within_noise(a: Timing, b: Timing, z: float) -> bool:
 
 
 def _tied(a: Timing, b: Timing) -> bool:
-    """Within the practical-equivalence band, or within the noise (Student's t for the fewer samples)."""
+    """Within the practical-equivalence band, or within the noise (Student's t for the fewer samples); or
+    either was timed only on a busy machine."""
+    if a.busy or b.busy:
+        return True
     return _equivalent(a, b) or _within_noise(a, b, T_975.get(min(a.samples, b.samples) - 1, NOISE_Z))
 
 
 def needs_more(timings: Sequence[Timing], rse_bound: float = RSE_BOUND) -> list[int]:
     """The contenders to time again, in the user's order: first every one that one probe alone timed (its
-    steps cannot show the load between probes, so its reach is unknown), but on a quiet machine; then, when one is tied with the
-    fastest by the noise alone (outside the equivalence band), both; else those that could still win
+    steps cannot show the load between probes, so its reach is unknown), unless no thread of that probe
+    waited for a core; then, when some were timed quietly, those only timed on a busy machine (the load
+    may have passed; when none was, more probes beside it settle nothing); then, when one is tied with
+    the fastest by the noise alone (outside the equivalence band), both; else those that could still win
     whose error is above ``rse_bound``. None for a single contender, or when every contender in reach
     is within the equivalence band of the fastest (a tie however long they are timed)."""
     if len(timings) < 2:
@@ -200,8 +217,13 @@ def needs_more(timings: Sequence[Timing], rse_bound: float = RSE_BOUND) -> list[
     once = sorted(t.index for t in timings if t.alone)
     if once:  # one probe's steady steps say nothing of the load between probes: no one is out of reach yet
         return once
-    best = max(timings, key=lambda t: t.rate)
-    reach = [t for t in timings if t is best or _tied(t, best) or _within_noise(t, best, NOISE_Z)]
+    measured = [t for t in timings if not t.busy]
+    if not measured:  # a busy machine throughout: more probes beside the same load would not settle it
+        return []
+    if len(measured) < len(timings):  # some timed quietly: the load may have passed, time the others again
+        return sorted(t.index for t in timings if t.busy)
+    best = max(measured, key=lambda t: t.rate)
+    reach = [t for t in measured if t is best or _tied(t, best) or _within_noise(t, best, NOISE_Z)]
     if len(reach) < 2:
         return []
     # Tied with the fastest by the noise alone, not by the equivalence band: more probes can settle it.
@@ -223,9 +245,10 @@ def decide(timings: Sequence[Timing]) -> Decision | None:
         return Decision(winner.index, None, None, False, winner.rse)
     runner = max(others, key=lambda t: (t.rate, -t.index))
     margin = winner.rate / runner.rate - 1 if runner.rate > 0 else None
-    return Decision(winner.index, runner.index, margin, _tied(winner, runner), winner.rse)
+    busy = winner.busy or runner.busy
+    return Decision(winner.index, runner.index, margin, _tied(winner, runner), winner.rse, busy)
 
 
-def quiet(other_cores: float | None) -> bool:
-    """Whether a probe that saw ``other_cores`` of other processes' CPU work timed the step alone."""
-    return other_cores is not None and other_cores < QUIET_CORES
+def quiet(wait: float | None) -> bool:
+    """Whether a probe whose threads waited for a core ``wait`` of its wall time timed the step alone."""
+    return wait is not None and wait < QUIET_WAIT

@@ -250,7 +250,7 @@ def calibrate(
         # down from it a sample a probe), or keeps the measured slope it was scaled from where that is
         # steeper: the setting saved less than typical, or nothing (recomputation on the MLP example).
         floor = (budget_bytes - line.intercept) / (CALIBRATE_AT * batch)
-        line = replace(line, slope=max(line.slope, floor, prediction.base_slope or 0.0))
+        line = replace(line, slope=max(line.slope, floor, prediction.base_slope or 0.0), slope_known=False)
     return line, [first]
 
 

@@ -68,39 +68,38 @@ def peak_data_bytes(start: VmStatus, now: VmStatus) -> int:
 
 
 @dataclass(frozen=True)
-class CpuTimes:
-    """Seconds of CPU work: every core's busy time since boot (``/proc/stat``: all but idle and iowait;
-    steal counts, a hypervisor's neighbour being load too), this process's own (all its threads), and
-    the wall clock when read."""
+class RunWait:
+    """How long this process's threads have waited for a core (run-queue time, ``/proc/self/task/*/schedstat``,
+    seconds), and the wall clock when read."""
 
-    machine_busy: float
-    process: float
+    waited: float
     wall: float
 
 
-def read_cpu_times() -> CpuTimes | None:
-    """The machine's and this process's CPU time now (None where ``/proc/stat`` is not readable)."""
+def read_run_wait() -> RunWait | None:
+    """The run-queue time of this process's threads so far (None where the kernel does not report it)."""
+    waited, seen = 0, False
     try:
-        with open("/proc/stat") as handle:
-            fields = handle.readline().split()
-        ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
-        tick = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
         return None
-    if fields[0] != "cpu" or len(ticks) < 8:
-        return None
-    busy = sum(ticks) - ticks[3] - ticks[4]
-    return CpuTimes(busy / tick, time.process_time(), time.monotonic())
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/schedstat") as handle:
+                waited += int(handle.read().split()[1])  # ns on the run queue, waiting for a core
+                seen = True
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return RunWait(waited / 1e9, time.monotonic()) if seen else None
 
 
-def other_cores(start: CpuTimes | None, end: CpuTimes | None) -> float | None:
-    """Cores' worth of CPU work other processes did between two readings: the machine's busy time less
-    this process's, over the wall time (None without both readings). ``/proc/stat`` counts in clock
-    ticks (10 ms here), so over a window of a second it reads to about 0.02 cores."""
+def waiting_share(start: RunWait | None, end: RunWait | None) -> float | None:
+    """How long the threads waited for a core between two readings, over the wall time between them (None
+    without both): about 0 when nothing else wanted their cores; a neighbour that keeps one of two cores
+    busy reads about 0.9 for torch's two threads here, however many cores others keep busy elsewhere."""
     if start is None or end is None or end.wall <= start.wall:
         return None
-    others = (end.machine_busy - start.machine_busy) - (end.process - start.process)
-    return max(0.0, others) / (end.wall - start.wall)
+    return max(0.0, end.waited - start.waited) / (end.wall - start.wall)
 
 
 def apply_cap(budget_bytes: int) -> None:

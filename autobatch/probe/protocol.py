@@ -85,9 +85,9 @@ class ProbeOutcome:
     failed_rank: int | None = None  # distributed: the rank whose failure ended the probe
     started_at: float | None = None  # when the probe started (seconds since the epoch; set by the session)
     stopped_above_bytes: int | None = None  # the request's stop line, when the probe stopped at it
-    # CPU device: cores' worth of other processes' work while the steps ran (None: unknown; on a CUDA
-    # device a GPU shared with another process would not show here, so it is not measured)
-    other_cores: float | None = None
+    # CPU device: how long the probe's threads waited for a core while it ran, over its wall time (None:
+    # unknown; on a CUDA device a GPU shared with another process would not show here: not measured)
+    cpu_wait: float | None = None
 
     @property
     def fits(self) -> bool:

@@ -85,7 +85,7 @@ def measure_steps(
         )
     finally:
         outcome.peak_bytes = _safe(peak_now)
-        outcome.other_cores = load()
+        outcome.cpu_wait = load()
     finish(outcome)
     if outcome.fits and report.stopped_above:
         _stopped_at_line(outcome, report.steps, request)
@@ -125,14 +125,14 @@ def _stopped_at_line(outcome: ProbeOutcome, steps: int, request: ProbeRequest) -
 
 
 def _load_meter(request: ProbeRequest) -> Callable[[], float | None]:
-    """On the CPU device, a reading of the other processes' CPU work since now, in cores (a timing taken
-    while none ran measures the step's own cost); elsewhere, nothing."""
+    """On the CPU device, a reading of how long the probe's threads waited for a core since now, over the
+    wall time (a timing none of whose threads waited measures the step's own cost); elsewhere, nothing."""
     if request.device != "cpu":
         return lambda: None
     from ..devices import cpu
 
-    start = cpu.read_cpu_times()
-    return lambda: cpu.other_cores(start, cpu.read_cpu_times())
+    start = cpu.read_run_wait()
+    return lambda: cpu.waiting_share(start, cpu.read_run_wait())
 
 
 def _start_thread_pool() -> None:

@@ -240,3 +240,19 @@ def test_a_calibration_that_does_not_fit_aims_below_itself_when_nothing_measured
     assert not probe.calls[0][0] <= answer.max_batch_size  # the calibration missed
     assert probe.calls[1][0] <= int(CALIBRATE_AT * probe.calls[0][0]) + 1  # then aimed below it
     assert answer.probes <= 5
+
+
+def test_after_a_calibration_that_did_not_fit_the_first_fit_redraws_the_slope() -> None:
+    """gpt at bf16-mixed with recomputation, measured (MiB): the guess put the calibration at 70, out of
+    memory; the slope it was scaled from (5.4 a sample against the true 3.2) put the boundary at 41, which
+    fitted; the line from the prior's intercept through that fit finds the maximum in the next probe
+    (before: 54 and 62 at 10 steps each, then 64 and 63 out of memory)."""
+    line = int(544.2 * MiB)
+    curve = affine(343.6 * MiB, 3.18 * MiB)  # true maximum 63
+    guess = Prediction(343.6 * MiB, 2.29 * MiB, "typical ratio", slope_known=False, base_slope=4.9 * MiB)
+    probe = FakeStepProbe(curve, line)
+    answer = find_maximum(probe, budget_bytes=line, limits=LIMITS, prediction=guess)
+    assert answer.max_batch_size == true_max(curve, line, LIMITS.max_batch_size) == 63
+    calls = [b for b, _, _ in probe.calls]
+    assert calls[0] == 70 and calls[1] == 40  # the calibration missed; the measured slope's boundary
+    assert calls[2:] == [63, 64]

@@ -1,7 +1,9 @@
-"""Other processes' CPU work, as the throughput choice reads it: a busy neighbour shows, our own work does not."""
+"""How long a process's threads waited for a core, as the throughput choice reads it: a busy neighbour on
+our cores shows, our own work does not."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -9,46 +11,44 @@ import time
 from autobatch.core.choice import quiet
 from autobatch.devices import cpu
 
-BUSY = "import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end:\n    pass\n"
+BUSY = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end:\n    pass\n"
 
 
-def _window(seconds: float, work: bool) -> float | None:
-    start = cpu.read_cpu_times()
-    end_at = time.monotonic() + seconds
-    while work and time.monotonic() < end_at:
-        sum(range(1000))  # our own work: not another process's
-    if not work:
-        time.sleep(seconds)
-    return cpu.other_cores(start, cpu.read_cpu_times())
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
 
 
-def _background() -> float:
-    """What the rest of the machine does anyway (daemons; anything else running beside the tests)."""
-    idle = _window(0.5, work=False)
-    assert idle is not None
-    return idle
+def _waited(seconds: float) -> float | None:
+    """This thread spinning: its run-queue time over the wall time of the window (a thread that ends
+    takes its figure with it, so the one that spins is the one that reads)."""
+    start = cpu.read_run_wait()
+    _spin(seconds)
+    return cpu.waiting_share(start, cpu.read_run_wait())
 
 
-def test_our_own_work_is_not_load() -> None:
-    background = _background()
-    others = _window(0.8, work=True)
-    assert others is not None and others < background + 0.3
+def test_one_thread_of_our_own_does_not_wait() -> None:
+    waited = _waited(0.5)
+    assert waited is not None and quiet(waited)
 
 
-def test_a_neighbour_that_keeps_a_core_busy_reads_about_one_core() -> None:
-    background = _background()
-    neighbour = subprocess.Popen([sys.executable, "-c", BUSY])
+def test_a_neighbour_on_our_cores_makes_our_threads_wait() -> None:
+    """As many spinning neighbours as cores we may run on, beside one thread of ours: it waits for a core
+    about a third of the time."""
+    cores = len(os.sched_getaffinity(0))
+    neighbours = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(cores)]
     try:
-        time.sleep(0.3)  # the neighbour's interpreter is up and spinning
-        others = _window(0.8, work=False)
+        time.sleep(0.3)  # the neighbours' interpreters are up and spinning
+        waited = _waited(1.0)
     finally:
-        neighbour.wait(timeout=10)
-    assert others is not None and 0.7 < others - background < 1.3
-    assert not quiet(others)
+        for n in neighbours:
+            n.wait(timeout=10)
+    assert waited is not None and waited > 0.2 and not quiet(waited)
 
 
 def test_no_readings_no_figure() -> None:
-    now = cpu.read_cpu_times()
-    assert now is not None and now.machine_busy > 0
-    assert cpu.other_cores(None, now) is None and cpu.other_cores(now, None) is None
-    assert cpu.other_cores(now, now) is None  # no time passed
+    now = cpu.read_run_wait()
+    assert now is not None and now.waited >= 0
+    assert cpu.waiting_share(None, now) is None and cpu.waiting_share(now, None) is None
+    assert cpu.waiting_share(now, now) is None  # no time passed

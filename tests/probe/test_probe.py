@@ -51,9 +51,9 @@ def test_fits_and_oom_are_data_and_peak_is_what_the_cap_limits() -> None:
         assert small.step_peaks == sorted(small.step_peaks)  # cumulative peaks
         # AdamW: exp_avg + exp_avg_sq, plus one scalar step counter per parameter tensor
         assert 0 <= small.optimizer_state_bytes - 2 * small.param_bytes <= 1024
-        # What the throughput choice reads: other processes' CPU work while it ran (the client and the
-        # server wait; nothing else of ours runs), and the static memory the search's guess scales over.
-        assert small.other_cores is not None and 0 <= small.other_cores < 2
+        # What the throughput choice reads: how long its threads waited for a core, over its wall time, and
+        # the static memory the search's guess scales over.
+        assert small.cpu_wait is not None and 0 <= small.cpu_wait < 2
         static = small.baseline_bytes + small.param_bytes + small.grad_bytes + small.optimizer_state_bytes
         assert observation(small).static_bytes == static < small.peak_bytes
         huge = client.run(_request(1_000_000, 2 * GIB))
