@@ -163,8 +163,9 @@ def header(argv: list[str], loads: tuple[float, float], busy: bool) -> list[str]
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; autobatch at {_commit()}",
         f"- machine: {platform.machine()}, {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
         f"{platform.platform()}, Python {platform.python_version()}",
-        f"- load average (1 min) at start {loads[0]:.1f}, at end {loads[1]:.1f} (the busy process is 1, a tune "
-        "about 1; the rest is other work on the shared machine)",
+        f"- load average (1 min) at start {loads[0]:.1f}, at end {loads[1]:.1f} ("
+        + ("the busy process is 1, " if busy else "")
+        + "a tune about 1; the rest is other work on the shared machine)",
         "",
     ]
 
