@@ -204,7 +204,8 @@ class FakeStepProbe:
     :meth:`Curve.rising`), as a real probe does; a probe that does not fit reports it too when its first
     step's forward and backward (the rising phase less ``state_bytes`` of optimizer state) fitted.
     ``static_bytes``: what a fit reports it measured of memory that does not scale with the batch
-    (:attr:`Observation.static_bytes`; None: nothing, as before probes measured it). ``calls`` records ``(batch, steps, purpose)`` in order.
+    (:attr:`Observation.static_bytes`; None: nothing, as before probes measured it). ``calls`` records
+    ``(batch, steps, purpose)`` in order.
     """
 
     curve: Curve

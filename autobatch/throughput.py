@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Optional
 
 from .core.choice import (
     EQUIVALENT,
@@ -34,36 +35,37 @@ from .result import TuneResult
 Key = tuple[str, str, bool]  # precision, optimizer, recompute
 
 
+Probe = tuple[
+    tuple[float, ...], Optional[float]
+]  # a fitting probe's timed steps, how long its threads waited
+
+
 @dataclass
 class StepTimes:
-    """Timed steps per (combination, batch size), from every fitting probe."""
+    """Every fitting probe's timed steps (its first step excluded) and how long its threads waited for a
+    core over its wall time (None: not measured), per (combination, batch size)."""
 
-    seconds: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
-    #: each fitting probe's fastest step (its first step excluded), per (combination, batch size)
-    fastest: dict[tuple[Key, int], list[float]] = field(default_factory=dict)
-    #: how long each of those probes' threads waited for a core, over its wall time (None: not measured)
-    waits: dict[tuple[Key, int], list[float | None]] = field(default_factory=dict)
+    probes: dict[tuple[Key, int], list[Probe]] = field(default_factory=dict)
 
     def add(self, key: Key, outcome: ProbeOutcome) -> None:
         if outcome.fits and len(outcome.step_seconds) > 1:
-            timed = outcome.step_seconds[1:]
-            self.seconds.setdefault((key, outcome.batch_size), []).extend(timed)
-            self.fastest.setdefault((key, outcome.batch_size), []).append(min(timed))
-            self.waits.setdefault((key, outcome.batch_size), []).append(outcome.cpu_wait)
+            timed = tuple(outcome.step_seconds[1:])
+            self.probes.setdefault((key, outcome.batch_size), []).append((timed, outcome.cpu_wait))
+
+    @property
+    def fastest(self) -> dict[tuple[Key, int], list[float]]:
+        """Each fitting probe's fastest timed step, per (combination, batch size)."""
+        return {where: [min(steps) for steps, _ in probes] for where, probes in self.probes.items()}
 
     def get(self, key: Key, batch: int) -> tuple[float, ...]:
-        return tuple(self.seconds.get((key, batch), ()))
+        return tuple(s for steps, _ in self.probes.get((key, batch), ()) for s in steps)
 
     def timing(self, index: int, key: Key, batch: int, world_size: int) -> Timing:
-        """The :class:`~autobatch.core.choice.Timing` of ``key`` at ``batch``: its steps and its probes' fastest."""
-        return Timing(
-            index,
-            batch,
-            world_size,
-            self.get(key, batch),
-            tuple(self.fastest.get((key, batch), ())),
-            tuple(self.waits.get((key, batch), ())),
-        )
+        """The :class:`~autobatch.core.choice.Timing` of ``key`` at ``batch``: its steps, each probe's fastest
+        and how long each waited for a core."""
+        probes = self.probes.get((key, batch), [])
+        fastest = tuple(min(steps) for steps, _ in probes)
+        return Timing(index, batch, world_size, self.get(key, batch), fastest, tuple(w for _, w in probes))
 
 
 @dataclass(frozen=True)

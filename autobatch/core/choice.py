@@ -23,8 +23,8 @@ round, whom to time again and, at the end, who won and by how much.
   that (a neighbour that keeps one of two cores busy: about 0.9 of the wall time, and every step of the
   root tune ten times slower) has no rate to compare: it ties with everyone, so the user's order decides
   and the result says the machine was busy (the root tune under one busy core chose recomputation at
-  micro-batch 32 in two runs of five, on rates of 13 against 9 samples/s that a quiet machine measures
-  at 140-156, and no recomputation at 16 there).
+  micro-batch 32 in two runs of five, at 13.5-13.9 samples/s, and no recomputation at 16 in the other
+  three, at 7.8-14.2; a quiet machine measures 140-156 and prefers sgd without recomputation).
 * **Ties.** Two rates within :data:`NOISE_Z` combined standard errors of each other (Student's t quantile
   when the errors rest on few probes: three probes that agree by chance prove little), or within
   :data:`EQUIVALENT` (a practical-equivalence band: a few per cent of throughput is not worth trusting

@@ -201,10 +201,11 @@ def test_one_probe_on_a_quiet_machine_is_enough() -> None:
 
 
 def test_a_busy_machine_decides_nothing_and_the_users_order_wins() -> None:
-    """The root tune beside a busy core: every probe waited for a core, recomputation at micro-batch 32 read
-    13.5 samples/s against 9.7 for no recomputation at 16 (a quiet machine: 140-156 and the reverse). Rates
-    measured under that load tie with everyone; the first in the user's order wins, and the decision says
-    the machine was busy. Once one contender was timed quietly, the busy ones are timed again."""
+    """The root tune beside a busy core: recomputation at micro-batch 32 won two runs of five at 13.5-13.9
+    samples/s, no recomputation at 16 the others at 7.8-14.2 (a quiet machine: 140-156). Rates measured
+    while every probe waited for a core tie with everyone; the first in the user's order wins, and the
+    decision says the machine was busy. Once one contender was timed quietly, the busy ones are timed
+    again."""
     steps = (1.2, 1.3, 1.25, 1.4)
     first = Timing(0, 16, 1, steps, (1.65, 1.6), (0.9, 0.85))  # 9.7 samples/s
     rc = Timing(1, 32, 1, steps, (2.37, 2.3), (0.88, 0.9))  # 13.5 samples/s
