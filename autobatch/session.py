@@ -39,7 +39,6 @@ OnProbe = Callable[[Combo, ProbeOutcome, bool], None]
 #: Wraps the runner a session creates (a progress display watching each request, for instance).
 WrapRunner = Callable[[ProbeRunner], ProbeRunner]
 
-
 #: The note (first in the result's notes) of a ``--device auto`` that found no CUDA device.
 FALLBACK_NOTE = (
     "device auto found no CUDA device (torch {torch}) and tuned on the CPU: these numbers hold for CPU "
@@ -179,14 +178,16 @@ class Session:
             self._held.enter_context(self.lock)
         if self.runner is None:
             from .probe.client import IMPORT_GRACE, ProbeClient
+            from .probe.yielding import YieldingRunner
 
-            self.runner = ProbeClient(
+            client = ProbeClient(
                 self.spec.to_init(),
                 self.script_args,
                 env={**MALLOC_ENV, **PROBE_ENV},
                 op_modules=self.op_modules,
                 start_timeout=self.timeout + IMPORT_GRACE,  # importing the script counts like a probe
             )
+            self.runner = YieldingRunner(client, self.warn)  # OpenMP's threads sleep once the CPU is busy
         if self.wrap_runner is not None:
             self.runner, self.wrap_runner = self.wrap_runner(self.runner), None
         device, info = self._resolve_device()

@@ -35,37 +35,47 @@ from .result import TuneResult
 Key = tuple[str, str, bool]  # precision, optimizer, recompute
 
 
-Probe = tuple[
-    tuple[float, ...], Optional[float]
-]  # a fitting probe's timed steps, how long its threads waited
+@dataclass(frozen=True)
+class Timed:
+    """One fitting probe's timed steps, how long its threads waited for a core over its wall time (None: not
+    measured), and the OpenMP wait policy it ran under."""
+
+    steps: tuple[float, ...]
+    wait: Optional[float]
+    policy: Optional[str]
 
 
 @dataclass
 class StepTimes:
-    """Every fitting probe's timed steps (its first step excluded) and how long its threads waited for a
-    core over its wall time (None: not measured), per (combination, batch size)."""
+    """Every fitting probe's :class:`Timed` steps (its first step excluded), per (combination, batch size).
 
-    probes: dict[tuple[Key, int], list[Probe]] = field(default_factory=dict)
+    Only probes run under the latest probe's OpenMP wait policy count: after the probe server restarted with
+    threads that sleep while they wait (:mod:`autobatch.probe.yielding`), the steps timed before are not
+    comparable, and a contender timed only then is timed again."""
+
+    probes: dict[tuple[Key, int], list[Timed]] = field(default_factory=dict)
+    policy: Optional[str] = None  # the latest probe's
 
     def add(self, key: Key, outcome: ProbeOutcome) -> None:
+        if not outcome.cached:  # one replayed from the journal ran under another run's policy
+            self.policy = outcome.omp_wait_policy
         if outcome.fits and len(outcome.step_seconds) > 1:
-            timed = tuple(outcome.step_seconds[1:])
-            self.probes.setdefault((key, outcome.batch_size), []).append((timed, outcome.cpu_wait))
+            timed = Timed(tuple(outcome.step_seconds[1:]), outcome.cpu_wait, outcome.omp_wait_policy)
+            self.probes.setdefault((key, outcome.batch_size), []).append(timed)
 
-    @property
-    def fastest(self) -> dict[tuple[Key, int], list[float]]:
-        """Each fitting probe's fastest timed step, per (combination, batch size)."""
-        return {where: [min(steps) for steps, _ in probes] for where, probes in self.probes.items()}
+    def of(self, key: Key, batch: int) -> list[Timed]:
+        """The probes of ``key`` at ``batch`` that ran under the current policy."""
+        return [t for t in self.probes.get((key, batch), ()) if t.policy == self.policy]
 
     def get(self, key: Key, batch: int) -> tuple[float, ...]:
-        return tuple(s for steps, _ in self.probes.get((key, batch), ()) for s in steps)
+        return tuple(s for t in self.of(key, batch) for s in t.steps)
 
     def timing(self, index: int, key: Key, batch: int, world_size: int) -> Timing:
         """The :class:`~autobatch.core.choice.Timing` of ``key`` at ``batch``: its steps, each probe's fastest
         and how long each waited for a core."""
-        probes = self.probes.get((key, batch), [])
-        fastest = tuple(min(steps) for steps, _ in probes)
-        return Timing(index, batch, world_size, self.get(key, batch), fastest, tuple(w for _, w in probes))
+        probes = self.of(key, batch)
+        fastest = tuple(min(t.steps) for t in probes)
+        return Timing(index, batch, world_size, self.get(key, batch), fastest, tuple(t.wait for t in probes))
 
 
 @dataclass(frozen=True)

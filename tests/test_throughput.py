@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -118,9 +119,40 @@ def test_rounds_alternate_their_order_and_keep_each_probes_fastest_step() -> Non
     assert all(sorted(r) == [0, 1] for r in rounds)
     assert all(later == earlier[::-1] for earlier, later in zip(rounds, rounds[1:]))  # each reverses the last
     probes = len(order) // 2
-    assert len(times.fastest[(entries[0].key, 16)]) == probes  # one per probe, the first step excluded
-    assert times.fastest[(entries[0].key, 16)][0] == pytest.approx(0.7)
+    fastest = times.timing(0, entries[0].key, 16, 1).probe_seconds
+    assert len(fastest) == probes  # one per probe, the first step excluded
+    assert fastest[0] == pytest.approx(0.7)
     assert decision is not None
+
+
+def test_steps_timed_under_another_wait_policy_are_timed_again() -> None:
+    # The probe server restarted with OpenMP's passive wait policy after the first contender's timing: its
+    # steps (spinning threads, a quiet machine) are not compared with the second's (sleeping threads), so
+    # settle times the first again under the new policy before it decides.
+    from autobatch.throughput import Entry, StepTimes, settle
+
+    times, order = StepTimes(), []
+    entries = [Entry(0, ("32-true", "adamw", False), 16), Entry(1, ("32-true", "sgd", False), 16)]
+    spinning = ProbeOutcome("fits", batch_size=16, step_seconds=[9.0, 0.06, 0.06], cpu_wait=0.0)
+    times.add(entries[0].key, spinning)
+    passive = ProbeOutcome(
+        "fits", batch_size=16, step_seconds=[9.0, 0.09, 0.09], cpu_wait=0.0, omp_wait_policy="PASSIVE"
+    )
+    times.add(entries[1].key, passive)
+    assert times.get(entries[0].key, 16) == ()  # another policy's steps: as if never timed
+
+    def time_once(e: Entry) -> None:
+        order.append(e.index)
+        times.add(
+            e.key, replace(passive, step_seconds=[9.0, 0.1, 0.1] if e.index == 0 else [9.0, 0.09, 0.09])
+        )
+
+    decision = settle(entries, times, time_once, 1, rounds=3)
+    assert order[0] == 0  # timed again first, under the passive policy
+    assert decision is not None and decision.winner == 1  # 0.09 s against 0.1 s, both passive
+    # A replayed probe from an earlier run's journal leaves the policy as it is.
+    times.add(entries[0].key, replace(spinning, cached=True))
+    assert times.policy == "PASSIVE"
 
 
 def test_a_timing_probe_at_the_maximum_on_the_edge_becomes_a_note() -> None:

@@ -56,26 +56,30 @@ class ProbeClient:
         self.script: str | dict[str, Any] = script if isinstance(script, dict) else str(script)
         self._log_dir = tempfile.TemporaryDirectory(prefix="autobatch-")
         self._stderr = open(os.path.join(self._log_dir.name, "server.log"), "wb")  # noqa: SIM115
-        init = {
+        self._init = {
             "script": self.script,
             "script_args": list(script_args),
             "log_dir": self._log_dir.name,
             "op_modules": list(op_modules),
         }
-        full_env = {**os.environ, **(env or {})}
+        self.env = dict(env or {})
+        self._start_timeout = start_timeout
+        self.probes_run = 0
+        self._start()
+
+    def _start(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "autobatch.probe.server", json.dumps(init)],
+            [sys.executable, "-m", "autobatch.probe.server", json.dumps(self._init)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            env=full_env,
+            env={**os.environ, **self.env},
             start_new_session=True,
         )
         self._next_id = 0
         self._buffer = b""
-        self.probes_run = 0
         hello = self._read(
-            start_timeout,
+            self._start_timeout,
             what="the probe server to import torch and the script",
             hint="raise --timeout if importing the script is slow; a script that waits at import (for input, "
             "the network, a lock) must not",
@@ -86,6 +90,13 @@ class ProbeClient:
         self.import_seconds = float(hello.get("import_seconds", 0.0))
         self.torch_version = str(hello.get("torch_version", ""))
         self.pid = int(hello.get("pid", self._proc.pid))
+
+    def reopen(self, env: dict[str, str]) -> None:
+        """Stop the server and start another with ``env`` added to its environment (what the probes inherit
+        from the start of their process: OpenMP reads its settings when torch loads it)."""
+        self._stop()
+        self.env.update(env)
+        self._start()
 
     def __enter__(self) -> ProbeClient:
         return self
@@ -119,17 +130,21 @@ class ProbeClient:
 
     def close(self) -> None:
         """Stop the server and every probe it forked; safe to call more than once."""
+        self._stop()
+        if not self._stderr.closed:
+            self._stderr.close()
+        self._log_dir.cleanup()
+
+    def _stop(self) -> None:
         proc = self._proc
-        if proc.poll() is None:
-            try:
-                if proc.stdin:
-                    proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                proc.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                pass
+        try:
+            if proc.stdin:
+                proc.stdin.close()
+        except OSError:
+            pass
+        # Nothing in the server is left to save (its log is written as it goes, every probe has answered
+        # or is to be stopped): killed at once, its interpreter's exit (about 0.2 s with torch loaded) is
+        # not waited for.
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -140,9 +155,6 @@ class ProbeClient:
             pass
         if proc.stdout:
             proc.stdout.close()
-        if not self._stderr.closed:
-            self._stderr.close()
-        self._log_dir.cleanup()
 
     def _read(self, timeout: float, what: str, hint: str | None = None) -> dict[str, Any]:
         assert self._proc.stdout is not None

@@ -88,6 +88,9 @@ class ProbeOutcome:
     # CPU device: how long the probe's threads waited for a core while it ran, over its wall time (None:
     # unknown; on a CUDA device a GPU shared with another process would not show here: not measured)
     cpu_wait: float | None = None
+    # OMP_WAIT_POLICY in the probe's environment (None: OpenMP's default, threads that spin while they wait):
+    # step times are compared only under the same one (autobatch.probe.yielding)
+    omp_wait_policy: str | None = None
 
     @property
     def fits(self) -> bool:

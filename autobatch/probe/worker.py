@@ -7,6 +7,7 @@ like any other operation, and everything they find is returned as a :class:`Prob
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
@@ -48,6 +49,7 @@ def measure_steps(
     from ..step.loop import StepConfig, StepReport, run_steps
 
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
+    outcome.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
     report = StepReport()
     config = StepConfig(
         batch_size=request.batch_size,

@@ -7,14 +7,13 @@ import time
 
 import psutil
 import pytest
-from support import EXAMPLES, SCRIPTS
+from support import EXAMPLES, SCRIPTS, cpu_session
 
 from autobatch.core.space import Combo
 from autobatch.errors import ScriptError
 from autobatch.probe.client import ProbeClient
 from autobatch.probe.protocol import ProbeRequest
 from autobatch.probe.readings import observation
-from autobatch.session import Session
 
 pytestmark = pytest.mark.slow  # every test starts a probe server
 
@@ -101,15 +100,7 @@ def test_close_leaves_no_process() -> None:
 
 
 def test_session_raises_script_errors_with_message() -> None:
-    with Session(
-        script=SCRIPTS / "value_error.py",
-        script_args=(),
-        device="cpu",
-        memory=2 * GIB,
-        headroom=0.0,
-        timeout=120,
-        cache=False,
-    ) as session:
+    with cpu_session(SCRIPTS / "value_error.py") as session:
         with pytest.raises(ScriptError, match="exceeds"):
             session.probe(Combo("32-true", "adamw", False), 100, min_steps=3, max_steps=3)
 

@@ -1,0 +1,81 @@
+"""Threads that yield on a busy CPU: the probe server restarts with OpenMP's passive wait policy once a
+probe shows that another process keeps the cores busy.
+
+torch's intra-op threads (GNU OpenMP) wait for each other at the end of every parallel region by spinning
+on their core. Beside a process that keeps one of the cores busy, one of them keeps losing its core and
+the others spin until it is back: the step stalls. Measured here (``python scripts/busy_threads.py``,
+``scripts/results/busy-threads.md``: examples/gpt.py at batch 16, AdamW, torch's two threads on two cores):
+a step takes 0.072 s alone and 0.64 s (0.34-1.1) beside one busy core with the default policy, 0.152 s
+with ``OMP_WAIT_POLICY=PASSIVE`` (threads that sleep while they wait), which costs 0.093 s alone: so
+passive is no default, only the answer to a machine that is busy. Memory is the same under both.
+
+The rule: after the first probe whose threads waited for a core at least :data:`STALLED_WAIT` of its wall
+time (:attr:`~autobatch.probe.protocol.ProbeOutcome.cpu_wait`; CPU only), the server restarts with
+:data:`YIELDING_ENV` before its next operation, once, and the result says so. Step times measured under
+one policy are compared only with those measured under the same one (:class:`autobatch.throughput.StepTimes`).
+A user who sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` keeps it: the probes run as their job does. The
+root ``autobatch.toml`` tune beside one busy core: 250 s before, 55 s with the rule (README).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+
+from .client import ProbeClient
+from .protocol import ProbeOutcome, ProbeRequest
+
+#: What the restarted server's probes inherit: OpenMP threads that sleep while they wait.
+YIELDING_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
+#: A probe whose threads waited this share of its wall time for a core ran beside load (0.003 alone and
+#: 0.86 beside one busy core of two, measured here; the throughput choice calls a probe quiet under 0.1).
+STALLED_WAIT = 0.25
+#: Settings of the user's own that decide how OpenMP threads wait: present, the probes keep them.
+USER_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+class YieldingRunner:
+    """The probe server's runner, restarted once with :data:`YIELDING_ENV` after a probe that stalled, before
+    the next operation (a command whose last probe stalled does not pay for a restart it would not use).
+
+    ``on_switch`` receives the note that says which probe it was and what changed."""
+
+    def __init__(
+        self,
+        client: ProbeClient,
+        on_switch: Callable[[str], None],
+        environ: Mapping[str, str] = os.environ,
+    ) -> None:
+        self.client, self.on_switch = client, on_switch
+        self.torch_version = client.torch_version
+        self.switched = any(key in environ for key in USER_KEYS)  # the user's own settings stay
+        self._stalled: tuple[ProbeRequest, ProbeOutcome] | None = None
+
+    def run(self, request: ProbeRequest) -> ProbeOutcome:
+        if self._stalled is not None and not self.switched:
+            self.switched = True
+            self.client.reopen(YIELDING_ENV)
+            self.on_switch(switch_note(*self._stalled))
+        outcome = self.client.run(request)
+        if self._stalled is None and stalled(outcome):
+            self._stalled = (request, outcome)
+        return outcome
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def stalled(outcome: ProbeOutcome) -> bool:
+    """The probe's threads waited for a core long enough that spinning ones stall (CPU only)."""
+    return outcome.cpu_wait is not None and outcome.cpu_wait >= STALLED_WAIT
+
+
+def switch_note(request: ProbeRequest, outcome: ProbeOutcome) -> str:
+    wait = outcome.cpu_wait or 0.0
+    return (
+        f"another process kept the CPU busy: the probe at batch {request.batch_size} waited for a core "
+        f"{wait:.0%} of its time, so the probes after it ran with OMP_WAIT_POLICY=PASSIVE (torch's threads "
+        "sleep instead of spinning while they wait; a busy core stalls spinning ones, up to 10x here); memory "
+        "is the same, step times are slower than a quiet machine's and are compared only with each other; "
+        "set OMP_WAIT_POLICY yourself to keep your own"
+    )

@@ -1,0 +1,97 @@
+"""A busy CPU restarts the probe server with OpenMP threads that sleep while they wait: real probes beside
+real spinning neighbours on every core we may run on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from support import EXAMPLES, cpu_session
+
+from autobatch.core.space import Combo
+from autobatch.probe.client import ProbeClient
+from autobatch.probe.protocol import ProbeOutcome
+from autobatch.probe.yielding import STALLED_WAIT, YieldingRunner, stalled
+from autobatch.session import Session
+
+pytestmark = pytest.mark.slow  # every test starts a probe server
+
+COMBO = Combo("32-true", "adamw", False)
+SPIN = "import time\nend = time.monotonic() + 20\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@contextmanager
+def busy_cores() -> Iterator[None]:
+    """As many spinning neighbours as cores we may run on."""
+    neighbours = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in os.sched_getaffinity(0)]
+    try:
+        time.sleep(0.3)  # their interpreters are up and spinning
+        yield
+    finally:
+        for n in neighbours:
+            n.kill()
+            n.wait(timeout=10)
+
+
+def _session() -> Session:
+    session: Session = cpu_session(EXAMPLES / "mlp.py")
+    return session
+
+
+def test_a_probe_beside_busy_cores_restarts_the_server_with_passive_threads() -> None:
+    with _session() as session:
+        assert isinstance(session.runner, YieldingRunner)
+        first_server = session.runner.client.pid
+        with busy_cores():
+            busy = session.probe(COMBO, 8, min_steps=3, max_steps=3)
+        assert busy.fits and busy.cpu_wait is not None and busy.cpu_wait >= STALLED_WAIT, busy.cpu_wait
+        assert busy.omp_wait_policy is None  # ran as the user's job would, spinning
+        assert session.runner.client.pid == first_server and not session.warnings  # not before it is needed
+        after = session.probe(COMBO, 8, min_steps=3, max_steps=3)
+        assert after.fits and after.omp_wait_policy == "PASSIVE"
+        assert session.runner.client.pid != first_server
+        assert not _alive(first_server)
+        # memory does not depend on how threads wait
+        assert busy.peak_bytes is not None and after.peak_bytes is not None
+        assert abs(after.peak_bytes - busy.peak_bytes) < 2 << 20
+        (note,) = [w for w in session.warnings if "OMP_WAIT_POLICY=PASSIVE" in w]
+        assert "batch 8" in note and "set OMP_WAIT_POLICY yourself" in note
+        again = session.probe(COMBO, 9, min_steps=3, max_steps=3)  # once only
+        assert again.omp_wait_policy == "PASSIVE" and len(session.warnings) == 1
+
+
+def test_the_user_s_own_wait_policy_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    with _session() as session:
+        assert isinstance(session.runner, YieldingRunner)
+        with busy_cores():
+            busy = session.probe(COMBO, 8, min_steps=3, max_steps=3)
+        assert busy.cpu_wait is not None and busy.cpu_wait >= STALLED_WAIT
+        after = session.probe(COMBO, 8, min_steps=3, max_steps=3)
+        assert busy.omp_wait_policy == after.omp_wait_policy == "ACTIVE"
+        assert not session.warnings
+
+
+def test_a_quiet_probe_or_one_without_a_reading_changes_nothing() -> None:
+    with ProbeClient(EXAMPLES / "mlp.py") as client:
+        notes: list[str] = []
+        runner = YieldingRunner(client, notes.append, environ={})
+        pid = client.pid
+        assert not stalled(ProbeOutcome("fits", cpu_wait=None))  # CUDA: not measured
+        assert not stalled(ProbeOutcome("fits", cpu_wait=STALLED_WAIT / 2))
+        assert stalled(ProbeOutcome("fits", cpu_wait=STALLED_WAIT))
+        runner.close()
+        assert client.pid == pid and not notes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
