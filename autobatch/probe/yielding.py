@@ -77,7 +77,7 @@ def switch_note(request: ProbeRequest, outcome: ProbeOutcome) -> str:
     return (
         f"another process kept the CPU busy: the probe at batch {request.batch_size} waited for a core "
         f"{wait:.0%} of its time, so the probes after it ran with OMP_WAIT_POLICY=PASSIVE (torch's threads "
-        "sleep instead of spinning while they wait; a busy core stalls spinning ones, up to 10x here); memory "
-        "is the same, step times are slower than a quiet machine's and are compared only with each other; "
-        "set OMP_WAIT_POLICY yourself to keep your own"
+        "sleep instead of spinning while they wait; a busy core stalls spinning ones: a gpt step ran 9x "
+        "slower here); memory is the same, step times are slower than a quiet machine's and are compared only "
+        "with each other; set OMP_WAIT_POLICY yourself to keep your own"
     )
