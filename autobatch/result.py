@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .errors import ProbeFailure
 from .schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:
@@ -228,3 +229,23 @@ class TuneResult:
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in data.items() if k in names}
+
+
+def limited_failure(result: TuneResult) -> ProbeFailure | None:
+    """The error that ends a tune some of whose maxima a crash or timeout limited (exit 6), or None.
+
+    Raised by :meth:`Tuner.run` when nothing else could be chosen; otherwise ``tune`` raises it after the
+    result, the choice and the emitted files are out (the answer is usable, but not what was asked).
+    """
+    limited = [c for c in result.combinations if c.status.endswith("-limited")]
+    if not limited:
+        return None
+    lines = [
+        f"{c.precision}/{c.optimizer}/{'recompute' if c.recompute else 'no-recompute'}: {c.reason}"
+        for c in limited
+    ]
+    return ProbeFailure(
+        f"{len(limited)} combination(s) ended on a crash or timeout, not on memory:\n  " + "\n  ".join(lines),
+        hint="run `autobatch check SCRIPT --batch-size N --verbose` at that batch to see the probe's log; a timeout "
+        "needs a larger --timeout, a crash is a bug in the script or a native library (not memory)",
+    )

@@ -19,17 +19,17 @@ from . import __version__
 from .core import reuse, sanity
 from .core.choice import Contender, Decision, dominated
 from .core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reason
-from .core.plan import Candidate, Plan, choose, knee, plan_accumulation
+from .core.plan import Candidate, Plan, choose, knee, plan_accumulation, reach_beyond
 from .core.search import Observation
 from .core.space import Combo, combinations
 from .core.strategy import strategy_fields
 from .core.strategy_prior import per_rank
 from .core.units import format_bytes
 from .cross_strategy import StrategyPriors
-from .errors import NothingFitsError, ProbeFailure
+from .errors import NothingFitsError
 from .probe.protocol import ProbeOutcome
 from .probe.readings import measured_static, observation
-from .result import Chosen, ComboResult, ProbeRecord, TuneResult
+from .result import Chosen, ComboResult, ProbeRecord, TuneResult, limited_failure
 from .session import Session
 from .throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
 
@@ -149,6 +149,12 @@ class Tuner:
             return unsupported
         if combo.recompute and not device.recompute_blocks:
             return "no repeated blocks to recompute (name them with --recompute-class or RECOMPUTE_CLASSES)"
+        twin, reach = self._twin_reach(combo)
+        if twin is not None and reach is None:
+            return (
+                f"cannot win: {twin.precision}/{twin.optimizer}/no-recompute already plans the largest micro-batch "
+                "this one could, and recomputation only adds work (not searched; --exact-all searches it)"
+            )
         return None
 
     def _search(self, combo: Combo, entry: ComboResult) -> None:
@@ -164,6 +170,7 @@ class Tuner:
             self._record(entry, outcome, purpose)
             return observation(outcome, state_bytes=analytic.optimizer_state)
 
+        twin, reach = self._twin_reach(combo)  # under throughput, recomputation must outplan its twin
         shapes = [tuple(s) for s in device.param_shapes]
         analytic = StaticMemory.analytic(combo.precision, combo.optimizer, shapes, device.param_count)
         analytic = per_rank(analytic, self.session.strategy, self.session.nproc_per_node)  # FSDP shards it
@@ -179,7 +186,7 @@ class Tuner:
             limits=limits,
             prediction=self._prior(combo),
             floor_bytes=floor_bytes(device.baseline_bytes, analytic),
-            prune_at_or_below=self._prune_threshold(),
+            prune_at_or_below=reach if twin is not None else self._prune_threshold(),
         )
         static = measured_static(outcomes.values()) or analytic
         entry.static_bytes = static.to_dict()
@@ -190,6 +197,7 @@ class Tuner:
             budget_bytes=device.budget_bytes,
             baseline_bytes=device.baseline_bytes,
             batch_multiple=limits.batch_multiple,
+            twin=twin.key if twin is not None else None,
         )
         self.result.notes.extend(f"{combo.key}: {note}" for note in answer.notes)
         _check_answer(combo.key, entry, device.budget_bytes, self.result.notes)
@@ -217,6 +225,22 @@ class Tuner:
             outcomes[outcome.batch_size] = outcome
             self._record(entry, outcome)
         return journaled
+
+    def _twin_reach(self, combo: Combo) -> tuple[ComboResult | None, int | None]:
+        """Under throughput, a combination with recomputation and its searched twin without, and the smallest
+        maximum with which it plans a micro-batch the twin cannot run (None: none does); else (None, None)."""
+        opts, limits = self.options, self.options.limits
+        if not combo.recompute or opts.objective != "throughput" or opts.exact_all:
+            return None, None
+        for twin in self.result.combinations:
+            if (twin.precision, twin.optimizer, twin.recompute) == (combo.precision, combo.optimizer, False):
+                if twin.status in ("exact", "capped") and twin.max_batch_size:
+                    reach = reach_beyond(
+                        twin.max_batch_size, opts.global_batch_size, opts.world_size, limits.batch_multiple,
+                        limits.max_batch_size,
+                    )  # fmt: skip
+                    return twin, reach
+        return None, None
 
     def _prune_threshold(self) -> int | None:
         """Under max-batch, a later combination must beat the best maximum so far (ties go to the earlier)."""
@@ -351,26 +375,6 @@ class Tuner:
         self.result.wall_seconds = round(time.perf_counter() - self.started, 3)
         if self.on_update:
             self.on_update(self.result)
-
-
-def limited_failure(result: TuneResult) -> ProbeFailure | None:
-    """The error that ends a tune some of whose maxima a crash or timeout limited (exit 6), or None.
-
-    Raised by :meth:`Tuner.run` when nothing else could be chosen; otherwise ``tune`` raises it after the
-    result, the choice and the emitted files are out (the answer is usable, but not what was asked).
-    """
-    limited = [c for c in result.combinations if c.status.endswith("-limited")]
-    if not limited:
-        return None
-    lines = [
-        f"{c.precision}/{c.optimizer}/{'recompute' if c.recompute else 'no-recompute'}: {c.reason}"
-        for c in limited
-    ]
-    return ProbeFailure(
-        f"{len(limited)} combination(s) ended on a crash or timeout, not on memory:\n  " + "\n  ".join(lines),
-        hint="run `autobatch check SCRIPT --batch-size N --verbose` at that batch to see the probe's log; a timeout "
-        "needs a larger --timeout, a crash is a bug in the script or a native library (not memory)",
-    )
 
 
 def _check_answer(key: str, entry: ComboResult, budget_bytes: int, notes: list[str]) -> None:

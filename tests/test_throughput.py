@@ -68,11 +68,56 @@ def test_recompute_that_measured_faster_is_not_chosen_when_its_twin_fits(runner:
     # The measurement says recomputation is three times faster (noise, as seen on a busy machine).
     runner.seconds = {("32-true", False): 0.3, ("32-true", True): 0.1}
     Path("autobatch.toml").write_text('[search]\nrecompute = "both"\n')
-    result = tune("-p", "32-true", "--global-batch-size", "64")
+    result = tune("-p", "32-true", "--global-batch-size", "64", "--exact-all")
     assert len(result["combinations"]) == 2  # type: ignore[arg-type]
     chosen = result["chosen"]
     assert isinstance(chosen, dict) and chosen["recompute"] is False and chosen["micro_batch_size"] == 64
     assert any("only adds work" in note for note in result["notes"])  # type: ignore[union-attr]
+
+
+def test_recompute_that_cannot_plan_beyond_its_twin_is_not_searched(runner: TimedRunner) -> None:
+    # Without recomputation the whole global batch of 64 fits one micro-batch (maximum ~306): with it, no
+    # maximum plans a larger one, so the search is skipped; --exact-all above searches it all the same.
+    runner.seconds = {("32-true", False): 0.3, ("32-true", True): 0.1}
+    Path("autobatch.toml").write_text('[search]\nrecompute = "both"\n')
+    result = tune("-p", "32-true", "--global-batch-size", "64")
+    twin, recompute = result["combinations"]  # type: ignore[misc]
+    assert twin["status"] == "exact" and twin["max_batch_size"] > 64
+    assert recompute["status"] == "skipped" and recompute["probes"] == 0
+    assert "cannot win" in recompute["reason"] and "--exact-all" in recompute["reason"]
+    chosen = result["chosen"]
+    assert isinstance(chosen, dict) and chosen["recompute"] is False and chosen["micro_batch_size"] == 64
+
+
+def test_one_probe_settles_whether_recompute_can_plan_beyond_its_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A global batch of 512: without recomputation the maximum (~306) plans 256 x 2. With it, only a maximum
+    # of 512 plans fewer steps: one probe at or below it settles that (the calibration, placed no higher). Where recomputation saves little (0.9x the activations'
+    # slope), 512 does not fit and the combination is pruned after that probe; where it saves much (0.35x,
+    # maximum ~875), it is searched to its exact maximum and timed against the twin.
+    def probe_counts(saving: float) -> dict[str, object]:
+        def curve(precision: str, optimizer: str, recompute: bool) -> object:
+            return affine(400 * MiB, 1.7 * MiB * (saving if recompute else 1.0))
+
+        fake = TimedRunner(curve)  # type: ignore[arg-type]
+        fake.seconds = {("32-true", False): 0.2, ("32-true", True): 0.3}
+        (tmp_path / str(saving)).mkdir()
+        wire_fake_runner(fake, tmp_path / str(saving), monkeypatch)
+        Path("autobatch.toml").write_text('[search]\nrecompute = "both"\n')
+        return tune("-p", "32-true", "--global-batch-size", "512")
+
+    little = probe_counts(0.9)
+    twin, recompute = little["combinations"]  # type: ignore[misc]
+    assert twin["max_batch_size"] < 512 and recompute["status"] == "pruned" and recompute["probes"] == 1
+    (probe,) = recompute["trace"]  # the calibration, at or below 512: it did not fit
+    assert probe["batch_size"] <= 512 and probe["kind"] == "oom"
+    assert "cannot win" in recompute["reason"]
+    much = probe_counts(0.35)
+    twin, recompute = much["combinations"]  # type: ignore[misc]
+    assert recompute["status"] == "exact" and recompute["max_batch_size"] >= 512
+    chosen = much["chosen"]
+    assert isinstance(chosen, dict) and chosen["recompute"] is True and chosen["micro_batch_size"] == 512
 
 
 def test_the_result_states_the_margin_of_a_timed_choice(runner: TimedRunner) -> None:

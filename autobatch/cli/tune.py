@@ -88,8 +88,8 @@ def tune(
     quiet: bool = opt.QUIET,
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
+    from ..result import limited_failure
     from ..session import spec_from_settings
-    from ..tuner import limited_failure
 
     settings = opt.load(locals())
     script_path = spec_from_settings(settings).label

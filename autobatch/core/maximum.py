@@ -175,7 +175,7 @@ def find_maximum(
     ``pruned``): the combination cannot beat the best maximum so far. ``known``: earlier answers.
     """
     run = _Run(probe, limits, known=known)
-    prior, calibration = calibrate(prediction, run.search_probe, budget_bytes, limits)
+    prior, calibration = calibrate(prediction, run.search_probe, budget_bytes, limits, prune_at_or_below)
     known = [*known, *calibration]
     notes: list[str] = []
     for _round in range(CONFIRM_ROUNDS + 1):
@@ -224,12 +224,15 @@ def calibrate(
     probe: Callable[[int], Observation],
     budget_bytes: int,
     limits: Limits,
+    at_most: int | None = None,
 ) -> tuple[Affine | None, list[Observation]]:
     """Turn a prediction into the search's prior, spending one probe when its slope is only a guess.
 
     A guessed slope is the weak half of the line; the intercept is the strong one. So probe below
     where the guess puts the boundary, where a guessed slope usually still fits: a fit gives the slope
-    from the intercept over most of the range; a miss at the guess itself would only bound it.
+    from the intercept over most of the range; a miss at the guess itself would only bound it. Not above
+    ``at_most`` (the batch that settles whether the combination can win at all), so that the one probe
+    settles that too.
     """
     if prediction is None:
         return None, []
@@ -240,7 +243,7 @@ def calibrate(
     if guess is None:
         return None, []
     m, top = limits.batch_multiple, limits.max_batch_size
-    batch = min(max(int(CALIBRATE_AT * guess) // m * m, m), top // m * m)
+    batch = min(max(int(CALIBRATE_AT * guess) // m * m, m), top // m * m, (at_most or top) // m * m)
     first = probe(batch)
     if first.fits and first.peak_bytes is not None and first.peak_bytes > line.intercept:
         line = replace(line, slope=(first.peak_bytes - line.intercept) / batch)
@@ -261,13 +264,19 @@ def reason(
     budget_bytes: int,
     baseline_bytes: int | None,
     batch_multiple: int,
+    twin: str | None = None,
 ) -> str | None:
-    """Why a combination has no exact maximum (None when it has one)."""
+    """Why a combination has no exact maximum (None when it has one). ``twin``: the combination without
+    recomputation that a pruned one with it could not outplan."""
     if maximum.status == "pruned":
-        return (
-            f"cannot win under max-batch: batch {maximum.upper_bound} does not fit, so its maximum is at most "
-            "the best so far (not searched exactly; --exact-all searches it)"
+        why = (
+            f"cannot win: batch {maximum.upper_bound} does not fit, so it plans no micro-batch that {twin} "
+            "cannot run, and recomputation only adds work"
+            if twin
+            else f"cannot win under max-batch: batch {maximum.upper_bound} does not fit, so its maximum is at "
+            "most the best so far"
         )
+        return f"{why} (not searched exactly; --exact-all searches it)"
     if maximum.status == "incomplete":
         return maximum.notes[-1] if maximum.notes else "the search did not finish"
     if maximum.max_batch_size is not None:
