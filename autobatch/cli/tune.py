@@ -291,7 +291,11 @@ def print_table(result: TuneResult) -> None:
             c.precision,
             c.optimizer,
             "on" if c.recompute else "off",
-            str(c.max_batch_size) if c.max_batch_size is not None else "-",
+            "-"
+            if c.max_batch_size is None
+            else f"≥{c.max_batch_size}"
+            if c.status == "pruned"
+            else str(c.max_batch_size),
             format_bytes(c.peak_bytes) if c.peak_bytes else "-",
             f"{c.peak_bytes / budget:.0%}" if c.peak_bytes and budget else "-",
             f"{c.samples_per_second:,.1f}" if c.samples_per_second else "-",
