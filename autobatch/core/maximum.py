@@ -224,15 +224,15 @@ def calibrate(
     probe: Callable[[int], Observation],
     budget_bytes: int,
     limits: Limits,
-    at_most: int | None = None,
+    settles: int | None = None,
 ) -> tuple[Affine | None, list[Observation]]:
     """Turn a prediction into the search's prior, spending one probe when its slope is only a guess.
 
     A guessed slope is the weak half of the line; the intercept is the strong one. So probe below
     where the guess puts the boundary, where a guessed slope usually still fits: a fit gives the slope
-    from the intercept over most of the range; a miss at the guess itself would only bound it. Not above
-    ``at_most`` (the batch that settles whether the combination can win at all), so that the one probe
-    settles that too.
+    from the intercept over most of the range; a miss at the guess itself would only bound it. Not below
+    ``settles``, the batch that settles whether the combination can win at all (the search would probe
+    it next): where the guess puts the boundary under it, one probe there likely ends the combination.
     """
     if prediction is None:
         return None, []
@@ -243,7 +243,7 @@ def calibrate(
     if guess is None:
         return None, []
     m, top = limits.batch_multiple, limits.max_batch_size
-    batch = min(max(int(CALIBRATE_AT * guess) // m * m, m), top // m * m, (at_most or top) // m * m)
+    batch = min(max(int(CALIBRATE_AT * guess) // m * m, m, (settles or 0) // m * m), top // m * m)
     first = probe(batch)
     if first.fits and first.peak_bytes is not None and first.peak_bytes > line.intercept:
         line = replace(line, slope=(first.peak_bytes - line.intercept) / batch)
