@@ -13,13 +13,13 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from . import __version__
 from .core import reuse, sanity
-from .core.choice import Contender, Decision, dominated
+from .core.choice import Contender, Decision, dominated, reach_beyond
 from .core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reason
-from .core.plan import Candidate, Plan, choose, knee, plan_accumulation, reach_beyond
+from .core.plan import Candidate, Plan, choose, knee, plan_accumulation
 from .core.search import Observation
 from .core.space import Combo, combinations
 from .core.strategy import strategy_fields
@@ -35,6 +35,10 @@ from .throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
 
 if TYPE_CHECKING:
     from .settings import Settings
+
+#: A combination with recomputation's searched twin without it, and the smallest maximum that outplans the
+#: twin (None: none does); None where the objective sets no such bar.
+Twin = Optional[tuple[ComboResult, Optional[int]]]
 
 
 @dataclass(frozen=True)
@@ -118,11 +122,12 @@ class Tuner:
             entry = ComboResult(combo.precision, combo.optimizer, combo.recompute)
             self.result.combinations.append(entry)
         for combo, entry in zip(combos, self.result.combinations):
-            skip = self._skip_reason(combo)
+            twin = self._twin_reach(combo)  # under throughput, recomputation must outplan its twin
+            skip = self._skip_reason(combo, twin)
             if skip:
                 entry.status, entry.reason = "skipped", skip
                 continue
-            self._search(combo, entry)
+            self._search(combo, entry, twin)
             self._update()
         self._plan_and_choose(combos)
         self.result.status = "complete"
@@ -141,7 +146,7 @@ class Tuner:
 
     # -- per combination ------------------------------------------------------------------------
 
-    def _skip_reason(self, combo: Combo) -> str | None:
+    def _skip_reason(self, combo: Combo, twin: Twin) -> str | None:
         device = self.session.device
         assert device is not None
         unsupported = device.unsupported(combo.precision)
@@ -149,15 +154,14 @@ class Tuner:
             return unsupported
         if combo.recompute and not device.recompute_blocks:
             return "no repeated blocks to recompute (name them with --recompute-class or RECOMPUTE_CLASSES)"
-        twin, reach = self._twin_reach(combo)
-        if twin is not None and reach is None:
+        if twin is not None and twin[1] is None:
             return (
-                f"cannot win: {twin.precision}/{twin.optimizer}/no-recompute already plans the largest micro-batch "
-                "this one could, and recomputation only adds work (not searched; --exact-all searches it)"
+                f"cannot win: {twin[0].key} already plans the largest micro-batch this one could, and "
+                "recomputation only adds work (not searched; --exact-all searches it)"
             )
         return None
 
-    def _search(self, combo: Combo, entry: ComboResult) -> None:
+    def _search(self, combo: Combo, entry: ComboResult, twin: Twin = None) -> None:
         device = self.session.device
         assert device is not None
         limits = self.options.limits
@@ -170,7 +174,6 @@ class Tuner:
             self._record(entry, outcome, purpose)
             return observation(outcome, state_bytes=analytic.optimizer_state)
 
-        twin, reach = self._twin_reach(combo)  # under throughput, recomputation must outplan its twin
         shapes = [tuple(s) for s in device.param_shapes]
         analytic = StaticMemory.analytic(combo.precision, combo.optimizer, shapes, device.param_count)
         analytic = per_rank(analytic, self.session.strategy, self.session.nproc_per_node)  # FSDP shards it
@@ -186,7 +189,7 @@ class Tuner:
             limits=limits,
             prediction=self._prior(combo),
             floor_bytes=floor_bytes(device.baseline_bytes, analytic),
-            prune_at_or_below=reach if twin is not None else self._prune_threshold(),
+            prune_at_or_below=twin[1] if twin is not None else self._prune_threshold(),
         )
         static = measured_static(outcomes.values()) or analytic
         entry.static_bytes = static.to_dict()
@@ -197,7 +200,7 @@ class Tuner:
             budget_bytes=device.budget_bytes,
             baseline_bytes=device.baseline_bytes,
             batch_multiple=limits.batch_multiple,
-            twin=twin.key if twin is not None else None,
+            twin=twin[0].key if twin is not None else None,
         )
         self.result.notes.extend(f"{combo.key}: {note}" for note in answer.notes)
         _check_answer(combo.key, entry, device.budget_bytes, self.result.notes)
@@ -226,21 +229,18 @@ class Tuner:
             self._record(entry, outcome)
         return journaled
 
-    def _twin_reach(self, combo: Combo) -> tuple[ComboResult | None, int | None]:
-        """Under throughput, a combination with recomputation and its searched twin without, and the smallest
-        maximum with which it plans a micro-batch the twin cannot run (None: none does); else (None, None)."""
+    def _twin_reach(self, combo: Combo) -> Twin:
+        """Under throughput, a combination with recomputation: its searched twin without, and the smallest
+        maximum with which it plans a micro-batch the twin cannot run (None: none does)."""
         opts, limits = self.options, self.options.limits
         if not combo.recompute or opts.objective != "throughput" or opts.exact_all:
-            return None, None
-        for twin in self.result.combinations:
-            if (twin.precision, twin.optimizer, twin.recompute) == (combo.precision, combo.optimizer, False):
-                if twin.status in ("exact", "capped") and twin.max_batch_size:
-                    reach = reach_beyond(
-                        twin.max_batch_size, opts.global_batch_size, opts.world_size, limits.batch_multiple,
-                        limits.max_batch_size,
-                    )  # fmt: skip
-                    return twin, reach
-        return None, None
+            return None
+        twin = {_key(c): c for c in self.result.combinations}.get((combo.precision, combo.optimizer, False))
+        if twin is None or twin.status not in ("exact", "capped") or not twin.max_batch_size:
+            return None
+        plan = (opts.global_batch_size, opts.world_size, limits.batch_multiple, limits.max_batch_size)
+        reach = reach_beyond(twin.max_batch_size, *plan)
+        return twin, reach
 
     def _prune_threshold(self) -> int | None:
         """Under max-batch, a later combination must beat the best maximum so far (ties go to the earlier)."""
@@ -388,5 +388,5 @@ def _check_answer(key: str, entry: ComboResult, budget_bytes: int, notes: list[s
         notes.append(f"{key}: warning: {warning}")
 
 
-def _key(combo: Combo) -> tuple[str, str, bool]:
+def _key(combo: Combo | ComboResult) -> tuple[str, str, bool]:
     return (combo.precision, combo.optimizer, combo.recompute)

@@ -39,6 +39,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .plan import plan_accumulation
+
 __all__ = [
     "EQUIVALENT",
     "MAX_ROUNDS",
@@ -52,6 +54,7 @@ __all__ = [
     "decide",
     "dominated",
     "needs_more",
+    "reach_beyond",
     "quiet",
 ]
 
@@ -95,9 +98,39 @@ def dominated(contenders: Sequence[Contender]) -> dict[int, int]:
     out: dict[int, int] = {}
     for c in contenders:
         twin = twins.get((c.precision, c.optimizer))
-        if c.recompute and twin is not None and twin.max_batch_size >= c.micro_batch_size:
+        if c.recompute and twin is not None and _twin_runs(twin.max_batch_size, c.micro_batch_size):
             out[c.index] = twin.index
     return out
+
+
+def _twin_runs(twin_max: int, micro_batch_size: int) -> bool:
+    """The twin without recomputation fits this micro-batch: the same plan with strictly less work."""
+    return twin_max >= micro_batch_size
+
+
+def reach_beyond(
+    twin_max: int, global_batch_size: int | None, world_size: int, batch_multiple: int, max_batch_size: int
+) -> int | None:
+    """The smallest maximum (a candidate batch: a multiple of ``batch_multiple`` up to ``max_batch_size``)
+    whose plan runs a larger micro-batch than ``twin_max`` (None: no maximum does).
+
+    A combination with recomputation whose maximum stays below it plans a micro-batch its twin without
+    recomputation also fits, so it can only lose: recomputation adds work and saves nothing there
+    (:func:`dominated`). One probe at this batch settles whether it can win.
+    The planned micro-batch never shrinks as the maximum grows, so the smallest is found by bisection.
+    """
+    low, high = twin_max // batch_multiple + 1, max_batch_size // batch_multiple  # in units of the multiple
+
+    def beyond(units: int) -> bool:
+        plan = plan_accumulation(units * batch_multiple, global_batch_size, world_size, batch_multiple)
+        return not _twin_runs(twin_max, plan.micro_batch_size)
+
+    if low > high or not beyond(high):
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if beyond(middle) else (middle + 1, high)
+    return low * batch_multiple
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from autobatch.core.space import OBJECTIVES
 
-__all__ = ["Candidate", "Plan", "choose", "knee", "plan_accumulation", "reach_beyond"]
+__all__ = ["Candidate", "Plan", "choose", "knee", "plan_accumulation"]
 
 
 @dataclass(frozen=True)
@@ -88,31 +88,6 @@ def plan_accumulation(
             f"{alt_m} x {fewest} steps x {w} device(s) = {alt} ({_percent(alt, g)}) would need {fewest}"
         )
     return Plan(m, s, w, effective, g, deviation == 0, "; ".join(notes) or None)
-
-
-def reach_beyond(
-    twin_max: int, global_batch_size: int | None, world_size: int, batch_multiple: int, max_batch_size: int
-) -> int | None:
-    """The smallest maximum (a candidate batch: a multiple of ``batch_multiple`` up to ``max_batch_size``)
-    whose plan runs a larger micro-batch than ``twin_max`` (None: no maximum does).
-
-    A combination with recomputation whose maximum stays below it plans a micro-batch its twin without
-    recomputation also fits, so it can only lose: recomputation adds work and saves nothing there
-    (:func:`autobatch.core.choice.dominated`). One probe at this batch settles whether it can win.
-    The planned micro-batch never shrinks as the maximum grows, so the smallest is found by bisection.
-    """
-    low, high = twin_max // batch_multiple + 1, max_batch_size // batch_multiple  # in units of the multiple
-
-    def beyond(units: int) -> bool:
-        plan = plan_accumulation(units * batch_multiple, global_batch_size, world_size, batch_multiple)
-        return plan.micro_batch_size > twin_max
-
-    if low > high or not beyond(high):
-        return None
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (low, middle) if beyond(middle) else (middle + 1, high)
-    return low * batch_multiple
 
 
 def _percent(effective: int, requested: int) -> str:
