@@ -92,20 +92,19 @@ def predict(
     the low end backs off by twice that margin.
     """
     items = sorted(points.items())
-    if len(items) >= 2:
-        options = [c for c in (_local(items, budget), _global(items, budget)) if c is not None]
-        prediction = min(options, key=lambda c: c.high - c.low) if options else None
-    elif items and prior is not None:
-        ((b, p),) = items
-        # A guessed slope gives way to the line from the prior's intercept through the point (gpt at bf16-mixed
-        # with recomputation: after its calibration ran out of memory, the slope it was scaled from, 5.4 MiB a
-        # sample against 3.2, drew three 10-step probes at 41, 54 and 62 under a maximum of 63).
-        slope = prior.slope if prior.slope_known or p <= prior.intercept else (p - prior.intercept) / b
-        prediction = _exact(Affine(p - slope * b, slope), budget)
-    elif items:
-        prediction = _proportional(items[0], floor, likely_floor, budget)
-    else:
-        prediction = _exact(prior, budget) if prior is not None else None
+    prediction = _from_points(items, budget) if len(items) >= 2 else None
+    if len(items) == 1:
+        prediction = _from_point(items[0], prior, floor, likely_floor, budget)
+    elif prediction is None and items and prior is not None:
+        # No secant rises: points too close for their noise to show a slope (the quadratic example at bf16-mixed
+        # with recomputation: 420.3 MiB at 2935, 411.0 at 2944, and the search doubled to 5888 and bisected down
+        # from there, 13 probes). The prior's slope through the largest batch at the largest peak, which a peak
+        # that never falls as the batch grows reaches there at least. (Without a prior, flat points are the
+        # optimizer step's plateau, and doubling finds where the activations overtake it sooner than the
+        # proportional guess, which scales the plateau.)
+        prediction = _from_point((items[-1][0], max(p for _, p in items)), prior, floor, None, budget)
+    elif prediction is None and prior is not None:
+        prediction = _exact(prior, budget)
     if prediction is None or math.isnan(prediction.low) or math.isnan(prediction.high):
         return None
     if min_fail is None:
@@ -115,6 +114,26 @@ def predict(
     if center is None or margin < 0:
         return prediction
     return replace(prediction, low=min(prediction.low, center - (2 * margin + line.slope) / line.slope))
+
+
+def _from_points(items: list[Point], budget: int) -> Prediction | None:
+    """Two points or more: the local or the global candidate, whichever claims the narrower interval."""
+    options = [c for c in (_local(items, budget), _global(items, budget)) if c is not None]
+    return min(options, key=lambda c: c.high - c.low) if options else None
+
+
+def _from_point(
+    point: Point, prior: Affine | None, floor: int, likely_floor: int | None, budget: int
+) -> Prediction | None:
+    """One point: the prior's slope through it, else the proportional guess."""
+    if prior is None:
+        return _proportional(point, floor, likely_floor, budget)
+    b, p = point
+    # A guessed slope gives way to the line from the prior's intercept through the point (gpt at bf16-mixed
+    # with recomputation: after its calibration ran out of memory, the slope it was scaled from, 5.4 MiB a
+    # sample against 3.2, drew three 10-step probes at 41, 54 and 62 under a maximum of 63).
+    slope = prior.slope if prior.slope_known or p <= prior.intercept else (p - prior.intercept) / b
+    return _exact(Affine(p - slope * b, slope), budget)
 
 
 def _proportional(point: Point, floor: int, likely_floor: int | None, budget: int) -> Prediction | None:
@@ -187,7 +206,8 @@ def model_points(
 
     Readings when every fit has one and two fits show a peak that did not keep pace with them (the
     optimizer step's plateau says nothing of where the batch-dependent phase meets the budget; where the
-    peak kept pace, its own slope is the better one). One fit alone: as the prior's line was drawn, since
+    peak kept pace, its own slope is the better one). One fit alone, or fits whose readings did not grow
+    (too close to show a pace): as the prior's line was drawn, since
     its slope goes through it (through the reading, where the prior followed the peaks, the MLP example's
     grid probes landed 3 to 11 samples above the boundary, one miss after another); without a prior, the
     reading, which the proportional guess scales and which grows faster than a plateau. A miss adds a point
@@ -198,8 +218,14 @@ def model_points(
     """
     measured: list[Reading] = [(b, p, r) for b, p, r in fits if p is not None]
     phased = bool(measured) and all(r is not None for _, _, r in measured)
-    if phased:
-        phased = not peak_keeps_pace(measured) if len(measured) >= 2 else primed is not False
+    ends = _phase_growth(measured)
+    if phased and ends is not None and ends[0] > 0:
+        phased = not peak_keeps_pace(measured)
+    elif phased:
+        # One fit, or readings that did not grow: fits too close for their noise to show a pace (the quadratic
+        # example at bf16-mixed with recomputation: readings 405.96 and 404.64 MiB at 2935 and 2944, peaks 420.34
+        # and 411.0; read as a plateau, with no gap, they put the boundary at 3176 against 2946).
+        phased = primed is not False
     points: dict[int, int] = {}
     if phased:
         read = [(b, p, r) for b, p, r in misses if r is not None]

@@ -68,8 +68,10 @@ class YieldingRunner:
 
 
 def stalled(outcome: ProbeOutcome) -> bool:
-    """The probe's threads waited for a core long enough that spinning ones stall (CPU only)."""
-    return outcome.cpu_wait is not None and outcome.cpu_wait >= STALLED_WAIT
+    """The probe's threads waited for a core long enough that spinning ones stall (CPU only), over at least
+    one full step: a probe whose first allocation failed reads a share of a few milliseconds (the quadratic
+    example's miss at batch 4572 read 33 % on a quiet machine, and the tune said another process was busy)."""
+    return outcome.cpu_wait is not None and outcome.cpu_wait >= STALLED_WAIT and outcome.steps >= 1
 
 
 def switch_note(request: ProbeRequest, outcome: ProbeOutcome) -> str:

@@ -726,3 +726,32 @@ def test_a_miss_the_model_cannot_read_makes_it_step_aside_instead_of_creeping() 
     result = search_max_batch(probe, budget_bytes=line, max_batch_size=4096, prior=prior, known=known)
     assert result.max_batch_size == 40 and result.status == "exact"
     assert len(calls) <= 4, calls
+
+
+def test_fits_too_close_to_show_a_slope_are_read_through_the_prior_s_slope() -> None:
+    """The quadratic example at bf16-mixed with recomputation, measured: its calibration fitted at 2935 (peak
+    420.34 MiB, the rising phase's reading 405.96) and the predicted maximum at 2944 (peak 411.0 and reading
+    404.64, ten steps in another process). Neither reading nor peak grew between them, so there was no model:
+    the search doubled to 5888 and bisected down from there (13 probes to 2946). Read as a plateau (readings
+    without a gap) they put the boundary at 3176. The prior's slope through the larger batch at the larger
+    peak goes next to the boundary instead."""
+    line = int(420.9 * MiB)
+    prior = Affine(231.6 * MiB, 0.0643 * MiB)
+    calls: list[int] = []
+
+    def probe(b: int) -> Observation:
+        calls.append(b)
+        peak = int((420.34 + 0.05 * (b - 2935)) * MiB)
+        if peak > line:
+            return Observation(b, False, steps=1)
+        return Observation(b, True, peak, steps=3, rising_bytes=peak - int(14.4 * MiB))
+
+    known = [
+        Observation(2935, True, int(420.34 * MiB), steps=3, rising_bytes=int(405.96 * MiB)),
+        Observation(2944, True, int(411.0 * MiB), steps=10, rising_bytes=int(404.64 * MiB)),
+    ]
+    result = search_max_batch(
+        probe, budget_bytes=line, max_batch_size=65536, prior=prior, known=known, long_steps=10
+    )
+    assert result.max_batch_size == 2946 and result.status == "exact"
+    assert max(calls) < 2960 and len(calls) <= 5, calls

@@ -84,7 +84,10 @@ def test_a_quiet_probe_or_one_without_a_reading_changes_nothing() -> None:
         pid = client.pid
         assert not stalled(ProbeOutcome("fits", cpu_wait=None))  # CUDA: not measured
         assert not stalled(ProbeOutcome("fits", cpu_wait=STALLED_WAIT / 2))
-        assert stalled(ProbeOutcome("fits", cpu_wait=STALLED_WAIT))
+        assert stalled(ProbeOutcome("fits", cpu_wait=STALLED_WAIT, steps=1))
+        # an allocation that failed before the first step: a few milliseconds' share says nothing of the load
+        assert not stalled(ProbeOutcome("oom", cpu_wait=2 * STALLED_WAIT, steps=0))
+        assert stalled(ProbeOutcome("oom", cpu_wait=2 * STALLED_WAIT, steps=1))
         runner.close()
         assert client.pid == pid and not notes
 
