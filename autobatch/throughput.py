@@ -113,7 +113,7 @@ def settle(
                 time_once(e)
     started = time.perf_counter()
     for round_ in range(rounds):
-        todo = needs_more(timings(), rounds_left=rounds - round_)
+        todo = needs_more(timings())
         if not todo or time.perf_counter() - started > cap_seconds:
             break
         for index in todo if round_ % 2 else reversed(todo):  # the first-timed went first: now last

@@ -245,23 +245,7 @@ def _at_edge(a: Timing, b: Timing) -> bool:
     return EQUIVALENT - gap <= NOISE_Z * math.hypot(a.rse, b.rse)
 
 
-def _could_settle(a: Timing, b: Timing, more: int | None) -> bool:
-    """Whether ``more`` probes each (None: as many as it takes) could take the pair out of the noise: its
-    distance from the band's edge (inside the band) or from a tie (outside) beyond :data:`NOISE_Z` times the
-    errors as they would shrink, with the root of the probes. Else timing again only spends time: the
-    quadratic example's three contenders were 3.6 % apart at 2.2 % noise a probe and timed four rounds each
-    (12 probes of 8 steps at batch 3000), to end as they began, within the noise of the band's edge."""
-    if more is None:
-        return True
-    noise = math.hypot(*(t.rse * math.sqrt(t.samples / (t.samples + more)) for t in (a, b)))
-    gap = abs(a.rate - b.rate) / max(a.rate, b.rate)
-    distance = abs(EQUIVALENT - gap) if _equivalent(a, b) else gap
-    return distance > NOISE_Z * noise
-
-
-def needs_more(
-    timings: Sequence[Timing], rse_bound: float = RSE_BOUND, rounds_left: int | None = None
-) -> list[int]:
+def needs_more(timings: Sequence[Timing], rse_bound: float = RSE_BOUND) -> list[int]:
     """The contenders to time again, in the user's order: first every one that one probe alone timed (its
     steps cannot show the load between probes, so its reach is unknown), unless no thread of that probe
     waited for a core; then, when some were timed quietly, those only timed on a busy machine (the load
@@ -269,8 +253,7 @@ def needs_more(
     the fastest by the noise alone (outside the equivalence band), both; else those that could still win
     whose error is above ``rse_bound``. None for a single contender, or when every contender in reach
     is within the equivalence band of the fastest by more than the noise (a tie however long they are
-    timed). ``rounds_left``: how many more probes each may get; a pair that many cannot settle
-    (:func:`_could_settle`) is not timed again for it."""
+    timed)."""
     if len(timings) < 2:
         return []
     once = sorted(t.index for t in timings if t.alone)
@@ -290,10 +273,7 @@ def needs_more(
     unsettled = [
         t
         for t in reach
-        if t is not best
-        and _tied(t, best)
-        and (not _equivalent(t, best) or _at_edge(t, best))
-        and _could_settle(t, best, rounds_left)
+        if t is not best and _tied(t, best) and (not _equivalent(t, best) or _at_edge(t, best))
     ]
     if unsettled:
         return sorted({best.index, *(t.index for t in unsettled)})

@@ -234,22 +234,3 @@ def test_inside_the_equivalence_band_by_less_than_the_noise_is_timed_again() -> 
     assert needs_more([adamw, sgd]) == [0, 1]
     close = Timing(1, 16, 1, tuple(s / 1.01 for s in steady), (0.1 / 1.01,), (0.0,))
     assert needs_more([adamw, close]) == []
-
-
-def test_a_pair_that_the_rounds_left_cannot_settle_is_not_timed_again() -> None:
-    """The quadratic example's grid, measured: contenders 3.6 % apart with about 2.2 % noise between probes
-    were timed four more rounds each and ended as they began, within the noise of the band's edge. Timing
-    more cannot settle a pair whose distance from the edge stays inside the noise that many more probes
-    leave; the same pair with rounds enough to spare, or further from the edge, is timed again."""
-
-    def two_probes(index: int, cost: float) -> Timing:
-        probes = (cost * (1 - 0.022), cost * (1 + 0.022))
-        return Timing(index, 3000, 1, probes + probes, probes, (0.0, 0.0))
-
-    first, second = two_probes(0, 1.0), two_probes(1, 1 / 1.036)
-    assert needs_more([first, second]) == [0, 1]  # no limit on the rounds: the noise might yet settle it
-    assert needs_more([first, second], rounds_left=4) == []
-    assert needs_more([first, second], rounds_left=40) == [0, 1]
-    # 1 % apart: deep enough inside the band for four more probes to show it
-    further = two_probes(1, 1 / 1.01)
-    assert needs_more([first, further]) == needs_more([first, further], rounds_left=4) == [0, 1]
