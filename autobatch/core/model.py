@@ -96,12 +96,12 @@ def predict(
     if len(items) == 1:
         prediction = _from_point(items[0], prior, floor, likely_floor, budget)
     elif prediction is None and items and prior is not None:
-        # No secant rises: points too close for their noise to show a slope (the quadratic example at bf16-mixed
-        # with recomputation: 420.3 MiB at 2935, 411.0 at 2944, and the search doubled to 5888 and bisected down
-        # from there, 13 probes). The prior's slope through the largest batch at the largest peak, which a peak
-        # that never falls as the batch grows reaches there at least. (Without a prior, flat points are the
-        # optimizer step's plateau, and doubling finds where the activations overtake it sooner than the
-        # proportional guess, which scales the plateau.)
+        # No secant rises: points too close for their noise to show a slope (the quadratic example at
+        # bf16-mixed with recomputation: 420.3 MiB at 2935, 411.0 at 2944, and the search doubled to 5888 and
+        # bisected down from there: 18 probes to 2946). The prior's slope through the largest batch at the
+        # largest peak, which a peak that never falls as the batch grows reaches there at least. (Without a
+        # prior, flat points are the optimizer step's plateau, and doubling finds where the activations
+        # overtake it sooner than the proportional guess, which scales the plateau.)
         prediction = _from_point((items[-1][0], max(p for _, p in items)), prior, floor, None, budget)
     elif prediction is None and prior is not None:
         prediction = _exact(prior, budget)
@@ -222,9 +222,10 @@ def model_points(
     if phased and ends is not None and ends[0] > 0:
         phased = not peak_keeps_pace(measured)
     elif phased:
-        # One fit, or readings that did not grow: fits too close for their noise to show a pace (the quadratic
-        # example at bf16-mixed with recomputation: readings 405.96 and 404.64 MiB at 2935 and 2944, peaks 420.34
-        # and 411.0; read as a plateau, with no gap, they put the boundary at 3176 against 2946).
+        # One fit, or readings that did not grow: fits too close for their noise to show a pace (the
+        # quadratic example at bf16-mixed with recomputation: readings 405.96 and 404.64 MiB at 2935 and
+        # 2944, peaks 420.34 and 411.0; read as a plateau, with no gap, they put the boundary at 3176
+        # against 2946).
         phased = primed is not False
     points: dict[int, int] = {}
     if phased:

@@ -14,7 +14,8 @@ time (:attr:`~autobatch.probe.protocol.ProbeOutcome.cpu_wait`; CPU only), the se
 :data:`YIELDING_ENV` before its next operation, once, and the result says so. Step times measured under
 one policy are compared only with those measured under the same one (:class:`autobatch.throughput.StepTimes`).
 A user who sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` keeps it: the probes run as their job does. The
-root ``autobatch.toml`` tune beside one busy core: 250 s before, 55 s with the rule (README).
+root ``autobatch.toml`` tune beside one busy core: 250 s before, 55 s with the rule
+(``scripts/results/benchmark-history.md``).
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ class YieldingRunner:
 
 def stalled(outcome: ProbeOutcome) -> bool:
     """The probe's threads waited for a core long enough that spinning ones stall (CPU only), over at least
-    one full step: a probe whose first allocation failed reads a share of a few milliseconds (the quadratic
-    example's miss at batch 4572 read 33 % on a quiet machine, and the tune said another process was busy)."""
+    one full step: a probe whose first allocation failed reads a share of a few milliseconds (the
+    quadratic example's miss at batch 4572 read 33 % on a quiet machine, and the tune said another process
+    was busy)."""
     return outcome.cpu_wait is not None and outcome.cpu_wait >= STALLED_WAIT and outcome.steps >= 1
 
 

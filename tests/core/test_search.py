@@ -732,9 +732,9 @@ def test_fits_too_close_to_show_a_slope_are_read_through_the_prior_s_slope() -> 
     """The quadratic example at bf16-mixed with recomputation, measured: its calibration fitted at 2935 (peak
     420.34 MiB, the rising phase's reading 405.96) and the predicted maximum at 2944 (peak 411.0 and reading
     404.64, ten steps in another process). Neither reading nor peak grew between them, so there was no model:
-    the search doubled to 5888 and bisected down from there (13 probes to 2946). Read as a plateau (readings
-    without a gap) they put the boundary at 3176. The prior's slope through the larger batch at the larger
-    peak goes next to the boundary instead."""
+    the search doubled to 5888 and bisected down from there (18 probes to 2946 in one real run, 13 in this
+    replay). Read as a plateau (readings without a gap) they put the boundary at 3176. The prior's slope
+    through the larger batch at the larger peak goes next to the boundary instead."""
     line = int(420.9 * MiB)
     prior = Affine(231.6 * MiB, 0.0643 * MiB)
     calls: list[int] = []
