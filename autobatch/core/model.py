@@ -81,7 +81,8 @@ def predict(
     """Where the maximum probably is, from the fitting points and the prior.
 
     Two or more points: the local and the global candidate below, whichever claims the narrower
-    interval. One point: the prior's slope through it (the prior knows the per-sample cost, the
+    interval; when neither rises and there is a prior, as one point (the largest batch at the largest
+    peak). One point: the prior's slope through it (the prior knows the per-sample cost, the
     point fixes the static part; a guessed slope, the line from the prior's intercept), else the proportional guess (the whole peak above ``floor`` scales
     with the batch: a lower bound of the maximum when memory is affine with an intercept >= floor).
     With ``likely_floor`` (above ``floor``: memory the point's own probe measured as static, its gradients
@@ -92,19 +93,20 @@ def predict(
     the low end backs off by twice that margin.
     """
     items = sorted(points.items())
-    prediction = _from_points(items, budget) if len(items) >= 2 else None
-    if len(items) == 1:
+    if not items:
+        prediction = _exact(prior, budget) if prior is not None else None
+    elif len(items) == 1:
         prediction = _from_point(items[0], prior, floor, likely_floor, budget)
-    elif prediction is None and items and prior is not None:
-        # No secant rises: points too close for their noise to show a slope (the quadratic example at
-        # bf16-mixed with recomputation: 420.3 MiB at 2935, 411.0 at 2944, and the search doubled to 5888 and
-        # bisected down from there: 18 probes to 2946). The prior's slope through the largest batch at the
-        # largest peak, which a peak that never falls as the batch grows reaches there at least. (Without a
-        # prior, flat points are the optimizer step's plateau, and doubling finds where the activations
-        # overtake it sooner than the proportional guess, which scales the plateau.)
-        prediction = _from_point((items[-1][0], max(p for _, p in items)), prior, floor, None, budget)
-    elif prediction is None and prior is not None:
-        prediction = _exact(prior, budget)
+    else:
+        prediction = _from_points(items, budget)
+        if prediction is None and prior is not None:
+            # No secant rises: points too close for their noise to show a slope (the quadratic example at
+            # bf16-mixed with recomputation: 420.3 MiB at 2935, 411.0 at 2944, and the search doubled to 5888
+            # and bisected down from there: 18 probes to 2946). The prior's slope through the largest batch at
+            # the largest peak, which a peak that never falls as the batch grows reaches there at least.
+            # (Without a prior, flat points are the optimizer step's plateau, and doubling finds where the
+            # activations overtake it sooner than the proportional guess, which scales the plateau.)
+            prediction = _from_point((items[-1][0], max(p for _, p in items)), prior, floor, None, budget)
     if prediction is None or math.isnan(prediction.low) or math.isnan(prediction.high):
         return None
     if min_fail is None:
@@ -218,8 +220,8 @@ def model_points(
     """
     measured: list[Reading] = [(b, p, r) for b, p, r in fits if p is not None]
     phased = bool(measured) and all(r is not None for _, _, r in measured)
-    ends = _phase_growth(measured)
-    if phased and ends is not None and ends[0] > 0:
+    grew = _phase_growth(measured)
+    if phased and grew is not None and grew[0] > 0:
         phased = not peak_keeps_pace(measured)
     elif phased:
         # One fit, or readings that did not grow: fits too close for their noise to show a pace (the
