@@ -219,6 +219,20 @@ def summary(results: list[WorkloadResult]) -> tuple[list[str], dict[str, Any]]:
             f"**{_verdict(ok)}** ({detail})"
         )
 
+    # Issue 14 reads "the full default grid at most 2x its single combination": autobatch's own, in the same run.
+    own = {
+        r.setup.workload.name: grid.wall / one.wall
+        for r in results
+        if (grid := r.row("autobatch-grid")) and (one := r.row("autobatch")) and grid.wall and one.wall
+    }
+    figures["wall_ratio_grid_to_single"] = own
+    lines.append(
+        f"- wall time, full default grid <= 2x autobatch's single combination: "
+        f"**{_verdict(all(x <= 2.0 for x in own.values()) if own else None)}** ("
+        + ", ".join(f"{k} {x:.2f}x" for k, x in own.items())
+        + ")"
+    )
+
     overheads = {r.setup.workload.name: r.overhead for r in results if r.overhead is not None}
     worst = max((o.median_overhead for o in overheads.values()), default=None)
     figures["probe_overhead"] = {k: o.median_overhead for k, o in overheads.items()}
