@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from . import __version__
 from .core import reuse, sanity
@@ -36,9 +36,13 @@ from .throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
 if TYPE_CHECKING:
     from .settings import Settings
 
-#: A combination with recomputation's searched twin without it, and the smallest maximum that outplans the
-#: twin (None: none does); None where the objective sets no such bar.
-Twin = Optional[tuple[ComboResult, Optional[int]]]
+
+class Twin(NamedTuple):
+    """Under throughput, a combination with recomputation's searched twin without it, and the smallest maximum
+    with which it plans a micro-batch the twin cannot run (None: none does)."""
+
+    result: ComboResult
+    reach: Optional[int]
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ class Tuner:
 
     # -- per combination ------------------------------------------------------------------------
 
-    def _skip_reason(self, combo: Combo, twin: Twin) -> str | None:
+    def _skip_reason(self, combo: Combo, twin: Twin | None) -> str | None:
         device = self.session.device
         assert device is not None
         unsupported = device.unsupported(combo.precision)
@@ -154,14 +158,14 @@ class Tuner:
             return unsupported
         if combo.recompute and not device.recompute_blocks:
             return "no repeated blocks to recompute (name them with --recompute-class or RECOMPUTE_CLASSES)"
-        if twin is not None and twin[1] is None:
+        if twin is not None and twin.reach is None:
             return (
-                f"cannot win: {twin[0].key} already plans the largest micro-batch this one could, and "
+                f"cannot win: {twin.result.key} already plans the largest micro-batch this one could, and "
                 "recomputation only adds work (not searched; --exact-all searches it)"
             )
         return None
 
-    def _search(self, combo: Combo, entry: ComboResult, twin: Twin = None) -> None:
+    def _search(self, combo: Combo, entry: ComboResult, twin: Twin | None = None) -> None:
         device = self.session.device
         assert device is not None
         limits = self.options.limits
@@ -189,7 +193,7 @@ class Tuner:
             limits=limits,
             prediction=self._prior(combo),
             floor_bytes=floor_bytes(device.baseline_bytes, analytic),
-            prune_at_or_below=twin[1] if twin is not None else self._prune_threshold(),
+            prune_at_or_below=twin.reach if twin is not None else self._prune_threshold(),
         )
         static = measured_static(outcomes.values()) or analytic
         entry.static_bytes = static.to_dict()
@@ -200,7 +204,7 @@ class Tuner:
             budget_bytes=device.budget_bytes,
             baseline_bytes=device.baseline_bytes,
             batch_multiple=limits.batch_multiple,
-            twin=twin[0].key if twin is not None else None,
+            twin=twin.result.key if twin is not None else None,
         )
         self.result.notes.extend(f"{combo.key}: {note}" for note in answer.notes)
         _check_answer(combo.key, entry, device.budget_bytes, self.result.notes)
@@ -229,9 +233,8 @@ class Tuner:
             self._record(entry, outcome)
         return journaled
 
-    def _twin_reach(self, combo: Combo) -> Twin:
-        """Under throughput, a combination with recomputation: its searched twin without, and the smallest
-        maximum with which it plans a micro-batch the twin cannot run (None: none does)."""
+    def _twin_reach(self, combo: Combo) -> Twin | None:
+        """The :class:`Twin` of a combination with recomputation under throughput (None: no such bar)."""
         opts, limits = self.options, self.options.limits
         if not combo.recompute or opts.objective != "throughput" or opts.exact_all:
             return None
@@ -239,8 +242,7 @@ class Tuner:
         if twin is None or twin.status not in ("exact", "capped") or not twin.max_batch_size:
             return None
         plan = (opts.global_batch_size, opts.world_size, limits.batch_multiple, limits.max_batch_size)
-        reach = reach_beyond(twin.max_batch_size, *plan)
-        return twin, reach
+        return Twin(twin, reach_beyond(twin.max_batch_size, *plan))
 
     def _prune_threshold(self) -> int | None:
         """Under max-batch, a later combination must beat the best maximum so far (ties go to the earlier)."""

@@ -22,7 +22,7 @@ from .saving import ResultSaver, preflight
 if TYPE_CHECKING:
     from ..calibrate import Hooks
     from ..devices.budget import DeviceInfo
-    from ..result import TuneResult
+    from ..result import ComboResult, TuneResult
     from ..settings import Settings
 
 
@@ -257,6 +257,13 @@ def _emit(result: TuneResult, settings: Settings, out: Output) -> None:
         out.status(line)
 
 
+def _max_cell(c: ComboResult) -> str:
+    """A combination's maximum in the table: a pruned one's is a lower bound (the largest batch known to fit)."""
+    if c.max_batch_size is None:
+        return "-"
+    return f"≥{c.max_batch_size}" if c.status == "pruned" else str(c.max_batch_size)
+
+
 def print_table(result: TuneResult) -> None:
     budget = result.device.get("budget_bytes") or 0
     dist = result.distributed
@@ -291,11 +298,7 @@ def print_table(result: TuneResult) -> None:
             c.precision,
             c.optimizer,
             "on" if c.recompute else "off",
-            "-"
-            if c.max_batch_size is None
-            else f"≥{c.max_batch_size}"
-            if c.status == "pruned"
-            else str(c.max_batch_size),
+            _max_cell(c),
             format_bytes(c.peak_bytes) if c.peak_bytes else "-",
             f"{c.peak_bytes / budget:.0%}" if c.peak_bytes and budget else "-",
             f"{c.samples_per_second:,.1f}" if c.samples_per_second else "-",
