@@ -1,7 +1,7 @@
 """autobatch: find the largest batch that fits your real PyTorch training step, and plan accumulation.
 
 The public API is :func:`tune` and :func:`check` (:mod:`autobatch.api`: your code or a notebook, same
-isolated probes as the CLI), the result schema (:mod:`autobatch.result`, published as
+isolated probes as the CLI), the result schema (:mod:`autobatch.records.result`, published as
 ``result.schema.json``), the pure core (search, plan, space), the error tree, the adapters of
 :mod:`autobatch.integrations` (Hugging Face, Lightning) and the fake probes of :mod:`autobatch.testing`.
 Importing ``autobatch`` does not import torch.
@@ -9,11 +9,10 @@ Importing ``autobatch`` does not import torch.
 
 from __future__ import annotations
 
-from .api import ProbeEvent, check, tune
-from .check_result import CheckResult
-from .core.plan import Plan, choose, knee, plan_accumulation
-from .core.search import Affine, Observation, SearchResult, probe_bound, search_max_batch
-from .errors import (
+from autobatch.api import ProbeEvent, check, tune
+from autobatch.core.plan import Plan, choose, knee, plan_accumulation
+from autobatch.core.search import Affine, Observation, SearchResult, probe_bound, search_max_batch
+from autobatch.errors import (
     AutobatchError,
     ConfigError,
     ContractError,
@@ -23,9 +22,9 @@ from .errors import (
     ScriptError,
     UsageError,
 )
-from .result import Chosen, ComboResult, ProbeRecord, TuneResult
-
-__version__ = "0.1.0"
+from autobatch.records.check import CheckResult
+from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult
+from autobatch.records.version import __version__
 
 __all__ = [
     "Affine",

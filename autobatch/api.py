@@ -1,8 +1,8 @@
 """The Python API: ``autobatch.tune()`` and ``autobatch.check()`` from your own code or a notebook.
 
 They run the CLI's isolated probes (a probe server; every probe a fresh process) and return the
-objects ``--json`` documents: a :class:`~autobatch.result.TuneResult` (``tune --json``) and a
-:class:`~autobatch.check_result.CheckResult` (``check --json``)::
+objects ``--json`` documents: a :class:`~autobatch.records.result.TuneResult` (``tune --json``) and a
+:class:`~autobatch.records.check.CheckResult` (``check --json``)::
 
     import autobatch
 
@@ -51,16 +51,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import NothingFitsError
+from autobatch.errors import NothingFitsError
 
 if TYPE_CHECKING:
-    from .check_result import CheckResult
-    from .core.space import Combo
-    from .probe.protocol import ProbeOutcome, ProbeRunner
-    from .result import TuneResult
-    from .session import Session
-    from .settings import Settings
-    from .spec import ScriptSpec
+    from autobatch.core.space import Combo
+    from autobatch.records.check import CheckResult
+    from autobatch.records.protocol import ProbeOutcome, ProbeRunner
+    from autobatch.records.result import TuneResult
+    from autobatch.run.session import Session
+    from autobatch.settings import Settings
+    from autobatch.step.spec import ScriptSpec
 
 logger = logging.getLogger("autobatch")
 FUNCTIONS = ("build_model", "make_batch", "compute_loss")
@@ -86,7 +86,7 @@ class ProbeEvent:
         return f"{self.precision}/{self.optimizer}/{'recompute' if self.recompute else 'no-recompute'}"
 
     def __str__(self) -> str:
-        from .core.units import format_bytes
+        from autobatch.core.units import format_bytes
 
         text = f"{self.combination} batch {self.batch_size}: {self.kind}"
         if self.peak_bytes:
@@ -112,8 +112,8 @@ def tune(
     See the module docstring for the step, the settings (keyword arguments named as in
     ``autobatch.toml``) and where progress goes. Raises what ``autobatch tune`` exits with.
     """
-    from .settings import resolve_world_size
-    from .tuner import TuneOptions, Tuner
+    from autobatch.run.tuner import TuneOptions, Tuner
+    from autobatch.settings import resolve_world_size
 
     loaded = _settings("tune", config, script, settings)
     world, world_source = resolve_world_size(loaded.plan.world_size, os.environ)
@@ -124,7 +124,7 @@ def tune(
             info = session.start()
             logger.info("tuning %s on %s (budget %d bytes)", session.script, info.name, info.budget_bytes)
             if info.fell_back:
-                from .emit import refuse_fallback
+                from autobatch.emit import refuse_fallback
 
                 refuse_fallback(loaded.output.emit, loaded.output.allow_cpu)
                 logger.warning("%s", info.notes[0])
@@ -171,8 +171,8 @@ def check(
     settings. Running out of memory is an answer (``fits`` false), not an error. The step and the
     settings are given as to :func:`tune`.
     """
-    from .check_result import check_batch
-    from .core.space import Combo
+    from autobatch.core.space import Combo
+    from autobatch.run.check import check_batch
 
     if precision is not None:
         settings["precisions"] = [precision]
@@ -194,8 +194,8 @@ def _settings(what: str, config: str | Path | None, script: Any, given: dict[str
     """Keyword arguments as settings (unknown names are a TypeError, as Python reports them)."""
     import difflib
 
-    from .settings import load_settings
-    from .settings.docs import BY_NAME
+    from autobatch.settings import load_settings
+    from autobatch.settings.docs import BY_NAME
 
     for name in given:
         if name not in BY_NAME:
@@ -213,7 +213,7 @@ def _settings(what: str, config: str | Path | None, script: Any, given: dict[str
 @contextmanager
 def _spec(script: Any, settings: Settings, functions: tuple[Any, ...]) -> Iterator[ScriptSpec]:
     """Where the step comes from; an object or callables are pickled into a file that lives for the block."""
-    from .session import spec_from_settings
+    from autobatch.run.session import spec_from_settings
 
     given = {name: fn for name, fn in zip(FUNCTIONS, functions) if fn is not None}
     if given and script is not None:
@@ -230,7 +230,7 @@ def _spec(script: Any, settings: Settings, functions: tuple[Any, ...]) -> Iterat
         yield spec_from_settings(settings)
         return
     elif isinstance(script, types.ModuleType) and script.__name__ != "__main__":
-        from .spec import ScriptSpec
+        from autobatch.step.spec import ScriptSpec
 
         yield ScriptSpec("reference", script.__name__, sys_path=_sys_path(), label=script.__name__)
         return
@@ -258,8 +258,8 @@ def _object(script: Any) -> tuple[Any, str]:
 def _pickled(found: Any, path: Path, label: str) -> ScriptSpec:
     import cloudpickle
 
-    from .errors import UsageError
-    from .spec import ScriptSpec
+    from autobatch.errors import UsageError
+    from autobatch.step.spec import ScriptSpec
 
     try:
         path.write_bytes(cloudpickle.dumps(found))
@@ -279,7 +279,7 @@ def _sys_path() -> tuple[str, ...]:
 def _session(
     settings: Settings, spec: ScriptSpec, on_probe: Any, runner: ProbeRunner | None, cache: bool | None
 ) -> Session:
-    from .session import Session
+    from autobatch.run.session import Session
 
     return Session.from_settings(
         settings, cache=cache, on_probe=_reporter(on_probe), runner=runner, spec=spec
@@ -314,14 +314,14 @@ def _keep(result: TuneResult, exc: BaseException, settings: Settings) -> None:
 
 def _save(result: TuneResult, settings: Settings) -> None:
     if settings.origin("result") != "default":
-        from .files import write_atomic
+        from autobatch.records.files import write_atomic
 
         write_atomic(settings.output.result, result.to_json() + "\n")
         logger.info("result written to %s", settings.output.result)
 
 
 def _emit(result: TuneResult, settings: Settings) -> None:
-    from .emit import emit, make_options, parse_emit_spec, report
+    from autobatch.emit import emit, make_options, parse_emit_spec, report
 
     specs = [parse_emit_spec(spec) for spec in settings.output.emit]
     options = make_options(

@@ -14,7 +14,7 @@ device. A curve maps a batch size to the peak bytes of a training step:
 
 :class:`FakeProbe` answers "does batch b fit?" from a curve and a budget and records every call;
 :class:`FakeStepProbe` does the same for the per-combination procedure (steps and purposes);
-:class:`FakeRunner` stands in for the probe server behind a :class:`~autobatch.session.Session`, so
+:class:`FakeRunner` stands in for the probe server behind a :class:`~autobatch.run.session.Session`, so
 that ``tune``, ``check`` and ``explain`` run end to end (under Typer's ``CliRunner`` too) with no torch;
 :func:`true_max` is the brute-force oracle the property tests compare the search against.
 Pure Python: importable without torch.
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autobatch.core.search import Observation
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 __all__ = [
     "AffineCurve",
@@ -260,7 +260,7 @@ def true_max(
 
 @dataclass
 class FakeRunner:
-    """A :class:`~autobatch.probe.protocol.ProbeRunner` that answers from synthetic memory curves.
+    """A :class:`~autobatch.records.protocol.ProbeRunner` that answers from synthetic memory curves.
 
     ``curve`` gives the peak of a probe of the real step: one curve for every combination, or a function
     of ``(precision, optimizer, recompute)``. A probe fits iff its peak is within the request's budget;

@@ -23,16 +23,7 @@ from autobatch.core.maximum import Limits, find_maximum
 from autobatch.core.model import Affine
 from autobatch.core.reuse import Learned, Prediction, predict
 from autobatch.devices.budget import margin_bytes
-from autobatch.testing import (
-    Curve,
-    FakeStepProbe,
-    affine,
-    noisy,
-    plateau,
-    quadratic,
-    staircase,
-    true_max,
-)
+from autobatch.testing import Curve, FakeStepProbe, affine, noisy, plateau, quadratic, staircase, true_max
 
 GiB, MiB = 2**30, 2**20
 LIMITS = Limits(max_batch_size=65536, batch_multiple=1, steps=3, max_steps=8, confirm_steps=10)

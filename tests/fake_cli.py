@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autobatch.cli import main  # noqa: E402
 from autobatch.cli.state import STATE  # noqa: E402
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest  # noqa: E402
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest  # noqa: E402
 from autobatch.testing import FakeRunner, affine  # noqa: E402
 
 MiB = 1 << 20

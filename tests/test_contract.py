@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autobatch.contract import check_batch
 from autobatch.errors import ContractError
 from autobatch.settings import load_settings
+from autobatch.step.contract import check_batch
 
 
 def test_a_batch_that_ignores_its_size_is_a_contract_error() -> None:

@@ -1,4 +1,4 @@
-"""A strategy tune's first probe from the single-process probes in the journal (autobatch.cross_strategy),
+"""A strategy tune's first probe from the single-process probes in the journal (autobatch.run.rank_priors),
 end to end through ``tune`` with a fake runner whose memory curve depends on the strategy: no torch."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support import run_main, wire_fake_runner
 
-from autobatch.core.strategy_prior import GLOO_RANK_BYTES
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.core.rank_prior import GLOO_RANK_BYTES
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.testing import Curve, FakeRunner, plateau
 
 MiB = 1 << 20

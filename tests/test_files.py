@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autobatch.files import current_umask, write_atomic
+from autobatch.records.files import current_umask, write_atomic
 
 
 @pytest.fixture

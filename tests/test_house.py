@@ -1,4 +1,5 @@
-"""The shape of the package: no import cycle, the probe layer off explain, the core pure, small modules.
+"""The shape of the package: its layers in order, no import cycle, the probe layer off explain, the core
+pure, small modules.
 
 Imports are read from the source (inside functions too, where a cycle hides from every tool that only
 reads module-level imports); a package's ``__init__`` re-exporting its modules is not an edge of a cycle.
@@ -7,24 +8,36 @@ reads module-level imports); a package's ``__init__`` re-exporting its modules i
 from __future__ import annotations
 
 import ast
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "autobatch"
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "autobatch"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+def modules_of(package: Path) -> dict[str, Path]:
+    return {module_name(p, package): p for p in sorted(package.rglob("*.py"))}
 
 
-def imported(name: str, path: Path) -> set[str]:
+MODULES = modules_of(PACKAGE)
+
+
+def imported(name: str, path: Path, modules: dict[str, Path] = MODULES) -> set[str]:
     """The package's modules that ``name`` imports anywhere in its source."""
     tree = ast.parse(path.read_text())
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -43,11 +56,54 @@ def imported(name: str, path: Path) -> set[str]:
                 else node.module or ""
             )
             targets = [module, *(f"{module}.{alias.name}" for alias in node.names)]
-        found.update(t for t in targets if t in MODULES and t != name)
+        found.update(t for t in targets if t in modules and t != name)
     return found
 
 
 GRAPH = {name: imported(name, path) for name, path in MODULES.items()}
+
+
+def layers(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, int]:
+    """Each top-level name of the package -> its layer's rank (0 is the bottom), from pyproject.toml."""
+    order = tomllib.loads(pyproject.read_text())["tool"]["autobatch"]["layers"]["order"]
+    return {unit: rank for rank, names in enumerate(order) for unit in names}
+
+
+def unit(module: str) -> str:
+    """The top-level package or module of the package that ``module`` belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(package: Path) -> list[str]:
+    """Every import in ``package`` that runs up a layer, and every top-level name with no layer."""
+    modules = modules_of(package)
+    rank = layers()
+    problems = sorted({f"{unit(m)} has no layer in pyproject.toml" for m in modules if unit(m) not in rank})
+    for name, path in modules.items():
+        for dep in sorted(imported(name, path, modules)):
+            if unit(dep) in rank and unit(name) in rank and rank[unit(dep)] > rank[unit(name)]:
+                problems.append(f"{name} imports {dep}: {unit(dep)} is a layer above {unit(name)}")
+    return problems
+
+
+def test_no_import_runs_up_a_layer() -> None:
+    assert upward_imports(PACKAGE) == []
+
+
+def test_an_import_up_a_layer_is_caught(tmp_path: Path) -> None:
+    """The check fails on a copy of the package where the core imports the run layer."""
+    copy = tmp_path / "autobatch"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "core" / "reaches_up.py").write_text("from autobatch.run.session import Session\n")
+    assert upward_imports(copy) == [
+        "autobatch.core.reaches_up imports autobatch.run.session: run is a layer above core"
+    ]
+
+
+def test_at_most_eight_modules_at_the_top() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 8, top
 
 
 def test_no_import_cycle() -> None:

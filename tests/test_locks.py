@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from autobatch.errors import DeviceError
-from autobatch.locks import DeviceLock, describe_holder
+from autobatch.run.locks import DeviceLock, describe_holder
 
 HOLD = textwrap.dedent(
     """
     import sys, time
-    from autobatch.locks import DeviceLock
+    from autobatch.run.locks import DeviceLock
     lock = DeviceLock("gpu-test", "cuda:0 (test)", folder=sys.argv[1], command="autobatch tune held.py")
     lock.acquire()
     print("held", flush=True)

@@ -15,9 +15,9 @@ from fake_nvml import A, B, FakeDevice, FakeNvml, GiB, MiB, proc
 from support import run_main
 
 from autobatch.cli.state import STATE
-from autobatch.mixed import merge_models
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
-from autobatch.result import ComboResult, TuneResult
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.result import ComboResult, TuneResult
+from autobatch.run.mixed import merge_models
 from autobatch.settings import FIELDS, Settings
 from autobatch.testing import FakeRunner, affine
 
@@ -140,7 +140,7 @@ def result_of(*combos: ComboResult, name: str = "cuda:0") -> TuneResult:
 
 
 def test_merge_takes_the_smallest_maximum_the_slowest_speed_and_any_infeasibility() -> None:
-    from autobatch.devices.targets import Target
+    from autobatch.devices.selection import Target
 
     targets = [
         Target(f"cuda:{i}", f"cuda:{i}", f"gpu-{i}", {}, model=m) for i, m in enumerate(("big", "small"))

@@ -1,4 +1,4 @@
-"""autobatch.oom: every face of an out-of-memory failure, and nothing else, is an OOM.
+"""autobatch.probe.oom: every face of an out-of-memory failure, and nothing else, is an OOM.
 
 Messages are the texts PyTorch, CUDA libraries and oneDNN really print (from PyTorch's sources and
 issue reports); the CPU failures at the end are provoked for real in a subprocess under RLIMIT_DATA.
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autobatch.oom import (
+from autobatch.probe.oom import (
     NEAR_BUDGET_FRACTION,
     SCRIPT_ERROR_TYPES,
     classify_exception,
@@ -265,7 +265,7 @@ PROVOKE = textwrap.dedent(
     """
     import json, mmap, resource
     import torch
-    from autobatch.oom import classify_exception
+    from autobatch.probe.oom import classify_exception
 
     torch.set_num_threads(1)
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)

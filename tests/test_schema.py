@@ -9,8 +9,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from autobatch.errors import UsageError
-from autobatch.result import TuneResult
-from autobatch.schema import SCHEMA_FILE, result_problems, result_schema
+from autobatch.records.result import TuneResult
+from autobatch.records.schema import SCHEMA_FILE, result_problems, result_schema
 
 GOLDEN = Path(__file__).resolve().parent / "emit" / "golden"
 RESULTS = sorted(GOLDEN.glob("*/autobatch-result.json"))

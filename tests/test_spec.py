@@ -9,10 +9,10 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from autobatch.contract import load_script, load_spec
 from autobatch.errors import ContractError, ScriptError, UsageError
 from autobatch.settings import load_settings
-from autobatch.spec import ScriptSpec, is_reference, select_spec
+from autobatch.step.contract import load_script, load_spec
+from autobatch.step.spec import ScriptSpec, is_reference, select_spec
 
 STEP = """
 def build_model():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support import run_main, wire_fake_runner
 
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.testing import FakeRunner, affine
 
 MiB = 1 << 20
@@ -143,7 +143,7 @@ def test_rounds_alternate_their_order_and_keep_each_probes_fastest_step() -> Non
     # settle alone, with injected timings: two contenders 8 % apart (outside the equivalence band) whose
     # probes disagree keep being timed; each round runs in the reverse order of the one before, so a load
     # that rises or falls favours neither.
-    from autobatch.throughput import Entry, StepTimes, settle
+    from autobatch.run.throughput import Entry, StepTimes, settle
 
     times, order = StepTimes(), []
     entries = [Entry(0, ("32-true", "adamw", False), 16), Entry(1, ("32-true", "sgd", False), 16)]
@@ -173,7 +173,7 @@ def test_steps_timed_under_another_wait_policy_are_timed_again() -> None:
     # The probe server restarted with OpenMP's passive wait policy after the first contender's timing: its
     # steps (spinning threads, a quiet machine) are not compared with the second's (sleeping threads), so
     # settle times the first again under the new policy before it decides.
-    from autobatch.throughput import Entry, StepTimes, settle
+    from autobatch.run.throughput import Entry, StepTimes, settle
 
     times, order = StepTimes(), []
     entries = [Entry(0, ("32-true", "adamw", False), 16), Entry(1, ("32-true", "sgd", False), 16)]
@@ -201,7 +201,7 @@ def test_steps_timed_under_another_wait_policy_are_timed_again() -> None:
 
 def test_a_timing_probe_at_the_maximum_on_the_edge_becomes_a_note() -> None:
     from autobatch.devices.budget import DeviceInfo
-    from autobatch.throughput import edge_note
+    from autobatch.run.throughput import edge_note
 
     mib = 1 << 20
     cpu = DeviceInfo("cpu", "cpu", 500 * mib, 500 * mib, 0.0, "VmData")
@@ -223,7 +223,7 @@ def test_a_timing_probe_again_is_measured_again_not_read_from_the_journal(tmp_pa
     from autobatch.cache import CacheFolder, ProbeJournal
     from autobatch.core.space import Combo
     from autobatch.devices.budget import device_info
-    from autobatch.session import Session
+    from autobatch.run.session import Session
     from autobatch.testing import FakeRunner, affine
 
     runner = FakeRunner(affine(300 << 20, 1 << 20))

@@ -12,10 +12,10 @@ Importing this package imports no torch.
 
 from __future__ import annotations
 
-from .folder import CacheFolder, default_folder
-from .journal import ProbeJournal, request_key
-from .keys import TuneInputs, fingerprint, tune_inputs
-from .results import ResultStore, StoredResult
+from autobatch.cache.folder import CacheFolder, default_folder
+from autobatch.cache.journal import ProbeJournal, request_key
+from autobatch.cache.keys import TuneInputs, fingerprint, tune_inputs
+from autobatch.cache.results import ResultStore, StoredResult
 
 __all__ = [
     "CacheFolder",

@@ -26,8 +26,8 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..probe.protocol import KINDS, ProbeOutcome, ProbeRequest
-from .folder import CacheFolder
+from autobatch.cache.folder import CacheFolder
+from autobatch.records.protocol import KINDS, ProbeOutcome, ProbeRequest
 
 #: Outcome kinds the journal keeps.
 JOURNALED = ("fits", "oom", "crash", "timeout")

@@ -27,10 +27,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
+from autobatch.records.version import __version__
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from autobatch.settings import Settings
 
 #: The settings a tune's result depends on (output paths and timeouts do not change the answer).
 KEY_SETTINGS: tuple[str, ...] = (
@@ -131,7 +131,7 @@ class TuneInputs:
 
 def key_settings(settings: Settings, world_size: int) -> dict[str, Any]:
     """The settings that decide a tune's result, as plain values (the world size resolved)."""
-    from ..settings.values import plain
+    from autobatch.settings.values import plain
 
     values = {name: plain(settings.get(name)) for name in KEY_SETTINGS}
     values["world_size"] = world_size
@@ -144,8 +144,8 @@ def tune_inputs(
     settings: Settings, device_identity: Mapping[str, Any], world_size: int, *, why_not: str | None = None
 ) -> TuneInputs:
     """The inputs of a tune of ``settings`` on the device ``device_identity`` describes."""
-    from ..spec import spec_from_settings
-    from .sources import source_digests
+    from autobatch.cache.sources import source_digests
+    from autobatch.step.spec import spec_from_settings
 
     spec = spec_from_settings(settings)
     sources = (

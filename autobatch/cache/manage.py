@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.units import format_bytes
-from ..errors import UsageError
-from .folder import CacheFolder
-from .journal import Damaged, parse_lines
-from .results import SUFFIX
+from autobatch.cache.folder import CacheFolder
+from autobatch.cache.journal import Damaged, parse_lines
+from autobatch.cache.results import SUFFIX
+from autobatch.core.units import format_bytes
+from autobatch.errors import UsageError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

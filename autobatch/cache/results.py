@@ -3,7 +3,7 @@
 ``<cache_dir>/<key>.result.json`` holds ``{"kind": "result", "key", "made", "inputs", "device_used_bytes",
 "result"}``: the key and the inputs it was computed from (:class:`autobatch.cache.keys.TuneInputs`),
 when it was made, how much memory other processes held on the device then (CUDA, from NVML; None on
-the CPU), and the complete :class:`autobatch.result.TuneResult`. Only complete results are stored.
+the CPU), and the complete :class:`autobatch.records.result.TuneResult`. Only complete results are stored.
 
 A stored result is served only when its inputs are the current ones (same key, and the stored inputs
 equal, so a hash collision cannot serve a wrong answer) and the device is not busier than it was
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..result import TuneResult
-from .folder import CacheFolder
-from .keys import TuneInputs
+from autobatch.cache.folder import CacheFolder
+from autobatch.cache.keys import TuneInputs
+from autobatch.records.result import TuneResult
 
 SUFFIX = ".result.json"
 #: More memory held by other processes than this (bytes) counts as a busier device.
@@ -104,7 +104,7 @@ class ResultStore:
         """Store a complete result (a no-op for other statuses, or when the folder cannot be written)."""
         if not inputs.cacheable or result.status != "complete" or not self.folder.writable:
             return None
-        from ..files import write_atomic
+        from autobatch.records.files import write_atomic
 
         key = inputs.key()
         document = {

@@ -1,7 +1,7 @@
 """The source files a training script's memory depends on: the script and the local modules it imports.
 
 "Local" means what the probe server imports from the script's folder or the working folder (both are
-on its ``sys.path``, the script's folder first, as :func:`autobatch.contract.load_script` and
+on its ``sys.path``, the script's folder first, as :func:`autobatch.step.contract.load_script` and
 ``python -m`` put them), not installed packages: a file under ``sys.prefix`` or a ``site-packages``
 folder never counts. Imports are found by reading every ``import`` statement of each file, inside
 functions and ``if`` blocks too, and following them into the local modules they reach, packages'

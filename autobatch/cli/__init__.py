@@ -14,16 +14,15 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from ..errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, AutobatchError
-
 # Command modules register themselves on `app` when imported (keep this list; one line per module).
-from . import check, emit, init, tune, validate  # noqa: E402,F401,I001
+from autobatch.cli import check, emit, init, tune, validate  # noqa: E402,F401,I001
+from autobatch.errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, AutobatchError
 
-from . import cache, devices  # noqa: E402,F401  # isort: skip
+from autobatch.cli import cache, devices  # noqa: E402,F401  # isort: skip
 
-from . import estimate, explain  # noqa: E402,F401  # isort: skip
-from .app import app, console
-from .state import STATE
+from autobatch.cli import estimate, explain  # noqa: E402,F401  # isort: skip
+from autobatch.cli.app import app, console
+from autobatch.cli.state import STATE
 
 
 class Terminated(KeyboardInterrupt):
@@ -32,7 +31,7 @@ class Terminated(KeyboardInterrupt):
 
 def _version(value: bool) -> None:
     if value:
-        from .. import __version__
+        from autobatch.records.version import __version__
 
         typer.echo(f"autobatch {__version__}")
         raise typer.Exit()

@@ -15,15 +15,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.units import format_bytes
-from ..errors import UsageError
-from . import options as opt
-from .app import app, console, stdout_write
-from .progress import Output
+from autobatch.cli import options as opt
+from autobatch.cli.app import app, console, stdout_write
+from autobatch.cli.progress import Output
+from autobatch.core.units import format_bytes
+from autobatch.errors import UsageError
 
 if TYPE_CHECKING:
-    from ..cache import CacheFolder
-    from ..cache.manage import Entry
+    from autobatch.cache import CacheFolder
+    from autobatch.cache.manage import Entry
 
 cache_app = typer.Typer(
     help="List, show and clear the probe cache (stored results and probe journals).", no_args_is_help=True
@@ -37,7 +37,7 @@ def _cache(verbose: bool = opt.VERBOSE, quiet: bool = opt.QUIET) -> None:
 
 
 def _folder(config: Path | None) -> CacheFolder:
-    from ..cache import CacheFolder
+    from autobatch.cache import CacheFolder
 
     settings = opt.load({"config": config})
     return CacheFolder(settings.probe.cache_dir, warn=Output().warning)
@@ -51,7 +51,7 @@ def list_command(
     quiet: bool = opt.QUIET,
 ) -> None:
     """Every entry: key, kind (result, journal, damaged), script, device, age, size."""
-    from ..cache.manage import entries
+    from autobatch.cache.manage import entries
 
     folder = _folder(config)
     found = entries(folder)
@@ -82,7 +82,7 @@ def show_command(
     quiet: bool = opt.QUIET,
 ) -> None:
     """What an entry was computed from and what it holds."""
-    from ..cache.manage import find
+    from autobatch.cache.manage import find
 
     folder = _folder(config)
     found = find(folder, key)
@@ -110,7 +110,7 @@ def clear_command(
     quiet: bool = opt.QUIET,
 ) -> None:
     """Remove every entry, or those older than AGE."""
-    from ..cache.manage import clear, parse_age
+    from autobatch.cache.manage import clear, parse_age
 
     age = parse_age(older_than) if older_than is not None else None
     folder = _folder(config)
@@ -142,8 +142,8 @@ def _show(entry: Entry) -> None:
 
 
 def _show_result(data: dict[str, Any]) -> None:
-    from ..result import TuneResult
-    from .tune import print_chosen, print_table
+    from autobatch.cli.tune import print_chosen, print_table
+    from autobatch.records.result import TuneResult
 
     inputs = data.get("inputs", {})
     console.print(f"made {data.get('made')}; computed from:", highlight=False)

@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.markup import escape
 
-from ..core.units import format_bytes
-from ..errors import EXIT_OOM
-from . import options as opt
-from .app import app, console, stdout_write
-from .progress import Output
+from autobatch.cli import options as opt
+from autobatch.cli.app import app, console, stdout_write
+from autobatch.cli.progress import Output
+from autobatch.core.units import format_bytes
+from autobatch.errors import EXIT_OOM
 
 if TYPE_CHECKING:
-    from ..check_result import CheckResult
-    from ..core.space import Combo
-    from ..devices.budget import DeviceInfo
+    from autobatch.core.space import Combo
+    from autobatch.devices.budget import DeviceInfo
+    from autobatch.records.check import CheckResult
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -58,8 +58,8 @@ def check(
     settings = opt.load(locals())
     n_steps = n_steps or settings.probe.confirm_steps
 
-    from ..check_result import check_batch
-    from ..core.space import Combo
+    from autobatch.core.space import Combo
+    from autobatch.run.check import check_batch
 
     combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], one_recompute)
     out = Output()

@@ -17,13 +17,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.units import format_bytes
-from . import options as opt
-from .app import app, console, stdout_write
-from .progress import Output
+from autobatch.cli import options as opt
+from autobatch.cli.app import app, console, stdout_write
+from autobatch.cli.progress import Output
+from autobatch.core.units import format_bytes
 
 if TYPE_CHECKING:
-    from ..devices.inventory import Gpu, Inventory
+    from autobatch.devices.inventory import Gpu, Inventory
 
 
 @app.command("devices")
@@ -38,7 +38,7 @@ def devices(
     quiet: bool = opt.QUIET,
 ) -> None:
     """List the visible GPUs (memory, processes, MIG instances) and the host's memory."""
-    from ..devices import inventory as inv
+    from autobatch.devices import inventory as inv
 
     inventory = inv.read_inventory()
     if node_type:

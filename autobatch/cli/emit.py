@@ -61,7 +61,7 @@ def emit_command(
 ) -> None:
     """Write launcher configs (DeepSpeed, HF, Lightning, accelerate, env, json, toml) from a saved result."""
     from autobatch.emit import emit, make_options, parse_emit_spec, report
-    from autobatch.result import TuneResult
+    from autobatch.records.result import TuneResult
 
     specs = [parse_emit_spec(spec) for spec in formats]
     if output is not None:

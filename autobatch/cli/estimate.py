@@ -24,11 +24,11 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from ..core.units import format_bytes
-from ..errors import ProbeFailure
-from ..scriptpath import check_script_path
-from . import options as opt
-from .app import app, console, stdout_write
+from autobatch.cli import options as opt
+from autobatch.cli.app import app, console, stdout_write
+from autobatch.core.units import format_bytes
+from autobatch.errors import ProbeFailure
+from autobatch.step.scriptpath import check_script_path
 
 CAVEATS_CUDA = (
     "estimate, not a measurement: the step ran under fake tensors with PyTorch's CPU kernels. On a real GPU, "
@@ -73,7 +73,7 @@ def estimate(
     quiet: bool = opt.QUIET,
 ) -> None:
     """Predict each combination's maximum batch on a card (or the CPU) with fake tensors: no real allocation."""
-    from ..explain.pure.cards import CARDS
+    from autobatch.explain.pure.cards import CARDS
 
     if list_cards:
         _print_cards(CARDS, as_json)
@@ -82,10 +82,10 @@ def estimate(
     script_path = settings.require_script()
     check_script_path(script_path)
     if plot is not None:
-        from ..explain.output.plot import check_plot_path
+        from autobatch.explain.output.plot import check_plot_path
 
         check_plot_path(plot)
-    from ..explain.parent.estimator import Target, estimate_combinations
+    from autobatch.explain.parent.estimator import Target, estimate_combinations
 
     target = Target.resolve(
         card=card,
@@ -99,7 +99,7 @@ def estimate(
     result = estimate_combinations(
         settings, target, progress=lambda text: console.print(f"[dim]  {escape(text)}[/]")
     )
-    from ..explain.output.render import print_estimate
+    from autobatch.explain.output.render import print_estimate
 
     budget = result.device["budget_bytes"]
     print_estimate(
@@ -109,7 +109,7 @@ def estimate(
         console.print(f"[dim]- {escape(note)}[/]")
     console.print(f"[yellow]note[/]: {escape(CAVEATS_CPU if target.kind == 'cpu' else CAVEATS_CUDA)}")
     if plot is not None:
-        from ..explain.output.plot import plot_tune
+        from autobatch.explain.output.plot import plot_tune
 
         plot_tune(result, plot)
         console.print(f"plot written to {plot} (points: simulated batch sizes)")

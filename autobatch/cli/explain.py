@@ -17,10 +17,10 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from ..core.units import format_bytes
-from ..errors import UsageError
-from . import options as opt
-from .app import app, console, stdout_write
+from autobatch.cli import options as opt
+from autobatch.cli.app import app, console, stdout_write
+from autobatch.core.units import format_bytes
+from autobatch.errors import UsageError
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -62,13 +62,13 @@ def explain(
     settings = opt.load(locals())
     script_path = settings.require_script()
     if plot is not None:
-        from ..explain.output.plot import check_plot_path
+        from autobatch.explain.output.plot import check_plot_path
 
         check_plot_path(plot)
 
-    from ..core.space import Combo
-    from ..explain.parent.explainer import explain_batch
-    from ..explain.pure.options import OP_MODULES
+    from autobatch.core.space import Combo
+    from autobatch.explain.parent.explainer import explain_batch
+    from autobatch.explain.pure.options import OP_MODULES
 
     combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], one_recompute)
     limits = settings.limits()
@@ -96,7 +96,7 @@ def explain(
     data = report.to_dict()
     _print_report(report, data, combo.key, info.name, verify)
     if plot is not None:
-        from ..explain.output.plot import plot_explain
+        from autobatch.explain.output.plot import plot_explain
 
         plot_explain(data, plot)
         console.print(f"plot written to {plot}")
@@ -105,7 +105,7 @@ def explain(
 
 
 def _print_report(report: Any, data: dict[str, Any], key: str, device: str, verify: bool) -> None:
-    from ..explain.output.render import print_breakdown, print_levers, print_modules
+    from autobatch.explain.output.render import print_breakdown, print_levers, print_modules
 
     verdict = "[green]fits[/]" if report.fits else f"[yellow]does not fit[/] ({report.kind})"
     console.print(
@@ -113,7 +113,7 @@ def _print_report(report: Any, data: dict[str, Any], key: str, device: str, veri
         f"{format_bytes(report.peak_bytes)} of budget {format_bytes(report.budget_bytes)}"
     )
     if report.distributed:
-        from ..explain.pure.per_rank import rank_peaks_line
+        from autobatch.explain.pure.per_rank import rank_peaks_line
 
         dist = report.distributed
         peaks = [{"rank": r, "peak_bytes": p} for r, p in enumerate(dist["rank_peak_bytes"])]

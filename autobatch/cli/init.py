@@ -24,7 +24,7 @@ def init(
     quiet: bool = opt.QUIET,
 ) -> None:
     """Write a commented starter autobatch.toml: every key, its default and what it does."""
-    from autobatch.files import write_atomic
+    from autobatch.records.files import write_atomic
     from autobatch.settings import render_starter_toml
 
     if path.is_dir():

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
-    from ..session import OnProbe, Session
-    from ..settings import Settings
-    from .progress import Output
+    from autobatch.cli.progress import Output
+    from autobatch.run.session import OnProbe, Session
+    from autobatch.settings import Settings
 
 
 def _help(name: str) -> str:
     try:
-        from ..settings import help_for
+        from autobatch.settings import help_for
 
         return help_for(name)
     except Exception:  # noqa: BLE001 - help text must never break the CLI
@@ -26,7 +26,7 @@ def _help(name: str) -> str:
 
 
 def _set_verbose(value: bool) -> bool:
-    from .state import STATE
+    from autobatch.cli.state import STATE
 
     if value:
         STATE.verbose = True
@@ -34,8 +34,8 @@ def _set_verbose(value: bool) -> bool:
 
 
 def _set_quiet(value: bool) -> bool:
-    from .app import console
-    from .state import STATE
+    from autobatch.cli.app import console
+    from autobatch.cli.state import STATE
 
     if value:
         STATE.quiet = True
@@ -101,7 +101,7 @@ def overrides(params: dict[str, Any]) -> dict[str, Any]:
 
     None and empty lists are 'not given'; a single precision or optimizer counts as a list of one.
     """
-    from ..settings.docs import BY_NAME
+    from autobatch.settings.docs import BY_NAME
 
     out: dict[str, Any] = {}
     for param, value in params.items():
@@ -120,7 +120,7 @@ def load(params: dict[str, Any]) -> Settings:
     """The settings of a command from its own parameters (``opt.load(locals())``, first thing):
     ``autobatch.toml`` (or ``--config``) < ``AUTOBATCH_*`` < the flags that were given. Parameters
     that are not settings (``batch_size``, ``as_json``, ...) are left out by name."""
-    from ..settings import load_settings
+    from autobatch.settings import load_settings
 
     return load_settings(config=params.get("config"), overrides=overrides(params))
 
@@ -136,11 +136,11 @@ def open_session(
     """The session a command probes through: the probe server (or the runner the CLI state names, in
     tests) on the first device the ``device`` setting names, holding that device's lock while open;
     ``op_modules`` register operations beyond ``probe`` and ``inspect`` (see autobatch.probe.ops)."""
-    from ..devices.targets import resolve_targets
-    from ..locks import DeviceLock
-    from ..session import Session
-    from .progress import Output
-    from .state import STATE
+    from autobatch.cli.progress import Output
+    from autobatch.cli.state import STATE
+    from autobatch.devices.selection import resolve_targets
+    from autobatch.run.locks import DeviceLock
+    from autobatch.run.session import Session
 
     out = out or Output()
     target = resolve_targets(settings.device.device, settings.device.memory)[0]

@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.text import Text
 
-from ..core.units import format_bytes
-from .app import console
-from .state import STATE
+from autobatch.cli.app import console
+from autobatch.cli.state import STATE
+from autobatch.core.units import format_bytes
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-    from ..core.space import Combo
-    from ..probe.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
+    from autobatch.core.space import Combo
+    from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
 
 
 def unwrapped_console() -> Console:
@@ -163,7 +163,7 @@ class LiveProbe:
             pass
 
     def text(self) -> str:
-        from ..probe.progress import read_step
+        from autobatch.probe.progress import read_step
 
         with self._lock:
             request, started = self.request, self.started
@@ -189,14 +189,14 @@ class LiveProbe:
 
 
 class WatchedRunner:
-    """A :class:`~autobatch.probe.protocol.ProbeRunner` that shows each request on the live line."""
+    """A :class:`~autobatch.records.protocol.ProbeRunner` that shows each request on the live line."""
 
     def __init__(self, inner: ProbeRunner, display: LiveProbe) -> None:
         self.inner, self.display = inner, display
         self.torch_version = inner.torch_version
 
     def run(self, request: ProbeRequest) -> ProbeOutcome:
-        from ..probe.progress import OPTION
+        from autobatch.probe.progress import OPTION
 
         if request.op == "probe":
             request = replace(request, options={**request.options, OPTION: self.display.path})

@@ -17,11 +17,11 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
-from .app import console
+from autobatch.cli.app import console
+from autobatch.errors import UsageError
 
 if TYPE_CHECKING:
-    from ..result import TuneResult
+    from autobatch.records.result import TuneResult
 
 FIX = "pass --output PATH (or set [output] result) to a file in a folder you can write"
 
@@ -90,6 +90,6 @@ class ResultSaver:
 
 
 def _write(path: Path, result: TuneResult) -> None:
-    from ..files import write_atomic
+    from autobatch.records.files import write_atomic
 
     write_atomic(path, result.to_json() + "\n")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 if TYPE_CHECKING:
-    from ..probe.protocol import ProbeRunner
+    from autobatch.records.protocol import ProbeRunner
 
 
 @dataclass

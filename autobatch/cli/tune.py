@@ -12,18 +12,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.units import format_bytes
-from ..errors import AutobatchError, UsageError
-from . import options as opt
-from .app import app, console, stdout_write
-from .progress import Output, unwrapped_console
-from .saving import ResultSaver, preflight
+from autobatch.cli import options as opt
+from autobatch.cli.app import app, console, stdout_write
+from autobatch.cli.progress import Output, unwrapped_console
+from autobatch.cli.saving import ResultSaver, preflight
+from autobatch.core.units import format_bytes
+from autobatch.errors import AutobatchError, UsageError
 
 if TYPE_CHECKING:
-    from ..calibrate import Hooks
-    from ..devices.budget import DeviceInfo
-    from ..result import ComboResult, TuneResult
-    from ..settings import Settings
+    from autobatch.devices.budget import DeviceInfo
+    from autobatch.records.result import ComboResult, TuneResult
+    from autobatch.run.calibrate import Hooks
+    from autobatch.settings import Settings
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
@@ -88,14 +88,14 @@ def tune(
     quiet: bool = opt.QUIET,
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
-    from ..result import limited_failure
-    from ..session import spec_from_settings
+    from autobatch.records.result import limited_failure
+    from autobatch.run.session import spec_from_settings
 
     settings = opt.load(locals())
     script_path = spec_from_settings(settings).label
     world, world_source = _world(settings)
     if plot is not None:
-        from ..explain.output.plot import check_plot_path
+        from autobatch.explain.output.plot import check_plot_path
 
         check_plot_path(plot)  # before any probe
     saver = ResultSaver(Path(settings.output.result))
@@ -109,7 +109,7 @@ def tune(
     saver.finish(result)
     out.status(f"result written to {settings.output.result}")
     if plot is not None:
-        from ..explain.output.plot import plot_tune
+        from autobatch.explain.output.plot import plot_tune
 
         plot_tune(result, plot)
         out.status(f"plot written to {plot}")
@@ -126,8 +126,8 @@ def tune(
 def _world(settings: Settings) -> tuple[int, str]:
     """The world size (a strategy implies one) and where it came from; every process needs at least one
     micro-batch (of ``batch_multiple`` samples) of the global batch per step."""
-    from ..core.strategy import strategy_world
-    from ..settings import resolve_world_size
+    from autobatch.core.world import strategy_world
+    from autobatch.settings import resolve_world_size
 
     world, source = resolve_world_size(settings.plan.world_size, os.environ)
     dist = settings.distributed
@@ -153,9 +153,9 @@ def run_tune(
     out: Output | None = None,
     saver: ResultSaver | None = None,
 ) -> TuneResult:
-    """Run the tune (:func:`autobatch.calibrate.calibrate`), saving the result after every probe; on
+    """Run the tune (:func:`autobatch.run.calibrate.calibrate`), saving the result after every probe; on
     failure or interruption, save and show what was measured, then re-raise."""
-    from ..calibrate import calibrate
+    from autobatch.run.calibrate import calibrate
 
     out = out or Output()
     save = saver or ResultSaver(Path(settings.output.result))
@@ -182,12 +182,12 @@ def run_tune(
 
 
 def _hooks(settings: Settings, out: Output, update: Callable[[TuneResult], None]) -> Hooks:
-    from ..calibrate import Hooks
-    from .state import STATE
+    from autobatch.cli.state import STATE
+    from autobatch.run.calibrate import Hooks
 
     def device(info: DeviceInfo) -> None:
         if info.fell_back:
-            from ..emit import refuse_fallback
+            from autobatch.emit import refuse_fallback
 
             refuse_fallback(settings.output.emit, settings.output.allow_cpu)
             out.warning(info.notes[0])
@@ -241,8 +241,8 @@ def _emit(result: TuneResult, settings: Settings, out: Output) -> None:
     import shlex
     import sys
 
-    from ..emit import emit as emit_files
-    from ..emit import make_options, parse_emit_spec, report
+    from autobatch.emit import emit as emit_files
+    from autobatch.emit import make_options, parse_emit_spec, report
 
     specs = [parse_emit_spec(spec) for spec in settings.output.emit]
     options = make_options(

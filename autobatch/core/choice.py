@@ -39,7 +39,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .plan import plan_accumulation
+from autobatch.core.plan import plan_accumulation
 
 __all__ = [
     "EQUIVALENT",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .model import Prediction
+from autobatch.core.model import Prediction
 
 #: The widest bracket (in candidates) the end game plans over (cubic in the width: 64 is ~50k steps).
 WIDTH = 64

@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from .model import Affine
-from .reuse import Prediction
-from .search import Observation, SearchStatus, search_max_batch
-from .space import optimizer_state_bytes
-from .units import format_bytes
+from autobatch.core.model import Affine
+from autobatch.core.reuse import Prediction
+from autobatch.core.search import Observation, SearchStatus, search_max_batch
+from autobatch.core.space import optimizer_state_bytes
+from autobatch.core.units import format_bytes
 
 #: Where the calibration probe goes, as a fraction of the boundary a guessed slope predicts (measured
 #: here: guesses for another precision or recomputation setting were 4-70 % too high).

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model import Affine
-from .space import optimizer_state_bytes
+from autobatch.core.model import Affine
+from autobatch.core.space import optimizer_state_bytes
 
 #: Typical activation-slope ratios against 32-true without recomputation (used until measured).
 SLOPE_RATIOS: dict[tuple[str, bool], float] = {

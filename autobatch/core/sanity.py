@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .units import format_bytes
+from autobatch.core.units import format_bytes
 
 #: Kinds that are not an answer about memory.
 NOT_MEMORY = ("crash", "timeout")

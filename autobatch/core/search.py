@@ -56,8 +56,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from . import endgame
-from .model import Affine, Prediction, model_points, predict, reported_model
+from autobatch.core import endgame
+from autobatch.core.model import Affine, Prediction, model_points, predict, reported_model
 
 __all__ = [
     "KINDS",

@@ -18,7 +18,7 @@ Objective = Literal["throughput", "max-batch"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
-#: Distributed strategies a probe can run (autobatch.step.strategy): one process, DDP, FSDP2.
+#: Distributed strategies a probe can run (autobatch.step.wrapping): one process, DDP, FSDP2.
 STRATEGIES: tuple[str, ...] = ("none", "ddp", "fsdp")
 
 #: Lightning's short precision names (``Trainer(precision="bf16")``), and what Lightning takes them for.

@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.units import format_bytes
-from ..errors import DeviceError, UsageError
+from autobatch.core.units import format_bytes
+from autobatch.errors import DeviceError, UsageError
 
 if TYPE_CHECKING:
-    from ..probe.protocol import ProbeOutcome
+    from autobatch.records.protocol import ProbeOutcome
 
 
 #: The CPU margin's least size: peaks of one probe in fresh processes differ by up to two 1 MiB steps.
@@ -160,7 +160,7 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         "block_params": [int(n) for n in info.get("block_params", [])],
     }
     if device == "cpu":
-        from .cpu import MEMORY_DEFINITION
+        from autobatch.devices.cpu import MEMORY_DEFINITION
 
         capacity = memory or int(info["available_bytes"])
         check_cpu_memory(memory, info.get("total_bytes"))
@@ -177,7 +177,7 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
                 "reaches the cap"
             )
         return info_
-    from . import cuda
+    from autobatch.devices import cuda
 
     snapshot = cuda.CudaSnapshot.from_dict(info["snapshot"])
     found = cuda.cuda_budget(snapshot, memory=memory, headroom=headroom)

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .cuda.nvml import NVML_DEVICE_MIG_ENABLE, _errors, running_processes
-from .visible import Physical, describe_variable, visible_indices
+from autobatch.devices.cuda.nvml import NVML_DEVICE_MIG_ENABLE, _errors, running_processes
+from autobatch.devices.visible import Physical, describe_variable, visible_indices
 
 
 @dataclass

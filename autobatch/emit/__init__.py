@@ -3,7 +3,7 @@
 Each format module has a pure ``render_<fmt>(result, options) -> str`` and a ``caveats(result,
 options) -> list[str]`` (what the file cannot say, or where the consumer differs from the measured
 step). :func:`emit` renders every requested file first, so that a rendering error writes nothing,
-then writes each atomically (:func:`autobatch.files.write_atomic`).
+then writes each atomically (:func:`autobatch.records.files.write_atomic`).
 
 =============  ==============================  ==================================================
 format         default file                    consumer
@@ -36,9 +36,9 @@ from pathlib import Path
 from autobatch.emit import accelerate, deepspeed, env, hf, lightning, whole
 from autobatch.emit.common import EmitOptions, arithmetic, check_device, make_options, require_chosen
 from autobatch.errors import UsageError
-from autobatch.files import write_atomic
-from autobatch.liveness import unfinished
-from autobatch.result import TuneResult
+from autobatch.records.files import write_atomic
+from autobatch.records.liveness import unfinished
+from autobatch.records.result import TuneResult
 
 Renderer = Callable[[TuneResult, EmitOptions], str]
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from autobatch.emit import strategy
+from autobatch.emit import launcher_fields as strategy
 from autobatch.emit.common import EmitOptions, comment_block, on_cpu, provenance, require_chosen
-from autobatch.result import TuneResult
+from autobatch.records.result import TuneResult
 
 MIXED_PRECISION = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16", "bf16-true": "bf16"}
 

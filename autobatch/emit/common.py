@@ -1,6 +1,6 @@
 """What every emitter shares: the options, the chosen plan, and the provenance comment.
 
-Emitters render text from a :class:`~autobatch.result.TuneResult`; this module holds the pieces they
+Emitters render text from a :class:`~autobatch.records.result.TuneResult`; this module holds the pieces they
 all need, so each format module only maps the plan onto its consumer's keys. Nothing here writes a
 file or imports torch or a consumer library.
 """
@@ -16,8 +16,8 @@ from importlib import metadata
 
 from autobatch.core.units import format_bytes
 from autobatch.errors import UsageError
-from autobatch.liveness import RESUME_HINT, unfinished
-from autobatch.result import Chosen, TuneResult
+from autobatch.records.liveness import RESUME_HINT, unfinished
+from autobatch.records.result import Chosen, TuneResult
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 

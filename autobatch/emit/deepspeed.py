@@ -37,10 +37,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autobatch.emit import strategy
+from autobatch.emit import launcher_fields as strategy
 from autobatch.emit.common import SGD_MOMENTUM, EmitOptions, require_chosen
 from autobatch.errors import UsageError
-from autobatch.result import Chosen, TuneResult
+from autobatch.records.result import Chosen, TuneResult
 
 #: autobatch optimizer -> (DeepSpeed ``optimizer.type``, params that make it the same algorithm).
 OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {

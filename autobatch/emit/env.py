@@ -24,7 +24,7 @@ from __future__ import annotations
 import shlex
 
 from autobatch.emit.common import EmitOptions, comment_block, provenance, require_chosen
-from autobatch.result import TuneResult
+from autobatch.records.result import TuneResult
 
 #: Every name this format may write, in order.
 ENV_NAMES: tuple[str, ...] = (

@@ -31,9 +31,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autobatch.emit import strategy
+from autobatch.emit import launcher_fields as strategy
 from autobatch.emit.common import SGD_MOMENTUM, EmitOptions, on_cpu, require_chosen, version_at_least
-from autobatch.result import TuneResult
+from autobatch.records.result import TuneResult
 
 #: autobatch optimizer -> TrainingArguments ``optim`` value (and ``optim_args``).
 OPTIMIZERS: dict[str, tuple[str, str | None]] = {

@@ -23,10 +23,10 @@ from typing import Any
 
 import yaml
 
-from autobatch.emit import strategy
+from autobatch.emit import launcher_fields as strategy
 from autobatch.emit.common import EmitOptions, comment_block, on_cpu, provenance, require_chosen
 from autobatch.errors import UsageError
-from autobatch.result import TuneResult
+from autobatch.records.result import TuneResult
 
 
 def overlay(result: TuneResult, options: EmitOptions) -> dict[str, Any]:

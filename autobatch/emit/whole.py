@@ -14,7 +14,7 @@ from typing import Any
 import tomli_w
 
 from autobatch.emit.common import EmitOptions, comment_block, provenance
-from autobatch.result import TuneResult
+from autobatch.records.result import TuneResult
 
 
 def render_json(result: TuneResult, options: EmitOptions) -> str:

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ProbeFailure
-from .failures import server_error
-from .protocol import ProbeOutcome, ProbeRequest
+from autobatch.errors import ProbeFailure
+from autobatch.records.failures import server_error
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 #: Extra seconds the client waits beyond a probe's own timeout before it gives up on the server.
 SERVER_GRACE = 30.0
@@ -52,7 +52,7 @@ class ProbeClient:
         start_timeout: float = 300.0,
         op_modules: Sequence[str] = (),
     ) -> None:
-        # a script's path, or a script spec record (autobatch.spec) that the server's load_script resolves
+        # a script's path, or a script spec record (autobatch.step.spec) that the server's load_script resolves
         self.script: str | dict[str, Any] = script if isinstance(script, dict) else str(script)
         self._log_dir = tempfile.TemporaryDirectory(prefix="autobatch-")
         self._stderr = open(os.path.join(self._log_dir.name, "server.log"), "wb")  # noqa: SIM115

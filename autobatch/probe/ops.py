@@ -12,7 +12,7 @@ An operation's options are a typed record, a frozen dataclass with ``to_dict`` a
 parent builds the record and sends ``to_dict()`` as :attr:`ProbeRequest.options` (requests cross the
 process boundary as JSON); :func:`dispatch` decodes it with ``from_dict`` before it calls the handler.
 Whatever an operation raises becomes an ``error`` outcome
-(:func:`autobatch.probe.failures.describe_failure`), and so does an operation nobody registered.
+(:func:`autobatch.records.failures.describe_failure`), and so does an operation nobody registered.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import importlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar, overload
 
-from ..errors import ProbeFailure
-from .failures import describe_failure
-from .protocol import ProbeOutcome, ProbeRequest
+from autobatch.errors import ProbeFailure
+from autobatch.records.failures import describe_failure
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 if TYPE_CHECKING:
-    from ..contract import UserScript
+    from autobatch.step.contract import UserScript
 
 #: The module that registers the built-in operations; imported before the client's ``op_modules``.
 BUILTIN_MODULES = ("autobatch.probe.worker",)

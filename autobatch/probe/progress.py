@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from .protocol import ProbeRequest
+from autobatch.records.protocol import ProbeRequest
 
 OPTION = "progress_file"
 

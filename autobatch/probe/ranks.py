@@ -4,7 +4,7 @@ The probe process the server forked for a request with ``strategy`` ``ddp`` or `
 *coordinator*: it forks ``nproc_per_node`` rank processes, watches them and answers with one
 :class:`ProbeOutcome` for the whole group. Each rank initialises the process group (``gloo`` on the
 CPU, ``nccl`` on CUDA, rank ``r`` on ``cuda:r``), applies the budget to itself, builds and wraps the
-model (:mod:`autobatch.step.strategy`), runs the full steps on its own ``make_batch(micro_batch)``
+model (:mod:`autobatch.step.wrapping`), runs the full steps on its own ``make_batch(micro_batch)``
 and reports its own outcome. The probe fits only if every rank fits.
 
 Why fork, not ``torch.multiprocessing.spawn`` or the elastic launcher: the coordinator is a fresh fork
@@ -43,14 +43,14 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..contract import UserScript
-from .protocol import ProbeOutcome, ProbeRequest
-from .server import die_with_parent
+from autobatch.probe.server import die_with_parent
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.step.contract import UserScript
 
 if TYPE_CHECKING:
     import torch
 
-    from ..step.loop import Wrap
+    from autobatch.step.loop import Wrap
 
 #: The share of the probe's timeout the coordinator gives its ranks (the rest: stopping them, answering).
 RANK_TIME_SHARE = 0.9
@@ -264,8 +264,8 @@ def run_rank(
     listening socket): budget, wrapped model, steps."""
     import torch.distributed as dist
 
-    from ..step.strategy import backend_for, wrapper
-    from .failures import describe_failure
+    from autobatch.records.failures import describe_failure
+    from autobatch.step.wrapping import backend_for, wrapper
 
     rank, port, listen_fd = where
     world = request.nproc_per_node

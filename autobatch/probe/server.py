@@ -29,7 +29,7 @@ import time
 import traceback
 from typing import Any
 
-from .protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 PR_SET_PDEATHSIG = 1
 
@@ -109,8 +109,8 @@ def _load(init: dict[str, Any]) -> Any:
     """Import torch, the script and the operations once: everything every probe inherits."""
     import torch  # noqa: F401  (imported once here, inherited by every probe)
 
-    from ..contract import load_script
-    from .ops import load_operations
+    from autobatch.probe.ops import load_operations
+    from autobatch.step.contract import load_script
 
     script = load_script(init["script"], init.get("script_args", []))
     load_operations(init.get("op_modules", []))
@@ -127,7 +127,7 @@ def _load(init: dict[str, Any]) -> Any:
 
 def _startup_error(exc: BaseException) -> dict[str, Any]:
     """The ``error`` of a ``ready: false`` message (autobatch's errors with their hint and exit code)."""
-    from ..errors import AutobatchError
+    from autobatch.errors import AutobatchError
 
     error: dict[str, Any] = {
         "type": type(exc).__name__,
@@ -241,7 +241,7 @@ def _child(request: ProbeRequest, script: Any, write_fd: int, log_path: str) -> 
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
-        from .ops import dispatch
+        from autobatch.probe.ops import dispatch
 
         outcome = dispatch(request, script)
         data = json.dumps(outcome.to_dict()).encode()

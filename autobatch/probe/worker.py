@@ -12,19 +12,19 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..contract import UserScript, check_model
-from ..core.units import format_bytes
-from ..devices.budget import margin_reason
-from ..devices.cuda.budget import CudaStepStats, judge_step
-from ..errors import AutobatchError
-from ..oom import classify_exception
-from . import progress
-from .failures import describe_failure
-from .ops import register
-from .protocol import ProbeOutcome, ProbeRequest
+from autobatch.core.units import format_bytes
+from autobatch.devices.budget import margin_reason
+from autobatch.devices.cuda.budget import CudaStepStats, judge_step
+from autobatch.errors import AutobatchError
+from autobatch.probe import progress
+from autobatch.probe.oom import classify_exception
+from autobatch.probe.ops import register
+from autobatch.records.failures import describe_failure
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.step.contract import UserScript, check_model
 
 if TYPE_CHECKING:
-    from ..step.loop import StepReport, Wrap
+    from autobatch.step.loop import StepReport, Wrap
 
 PRECISION_CHECKS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
@@ -34,7 +34,7 @@ def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     """One probe: the steps of the request's combination and batch size, under its budget
     (a distributed strategy runs them on every rank: :mod:`autobatch.probe.ranks`)."""
     if request.strategy != "none":
-        from .ranks import run_ranks
+        from autobatch.probe.ranks import run_ranks
 
         # no rank stops at the search's line on its own: the others would wait for it in a collective
         return run_ranks(replace(request, stop_above_bytes=None), script, measure_steps)
@@ -46,7 +46,7 @@ def measure_steps(
 ) -> ProbeOutcome:
     """Apply the budget, run the steps, measure: the probe proper (explain wraps the script first;
     ``wrap``: a distributed strategy's model wrapper, on one rank)."""
-    from ..step.loop import StepConfig, StepReport, run_steps
+    from autobatch.step.loop import StepConfig, StepReport, run_steps
 
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
     outcome.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
@@ -131,7 +131,7 @@ def _load_meter(request: ProbeRequest) -> Callable[[], float | None]:
     wall time (a timing none of whose threads waited measures the step's own cost); elsewhere, nothing."""
     if request.device != "cpu":
         return lambda: None
-    from ..devices import cpu
+    from autobatch.devices import cpu
 
     start = cpu.read_run_wait()
     return lambda: cpu.waiting_share(start, cpu.read_run_wait())
@@ -151,7 +151,7 @@ def _device_hooks(
     import torch
 
     if request.device == "cpu":
-        from ..devices import cpu
+        from autobatch.devices import cpu
 
         cpu.apply_cap(request.budget_bytes)
         _start_thread_pool()
@@ -159,8 +159,8 @@ def _device_hooks(
         outcome.baseline_bytes = vm0.data
         return (lambda: cpu.peak_data_bytes(vm0, cpu.read_status())), (lambda: None), (lambda _o: None)
 
-    from ..devices.cuda import runtime
-    from ..devices.cuda.nvml import open_nvml
+    from autobatch.devices.cuda import runtime
+    from autobatch.devices.cuda.nvml import open_nvml
 
     index = torch.device(request.device).index or 0
     torch.cuda.set_device(index)
@@ -200,8 +200,8 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     """Build the model once (no budget) and report what the runner needs to plan the search."""
     import torch
 
-    from ..step.loop import tiny_step
-    from ..step.recompute import detect_blocks
+    from autobatch.step.loop import tiny_step
+    from autobatch.step.recompute import detect_blocks
 
     outcome = ProbeOutcome(kind="fits")
     info: dict[str, Any] = {}
@@ -219,13 +219,13 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     device = torch.device(request.device)
     unsupported: dict[str, str] = {}
     if device.type == "cuda":
-        from ..devices.cuda import runtime
+        from autobatch.devices.cuda import runtime
 
         index = device.index or 0
         info["snapshot"] = runtime.snapshot_dict(index)
         unsupported.update({k: v for k, v in runtime.capabilities(index).items() if v})
     else:
-        from ..devices import cpu
+        from autobatch.devices import cpu
 
         info["cuda_available"] = bool(torch.cuda.is_available())
         info["available_bytes"] = cpu.available_bytes()

@@ -10,9 +10,9 @@ with ``OMP_WAIT_POLICY=PASSIVE`` (threads that sleep while they wait), which cos
 passive is no default, only the answer to a machine that is busy. Memory is the same under both.
 
 The rule: after the first probe whose threads waited for a core at least :data:`STALLED_WAIT` of its wall
-time (:attr:`~autobatch.probe.protocol.ProbeOutcome.cpu_wait`; CPU only), the server restarts with
+time (:attr:`~autobatch.records.protocol.ProbeOutcome.cpu_wait`; CPU only), the server restarts with
 :data:`YIELDING_ENV` before its next operation, once, and the result says so. Step times measured under
-one policy are compared only with those measured under the same one (:class:`autobatch.throughput.StepTimes`).
+one policy are compared only with those measured under the same one (:class:`autobatch.run.throughput.StepTimes`).
 A user who sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` keeps it: the probes run as their job does. The
 root ``autobatch.toml`` tune beside one busy core: 250 s before, 55 s with the rule
 (``scripts/results/benchmark-history.md``).
@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
-from .client import ProbeClient
-from .protocol import ProbeOutcome, ProbeRequest
+from autobatch.probe.client import ProbeClient
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 #: What the restarted server's probes inherit: OpenMP threads that sleep while they wait.
 YIELDING_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}

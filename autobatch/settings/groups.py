@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Optional
 
 from autobatch.core.maximum import Limits
+from autobatch.core.references import HF_TASKS
 from autobatch.core.space import (
     OBJECTIVES,
     OPTIMIZERS,
@@ -21,7 +22,6 @@ from autobatch.core.space import (
     STRATEGIES,
     canonical_precision,
 )
-from autobatch.core.targets import HF_TASKS
 from autobatch.errors import ConfigError, UsageError
 from autobatch.settings.values import HINT, Bad, coerce, plain, setting
 

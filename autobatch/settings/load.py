@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python < 3.11 only
     import tomli as tomllib
 
-from autobatch.core.targets import is_file_target, is_reference, split_target
+from autobatch.core.references import is_file_target, is_reference, split_target
 from autobatch.errors import ConfigError
 from autobatch.settings.docs import BY_NAME, FIELDS, META
 from autobatch.settings.groups import GROUPS, SECTIONS, Settings, relations

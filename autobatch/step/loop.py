@@ -23,9 +23,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..contract import UserScript, check_batch, check_finite_loss, check_loss, check_model
-from .optimizers import build_optimizer, optimizer_state_bytes
-from .recompute import wrap_recompute
+from autobatch.step.contract import UserScript, check_batch, check_finite_loss, check_loss, check_model
+from autobatch.step.optimizers import build_optimizer, optimizer_state_bytes
+from autobatch.step.recompute import wrap_recompute
 
 #: The loss scale a fake ``16-mixed`` step multiplies the loss by (GradScaler's initial scale).
 LOSS_SCALE = 65536.0
@@ -42,7 +42,7 @@ class StepConfig:
     device: str = "cpu"
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     recompute_classes: tuple[str, ...] = ()  # empty: the script's RECOMPUTE_CLASSES, else detected
-    check_batch_size: bool = True  # see autobatch.contract.check_batch
+    check_batch_size: bool = True  # see autobatch.step.contract.check_batch
 
 
 @dataclass
@@ -159,7 +159,7 @@ def build_step(
     """Build the model (recomputation, precision, device, ``wrap``), the optimizer and the batch.
 
     ``report`` gets the parameters and the recomputed blocks; ``fake``: see the module docstring;
-    ``wrap``: a distributed strategy's wrapper (:mod:`autobatch.step.strategy`).
+    ``wrap``: a distributed strategy's wrapper (:mod:`autobatch.step.wrapping`).
     """
     device = torch.device(config.device)
     model = check_model(script.build_model())

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UsageError
+from autobatch.errors import UsageError
 
 
 def build_optimizer(name: str, params: Any, kwargs: dict[str, Any] | None = None) -> torch.optim.Optimizer:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..errors import NoBlocksError
+from autobatch.errors import NoBlocksError
 
 
 def detect_blocks(model: torch.nn.Module) -> tuple[str, ...]:

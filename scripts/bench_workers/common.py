@@ -87,8 +87,8 @@ def vm_data() -> int:
 
 def load_workload(request: Request) -> Any:
     """Import the workload the way autobatch does (never as __main__), plus the modules probes preload."""
-    from autobatch.contract import load_script
     from autobatch.probe.server import preload
+    from autobatch.step.contract import load_script
 
     script = load_script(request.script, request.script_args)
     preload()

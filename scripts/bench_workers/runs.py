@@ -318,7 +318,7 @@ def _client(workload: Workload) -> Any:
 
 
 def _request(batch_size: int, budget: int, steps: int) -> Any:
-    from autobatch.probe.protocol import ProbeRequest
+    from autobatch.records.protocol import ProbeRequest
 
     return ProbeRequest(
         batch_size=batch_size, precision="32-true", optimizer="adamw", recompute=False,

@@ -15,11 +15,11 @@ from support import run_main
 import autobatch
 from autobatch.api import _spec
 from autobatch.cli.state import STATE
-from autobatch.contract import load_spec
 from autobatch.devices.budget import margin_bytes
 from autobatch.errors import NothingFitsError, UsageError
-from autobatch.schema import result_problems
+from autobatch.records.schema import result_problems
 from autobatch.settings import FIELDS, load_settings
+from autobatch.step.contract import load_spec
 from autobatch.testing import FakeRunner, affine, true_max
 
 GiB, MiB = 1 << 30, 1 << 20

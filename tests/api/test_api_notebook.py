@@ -88,6 +88,6 @@ def test_callables_in_main_get_the_clis_exact_maximum(tmp_path: Path) -> None:
     assert mine["max_batch_size"] == theirs["max_batch_size"] > 1
     assert api["chosen"]["micro_batch_size"] == from_cli["chosen"]["micro_batch_size"]
 
-    from autobatch.schema import result_problems
+    from autobatch.records.schema import result_problems
 
     assert result_problems(api) == [] and result_problems(from_cli) == []  # real results match the schema

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from autobatch.cache import CacheFolder, ProbeJournal
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 
 def request(batch: int, optimizer: str = "adamw") -> ProbeRequest:

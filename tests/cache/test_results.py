@@ -13,7 +13,7 @@ from autobatch.cache import CacheFolder, ResultStore, TuneInputs
 from autobatch.cache.manage import clear, entries, find, parse_age
 from autobatch.cache.results import busier, served
 from autobatch.errors import UsageError
-from autobatch.result import Chosen, ComboResult, ProbeRecord, TuneResult
+from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult
 
 GiB = 1 << 30
 

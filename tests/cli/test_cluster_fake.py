@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support import ROOT, run_main, wire_fake_runner
 
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.testing import FakeRunner, affine
 
 MiB = 1 << 20
@@ -212,8 +212,8 @@ def test_every_command_accepts_verbose_and_quiet_after_its_name() -> None:
 
 
 def test_the_lock_makes_a_second_run_wait_and_say_for_whom(fake: FakeRunner) -> None:
-    from autobatch.devices.targets import cpu_target
-    from autobatch.locks import DeviceLock
+    from autobatch.devices.selection import cpu_target
+    from autobatch.run.locks import DeviceLock
     from autobatch.settings import load_settings
 
     target = cpu_target(1 << 30)
@@ -300,7 +300,7 @@ def test_two_concurrent_tunes_get_identical_results_and_never_probe_at_once(tmp_
 
 def test_in_a_log_the_table_and_notes_are_never_wrapped(capfd: pytest.CaptureFixture[str]) -> None:
     from autobatch.cli.tune import print_chosen, print_table
-    from autobatch.result import Chosen, ComboResult, TuneResult
+    from autobatch.records.result import Chosen, ComboResult, TuneResult
 
     reason = "bf16 is not native here: " + "y" * 300
     result = TuneResult(

@@ -138,7 +138,7 @@ def test_explain_verify_confirms_each_lever_as_tune_does(fake: FakeRunner) -> No
 
 
 def test_a_script_error_is_reported_with_exit_3(fake: FakeRunner, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autobatch.probe.protocol import ProbeOutcome
+    from autobatch.records.protocol import ProbeOutcome
 
     def broken(request: object) -> ProbeOutcome:
         return ProbeOutcome(kind="error", error_type="ValueError", error_message="bad batch", traceback="tb")

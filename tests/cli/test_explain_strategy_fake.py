@@ -13,7 +13,7 @@ from support import run_main, wire_fake_runner
 
 from autobatch.errors import EXIT_USAGE
 from autobatch.explain.pure.per_rank import merge_ranks, rank_summary
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.testing import FakeRunner, affine
 
 MiB = 1 << 20

@@ -9,7 +9,7 @@ import pytest
 from autobatch.cli.progress import LiveProbe, Output, WatchedRunner
 from autobatch.core.space import Combo
 from autobatch.probe.progress import OPTION, read_step, reporting
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.step.loop import StepReport
 from autobatch.testing import FakeRunner, affine
 

@@ -16,14 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autobatch.core.model import LIKELY_SHORT
-from autobatch.core.search import (
-    SLACK,
-    Affine,
-    Observation,
-    SearchResult,
-    probe_bound,
-    search_max_batch,
-)
+from autobatch.core.search import SLACK, Affine, Observation, SearchResult, probe_bound, search_max_batch
 from autobatch.testing import Curve, FakeProbe, affine, noisy, plateau, quadratic, staircase, true_max
 
 BUDGET = 2**30

@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 
 from autobatch.core.maximum import SCOUT_CANDIDATES, Limits, StaticMemory, find_maximum
 from autobatch.core.model import Affine
-from autobatch.core.search import Observation
-from autobatch.core.strategy_prior import (
+from autobatch.core.rank_prior import (
     RankState,
     basis,
     curve_of,
@@ -18,6 +17,7 @@ from autobatch.core.strategy_prior import (
     rank_line,
     strategy_prior,
 )
+from autobatch.core.search import Observation
 from autobatch.testing import FakeStepProbe, affine, true_max
 
 MiB = 2**20

@@ -13,7 +13,7 @@ import pytest
 from fake_nvml import A, B, FakeDevice, FakeNvml, GiB, M, MiB, machine, proc
 
 from autobatch.devices.inventory import read_inventory
-from autobatch.devices.targets import targets_for
+from autobatch.devices.selection import targets_for
 from autobatch.devices.visible import Physical, visible_indices
 
 C = "GPU-cccccccc-1111-2222-3333-444444444444"

@@ -6,7 +6,7 @@ import pytest
 from emit_cases import OPTIONS, realistic_result
 
 from autobatch.emit import EmitOptions
-from autobatch.result import TuneResult
+from autobatch.records.result import TuneResult
 
 
 @pytest.fixture

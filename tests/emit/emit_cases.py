@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autobatch.emit import EmitOptions
-from autobatch.result import Chosen, ComboResult, ProbeRecord, TuneResult
+from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 DATA = Path(__file__).resolve().parent / "data"

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import autobatch.cli.emit  # noqa: F401  (registers the command on the app)
 from autobatch.cli.app import app
 from autobatch.errors import UsageError
-from autobatch.result import TuneResult
+from autobatch.records.result import TuneResult
 
 ROOT = Path(__file__).resolve().parents[2]
 

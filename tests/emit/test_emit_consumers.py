@@ -24,7 +24,7 @@ from emit_cases import BY_NAME, CASE_IDS, CASES, DATA, OPTIONS, Case
 
 from autobatch.emit import common, render
 from autobatch.emit import env as env_format
-from autobatch.result import TuneResult
+from autobatch.records.result import TuneResult
 
 try:
     import tomllib

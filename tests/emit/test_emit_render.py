@@ -21,7 +21,7 @@ from autobatch.emit.hf import checkpointing_key
 from autobatch.emit.lightning import overlay
 from autobatch.emit.whole import drop_none
 from autobatch.errors import UsageError
-from autobatch.result import TuneResult
+from autobatch.records.result import TuneResult
 
 try:
     import tomllib

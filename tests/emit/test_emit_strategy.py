@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from emit_cases import BY_NAME, OPTIONS
 
-from autobatch.core.strategy import strategy_fields, strategy_world
+from autobatch.core.world import strategy_fields, strategy_world
 from autobatch.emit import render
-from autobatch.result import TuneResult
+from autobatch.records.result import TuneResult
 
 pytestmark = pytest.mark.consumers
 

@@ -20,7 +20,7 @@ from autobatch.explain.pure.maxima import (
     to_combo_result,
 )
 from autobatch.explain.pure.records import Scenario
-from autobatch.result import ComboResult
+from autobatch.records.result import ComboResult
 
 SCENARIO = Scenario("32-true", "adamw", False)
 

@@ -22,7 +22,7 @@ ARGS = ["--width", "256", "--depth", "8", "--tokens", "1", "--in-features", "256
 
 CHILD = """
 import json, sys
-from autobatch.contract import load_script
+from autobatch.step.contract import load_script
 from autobatch.explain.pure.records import Scenario
 from autobatch.explain.worker.ranks import rank_of
 from autobatch.explain.worker.simulate import simulate

@@ -16,12 +16,12 @@ import pytest
 import torch
 from torch import nn
 
-from autobatch.contract import UserScript
 from autobatch.core.space import optimizer_state_bytes
 from autobatch.explain.pure.records import Scenario, Transforms
 from autobatch.explain.worker.breakdown import Instrument
 from autobatch.explain.worker.simulate import simulate
 from autobatch.explain.worker.tracker import MemoryTracker
+from autobatch.step.contract import UserScript
 from autobatch.step.loop import StepConfig, StepReport, run_steps
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from autobatch.core.units import format_bytes
 from autobatch.explain.pure.per_rank import merge_ranks, rank_peaks_line, rank_summary, worst_rank
-from autobatch.explain.pure.strategy_levers import COMPUTED, line_max, strategy_lever
-from autobatch.probe.protocol import ProbeOutcome
+from autobatch.explain.pure.sharding_lever import COMPUTED, line_max, strategy_lever
+from autobatch.records.protocol import ProbeOutcome
 
 MiB = 1 << 20
 
@@ -86,7 +86,7 @@ def test_the_line_maximum_respects_the_limits() -> None:
 
 def test_levers_that_cannot_run_under_the_strategy_are_not_offered() -> None:
     from autobatch.explain.pure.levers import Lever
-    from autobatch.explain.pure.strategy_levers import offered
+    from autobatch.explain.pure.sharding_lever import offered
 
     now = Lever("now", "now", "as measured")
     adafactor = Lever("optimizer adafactor", "optimizer", "adafactor instead of adamw", applicable=False)

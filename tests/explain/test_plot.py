@@ -12,7 +12,7 @@ from rich.console import Console
 from autobatch.errors import UsageError
 from autobatch.explain.output.plot import check_plot_path, plot_explain, plot_tune
 from autobatch.explain.output.render import category_bar, print_breakdown, print_levers, print_modules
-from autobatch.result import ComboResult, ProbeRecord, TuneResult
+from autobatch.records.result import ComboResult, ProbeRecord, TuneResult
 
 MiB = 1 << 20
 

@@ -13,13 +13,14 @@ pytestmark = pytest.mark.consumers
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
+from autobatch.integrations.hf import apply_to_training_arguments  # noqa: E402
 from hf_configs import bert, gpt2  # noqa: E402
 
-from autobatch.contract import load_script, load_spec  # noqa: E402
 from autobatch.errors import ContractError, UsageError  # noqa: E402
-from autobatch.integrations.hf import HFScript, apply_to_training_arguments  # noqa: E402
-from autobatch.result import Chosen, TuneResult  # noqa: E402
-from autobatch.spec import ScriptSpec  # noqa: E402
+from autobatch.records.result import Chosen, TuneResult  # noqa: E402
+from autobatch.step.contract import load_script, load_spec  # noqa: E402
+from autobatch.step.hf import HFScript
+from autobatch.step.spec import ScriptSpec  # noqa: E402
 
 
 def test_a_causal_lm_from_its_config(tmp_path: Path) -> None:

@@ -59,6 +59,6 @@ def test_tune_hf_finds_exact_maxima_that_check_confirms(tmp_path: Path, model: s
     check = check_hf(tmp_path, recomputed, *args, "--recompute")  # a fresh server, a fresh probe
     assert check["fits"], check
 
-    from autobatch.schema import result_problems
+    from autobatch.records.schema import result_problems
 
     assert result_problems(result) == []  # a real result matches the published schema

@@ -15,15 +15,11 @@ import cloudpickle  # noqa: E402
 import torch  # noqa: E402
 from lit_app import Holder, LitData, LitMLP, ManualStep, NoBatchSize  # noqa: E402
 
-from autobatch.contract import load_spec  # noqa: E402
 from autobatch.errors import ContractError, UsageError  # noqa: E402
-from autobatch.integrations.lightning import (  # noqa: E402
-    LightningScript,
-    optimizer_name,
-    recipe,
-    set_batch_size,
-)
-from autobatch.spec import ScriptSpec  # noqa: E402
+from autobatch.integrations.lightning import optimizer_name
+from autobatch.step.contract import load_spec  # noqa: E402
+from autobatch.step.lightning import LightningScript, recipe, set_batch_size
+from autobatch.step.spec import ScriptSpec  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 APP = HERE / "lit_app.py"

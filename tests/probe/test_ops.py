@@ -9,8 +9,8 @@ import pytest
 
 from autobatch.errors import ProbeFailure, ScriptError
 from autobatch.probe import ops
-from autobatch.probe.failures import raise_for
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.failures import raise_for
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from support import EXAMPLES, SCRIPTS, cpu_session
 from autobatch.core.space import Combo
 from autobatch.errors import ScriptError
 from autobatch.probe.client import ProbeClient
-from autobatch.probe.protocol import ProbeRequest
-from autobatch.probe.readings import observation
+from autobatch.records.protocol import ProbeRequest
+from autobatch.records.readings import observation
 
 pytestmark = pytest.mark.slow  # every test starts a probe server
 

@@ -11,7 +11,7 @@ from support import EXAMPLES, SCRIPTS
 
 from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.probe.client import ProbeClient
-from autobatch.probe.protocol import ProbeRequest
+from autobatch.records.protocol import ProbeRequest
 
 pytestmark = pytest.mark.slow  # every test starts a probe server
 

@@ -19,9 +19,9 @@ from autobatch.core.space import Combo
 from autobatch.devices.budget import device_info
 from autobatch.devices.cuda import runtime
 from autobatch.devices.cuda.budget import CudaSnapshot, CudaStepStats, cuda_budget
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
 from autobatch.probe.worker import _device_hooks, cuda_verdict
-from autobatch.session import Session
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.run.session import Session
 
 LIMIT = 70 * GiB
 

@@ -15,9 +15,9 @@ from support import EXAMPLES, cpu_session
 
 from autobatch.core.space import Combo
 from autobatch.probe.client import ProbeClient
-from autobatch.probe.protocol import ProbeOutcome
 from autobatch.probe.yielding import STALLED_WAIT, YieldingRunner, stalled
-from autobatch.session import Session
+from autobatch.records.protocol import ProbeOutcome
+from autobatch.run.session import Session
 
 pytestmark = pytest.mark.slow  # every test starts a probe server
 

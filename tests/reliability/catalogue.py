@@ -20,13 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autobatch.errors import (
-    EXIT_DEVICE,
-    EXIT_NOTHING_FITS,
-    EXIT_PROBE_FAILURE,
-    EXIT_SCRIPT,
-    EXIT_USAGE,
-)
+from autobatch.errors import EXIT_DEVICE, EXIT_NOTHING_FITS, EXIT_PROBE_FAILURE, EXIT_SCRIPT, EXIT_USAGE
 
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent

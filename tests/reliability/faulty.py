@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.testing import FakeRunner
 
 

@@ -1,9 +1,9 @@
 """A probe runner that runs the real contract checks in this process (no server, no fork, no cap).
 
-It loads the script with :func:`autobatch.contract.load_script` (what the probe server does at start),
+It loads the script with :func:`autobatch.step.contract.load_script` (what the probe server does at start),
 answers ``inspect`` with the real operation, and runs a ``probe`` as one real step through
 :func:`autobatch.step.loop.run_steps`, translating any exception with the real
-:func:`autobatch.probe.failures.describe_failure`. Memory is not measured: a probe that ran fits or
+:func:`autobatch.records.failures.describe_failure`. Memory is not measured: a probe that ran fits or
 not by a synthetic curve. So the catalogue checks every contract message in milliseconds; the probe
 server's own isolation is exercised by the slow tests.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autobatch.contract import load_script
-from autobatch.probe.failures import describe_failure
 from autobatch.probe.ops import dispatch, load_operations
-from autobatch.probe.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.failures import describe_failure
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.step.contract import load_script
 from autobatch.testing import affine
 
 MiB = 1 << 20

@@ -15,7 +15,7 @@ from support import run_main
 from autobatch.cli.state import STATE
 from autobatch.devices.budget import margin_bytes
 from autobatch.errors import EXIT_PROBE_FAILURE
-from autobatch.probe.protocol import ProbeRequest
+from autobatch.records.protocol import ProbeRequest
 from autobatch.settings import FIELDS
 from autobatch.testing import affine, true_max
 

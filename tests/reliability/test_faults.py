@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autobatch.liveness import run_state
+from autobatch.records.liveness import run_state
 
 from . import faults
 from .catalogue import BAD

@@ -78,7 +78,7 @@ def test_a_full_disk_shows_the_answer_names_the_fix_and_keeps_the_old_file(
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("autobatch.files.os.fsync", full)
+    monkeypatch.setattr("autobatch.records.files.os.fsync", full)
     code, err = tune()
     assert code == EXIT_USAGE, err
     assert "chosen" in err and "micro-batch" in err  # the answer, before the error

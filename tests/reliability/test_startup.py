@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from autobatch.probe.client import IMPORT_GRACE
-from autobatch.session import Session
+from autobatch.run.session import Session
 
 
 class Started(Exception):

@@ -9,9 +9,9 @@ from types import ModuleType
 
 import torch
 
-from autobatch.contract import UserScript
-from autobatch.probe.protocol import ProbeOutcome
-from autobatch.probe.readings import observation, rising_peak
+from autobatch.records.protocol import ProbeOutcome
+from autobatch.records.readings import observation, rising_peak
+from autobatch.step.contract import UserScript
 from autobatch.step.loop import StepConfig, StepReport, run_steps
 
 

@@ -39,8 +39,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ...core.units import format_bytes
-from ...errors import DeviceError, UsageError
+from autobatch.core.units import format_bytes
+from autobatch.errors import DeviceError, UsageError
 
 MiB = 1 << 20
 #: The CUDA context assumed when it cannot be measured (NVML cannot see this PID).

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .budget import CudaSnapshot, CudaStepStats, estimate_context, fraction_for, precision_support
-from .nvml import NvmlView, format_pci_bus_id, open_nvml
+from autobatch.devices.cuda.budget import (
+    CudaSnapshot,
+    CudaStepStats,
+    estimate_context,
+    fraction_for,
+    precision_support,
+)
+from autobatch.devices.cuda.nvml import NvmlView, format_pci_bus_id, open_nvml
 
 
 def device_ids(device_index: int) -> tuple[str | None, str | None]:

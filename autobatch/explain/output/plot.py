@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import UsageError
-from ..pure.records import CATEGORIES
+from autobatch.errors import UsageError
+from autobatch.explain.pure.records import CATEGORIES
 
 if TYPE_CHECKING:
-    from ...result import ComboResult, TuneResult
+    from autobatch.records.result import ComboResult, TuneResult
 
 SUFFIXES = (".png", ".svg")
 INSTALL_HINT = "install the plot extra: pip install 'autobatch-tuner[plot]' (or pip install matplotlib)"
@@ -304,7 +304,7 @@ def _save(figure: Any, path: str | Path) -> None:
     """Render in memory, then write atomically: an interrupted run leaves no half-written image."""
     import io
 
-    from ...files import write_atomic
+    from autobatch.records.files import write_atomic
 
     buffer = io.BytesIO()
     figure.savefig(buffer, format=Path(path).suffix.lower().lstrip("."))

@@ -9,8 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ...core.units import format_bytes
-from ..pure.records import CATEGORIES, CATEGORY_HELP
+from autobatch.core.units import format_bytes
+from autobatch.explain.pure.records import CATEGORIES, CATEGORY_HELP
 
 #: One colour per category (and the residual), shared with the plots' palette order.
 COLOURS: dict[str, str] = {

@@ -1,6 +1,6 @@
 """The parent side of explain and estimate: send their operations to a probe server, search real maxima.
 
-Nothing here imports torch: requests and outcomes are plain records (:mod:`autobatch.probe.protocol`),
+Nothing here imports torch: requests and outcomes are plain records (:mod:`autobatch.records.protocol`),
 options are typed records (:mod:`autobatch.explain.pure.options`), and every tensor operation happens in a
 forked probe process (:mod:`autobatch.explain.worker.ops`, which the session's probe server imports because
 it is started with ``op_modules=OP_MODULES``).
@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ...core.maximum import Limits, find_maximum
-from ...core.reuse import Prediction
-from ...core.search import Affine, Observation
-from ...core.space import Combo
-from ...probe.protocol import ProbeOutcome
-from ...probe.readings import observation
-from ...session import Session
-from ..pure.options import EXPLAIN, ExplainOptions
-from ..pure.records import Transforms
+from autobatch.core.maximum import Limits, find_maximum
+from autobatch.core.reuse import Prediction
+from autobatch.core.search import Affine, Observation
+from autobatch.core.space import Combo
+from autobatch.explain.pure.options import EXPLAIN, ExplainOptions
+from autobatch.explain.pure.records import Transforms
+from autobatch.records.protocol import ProbeOutcome
+from autobatch.records.readings import observation
+from autobatch.run.session import Session
 
 
 @dataclass

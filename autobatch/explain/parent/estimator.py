@@ -1,6 +1,6 @@
 """The parent side of ``autobatch estimate``: the target's budget, one estimate operation, the result.
 
-The result is a :class:`autobatch.result.TuneResult` (its ``combinations`` in ``tune``'s schema, each
+The result is a :class:`autobatch.records.result.TuneResult` (its ``combinations`` in ``tune``'s schema, each
 ``trace`` the simulated batch sizes), so everything that reads a tune (tables, plots) reads it too.
 The probe server is started without the usual inspection (which builds the model for real): every
 tensor of the estimate is fake.
@@ -11,23 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from ... import __version__
-from ...core.space import Combo, combinations
-from ...core.units import format_bytes
-from ...devices.cpu import MALLOC_ENV, MEMORY_DEFINITION
-from ...errors import UsageError
-from ...probe.client import ProbeClient
-from ...probe.failures import raise_for
-from ...probe.protocol import ProbeRequest
-from ...result import ComboResult, TuneResult
-from ..pure.cards import CardProfile, generic_card, get_card
-from ..pure.maxima import Offset, to_combo_result
-from ..pure.options import ESTIMATE, OP_MODULES, EstimateOptions, NamedScenario
-from ..pure.records import Scenario
-from .strategy import estimate_strategy, strategy_notes
+from autobatch.core.space import Combo, combinations
+from autobatch.core.units import format_bytes
+from autobatch.devices.cpu import MALLOC_ENV, MEMORY_DEFINITION
+from autobatch.errors import UsageError
+from autobatch.explain.parent.per_rank_estimate import estimate_strategy, strategy_notes
+from autobatch.explain.pure.cards import CardProfile, generic_card, get_card
+from autobatch.explain.pure.maxima import Offset, to_combo_result
+from autobatch.explain.pure.options import ESTIMATE, OP_MODULES, EstimateOptions, NamedScenario
+from autobatch.explain.pure.records import Scenario
+from autobatch.probe.client import ProbeClient
+from autobatch.records.failures import raise_for
+from autobatch.records.protocol import ProbeRequest
+from autobatch.records.result import ComboResult, TuneResult
+from autobatch.records.version import __version__
 
 if TYPE_CHECKING:
-    from ...settings.groups import Settings
+    from autobatch.settings.groups import Settings
 
 CUDA_DEFINITION = (
     "cuda (estimated): memory reserved by the caching allocator (modelled: 512 B rounding, 2 MiB / 20 MiB / "

@@ -17,17 +17,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from ...core.maximum import Limits
-from ...core.search import Affine
-from ...core.space import Combo
-from ...core.units import format_bytes
-from ...probe.failures import raise_for
-from ...probe.protocol import ProbeOutcome
-from ...session import Session
-from ..pure.levers import Lever, apply_predictions, plan_levers, ranked
-from ..pure.options import ESTIMATE, Calibration, EstimateOptions, NamedScenario, Points
-from .driver import explain_probe, measure, measure_max
-from .on_ranks import add_strategy_lever, distributed_section, estimate_fields, residual_note
+from autobatch.core.maximum import Limits
+from autobatch.core.search import Affine
+from autobatch.core.space import Combo
+from autobatch.core.units import format_bytes
+from autobatch.explain.parent.driver import explain_probe, measure, measure_max
+from autobatch.explain.parent.on_ranks import (
+    add_strategy_lever,
+    distributed_section,
+    estimate_fields,
+    residual_note,
+)
+from autobatch.explain.pure.levers import Lever, apply_predictions, plan_levers, ranked
+from autobatch.explain.pure.options import ESTIMATE, Calibration, EstimateOptions, NamedScenario, Points
+from autobatch.records.failures import raise_for
+from autobatch.records.protocol import ProbeOutcome
+from autobatch.run.session import Session
 
 
 @dataclass
@@ -247,7 +252,7 @@ def _own_points(session: Session, lever: Lever, batch_size: int, limits: Limits)
 
 
 def _verify(session: Session, levers: list[Lever], limits: Limits, say: Progress) -> None:
-    from ...errors import ScriptError
+    from autobatch.errors import ScriptError
 
     now = levers[0]
     for lever in levers:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core.maximum import Limits
-from ...probe.protocol import ProbeOutcome
-from ...session import Session
-from ..pure.levers import Lever
-from ..pure.per_rank import worst_rank
-from ..pure.strategy_levers import offered, strategy_lever
+from autobatch.core.maximum import Limits
+from autobatch.explain.pure.levers import Lever
+from autobatch.explain.pure.per_rank import worst_rank
+from autobatch.explain.pure.sharding_lever import offered, strategy_lever
+from autobatch.records.protocol import ProbeOutcome
+from autobatch.run.session import Session
 
 #: Said under every strategy's breakdown.
 RESIDUAL_NOTE = (

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ...errors import UsageError
+from autobatch.errors import UsageError
 
 MiB = 1 << 20
 GiB = 1 << 30

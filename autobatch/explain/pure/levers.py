@@ -25,8 +25,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ...core.space import Combo
-from .records import Scenario, Transforms
+from autobatch.core.space import Combo
+from autobatch.explain.pure.records import Scenario, Transforms
 
 #: Optimizers with less state than Adam that the levers try.
 LIGHT_OPTIMIZERS: tuple[str, ...] = ("sgd", "sgd-momentum", "adafactor")

@@ -26,11 +26,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...core.search import Affine, Observation, SearchResult, search_max_batch
-from .records import Scenario
+from autobatch.core.search import Affine, Observation, SearchResult, search_max_batch
+from autobatch.explain.pure.records import Scenario
 
 if TYPE_CHECKING:
-    from ...result import ComboResult
+    from autobatch.records.result import ComboResult
 
 MiB = 1 << 20
 #: Assumed CPU runtime buffers outside PyTorch's allocator (MKL GEMM buffers, oneDNN scratchpads):
@@ -268,7 +268,7 @@ def _line(runs: dict[int, SimResult], offset: Offset, budget_bytes: int) -> tupl
 
 def to_combo_result(found: dict[str, Any]) -> ComboResult:
     """An estimated scenario in ``tune --json``'s combination schema (``trace``: the simulations)."""
-    from ...result import ComboResult, ProbeRecord
+    from autobatch.records.result import ComboResult, ProbeRecord
 
     scenario = found["scenario"]
     entry = ComboResult(str(scenario["precision"]), str(scenario["optimizer"]), bool(scenario["recompute"]))

@@ -1,7 +1,7 @@
 """The options of explain's two probe operations, typed, and the module that registers the operations.
 
 The parent builds an options record and sends its ``to_dict()`` as
-:attr:`autobatch.probe.protocol.ProbeRequest.options`; the probe process's registry
+:attr:`autobatch.records.protocol.ProbeRequest.options`; the probe process's registry
 (:mod:`autobatch.probe.ops`) decodes it with ``from_dict`` before calling the operation
 (:mod:`autobatch.explain.worker.ops`). No torch here: both sides import it.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .maxima import CPU_RUNTIME_BYTES, Offset
-from .records import Scenario, Transforms
+from autobatch.explain.pure.maxima import CPU_RUNTIME_BYTES, Offset
+from autobatch.explain.pure.records import Scenario, Transforms
 
 #: The modules a probe server imports to register ``explain`` and ``estimate`` (the parent passes them
 #: as ``op_modules``; it never imports them itself: they import torch).

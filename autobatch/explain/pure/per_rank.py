@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...probe.protocol import ProbeOutcome
+from autobatch.records.protocol import ProbeOutcome
 
 
 def rank_summary(info: dict[str, Any], peak_bytes: int | None) -> dict[str, Any]:

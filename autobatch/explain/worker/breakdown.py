@@ -27,12 +27,12 @@ from typing import Any, Callable
 
 import torch
 
-from ...contract import UserScript
-from ...step.loop import autocast_for
-from ..pure.records import TENSOR_CATEGORIES, Transforms
-from .modules import ModuleRecorder, add_flops, table_rows
-from .tracker import MemoryTracker, tensor_leaves
-from .transforms import Applied, apply_to_model, trim_batch
+from autobatch.explain.pure.records import TENSOR_CATEGORIES, Transforms
+from autobatch.explain.worker.modules import ModuleRecorder, add_flops, table_rows
+from autobatch.explain.worker.tracker import MemoryTracker, tensor_leaves
+from autobatch.explain.worker.transforms import Applied, apply_to_model, trim_batch
+from autobatch.step.contract import UserScript
+from autobatch.step.loop import autocast_for
 
 
 class Instrument:

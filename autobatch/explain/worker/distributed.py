@@ -28,15 +28,15 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from ...contract import UserScript
-from ...probe.protocol import ProbeOutcome, ProbeRequest
-from ..pure.options import ExplainOptions
-from ..pure.per_rank import merge_ranks, rank_summary
+from autobatch.explain.pure.options import ExplainOptions
+from autobatch.explain.pure.per_rank import merge_ranks, rank_summary
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.step.contract import UserScript
 
 
 def explain_on_ranks(request: ProbeRequest, script: UserScript, options: ExplainOptions) -> ProbeOutcome:
     """The explain operation on ``request.nproc_per_node`` ranks: one outcome, the worst rank's breakdown."""
-    from ...probe.ranks import run_ranks
+    from autobatch.probe.ranks import run_ranks
 
     measure = functools.partial(explain_rank, options=options)
     return run_ranks(request, script, measure, summarize=merge_ranks)
@@ -55,7 +55,7 @@ def explain_rank(
     """One rank: the instrumented step on the wrapped model, its breakdown with the strategy's own parts."""
     import torch.distributed as dist
 
-    from .instrumented import explain_step
+    from autobatch.explain.worker.instrumented import explain_step
 
     seen: dict[str, Any] = {}
 
@@ -153,7 +153,7 @@ def _follow_resize(tracker: Any) -> Iterator[None]:
     every storage it resizes as FSDP2's."""
     import torch
 
-    from .ranks import track_resize
+    from autobatch.explain.worker.ranks import track_resize
 
     with track_resize(tracker):
         followed = torch.UntypedStorage.resize_

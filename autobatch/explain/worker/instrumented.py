@@ -14,17 +14,17 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...contract import UserScript
-from ...probe.protocol import ProbeOutcome, ProbeRequest
-from ...probe.worker import measure_steps
-from ...step.loop import tiny_step
-from ..pure.options import ExplainOptions
-from .breakdown import Instrument
-from .tracker import MemoryTracker
-from .transforms import applied_during_step
+from autobatch.explain.pure.options import ExplainOptions
+from autobatch.explain.worker.breakdown import Instrument
+from autobatch.explain.worker.tracker import MemoryTracker
+from autobatch.explain.worker.transforms import applied_during_step
+from autobatch.probe.worker import measure_steps
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.step.contract import UserScript
+from autobatch.step.loop import tiny_step
 
 if TYPE_CHECKING:
-    from ...step.loop import Wrap
+    from autobatch.step.loop import Wrap
 
 
 def warm_up(precisions: set[str], optimizers: set[str], optimizer_kwargs: dict[str, Any]) -> None:

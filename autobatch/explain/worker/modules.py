@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .tracker import MemoryTracker, nbytes_of
+from autobatch.explain.worker.tracker import MemoryTracker, nbytes_of
 
 OUTSIDE = "(outside modules)"
 

@@ -19,10 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ...contract import UserScript
-from ...probe.ops import register
-from ...probe.protocol import ProbeOutcome, ProbeRequest
-from ..pure.maxima import (
+from autobatch.explain.pure.maxima import (
     Offset,
     ScenarioEstimate,
     SimResult,
@@ -31,11 +28,14 @@ from ..pure.maxima import (
     calibrated_offset,
     estimate_scenario,
 )
-from ..pure.options import ESTIMATE, EXPLAIN, EstimateOptions, ExplainOptions, NamedScenario
-from ..pure.records import Scenario
-from .instrumented import explain_step, warm_up
-from .ranks import LEAVES_OUT, rank_of
-from .simulate import simulate
+from autobatch.explain.pure.options import ESTIMATE, EXPLAIN, EstimateOptions, ExplainOptions, NamedScenario
+from autobatch.explain.pure.records import Scenario
+from autobatch.explain.worker.instrumented import explain_step, warm_up
+from autobatch.explain.worker.ranks import LEAVES_OUT, rank_of
+from autobatch.explain.worker.simulate import simulate
+from autobatch.probe.ops import register
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.step.contract import UserScript
 
 
 @register(EXPLAIN, ExplainOptions)
@@ -43,7 +43,7 @@ def explain_operation(request: ProbeRequest, script: UserScript, options: Explai
     """One probe of the real step, with the options' transforms, instrumented unless they say not
     (with a distributed strategy, on every rank: :mod:`autobatch.explain.worker.distributed`)."""
     if request.strategy != "none":
-        from .distributed import explain_on_ranks
+        from autobatch.explain.worker.distributed import explain_on_ranks
 
         return explain_on_ranks(request, script, options)
     return explain_step(request, script, options)
@@ -90,7 +90,7 @@ def _offset(options: EstimateOptions, sim: Simulator, info: dict[str, Any]) -> O
         return calibrated_offset(list(options.calibrate.points), {batch: result.device_peak})
     if options.offset is not None:
         return options.offset
-    from ...devices import cpu
+    from autobatch.devices import cpu
 
     scenarios = [named.scenario for named in options.scenarios]
     warm_up({s.precision for s in scenarios}, {s.optimizer for s in scenarios}, options.optimizer_kwargs)

@@ -5,7 +5,7 @@ The recipe torchtitan's memory estimation follows (DESIGN §4, checked with torc
 lets this one process act as rank 0 of any world size (collectives return at once, moving no data);
 the device mesh is made *before* ``FakeTensorMode`` is entered (inside it, ``fully_shard`` fails on a
 data-dependent op); the model is then built under fake tensors by the probe's own step
-(:func:`autobatch.step.loop.build_step`), wrapped by the same :func:`autobatch.step.strategy.wrap_fsdp`
+(:func:`autobatch.step.loop.build_step`), wrapped by the same :func:`autobatch.step.wrapping.wrap_fsdp`
 as a measured FSDP2 probe (each repeated block, then the root), and stepped with an optimizer built on
 the sharded parameters. Building straight on fake tensors replaces the recipe's ``meta`` device and
 ``to_empty``: both give parameters with no storage, and fake ones also run the step.
@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from ...contract import UserScript
-from ...step.strategy import wrap_fsdp
-from .tracker import MemoryTracker
+from autobatch.explain.worker.tracker import MemoryTracker
+from autobatch.step.contract import UserScript
+from autobatch.step.wrapping import wrap_fsdp
 
 #: What a per-rank estimate leaves out (said in its output).
 LEAVES_OUT = (

@@ -32,17 +32,17 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from ...contract import UserScript
-from ...errors import ContractError, NoBlocksError
-from ...step.loop import StepConfig, StepReport, build_step, one_step
-from ...step.optimizers import optimizer_state_bytes
-from ..pure.maxima import SimResult
-from ..pure.records import Scenario
-from .allocators import make_allocator
-from .breakdown import Instrument
-from .ranks import FakeRank, track_resize
-from .tracker import MemoryTracker
-from .transforms import applied_during_step
+from autobatch.errors import ContractError, NoBlocksError
+from autobatch.explain.pure.maxima import SimResult
+from autobatch.explain.pure.records import Scenario
+from autobatch.explain.worker.allocators import make_allocator
+from autobatch.explain.worker.breakdown import Instrument
+from autobatch.explain.worker.ranks import FakeRank, track_resize
+from autobatch.explain.worker.tracker import MemoryTracker
+from autobatch.explain.worker.transforms import applied_during_step
+from autobatch.step.contract import UserScript
+from autobatch.step.loop import StepConfig, StepReport, build_step, one_step
+from autobatch.step.optimizers import optimizer_state_bytes
 
 #: Optimizers whose torch.optim class takes ``foreach`` (on CUDA it defaults to True).
 FOREACH = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor", "rmsprop", "adagrad")

@@ -43,9 +43,9 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..pure.records import TENSOR_CATEGORIES
-from .allocators import Allocator, ExactAllocator
-from .kernels import with_workspaces
+from autobatch.explain.pure.records import TENSOR_CATEGORIES
+from autobatch.explain.worker.allocators import Allocator, ExactAllocator
+from autobatch.explain.worker.kernels import with_workspaces
 
 #: Categories a later discovery may overwrite (a parameter stays a parameter even when saved).
 _PROVISIONAL = ("temporaries", "activations")

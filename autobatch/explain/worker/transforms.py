@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ..pure.records import Transforms
+from autobatch.explain.pure.records import Transforms
 
 #: Functions of torch.nn.functional that accept ``inplace``.
 INPLACE_FUNCTIONS: tuple[str, ...] = (

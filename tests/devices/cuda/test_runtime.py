@@ -31,7 +31,7 @@ def _cuda_available() -> bool:
 def test_real_budget_is_enforced_and_judged_on_a_gpu():
     import torch
 
-    from autobatch.oom import classify_exception
+    from autobatch.probe.oom import classify_exception
 
     def stats():
         with open_nvml(*runtime.device_ids(0)) as nvml:
@@ -59,7 +59,7 @@ def test_real_budget_is_enforced_and_judged_on_a_gpu():
 
 
 def test_importing_the_cuda_path_and_the_classifier_imports_neither_torch_nor_pynvml():
-    modules = "autobatch.oom, autobatch.devices.cuda.budget, autobatch.devices.cuda.nvml, autobatch.devices.cuda.runtime"
+    modules = "autobatch.probe.oom, autobatch.devices.cuda.budget, autobatch.devices.cuda.nvml, autobatch.devices.cuda.runtime"
     code = f"import sys, {modules}; print('torch' in sys.modules, 'pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import UsageError
+from autobatch.errors import UsageError
 
 HINT = "pass the path of a .py file that defines build_model, make_batch and compute_loss"
 

@@ -14,9 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
+from autobatch.errors import UsageError
 
-SCHEMA_FILE = Path(__file__).with_name("result.schema.json")
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "result.schema.json"
 #: The schema_version this autobatch writes, and the newest it reads.
 SCHEMA_VERSION = 1
 _JSON_TYPES: dict[str, str] = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..core.maximum import StaticMemory
-from ..core.search import KINDS, Observation
-from .protocol import ProbeOutcome
+from autobatch.core.maximum import StaticMemory
+from autobatch.core.search import KINDS, Observation
+from autobatch.records.protocol import ProbeOutcome
 
 
 def observation(outcome: ProbeOutcome, state_bytes: int = 0) -> Observation:

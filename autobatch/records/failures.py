@@ -13,8 +13,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ..errors import AutobatchError, ContractError, ProbeFailure, ScriptError, UsageError
-from .protocol import ProbeOutcome
+from autobatch.errors import AutobatchError, ContractError, ProbeFailure, ScriptError, UsageError
+from autobatch.records.protocol import ProbeOutcome
 
 #: Separates an error's message from its hint inside ``ProbeOutcome.error_message``.
 HINT_MARK = "\nhint: "

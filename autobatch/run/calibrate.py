@@ -1,21 +1,21 @@
 """A tune as a cluster job runs it: instant when nothing changed, one tuner per device, once per GPU model.
 
 :func:`calibrate` reads the machine (:mod:`autobatch.devices.inventory`, no torch), picks the devices
-to tune (:func:`autobatch.devices.targets.targets_for`: the one named, or one per distinct GPU
+to tune (:func:`autobatch.devices.selection.targets_for`: the one named, or one per distinct GPU
 model), and tunes each with :func:`tune_target`:
 
 1. the tune's inputs and key (:mod:`autobatch.cache.keys`); a stored result for them is served at
    once, without a probe server, unless ``refresh`` (``tune --refresh``) or the device is busier now;
-2. otherwise two locks are taken (:class:`autobatch.locks.DeviceLock`), waiting for another run if
+2. otherwise two locks are taken (:class:`autobatch.run.locks.DeviceLock`), waiting for another run if
    need be, and the store is asked again after each (the run waited for may have just stored the
    answer): first the tune's key, in the cache folder (identical tunes on other devices of the model,
    on other nodes sharing the cache, in a job array, compute once), then the device's (no two runs
    probe one device at once; two identical tunes started together probe once, same result);
-3. a :class:`~autobatch.session.Session` and a :class:`~autobatch.tuner.Tuner` run the tune, every
+3. a :class:`~autobatch.run.session.Session` and a :class:`~autobatch.run.tuner.Tuner` run the tune, every
    probe journaled (so a tune killed halfway resumes without measuring anything twice);
 4. a complete result is stored.
 
-Several GPU models give several results, merged into one plan by :func:`autobatch.mixed.merge_models`.
+Several GPU models give several results, merged into one plan by :func:`autobatch.run.mixed.merge_models`.
 Everything the caller shows comes through :class:`Hooks`; nothing here prints.
 """
 
@@ -26,18 +26,18 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .cache import CacheFolder, ResultStore, tune_inputs
-from .cache.results import served
+from autobatch.cache import CacheFolder, ResultStore, tune_inputs
+from autobatch.cache.results import served
 
 if TYPE_CHECKING:
-    from .devices.budget import DeviceInfo
-    from .devices.inventory import Inventory
-    from .devices.targets import Target
-    from .locks import DeviceLock
-    from .probe.protocol import ProbeRunner
-    from .result import TuneResult
-    from .session import OnProbe, Session, WrapRunner
-    from .settings import Settings
+    from autobatch.devices.budget import DeviceInfo
+    from autobatch.devices.inventory import Inventory
+    from autobatch.devices.selection import Target
+    from autobatch.records.protocol import ProbeRunner
+    from autobatch.records.result import TuneResult
+    from autobatch.run.locks import DeviceLock
+    from autobatch.run.session import OnProbe, Session, WrapRunner
+    from autobatch.settings import Settings
 
 
 def _ignore(*_args: Any) -> None:
@@ -71,13 +71,13 @@ def calibrate(
     inventory: Inventory | None = None,
 ) -> TuneResult:
     """Tune every device the ``device`` setting names on this machine and return the one result."""
-    from .devices.targets import resolve_targets
+    from autobatch.devices.selection import resolve_targets
 
     hooks = hooks or Hooks()
     targets = resolve_targets(settings.device.device, settings.device.memory, inventory)
     if len(targets) == 1:
         return tune_target(settings, targets[0], world, world_source, refresh=refresh, hooks=hooks)
-    from .mixed import merge_models
+    from autobatch.run.mixed import merge_models
 
     results = []
     for number, target in enumerate(targets, 1):
@@ -134,7 +134,7 @@ def tune_target(
 
 
 def _lock(settings: Settings, key: str, label: str, hooks: Hooks, folder: Any) -> DeviceLock:
-    from .locks import DeviceLock
+    from autobatch.run.locks import DeviceLock
 
     return DeviceLock(
         key,
@@ -150,8 +150,8 @@ def run_session(
     settings: Settings, target: Target, world: int, world_source: str, *, refresh: bool, hooks: Hooks
 ) -> TuneResult:
     """Start a session on the target's device and run the tune (the caller holds the device's lock)."""
-    from .session import Session
-    from .tuner import TuneOptions, Tuner
+    from autobatch.run.session import Session
+    from autobatch.run.tuner import TuneOptions, Tuner
 
     session: Session = Session.from_settings(
         settings,
@@ -194,7 +194,7 @@ def _add_warnings(result: TuneResult, warnings: list[str]) -> None:
 
 
 def _serve(hit: Any, settings: Settings, hooks: Hooks, warnings: list[str]) -> TuneResult:
-    from .spec import spec_from_settings
+    from autobatch.step.spec import spec_from_settings
 
     result = served(hit, spec_from_settings(settings).label, list(settings.script.script_args))
     _add_warnings(result, warnings)
@@ -207,7 +207,7 @@ def _serve(hit: Any, settings: Settings, hooks: Hooks, warnings: list[str]) -> T
 
 def _used_now(target: Target) -> int | None:
     """Memory in use on the target's GPU now (NVML), read again once the lock is held."""
-    from .devices.inventory import read_inventory
+    from autobatch.devices.inventory import read_inventory
 
     for gpu in read_inventory().visible():
         if target.device == f"cuda:{gpu.index}":

@@ -18,19 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .core.choice import (
-    EQUIVALENT,
-    MAX_ROUNDS,
-    TIMING_SECONDS,
-    Decision,
-    Timing,
-    decide,
-    needs_more,
-)
-from .core.units import format_bytes
-from .devices.budget import DeviceInfo
-from .probe.protocol import ProbeOutcome
-from .result import TuneResult
+from autobatch.core.choice import EQUIVALENT, MAX_ROUNDS, TIMING_SECONDS, Decision, Timing, decide, needs_more
+from autobatch.core.units import format_bytes
+from autobatch.devices.budget import DeviceInfo
+from autobatch.records.protocol import ProbeOutcome
+from autobatch.records.result import TuneResult
 
 Key = tuple[str, str, bool]  # precision, optimizer, recompute
 

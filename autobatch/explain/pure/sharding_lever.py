@@ -15,8 +15,8 @@ that line's under the budget. ``--verify`` does not measure it (it is another st
 
 from __future__ import annotations
 
-from ...core.units import format_bytes
-from .levers import Lever
+from autobatch.core.units import format_bytes
+from autobatch.explain.pure.levers import Lever
 
 #: The categories FSDP2 shards across the ranks.
 SHARDED = ("parameters", "gradients", "optimizer_state")

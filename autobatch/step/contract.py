@@ -5,7 +5,7 @@ The script is imported under its own module name, never as ``__main__`` (its
 the arguments given after ``--``. Its folder is put first on ``sys.path`` so that its own imports work.
 
 Every other way of naming the step (a ``package.module:attribute`` reference, callables shipped by
-value, a Hugging Face config, a LightningModule) arrives as a script spec (:mod:`autobatch.spec`) and
+value, a Hugging Face config, a LightningModule) arrives as a script spec (:mod:`autobatch.step.spec`) and
 becomes the same three functions here, checked the same way (:func:`user_script`).
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import ContractError
-from .importing import import_file, import_target, translated
-from .spec import ScriptSpec
+from autobatch.errors import ContractError
+from autobatch.step.importing import import_file, import_target, translated
+from autobatch.step.spec import ScriptSpec
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +48,7 @@ class UserScript:
 def load_script(path: str | Path | Mapping[str, Any], args: list[str] | tuple[str, ...] = ()) -> UserScript:
     """Import the script and check that it offers the contract's functions.
 
-    ``path`` is a script's path, or a script spec record (:class:`autobatch.spec.ScriptSpec`, as the probe
+    ``path`` is a script's path, or a script spec record (:class:`autobatch.step.spec.ScriptSpec`, as the probe
     server's init message carries it) naming a reference, a pickled object, an HF config or a Lightning module.
     """
     if isinstance(path, Mapping):
@@ -60,7 +60,7 @@ def load_script(path: str | Path | Mapping[str, Any], args: list[str] | tuple[st
 
 
 def load_spec(spec: ScriptSpec, args: list[str] | tuple[str, ...] = ()) -> UserScript:
-    """The functions a script spec names (see :mod:`autobatch.spec`), checked like a script's."""
+    """The functions a script spec names (see :mod:`autobatch.step.spec`), checked like a script's."""
     if spec.kind == "path":
         return load_script(spec.target, args)
     sys.argv = [spec.label, *args]
@@ -73,11 +73,11 @@ def load_spec(spec: ScriptSpec, args: list[str] | tuple[str, ...] = ()) -> UserS
 
             found = cloudpickle.loads(Path(spec.target).read_bytes())
         elif spec.kind == "hf":
-            from .integrations.hf import HFScript
+            from autobatch.step.hf import HFScript
 
             found = HFScript(spec.target, spec.options.get("task"), spec.options.get("seq_len"))
         else:
-            from .integrations.lightning import from_targets
+            from autobatch.step.lightning import from_targets
 
             found = from_targets(spec.target, **spec.options)
     return user_script(found, spec.label, Path(spec.target))
@@ -95,7 +95,7 @@ def user_script(found: Any, name: str, path: Path) -> UserScript:
     for fname, (signature, nargs) in SIGNATURES.items():
         fn = getattr(found, fname, None)
         if fn is None and fname == "compute_loss" and "transformers" in sys.modules:
-            from .integrations.hf import model_loss
+            from autobatch.step.hf import model_loss
 
             fn = model_loss  # checked at the first step: a PreTrainedModel, and labels in the batch
         if fn is None:

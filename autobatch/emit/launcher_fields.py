@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autobatch.result import Chosen, TuneResult
+from autobatch.records.result import Chosen, TuneResult
 
 
 def blocks(result: TuneResult) -> list[str]:

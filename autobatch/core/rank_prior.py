@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .maximum import StaticMemory
-from .model import Affine
-from .reuse import Prediction
-from .search import Observation
+from autobatch.core.maximum import StaticMemory
+from autobatch.core.model import Affine
+from autobatch.core.reuse import Prediction
+from autobatch.core.search import Observation
 
 __all__ = [
     "GLOO_RANK_BYTES",

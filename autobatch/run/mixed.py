@@ -1,6 +1,6 @@
 """A job that spans several GPU models: one plan from one tune per model.
 
-Each distinct model on the node is tuned once (:func:`autobatch.calibrate.calibrate`). In a
+Each distinct model on the node is tuned once (:func:`autobatch.run.calibrate.calibrate`). In a
 data-parallel job every rank runs the same micro-batch, so the job can use no more than the smallest
 maximum, and it steps at the pace of its slowest GPU. :func:`merge_models` therefore takes, per
 combination, the smallest maximum over the models (and that model's peak and trace) and the lowest
@@ -15,14 +15,14 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
-from .core.plan import Candidate, choose, plan_accumulation
-from .core.units import format_bytes
-from .errors import NothingFitsError
-from .result import Chosen, ComboResult, TuneResult
+from autobatch.core.plan import Candidate, choose, plan_accumulation
+from autobatch.core.units import format_bytes
+from autobatch.errors import NothingFitsError
+from autobatch.records.result import Chosen, ComboResult, TuneResult
 
 if TYPE_CHECKING:
-    from .devices.targets import Target
-    from .settings import Settings
+    from autobatch.devices.selection import Target
+    from autobatch.settings import Settings
 
 _FEASIBLE = ("exact", "capped")
 

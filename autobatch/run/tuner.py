@@ -15,26 +15,26 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
-from . import __version__
-from .core import reuse, sanity
-from .core.choice import Contender, Decision, dominated, reach_beyond
-from .core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reason
-from .core.plan import Candidate, Plan, choose, knee, plan_accumulation
-from .core.search import Observation
-from .core.space import Combo, combinations
-from .core.strategy import strategy_fields
-from .core.strategy_prior import per_rank
-from .core.units import format_bytes
-from .cross_strategy import StrategyPriors
-from .errors import NothingFitsError
-from .probe.protocol import ProbeOutcome
-from .probe.readings import measured_static, observation
-from .result import Chosen, ComboResult, ProbeRecord, TuneResult, limited_failure
-from .session import Session
-from .throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
+from autobatch.core import reuse, sanity
+from autobatch.core.choice import Contender, Decision, dominated, reach_beyond
+from autobatch.core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reason
+from autobatch.core.plan import Candidate, Plan, choose, knee, plan_accumulation
+from autobatch.core.rank_prior import per_rank
+from autobatch.core.search import Observation
+from autobatch.core.space import Combo, combinations
+from autobatch.core.units import format_bytes
+from autobatch.core.world import strategy_fields
+from autobatch.errors import NothingFitsError
+from autobatch.records.protocol import ProbeOutcome
+from autobatch.records.readings import measured_static, observation
+from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult, limited_failure
+from autobatch.records.version import __version__
+from autobatch.run.rank_priors import StrategyPriors
+from autobatch.run.session import Session
+from autobatch.run.throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from autobatch.settings import Settings
 
 
 class Twin(NamedTuple):

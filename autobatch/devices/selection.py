@@ -6,7 +6,7 @@ Read before any probe server starts, from the inventory (NVML, no torch):
 * ``cuda:N``: the N-th visible GPU (or MIG instance), locked by its UUID.
 * ``cuda`` or ``auto`` with visible GPUs: **one target per distinct GPU model** (name, memory, MIG
   profile), each the first visible device of its model; a job spanning them plans with the smallest
-  maximum (:mod:`autobatch.mixed`). ``auto`` is the CPU when no GPU is visible or there is no NVIDIA
+  maximum (:mod:`autobatch.run.mixed`). ``auto`` is the CPU when no GPU is visible or there is no NVIDIA
   driver (NVML cannot start, so CUDA cannot either).
 * Without pynvml, or for a GPU NVML does not list, a CUDA request stays as given: the session
   resolves it, the lock is keyed by host and index, and the result is not cached (nothing identifies
@@ -23,7 +23,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from .inventory import Gpu, Inventory, cpu_model
+from autobatch.devices.inventory import Gpu, Inventory, cpu_model
 
 CPU_NOT_CACHED = (
     "on the CPU without --memory the capacity is the memory available when the tune starts, which "
@@ -50,7 +50,7 @@ def resolve_targets(device: str, memory: int | None, inventory: Inventory | None
     """:func:`targets_for` on this machine; the CPU device needs no inventory (NVML is not read)."""
     if device == "cpu":
         return [cpu_target(memory, inventory)]
-    from .inventory import read_inventory
+    from autobatch.devices.inventory import read_inventory
 
     return targets_for(device, memory, inventory or read_inventory())
 
@@ -138,7 +138,7 @@ def _model(gpu: Gpu) -> tuple[Any, ...]:
 
 
 def _model_label(gpu: Gpu) -> str:
-    from ..core.units import format_bytes
+    from autobatch.core.units import format_bytes
 
     size = format_bytes(gpu.total_bytes) if gpu.total_bytes else "unknown memory"
     return f"{gpu.name} ({size})"

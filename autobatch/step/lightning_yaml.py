@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
-from ..importing import import_target
+from autobatch.errors import UsageError
+from autobatch.step.importing import import_target
 
 
 def init_arguments(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,11 +1,11 @@
 """A probing session: one script, one device, one budget, one probe runner, one probe journal.
 
-:meth:`Session.start` opens the runner (the probe server, or any :class:`~autobatch.probe.protocol.ProbeRunner`
+:meth:`Session.start` opens the runner (the probe server, or any :class:`~autobatch.records.protocol.ProbeRunner`
 such as :class:`autobatch.testing.FakeRunner`), inspects the model and the device, and opens the journal;
 :meth:`Session.probe` runs one probe of the real step (the journal's answer when it has one, the device's
 margin applied), :meth:`Session.run` any other operation. What it wires lives elsewhere: the device, budgets
 and margin in :mod:`autobatch.devices.budget`, the journal in :mod:`autobatch.cache`, outcomes as errors in
-:mod:`autobatch.probe.failures`. A ``lock`` (:class:`autobatch.locks.DeviceLock`) is held from start to close.
+:mod:`autobatch.records.failures`. A ``lock`` (:class:`autobatch.run.locks.DeviceLock`) is held from start to close.
 """
 
 from __future__ import annotations
@@ -18,21 +18,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import __version__
-from .cache import CacheFolder, ProbeJournal, fingerprint
-from .cache.sources import source_digests
-from .core.space import Combo
-from .devices.budget import DeviceInfo, apply_margin, cuda_name, device_info
-from .devices.cpu import MALLOC_ENV
-from .devices.visible import PROBE_ENV
-from .errors import DeviceError, UsageError
-from .probe.failures import raise_for
-from .probe.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
-from .scriptpath import script_digest
-from .spec import ScriptSpec, spec_from_settings
+from autobatch.cache import CacheFolder, ProbeJournal, fingerprint
+from autobatch.cache.sources import source_digests
+from autobatch.core.space import Combo
+from autobatch.devices.budget import DeviceInfo, apply_margin, cuda_name, device_info
+from autobatch.devices.cpu import MALLOC_ENV
+from autobatch.devices.visible import PROBE_ENV
+from autobatch.errors import DeviceError, UsageError
+from autobatch.records.failures import raise_for
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
+from autobatch.records.version import __version__
+from autobatch.step.scriptpath import script_digest
+from autobatch.step.spec import ScriptSpec, spec_from_settings
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from autobatch.settings import Settings
 
 #: Called after every probe with the combination, the outcome and whether it came from the journal.
 OnProbe = Callable[[Combo, ProbeOutcome, bool], None]
@@ -177,8 +177,8 @@ class Session:
         if self.lock is not None:
             self._held.enter_context(self.lock)
         if self.runner is None:
-            from .probe.client import IMPORT_GRACE, ProbeClient
-            from .probe.yielding import YieldingRunner
+            from autobatch.probe.client import IMPORT_GRACE, ProbeClient
+            from autobatch.probe.yielding import YieldingRunner
 
             client = ProbeClient(
                 self.spec.to_init(),
@@ -244,7 +244,7 @@ class Session:
         parts = [self.script_args, __version__, self.torch_version or "", *device, self.optimizer_kwargs]
         parts += [self.recompute_classes, self.identity]
         # a strategy's probes are other measurements; single-process fingerprints stay as they were, and the
-        # strategy's first probe is predicted from them (autobatch.cross_strategy)
+        # strategy's first probe is predicted from them (autobatch.run.rank_priors)
         self.single_fingerprint = fingerprint(sources, parts)
         strategy = (self.strategy, self.nproc_per_node) if self.strategy != "none" else ()
         self.fingerprint = fingerprint(sources, [*parts, *strategy])

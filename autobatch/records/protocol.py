@@ -3,7 +3,7 @@
 An outcome's ``kind`` is one of:
 
 ``fits``     every step completed within the budget (and, on CUDA, without allocator retries)
-``oom``      the probe ran out of memory (classified in one place: ``autobatch.oom``)
+``oom``      the probe ran out of memory (classified in one place: ``autobatch.probe.oom``)
 ``error``    the training script raised something that is not an OOM: reported with its traceback
 ``timeout``  the probe did not finish within its timeout and was killed
 ``crash``    the probe process died without reporting (a signal, an abort, an illegal access)

@@ -1,8 +1,8 @@
 """What the probe server loads: a script spec, the one record every way of naming a training step maps onto.
 
 The three-function script (DESIGN.md §2) stays the form every probe runs; a spec says where those
-functions come from, and :func:`autobatch.contract.load_script` turns it into a
-:class:`~autobatch.contract.UserScript` inside the probe server:
+functions come from, and :func:`autobatch.step.contract.load_script` turns it into a
+:class:`~autobatch.step.contract.UserScript` inside the probe server:
 
 ============  =====================================================  ==============================
 kind          ``target``                                             from
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .core.targets import HF_TASKS, is_file_target, is_reference, split_target
-from .errors import UsageError
+from autobatch.core.references import HF_TASKS, is_file_target, is_reference, split_target
+from autobatch.errors import UsageError
 
 __all__ = ["HF_TASKS", "KINDS", "ScriptSpec", "is_file_target", "is_reference", "select_spec", "split_target"]
 
@@ -88,7 +88,7 @@ class ScriptSpec:
     def check(self) -> None:
         """Refuse, before the server starts, a spec whose files do not exist."""
         if self.kind == "path":
-            from .scriptpath import check_script_path
+            from autobatch.step.scriptpath import check_script_path
 
             check_script_path(self.target)  # a folder, a missing file, not a regular file: each named
         elif self.kind == "hf":
@@ -257,7 +257,7 @@ def _spec_for(source: str, values: Mapping[str, Any], cwd: Path) -> ScriptSpec:
 
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from autobatch.settings import Settings
 
 
 def spec_from_settings(settings: Settings) -> ScriptSpec:

@@ -1,9 +1,9 @@
 """Reuse across strategies: a strategy tune's first probe from the same tune's single-process probes.
 
 A tune with ``--strategy ddp|fsdp`` reads the probe journal that a tune of the same script, arguments,
-device and budget without a strategy keeps (:attr:`autobatch.session.Session.single_fingerprint`: the
+device and budget without a strategy keeps (:attr:`autobatch.run.session.Session.single_fingerprint`: the
 journal's key without the strategy), fits each combination's single-process line from its probes and
-moves it to one rank (:mod:`autobatch.core.strategy_prior`: FSDP divides parameters, gradients and
+moves it to one rank (:mod:`autobatch.core.rank_prior`: FSDP divides parameters, gradients and
 optimizer state by N, DDP adds gradient buckets; the slope carries over). Static memory comes from what
 the single-process probes measured, else from the model's inspection (parameter shapes, each block's
 parameters) and the optimizer's analytic state.
@@ -14,15 +14,15 @@ misleads costs probes, never correctness.
 
 from __future__ import annotations
 
-from .cache import CacheFolder, ProbeJournal
-from .core.maximum import StaticMemory
-from .core.model import Affine
-from .core.reuse import Prediction
-from .core.space import Combo
-from .core.strategy_prior import GLOO_RANK_BYTES, RankState, curve_of, strategy_prior
-from .probe.protocol import ProbeOutcome
-from .probe.readings import measured_static, observation
-from .session import Session
+from autobatch.cache import CacheFolder, ProbeJournal
+from autobatch.core.maximum import StaticMemory
+from autobatch.core.model import Affine
+from autobatch.core.rank_prior import GLOO_RANK_BYTES, RankState, curve_of, strategy_prior
+from autobatch.core.reuse import Prediction
+from autobatch.core.space import Combo
+from autobatch.records.protocol import ProbeOutcome
+from autobatch.records.readings import measured_static, observation
+from autobatch.run.session import Session
 
 
 class StrategyPriors:

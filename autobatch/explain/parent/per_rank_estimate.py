@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ...core.strategy import strategy_world
+from autobatch.core.world import strategy_world
 
 if TYPE_CHECKING:
-    from ...settings import Settings
+    from autobatch.settings import Settings
 
 
 def estimate_strategy(settings: Settings) -> dict[str, Any]:

@@ -1,14 +1,14 @@
 """How the step is named, as text: ``package.module:attribute`` references, ``PATH:Class`` targets, HF tasks.
 
 Pure string functions, shared by the settings (which must not resolve a reference as a path) and by
-:mod:`autobatch.spec` (which turns the names into what the probe server loads).
+:mod:`autobatch.step.spec` (which turns the names into what the probe server loads).
 """
 
 from __future__ import annotations
 
 import re
 
-#: ``--hf-task`` names, each a transformers auto class (:mod:`autobatch.integrations.hf`).
+#: ``--hf-task`` names, each a transformers auto class (:mod:`autobatch.step.hf`).
 HF_TASKS = (
     "causal-lm",
     "masked-lm",

@@ -3,7 +3,7 @@
 Two runs aimed at the same device (two tunes, a tune and a ``check``) never probe at the same time:
 the one that comes second waits, and says what it waits for, who holds it and since when. The lock
 is keyed by the GPU's UUID (a MIG instance's own UUID; two instances of one GPU do not share a lock)
-or, for the CPU device, the host name (:mod:`autobatch.devices.targets`).
+or, for the CPU device, the host name (:mod:`autobatch.devices.selection`).
 
 The lock is ``flock`` on a file (filelock) in the ``lock_dir`` setting's folder, by default
 ``$TMPDIR/autobatch-locks`` (created world-writable with the sticky bit, as /tmp is, so that every user
@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable
 
-from .errors import DeviceError
+from autobatch.errors import DeviceError
 
 #: Seconds between "still waiting" messages.
 REPORT_EVERY = 60.0
@@ -159,7 +159,7 @@ class DeviceLock:
         return holder
 
     def _write_holder(self) -> None:
-        from .files import write_atomic
+        from autobatch.records.files import write_atomic
 
         now = datetime.datetime.now().astimezone().replace(microsecond=0)
         holder = {

@@ -18,10 +18,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import AutobatchError, ScriptError, UsageError
-from .probe.failures import script_traceback
-from .scriptpath import check_script_path
-from .spec import is_file_target, split_target
+from autobatch.errors import AutobatchError, ScriptError, UsageError
+from autobatch.records.failures import script_traceback
+from autobatch.step.scriptpath import check_script_path
+from autobatch.step.spec import is_file_target, split_target
 
 
 def import_file(path: str | Path, *, reuse: bool = False) -> ModuleType:

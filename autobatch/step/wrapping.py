@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..core.space import STRATEGIES
-from .recompute import detect_blocks
+from autobatch.core.space import STRATEGIES
+from autobatch.step.recompute import detect_blocks
 
 if TYPE_CHECKING:
-    from .loop import Wrap
+    from autobatch.step.loop import Wrap
 
 __all__ = ["STRATEGIES", "backend_for", "wrapper", "wrap_ddp", "wrap_fsdp"]
 

@@ -1,0 +1,48 @@
+"""The answer of one check (``autobatch check --json``, ``autobatch.check()``): does this batch fit?"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class CheckResult:
+    """One isolated probe at one batch size; :meth:`to_dict` is ``check --json``.
+
+    ``within_margin``: it fitted the cap, but closer to it than ``tune`` accepts (a fresh process can
+    exceed the budget there; see :mod:`autobatch.devices.budget`).
+    """
+
+    fits: bool
+    kind: str
+    batch_size: int
+    precision: str
+    optimizer: str
+    recompute: bool
+    steps: int
+    peak_bytes: int | None
+    step_peaks: list[int]
+    budget_bytes: int
+    capacity_bytes: int
+    device: str
+    step_seconds: list[float]
+    samples_per_second: float | None
+    static_bytes: dict[str, int]
+    reason: str | None
+    within_margin: bool
+    device_stats: dict[str, Any] = field(default_factory=dict)
+    #: Distributed probes: the strategy, world size and fixed cost; every rank's peak (``peak_bytes`` is the
+    #: largest); the rank whose failure ended the probe.
+    strategy: dict[str, Any] | None = None
+    rank_peak_bytes: list[int] = field(default_factory=list)
+    failed_rank: int | None = None
+    #: The probe's wall clock, fork to answer: less the steps' seconds, its fixed cost.
+    wall_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)

@@ -1,0 +1,251 @@
+"""The result of a tune: a public, versioned JSON document (``tune --json`` and the result file).
+
+Schema (``schema_version`` 1); fields are only ever added, never renamed or removed. The JSON Schema
+is published as ``autobatch/result.schema.json``; :meth:`TuneResult.load` checks a file against it
+(:mod:`autobatch.records.schema`) and refuses, naming each field, what it does not match:
+
+``status``            "running" | "complete" | "interrupted" | "failed" (see :mod:`autobatch.records.liveness`: a
+                      "running" file whose ``pid`` on ``host`` is gone was killed outright)
+``pid``, ``host``     the tune's process and machine (to tell a live run from one killed by SIGKILL)
+``script``, ``script_args``, ``torch_version``, ``autobatch_version``, ``created``
+``device``            {"type", "name", "requested" (the --device asked for: "auto", "cpu", "cuda:0"),
+                      "capacity_bytes", "budget_bytes", "headroom", "memory_definition",
+                      "baseline_bytes", "process_limit_bytes" (CUDA: what NVML may see the probe process
+                      hold; null on the CPU), "others_bytes" (CUDA: memory other processes held on the
+                      GPU when the tune started; null on the CPU)}
+``objective``         "throughput" | "max-batch"
+``combinations``      list of :class:`ComboResult` objects: ``precision``, ``optimizer``, ``recompute``,
+                      ``status`` ("exact" | "capped" | "infeasible" | "skipped" | "pruned" | "error"),
+                      ``max_batch_size`` (null when infeasible/skipped), ``peak_bytes`` (measured at the
+                      maximum), ``samples_per_second`` (at the planned micro-batch, else at the maximum),
+                      ``probes`` (how many probes this combination cost), ``reason``, ``static_bytes``,
+                      ``bytes_per_sample``, ``knee_batch_size``, ``trace`` (every probe: batch_size, kind,
+                      peak_bytes, steps, seconds, samples_per_second, cached, purpose: search |
+                      confirm | throughput, started_at: seconds since the epoch, when it ran;
+                      ``rank_peak_bytes``: every rank's peak under a distributed strategy,
+                      ``peak_bytes`` then being the largest)
+``chosen``            null, or {"precision", "optimizer", "recompute", "micro_batch_size",
+                      "accumulation_steps", "world_size", "global_batch_size",
+                      "requested_global_batch_size", "exact", "note", "strategy" ("none" | "ddp" |
+                      "fsdp"), "nproc_per_node", "num_nodes"}
+``distributed``       {} for one process, else {"strategy", "nproc_per_node"}: how every probe ran
+``probes``            total probes run (cache hits excluded), ``probe_overhead_seconds``, ``wall_seconds``
+``notes``             list of strings: decisions and warnings worth reading
+``cache``             present only when the result was served from the cache: {"key", "served": true,
+                      "made"} (``autobatch cache show KEY`` shows what it was computed from)
+``devices``           present only when one job spans several GPU models: one entry per model
+                      ({"model", "device", "indices", "budget_bytes", "budget", "served_from_cache",
+                      "probes", "max_batch_sizes"}); ``combinations`` then hold the smallest maximum
+                      over the models and ``device`` is the model that binds the chosen combination
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autobatch.errors import ProbeFailure
+from autobatch.records.schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from autobatch.core.plan import Plan
+    from autobatch.records.protocol import ProbeOutcome
+
+__all__ = ["SCHEMA_VERSION", "Chosen", "ComboResult", "ProbeRecord", "TuneResult"]
+#: Fields added after the first release that are left out of the document while unset.
+_ABSENT_WHEN_NONE = ("cache", "devices", "pid", "host")  # written by a tune only
+
+
+@dataclass
+class ProbeRecord:
+    """One probe as it appears in a combination's trace."""
+
+    batch_size: int
+    kind: str  # fits | oom | error | timeout | crash
+    peak_bytes: int | None = None
+    steps: int = 0
+    seconds: float = 0.0
+    samples_per_second: float | None = None
+    cached: bool = False
+    purpose: str = "search"  # search | confirm | throughput
+    rank_peak_bytes: list[int] = field(default_factory=list)  # distributed: every rank's peak
+    started_at: float | None = None  # when the probe ran (seconds since the epoch); absent in older results
+
+    @classmethod
+    def of(cls, outcome: ProbeOutcome, purpose: str = "search") -> ProbeRecord:
+        """A probe's outcome as the trace shows it."""
+        return cls(
+            batch_size=outcome.batch_size,
+            kind=outcome.kind,
+            peak_bytes=outcome.peak_bytes,
+            steps=outcome.steps,
+            seconds=round(outcome.wall_seconds, 3),
+            samples_per_second=outcome.samples_per_second,
+            cached=outcome.cached,
+            purpose=purpose,
+            rank_peak_bytes=list(outcome.rank_peak_bytes),
+            started_at=outcome.started_at,
+        )
+
+
+@dataclass
+class ComboResult:
+    precision: str
+    optimizer: str
+    recompute: bool
+    status: str = "pending"
+    max_batch_size: int | None = None
+    peak_bytes: int | None = None
+    samples_per_second: float | None = None
+    probes: int = 0
+    reason: str | None = None
+    static_bytes: dict[str, int] = field(default_factory=dict)
+    bytes_per_sample: float | None = None
+    knee_batch_size: int | None = None
+    trace: list[ProbeRecord] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.precision}/{self.optimizer}/{'recompute' if self.recompute else 'no-recompute'}"
+
+
+@dataclass
+class Chosen:
+    precision: str
+    optimizer: str
+    recompute: bool
+    micro_batch_size: int
+    accumulation_steps: int
+    world_size: int
+    global_batch_size: int
+    requested_global_batch_size: int | None = None
+    exact: bool = True
+    note: str | None = None
+    #: Throughput objective: the winner's rate over the runner-up's, less 1 (None: no runner-up timed),
+    #: the runner-up, and how the choice was made (measured margin, or a tie within the noise).
+    margin: float | None = None
+    runner_up: str | None = None
+    decided_by: str | None = None
+    strategy: str = "none"  # none | ddp | fsdp: what the maximum was measured with
+    nproc_per_node: int = 1
+    num_nodes: int = 1
+
+    @classmethod
+    def of(cls, entry: ComboResult, plan: Plan, **extra: Any) -> Chosen:
+        """The chosen combination ``entry`` with its accumulation ``plan``."""
+        return cls(
+            precision=entry.precision,
+            optimizer=entry.optimizer,
+            recompute=entry.recompute,
+            micro_batch_size=plan.micro_batch_size,
+            accumulation_steps=plan.accumulation_steps,
+            world_size=plan.world_size,
+            global_batch_size=plan.global_batch_size,
+            requested_global_batch_size=plan.requested_global_batch_size,
+            exact=plan.exact,
+            note=plan.note,
+            **extra,
+        )
+
+
+@dataclass
+class TuneResult:
+    script: str
+    script_args: list[str]
+    device: dict[str, Any]
+    objective: str
+    combinations: list[ComboResult]
+    chosen: Chosen | None = None
+    status: str = "complete"
+    probes: int = 0
+    probe_overhead_seconds: float | None = None
+    wall_seconds: float | None = None
+    torch_version: str | None = None
+    autobatch_version: str | None = None
+    created: str | None = None
+    notes: list[str] = field(default_factory=list)
+    distributed: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+    pid: int | None = None
+    host: str | None = None
+    cache: dict[str, Any] | None = None
+    devices: list[dict[str, Any]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for name in _ABSENT_WHEN_NONE:
+            if data.get(name) is None:
+                data.pop(name, None)
+        for combo in data["combinations"]:
+            for record in combo["trace"]:
+                if record.get("started_at") is None:
+                    record.pop("started_at", None)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TuneResult:
+        combos = [
+            ComboResult(
+                **{
+                    **_known(ComboResult, c),
+                    "trace": [ProbeRecord(**_known(ProbeRecord, p)) for p in c.get("trace", [])],
+                }
+            )
+            for c in data.get("combinations", [])
+        ]
+        chosen = Chosen(**_known(Chosen, data["chosen"])) if data.get("chosen") else None
+        return cls(**{**_known(cls, data), "combinations": combos, "chosen": chosen})
+
+    @classmethod
+    def load(cls, path: str | Path) -> TuneResult:
+        from autobatch.errors import UsageError
+        from autobatch.records.schema import check_result
+
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UsageError(
+                f"no result file at {path}", hint="run `autobatch tune` first, or pass the path it wrote"
+            ) from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(
+                f"cannot read result file {path}: {exc}", hint="pass a JSON file written by `autobatch tune`"
+            ) from None
+        check_result(data, path)
+        return cls.from_dict(data)
+
+    def combo(self, precision: str, optimizer: str, recompute: bool) -> ComboResult | None:
+        for c in self.combinations:
+            if (c.precision, c.optimizer, c.recompute) == (precision, optimizer, recompute):
+                return c
+        return None
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def limited_failure(result: TuneResult) -> ProbeFailure | None:
+    """The error that ends a tune some of whose maxima a crash or timeout limited (exit 6), or None.
+
+    Raised by :meth:`Tuner.run` when nothing else could be chosen; otherwise ``tune`` raises it after the
+    result, the choice and the emitted files are out (the answer is usable, but not what was asked).
+    """
+    limited = [c for c in result.combinations if c.status.endswith("-limited")]
+    if not limited:
+        return None
+    lines = [
+        f"{c.precision}/{c.optimizer}/{'recompute' if c.recompute else 'no-recompute'}: {c.reason}"
+        for c in limited
+    ]
+    return ProbeFailure(
+        f"{len(limited)} combination(s) ended on a crash or timeout, not on memory:\n  " + "\n  ".join(lines),
+        hint="run `autobatch check SCRIPT --batch-size N --verbose` at that batch to see the probe's log; a timeout "
+        "needs a larger --timeout, a crash is a bug in the script or a native library (not memory)",
+    )
