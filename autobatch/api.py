@@ -51,14 +51,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from autobatch.errors import NothingFitsError
-
 if TYPE_CHECKING:
     from autobatch.core.space import Combo
+    from autobatch.devices.budget import DeviceInfo
     from autobatch.records.check import CheckResult
     from autobatch.records.protocol import ProbeOutcome, ProbeRunner
     from autobatch.records.result import TuneResult
-    from autobatch.run.session import Session
+    from autobatch.service.hooks import Hooks
     from autobatch.settings import Settings
     from autobatch.step.spec import ScriptSpec
 
@@ -105,48 +104,28 @@ def tune(
     config: str | Path | None = None,
     on_probe: Callable[[ProbeEvent], None] | None = None,
     runner: ProbeRunner | None = None,
+    refresh: bool = False,
     **settings: Any,
 ) -> TuneResult:
     """Every combination's exact maximum, the chosen configuration and its accumulation plan.
 
     See the module docstring for the step, the settings (keyword arguments named as in
-    ``autobatch.toml``) and where progress goes. Raises what ``autobatch tune`` exits with.
+    ``autobatch.toml``) and where progress goes; ``refresh`` measures again instead of serving the
+    result cache. Raises what ``autobatch tune`` exits with.
     """
-    from autobatch.run.tuner import TuneOptions, Tuner
-    from autobatch.settings import resolve_world_size
+    from autobatch.service.tune import tune as run_tune
 
     loaded = _settings("tune", config, script, settings)
-    world, world_source = resolve_world_size(loaded.plan.world_size, os.environ)
+    result_file = loaded.output.result if loaded.origin("result") != "default" else None
     with _spec(script, loaded, (build_model, make_batch, compute_loss)) as spec:
-        session = _session(loaded, spec, on_probe, runner, cache=None)
-        tuner = None
-        try:
-            info = session.start()
-            logger.info("tuning %s on %s (budget %d bytes)", session.script, info.name, info.budget_bytes)
-            if info.fell_back:
-                from autobatch.emit import refuse_fallback
-
-                refuse_fallback(loaded.output.emit, loaded.output.allow_cpu)
-                logger.warning("%s", info.notes[0])
-            tuner = Tuner(session, TuneOptions.from_settings(loaded, world, world_source))
-            result = tuner.run()
-        except BaseException as exc:
-            if tuner is not None:
-                _keep(tuner.result, exc, loaded)
-            raise
-        finally:
-            session.close()
-    _save(result, loaded)
-    if result.chosen is not None:
-        c = result.chosen
-        logger.info(
-            "chosen: %s/%s/recompute %s: micro-batch %d x accumulation %d x world %d = global %d",
-            c.precision, c.optimizer, "on" if c.recompute else "off",
-            c.micro_batch_size, c.accumulation_steps, c.world_size, c.global_batch_size,
-        )  # fmt: skip
-    if loaded.output.emit:
-        _emit(result, loaded)
-    return result
+        return run_tune(
+            loaded,
+            _hooks(on_probe, runner, on_result=_log_chosen),
+            spec=spec,
+            result_file=result_file,
+            refresh=refresh,
+            generated_by="autobatch.tune()",
+        )
 
 
 def check(
@@ -169,22 +148,19 @@ def check(
 
     ``precision`` and ``optimizer`` default to the first of the ``precisions`` and ``optimizers``
     settings. Running out of memory is an answer (``fits`` false), not an error. The step and the
-    settings are given as to :func:`tune`.
+    settings are given as to :func:`tune`; the device's lock is held as for a tune.
     """
-    from autobatch.core.space import Combo
-    from autobatch.run.check import check_batch
+    from autobatch.service.check import check as run_check
 
     if precision is not None:
         settings["precisions"] = [precision]
     if optimizer is not None:
         settings["optimizers"] = [optimizer]
     loaded = _settings("check", config, script, settings)
-    combo = Combo(loaded.search.precisions[0], loaded.search.optimizers[0], bool(recompute))
     with _spec(script, loaded, (build_model, make_batch, compute_loss)) as spec:
-        with _session(loaded, spec, on_probe, runner, cache=False) as session:
-            if session.device is not None and session.device.fell_back:
-                logger.warning("%s", session.device.notes[0])
-            return check_batch(session, combo, batch_size, steps or loaded.probe.confirm_steps)
+        return run_check(
+            loaded, batch_size, _hooks(on_probe, runner), recompute=recompute, steps=steps, spec=spec
+        )
 
 
 # -- settings and the step ----------------------------------------------------------------------------
@@ -276,17 +252,10 @@ def _sys_path() -> tuple[str, ...]:
     return tuple(p for p in sys.path if p and os.path.isdir(p))
 
 
-def _session(
-    settings: Settings, spec: ScriptSpec, on_probe: Any, runner: ProbeRunner | None, cache: bool | None
-) -> Session:
-    from autobatch.run.session import Session
+def _hooks(on_probe: Callable[[ProbeEvent], None] | None, runner: ProbeRunner | None, **fields: Any) -> Hooks:
+    """What the service tells the API: probes to ``on_probe`` (else the logger), the rest to the logger."""
+    from autobatch.service.hooks import Hooks
 
-    return Session.from_settings(
-        settings, cache=cache, on_probe=_reporter(on_probe), runner=runner, spec=spec
-    )
-
-
-def _reporter(on_probe: Callable[[ProbeEvent], None] | None) -> Callable[[Combo, ProbeOutcome, bool], None]:
     def report(combo: Combo, outcome: ProbeOutcome, cached: bool) -> None:
         event = ProbeEvent(
             combo.precision, combo.optimizer, combo.recompute, outcome.batch_size, outcome.kind,
@@ -297,40 +266,28 @@ def _reporter(on_probe: Callable[[ProbeEvent], None] | None) -> Callable[[Combo,
         else:
             logger.info("%s", event)
 
-    return report
+    def device(info: DeviceInfo) -> None:
+        logger.info("device %s: budget %d bytes", info.name, info.budget_bytes)
+        if info.fell_back:
+            logger.warning("%s", info.notes[0])
 
-
-# -- what a tune leaves behind --------------------------------------------------------------------------
-
-
-def _keep(result: TuneResult, exc: BaseException, settings: Settings) -> None:
-    """A tune that stops early: its status, and the result attached to a NothingFitsError (and saved)."""
-    if isinstance(exc, NothingFitsError):
-        exc.result = result  # type: ignore[attr-defined]
-    else:
-        result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-    _save(result, settings)
-
-
-def _save(result: TuneResult, settings: Settings) -> None:
-    if settings.origin("result") != "default":
-        from autobatch.records.files import write_atomic
-
-        write_atomic(settings.output.result, result.to_json() + "\n")
-        logger.info("result written to %s", settings.output.result)
-
-
-def _emit(result: TuneResult, settings: Settings) -> None:
-    from autobatch.emit import emit, make_options, parse_emit_spec, report
-
-    specs = [parse_emit_spec(spec) for spec in settings.output.emit]
-    options = make_options(
-        generated_by="autobatch.tune()",
-        lightning_batch_key=settings.output.lightning_batch_key,
-        deepspeed_base=settings.output.deepspeed_base,
-        deepspeed_optimizer=settings.output.deepspeed_optimizer,
-        allow_cpu=settings.output.allow_cpu,
+    return Hooks(
+        on_probe=report,
+        on_status=logger.info,
+        on_warning=logger.warning,
+        on_wait=logger.info,
+        on_device=device,
+        on_partial=lambda result, where: logger.info("partial result (%s) %s", result.status, where),
+        runner_factory=(lambda: runner) if runner is not None else None,
+        **fields,
     )
-    written = emit(result, specs, options)
-    for line in report(result, [(fmt, path) for (fmt, _), path in zip(specs, written)], options):
-        logger.info("%s", line)
+
+
+def _log_chosen(result: TuneResult) -> None:
+    if result.chosen is not None:
+        c = result.chosen
+        logger.info(
+            "chosen: %s/%s/recompute %s: micro-batch %d x accumulation %d x world %d = global %d",
+            c.precision, c.optimizer, "on" if c.recompute else "off",
+            c.micro_batch_size, c.accumulation_steps, c.world_size, c.global_batch_size,
+        )  # fmt: skip

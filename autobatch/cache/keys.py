@@ -31,6 +31,7 @@ from autobatch.records.version import __version__
 
 if TYPE_CHECKING:
     from autobatch.settings import Settings
+    from autobatch.step.spec import ScriptSpec
 
 #: The settings a tune's result depends on (output paths and timeouts do not change the answer).
 KEY_SETTINGS: tuple[str, ...] = (
@@ -141,13 +142,19 @@ def key_settings(settings: Settings, world_size: int) -> dict[str, Any]:
 
 
 def tune_inputs(
-    settings: Settings, device_identity: Mapping[str, Any], world_size: int, *, why_not: str | None = None
+    settings: Settings,
+    device_identity: Mapping[str, Any],
+    world_size: int,
+    *,
+    spec: ScriptSpec | None = None,
+    why_not: str | None = None,
 ) -> TuneInputs:
-    """The inputs of a tune of ``settings`` on the device ``device_identity`` describes."""
+    """The inputs of a tune of ``settings`` (its step: ``spec``, else the settings' script) on the device
+    ``device_identity`` describes."""
     from autobatch.cache.sources import source_digests
     from autobatch.step.spec import spec_from_settings
 
-    spec = spec_from_settings(settings)
+    spec = spec or spec_from_settings(settings)
     sources = (
         source_digests(spec.target)
         if spec.kind == "path"

@@ -32,7 +32,7 @@ app.add_typer(cache_app, name="cache")
 
 
 @cache_app.callback()
-def _cache(verbose: bool = opt.VERBOSE, quiet: bool = opt.QUIET) -> None:
+def _cache(verbose: opt.Verbose = False, quiet: opt.Quiet = False) -> None:
     """-v/-q between ``cache`` and its subcommand too."""
 
 
@@ -45,10 +45,10 @@ def _folder(config: Path | None) -> CacheFolder:
 
 @cache_app.command("list")
 def list_command(
-    config: Optional[Path] = opt.CONFIG,
+    config: opt.Config = None,
     as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON on stdout."),
-    verbose: bool = opt.VERBOSE,
-    quiet: bool = opt.QUIET,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Every entry: key, kind (result, journal, damaged), script, device, age, size."""
     from autobatch.cache.manage import entries
@@ -76,10 +76,10 @@ def list_command(
 @cache_app.command("show")
 def show_command(
     key: str = typer.Argument(..., help="A key from `autobatch cache list` (a unique prefix will do)."),
-    config: Optional[Path] = opt.CONFIG,
+    config: opt.Config = None,
     as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON on stdout."),
-    verbose: bool = opt.VERBOSE,
-    quiet: bool = opt.QUIET,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """What an entry was computed from and what it holds."""
     from autobatch.cache.manage import find
@@ -105,9 +105,9 @@ def clear_command(
     older_than: Optional[str] = typer.Option(
         None, "--older-than", help="Only entries last used longer ago than AGE (90s, 30m, 12h, 7d, 2w)."
     ),
-    config: Optional[Path] = opt.CONFIG,
-    verbose: bool = opt.VERBOSE,
-    quiet: bool = opt.QUIET,
+    config: opt.Config = None,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Remove every entry, or those older than AGE."""
     from autobatch.cache.manage import clear, parse_age

@@ -6,8 +6,7 @@ crashed or timed out, 3 when the script raised its own error.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -26,51 +25,51 @@ if TYPE_CHECKING:
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def check(
-    script: Optional[str] = opt.SCRIPT,
-    script_args: Optional[list[str]] = opt.SCRIPT_ARGS,
-    batch_size: int = typer.Option(..., "--batch-size", "-b", min=1, help="The batch size to try."),
-    n_steps: Optional[int] = typer.Option(
-        None, "--steps", min=1, help="Full training steps to run (default: the confirm_steps setting)."
-    ),
-    config: Optional[Path] = opt.CONFIG,
-    device: Optional[str] = opt.DEVICE,
-    memory: Optional[str] = opt.MEMORY,
-    headroom: Optional[float] = opt.HEADROOM,
-    precision: Optional[str] = opt.ONE_PRECISION,
-    optimizer: Optional[str] = opt.ONE_OPTIMIZER,
-    one_recompute: bool = opt.ONE_RECOMPUTE,
-    recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
-    timeout: Optional[float] = opt.TIMEOUT,
-    check_batch_size: Optional[bool] = opt.CHECK_BATCH_SIZE,
-    strategy: Optional[str] = opt.STRATEGY,
-    nproc_per_node: Optional[int] = opt.NPROC_PER_NODE,
-    hf: Optional[str] = opt.HF,
-    hf_task: Optional[str] = opt.HF_TASK,
-    seq_len: Optional[int] = opt.SEQ_LEN,
-    lightning: Optional[str] = opt.LIGHTNING,
-    datamodule: Optional[str] = opt.DATAMODULE,
-    lightning_config: Optional[str] = opt.LIGHTNING_CONFIG,
-    as_json: bool = opt.JSON,
-    verbose: bool = opt.VERBOSE,
-    quiet: bool = opt.QUIET,
+    batch_size: opt.BatchSize,
+    script: opt.Script = None,
+    script_args: opt.ScriptArgs = None,
+    n_steps: Annotated[
+        Optional[int],
+        typer.Option(
+            "--steps", min=1, help="Full training steps to run (default: the confirm_steps setting)."
+        ),
+    ] = None,
+    config: opt.Config = None,
+    device: opt.Device = None,
+    memory: opt.Memory = None,
+    headroom: opt.Headroom = None,
+    precision: opt.OnePrecision = None,
+    optimizer: opt.OneOptimizer = None,
+    one_recompute: opt.OneRecompute = False,
+    recompute_class: opt.RecomputeClass = None,
+    timeout: opt.Timeout = None,
+    check_batch_size: opt.CheckBatchSize = None,
+    strategy: opt.Strategy = None,
+    nproc_per_node: opt.NprocPerNode = None,
+    hf: opt.Hf = None,
+    hf_task: opt.HfTask = None,
+    seq_len: opt.SeqLen = None,
+    lightning: opt.Lightning = None,
+    datamodule: opt.Datamodule = None,
+    lightning_config: opt.LightningConfig = None,
+    as_json: opt.Json = False,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Run one isolated probe: does this batch fit? Peak memory and step time."""
+    from autobatch.service.check import check as run_check
+    from autobatch.service.check import combination
+
     settings = opt.load(locals())
-    n_steps = n_steps or settings.probe.confirm_steps
-
-    from autobatch.core.space import Combo
-    from autobatch.run.check import check_batch
-
-    combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], one_recompute)
     out = Output()
+    devices: list[DeviceInfo] = []
     try:
-        with opt.open_session(settings, cache=False, out=out) as session:
-            report = check_batch(session, combo, batch_size, n_steps)
-            info = session.device
+        report = run_check(
+            settings, batch_size, out.hooks(on_device=devices.append), recompute=one_recompute, steps=n_steps
+        )
     finally:
         out.close()
-    assert info is not None
-    _print(report, combo, info, out)
+    _print(report, combination(settings, one_recompute), devices[0], out)
     if as_json:
         stdout_write(report.to_json())
     if not report.fits:

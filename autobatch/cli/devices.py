@@ -34,8 +34,8 @@ def devices(
         "--node-type",
         help="Print only a file-name-safe name of this node's GPUs on stdout (job scripts).",
     ),
-    verbose: bool = opt.VERBOSE,
-    quiet: bool = opt.QUIET,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """List the visible GPUs (memory, processes, MIG instances) and the host's memory."""
     from autobatch.devices import inventory as inv

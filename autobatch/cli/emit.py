@@ -56,8 +56,8 @@ def emit_command(
         "the CPU was not asked for (device auto found no GPU).",
     ),  # fmt: skip
     as_json: bool = typer.Option(False, "--json", help="Print the written paths as JSON on stdout."),
-    verbose: bool = opt.VERBOSE,
-    quiet: bool = opt.QUIET,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Write launcher configs (DeepSpeed, HF, Lightning, accelerate, env, json, toml) from a saved result."""
     from autobatch.emit import emit, make_options, parse_emit_spec, report

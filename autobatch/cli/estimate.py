@@ -18,7 +18,6 @@ It is an estimate: the human output says what differs on a real device.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -45,32 +44,30 @@ CAVEATS_CPU = (
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def estimate(
-    script: Optional[str] = opt.SCRIPT,
-    script_args: Optional[list[str]] = opt.SCRIPT_ARGS,
-    config: Optional[Path] = opt.CONFIG,
+    script: opt.Script = None,
+    script_args: opt.ScriptArgs = None,
+    config: opt.Config = None,
     card: Optional[str] = typer.Option(None, "--card", help="A named GPU profile (see --list-cards)."),
     list_cards: bool = typer.Option(False, "--list-cards", help="List the card profiles and exit."),
-    device: Optional[str] = opt.DEVICE,
-    memory: Optional[str] = opt.MEMORY,
-    headroom: Optional[float] = opt.HEADROOM,
-    precision: Optional[list[str]] = opt.PRECISION,
-    optimizer: Optional[list[str]] = opt.OPTIMIZER,
-    recompute: Optional[bool] = opt.RECOMPUTE,
-    recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
-    batch_multiple: Optional[int] = typer.Option(None, "--batch-multiple", help=opt._help("batch_multiple")),
-    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help=opt._help("max_batch_size")),
-    timeout: Optional[float] = opt.TIMEOUT,
-    check_batch_size: Optional[bool] = opt.CHECK_BATCH_SIZE,
-    strategy: Optional[str] = opt.STRATEGY,
-    world_size: Optional[int] = typer.Option(None, "--world-size", "-w", help=opt._help("world_size")),
-    nproc_per_node: Optional[int] = opt.NPROC_PER_NODE,
-    nnodes: Optional[int] = opt.NNODES,
-    plot: Optional[Path] = typer.Option(
-        None, "--plot", help="Draw the simulated memory against batch size to FILE (.png or .svg)."
-    ),
-    as_json: bool = opt.JSON,
-    verbose: bool = opt.VERBOSE,
-    quiet: bool = opt.QUIET,
+    device: opt.Device = None,
+    memory: opt.Memory = None,
+    headroom: opt.Headroom = None,
+    precision: opt.Precisions = None,
+    optimizer: opt.Optimizers = None,
+    recompute: opt.Recompute = None,
+    recompute_class: opt.RecomputeClass = None,
+    batch_multiple: opt.BatchMultiple = None,
+    max_batch_size: opt.MaxBatchSize = None,
+    timeout: opt.Timeout = None,
+    check_batch_size: opt.CheckBatchSize = None,
+    strategy: opt.Strategy = None,
+    world_size: opt.WorldSize = None,
+    nproc_per_node: opt.NprocPerNode = None,
+    nnodes: opt.Nnodes = None,
+    plot: opt.Plot = None,
+    as_json: opt.Json = False,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Predict each combination's maximum batch on a card (or the CPU) with fake tensors: no real allocation."""
     from autobatch.explain.pure.cards import CARDS

@@ -11,52 +11,53 @@ levers ranked by the maximum batch each would give. ``--json`` prints the report
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
+from autobatch.cli.progress import Output
 from autobatch.core.units import format_bytes
-from autobatch.errors import UsageError
+
+if TYPE_CHECKING:
+    from autobatch.devices.budget import DeviceInfo
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def explain(
-    script: Optional[str] = opt.SCRIPT,
-    script_args: Optional[list[str]] = opt.SCRIPT_ARGS,
-    batch_size: int = typer.Option(..., "--batch-size", "-b", min=1, help="The batch size to explain."),
-    config: Optional[Path] = opt.CONFIG,
-    device: Optional[str] = opt.DEVICE,
-    memory: Optional[str] = opt.MEMORY,
-    headroom: Optional[float] = opt.HEADROOM,
-    precision: Optional[str] = opt.ONE_PRECISION,
-    optimizer: Optional[str] = opt.ONE_OPTIMIZER,
-    one_recompute: bool = opt.ONE_RECOMPUTE,
-    recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
-    timeout: Optional[float] = opt.TIMEOUT,
-    check_batch_size: Optional[bool] = opt.CHECK_BATCH_SIZE,
-    strategy: Optional[str] = opt.STRATEGY,
-    nproc_per_node: Optional[int] = opt.NPROC_PER_NODE,
-    vocab_trim: float = typer.Option(
-        0.5,
-        "--vocab-trim",
-        min=0.0,
-        max=0.95,
-        help="Fraction of the largest embedding's vocabulary the "
-        "vocabulary lever removes (0 turns the lever off).",
-    ),
-    verify: bool = typer.Option(
-        False, "--verify", help="Measure each lever's maximum batch with real probes (slower)."
-    ),
-    plot: Optional[Path] = typer.Option(
-        None, "--plot", help="Draw memory against batch size and the breakdown to FILE (.png or .svg)."
-    ),
-    as_json: bool = opt.JSON,
-    verbose: bool = opt.VERBOSE,
-    quiet: bool = opt.QUIET,
+    batch_size: opt.BatchSize,
+    script: opt.Script = None,
+    script_args: opt.ScriptArgs = None,
+    config: opt.Config = None,
+    device: opt.Device = None,
+    memory: opt.Memory = None,
+    headroom: opt.Headroom = None,
+    precision: opt.OnePrecision = None,
+    optimizer: opt.OneOptimizer = None,
+    one_recompute: opt.OneRecompute = False,
+    recompute_class: opt.RecomputeClass = None,
+    timeout: opt.Timeout = None,
+    check_batch_size: opt.CheckBatchSize = None,
+    strategy: opt.Strategy = None,
+    nproc_per_node: opt.NprocPerNode = None,
+    vocab_trim: Annotated[
+        float,
+        typer.Option(
+            "--vocab-trim",
+            min=0.0,
+            max=0.95,
+            help="Fraction of the largest embedding's vocabulary the vocabulary lever removes (0 turns it off).",
+        ),
+    ] = 0.5,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Measure each lever's maximum batch with real probes (slower).")
+    ] = False,
+    plot: opt.Plot = None,
+    as_json: opt.Json = False,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Break the peak memory of one batch size down (categories, modules) and rank the levers."""
     settings = opt.load(locals())
@@ -66,33 +67,30 @@ def explain(
 
         check_plot_path(plot)
 
-    from autobatch.core.space import Combo
-    from autobatch.explain.parent.explainer import explain_batch
-    from autobatch.explain.pure.options import OP_MODULES
+    from autobatch.service.check import combination
+    from autobatch.service.check import explain as run_explain
 
-    combo = Combo(settings.search.precisions[0], settings.search.optimizers[0], one_recompute)
-    limits = settings.limits()
     console.print(f"[bold]autobatch explain[/] {escape(script_path)}: starting the probe server")
-    with opt.open_session(settings, op_modules=OP_MODULES) as session:
-        info = session.device
-        assert info is not None
+    devices: list[DeviceInfo] = []
+
+    def show_device(info: DeviceInfo) -> None:
+        devices.append(info)
         console.print(
             f"device [bold]{info.name}[/]: budget {format_bytes(info.budget_bytes)} "
             f"(capacity {format_bytes(info.capacity_bytes)}, headroom {info.headroom:.0%}); "
             f"{escape(info.memory_definition)}"
         )
-        unsupported = info.unsupported(combo.precision)
-        if unsupported:
-            raise UsageError(unsupported, hint="pick another --precision")
-        report = explain_batch(
-            session,
-            combo,
-            batch_size,
-            limits,
-            vocab_trim=vocab_trim,
-            verify=verify,
-            progress=lambda text: console.print(f"[dim]  {escape(text)}[/]"),
-        )
+
+    report = run_explain(
+        settings,
+        batch_size,
+        Output().hooks(on_device=show_device, on_probe=None),
+        recompute=one_recompute,
+        vocab_trim=vocab_trim,
+        verify=verify,
+        progress=lambda text: console.print(f"[dim]  {escape(text)}[/]"),
+    )
+    combo, info = combination(settings, one_recompute), devices[0]
     data = report.to_dict()
     _print_report(report, data, combo.key, info.name, verify)
     if plot is not None:

@@ -20,8 +20,8 @@ from autobatch.errors import UsageError
 def init(
     path: Path = typer.Argument(Path("autobatch.toml"), help="File to write.", show_default=True),
     force: bool = typer.Option(False, "--force", "-f", help="Overwrite the file if it exists."),
-    verbose: bool = opt.VERBOSE,
-    quiet: bool = opt.QUIET,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Write a commented starter autobatch.toml: every key, its default and what it does."""
     from autobatch.records.files import write_atomic

@@ -1,18 +1,19 @@
-"""Options shared by ``tune``, ``check`` and the commands that probe, declared once.
+"""Every option of ``tune``, ``check``, ``explain`` and ``estimate``, declared once as an annotated alias.
 
-Every option defaults to ``None`` (not given) so that ``autobatch.toml`` and ``AUTOBATCH_*`` can fill
-it in; the defaults themselves live only in :mod:`autobatch.settings`.
+A command names its parameters with these types (``device: opt.Device = None``). Every option that is a
+setting defaults to ``None`` (not given) so that ``autobatch.toml`` and ``AUTOBATCH_*`` can fill it in;
+the defaults and help texts live only in :mod:`autobatch.settings`. :func:`load` turns a command's
+parameters into its settings.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 if TYPE_CHECKING:
-    from autobatch.cli.progress import Output
-    from autobatch.run.session import OnProbe, Session
     from autobatch.settings import Settings
 
 
@@ -43,48 +44,105 @@ def _set_quiet(value: bool) -> bool:
     return value
 
 
+def _setting(flag: str, name: str, *short: str) -> Any:
+    """The option of the setting ``name`` (its help text from the settings)."""
+    return typer.Option(flag, *short, help=_help(name))
+
+
+# -- what every probing command takes --------------------------------------------------------------------
+
 #: Accepted by every command, after its name as well as before it (``autobatch tune -v``).
-VERBOSE = typer.Option(
-    False, "--verbose", "-v", callback=_set_verbose, help="Show tracebacks and probe logs on errors."
-)
-QUIET = typer.Option(
-    False, "--quiet", "-q", callback=_set_quiet, help="Print only errors and the final summary line."
-)
-CONFIG = typer.Option(None, "--config", "-c", help="Settings file (default: ./autobatch.toml when present).")
-DEVICE = typer.Option(None, "--device", "-d", help=_help("device"))
-MEMORY = typer.Option(None, "--memory", "-m", help=_help("memory"))
-HEADROOM = typer.Option(None, "--headroom", help=_help("headroom"))
-PRECISION = typer.Option(None, "--precision", "-p", help=_help("precisions"))
-OPTIMIZER = typer.Option(None, "--optimizer", "-o", help=_help("optimizers"))
-RECOMPUTE = typer.Option(None, "--recompute/--no-recompute", help=_help("recompute"))
-RECOMPUTE_CLASS = typer.Option(None, "--recompute-class", help=_help("recompute_classes"))
-TIMEOUT = typer.Option(None, "--timeout", help=_help("timeout"))
-STRATEGY = typer.Option(None, "--strategy", help=_help("strategy"))
-NPROC_PER_NODE = typer.Option(None, "--nproc-per-node", help=_help("nproc_per_node"))
-NNODES = typer.Option(None, "--nnodes", help=_help("nnodes"))
-JSON = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
-CHECK_BATCH_SIZE = typer.Option(
-    None, "--check-batch-size/--no-check-batch-size", help=_help("check_batch_size")
-)
+Verbose = Annotated[
+    bool,
+    typer.Option("--verbose", "-v", callback=_set_verbose, help="Show tracebacks and probe logs on errors."),
+]
+Quiet = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", callback=_set_quiet, help="Print only errors and the final summary line."),
+]
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+Script = Annotated[
+    Optional[str],
+    typer.Argument(
+        help="Training script, or package.module:attribute (default: `script` in autobatch.toml).",
+        show_default=False,
+    ),
+]
+ScriptArgs = Annotated[
+    Optional[list[str]], typer.Argument(help="Arguments for the script, after `--`.", show_default=False)
+]
+Config = Annotated[
+    Optional[Path],
+    typer.Option("--config", "-c", help="Settings file (default: ./autobatch.toml when present)."),
+]
+Device = Annotated[Optional[str], _setting("--device", "device", "-d")]
+Memory = Annotated[Optional[str], _setting("--memory", "memory", "-m")]
+Headroom = Annotated[Optional[float], _setting("--headroom", "headroom")]
+RecomputeClass = Annotated[Optional[list[str]], _setting("--recompute-class", "recompute_classes")]
+Timeout = Annotated[Optional[float], _setting("--timeout", "timeout")]
+CheckBatchSize = Annotated[
+    Optional[bool], _setting("--check-batch-size/--no-check-batch-size", "check_batch_size")
+]
+Strategy = Annotated[Optional[str], _setting("--strategy", "strategy")]
+NprocPerNode = Annotated[Optional[int], _setting("--nproc-per-node", "nproc_per_node")]
+Nnodes = Annotated[Optional[int], _setting("--nnodes", "nnodes")]
+WorldSize = Annotated[Optional[int], _setting("--world-size", "world_size", "-w")]
+BatchMultiple = Annotated[Optional[int], _setting("--batch-multiple", "batch_multiple")]
+MaxBatchSize = Annotated[Optional[int], _setting("--max-batch-size", "max_batch_size")]
+Plot = Annotated[
+    Optional[Path],
+    typer.Option("--plot", help="Draw memory against batch size (and the breakdown) to FILE (.png or .svg)."),
+]
+
+# -- the search space: every combination (tune, estimate) or one (check, explain) -------------------------
+
+Precisions = Annotated[Optional[list[str]], _setting("--precision", "precisions", "-p")]
+Optimizers = Annotated[Optional[list[str]], _setting("--optimizer", "optimizers", "-o")]
+Recompute = Annotated[Optional[bool], _setting("--recompute/--no-recompute", "recompute")]
 #: One combination (check, explain): the first precision and optimizer of the settings unless given.
-ONE_PRECISION = typer.Option(None, "--precision", "-p", help="Precision (default: the first in settings).")
-ONE_OPTIMIZER = typer.Option(None, "--optimizer", "-o", help="Optimizer (default: the first in settings).")
-ONE_RECOMPUTE = typer.Option(
-    False, "--recompute/--no-recompute", help="Wrap repeated blocks in activation checkpointing."
-)
-SCRIPT = typer.Argument(
-    None,
-    help="Training script, or package.module:attribute (default: `script` in autobatch.toml).",
-    show_default=False,
-)
-#: Where the step comes from instead of a script (tune and check).
-HF = typer.Option(None, "--hf", help=_help("hf"))
-HF_TASK = typer.Option(None, "--hf-task", help=_help("hf_task"))
-SEQ_LEN = typer.Option(None, "--seq-len", help=_help("seq_len"))
-LIGHTNING = typer.Option(None, "--lightning", help=_help("lightning"))
-DATAMODULE = typer.Option(None, "--datamodule", help=_help("datamodule"))
-LIGHTNING_CONFIG = typer.Option(None, "--lightning-config", help=_help("lightning_config"))
-SCRIPT_ARGS = typer.Argument(None, help="Arguments for the script, after `--`.", show_default=False)
+OnePrecision = Annotated[
+    Optional[str], typer.Option("--precision", "-p", help="Precision (default: the first in settings).")
+]
+OneOptimizer = Annotated[
+    Optional[str], typer.Option("--optimizer", "-o", help="Optimizer (default: the first in settings).")
+]
+OneRecompute = Annotated[
+    bool, typer.Option("--recompute/--no-recompute", help="Wrap repeated blocks in activation checkpointing.")
+]
+BatchSize = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="The batch size to run.")]
+
+# -- where the step comes from instead of a script (tune and check) --------------------------------------
+
+Hf = Annotated[Optional[str], _setting("--hf", "hf")]
+HfTask = Annotated[Optional[str], _setting("--hf-task", "hf_task")]
+SeqLen = Annotated[Optional[int], _setting("--seq-len", "seq_len")]
+Lightning = Annotated[Optional[str], _setting("--lightning", "lightning")]
+Datamodule = Annotated[Optional[str], _setting("--datamodule", "datamodule")]
+LightningConfig = Annotated[Optional[str], _setting("--lightning-config", "lightning_config")]
+
+# -- tune only: the search, the plan, the cache, the output ----------------------------------------------
+
+GlobalBatchSize = Annotated[Optional[int], _setting("--global-batch-size", "global_batch_size", "-g")]
+Objective = Annotated[Optional[str], _setting("--objective", "objective")]
+Steps = Annotated[Optional[int], _setting("--steps", "steps")]
+MaxSteps = Annotated[Optional[int], _setting("--max-steps", "max_steps")]
+ConfirmSteps = Annotated[Optional[int], _setting("--confirm-steps", "confirm_steps")]
+Cache = Annotated[Optional[bool], _setting("--cache/--no-cache", "cache")]
+Refresh = Annotated[
+    bool,
+    typer.Option(
+        "--refresh",
+        help="Ignore the cache: measure every probe again (the new result replaces the stored one).",
+    ),
+]
+LockTimeout = Annotated[Optional[float], _setting("--lock-timeout", "lock_timeout")]
+ExactAll = Annotated[Optional[bool], _setting("--exact-all/--no-exact-all", "exact_all")]
+Output = Annotated[Optional[str], _setting("--output", "result")]
+Emit = Annotated[Optional[list[str]], _setting("--emit", "emit", "-e")]
+LightningBatchKey = Annotated[Optional[str], _setting("--lightning-batch-key", "lightning_batch_key")]
+DeepspeedBase = Annotated[Optional[str], _setting("--deepspeed-base", "deepspeed_base")]
+DeepspeedOptimizer = Annotated[Optional[bool], _setting("--deepspeed-optimizer", "deepspeed_optimizer")]
+AllowCpu = Annotated[Optional[bool], _setting("--allow-cpu", "allow_cpu")]
 
 
 #: Command parameters whose setting has another name (a flag names one item of a list setting).
@@ -123,45 +181,3 @@ def load(params: dict[str, Any]) -> Settings:
     from autobatch.settings import load_settings
 
     return load_settings(config=params.get("config"), overrides=overrides(params))
-
-
-def open_session(
-    settings: Settings,
-    *,
-    cache: bool | None = None,
-    on_probe: OnProbe | None = None,
-    op_modules: tuple[str, ...] = (),
-    out: Output | None = None,
-) -> Session:
-    """The session a command probes through: the probe server (or the runner the CLI state names, in
-    tests) on the first device the ``device`` setting names, holding that device's lock while open;
-    ``op_modules`` register operations beyond ``probe`` and ``inspect`` (see autobatch.probe.ops)."""
-    from autobatch.cli.progress import Output
-    from autobatch.cli.state import STATE
-    from autobatch.devices.selection import resolve_targets
-    from autobatch.run.locks import DeviceLock
-    from autobatch.run.session import Session
-
-    out = out or Output()
-    target = resolve_targets(settings.device.device, settings.device.memory)[0]
-    lock = DeviceLock(
-        target.lock_key,
-        target.label,
-        folder=settings.probe.lock_dir,
-        timeout=settings.probe.lock_timeout,
-        on_wait=out.wait,
-        on_warning=out.warning,
-    )
-    runner = STATE.runner_factory() if STATE.runner_factory is not None else None
-    return Session.from_settings(
-        settings,
-        cache=cache,
-        on_probe=on_probe,
-        runner=runner,
-        op_modules=op_modules,
-        device=target.device,
-        identity=target.identity,
-        lock=lock,
-        wrap_runner=out.watch,
-        on_warning=out.warning,
-    )

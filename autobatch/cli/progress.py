@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from autobatch.core.space import Combo
     from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
+    from autobatch.service.hooks import Hooks
 
 
 def unwrapped_console() -> Console:
@@ -117,6 +118,20 @@ class Output:
             return runner
         self.display = self.display or LiveProbe()
         return WatchedRunner(runner, self.display)
+
+    def hooks(self, **fields: Any) -> Hooks:
+        """What the service tells a command, shown here; ``fields`` add or replace hooks."""
+        from autobatch.service.hooks import Hooks
+
+        shown: dict[str, Any] = {
+            "on_probe": self.probe,
+            "on_status": self.status,
+            "on_warning": self.warning,
+            "on_wait": self.wait,
+            "wrap_runner": self.watch,
+            "runner_factory": STATE.runner_factory,
+        }
+        return Hooks(**{**shown, **fields})
 
     def close(self) -> None:
         if self.display is not None:

@@ -3,118 +3,99 @@
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+import shlex
+import sys
+from typing import TYPE_CHECKING, Callable
 
-import typer
 from rich.markup import escape
 from rich.table import Table
 
 from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
 from autobatch.cli.progress import Output, unwrapped_console
-from autobatch.cli.saving import ResultSaver, preflight
 from autobatch.core.units import format_bytes
-from autobatch.errors import AutobatchError, UsageError
 
 if TYPE_CHECKING:
     from autobatch.devices.budget import DeviceInfo
     from autobatch.records.result import ComboResult, TuneResult
-    from autobatch.run.calibrate import Hooks
     from autobatch.settings import Settings
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def tune(
-    script: Optional[str] = opt.SCRIPT,
-    script_args: Optional[list[str]] = opt.SCRIPT_ARGS,
-    config: Optional[Path] = opt.CONFIG,
-    device: Optional[str] = opt.DEVICE,
-    memory: Optional[str] = opt.MEMORY,
-    headroom: Optional[float] = opt.HEADROOM,
-    precision: Optional[list[str]] = opt.PRECISION,
-    optimizer: Optional[list[str]] = opt.OPTIMIZER,
-    recompute: Optional[bool] = opt.RECOMPUTE,
-    recompute_class: Optional[list[str]] = opt.RECOMPUTE_CLASS,
-    batch_multiple: Optional[int] = typer.Option(None, "--batch-multiple", help=opt._help("batch_multiple")),
-    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help=opt._help("max_batch_size")),
-    global_batch_size: Optional[int] = typer.Option(
-        None, "--global-batch-size", "-g", help=opt._help("global_batch_size")
-    ),
-    world_size: Optional[int] = typer.Option(None, "--world-size", "-w", help=opt._help("world_size")),
-    strategy: Optional[str] = opt.STRATEGY,
-    nproc_per_node: Optional[int] = opt.NPROC_PER_NODE,
-    nnodes: Optional[int] = opt.NNODES,
-    objective: Optional[str] = typer.Option(None, "--objective", help=opt._help("objective")),
-    steps: Optional[int] = typer.Option(None, "--steps", help=opt._help("steps")),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help=opt._help("max_steps")),
-    confirm_steps: Optional[int] = typer.Option(None, "--confirm-steps", help=opt._help("confirm_steps")),
-    timeout: Optional[float] = opt.TIMEOUT,
-    check_batch_size: Optional[bool] = opt.CHECK_BATCH_SIZE,
-    cache: Optional[bool] = typer.Option(None, "--cache/--no-cache", help=opt._help("cache")),
-    refresh: bool = typer.Option(
-        False,
-        "--refresh",
-        help="Ignore the cache: measure every probe again (the new result replaces the stored one).",
-    ),
-    lock_timeout: Optional[float] = typer.Option(None, "--lock-timeout", help=opt._help("lock_timeout")),
-    exact_all: Optional[bool] = typer.Option(None, "--exact-all/--no-exact-all", help=opt._help("exact_all")),
-    output: Optional[str] = typer.Option(None, "--output", help=opt._help("result")),
-    emit: Optional[list[str]] = typer.Option(None, "--emit", "-e", help=opt._help("emit")),
-    lightning_batch_key: Optional[str] = typer.Option(
-        None, "--lightning-batch-key", help=opt._help("lightning_batch_key")
-    ),
-    deepspeed_base: Optional[str] = typer.Option(None, "--deepspeed-base", help=opt._help("deepspeed_base")),
-    deepspeed_optimizer: Optional[bool] = typer.Option(
-        None, "--deepspeed-optimizer", help=opt._help("deepspeed_optimizer")
-    ),
-    allow_cpu: Optional[bool] = typer.Option(None, "--allow-cpu", help=opt._help("allow_cpu")),
-    hf: Optional[str] = opt.HF,
-    hf_task: Optional[str] = opt.HF_TASK,
-    seq_len: Optional[int] = opt.SEQ_LEN,
-    lightning: Optional[str] = opt.LIGHTNING,
-    datamodule: Optional[str] = opt.DATAMODULE,
-    lightning_config: Optional[str] = opt.LIGHTNING_CONFIG,
-    plot: Optional[Path] = typer.Option(
-        None,
-        "--plot",
-        help="Draw memory against batch size (probes, fitted lines, budget, maxima) and the chosen "
-        "combination's breakdown to FILE (.png or .svg; needs the plot extra).",
-    ),
-    as_json: bool = opt.JSON,
-    verbose: bool = opt.VERBOSE,
-    quiet: bool = opt.QUIET,
+    script: opt.Script = None,
+    script_args: opt.ScriptArgs = None,
+    config: opt.Config = None,
+    device: opt.Device = None,
+    memory: opt.Memory = None,
+    headroom: opt.Headroom = None,
+    precision: opt.Precisions = None,
+    optimizer: opt.Optimizers = None,
+    recompute: opt.Recompute = None,
+    recompute_class: opt.RecomputeClass = None,
+    batch_multiple: opt.BatchMultiple = None,
+    max_batch_size: opt.MaxBatchSize = None,
+    global_batch_size: opt.GlobalBatchSize = None,
+    world_size: opt.WorldSize = None,
+    strategy: opt.Strategy = None,
+    nproc_per_node: opt.NprocPerNode = None,
+    nnodes: opt.Nnodes = None,
+    objective: opt.Objective = None,
+    steps: opt.Steps = None,
+    max_steps: opt.MaxSteps = None,
+    confirm_steps: opt.ConfirmSteps = None,
+    timeout: opt.Timeout = None,
+    check_batch_size: opt.CheckBatchSize = None,
+    cache: opt.Cache = None,
+    refresh: opt.Refresh = False,
+    lock_timeout: opt.LockTimeout = None,
+    exact_all: opt.ExactAll = None,
+    output: opt.Output = None,
+    emit: opt.Emit = None,
+    lightning_batch_key: opt.LightningBatchKey = None,
+    deepspeed_base: opt.DeepspeedBase = None,
+    deepspeed_optimizer: opt.DeepspeedOptimizer = None,
+    allow_cpu: opt.AllowCpu = None,
+    hf: opt.Hf = None,
+    hf_task: opt.HfTask = None,
+    seq_len: opt.SeqLen = None,
+    lightning: opt.Lightning = None,
+    datamodule: opt.Datamodule = None,
+    lightning_config: opt.LightningConfig = None,
+    plot: opt.Plot = None,
+    as_json: opt.Json = False,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Search precision x optimizer x recomputation for the largest batch that fits; plan accumulation."""
     from autobatch.records.result import limited_failure
-    from autobatch.run.session import spec_from_settings
+    from autobatch.service.tune import tune as run_tune
+    from autobatch.step.spec import spec_from_settings
 
     settings = opt.load(locals())
-    script_path = spec_from_settings(settings).label
-    world, world_source = _world(settings)
     if plot is not None:
         from autobatch.explain.output.plot import check_plot_path
 
         check_plot_path(plot)  # before any probe
-    saver = ResultSaver(Path(settings.output.result))
-    preflight(saver.path)  # before any probe
     out = Output()
-    out.status(f"autobatch tune {script_path}")
-    result = run_tune(settings, world, world_source, refresh=refresh, out=out, saver=saver)
-    if not out.quiet:
-        print_table(result)
-        print_chosen(result)  # before the file: a full disk must not hide the answer
-    saver.finish(result)
-    out.status(f"result written to {settings.output.result}")
+    out.status(f"autobatch tune {spec_from_settings(settings).label}")
+    try:
+        result = run_tune(
+            settings,
+            out.hooks(
+                on_device=_device_line(settings, out), on_result=_answer(out), on_partial=_partial(out)
+            ),
+            result_file=settings.output.result,
+            refresh=refresh,
+            generated_by="autobatch " + shlex.join(sys.argv[1:]),
+        )
+    finally:
+        out.close()
     if plot is not None:
         from autobatch.explain.output.plot import plot_tune
 
         plot_tune(result, plot)
         out.status(f"plot written to {plot}")
-    if settings.output.emit:
-        _emit(result, settings, out)
     out.summary(summary_line(result, settings.output.result))
     if as_json:
         stdout_write(json.dumps(result.to_dict(), indent=2))
@@ -123,73 +104,9 @@ def tune(
         raise failure
 
 
-def _world(settings: Settings) -> tuple[int, str]:
-    """The world size (a strategy implies one) and where it came from; every process needs at least one
-    micro-batch (of ``batch_multiple`` samples) of the global batch per step."""
-    from autobatch.core.world import strategy_world
-    from autobatch.settings import resolve_world_size
-
-    world, source = resolve_world_size(settings.plan.world_size, os.environ)
-    dist = settings.distributed
-    implied = strategy_world(dist.strategy, dist.nproc_per_node, dist.nnodes, os.environ)
-    if implied is not None and settings.plan.world_size is None:
-        world, source = implied
-    global_batch, multiple = settings.plan.global_batch_size, settings.search.batch_multiple
-    if global_batch is not None and global_batch < world * multiple:
-        raise UsageError(
-            f"--global-batch-size {global_batch} is smaller than the world size {world} (from {source}) x "
-            f"batch multiple {multiple}: every process needs at least {multiple} sample(s) per step",
-            hint=f"raise --global-batch-size to a multiple of {world * multiple}, or lower --world-size",
-        )
-    return world, source
-
-
-def run_tune(
-    settings: Settings,
-    world: int,
-    world_source: str,
-    *,
-    refresh: bool = False,
-    out: Output | None = None,
-    saver: ResultSaver | None = None,
-) -> TuneResult:
-    """Run the tune (:func:`autobatch.run.calibrate.calibrate`), saving the result after every probe; on
-    failure or interruption, save and show what was measured, then re-raise."""
-    from autobatch.run.calibrate import calibrate
-
-    out = out or Output()
-    save = saver or ResultSaver(Path(settings.output.result))
-    latest: list[TuneResult] = []
-
-    def keep(result: TuneResult) -> None:
-        latest[:1] = [result]
-
-    def update(result: TuneResult) -> None:
-        keep(result)
-        save(result)
-
-    hooks = replace(_hooks(settings, out, update), on_start=keep)
-    try:
-        result = calibrate(settings, world, world_source, refresh=refresh, hooks=hooks)
-        save(result)
-        return result
-    except BaseException as exc:
-        if latest:
-            _keep_partial(latest[0], exc, save, out)
-        raise
-    finally:
-        out.close()
-
-
-def _hooks(settings: Settings, out: Output, update: Callable[[TuneResult], None]) -> Hooks:
-    from autobatch.cli.state import STATE
-    from autobatch.run.calibrate import Hooks
-
+def _device_line(settings: Settings, out: Output) -> Callable[[DeviceInfo], None]:
     def device(info: DeviceInfo) -> None:
         if info.fell_back:
-            from autobatch.emit import refuse_fallback
-
-            refuse_fallback(settings.output.emit, settings.output.allow_cpu)
             out.warning(info.notes[0])
         auto = " (auto)" if settings.device.device == "auto" else ""
         out.status(
@@ -197,16 +114,26 @@ def _hooks(settings: Settings, out: Output, update: Callable[[TuneResult], None]
             f"{format_bytes(info.budget_bytes)} (headroom {info.headroom:.0%}); {info.memory_definition}"
         )
 
-    return Hooks(
-        on_probe=out.probe,
-        on_update=update,
-        on_status=out.status,
-        on_device=device,
-        on_warning=out.warning,
-        on_wait=out.wait,
-        wrap_runner=out.watch,
-        runner_factory=STATE.runner_factory,
-    )
+    return device
+
+
+def _answer(out: Output) -> Callable[[TuneResult], None]:
+    def show(result: TuneResult) -> None:
+        out.close()  # the live line of the last probe
+        if not out.quiet:
+            print_table(result)
+            print_chosen(result)
+
+    return show
+
+
+def _partial(out: Output) -> Callable[[TuneResult, str], None]:
+    def show(result: TuneResult, where: str) -> None:
+        if not out.quiet and result.combinations and any(c.trace for c in result.combinations):
+            print_table(result)
+        out.status(f"partial result ({result.status}, {result.probes} probes) {where}")
+
+    return show
 
 
 def summary_line(result: TuneResult, path: str) -> str:
@@ -224,37 +151,6 @@ def summary_line(result: TuneResult, path: str) -> str:
         f"micro-batch {ch.micro_batch_size} x accumulation {ch.accumulation_steps} x world {ch.world_size} = "
         f"global {ch.global_batch_size} ({how}); result in {path}"
     )
-
-
-def _keep_partial(result: TuneResult, exc: BaseException, save: ResultSaver, out: Output) -> None:
-    result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-    if isinstance(exc, AutobatchError):
-        result.notes.append(f"failed: {exc.message}")
-    save(result)
-    if not out.quiet and result.combinations and any(c.trace for c in result.combinations):
-        print_table(result)
-    where = "not saved (see the warning above)" if save.error else f"saved to {save.path}"
-    out.status(f"partial result ({result.status}, {result.probes} probes) {where}")
-
-
-def _emit(result: TuneResult, settings: Settings, out: Output) -> None:
-    import shlex
-    import sys
-
-    from autobatch.emit import emit as emit_files
-    from autobatch.emit import make_options, parse_emit_spec, report
-
-    specs = [parse_emit_spec(spec) for spec in settings.output.emit]
-    options = make_options(
-        generated_by="autobatch " + shlex.join(sys.argv[1:]),
-        lightning_batch_key=settings.output.lightning_batch_key,
-        deepspeed_base=settings.output.deepspeed_base,
-        deepspeed_optimizer=settings.output.deepspeed_optimizer,
-        allow_cpu=settings.output.allow_cpu,
-    )
-    written = emit_files(result, specs, options)
-    for line in report(result, [(fmt, path) for (fmt, _), path in zip(specs, written)], options):
-        out.status(line)
 
 
 def _max_cell(c: ComboResult) -> str:

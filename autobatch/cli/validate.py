@@ -30,8 +30,8 @@ def validate(
         True, "--env/--no-env", help="Apply the AUTOBATCH_* variables, as tune does."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the effective settings as JSON on stdout."),
-    verbose: bool = opt.VERBOSE,
-    quiet: bool = opt.QUIET,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Check a settings file (every key, type and value, and that the script exists) without running it."""
     from autobatch.settings import DEFAULT_FILE, load_settings

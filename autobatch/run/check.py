@@ -19,14 +19,10 @@ def check_batch(session: Session, combo: Combo, batch_size: int, steps: int) -> 
     The script's own error raises (exit 3), as does a crash or a timeout (exit 6); an out-of-memory
     is an answer (``fits`` false).
     """
-    from autobatch.errors import UsageError
     from autobatch.records.failures import raise_for
 
     info = session.device
     assert info is not None, "start() the session first"
-    unsupported = info.unsupported(combo.precision)
-    if unsupported:
-        raise UsageError(unsupported, hint="pick another --precision")
     outcome = session.probe(combo, batch_size, min_steps=steps, max_steps=steps, strict=False)
     raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
     return check_result(combo, outcome, info)

@@ -49,7 +49,7 @@ from autobatch.settings.groups import (
     Settings,
     parse_emit,
 )
-from autobatch.settings.load import DEFAULT_FILE, load_settings, resolve_world_size
+from autobatch.settings.load import DEFAULT_FILE, load_settings, planned_world, resolve_world_size
 
 __all__ = [
     "DEFAULT_FILE",
@@ -69,6 +69,7 @@ __all__ = [
     "help_for",
     "load_settings",
     "parse_emit",
+    "planned_world",
     "render_markdown_table",
     "render_starter_toml",
     "resolve_world_size",

@@ -239,6 +239,20 @@ def resolve_world_size(value: int | None, env: Mapping[str, str]) -> tuple[int, 
     return 1, "default (no WORLD_SIZE or SLURM variables)"
 
 
+def planned_world(settings: Settings, env: Mapping[str, str]) -> tuple[int, str]:
+    """The world size a run plans for and where it came from: the ``world_size`` setting; else the world
+    a distributed strategy implies (``nproc_per_node x nnodes``); else :func:`resolve_world_size`'s
+    launcher and SLURM variables."""
+    from autobatch.core.world import strategy_world
+
+    if settings.plan.world_size is None:
+        dist = settings.distributed
+        implied = strategy_world(dist.strategy, dist.nproc_per_node, dist.nnodes, env)
+        if implied is not None:
+            return implied
+    return resolve_world_size(settings.plan.world_size, env)
+
+
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
     """An integer environment variable; SLURM writes per-node counts like ``4(x2)``: take the 4."""
     raw = env.get(name, "").strip()

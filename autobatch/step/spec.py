@@ -111,8 +111,8 @@ class ScriptSpec:
         head = json.dumps([self.kind, self.target, dict(self.options)], sort_keys=True, default=str).encode()
         if self.kind == "path":
             return Path(self.target).read_bytes()
-        if self.kind == "pickled":
-            return head + Path(self.target).read_bytes()
+        if self.kind == "pickled":  # its file is a temporary one: the same step pickles to the same bytes
+            return json.dumps([self.kind, self.label]).encode() + Path(self.target).read_bytes()
         if self.kind == "hf":
             return head + hf_config_file(self.target).read_bytes()
         files: list[Path | None] = []

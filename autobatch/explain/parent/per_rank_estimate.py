@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from autobatch.core.world import strategy_world
+from autobatch.settings import planned_world
 
 if TYPE_CHECKING:
     from autobatch.settings import Settings
@@ -14,14 +14,9 @@ if TYPE_CHECKING:
 def estimate_strategy(settings: Settings) -> dict[str, Any]:
     """``EstimateOptions`` fields: the strategy and the world it shards over (``world_size`` when set,
     else ``nproc_per_node x nnodes``)."""
-    dist = settings.distributed
-    if dist.strategy == "none":
+    if settings.distributed.strategy == "none":
         return {}
-    world = settings.plan.world_size
-    if world is None:
-        implied = strategy_world(dist.strategy, dist.nproc_per_node, dist.nnodes, os.environ)
-        world = implied[0] if implied else 1
-    return {"strategy": dist.strategy, "world_size": world}
+    return {"strategy": settings.distributed.strategy, "world_size": planned_world(settings, os.environ)[0]}
 
 
 def strategy_notes(info: dict[str, Any]) -> list[str]:

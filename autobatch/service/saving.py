@@ -17,10 +17,11 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autobatch.cli.app import console
 from autobatch.errors import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from autobatch.records.result import TuneResult
 
 FIX = "pass --output PATH (or set [output] result) to a file in a folder you can write"
@@ -65,8 +66,9 @@ def explain_os_error(path: Path, exc: OSError, what: str = "result file") -> Usa
 class ResultSaver:
     """Saves the result after every probe; a failed write warns once, :meth:`finish` reports it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, warn: Callable[[str], None]) -> None:
         self.path = path
+        self.warn = warn
         self.error: OSError | None = None
 
     def __call__(self, result: TuneResult) -> None:
@@ -75,8 +77,8 @@ class ResultSaver:
             self.error = None
         except OSError as exc:
             if self.error is None:
-                console.print(
-                    f"[yellow]warning[/]: cannot write {self.path} ({exc.strerror or exc}); probing goes on, "
+                self.warn(
+                    f"cannot write {self.path} ({exc.strerror or exc}); probing goes on, "
                     "and the answer is shown at the end"
                 )
             self.error = exc

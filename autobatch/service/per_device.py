@@ -1,6 +1,7 @@
-"""A tune as a cluster job runs it: instant when nothing changed, one tuner per device, once per GPU model.
+"""The tune of each device the settings name: instant when nothing changed, one tuner per device, once
+per GPU model.
 
-:func:`calibrate` reads the machine (:mod:`autobatch.devices.inventory`, no torch), picks the devices
+:func:`tune_devices` reads the machine (:mod:`autobatch.devices.inventory`, no torch), picks the devices
 to tune (:func:`autobatch.devices.selection.targets_for`: the one named, or one per distinct GPU
 model), and tunes each with :func:`tune_target`:
 
@@ -11,72 +12,51 @@ model), and tunes each with :func:`tune_target`:
    answer): first the tune's key, in the cache folder (identical tunes on other devices of the model,
    on other nodes sharing the cache, in a job array, compute once), then the device's (no two runs
    probe one device at once; two identical tunes started together probe once, same result);
-3. a :class:`~autobatch.run.session.Session` and a :class:`~autobatch.run.tuner.Tuner` run the tune, every
+3. a session (:func:`autobatch.service.sessions.open_session`) and a :class:`~autobatch.run.tuner.Tuner`
+   run the tune, every
    probe journaled (so a tune killed halfway resumes without measuring anything twice);
 4. a complete result is stored.
 
 Several GPU models give several results, merged into one plan by :func:`autobatch.run.mixed.merge_models`.
-Everything the caller shows comes through :class:`Hooks`; nothing here prints.
+Everything the caller shows comes through :class:`~autobatch.service.hooks.Hooks`; nothing here prints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autobatch.cache import CacheFolder, ResultStore, tune_inputs
 from autobatch.cache.results import served
+from autobatch.service.sessions import device_lock, open_session
 
 if TYPE_CHECKING:
-    from autobatch.devices.budget import DeviceInfo
     from autobatch.devices.inventory import Inventory
     from autobatch.devices.selection import Target
-    from autobatch.records.protocol import ProbeRunner
     from autobatch.records.result import TuneResult
-    from autobatch.run.locks import DeviceLock
-    from autobatch.run.session import OnProbe, Session, WrapRunner
+    from autobatch.service.hooks import Hooks
     from autobatch.settings import Settings
+    from autobatch.step.spec import ScriptSpec
 
 
-def _ignore(*_args: Any) -> None:
-    return None
-
-
-@dataclass
-class Hooks:
-    """What the caller shows and how it runs probes (every field optional)."""
-
-    on_probe: OnProbe | None = None
-    on_update: Callable[[TuneResult], None] | None = None  # after every probe
-    on_start: Callable[[TuneResult], None] = (
-        _ignore  # the result the tuner keeps current (partial on failure)
-    )
-    on_status: Callable[[str], None] = _ignore  # what is happening ("served from the cache", a model's turn)
-    on_device: Callable[[DeviceInfo], None] = _ignore  # the device and its budget, once inspected
-    on_warning: Callable[[str], None] = _ignore
-    on_wait: Callable[[str], None] = _ignore  # waiting for another run's lock on the device
-    wrap_runner: WrapRunner | None = None
-    runner_factory: Callable[[], ProbeRunner] | None = None  # tests: a fake probe runner
-
-
-def calibrate(
+def tune_devices(
     settings: Settings,
     world: int,
     world_source: str,
+    hooks: Hooks,
     *,
+    spec: ScriptSpec | None = None,
     refresh: bool = False,
-    hooks: Hooks | None = None,
     inventory: Inventory | None = None,
 ) -> TuneResult:
     """Tune every device the ``device`` setting names on this machine and return the one result."""
     from autobatch.devices.selection import resolve_targets
 
-    hooks = hooks or Hooks()
     targets = resolve_targets(settings.device.device, settings.device.memory, inventory)
     if len(targets) == 1:
-        return tune_target(settings, targets[0], world, world_source, refresh=refresh, hooks=hooks)
+        return tune_target(settings, targets[0], world, world_source, hooks, spec=spec, refresh=refresh)
     from autobatch.run.mixed import merge_models
 
     results = []
@@ -85,30 +65,37 @@ def calibrate(
             f"GPU model {number} of {len(targets)}: {target.model} on {target.label} "
             f"(visible as {', '.join(f'cuda:{i}' for i in target.indices)})"
         )
-        results.append(tune_target(settings, target, world, world_source, refresh=refresh, hooks=hooks))
+        results.append(tune_target(settings, target, world, world_source, hooks, spec=spec, refresh=refresh))
     return merge_models(results, targets, settings, world, world_source)
 
 
 def tune_target(
-    settings: Settings, target: Target, world: int, world_source: str, *, refresh: bool, hooks: Hooks
+    settings: Settings,
+    target: Target,
+    world: int,
+    world_source: str,
+    hooks: Hooks,
+    *,
+    spec: ScriptSpec | None = None,
+    refresh: bool = False,
 ) -> TuneResult:
     """One device: the stored result, or a tune under the device's lock (see the module docstring)."""
     warnings: list[str] = []
     hooks = replace(hooks, on_warning=_collecting(warnings, hooks.on_warning))
     folder = CacheFolder(settings.probe.cache_dir, warn=hooks.on_warning)
     store = ResultStore(folder) if settings.probe.cache else None
-    inputs = tune_inputs(settings, target.identity, world, why_not=target.not_cached)
+    inputs = tune_inputs(settings, target.identity, world, spec=spec, why_not=target.not_cached)
     reuse = store is not None and not refresh
     hit = store.get(inputs, target.used_bytes) if store is not None and reuse else None
     if hit is not None:
-        return _serve(hit, settings, hooks, warnings)
+        return _serve(hit, settings, spec, hooks, warnings)
     with ExitStack() as held:
         if store is not None and reuse and inputs.cacheable and folder.writable:
             # Identical tunes on other devices of this model (other nodes sharing the cache, a job
             # array) wait for the first and are served its result.
             key = inputs.key()
             held.enter_context(
-                _lock(
+                device_lock(
                     settings,
                     f"computing-{key}",
                     f"the tune {key}, which another run is computing",
@@ -118,13 +105,13 @@ def tune_target(
             )
             hit = store.get(inputs, target.used_bytes)
             if hit is not None:
-                return _serve(hit, settings, hooks, warnings)
-        held.enter_context(_lock(settings, target.lock_key, target.label, hooks, settings.probe.lock_dir))
+                return _serve(hit, settings, spec, hooks, warnings)
+        held.enter_context(device_lock(settings, target.lock_key, target.label, hooks))
         used = _used_now(target) if target.used_bytes is not None else None
         hit = store.get(inputs, used) if store is not None and reuse else None
         if hit is not None:  # the run we waited for stored it
-            return _serve(hit, settings, hooks, warnings)
-        result = run_session(settings, target, world, world_source, refresh=refresh, hooks=hooks)
+            return _serve(hit, settings, spec, hooks, warnings)
+        result = _run(settings, target, world, world_source, hooks, spec=spec, refresh=refresh)
         _add_warnings(result, warnings)
         if store is not None and not inputs.cacheable:
             result.notes.append(f"result not kept in the cache: {inputs.why_not}")
@@ -133,36 +120,20 @@ def tune_target(
     return result
 
 
-def _lock(settings: Settings, key: str, label: str, hooks: Hooks, folder: Any) -> DeviceLock:
-    from autobatch.run.locks import DeviceLock
-
-    return DeviceLock(
-        key,
-        label,
-        folder=folder,
-        timeout=settings.probe.lock_timeout,
-        on_wait=hooks.on_wait,
-        on_warning=hooks.on_warning,
-    )
-
-
-def run_session(
-    settings: Settings, target: Target, world: int, world_source: str, *, refresh: bool, hooks: Hooks
+def _run(
+    settings: Settings,
+    target: Target,
+    world: int,
+    world_source: str,
+    hooks: Hooks,
+    *,
+    spec: ScriptSpec | None,
+    refresh: bool,
 ) -> TuneResult:
     """Start a session on the target's device and run the tune (the caller holds the device's lock)."""
-    from autobatch.run.session import Session
     from autobatch.run.tuner import TuneOptions, Tuner
 
-    session: Session = Session.from_settings(
-        settings,
-        on_probe=hooks.on_probe,
-        runner=hooks.runner_factory() if hooks.runner_factory is not None else None,
-        device=target.device,
-        refresh=refresh,
-        identity=target.identity,
-        wrap_runner=hooks.wrap_runner,
-        on_warning=hooks.on_warning,
-    )
+    session = open_session(settings, hooks, spec=spec, target=target, lock=False, refresh=refresh)
     try:
         info = session.start()
         hooks.on_device(info)
@@ -193,10 +164,13 @@ def _add_warnings(result: TuneResult, warnings: list[str]) -> None:
             result.notes.append(note)
 
 
-def _serve(hit: Any, settings: Settings, hooks: Hooks, warnings: list[str]) -> TuneResult:
+def _serve(
+    hit: Any, settings: Settings, spec: ScriptSpec | None, hooks: Hooks, warnings: list[str]
+) -> TuneResult:
     from autobatch.step.spec import spec_from_settings
 
-    result = served(hit, spec_from_settings(settings).label, list(settings.script.script_args))
+    label = (spec or spec_from_settings(settings)).label
+    result = served(hit, label, list(settings.script.script_args))
     _add_warnings(result, warnings)
     hooks.on_status(
         f"served from the cache: nothing that decides memory changed since {hit.made} "

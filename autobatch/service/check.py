@@ -1,0 +1,87 @@
+"""``check`` and ``explain`` behind every face: one batch size on one device, under the device's lock.
+
+Both open their session through :func:`autobatch.service.sessions.open_session` (the same device, budget
+and lock as a tune), tell the face the device (:attr:`Hooks.on_device`), and refuse a precision the
+device cannot run before the probe.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from autobatch.core.space import Combo
+from autobatch.errors import UsageError
+from autobatch.service.hooks import Hooks
+from autobatch.service.sessions import open_session
+
+if TYPE_CHECKING:
+    from autobatch.explain.parent.explainer import ExplainReport
+    from autobatch.records.check import CheckResult
+    from autobatch.run.session import Session
+    from autobatch.settings import Settings
+    from autobatch.step.spec import ScriptSpec
+
+
+def combination(settings: Settings, recompute: bool) -> Combo:
+    """The one combination ``check`` and ``explain`` run: the first precision and optimizer of the settings."""
+    return Combo(settings.search.precisions[0], settings.search.optimizers[0], bool(recompute))
+
+
+def check(
+    settings: Settings,
+    batch_size: int,
+    hooks: Hooks | None = None,
+    *,
+    recompute: bool = False,
+    steps: int | None = None,
+    spec: ScriptSpec | None = None,
+) -> CheckResult:
+    """One isolated probe of ``steps`` steps (default: ``confirm_steps``) at ``batch_size``; running out of
+    memory is an answer (``fits`` false), the script's error, a crash or a timeout raise."""
+    from autobatch.run.check import check_batch
+
+    hooks = hooks or Hooks()
+    combo = combination(settings, recompute)
+    with open_session(settings, hooks, spec=spec, cache=False) as session:
+        _started(session, combo, hooks)
+        return check_batch(session, combo, batch_size, steps or settings.probe.confirm_steps)
+
+
+def explain(
+    settings: Settings,
+    batch_size: int,
+    hooks: Hooks | None = None,
+    *,
+    recompute: bool = False,
+    vocab_trim: float = 0.5,
+    verify: bool = False,
+    progress: Callable[[str], None] | None = None,
+    spec: ScriptSpec | None = None,
+) -> ExplainReport:
+    """Where the peak of ``batch_size`` goes and what each lever would buy; ``verify`` measures each
+    lever's maximum."""
+    from autobatch.explain.parent.explainer import explain_batch
+    from autobatch.explain.pure.options import OP_MODULES
+
+    hooks = hooks or Hooks()
+    combo = combination(settings, recompute)
+    with open_session(settings, hooks, spec=spec, op_modules=OP_MODULES) as session:
+        _started(session, combo, hooks)
+        return explain_batch(
+            session,
+            combo,
+            batch_size,
+            settings.limits(),
+            vocab_trim=vocab_trim,
+            verify=verify,
+            progress=progress or hooks.on_status,
+        )
+
+
+def _started(session: Session, combo: Combo, hooks: Hooks) -> None:
+    info = session.device
+    assert info is not None, "open_session() starts the session"
+    hooks.on_device(info)
+    unsupported = info.unsupported(combo.precision)
+    if unsupported:
+        raise UsageError(unsupported, hint="pick another --precision")

@@ -1,0 +1,67 @@
+"""The one place a probe session is made from settings, for ``tune``, ``check`` and ``explain`` alike.
+
+A session probes one device through a probe server (or the fake runner a test names in the hooks) and,
+while open, holds that device's lock (:class:`autobatch.run.locks.DeviceLock`): one tuner per device,
+whichever face started it. A tune takes the lock itself, before it asks the result cache again
+(:mod:`autobatch.service.per_device`), and passes ``lock=False``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autobatch.run.locks import DeviceLock
+from autobatch.run.session import Session
+
+if TYPE_CHECKING:
+    from autobatch.devices.selection import Target
+    from autobatch.service.hooks import Hooks
+    from autobatch.settings import Settings
+    from autobatch.step.spec import ScriptSpec
+
+
+def device_lock(
+    settings: Settings, key: str, label: str, hooks: Hooks, folder: str | Path | None = None
+) -> DeviceLock:
+    """A lock named ``key`` (a device's, or a tune's in the cache folder), waiting as the settings say."""
+    return DeviceLock(
+        key,
+        label,
+        folder=settings.probe.lock_dir if folder is None else folder,
+        timeout=settings.probe.lock_timeout,
+        on_wait=hooks.on_wait,
+        on_warning=hooks.on_warning,
+    )
+
+
+def open_session(
+    settings: Settings,
+    hooks: Hooks,
+    *,
+    spec: ScriptSpec | None = None,
+    target: Target | None = None,
+    lock: bool = True,
+    **options: Any,
+) -> Session:
+    """A session on ``target`` (default: the first device the ``device`` setting names), unstarted.
+
+    ``spec`` replaces the settings' script (callables or an object from the API); ``options`` are
+    :class:`Session`'s (``cache``, ``refresh``, ``op_modules``).
+    """
+    if target is None:
+        from autobatch.devices.selection import resolve_targets
+
+        target = resolve_targets(settings.device.device, settings.device.memory)[0]
+    return Session.from_settings(
+        settings,
+        spec=spec,
+        on_probe=hooks.on_probe,
+        runner=hooks.runner_factory() if hooks.runner_factory is not None else None,
+        device=target.device,
+        identity=target.identity,
+        lock=device_lock(settings, target.lock_key, target.label, hooks) if lock else None,
+        wrap_runner=hooks.wrap_runner,
+        on_warning=hooks.on_warning,
+        **options,
+    )

@@ -1,0 +1,142 @@
+"""``tune`` behind every face: the command, :func:`autobatch.tune`, the Lightning callback and the
+calibration step of a cluster job run this one function, so they obey the same rules.
+
+1. The world size the plan is for (:func:`autobatch.settings.planned_world`: the ``world_size`` setting,
+   else the world a strategy implies, else the launcher's and SLURM's variables) and the global batch
+   checked against it, before any probe.
+2. The result file checked before any probe (a folder, a parent that is a file, a read-only folder).
+3. Every device the ``device`` setting names: the stored result when nothing that decides memory changed,
+   else a tune under the device's lock (:mod:`autobatch.service.per_device`). A ``device = "auto"`` that
+   fell back to the CPU refuses launcher configs for a GPU job before its first probe.
+4. The result file rewritten after every probe; a tune that fails or is interrupted marks what it
+   measured (``failed``, ``interrupted``), writes it and re-raises; a
+   :class:`~autobatch.errors.NothingFitsError` carries the complete result as ``.result``.
+5. The face shows the answer (:attr:`Hooks.on_result`) before the last write of the result file (a full
+   disk must not hide it), then the launcher configs are written.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autobatch.emit import refuse_fallback
+from autobatch.errors import AutobatchError, NothingFitsError, UsageError
+from autobatch.service.hooks import Hooks
+from autobatch.service.per_device import tune_devices
+from autobatch.service.saving import ResultSaver, preflight
+from autobatch.settings import planned_world
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from autobatch.devices.budget import DeviceInfo
+    from autobatch.records.result import TuneResult
+    from autobatch.settings import Settings
+    from autobatch.step.spec import ScriptSpec
+
+
+def tune(
+    settings: Settings,
+    hooks: Hooks | None = None,
+    *,
+    spec: ScriptSpec | None = None,
+    result_file: str | Path | None = None,
+    refresh: bool = False,
+    generated_by: str = "autobatch",
+) -> TuneResult:
+    """Every combination's exact maximum, the chosen configuration and its plan (see the module docstring).
+
+    ``spec`` replaces the settings' script (callables or an object handed to the API); ``result_file``
+    is written after every probe (None: no file); ``refresh`` measures again instead of serving the
+    cache; ``generated_by`` heads the emitted files.
+    """
+    hooks = hooks or Hooks()
+    world, world_source = planned_world(settings, os.environ)
+    check_global_batch(settings, world, world_source)
+    saver = ResultSaver(Path(result_file), hooks.on_warning) if result_file is not None else None
+    if saver is not None:
+        preflight(saver.path)
+    latest: list[TuneResult] = []
+
+    def keep(result: TuneResult) -> None:
+        latest[:1] = [result]
+        hooks.on_start(result)
+
+    def update(result: TuneResult) -> None:
+        latest[:1] = [result]
+        if saver is not None:
+            saver(result)
+        hooks.on_update(result)
+
+    def device(info: DeviceInfo) -> None:
+        if info.fell_back:
+            refuse_fallback(settings.output.emit, settings.output.allow_cpu)
+        hooks.on_device(info)
+
+    inner = replace(hooks, on_start=keep, on_update=update, on_device=device)
+    try:
+        result = tune_devices(settings, world, world_source, inner, spec=spec, refresh=refresh)
+    except BaseException as exc:
+        if latest:
+            _keep_partial(latest[0], exc, saver, hooks)
+        raise
+    if result.cache and (result.device.get("requested"), result.device.get("type")) == ("auto", "cpu"):
+        refuse_fallback(settings.output.emit, settings.output.allow_cpu)  # as a tune run now would have
+    if saver is not None:
+        saver(result)
+    hooks.on_result(result)
+    if saver is not None:
+        saver.finish(result)
+        hooks.on_status(f"result written to {saver.path}")
+    if settings.output.emit:
+        emit_from_settings(result, settings, generated_by, hooks.on_status)
+    return result
+
+
+def check_global_batch(settings: Settings, world: int, world_source: str) -> None:
+    """Every process needs at least one micro-batch (of ``batch_multiple`` samples) of the global batch."""
+    global_batch, multiple = settings.plan.global_batch_size, settings.search.batch_multiple
+    if global_batch is not None and global_batch < world * multiple:
+        raise UsageError(
+            f"global_batch_size {global_batch} is smaller than the world size {world} (from {world_source}) x "
+            f"batch multiple {multiple}: every process needs at least {multiple} sample(s) per step",
+            hint=f"raise --global-batch-size to a multiple of {world * multiple}, or lower --world-size",
+        )
+
+
+def _keep_partial(result: TuneResult, exc: BaseException, saver: ResultSaver | None, hooks: Hooks) -> None:
+    """What a tune that stopped early measured: marked, written, shown; a nothing-fits answer is complete."""
+    if isinstance(exc, NothingFitsError):
+        exc.result = result  # type: ignore[attr-defined]
+    else:
+        result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        if isinstance(exc, AutobatchError):
+            result.notes.append(f"failed: {exc.message}")
+    if saver is None:
+        where = "not written (no result file)"
+    else:
+        saver(result)
+        where = "not saved (see the warning above)" if saver.error else f"saved to {saver.path}"
+    hooks.on_partial(result, where)
+
+
+def emit_from_settings(
+    result: TuneResult, settings: Settings, generated_by: str, say: Callable[[str], None]
+) -> None:
+    """Write the launcher configs the ``emit`` setting names, and say what was written and its caveats."""
+    from autobatch.emit import emit, make_options, parse_emit_spec, report
+
+    specs = [parse_emit_spec(spec) for spec in settings.output.emit]
+    options = make_options(
+        generated_by=generated_by,
+        lightning_batch_key=settings.output.lightning_batch_key,
+        deepspeed_base=settings.output.deepspeed_base,
+        deepspeed_optimizer=settings.output.deepspeed_optimizer,
+        allow_cpu=settings.output.allow_cpu,
+    )
+    written = emit(result, specs, options)
+    for line in report(result, [(fmt, path) for (fmt, _), path in zip(specs, written)], options):
+        say(line)
