@@ -9,9 +9,10 @@ For each example, with the real ``autobatch`` command (fresh probe cache, so not
    lever's predicted maximum against the maximum its real probes find.
 
 Targets (issue 5): levers within 10 % of their measured maximum; estimate within 5 % of tune (median)
-and never more than 10 % above it. Each example's raw results go to ``scripts/results/accuracy/NAME.json``;
-the tables are rendered from every stored example, printed, and written to ``scripts/results/accuracy.md``
-(so ``--examples cnn`` re-measures one example and keeps the others). Examples run in parallel
+and never more than 10 % above it. Each example's raw results go to
+``docs/measurements/data/accuracy/NAME.json`` (with the command, the date and the autobatch version that
+made them); the tables are rendered from every stored example, printed, and written to
+``docs/measurements/accuracy.md`` (so ``--examples cnn`` re-measures one example and keeps the others). Examples run in parallel
 (``--jobs``), each under its own probe server; probe timeouts are raised to 30 minutes so that a busy
 machine slows the run down instead of turning slow probes into non-fits.
 
@@ -33,9 +34,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import measurements  # noqa: E402  (scripts/ is on sys.path when a script runs)
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "scripts" / "results" / "accuracy.md"
-RAW = ROOT / "scripts" / "results" / "accuracy"
+PAGE = measurements.PAGES / "accuracy.md"
+RAW = measurements.DATA / "accuracy"
+TITLE = "Accuracy of explain and estimate"
+INTRO = (
+    "How close `estimate` (fake tensors, no real step) and `explain`'s levers come to the maxima real "
+    "probes find, on the CPU device (headroom 10 %), measured with `python scripts/accuracy.py`: tune, "
+    "estimate and explain --verify through the real `autobatch` command, a fresh probe cache per example. "
+    "Targets (issue 5): estimate within 5 % of tune (median) and never more than 10 % above it; every "
+    "lever within 10 % of its measured maximum."
+)
 #: Per example: the CPU cap, and the batch size explained (a fifth to a tenth of its maximum).
 CASES = {"gpt": ("1GiB", 16), "cnn": ("1GiB", 32), "mlp": ("1GiB", 64), "lstm": ("1GiB", 8)}
 
@@ -69,7 +80,7 @@ def fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
-def measure(name: str, memory: str, batch: int, env: dict[str, str]) -> dict[str, Any]:
+def measure(name: str, memory: str, batch: int, env: dict[str, str], command: str) -> dict[str, Any]:
     """tune, estimate and explain --verify on one example; the raw results (also saved to RAW/NAME.json)."""
     script = str(ROOT / "examples" / f"{name}.py")
     common = ["--device", "cpu", "--memory", memory]
@@ -106,6 +117,9 @@ def measure(name: str, memory: str, batch: int, env: dict[str, str]) -> dict[str
         "memory": memory,
         "explained_at": batch,
         "date": datetime.date.today().isoformat(),
+        "command": command,
+        "autobatch": measurements.autobatch_version(),
+        "machine": measurements.machine(),
         "seconds": {
             "tune": round(tune_s, 1),
             "estimate": round(estimate_s, 1),
@@ -140,8 +154,7 @@ def measure(name: str, memory: str, batch: int, env: dict[str, str]) -> dict[str
             if lever["applicable"]
         ],
     }
-    RAW.mkdir(parents=True, exist_ok=True)
-    (RAW / f"{name}.json").write_text(json.dumps(raw, indent=2) + "\n")
+    measurements.write_data(RAW / f"{name}.json", json.dumps(raw, indent=2) + "\n")
     print(f"[{name}] done", file=sys.stderr, flush=True)
     return raw
 
@@ -156,10 +169,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.render_only:
-        text = render_stored()
-        RESULTS.write_text(text)
-        print(text)
+        print(write_page())
         return
+    command = measurements.command_line("accuracy.py", sys.argv[1:])
     base_env = {
         **os.environ,
         "NO_COLOR": "1",
@@ -172,12 +184,17 @@ def main() -> None:
         for name in args.examples:
             memory, batch = CASES.get(name, ("1GiB", 16))
             env = {**base_env, "AUTOBATCH_CACHE_DIR": tempfile.mkdtemp(prefix=f"autobatch-accuracy-{name}-")}
-            futures.append(pool.submit(measure, name, args.memory or memory, batch, env))
+            futures.append(pool.submit(measure, name, args.memory or memory, batch, env, command))
         for future in futures:
             future.result()
+    print(write_page())
+
+
+def write_page() -> str:
+    """Render every stored example into the page's block; the text written."""
     text = render_stored()
-    RESULTS.write_text(text)
-    print(text)
+    measurements.update(PAGE, "accuracy", text.splitlines(), title=TITLE, intro=INTRO)
+    return text
 
 
 def _maximum(row: dict[str, Any] | None) -> str:
@@ -197,11 +214,18 @@ def render_stored() -> str:
 
 def render(stored: list[dict[str, Any]]) -> str:
     lines = [
-        "# autobatch accuracy: explain's levers and estimate's maxima against real probes",
+        "Each example's run (the tables below are rendered from their stored results, "
+        "`docs/measurements/data/accuracy/`):",
         "",
-        "On the CPU device (2 cores shared with other work; headroom 10 %), measured with "
-        "`python scripts/accuracy.py` (tune, estimate and explain --verify through the real `autobatch` command, "
-        "a fresh probe cache per example). Caps and explained batch sizes per example below.",
+        "| example | cap | explained at | date | command | autobatch |",
+        "|---|---|---:|---|---|---|",
+    ]
+    for raw in stored:
+        lines.append(
+            f"| {raw['example']} | {raw['memory']} | batch {raw['explained_at']} | {raw['date']} | "
+            f"`{raw.get('command', 'python scripts/accuracy.py')}` | {raw.get('autobatch', 'unknown')} |"
+        )
+    lines += [
         "",
         "## estimate (fake tensors, no real step) against tune (real probes)",
         "",
@@ -255,8 +279,6 @@ def render(stored: list[dict[str, Any]]) -> str:
             f"{within} of {len(lever_errors)} levers within 10 % (largest |error| {worst:.1%}): "
             f"{'met' if within == len(lever_errors) else 'MISSED'}.",
         ]
-    dates = sorted({raw["date"] for raw in stored})
-    lines += ["", f"Measured on {', '.join(dates)}."]
     lines += [f"\nNote ({raw['example']}): {raw['note']}" for raw in stored if raw.get("note")]
     return "\n".join(lines) + "\n"
 

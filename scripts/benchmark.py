@@ -20,36 +20,36 @@ Usage (from the repository root, with the virtual environment active)::
 
     python scripts/benchmark.py            # all workloads, about 20 minutes on 2 cores
     python scripts/benchmark.py --quick    # a subset
-    python scripts/benchmark.py --workloads quadratic --methods autobatch,accelerate --output /tmp/b.md
+    python scripts/benchmark.py --workloads quadratic --methods autobatch,accelerate --output b.md
 
-Tables and the summary against issue 14's targets are printed and saved (default
-``scripts/results/benchmark.md``). Lightning and accelerate are benchmark extras, not autobatch's
+Tables and the summary against issue 14's targets are printed and written, headed by the command, the
+date and the autobatch version, as the run's block of ``docs/measurements/benchmark.md`` (``--output``
+for another page; the rest of the page is kept). Lightning and accelerate are benchmark extras, not autobatch's
 runtime dependencies.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
-import shlex
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import measurements  # noqa: E402
 from bench_workers import report, runs  # noqa: E402
 from bench_workers.common import count_trials  # noqa: E402
 
 from autobatch.devices.budget import margin_bytes  # noqa: E402
 
 MiB = 1 << 20
+PAGE = measurements.PAGES / "benchmark.md"
+TITLE = "Benchmark: autobatch against Lightning and accelerate"
 
 WORKLOADS = (
     runs.Workload("mlp", ROOT / "examples" / "mlp.py", memory=420 * MiB),
@@ -260,49 +260,27 @@ def verify(result: report.WorkloadResult, mode: str) -> None:
         )
 
 
-def git_revision() -> str:
-    """The commit the benchmark measured, and whether autobatch/ differs from it."""
-    import subprocess
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "autobatch")
-    return head + (" + uncommitted changes in autobatch/" if dirty else "")
-
-
 def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
-    def version(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "not installed"
-
-    return [
-        "# autobatch benchmark: autobatch vs Lightning and accelerate under a CPU memory cap",
-        "",
-        f"- command: `{' '.join(shlex.quote(a) for a in ['python', 'scripts/benchmark.py', *argv])}`",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- machine: {platform.machine()}, {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
-        f"{platform.platform()}, Python {platform.python_version()}",
-        f"- autobatch at git {git_revision()}",
-        f"- torch {version('torch')}, autobatch-tuner {version('autobatch-tuner')}, lightning {version('lightning')}, "
-        f"accelerate {version('accelerate')}",
-        f"- load average (1 min) at start {loads[0]:.1f}, at end {loads[1]:.1f} (the benchmark itself keeps about "
-        "one to two cores busy; anything above that is other work on the machine, which slows every method)",
-        "- every method runs in a fresh process under the same RLIMIT_DATA (autobatch's budget, VmData of the "
-        "whole process, imports included: the 'VmData at cap' column shows what each process held before its "
-        "search) with MALLOC_ARENA_MAX=1 MALLOC_MMAP_THRESHOLD_=65536; AdamW, 32-true, "
-        "3 steps per trial for Lightning and accelerate",
-        f"- rows marked {EQUAL_ROOM} rerun Lightning's binsearch and accelerate with its cap raised by what its process held at the cap "
-        "beyond what an autobatch probe starts with (Lightning imports about 80 MiB more): the same room for the "
-        "workload, as on a GPU, where imports do not count; the wall-time targets compare against Lightning's "
-        f"binsearch {EQUAL_ROOM} when it ran, since under the same cap it may not get to search at all",
-        "- probes: autobatch's probes (its 10-step confirmation included); Lightning: trials; accelerate: "
-        "calls of the function (restarts + 1); wall: the whole process, imports included",
-        "",
-    ]
+    """The run's header: command, date, versions, machine, and how the methods ran."""
+    return measurements.run_header(
+        measurements.command_line("benchmark.py", argv),
+        extra=[
+            f"- lightning {measurements.version('lightning')}, accelerate {measurements.version('accelerate')}",
+            f"- load average (1 min) at start {loads[0]:.1f}, at end {loads[1]:.1f} (the benchmark itself keeps about "
+            "one to two cores busy; anything above that is other work on the machine, which slows every method)",
+            "- every method runs in a fresh process under the same RLIMIT_DATA (autobatch's budget, VmData of the "
+            "whole process, imports included: the 'VmData at cap' column shows what each process held before its "
+            "search) with MALLOC_ARENA_MAX=1 MALLOC_MMAP_THRESHOLD_=65536; AdamW, 32-true, "
+            "3 steps per trial for Lightning and accelerate",
+            f"- rows marked {EQUAL_ROOM} rerun Lightning's binsearch and accelerate with its cap raised by what its "
+            "process held at the cap beyond what an autobatch probe starts with (Lightning imports about 80 MiB "
+            "more): the same room for the workload, as on a GPU, where imports do not count; the wall-time targets "
+            f"compare against Lightning's binsearch {EQUAL_ROOM} when it ran, since under the same cap it may not "
+            "get to search at all",
+            "- probes: autobatch's probes (its 10-step confirmation included); Lightning: trials; accelerate: "
+            "calls of the function (restarts + 1); wall: the whole process, imports included",
+        ],
+    )
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -336,7 +314,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "or one `autobatch check` command each (cli)",
     )
     parser.add_argument("--no-overhead", action="store_true", help="skip the probe-overhead measurement")
-    parser.add_argument("--output", type=Path, default=ROOT / "scripts" / "results" / "benchmark.md")
+    parser.add_argument(
+        "--output", type=Path, default=PAGE, help="the page the run is written to (its block of the page)"
+    )
     args = parser.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in args.methods if m not in METHODS]
@@ -387,13 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"Whole benchmark: {elapsed / 60:.1f} min.")
     print("\n".join(lines), flush=True)
     document = (
-        header(argv, (load_start, os.getloadavg()[0]))
+        ["## Latest run", ""]
+        + header(argv, (load_start, os.getloadavg()[0]))
+        + [""]
         + [line for r in results for line in report.table(r)]
         + lines
     )
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text("\n".join(document) + "\n")
-    log(f"saved {args.output}")
+    measurements.update(args.output, "benchmark", document, title=TITLE)
+    log(f"saved {measurements.shown(args.output)}")
     return 0
 
 

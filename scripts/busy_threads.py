@@ -7,7 +7,7 @@ sleep). The four cases run in turn, ``--rounds`` times, so that drift in the mac
 all of them. Per case: the median, the fastest and the slowest of the runs' median step time (steps 2 to
 ``--steps``; the first allocates the optimizer state).
 
-    python scripts/busy_threads.py [--rounds 3] [--steps 8] [--output scripts/results/busy-threads.md]
+    python scripts/busy_threads.py [--rounds 3] [--steps 8] [--output docs/measurements/busy-threads.md]
 
 ``autobatch/probe/yielding.py`` acts on what this shows: once a probe's threads waited for a core, the
 probe server restarts with the passive policy.
@@ -16,18 +16,26 @@ probe server restarts with the passive policy.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import measurements  # noqa: E402  (scripts/ is on sys.path when a script runs)
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "scripts" / "results" / "busy-threads.md"
+PAGE = measurements.PAGES / "busy-threads.md"
+TITLE = "A busy core and OpenMP's wait policy"
+INTRO = (
+    "Why a busy core slowed a tune tenfold, and what OpenMP's passive wait policy does about it: one "
+    "training step of `examples/gpt.py` timed in a fresh process, alone and beside one busy core, with "
+    "OpenMP's default wait policy (threads spin while they wait for each other) and with "
+    "`OMP_WAIT_POLICY=PASSIVE` (they sleep). `autobatch/probe/yielding.py` acts on it: once a probe's "
+    "threads waited for a core, the probe server restarts with the passive policy."
+)
 BUSY = [sys.executable, "-c", "while True: pass"]
 STEP = """
 import importlib.util, json, sys, time
@@ -73,7 +81,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--output", type=Path, default=PAGE, help="the page the run is written to")
     args = parser.parse_args()
     times: dict[tuple[str, str | None], list[float]] = {case: [] for case in CASES}
     threads = 0
@@ -91,15 +99,18 @@ def main() -> None:
                     busy.wait()
             times[(load, policy)].append(seconds)
     lines = [
-        "# A busy core and OpenMP's wait policy: one training step of examples/gpt.py",
+        "## Latest run",
         "",
-        f"- command: `python scripts/busy_threads.py --rounds {args.rounds} --steps {args.steps} "
-        f"--batch {args.batch}`",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
-        f"{time.time() - started:.0f} s in all",
-        f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}; "
-        f"torch's intra-op threads: {threads}",
-        f"- AdamW, batch {args.batch}, a fresh process per run; per run the median of steps 2-{args.steps}",
+        *measurements.run_header(
+            measurements.command_line(
+                "busy_threads.py",
+                ["--rounds", str(args.rounds), "--steps", str(args.steps), "--batch", str(args.batch)],
+            ),
+            extra=[
+                f"- {time.time() - started:.0f} s in all; torch's intra-op threads: {threads}",
+                f"- AdamW, batch {args.batch}, a fresh process per run; per run the median of steps 2-{args.steps}",
+            ],
+        ),
         "",
         "| load | OMP_WAIT_POLICY | median step (s) | fastest run | slowest run |",
         "|---|---|---:|---:|---:|",
@@ -109,10 +120,8 @@ def main() -> None:
             f"| {load} | {policy or '(default)'} | {statistics.median(values):.3f} | {min(values):.3f} | "
             f"{max(values):.3f} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    print("\n".join(lines))
+    measurements.update(args.output, "busy-threads", lines, title=TITLE, intro=INTRO)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ the Typer in use here coerces options through pydantic, whose import alone is a 
 Wall times are of the whole command, as a job script sees them; the children run with Python's default
 bytecode cache (as an installed package does; ``PYTHONDONTWRITEBYTECODE`` is dropped). The load average at
 the start is part of the report: on a busy machine everything, the floors included, takes longer.
-Prints a table and writes it to ``scripts/results/cache.md``.
+Prints a table and writes it, headed by the command, the date and the autobatch version, to
+``docs/measurements/cache.md``.
 
     python scripts/cache_benchmark.py [--examples mlp gpt] [--memory 400MiB] [--repeats 5]
 """
@@ -17,7 +18,6 @@ Prints a table and writes it to ``scripts/results/cache.md``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import resource
@@ -30,8 +30,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import measurements  # noqa: E402  (scripts/ is on sys.path when a script runs)
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "scripts" / "results" / "cache.md"
+PAGE = measurements.PAGES / "cache.md"
+TITLE = "Re-runs from the cache"
+INTRO = (
+    "How fast a second identical tune is, with the real command: per example, in a fresh cache folder, one "
+    "cold `autobatch tune` (every probe measured), then identical runs (served from the stored result: no "
+    "probe server, no torch import), then one run after the script changed (not served: probed again). Two "
+    "floors for comparison: `autobatch --version` and `autobatch cache list -q`. Wall times are of the "
+    "whole command, as a job script sees them."
+)
 GRID = ["-p", "32-true", "-o", "sgd", "--no-recompute"]
 
 
@@ -119,9 +129,18 @@ def _row(example: str, what: str, took: float, cpu: float, result: dict[str, Any
     }
 
 
-def render(rows: list[dict[str, Any]], memory: str, load: tuple[float, float, float]) -> str:
+def render(
+    rows: list[dict[str, Any]], memory: str, load: tuple[float, float, float], command: str
+) -> list[str]:
     lines = [
-        f"#### A second identical tune (CPU device, --memory {memory}, {' '.join(GRID)})",
+        f"## A second identical tune (CPU device, --memory {memory}, {' '.join(GRID)})",
+        "",
+        *measurements.run_header(
+            command,
+            extra=[
+                f"- load average {' / '.join(f'{x:.1f}' for x in load)} over 1 / 5 / 15 min when it began",
+            ],
+        ),
         "",
         "| example | run | wall time | CPU time | probes | max batch |",
         "|---|---|---:|---:|---:|---:|",
@@ -132,14 +151,11 @@ def render(rows: list[dict[str, Any]], memory: str, load: tuple[float, float, fl
         lines.append(
             f"| {r['example']} | {r['run']} | {r['seconds']:.2f} s | {r['cpu']:.2f} s | {probes} | {top} |"
         )
-    stamp = datetime.date.today().isoformat()
     lines += [
         "",
-        f"Measured on {stamp} with `python scripts/cache_benchmark.py --memory {memory}` on 2 cores shared with "
-        f"other work (load average {' / '.join(f'{x:.1f}' for x in load)} over 1 / 5 / 15 min when it began). "
         "CPU time counts the command and every process it waited for (probe server, probes).",
     ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> None:
@@ -152,11 +168,10 @@ def main() -> None:
     args = parser.parse_args()
     load = os.getloadavg()
     rows = [row for example in args.examples for row in measure(example, args.memory, args.repeats)]
-    table = render(rows, args.memory, load)
-    print(table)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(table)
-    print(f"written to {RESULTS.relative_to(ROOT)}")
+    lines = render(rows, args.memory, load, measurements.command_line("cache_benchmark.py", sys.argv[1:]))
+    print("\n".join(lines))
+    measurements.update(PAGE, "cache", lines, title=TITLE, intro=INTRO)
+    print(f"written to {measurements.shown(PAGE)}")
 
 
 if __name__ == "__main__":

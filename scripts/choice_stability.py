@@ -6,23 +6,23 @@ a fresh ``AUTOBATCH_CACHE_DIR`` (so no stored result or probe serves it), nothin
 child (``python -c "while True: pass"``) runs for the whole measurement and is killed at the end, also on
 Ctrl-C or an error.
 
-    python scripts/choice_stability.py [--runs 5] [--no-busy] [--output scripts/results/choice.md]
+    python scripts/choice_stability.py [--runs 5] [--no-busy] [--output docs/measurements/choice-stability.md]
 
 ``--no-busy``: no busy child, a quiet machine (where one probe per contender may time the choice:
 ``autobatch/core/choice.py``, quiet probes); does the choice hold from run to run there too?
 
 Prints the table (run, chosen combination, micro-batch, samples/s of the winner and the runner-up, the
-margin, ``decided_by``, wall time) and the summary "same choice in k of N", and writes them to ``--output``.
+margin, ``decided_by``, wall time) and the summary "same choice in k of N", and writes them, headed by the
+command, the date and the autobatch version, as the block of ``--output`` for this kind of run (one core
+kept busy, or ``--no-busy``); the other block and the earlier runs on the page are kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import json
 import os
-import platform
 import shlex
 import signal
 import subprocess
@@ -32,8 +32,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import measurements  # noqa: E402  (scripts/ is on sys.path when a script runs)
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "scripts" / "results" / "choice.md"
+RESULTS = measurements.PAGES / "choice-stability.md"
+TITLE = "Choice stability"
+INTRO = (
+    "Does the throughput choice hold from run to run? `python scripts/choice_stability.py` runs the root "
+    "`autobatch.toml` tune as a new user runs it (`autobatch tune --refresh` from the repository root, a "
+    "fresh `AUTOBATCH_CACHE_DIR`, nothing reduced) N times, with one core kept busy by another process, or "
+    "on a quiet machine (`--no-busy`), and tables each run's choice, its margin and how it was decided."
+)
 BUSY = [sys.executable, "-c", "while True: pass"]
 
 
@@ -135,37 +144,23 @@ def tune_once(number: int, base: Path) -> Run:
     return read_run(number, tune.returncode, result, seconds)
 
 
-def _commit() -> str:
-    """The checkout's commit (and whether it has local changes), or "unknown" outside git."""
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        )
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
-    except OSError:
-        return "unknown"
-    if rev.returncode != 0:
-        return "unknown"
-    return rev.stdout.strip() + (" with local changes" if dirty.stdout.strip() else "")
-
-
 def header(argv: list[str], loads: tuple[float, float], busy: bool) -> list[str]:
     return [
-        "# Choice stability: the root `autobatch.toml` tune, N runs, "
-        + ("one core kept busy" if busy else "nothing else running (no busy process)"),
+        "## " + ("One core kept busy" if busy else "A quiet machine (no busy process)"),
         "",
-        f"- command: `{' '.join(shlex.quote(a) for a in ['python', 'scripts/choice_stability.py', *argv])}`; "
-        "each run: `autobatch tune --refresh --output RUN/result.json` from the repository root with a fresh "
-        "`AUTOBATCH_CACHE_DIR`",
-        f"- busy process during every run: `{shlex.join(['python', *BUSY[1:]])}`"
-        if busy
-        else "- no busy process",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; autobatch at {_commit()}",
-        f"- machine: {platform.machine()}, {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
-        f"{platform.platform()}, Python {platform.python_version()}",
-        f"- load average (1 min) at start {loads[0]:.1f}, at end {loads[1]:.1f} ("
-        + ("the busy process is 1, " if busy else "")
-        + "a tune about 1; the rest is other work on the shared machine)",
+        *measurements.run_header(
+            measurements.command_line("choice_stability.py", argv),
+            extra=[
+                "- each run: `autobatch tune --refresh --output RUN/result.json` from the repository root with a "
+                "fresh `AUTOBATCH_CACHE_DIR`",
+                f"- busy process during every run: `{shlex.join(['python', *BUSY[1:]])}`"
+                if busy
+                else "- no busy process",
+                f"- load average (1 min) at start {loads[0]:.1f}, at end {loads[1]:.1f} ("
+                + ("the busy process is 1, " if busy else "")
+                + "a tune about 1; the rest is other work on the machine)",
+            ],
+        ),
         "",
     ]
 
@@ -197,10 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"**{summary(runs)}**",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    print("\n".join(lines))
+    key = "busy" if busy is not None else "quiet"
+    measurements.update(args.output, key, lines, title=TITLE, intro=INTRO)
     return 0 if all(r.code == 0 for r in runs) else 1
 
 

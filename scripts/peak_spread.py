@@ -3,8 +3,9 @@
 Runs ``autobatch check SCRIPT --batch-size B --json`` (a fresh probe server each time, so a fresh
 process) ``--runs`` times, one after another, and reports every peak, the groups they fall into (peaks
 closer than ``--gap`` to a neighbour form a group) and the spread, beside the margin ``tune`` keeps under
-the budget (:func:`autobatch.devices.budget.margin_bytes`). Prints a table and writes it to
-``scripts/results/peak-spread.md`` (``--output`` to change). Arguments after ``--`` go to ``check``
+the budget (:func:`autobatch.devices.budget.margin_bytes`). Prints a table and writes it, headed by the
+command, the date and the autobatch version, as the block of ``docs/measurements/peak-spread.md`` for
+this script and batch size (``--output`` for another page; other blocks are kept). Arguments after ``--`` go to ``check``
 as they are (device, memory, precision, optimizer, steps, the script's own arguments after another
 ``--``).
 
@@ -15,7 +16,6 @@ as they are (device, memory, precision, optimizer, steps, the script's own argum
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shlex
@@ -25,8 +25,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import measurements  # noqa: E402
 
 from autobatch.devices.budget import margin_bytes  # noqa: E402
+
+PAGE = measurements.PAGES / "peak-spread.md"
+TITLE = "Peak spread between fresh processes"
+INTRO = (
+    "How much one probe's peak differs between fresh processes: the evidence behind the CPU margin "
+    "(see [How a tune works](../how-a-tune-works.md#margin-on-the-cpu)). `python scripts/peak_spread.py` "
+    "runs the same `autobatch check` in a fresh process again and again, and groups the peaks (peaks closer "
+    "than 512 KiB to a neighbour form a group)."
+)
 
 MB, MiB = 1_000_000, 1 << 20
 
@@ -46,10 +58,8 @@ def report(peaks: list[int], kinds: list[str], budget: int, gap: int, command: s
     """The markdown report of one measurement."""
     found = groups(peaks, gap)
     lines = [
-        "# Peak spread between fresh processes",
-        "",
         f"- command (each run): `{command}`",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+        f"- date: {measurements.now()}; autobatch {measurements.autobatch_version()}",
         f"- runs: {len(peaks)}; verdicts: " + ", ".join(f"{k} {kinds.count(k)}" for k in sorted(set(kinds))),
         f"- budget {budget / MiB:.2f} MiB; the CPU margin tune keeps under it: {margin_bytes('cpu', budget) / MiB:.2f} MiB",
         "",
@@ -106,13 +116,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gap", type=int, default=512 * 1024, help="bytes between two groups (default 512 KiB)"
     )
-    parser.add_argument("--output", type=Path, default=ROOT / "scripts" / "results" / "peak-spread.md")
+    parser.add_argument("--output", type=Path, default=PAGE, help="the page the run is written to")
     args = parser.parse_args(argv[:split])
     peaks, kinds, budget, command = measure(args.script, args.batch_size, args.runs, argv[split + 1 :])
     text = report(peaks, kinds, budget, args.gap, command)
     print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    name = Path(args.script).stem if args.script else "check"
+    head = [
+        f"## {name}, batch {args.batch_size}",
+        "",
+        f"- made by `{measurements.command_line('peak_spread.py', argv)}`",
+    ]
+    lines = [*head, *text.splitlines()]
+    measurements.update(args.output, f"{name}-{args.batch_size}", lines, title=TITLE, intro=INTRO)
     return 0
 
 

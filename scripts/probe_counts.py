@@ -3,7 +3,8 @@
 ``python scripts/probe_counts.py`` prints, per synthetic curve, the probes ``find_maximum`` makes
 (confirmation included) and whether the answer is the true maximum; then the same for the grid's second
 combination, primed by the first one's line through :mod:`autobatch.core.reuse`. Run it before and after
-a change to the search: each idea is measured before it goes in.
+a change to the search: each idea is measured before it goes in. The output also goes, headed by the
+command, the date and the autobatch version, to ``docs/measurements/probe-counts.md``.
 
 Besides the synthetic families, two curves follow a real tune (``scripts/workloads/param_heavy.py``, CPU,
 1 GiB cap, 2026-11-23): the rising phase's reading (``first_backward_peak`` + optimizer state) is not
@@ -15,9 +16,14 @@ above the rising reading (an autocast cache the reading misses).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import statistics
+import sys
 from dataclasses import dataclass
+
+import measurements
 
 from autobatch.core.maximum import Limits, find_maximum
 from autobatch.core.model import Affine
@@ -188,5 +194,30 @@ def grid4() -> None:
     print(f"  grid: {sum(counts)} probes, {sum(counts) / len(counts):.2f} per combination")
 
 
+TITLE = "Probes per curve"
+INTRO = (
+    "How many probes the per-combination procedure (`autobatch/core/maximum.py`: calibrate, search, "
+    "confirm) makes on synthetic memory curves, and whether its answer is the true maximum: fake probes, "
+    "no torch, seconds (`python scripts/probe_counts.py`). Each line: the curve, the probes it took "
+    "(its confirmation included), whether the answer was exact, and the batches probed in order (`(10)`: a "
+    "10-step probe). Two curves follow real tunes of `scripts/workloads/param_heavy.py` (CPU, 1 GiB). The "
+    "sections turn on what a real probe reports: the rising phase's peak, then the static memory too."
+)
+
+
+def write_page() -> None:
+    """Run :func:`main`, print its output and write it to the page."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main()
+    text = out.getvalue()
+    print(text, end="")
+    head = measurements.run_header(measurements.command_line("probe_counts.py", sys.argv[1:]))
+    lines = ["## Latest run", "", *head, "", "```text", *text.rstrip("\n").splitlines(), "```"]
+    measurements.update(
+        measurements.PAGES / "probe-counts.md", "probe-counts", lines, title=TITLE, intro=INTRO
+    )
+
+
 if __name__ == "__main__":
-    main()
+    write_page()

@@ -9,13 +9,13 @@ A full disk while the result is written is injected in-process (``tests/reliabil
 
     python scripts/reliability.py [--skip-faults]
 
-Prints the tables and writes them to ``scripts/results/reliability.md``.
+Prints the tables and writes them, headed by the command, the date and the autobatch version, to
+``docs/measurements/reliability.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import subprocess
 import sys
@@ -23,9 +23,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import measurements  # noqa: E402  (scripts/ is on sys.path when a script runs)
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-RESULTS = ROOT / "scripts" / "results" / "reliability.md"
+PAGE = measurements.PAGES / "reliability.md"
+TITLE = "Reliability report"
+INTRO = (
+    "Every bad input of the catalogue (`tests/reliability/catalogue.py`) and every injected fault "
+    "(`tests/reliability/faults.py`), run against the real command by `python scripts/reliability.py`. A bad "
+    "input must end with its documented exit code, a message that names the problem and the fix, and no "
+    "traceback; a fault must end with its documented exit code, no process of the tune left and no probe "
+    "lost. What each guards against: [Reliability](../reliability.md)."
+)
 
 
 def inputs_table(base: Path) -> tuple[list[str], bool]:
@@ -121,15 +131,14 @@ def main() -> int:
         if not args.skip_faults:
             fault_lines, ok_faults = faults_table(Path(tmp))
             lines += ["", *fault_lines]
-    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    lines += [
-        "",
-        f"`python scripts/reliability.py` on {when}, {time.perf_counter() - started:.0f} s, on 2 shared cores.",
-    ]
+    head = measurements.run_header(
+        measurements.command_line("reliability.py", sys.argv[1:]),
+        extra=[f"- {time.perf_counter() - started:.0f} s in all"],
+    )
+    lines = ["## Latest run", "", *head, "", *lines]
     text = "\n".join(lines) + "\n"
     print(text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text)
+    measurements.update(PAGE, "reliability", lines, title=TITLE, intro=INTRO)
     return 0 if ok_inputs and ok_faults else 1
 
 

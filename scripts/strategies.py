@@ -8,14 +8,16 @@ cap, runs (every command a fresh ``autobatch``, no cache):
    fixed cost of the probe (``wall_seconds`` less the steps; for ranks: start, rendezvous, wrap);
 3. ``estimate --strategy ddp|fsdp --world-size 2``, and ``estimate --strategy fsdp --world-size 64`` timed;
 
-then prints the table and writes it, with the commands and the machine's load, to
-``scripts/results/strategies.md``. ``--from DIR`` reads the JSON files an earlier run left in DIR
-instead of running anything; ``--depth`` and ``--memory`` shrink the example for a quick run::
+then prints the table and writes it, with the commands, the date, the autobatch version and the machine's
+load, as the example's block of ``docs/measurements/strategies.md`` (with the summary over every example
+below it); each command's JSON goes to ``docs/measurements/data/strategies/EXAMPLE/``. ``--from DIR``
+reads the JSON files an earlier run left in DIR instead of running anything; ``--depth`` and ``--memory``
+shrink the example for a quick run::
 
-    python scripts/strategies.py                            # the README's table; 20-40 min on 2 busy cores
-    python scripts/strategies.py --depth 16 --memory 600MiB --folder /tmp/quick   # a few minutes
-    python scripts/strategies.py --from strategies-run
-    python scripts/strategies.py --from strategies-run --estimates-only   # the estimates again, new code
+    python scripts/strategies.py                            # the mlp table; 20-40 min on 2 busy cores
+    python scripts/strategies.py --depth 16 --memory 600MiB --folder quick --results quick.md   # a few minutes
+    python scripts/strategies.py --from docs/measurements/data/strategies/mlp
+    python scripts/strategies.py --from docs/measurements/data/strategies/mlp --estimates-only   # new code
     python scripts/strategies.py --example gpt --strategies ddp,fsdp --no-checks   # another example
     python scripts/strategies.py --summary       # every example's estimate against its measured maximum
 """
@@ -32,14 +34,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+import measurements  # noqa: E402  (scripts/ is on sys.path when a script runs)
+
 ROOT = Path(__file__).resolve().parent.parent
+PAGE = measurements.PAGES / "strategies.md"
+RUNS = measurements.DATA / "strategies"
+TITLE = "Strategies on the CPU device"
+INTRO = (
+    "Measured per-rank maxima under DDP and FSDP2 (2 ranks) against one process, each checked at the "
+    "maximum and at the next batch, with the per-rank estimates beside them (`python scripts/strategies.py`; "
+    "what it means: [Distributed](../distributed.md)). Every command runs a fresh `autobatch`, no cache; "
+    "each command's JSON is kept in `docs/measurements/data/strategies/`."
+)
 MiB = 1 << 20
 TUNE = ["--steps", "3", "--max-steps", "3", "--confirm-steps", "4"]
 CHECK_STEPS = "4"  # the confirmation's steps
 STRATEGIES = ("none", "ddp", "fsdp")
 
 
-#: Per example: its per-rank cap (the README's). The MLP is the parameter-heavy one (``--depth`` blocks);
+#: Per example: its per-rank cap (the documented tables'). The MLP is the parameter-heavy one (``--depth`` blocks);
 #: the others run with their own defaults, where activations dominate.
 EXAMPLES = {"mlp": "780MiB", "gpt": "1GiB", "cnn": "1GiB", "lstm": "1GiB"}
 
@@ -87,8 +100,8 @@ class Runner:
         print(f"$ {shown}", file=sys.stderr, flush=True)
         started = time.perf_counter()
         out = self.folder / f"{name}.json"
-        with out.open("w") as handle:
-            done = subprocess.run(command, stdout=handle, cwd=ROOT, check=False)
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, check=False)
+        measurements.write_data(out, done.stdout)
         self.log["commands"][name] = shown
         self.log["seconds"][name] = round(time.perf_counter() - started, 1)
         if done.returncode not in ok_codes:
@@ -104,6 +117,8 @@ class Runner:
             self.log["argv"] = " ".join(["python", "scripts/strategies.py", *sys.argv[1:]])
             self.log["load_start"] = os.getloadavg()
             self.log["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            self.log["autobatch"] = measurements.autobatch_version()
+            self.log["machine"] = measurements.machine()
         base = [f"examples/{self.example}.py", *common(self.memory)]
         for strategy in () if estimates_only else self.strategies:
             tuned = self.run(f"tune-{strategy}", ["tune", *base, *TUNE, *ranks(strategy), "--no-cache"])
@@ -120,7 +135,7 @@ class Runner:
             estimate = ["estimate", *base, "--strategy", strategy, "--world-size", str(world)]
             self.run(f"est-{strategy}-{world}", [*estimate, "--timeout", "1800"])
         self.log["estimates_load_end" if estimates_only else "load_end"] = os.getloadavg()
-        logged.write_text(json.dumps(self.log, indent=2))
+        measurements.write_data(logged, json.dumps(self.log, indent=2))
 
 
 def _read(folder: Path, name: str) -> Any:
@@ -182,16 +197,16 @@ def table(folder: Path) -> str:
 def report(folder: Path) -> str:
     log = json.loads((folder / "log.json").read_text()) if (folder / "log.json").is_file() else {}
     example = log.get("example", "mlp")
-    lines = [
-        f"# Strategies on the CPU device ({example} example): measured per-rank maxima, checks and estimates",
-        "",
-    ]
+    lines = [f"## The {example} example", ""]
     if log:
         made = [f"`{log[k]}`" for k in ("argv", "estimates_argv") if k in log]
-        lines.append(f"- made by {' then '.join(made) or '`python scripts/strategies.py`'}")
-        lines.append(f"- run at {log.get('started')}; load average (1, 5, 15 min) at start "
+        lines.append(f"- command: {' then '.join(made) or '`python scripts/strategies.py`'}")
+        lines.append(f"- date: {log.get('started')}; autobatch {log.get('autobatch', 'unknown')}")
+        if "machine" in log:
+            lines.append(f"- machine: {log['machine']}")
+        lines.append(f"- load average (1, 5, 15 min) at start "
                      f"{', '.join(f'{x:.2f}' for x in log['load_start'])}, at end "
-                     f"{', '.join(f'{x:.2f}' for x in log['load_end'])} (2 cores, shared)")  # fmt: skip
+                     f"{', '.join(f'{x:.2f}' for x in log['load_end'])}")  # fmt: skip
         if "estimates_load_start" in log:
             lines.append(f"- estimates rerun afterwards (`--from FOLDER --estimates-only`, with the final estimate code"
                          f"); load average at their start {', '.join(f'{x:.2f}' for x in log['estimates_load_start'])}, "
@@ -221,15 +236,19 @@ def step_down(folder: Path) -> list[str]:
             )
     if lines:
         lines.insert(
-            0, "Peaks the tunes measured at the same batch with 3 and with 4 steps (the confirmation's):"
+            0, "Peaks the tunes measured at the same batch with 3 and with 4 steps (the confirmation's):\n"
         )
     return lines
 
 
 def summary(results: Path) -> str:
     """One row per example and strategy measured into the default folders: the estimate against the
-    measured 2-rank maximum (the README's second table)."""
+    measured 2-rank maximum (the second table of the Distributed page)."""
     lines = [
+        "## Every example: the estimate against the measured maximum",
+        "",
+        "Rendered from the stored runs above (`python scripts/strategies.py --summary`).",
+        "",
         "| example | per-rank cap | strategy | tune: maximum per rank | `estimate --world-size 2` | estimate / measured |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
@@ -253,7 +272,7 @@ def summary(results: Path) -> str:
 
 
 def default_folder(results: Path, example: str) -> Path:
-    return results / ("strategies-run" if example == "mlp" else f"strategies-run-{example}")
+    return results / example
 
 
 def main() -> None:
@@ -265,12 +284,10 @@ def main() -> None:
     )
     parser.add_argument("--from", dest="source", type=Path, help="read the JSON files of an earlier run")
     parser.add_argument(
-        "--folder", type=Path, help="where a run writes (default: scripts/results/strategies-run[-EXAMPLE])"
+        "--folder", type=Path, help="where a run writes (default: docs/measurements/data/strategies/EXAMPLE)"
     )
-    parser.add_argument("--depth", type=int, default=64, help="blocks of the example MLP (README: 64)")
-    parser.add_argument(
-        "--memory", help="memory per rank (default: the example's, README: mlp 780MiB, others 1GiB)"
-    )
+    parser.add_argument("--depth", type=int, default=64, help="blocks of the example MLP (default 64)")
+    parser.add_argument("--memory", help="memory per rank (default: the example's, mlp 780MiB, others 1GiB)")
     parser.add_argument(
         "--estimates-only", action="store_true", help="with --from: run the estimates again into that folder"
     )
@@ -278,14 +295,13 @@ def main() -> None:
         "--summary", action="store_true", help="print every example's estimate against its measured maximum"
     )
     parser.add_argument(
-        "--results", type=Path, help="the report (default: scripts/results/strategies[-EXAMPLE].md)"
+        "--results", type=Path, help="the page the report goes to (default: docs/measurements/strategies.md)"
     )
     args = parser.parse_args()
-    results = ROOT / "scripts" / "results"
     if args.summary:
-        print(summary(results))
+        print(summary(RUNS))
         return
-    folder = args.source or args.folder or default_folder(results, args.example)
+    folder = args.source or args.folder or default_folder(RUNS, args.example)
     strategies = tuple(s for s in STRATEGIES if s in args.strategies.split(","))
     runner = Runner(
         folder,
@@ -302,11 +318,9 @@ def main() -> None:
         runner.measure(estimates_only=True)
     text = report(folder)
     print(text)
-    out = args.results or results / (
-        "strategies.md" if args.example == "mlp" else f"strategies-{args.example}.md"
-    )
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(text)
+    page = args.results or PAGE
+    measurements.update(page, args.example, text.splitlines(), title=TITLE, intro=INTRO)
+    measurements.update(page, "summary", summary(RUNS).splitlines(), title=TITLE, intro=INTRO)
 
 
 if __name__ == "__main__":
