@@ -1,4 +1,4 @@
-"""The examples and the fixture training scripts honour the user contract (DESIGN.md section 2).
+"""The examples and the fixture training scripts honour the user contract (docs/script.md).
 
 Every script is imported the way autobatch imports it (from its path, not as ``__main__``, with its own
 arguments in ``sys.argv[1:]``) and trained for a real step at a small batch. The fixtures meant to fail

@@ -7,7 +7,7 @@ folder never counts. Imports are found by reading every ``import`` statement of 
 functions and ``if`` blocks too, and following them into the local modules they reach, packages'
 ``__init__.py`` files included. An import whose name is computed at run time
 (``importlib.import_module(name)``) cannot be seen this way; such a module is not part of the
-fingerprint (the README says so).
+fingerprint (docs/clusters.md says so).
 
 Paths are reported relative to the script's folder (or the working folder), so that the same sources
 checked out elsewhere have the same fingerprint.

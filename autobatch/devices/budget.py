@@ -7,7 +7,7 @@ function per device (:func:`cpu_budget` here, :func:`autobatch.devices.cuda.cuda
 **The margin.** On the CPU the same probe's peak differs between fresh processes, in steps of 1 MiB:
 fresh ``autobatch check`` runs of one Hugging Face BERT step (batch 155, 440 MiB) peak in two groups
 1 MiB apart (412.93-413.10 MB and 414.01-414.21 MB), of the MLP example likewise
-(``scripts/peak_spread.py``, ``scripts/results/peak-spread-*.md``), and in CI a check of a batch whose tune confirmation had fitted
+(``scripts/peak_spread.py``, ``docs/measurements/peak-spread.md``), and in CI a check of a batch whose tune confirmation had fitted
 under a 1 MiB margin ran out of memory: a third step. So a batch whose peak lands within a few MiB of
 the cap fits once and fails the next time. The search therefore does not accept a fit within
 :func:`margin_bytes` of the budget: :data:`CPU_MARGIN_FLOOR` (two of those steps and their spread), or

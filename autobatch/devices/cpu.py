@@ -1,6 +1,6 @@
 """The CPU device: an OS-enforced memory cap and a peak measured in the same quantity the cap limits.
 
-Definition (documented in the README): on the CPU device, ``--memory`` is the capacity of the probe
+Definition (documented in docs/how-a-tune-works.md): on the CPU device, ``--memory`` is the capacity of the probe
 process's *data memory* — Linux's ``VmData``: every private writable mapping of the whole probe process
 (heap, anonymous ``mmap`` blocks, thread stacks), imports included (torch and the user script
 are already loaded when a probe starts, about 300 MiB here). The budget is ``memory * (1 - headroom)``
@@ -13,7 +13,7 @@ whole address space, which a freshly forked process starts at its current size) 
 the mappings that are not data (shared libraries loaded on the way). It therefore counts exactly
 what ``RLIMIT_DATA`` counts, including transient blocks freed before anyone could sample them.
 
-glibc's allocator is pinned in probe processes (DESIGN.md §4): ``MALLOC_ARENA_MAX=1`` (one arena, no
+glibc's allocator is pinned in probe processes: ``MALLOC_ARENA_MAX=1`` (one arena, no
 per-thread heaps) and ``MALLOC_MMAP_THRESHOLD_=65536`` (a fixed threshold: every block of 64 KiB or
 more is its own mapping, returned to the OS when freed). With glibc's defaults, fit/no-fit under the
 cap is neither monotone in the batch size nor repeatable. The environment is set before the probe

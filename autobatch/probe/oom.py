@@ -2,7 +2,7 @@
 
 A probe that runs out of memory is an *answer* (this batch does not fit); any other exception is the
 *script's error*, reported with its traceback and never counted as an OOM. Out-of-memory has many
-faces (DESIGN.md §4), so the decision is a table of rules over the exception's type names and message:
+faces, so the decision is a table of rules over the exception's type names and message:
 
 definite (always ``"oom"``)
     ``torch.OutOfMemoryError`` (= ``torch.cuda.OutOfMemoryError``, also raised for HIP/MPS/XPU),

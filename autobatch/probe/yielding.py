@@ -4,7 +4,7 @@ probe shows that another process keeps the cores busy.
 torch's intra-op threads (GNU OpenMP) wait for each other at the end of every parallel region by spinning
 on their core. Beside a process that keeps one of the cores busy, one of them keeps losing its core and
 the others spin until it is back: the step stalls. Measured here (``python scripts/busy_threads.py``,
-``scripts/results/busy-threads.md``: examples/gpt.py at batch 16, AdamW, torch's two threads on two cores):
+``docs/measurements/busy-threads.md``: examples/gpt.py at batch 16, AdamW, torch's two threads on two cores):
 a step takes 0.072 s alone and 0.64 s (0.34-1.1) beside one busy core with the default policy, 0.152 s
 with ``OMP_WAIT_POLICY=PASSIVE`` (threads that sleep while they wait), which costs 0.093 s alone: so
 passive is no default, only the answer to a machine that is busy. Memory is the same under both.
@@ -15,7 +15,7 @@ time (:attr:`~autobatch.records.protocol.ProbeOutcome.cpu_wait`; CPU only), the 
 one policy are compared only with those measured under the same one (:class:`autobatch.run.throughput.StepTimes`).
 A user who sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` keeps it: the probes run as their job does. The
 root ``autobatch.toml`` tune beside one busy core: 250 s before, 55 s with the rule
-(``scripts/results/benchmark-history.md``).
+(``docs/measurements/benchmark-history.md``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Settings, defined once: one frozen dataclass per group, validated on construction.
 
 Modules: ``values`` (parse and check one value), ``groups`` (the dataclasses), ``docs`` (FIELDS, help,
-starter file, README table), ``load`` (the layers, and the world size).
+starter file, the docs' key table), ``load`` (the layers, and the world size).
 
 Layers, lowest to highest: defaults < config file (``--config FILE``, else ``./autobatch.toml`` when it
 exists) < ``AUTOBATCH_<FIELD>`` environment variables < command-line flags. A value from a higher layer
@@ -10,7 +10,7 @@ replaces the lower one whole (lists are not merged), and only the value that win
 Each field is named once: TOML key ``name`` in section ``[group]``, environment variable
 ``AUTOBATCH_`` + ``NAME``, and the flag recorded in its metadata. :data:`FIELDS` is generated from
 the dataclasses and feeds ``--help`` texts (:func:`help_for`), ``autobatch init``
-(:func:`render_starter_toml`) and the README's key table (:func:`render_markdown_table`).
+(:func:`render_starter_toml`) and the key table of docs/configuration.md (:func:`render_markdown_table`).
 
 Environment values are strings, parsed by the field's type: integers, floats, booleans
 (1/true/yes/on, 0/false/no/off), lists (comma-separated), sizes ("2GiB"), ``script_args`` (one

@@ -1,5 +1,5 @@
 """The generated documentation of every setting: :data:`FIELDS`, ``--help`` texts, the starter
-file of ``autobatch init`` and the README's key table, all from the dataclasses' field metadata."""
+file of ``autobatch init`` and the key table of docs/configuration.md, all from the dataclasses' field metadata."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def render_starter_toml() -> str:
 
 
 def render_markdown_table() -> str:
-    """The README's table of config keys, generated from :data:`FIELDS`."""
+    """The table of config keys in docs/configuration.md, generated from :data:`FIELDS`."""
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")

@@ -1,4 +1,4 @@
-"""The user contract (DESIGN.md §2): import a training script and look up its functions.
+"""The user contract (docs/script.md): import a training script and look up its functions.
 
 The script is imported under its own module name, never as ``__main__`` (its
 ``if __name__ == "__main__":`` block does not run), with ``sys.argv`` set to the script path plus

@@ -1,6 +1,6 @@
 """What the probe server loads: a script spec, the one record every way of naming a training step maps onto.
 
-The three-function script (DESIGN.md §2) stays the form every probe runs; a spec says where those
+The three-function script stays the form every probe runs; a spec says where those
 functions come from, and :func:`autobatch.step.contract.load_script` turns it into a
 :class:`~autobatch.step.contract.UserScript` inside the probe server:
 

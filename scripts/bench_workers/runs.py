@@ -256,7 +256,7 @@ def true_maximum(checker: Checker, hint: int | None, others: list[int]) -> int |
 
 def stable_maximum(checker: Checker, top: int, repeats: int = 2, limit: int = 8) -> int | None:
     """Step down from the bisection's answer to the largest size that fits in ``repeats`` fresh checks out of
-    ``repeats`` (the boundary can flicker by a sample or two: DESIGN.md §3); None when batch 1 does not."""
+    ``repeats`` (the boundary can flicker by a sample or two at the boundary); None when batch 1 does not."""
     for batch_size in range(top, max(0, top - limit), -1):
         while checker.always_fits(batch_size) and len(checker.history[batch_size]) < repeats:
             checker.fits_again(batch_size)

@@ -30,5 +30,5 @@ def test_flat_peaks_over_a_wide_range_warn() -> None:
     assert "does make_batch use its batch_size" in (flat_peaks(flat, budget) or "")
     growing = [(8, "fits", 500 * MiB), (64, "fits", 600 * MiB)]
     assert flat_peaks(growing, budget) is None
-    narrow = [(1085, "fits", 989 * MiB), (2014, "fits", 986 * MiB)]  # DESIGN's optimizer-step plateau
+    narrow = [(1085, "fits", 989 * MiB), (2014, "fits", 986 * MiB)]  # the optimizer step's plateau
     assert flat_peaks(narrow, budget) is None

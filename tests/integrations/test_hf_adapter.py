@@ -13,10 +13,10 @@ pytestmark = pytest.mark.consumers
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from autobatch.integrations.hf import apply_to_training_arguments  # noqa: E402
 from hf_configs import bert, gpt2  # noqa: E402
 
 from autobatch.errors import ContractError, UsageError  # noqa: E402
+from autobatch.integrations.hf import apply_to_training_arguments  # noqa: E402
 from autobatch.records.result import Chosen, TuneResult  # noqa: E402
 from autobatch.step.contract import load_script, load_spec  # noqa: E402
 from autobatch.step.hf import HFScript

@@ -41,9 +41,10 @@ def test_tune_lightning_finds_an_exact_maximum(tmp_path: Path) -> None:
 
 
 def test_callback_trains_with_the_tuned_batch_size(tmp_path: Path) -> None:
-    from autobatch.integrations.lightning import AutoBatch
     from lightning.pytorch import Trainer
     from lit_app import LitData, LitMLP
+
+    from autobatch.integrations.lightning import AutoBatch
 
     events: list[object] = []
     callback = AutoBatch(memory="520MiB", confirm_steps=5, global_batch_size=120, on_probe=events.append)

@@ -10,7 +10,7 @@ frees; an allocator model turns that stream into the figure the device's budget 
   allocator calls ``posix_memalign(64, n)``: a request that reaches the mmap threshold becomes its own
   mapping, rounded up to whole pages with the chunk header and alignment slack, and is unmapped when
   freed; smaller ones come from the heap in 16-byte steps.
-* :class:`CudaAllocatorModel`: PyTorch's CUDA caching allocator (DESIGN.md §4). Requests round up to
+* :class:`CudaAllocatorModel`: PyTorch's CUDA caching allocator. Requests round up to
   512 B; requests of at most 1 MiB come from 2 MiB segments (the small pool), larger ones from 20 MiB
   segments when under 10 MiB, else from a segment of their own size rounded up to 2 MiB. A request
   takes the best-fitting free block of its pool (splitting it when the rest is worth keeping: at least

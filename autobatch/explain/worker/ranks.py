@@ -1,6 +1,6 @@
 """One rank of a distributed strategy under fake tensors: ``estimate --strategy ddp|fsdp --world-size N``.
 
-The recipe torchtitan's memory estimation follows (DESIGN §4, checked with torch 2.13 on the CPU):
+The recipe torchtitan's memory estimation follows (checked with torch 2.13 on the CPU):
 ``torch.distributed``'s ``fake`` backend with ``torch.testing._internal.distributed.fake_pg.FakeStore``
 lets this one process act as rank 0 of any world size (collectives return at once, moving no data);
 the device mesh is made *before* ``FakeTensorMode`` is entered (inside it, ``fully_shard`` fails on a
@@ -16,7 +16,7 @@ local shard of about 1/N of it. The tracker therefore lets every DTensor operati
 operations on the local shards, which it sees and counts, and counts a DTensor by its inner tensors'
 storages (:func:`~autobatch.explain.worker.tracker.storages_of`), as ``torch.distributed._tools.MemTracker``
 does; counting the wrappers made every rank hold the whole model's state (the FSDP estimate was
-0.54 x the measured 2-rank maximum on the README's MLP). The unsharded parameters a block all-gathers
+0.54 x the measured 2-rank maximum on the distributed docs' MLP). The unsharded parameters a block all-gathers
 are plain tensors, freed and refilled with ``UntypedStorage.resize_`` (:func:`track_resize`).
 
 ``ddp``: the step of one process plus DDP's gradient buckets, which hold a flat copy of every gradient
