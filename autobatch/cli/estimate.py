@@ -82,9 +82,9 @@ def estimate(
         from autobatch.explain.output.plot import check_plot_path
 
         check_plot_path(plot)
-    from autobatch.explain.parent.estimator import Target, estimate_combinations
+    from autobatch.explain.parent.estimator import EstimateDevice, estimate_combinations
 
-    target = Target.resolve(
+    target = EstimateDevice.resolve(
         card=card,
         device=settings.device.device,
         memory=settings.device.memory,

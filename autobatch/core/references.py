@@ -1,4 +1,4 @@
-"""How the step is named, as text: ``package.module:attribute`` references, ``PATH:Class`` targets, HF tasks.
+"""How the step is named, as text: ``package.module:attribute`` and ``PATH:Class`` references, HF tasks.
 
 Pure string functions, shared by the settings (which must not resolve a reference as a path) and by
 :mod:`autobatch.step.spec` (which turns the names into what the probe server loads).
@@ -26,12 +26,12 @@ def is_reference(text: str) -> bool:
     return ":" in text and not text.endswith(".py") and bool(_REFERENCE.match(text))
 
 
-def split_target(target: str) -> tuple[str, str]:
+def split_reference(reference: str) -> tuple[str, str]:
     """``"models/lit.py:LitModel"`` or ``"pkg.lit:LitModel"`` -> (where, attribute); the attribute may be empty."""
-    where, _, attribute = target.rpartition(":") if ":" in target else (target, "", "")
+    where, _, attribute = reference.rpartition(":") if ":" in reference else (reference, "", "")
     return where, attribute
 
 
-def is_file_target(where: str) -> bool:
+def is_file_reference(where: str) -> bool:
     """Whether the part before the colon names a file (``.py`` or a path) rather than a module."""
     return where.endswith(".py") or "/" in where or "\\" in where

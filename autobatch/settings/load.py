@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python < 3.11 only
     import tomli as tomllib
 
-from autobatch.core.references import is_file_target, is_reference, split_target
+from autobatch.core.references import is_file_reference, is_reference, split_reference
 from autobatch.errors import ConfigError
 from autobatch.settings.docs import BY_NAME, FIELDS, META
 from autobatch.settings.groups import GROUPS, SECTIONS, Settings, relations
@@ -133,8 +133,8 @@ def _resolve(meta: Mapping[str, Any], value: str, base: Path) -> str:
         if meta.get("reference_ok") and is_reference(value):
             return value
         return os.path.normpath(base / _expand(value))
-    where, attribute = split_target(value)
-    if not is_file_target(where):
+    where, attribute = split_reference(value)
+    if not is_file_reference(where):
         return value
     return os.path.normpath(base / _expand(where)) + (f":{attribute}" if attribute else "")
 

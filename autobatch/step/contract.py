@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from autobatch.errors import ContractError
-from autobatch.step.importing import import_file, import_target, translated
+from autobatch.step.importing import import_file, import_reference, translated
 from autobatch.step.spec import ScriptSpec
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def load_spec(spec: ScriptSpec, args: list[str] | tuple[str, ...] = ()) -> UserS
     sys.path.extend(folder for folder in spec.sys_path if folder not in sys.path)
     with translated(spec.label):
         if spec.kind == "reference":
-            found = import_target(spec.target, "reference")
+            found = import_reference(spec.target, "reference")
         elif spec.kind == "pickled":
             import cloudpickle
 

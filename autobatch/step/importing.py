@@ -21,7 +21,7 @@ from typing import Any
 from autobatch.errors import AutobatchError, ScriptError, UsageError
 from autobatch.records.failures import script_traceback
 from autobatch.step.scriptpath import check_script_path
-from autobatch.step.spec import is_file_target, split_target
+from autobatch.step.spec import is_file_reference, split_reference
 
 
 def import_file(path: str | Path, *, reuse: bool = False) -> ModuleType:
@@ -59,10 +59,10 @@ def import_module(name: str) -> ModuleType:
         raise
 
 
-def import_target(target: str, what: str) -> Any:
+def import_reference(target: str, what: str) -> Any:
     """The object ``"path/to/file.py:Attr"`` or ``"package.module:Attr"`` names (``what``: the flag, for messages)."""
-    where, attribute = split_target(target)
-    module = import_file(where, reuse=True) if is_file_target(where) else import_module(where)
+    where, attribute = split_reference(target)
+    module = import_file(where, reuse=True) if is_file_reference(where) else import_module(where)
     if not attribute:
         return module
     found: Any = module

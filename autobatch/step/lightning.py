@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from lightning.pytorch import LightningDataModule, LightningModule
 
 from autobatch.errors import ContractError, UsageError
-from autobatch.step.importing import import_target
+from autobatch.step.importing import import_reference
 from autobatch.step.lightning_yaml import init_arguments, instantiate
 
 if TYPE_CHECKING:
@@ -183,9 +183,9 @@ def from_targets(
     target: str, datamodule: str | None = None, config: str | None = None, batch_attr: str = "batch_size"
 ) -> LightningScript:
     """The step of ``--lightning PATH:Class [--datamodule PATH:Class] [--lightning-config YAML]``."""
-    module_cls = import_target(target, "--lightning")
+    module_cls = import_reference(target, "--lightning")
     _require_subclass(module_cls, LightningModule, "--lightning", target)
-    data_cls = import_target(datamodule, "--datamodule") if datamodule else None
+    data_cls = import_reference(datamodule, "--datamodule") if datamodule else None
     if data_cls is not None:
         _require_subclass(data_cls, LightningDataModule, "--datamodule", str(datamodule))
     model_args, data_args = init_arguments(config) if config else ({}, {})

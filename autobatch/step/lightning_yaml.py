@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from autobatch.errors import UsageError
-from autobatch.step.importing import import_target
+from autobatch.step.importing import import_reference
 
 
 def init_arguments(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -50,7 +50,7 @@ def instantiate(cls: Any, kwargs: Mapping[str, Any]) -> Any:
 def _build(value: Any) -> Any:
     if isinstance(value, Mapping) and "class_path" in value:
         module, _, name = str(value["class_path"]).rpartition(".")
-        return instantiate(import_target(f"{module}:{name}", "class_path"), value.get("init_args") or {})
+        return instantiate(import_reference(f"{module}:{name}", "class_path"), value.get("init_args") or {})
     if isinstance(value, list):
         return [_build(v) for v in value]
     return value

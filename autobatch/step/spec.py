@@ -31,10 +31,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from autobatch.core.references import HF_TASKS, is_file_target, is_reference, split_target
+from autobatch.core.references import HF_TASKS, is_file_reference, is_reference, split_reference
 from autobatch.errors import UsageError
 
-__all__ = ["HF_TASKS", "KINDS", "ScriptSpec", "is_file_target", "is_reference", "select_spec", "split_target"]
+__all__ = [
+    "HF_TASKS",
+    "KINDS",
+    "ScriptSpec",
+    "is_file_reference",
+    "is_reference",
+    "select_spec",
+    "split_reference",
+]
 
 KINDS = ("path", "reference", "pickled", "hf", "lightning")
 
@@ -117,12 +125,12 @@ class ScriptSpec:
             return head + hf_config_file(self.target).read_bytes()
         files: list[Path | None] = []
         if self.kind == "reference":
-            files.append(self.module_file(split_target(self.target)[0]))
+            files.append(self.module_file(split_reference(self.target)[0]))
         else:
             for target in (self.target, self.options.get("datamodule")):
                 if target:
-                    where = split_target(target)[0]
-                    files.append(Path(where) if is_file_target(where) else self.module_file(where))
+                    where = split_reference(target)[0]
+                    files.append(Path(where) if is_file_reference(where) else self.module_file(where))
             config = self.options.get("config")
             files.append(Path(config) if config else None)
         return head + b"".join(f.read_bytes() for f in files if f is not None and f.is_file())
@@ -172,12 +180,12 @@ def hf_config_file(target: str | Path) -> Path:
 
 
 def _check_target(flag: str, target: str) -> None:
-    where, attribute = split_target(target)
+    where, attribute = split_reference(target)
     if not attribute:
         raise UsageError(
             f"{flag} {target}: expected PATH:Class", hint=f"for example {flag} train.py:LitModel"
         )
-    if is_file_target(where) and not Path(where).is_file():
+    if is_file_reference(where) and not Path(where).is_file():
         raise UsageError(f"{flag}: no such file: {where}", hint="pass the .py file that defines the class")
 
 

@@ -10,7 +10,7 @@ import pytest
 from support import TINY, run_cli
 
 from autobatch.errors import UsageError
-from autobatch.explain.parent.estimator import Target, cuda_budget_bytes
+from autobatch.explain.parent.estimator import EstimateDevice, cuda_budget_bytes
 from autobatch.explain.pure.cards import CARDS, generic_card, get_card
 from autobatch.explain.pure.maxima import (
     Offset,
@@ -104,21 +104,28 @@ def test_cards_and_targets() -> None:
     assert not CARDS["t4-16gb"].bf16 and CARDS["h100-80gb"].bf16
     card = generic_card(80 << 30)
     assert cuda_budget_bytes(card, 0.1) == int((card.memory_bytes - card.context_bytes) * 0.9)
-    target = Target.resolve(card="h100-80gb", device="auto", memory=None, headroom=0.1, given_device=False)
+    target = EstimateDevice.resolve(
+        card="h100-80gb", device="auto", memory=None, headroom=0.1, given_device=False
+    )
     assert target.kind == "cuda" and target.capacity_bytes == CARDS["h100-80gb"].memory_bytes
-    calibrated = Target.resolve(
+    calibrated = EstimateDevice.resolve(
         card="h100-80gb", device="auto", memory=1 << 30, headroom=0.1, given_device=False, memory_flag=1 << 30
     )
     assert calibrated.capacity_bytes == 1 << 30 and calibrated.card is not None
-    assert Target.resolve(card=None, device="cpu", memory=None, headroom=0.1, given_device=True).kind == "cpu"
     assert (
-        Target.resolve(card=None, device="auto", memory=8 << 30, headroom=0.1, given_device=False).kind
+        EstimateDevice.resolve(card=None, device="cpu", memory=None, headroom=0.1, given_device=True).kind
+        == "cpu"
+    )
+    assert (
+        EstimateDevice.resolve(
+            card=None, device="auto", memory=8 << 30, headroom=0.1, given_device=False
+        ).kind
         == "cuda"
     )
     with pytest.raises(UsageError):
-        Target.resolve(card=None, device="auto", memory=None, headroom=0.1, given_device=False)
+        EstimateDevice.resolve(card=None, device="auto", memory=None, headroom=0.1, given_device=False)
     with pytest.raises(UsageError):
-        Target.resolve(card="t4-16gb", device="cpu", memory=None, headroom=0.1, given_device=True)
+        EstimateDevice.resolve(card="t4-16gb", device="cpu", memory=None, headroom=0.1, given_device=True)
 
 
 @pytest.fixture

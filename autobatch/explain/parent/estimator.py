@@ -36,8 +36,9 @@ CUDA_DEFINITION = (
 
 
 @dataclass(frozen=True)
-class Target:
-    """What to estimate for: ``kind`` "cpu" (capacity None: the memory available now) or "cuda"."""
+class EstimateDevice:
+    """The device an estimate simulates (not a device that is tuned): ``kind`` "cpu" (capacity None: the
+    memory available now) or "cuda"."""
 
     kind: str
     name: str
@@ -55,7 +56,7 @@ class Target:
         headroom: float,
         given_device: bool,
         memory_flag: int | None = None,
-    ) -> Target:
+    ) -> EstimateDevice:
         """``--card`` wins, then ``--device cpu``; otherwise a CUDA card of ``--memory``."""
         if card:
             if given_device and device == "cpu":
@@ -94,7 +95,7 @@ def cuda_budget_bytes(card: CardProfile, headroom: float) -> int:
 
 
 def estimate_combinations(
-    settings: Settings, target: Target, progress: Callable[[str], None] | None = None
+    settings: Settings, target: EstimateDevice, progress: Callable[[str], None] | None = None
 ) -> TuneResult:
     """Estimate every combination of the settings' grid on the target."""
     say = progress or (lambda _text: None)
@@ -131,7 +132,9 @@ def estimate_combinations(
     )
 
 
-def _scenarios(combos: list[Combo], target: Target) -> tuple[list[ComboResult | None], list[NamedScenario]]:
+def _scenarios(
+    combos: list[Combo], target: EstimateDevice
+) -> tuple[list[ComboResult | None], list[NamedScenario]]:
     """The scenarios to simulate, and a placeholder per combination (a skipped one's result already)."""
     entries: list[ComboResult | None] = []
     scenarios: list[NamedScenario] = []
@@ -148,7 +151,7 @@ def _scenarios(combos: list[Combo], target: Target) -> tuple[list[ComboResult | 
     return entries, scenarios
 
 
-def _device(target: Target) -> dict[str, Any]:
+def _device(target: EstimateDevice) -> dict[str, Any]:
     """The target as ``tune --json`` describes a device: capacity, budget, and how memory is counted."""
     if target.card is None:
         import psutil
@@ -206,7 +209,7 @@ def _run(settings: Settings, options: EstimateOptions, timeout: float) -> tuple[
         client.close()
 
 
-def _notes(target: Target, device: dict[str, Any], info: dict[str, Any]) -> list[str]:
+def _notes(target: EstimateDevice, device: dict[str, Any], info: dict[str, Any]) -> list[str]:
     notes = [f"predicted memory = simulated step + {info.get('offset', {}).get('basis', 'offset')}"]
     if target.card is None:
         if (info.get("baseline_bytes") or 0) >= device["budget_bytes"]:
