@@ -12,7 +12,7 @@ from autobatch.errors import UsageError
 from autobatch.records.result import TuneResult
 from autobatch.records.schema import SCHEMA_FILE, result_problems, result_schema
 
-GOLDEN = Path(__file__).resolve().parent / "emit" / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "emit" / "golden"
 RESULTS = sorted(GOLDEN.glob("*/autobatch-result.json"))
 
 

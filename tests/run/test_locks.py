@@ -28,7 +28,7 @@ HOLD = textwrap.dedent(
 
 
 def holder(folder: Path) -> subprocess.Popen[str]:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(folder)],
         stdout=subprocess.PIPE,
