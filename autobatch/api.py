@@ -189,7 +189,7 @@ def _settings(what: str, config: str | Path | None, script: Any, given: dict[str
 @contextmanager
 def _spec(script: Any, settings: Settings, functions: tuple[Any, ...]) -> Iterator[ScriptSpec]:
     """Where the step comes from; an object or callables are pickled into a file that lives for the block."""
-    from autobatch.run.session import spec_from_settings
+    from autobatch.step.spec import spec_from_settings
 
     given = {name: fn for name, fn in zip(FUNCTIONS, functions) if fn is not None}
     if given and script is not None:
