@@ -81,13 +81,16 @@ class ProbeClient:
         hello = self._read(
             self._start_timeout,
             what="the probe server to import torch and the script",
-            hint="raise --timeout if importing the script is slow; a script that waits at import (for input, "
-            "the network, a lock) must not",
+            hint="the server imports torch and the script's libraries, then a first process imports the script: "
+            "a script that waits at import (for a thread or pool it joins, input, the network, a lock) must not; "
+            "if importing it is only slow, raise --timeout",
         )
         if not hello.get("ready"):
             self.close()
             raise server_error(hello.get("error", {}))
         self.import_seconds = float(hello.get("import_seconds", 0.0))
+        #: How probes start: the libraries the server warmed, or why it imports torch alone (probe.warming).
+        self.start: dict[str, Any] = dict(hello.get("start") or {})
         self.torch_version = str(hello.get("torch_version", ""))
         self.pid = int(hello.get("pid", self._proc.pid))
 

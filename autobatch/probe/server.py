@@ -7,15 +7,20 @@ started with (its own fd 0 is then /dev/null, so a script that reads stdin canno
 ``{"ready": false, "error": {...}}``. Each request ``{"id": n, "request": {...}}`` gets
 ``{"id": n, "outcome": {...}}``. EOF on stdin ends the server.
 
-Start-up: the server imports torch, the script, then the modules that register probe operations
-(:mod:`autobatch.probe.ops`: the built-in ones, then the client's ``op_modules``), all before the first
-fork, so that every probe inherits them; each request runs through :func:`autobatch.probe.ops.dispatch`.
+Start-up: the server imports torch, the modules that register probe operations
+(:mod:`autobatch.probe.ops`: the built-in ones, then the client's ``op_modules``) and the third-party
+modules the step imports (:mod:`autobatch.probe.warming`), all before the first fork, so that every probe
+inherits them. No user code runs here: a first child imports the script and checks the contract (its
+error is the server's start-up error), and every probe imports the script again in its own process,
+then runs the request through :func:`autobatch.probe.ops.dispatch`.
 
 Isolation: every probe runs in a process forked from this one, whose allocator state no earlier
-probe touched; the server itself never runs a tensor operation (a forked child of a process that
-started OpenMP threads or initialised CUDA is not safe). Each probe child asks the kernel to kill it
-if the server dies (``PR_SET_PDEATHSIG``), as the server does for the client, so no probe outlives a
-run; the client also kills the whole process group on exit.
+probe touched; the server itself never runs a tensor operation or the user's code (a forked child of a
+process that started OpenMP threads or initialised CUDA is not safe). Each probe child asks the kernel
+to kill it if the server dies (``PR_SET_PDEATHSIG``), as the server does for the client. The server is
+the subreaper of everything its probes start (``PR_SET_CHILD_SUBREAPER``): a process the script starts,
+even in a session of its own, is reparented to the server when its probe ends, and the server kills it
+then, so nothing the script started outlives its probe; the client kills the whole process group on exit.
 """
 
 from __future__ import annotations
@@ -32,17 +37,21 @@ from typing import Any
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: no-op
+        pass
 
 
 def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent exits (no-op elsewhere)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 #: Modules a probe imports lazily (building any optimizer imports torch._dynamo: about 2 s). Importing
@@ -78,43 +87,53 @@ def main() -> None:
     sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the server
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides when we stop
 
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
     started = time.perf_counter()
     try:
-        script = _load(init)
+        start = _load(init)
+        if start.get("restart"):  # an import started threads: start again, forking from torch alone
+            os.dup2(proto.fileno(), 1)
+            os.dup2(requests.fileno(), 0)
+            again = json.dumps({**init, "warm": False, "cold": start["restart"]})
+            os.execv(sys.executable, [sys.executable, "-m", "autobatch.probe.server", again])
+        error = _check_script(init)
     except BaseException as exc:  # noqa: BLE001
-        _send(proto, {"ready": False, "error": _startup_error(exc)})
+        error = _startup_error(exc)
+    if error is not None:
+        _send(proto, {"ready": False, "error": error})
         return
     import torch
 
-    _send(
-        proto,
-        {
-            "ready": True,
-            "pid": os.getpid(),
-            "import_seconds": time.perf_counter() - started,
-            "torch_version": torch.__version__,
-        },
-    )
+    hello = {"pid": os.getpid(), "import_seconds": time.perf_counter() - started, "start": start}
+    _send(proto, {"ready": True, "torch_version": torch.__version__, **hello})
 
     for line in requests:
         if not line.strip():
             continue
         message = json.loads(line)
         request = ProbeRequest.from_dict(message["request"])
-        outcome = _fork_probe(request, script, init.get("log_dir"))
+        outcome = _fork_probe(request, init)
         _send(proto, {"id": message.get("id"), "outcome": outcome.to_dict()})
 
 
-def _load(init: dict[str, Any]) -> Any:
-    """Import torch, the script and the operations once: everything every probe inherits."""
+def _load(init: dict[str, Any]) -> dict[str, Any]:
+    """Import torch, the operations and the step's third-party modules once: what every probe inherits.
+
+    Returns how probes start (:mod:`autobatch.probe.warming`): the modules warmed, or ``restart`` with
+    the reason when warming them started threads (the server then starts again with torch alone).
+    """
     import torch  # noqa: F401  (imported once here, inherited by every probe)
 
     from autobatch.probe.ops import load_operations
-    from autobatch.step.contract import load_script
+    from autobatch.probe.warming import step_imports, thread_count, warm
 
-    script = load_script(init["script"], init.get("script_args", []))
     load_operations(init.get("op_modules", []))
     preload()
+    threads = thread_count()
+    warmed = warm(step_imports(init["script"])) if init.get("warm", True) else []
+    if thread_count() > threads:
+        started = thread_count() - threads
+        return {"restart": f"importing {', '.join(warmed)} started {started} thread(s)"}
     # Everything imported so far lives as long as the server: move it out of the collector's
     # reach, so the collection before each fork (_tidy_heap) walks only what requests left
     # behind (0.14 s per probe otherwise, walking torch's objects).
@@ -122,7 +141,35 @@ def _load(init: dict[str, Any]) -> Any:
 
     gc.collect()
     gc.freeze()
-    return script
+    return {"warmed": warmed, "cold": init.get("cold")}
+
+
+def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
+    """Import the script in a child and check the contract: the start-up error, or None when it holds."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        code = 0
+        try:
+            die_with_parent()
+            from autobatch.step.contract import load_script
+
+            load_script(init["script"], init.get("script_args", []))
+            answer: dict[str, Any] | None = None
+        except BaseException as exc:  # noqa: BLE001
+            answer, code = _startup_error(exc), 1
+        finally:
+            os.write(write_fd, json.dumps(answer).encode())
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    _kill_orphans()
+    if not data:
+        return {"type": "crash", "message": f"importing the script ended the process (status {status})"}
+    return json.loads(data)  # type: ignore[no-any-return]
 
 
 def _startup_error(exc: BaseException) -> dict[str, Any]:
@@ -157,8 +204,9 @@ def _tidy_heap() -> None:
         pass
 
 
-def _fork_probe(request: ProbeRequest, script: Any, log_dir: str | None) -> ProbeOutcome:
+def _fork_probe(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
     """Run one request in a fresh forked process and return its outcome (or its timeout, or its crash)."""
+    log_dir = init.get("log_dir")
     _tidy_heap()
     read_fd, write_fd = os.pipe()
     log_path = (
@@ -168,12 +216,13 @@ def _fork_probe(request: ProbeRequest, script: Any, log_dir: str | None) -> Prob
     pid = os.fork()
     if pid == 0:  # the probe process
         os.close(read_fd)
-        _child(request, script, write_fd, log_path)
+        _child(request, init, write_fd, log_path)
     os.close(write_fd)
     data, timed_out = _collect(read_fd, started + request.timeout)
     if timed_out:
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
+    _kill_orphans()  # whatever the script started, in its own session too, was reparented here
     os.close(read_fd)
     wall = time.perf_counter() - started
     if timed_out:
@@ -232,7 +281,20 @@ def _answer(request: ProbeRequest, data: bytes, status: int, wall: float, log_pa
     return outcome
 
 
-def _child(request: ProbeRequest, script: Any, write_fd: int, log_path: str) -> None:
+def _kill_orphans() -> None:
+    """Kill and reap every process left below the server (it runs no other child between probes)."""
+    import psutil
+
+    left = psutil.Process().children(recursive=True)
+    for process in left:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=5)
+
+
+def _child(request: ProbeRequest, init: dict[str, Any], write_fd: int, log_path: str) -> None:
     code = 0
     try:
         die_with_parent()
@@ -241,9 +303,7 @@ def _child(request: ProbeRequest, script: Any, write_fd: int, log_path: str) -> 
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
-        from autobatch.probe.ops import dispatch
-
-        outcome = dispatch(request, script)
+        outcome = _run_request(request, init)
         data = json.dumps(outcome.to_dict()).encode()
         view = memoryview(data)
         while view:
@@ -257,6 +317,20 @@ def _child(request: ProbeRequest, script: Any, write_fd: int, log_path: str) -> 
             pass
     finally:
         os._exit(code)
+
+
+def _run_request(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
+    """Import the script in this probe process (its own code runs here, never in the server), then run
+    the request; an import that raises is the outcome."""
+    from autobatch.probe.ops import dispatch
+    from autobatch.records.failures import describe_failure
+    from autobatch.step.contract import load_script
+
+    try:
+        script = load_script(init["script"], init.get("script_args", []))
+    except BaseException as exc:  # noqa: BLE001 - the script's error, as data
+        return describe_failure(ProbeOutcome(kind="error", batch_size=request.batch_size), exc)
+    return dispatch(request, script)
 
 
 def _tail(path: str, limit: int = 4000) -> str | None:

@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from autobatch.probe.client import ProbeClient
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+
+if TYPE_CHECKING:
+    from autobatch.step.spec import ScriptSpec
 
 #: What the restarted server's probes inherit: OpenMP threads that sleep while they wait.
 YIELDING_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -85,3 +89,31 @@ def switch_note(request: ProbeRequest, outcome: ProbeOutcome) -> str:
         "slower here); memory is the same, step times are slower than a quiet machine's and are compared only "
         "with each other; set OMP_WAIT_POLICY yourself to keep your own"
     )
+
+
+def start_server(
+    spec: ScriptSpec,
+    script_args: list[str],
+    op_modules: tuple[str, ...],
+    timeout: float,
+    warn: Callable[[str], None],
+) -> YieldingRunner:
+    """The probe server a session probes through: the CPU allocator pinned, CUDA devices as the job sees them,
+    its threads yielding once the CPU is busy; ``warn`` hears how probes start when it is not the plain case
+    (:func:`autobatch.probe.warming.describe`)."""
+    from autobatch.devices.cpu import MALLOC_ENV
+    from autobatch.devices.visible import PROBE_ENV
+    from autobatch.probe.client import IMPORT_GRACE
+    from autobatch.probe.warming import describe
+
+    client = ProbeClient(
+        spec.to_init(),
+        script_args,
+        env={**MALLOC_ENV, **PROBE_ENV},
+        op_modules=op_modules,
+        start_timeout=timeout + IMPORT_GRACE,  # importing the script counts like a probe
+    )
+    cold = describe(client.start)
+    if cold is not None:
+        warn(cold)
+    return YieldingRunner(client, warn)

@@ -65,7 +65,10 @@ def raise_for(outcome: ProbeOutcome, what: str) -> None:
         raise kind(message, hint=hint or None, detail=detail or None)
     if outcome.kind in ("crash", "timeout"):
         hint = (
-            "the probe did not finish in time: raise --timeout for slow models (rerun with --verbose for its log)"
+            "the probe did not finish in time. A probe that hangs before its first step (importing the script, "
+            "building the model) waits on something the script does at import or in build_model: a thread or a "
+            "multiprocessing pool it joins, input, the network, a lock (import the script in a plain `python -c` "
+            "to see); a model that is only slow needs a larger --timeout (rerun with --verbose for its log)"
             if outcome.kind == "timeout"
             else crash_hint(outcome.reason or "")
         )

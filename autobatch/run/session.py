@@ -22,8 +22,6 @@ from autobatch.cache import CacheFolder, ProbeJournal, fingerprint
 from autobatch.cache.sources import source_digests
 from autobatch.core.space import Combo
 from autobatch.devices.budget import DeviceInfo, apply_margin, cuda_name, device_info
-from autobatch.devices.cpu import MALLOC_ENV
-from autobatch.devices.visible import PROBE_ENV
 from autobatch.errors import DeviceError, UsageError
 from autobatch.records.failures import raise_for
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
@@ -177,17 +175,9 @@ class Session:
         if self.lock is not None:
             self._held.enter_context(self.lock)
         if self.runner is None:
-            from autobatch.probe.client import IMPORT_GRACE, ProbeClient
-            from autobatch.probe.yielding import YieldingRunner
+            from autobatch.probe.yielding import start_server
 
-            client = ProbeClient(
-                self.spec.to_init(),
-                self.script_args,
-                env={**MALLOC_ENV, **PROBE_ENV},
-                op_modules=self.op_modules,
-                start_timeout=self.timeout + IMPORT_GRACE,  # importing the script counts like a probe
-            )
-            self.runner = YieldingRunner(client, self.warn)  # OpenMP's threads sleep once the CPU is busy
+            self.runner = start_server(self.spec, self.script_args, self.op_modules, self.timeout, self.warn)
         if self.wrap_runner is not None:
             self.runner, self.wrap_runner = self.wrap_runner(self.runner), None
         device, info = self._resolve_device()

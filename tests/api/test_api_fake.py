@@ -52,7 +52,7 @@ STEP = {"build_model": build_model, "make_batch": make_batch, "compute_loss": co
 def _clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     for info in FIELDS:
-        if info.env != "AUTOBATCH_CACHE_DIR":
+        if info.env not in ("AUTOBATCH_CACHE_DIR", "AUTOBATCH_LOCK_DIR"):  # the test's own (conftest)
             monkeypatch.delenv(info.env, raising=False)
 
 

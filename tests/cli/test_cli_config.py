@@ -41,7 +41,8 @@ def _clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run in an empty folder, with no AUTOBATCH_* setting from the caller's environment."""
     monkeypatch.chdir(tmp_path)
     for info in FIELDS:
-        monkeypatch.delenv(info.env, raising=False)
+        if info.env != "AUTOBATCH_LOCK_DIR":  # the test's own lock folder (conftest): never another run's
+            monkeypatch.delenv(info.env, raising=False)
 
 
 def run_command(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

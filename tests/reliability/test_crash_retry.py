@@ -31,7 +31,8 @@ TRUE_MAX = true_max(CURVE, BUDGET - margin_bytes("cpu", BUDGET), 65536)
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     for info in FIELDS:
-        monkeypatch.delenv(info.env, raising=False)
+        if info.env != "AUTOBATCH_LOCK_DIR":  # the test's own lock folder (conftest): never another run's
+            monkeypatch.delenv(info.env, raising=False)
     monkeypatch.setenv("AUTOBATCH_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "train.py").write_text("# the fake runner never imports it\n")
     return tmp_path

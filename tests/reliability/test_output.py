@@ -27,7 +27,8 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
     monkeypatch.setattr(STATE, "runner_factory", lambda: runner)
     monkeypatch.chdir(tmp_path)
     for info in FIELDS:
-        monkeypatch.delenv(info.env, raising=False)
+        if info.env != "AUTOBATCH_LOCK_DIR":  # the test's own lock folder (conftest): never another run's
+            monkeypatch.delenv(info.env, raising=False)
     monkeypatch.setenv("AUTOBATCH_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "train.py").write_text("# the fake runner never imports it\n")
     return runner

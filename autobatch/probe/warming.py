@@ -1,0 +1,119 @@
+"""What the probe server imports before it forks, and the check that forking from it stays safe.
+
+No user code runs in the process that forks. The server imports torch, the probe operations and the
+third-party modules the step's source imports at its top level (read from the source with :mod:`ast`,
+never run), then forks a probe per request, and each probe imports the user's script itself. A child
+forked after an OpenMP thread pool has started hangs in its first parallel region (GNU OpenMP is not
+fork-safe), and a script that prepares its data at import starts that pool (``X.mean(0)`` on a large
+tensor) or a ``multiprocessing.Pool``: run in the server, such a script made every probe hang.
+
+Importing a third-party module can start threads too. The server counts its threads after importing
+torch and again after the third-party modules; when the count grew, it starts again with torch alone,
+and the result says which modules were left for every probe to import (:func:`describe`).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: The libraries an adapter's step imports, by the spec's kind (autobatch.step.spec).
+ADAPTER_MODULES = {"hf": ("transformers",), "lightning": ("lightning",)}
+
+
+def thread_count() -> int:
+    """The threads of this process, as the kernel counts them (started by C libraries too)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def step_imports(spec: str | Mapping[str, Any]) -> list[str]:
+    """The third-party modules the step imports at its top level, never the user's own modules."""
+    if isinstance(spec, str):
+        spec = {"kind": "path", "target": spec}
+    kind, target = spec.get("kind"), str(spec.get("target", ""))
+    names = list(ADAPTER_MODULES.get(str(kind), ()))
+    files: list[Path] = []
+    if kind == "path":
+        files.append(Path(target))
+    elif kind in ("reference", "lightning"):
+        for where in (target, str((spec.get("options") or {}).get("datamodule") or "")):
+            where = where.rpartition(":")[0] if ":" in where else where
+            if where.endswith(".py") or "/" in where:
+                files.append(Path(where))
+    for file in files:
+        names.extend(_top_level_imports(file))
+    local = {file.resolve().parent for file in files if file.is_file()}
+    return [name for name in dict.fromkeys(names) if _third_party(name, local)]
+
+
+def warm(names: list[str]) -> list[str]:
+    """Import ``names`` (those that import cleanly); returns the ones imported."""
+    imported = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - a warm-up, never a failure: the probe imports it for real
+            continue
+        imported.append(name)
+    return imported
+
+
+def describe(start: Mapping[str, Any]) -> str | None:
+    """The result's note on how probes start, when it is not the plain case; None otherwise."""
+    cold = start.get("cold")
+    if not cold:
+        return None
+    return (
+        f"probe processes start from a server that imported torch only: {cold}; every probe imports those "
+        "modules itself (slower probes, the same memory)"
+    )
+
+
+def _top_level_imports(path: Path) -> list[str]:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in tree.body:  # module level only: an import inside a function has not run at import time
+        if isinstance(node, ast.Import):
+            names.extend(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.append(node.module.partition(".")[0])
+    return names
+
+
+def _standard(name: str) -> bool:
+    names = getattr(sys, "stdlib_module_names", None)  # Python 3.10+
+    if names is not None:
+        return name in names
+    import sysconfig
+
+    found = importlib.util.find_spec(name)
+    origin = getattr(found, "origin", None) or ""
+    return origin.startswith(sysconfig.get_paths()["stdlib"]) and "site-packages" not in origin
+
+
+def _third_party(name: str, local: set[Path]) -> bool:
+    """Installed outside the script's folder (not the user's own module); not the standard library (cheap,
+    and mostly imported by torch already), not autobatch itself."""
+    if name in ("autobatch", "__main__") or name in sys.builtin_module_names or _standard(name):
+        return False
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    if found is None or not found.origin or found.origin in ("built-in", "frozen"):
+        return False
+    origin = Path(found.origin).resolve()
+    return not any(folder in origin.parents for folder in local)
