@@ -28,7 +28,7 @@ def describe_failure(outcome: ProbeOutcome, exc: BaseException, *, kind: str = "
     if isinstance(exc, AutobatchError):
         outcome.error_message = exc.message + (f"{HINT_MARK}{exc.hint}" if exc.hint else "")
     else:
-        outcome.error_message = str(exc)
+        outcome.error_message = str(exc) or "(it carries no message)"
     outcome.contract = isinstance(exc, ContractError)
     outcome.traceback = None if kind == "oom" else script_traceback(exc)
     return outcome
