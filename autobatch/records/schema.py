@@ -2,9 +2,15 @@
 
 A result file read back (``autobatch emit RESULT``, ``TuneResult.load``) is checked before anything
 is rendered from it: its ``schema_version`` first (a newer one is refused with "upgrade autobatch"),
-then every field's type against the schema, then the batch arithmetic of ``chosen``. Every problem is
-listed, each naming its field (``chosen.micro_batch_size: expected an integer, found "48"``), in one
+then every field's type against the schema, then the batch arithmetic of ``chosen`` and its bounds (its
+micro-batch no larger than the maximum of the combination it names, when ``combinations`` holds that
+combination). Every problem is listed, each
+naming its field (``chosen.micro_batch_size: expected an integer, found "48"``), in one
 :class:`~autobatch.errors.UsageError` (exit 2). The schema is the one users validate against too.
+
+Integers are integers: JSON Schema counts ``139.0`` (and ``1e30``) as an integer, since it compares
+numbers by value, but a launcher config rendered from one says ``139.0`` where an ``int`` is read. The
+check here refuses any number written with a fraction or an exponent where the schema says integer.
 """
 
 from __future__ import annotations
@@ -44,19 +50,50 @@ def result_problems(data: Any) -> list[str]:
             f"schema_version: {version} was written by a newer autobatch; this one reads "
             f"{SCHEMA_VERSION} (upgrade autobatch)"
         ]
-    from jsonschema import Draft202012Validator
-
-    validator = Draft202012Validator(result_schema())
-    errors = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
+    errors = sorted(_validator().iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
     problems = [f"{_where(error.absolute_path)}: {_message(error)}" for error in errors]
     chosen = data.get("chosen")
     if not problems and isinstance(chosen, dict):
-        product = chosen["micro_batch_size"] * chosen["accumulation_steps"] * chosen["world_size"]
-        if product != chosen["global_batch_size"]:
-            problems.append(
-                f"chosen.global_batch_size: expected micro_batch_size x accumulation_steps x world_size = "
-                f"{product}, found {chosen['global_batch_size']}"
-            )
+        problems += _chosen_problems(chosen, data["combinations"])
+    return problems
+
+
+@lru_cache(maxsize=1)
+def _validator() -> Any:
+    """The schema's validator, with ``integer`` meaning a Python int (JSON ``139.0`` is a float)."""
+    from jsonschema import Draft202012Validator, validators
+
+    strict = Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool)
+    )
+    return validators.extend(Draft202012Validator, type_checker=strict)(result_schema())
+
+
+def _chosen_problems(chosen: dict[str, Any], combinations: list[dict[str, Any]]) -> list[str]:
+    """The batch arithmetic of a schema-valid ``chosen``, and its micro-batch within its combination's maximum."""
+    problems = []
+    product = chosen["micro_batch_size"] * chosen["accumulation_steps"] * chosen["world_size"]
+    if product != chosen["global_batch_size"]:
+        problems.append(
+            f"chosen.global_batch_size: expected micro_batch_size x accumulation_steps x world_size = "
+            f"{product}, found {chosen['global_batch_size']}"
+        )
+    name = f"{chosen['precision']}/{chosen['optimizer']}/{'recompute' if chosen['recompute'] else 'no-recompute'}"
+    same = [
+        c for c in combinations
+        if (c["precision"], c["optimizer"], c["recompute"]) == (chosen["precision"], chosen["optimizer"], chosen["recompute"])
+    ]  # fmt: skip
+    if not same:  # a result made by hand may hold only its choice: no maximum to check it against
+        return problems
+    if same[0]["max_batch_size"] is None:
+        problems.append(
+            f"chosen: names the combination {name}, whose max_batch_size is null: it did not fit, so it cannot be chosen"
+        )
+    elif chosen["micro_batch_size"] > same[0]["max_batch_size"]:
+        problems.append(
+            f"chosen.micro_batch_size: {chosen['micro_batch_size']} is larger than the maximum "
+            f"{same[0]['max_batch_size']} of {name} (its combination's max_batch_size)"
+        )
     return problems
 
 

@@ -14,11 +14,16 @@ message; a stale one is never trusted, only shown while the lock is really held.
 
 A folder that cannot be created or locked leaves the run working, with a warning: it then probes
 without the guarantee.
+
+One run per result file: :class:`OutputLock` holds ``.NAME.lock`` beside a tune's result file for the
+whole run (in the result's own folder, so that nodes sharing the storage see it too); a second run
+writing the same file waits, saying for whom, and gives up after ``lock_timeout`` with exit 2.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import os
 import socket
@@ -29,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable
 
-from autobatch.errors import DeviceError
+from autobatch.errors import DeviceError, UsageError
 
 #: Seconds between "still waiting" messages.
 REPORT_EVERY = 60.0
@@ -146,17 +151,7 @@ class DeviceLock:
             self.on_wait(f"{self.label} is free after {_duration(self.waited)}")
 
     def _holder(self) -> dict[str, Any]:
-        """Who holds the lock, as its holder wrote it (empty when unknown or when that process is gone)."""
-        holder = _read_json(self.holder_path)
-        pid = holder.get("pid")
-        if isinstance(pid, int) and holder.get("host") == socket.gethostname():
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return {}
-            except PermissionError:
-                pass  # alive, another user's
-        return holder
+        return _live_holder(self.holder_path)
 
     def _write_holder(self) -> None:
         from autobatch.records.files import write_atomic
@@ -216,3 +211,149 @@ def _make_shared_folder(folder: Path) -> None:
         os.chmod(folder, 0o1777)
     except OSError:
         pass
+
+
+class OutputLock:
+    """One run per result file: ``with OutputLock(path): ...`` holds ``.NAME.lock`` beside the file.
+
+    The lock is ``flock`` on a file in the result's own folder, so runs on other nodes that write the
+    same file on shared storage see it too (as the cache folder's lock does), and the kernel releases it
+    however its holder dies. The lock file holds who holds it (PID, host, command, since when) and is
+    removed on release (before it is unlocked, so a run that took a removed file sees it and takes the
+    new one): nothing is left beside the result. A second run waits, saying for whom, at most
+    ``timeout`` seconds (None: as long as it takes), then fails with a
+    :class:`~autobatch.errors.UsageError` (exit 2) naming the holder. A folder where the lock cannot be
+    taken leaves the run working, with a warning.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        timeout: float | None = None,
+        on_wait: Callable[[str], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
+        command: str | None = None,
+    ) -> None:
+        self.target = Path(path)
+        self.label = f"the result file {self.target}, which another run writes"
+        self.timeout = timeout
+        self.on_wait = on_wait or (lambda _m: None)
+        self.on_warning = on_warning or (lambda _m: None)
+        self.command = command or " ".join(["autobatch", *sys.argv[1:]])
+        self.waited: float = 0.0
+        self._fd: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.target.absolute().parent / f".{self.target.name}.lock"
+
+    def __enter__(self) -> OutputLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = self._take()
+            self._fd = fd if fd is not None else self._wait()
+        except (OSError, ImportError) as exc:
+            self.on_warning(
+                f"cannot lock {self.target} ({getattr(exc, 'strerror', None) or exc}): writing it without "
+                "the one-run-per-result-file guarantee"
+            )
+            return
+        now = datetime.datetime.now().astimezone().replace(microsecond=0)
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": self.command,
+            "since": now.isoformat(),
+        }
+        try:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, (json.dumps(holder) + "\n").encode(), 0)
+        except OSError:
+            pass  # opened read-only (another user's file): only a waiting run's message is poorer
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+        os.close(fd)
+
+    def _take(self) -> int | None:
+        """The locked file's descriptor, or None while another run holds it."""
+        import fcntl  # POSIX; elsewhere the ImportError below leaves the run unlocked, with a warning
+
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except PermissionError:
+                fd = os.open(self.path, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    return None
+                raise
+            try:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # its holder removed it as this run took it: take the one there now
+
+    def _wait(self) -> int:
+        started = time.monotonic()
+        holder = self._holder()
+        for _ in range(10):  # the holder writes who it is just after it took the lock
+            if holder.get("pid"):
+                break
+            time.sleep(0.1)
+            holder = self._holder()
+        self.on_wait(f"waiting for {self.label}: {describe_holder(holder)}")
+        next_report = started + REPORT_EVERY
+        while (fd := self._take()) is None:
+            now = time.monotonic()
+            if self.timeout is not None and now - started >= self.timeout:
+                raise UsageError(
+                    f"another run writes the result file {self.target} ({describe_holder(self._holder())}); "
+                    f"gave up after {self.timeout:g} s",
+                    hint="give each run its own --output (or [output] result), or wait for the other run "
+                    "to finish (raise lock_timeout, --lock-timeout)",
+                )
+            if now >= next_report:
+                self.on_wait(f"still waiting for {self.label} ({_duration(now - started)})")
+                next_report += REPORT_EVERY
+            time.sleep(POLL / 4)
+        self.waited = time.monotonic() - started
+        self.on_wait(f"the result file {self.target} is free after {_duration(self.waited)}")
+        return fd
+
+    def _holder(self) -> dict[str, Any]:
+        return _live_holder(self.path)
+
+
+def _live_holder(path: Path) -> dict[str, Any]:
+    """Who holds a lock, as its holder wrote it in ``path`` (empty when unknown or when that process is gone)."""
+    holder = _read_json(path)
+    pid = holder.get("pid")
+    if isinstance(pid, int) and holder.get("host") == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return {}
+        except PermissionError:
+            pass  # alive, another user's
+    return holder

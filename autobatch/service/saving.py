@@ -7,12 +7,18 @@
   once, and the tune goes on; :meth:`ResultSaver.finish`, called after the chosen configuration is
   printed, writes the final result or raises an :class:`~autobatch.errors.UsageError` (exit 2) that
   names the path, what went wrong and the fix.
+* :func:`started_result` is what the file says from a run's start until the tune's own result replaces
+  it: ``running``, this process, nothing measured. A run that stops before it measured anything marks
+  it ``failed`` (or ``interrupted``) with the error in ``notes``, so that the answer of an earlier run
+  on the same file is never taken for this run's (``autobatch emit`` refuses it).
 """
 
 from __future__ import annotations
 
+import datetime
 import errno
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from autobatch.records.result import TuneResult
+    from autobatch.settings import Settings
 
 FIX = "pass --output PATH (or set [output] result) to a file in a folder you can write"
 
@@ -95,3 +102,29 @@ def _write(path: Path, result: TuneResult) -> None:
     from autobatch.records.files import write_atomic
 
     write_atomic(path, result.to_json() + "\n")
+
+
+def started_result(settings: Settings, script: str) -> TuneResult:
+    """The result file of a run that has started and measured nothing yet (see the module docstring)."""
+    from autobatch.records.result import TuneResult
+    from autobatch.records.version import __version__
+
+    requested = settings.device.device
+    return TuneResult(
+        script=script,
+        script_args=list(settings.script.script_args),
+        device={
+            "type": requested.partition(":")[0],
+            "name": "not inspected yet",
+            "requested": requested,
+            "budget_bytes": 0,
+        },  # fmt: skip
+        objective=settings.plan.objective,
+        combinations=[],
+        status="running",
+        autobatch_version=__version__,
+        created=datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+        notes=["written as the run started, before it measured anything"],
+        pid=os.getpid(),
+        host=socket.gethostname(),
+    )

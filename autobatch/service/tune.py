@@ -4,12 +4,16 @@ calibration step of a cluster job run this one function, so they obey the same r
 1. The world size the plan is for (:func:`autobatch.settings.planned_world`: the ``world_size`` setting,
    else the world a strategy implies, else the launcher's and SLURM's variables) and the global batch
    checked against it, before any probe.
-2. The result file checked before any probe (a folder, a parent that is a file, a read-only folder).
+2. The result file checked before any probe (a folder, a parent that is a file, a read-only folder),
+   then held for the whole run (:class:`~autobatch.run.locks.OutputLock`: a second run writing the same
+   file waits for this one, saying for whom) and marked as this run's at once (``running``, nothing
+   measured): from then on it never shows an earlier run's answer.
 3. Every device the ``device`` setting names: the stored result when nothing that decides memory changed,
    else a tune under the device's lock (:mod:`autobatch.service.per_device`). A ``device = "auto"`` that
    fell back to the CPU refuses launcher configs for a GPU job before its first probe.
-4. The result file rewritten after every probe; a tune that fails or is interrupted marks what it
-   measured (``failed``, ``interrupted``), writes it and re-raises; a
+4. The result file rewritten after every probe; a tune that fails or is interrupted, before its first
+   probe or after, marks what it measured (``failed``, ``interrupted``, the error in ``notes``), writes
+   it and re-raises; a
    :class:`~autobatch.errors.NothingFitsError` carries the complete result as ``.result``.
 5. The face shows the answer (:attr:`Hooks.on_result`) before the last write of the result file (a full
    disk must not hide it), then the launcher configs are written.
@@ -18,15 +22,17 @@ calibration step of a cluster job run this one function, so they obey the same r
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autobatch.emit import refuse_fallback
 from autobatch.errors import AutobatchError, NothingFitsError, UsageError
+from autobatch.run.locks import OutputLock
 from autobatch.service.hooks import Hooks
 from autobatch.service.per_device import tune_devices
-from autobatch.service.saving import ResultSaver, preflight
+from autobatch.service.saving import ResultSaver, preflight, started_result
 from autobatch.settings import planned_world
 
 if TYPE_CHECKING:
@@ -59,7 +65,36 @@ def tune(
     saver = ResultSaver(Path(result_file), hooks.on_warning) if result_file is not None else None
     if saver is not None:
         preflight(saver.path)
+    held = (
+        OutputLock(saver.path, timeout=settings.probe.lock_timeout, on_wait=hooks.on_wait,
+                   on_warning=hooks.on_warning)
+        if saver is not None else nullcontext()
+    )  # fmt: skip
+    with held:  # one run per result file, for the whole run: it writes the file and the configs
+        result = _measure(settings, hooks, saver, (world, world_source), spec, refresh)
+        hooks.on_result(result)
+        if saver is not None:
+            saver.finish(result)
+            hooks.on_status(f"result written to {saver.path}")
+        if settings.output.emit:
+            emit_from_settings(result, settings, generated_by, hooks.on_status)
+    return result
+
+
+def _measure(
+    settings: Settings,
+    hooks: Hooks,
+    saver: ResultSaver | None,
+    world: tuple[int, str],
+    spec: ScriptSpec | None,
+    refresh: bool,
+) -> TuneResult:
+    """The tune's result, the result file marked from the start and rewritten after every probe; a tune
+    that stops early marks what it has (``failed``, ``interrupted``), writes it, shows it and re-raises."""
     latest: list[TuneResult] = []
+    if saver is not None:  # from now on the file is this run's, never an earlier run's answer
+        latest.append(started_result(settings, _script_name(settings, spec)))
+        saver(latest[0])
 
     def keep(result: TuneResult) -> None:
         latest[:1] = [result]
@@ -78,22 +113,27 @@ def tune(
 
     inner = replace(hooks, on_start=keep, on_update=update, on_device=device)
     try:
-        result = tune_devices(settings, world, world_source, inner, spec=spec, refresh=refresh)
+        result = tune_devices(settings, *world, inner, spec=spec, refresh=refresh)
+        if result.cache and (result.device.get("requested"), result.device.get("type")) == ("auto", "cpu"):
+            refuse_fallback(settings.output.emit, settings.output.allow_cpu)  # as a tune run now would have
     except BaseException as exc:
         if latest:
             _keep_partial(latest[0], exc, saver, hooks)
         raise
-    if result.cache and (result.device.get("requested"), result.device.get("type")) == ("auto", "cpu"):
-        refuse_fallback(settings.output.emit, settings.output.allow_cpu)  # as a tune run now would have
     if saver is not None:
         saver(result)
-    hooks.on_result(result)
-    if saver is not None:
-        saver.finish(result)
-        hooks.on_status(f"result written to {saver.path}")
-    if settings.output.emit:
-        emit_from_settings(result, settings, generated_by, hooks.on_status)
     return result
+
+
+def _script_name(settings: Settings, spec: ScriptSpec | None) -> str:
+    """The ``script`` a result names: a script's path, else the step's label (as the tuner writes it)."""
+    from autobatch.step.spec import spec_from_settings
+
+    try:
+        spec = spec or spec_from_settings(settings)
+    except AutobatchError:
+        return str(settings.get("script") or "")
+    return spec.target if spec.kind == "path" else spec.label
 
 
 def check_global_batch(settings: Settings, world: int, world_source: str) -> None:
@@ -115,6 +155,8 @@ def _keep_partial(result: TuneResult, exc: BaseException, saver: ResultSaver | N
         result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         if isinstance(exc, AutobatchError):
             result.notes.append(f"failed: {exc.message}")
+        elif isinstance(exc, Exception):
+            result.notes.append(f"failed: internal error: {type(exc).__name__}: {exc}")
     if saver is None:
         where = "not written (no result file)"
     else:
