@@ -13,10 +13,13 @@ Used by ``tests/reliability/test_catalogue.py`` and ``scripts/reliability.py``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,10 +45,66 @@ class Case:
     files: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     stdout_json: bool = False  # stdout must parse as JSON
+    #: Held around the run (another run holding the result file), given the case's folder.
+    hold: Callable[[Path], AbstractContextManager[object]] | None = field(default=None, compare=False)
+    #: What is wrong with the case's folder after the run (the file a failed run leaves), empty when right.
+    after: Callable[[Path], list[str]] | None = field(default=None, compare=False)
 
 
 def tune(script: str, *extra: str) -> tuple[str, ...]:
     return ("tune", script, *QUICK, *extra)
+
+
+def answered(micro: object, maximum: object) -> str:
+    """A complete result file whose 32-true/sgd/no-recompute has ``maximum``, chosen at ``micro``."""
+    combo = {"precision": "32-true", "optimizer": "sgd", "recompute": False}
+    return json.dumps({
+        "schema_version": 1, "status": "complete", "script": "train.py", "script_args": [],
+        "device": {"type": "cpu", "name": "cpu", "requested": "cpu", "budget_bytes": 1 << 30},
+        "objective": "throughput", "combinations": [{**combo, "status": "exact", "max_batch_size": maximum}],
+        "chosen": {**combo, "micro_batch_size": micro, "accumulation_steps": 1, "world_size": 1, "global_batch_size": micro},
+    })  # fmt: skip
+
+
+def marked_failed(name: str) -> Callable[[Path], list[str]]:
+    """The result file ``name`` says the run failed, and ``emit`` refuses it (exit 2, no env file)."""
+
+    def check(folder: Path) -> list[str]:
+        from support import run_main
+
+        data = json.loads((folder / name).read_text())
+        problems = (
+            []
+            if data.get("status") == "failed" and data.get("chosen") is None
+            else [
+                f"{name} is {data.get('status')!r} with chosen {data.get('chosen')}, not failed without a choice"
+            ]
+        )
+        code, _, _ = run_main("emit", str(folder / name), "--format", f"env={folder / 'autobatch.env'}")
+        if code != EXIT_USAGE or (folder / "autobatch.env").exists():
+            problems.append(f"emit on it exits {code}, expected {EXIT_USAGE} and no env file")
+        return problems
+
+    return check
+
+
+@contextmanager
+def another_run_writes(folder: Path) -> Iterator[object]:
+    """Another process holds the lock of ``{tmp}/r.json``, as a run writing it does."""
+    code = (
+        "import sys, time\nfrom autobatch.run.locks import OutputLock\n"
+        "OutputLock(sys.argv[1], command='autobatch tune other.py').acquire()\nprint('held', flush=True)\ntime.sleep(600)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(folder / "r.json")], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "held"
+        yield process
+    finally:
+        process.kill()
+        process.wait()
 
 
 GOOD = "{bad}/../../../examples/mlp.py"
@@ -125,6 +184,17 @@ CASES: tuple[Case, ...] = (
          ("chosen",), "server"),
     Case("import error (server)", tune("{bad}/import_error.py"), EXIT_SCRIPT, ("ModuleNotFoundError",), "server"),
     Case("sys.exit at import (server)", tune("{bad}/exits_at_import.py"), EXIT_SCRIPT, ("sys.exit(2)",), "server"),
+    # -- a result file that must not outlive its run, or be shared (round two, 5 and 6) ---------------------
+    Case("import error over an earlier answer", tune("{bad}/import_error.py", "--output", "{tmp}/r.json"), EXIT_SCRIPT,
+         ("ModuleNotFoundError", "partial result (failed, 0 probes) saved to"), files={"r.json": answered(64, 64)},
+         after=marked_failed("r.json")),
+    Case("result file written by another run", tune(GOOD, "--output", "{tmp}/r.json", "--lock-timeout", "1"),
+         EXIT_USAGE, ("another run writes the result file", "(autobatch tune other.py)", "gave up after 1 s", "--output"),
+         "cli", hold=another_run_writes),
+    Case("emit: a batch that is not an integer", ("emit", "{tmp}/r.json", "--format", "env"), EXIT_USAGE,
+         ("chosen.micro_batch_size: expected an integer, found 139.0", "hint"), "cli", files={"r.json": answered(139.0, 139)}),
+    Case("emit: a batch above its maximum", ("emit", "{tmp}/r.json", "--format", "env"), EXIT_USAGE,
+         ("chosen.micro_batch_size: 139 is larger than the maximum 64", "hint"), "cli", files={"r.json": answered(139, 64)}),
 )  # fmt: skip
 
 
@@ -136,6 +206,7 @@ class Ran:
     stdout: str
     stderr: str  # white space folded
     seconds: float
+    after: list[str] = field(default_factory=list)  # what the case's ``after`` found wrong
 
 
 def prepare(case: Case, folder: Path) -> list[str]:
@@ -146,6 +217,13 @@ def prepare(case: Case, folder: Path) -> list[str]:
 
 
 def run_case(case: Case, folder: Path) -> Ran:
+    with case.hold(folder) if case.hold is not None else nullcontext():
+        ran = _run_case(case, folder)
+    ran.after = case.after(folder) if case.after is not None else []
+    return ran
+
+
+def _run_case(case: Case, folder: Path) -> Ran:
     argv = prepare(case, folder)
     started = time.perf_counter()
     if case.mode in ("cli", "server"):
@@ -225,6 +303,7 @@ def judge(case: Case, ran: Ran) -> list[str]:
         problems.append("no 'error:' line")
     if "internal error" in low:
         problems.append("reported as an internal error")
+    problems += ran.after
     if case.stdout_json:
         import json
 
