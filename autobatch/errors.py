@@ -6,11 +6,13 @@
     ├── UsageError                 (exit 2)  bad flag, bad value, bad config file
     │   └── ConfigError            (exit 2)  every problem of a config file, collected
     ├── ContractError              (exit 3)  the training script breaks the user contract
-    │   └── NoBlocksError          (exit 3)  recomputation asked for a model without repeated blocks
+    │   ├── NoBlocksError          (exit 3)  recomputation asked for a model without repeated blocks
+    │   └── DataDependentError     (exit 3)  with --strict: the step's peak depends on the data
     ├── ScriptError                (exit 3)  the training script raised during a probe
     ├── NothingFitsError           (exit 4)  no combination fits even the smallest batch
     ├── ProbeFailure               (exit 6)  a probe crashed or timed out where an answer was needed
-    └── DeviceError                (exit 7)  the device cannot be used (no driver, no GPU, ...)
+    ├── DeviceError                (exit 7)  the device cannot be used (no driver, no GPU, ...)
+    └── LeakError                  (exit 8)  the step's peak grows at every step: no batch holds for a job
 
 ``autobatch check`` exits with 5 when the batch runs out of memory (an answer, not an error).
 An interrupted run exits with 130 (SIGINT) or 143 (SIGTERM).
@@ -26,6 +28,7 @@ EXIT_NOTHING_FITS = 4
 EXIT_OOM = 5
 EXIT_PROBE_FAILURE = 6
 EXIT_DEVICE = 7
+EXIT_LEAK = 8
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 
@@ -71,6 +74,10 @@ class NoBlocksError(ContractError):
     """
 
 
+class DataDependentError(ContractError):
+    """With ``strict``: the step's peak depends on the data (``make_batch`` must return the worst case)."""
+
+
 class ScriptError(AutobatchError):
     """The training script raised an exception that is not an out-of-memory error."""
 
@@ -93,3 +100,10 @@ class DeviceError(AutobatchError):
     """The requested device cannot be used."""
 
     exit_code = EXIT_DEVICE
+
+
+class LeakError(AutobatchError):
+    """The step's peak grows at every step: something keeps each step's tensors, so no batch size holds for a
+    job's length (reported instead of "nothing fits", which the failed confirmations would otherwise read as)."""
+
+    exit_code = EXIT_LEAK

@@ -6,8 +6,8 @@ the result of ``autobatch tune`` on one device:
 * ``sources``: the script's bytes and those of the local modules it imports (:mod:`.sources`);
 * ``script_args``;
 * ``settings``: the searched settings (precisions, optimizers, recomputation and its classes, batch
-  multiple and maximum, optimizer arguments, exact_all), the probe lengths, the plan (global batch,
-  world size, objective), and the device's memory and headroom;
+  multiple and maximum, optimizer arguments, exact_all; strict when set), the probe lengths, the plan
+  (global batch, world size, objective), and the device's memory and headroom;
 * ``device``: the device's identity (:func:`autobatch.devices.inventory.identity`: on CUDA the model
   name, total memory, driver and CUDA driver versions and MIG profile; on the CPU the processor,
   architecture and C library), never one card's serial number, so that a cache shared between nodes of
@@ -138,6 +138,8 @@ def key_settings(settings: Settings, world_size: int) -> dict[str, Any]:
     values["world_size"] = world_size
     if settings.distributed.strategy != "none":  # each rank's memory; single-process keys stay as they were
         values["strategy"] = [settings.distributed.strategy, settings.distributed.nproc_per_node]
+    if settings.search.strict:  # a strict tune fails where another warns: never served the other's answer
+        values["strict"] = True
     return values
 
 

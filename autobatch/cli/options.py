@@ -137,6 +137,7 @@ Refresh = Annotated[
 ]
 LockTimeout = Annotated[Optional[float], _setting("--lock-timeout", "lock_timeout")]
 ExactAll = Annotated[Optional[bool], _setting("--exact-all/--no-exact-all", "exact_all")]
+Strict = Annotated[Optional[bool], _setting("--strict/--no-strict", "strict")]
 Output = Annotated[Optional[str], _setting("--output", "result")]
 Emit = Annotated[Optional[list[str]], _setting("--emit", "emit", "-e")]
 LightningBatchKey = Annotated[Optional[str], _setting("--lightning-batch-key", "lightning_batch_key")]

@@ -50,6 +50,7 @@ def tune(
     refresh: opt.Refresh = False,
     lock_timeout: opt.LockTimeout = None,
     exact_all: opt.ExactAll = None,
+    strict: opt.Strict = None,
     output: opt.Output = None,
     emit: opt.Emit = None,
     lightning_batch_key: opt.LightningBatchKey = None,

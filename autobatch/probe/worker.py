@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
+from autobatch.core.steady import growth_tolerance
 from autobatch.core.units import format_bytes
 from autobatch.devices.budget import margin_reason
 from autobatch.devices.cuda.budget import CudaStepStats, judge_step
@@ -74,9 +75,10 @@ def measure_steps(
             max_steps=request.max_steps,
             peak_now=peak_now,
             synchronize=synchronize,
-            grow_tolerance=max(1 << 20, request.budget_bytes // 1000),
+            grow_tolerance=growth_tolerance(request.budget_bytes),
             wrap=wrap,
             stop_above=request.stop_above_bytes,
+            batch_per_step=request.op == "probe",  # explain's breakdown tags the one batch it saw built
         )
     except AutobatchError as exc:
         describe_failure(outcome, exc)
@@ -106,6 +108,7 @@ def _read_report(outcome: ProbeOutcome, report: StepReport) -> None:
     outcome.optimizer_state_bytes = report.optimizer_state_bytes
     outcome.first_backward_peak_bytes = report.first_backward_peak
     outcome.recompute_blocks = list(report.recompute_blocks)
+    outcome.batch_shapes = list(report.batch_shapes)
     timed = report.step_seconds[1:]
     if outcome.kind == "fits" and timed and sum(timed) > 0:
         outcome.samples_per_second = outcome.batch_size * len(timed) / sum(timed)

@@ -91,6 +91,8 @@ class ProbeOutcome:
     # OMP_WAIT_POLICY in the probe's environment (None: OpenMP's default, threads that spin while they wait):
     # step times are compared only under the same one (autobatch.probe.yielding)
     omp_wait_policy: str | None = None
+    # the distinct shapes of the batches make_batch returned, one per step, when they differed (empty: one shape)
+    batch_shapes: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:

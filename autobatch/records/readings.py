@@ -1,4 +1,5 @@
-"""What the pure core reads from a probe's outcome: an observation, the rising phase's peak, static memory."""
+"""What the pure core reads from a probe's outcome: an observation, the rising phase's peak, static memory,
+the steps' peaks."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterable
 
 from autobatch.core.maximum import StaticMemory
 from autobatch.core.search import KINDS, Observation
+from autobatch.core.steady import Reading
 from autobatch.records.protocol import ProbeOutcome
 
 
@@ -52,3 +54,14 @@ def measured_static(outcomes: Iterable[ProbeOutcome]) -> StaticMemory | None:
         return None
     o = measured[-1]
     return StaticMemory(o.param_bytes, o.grad_bytes, o.optimizer_state_bytes)
+
+
+def reading(outcome: ProbeOutcome) -> Reading:
+    """What :mod:`autobatch.core.steady` reads of an outcome: its peak net of the probe process's own memory
+    before building (which moves from run to run), its steps' peaks and its batches' shapes."""
+    peak = outcome.peak_bytes
+    if peak is not None and outcome.baseline_bytes is not None:
+        peak -= outcome.baseline_bytes
+    return Reading(
+        outcome.batch_size, outcome.kind, peak, tuple(outcome.step_peaks), tuple(outcome.batch_shapes)
+    )

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
-from autobatch.core import reuse, sanity
+from autobatch.core import reuse
 from autobatch.core.choice import Contender, Decision, dominated, reach_beyond
 from autobatch.core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reason
 from autobatch.core.plan import Candidate, Plan, choose, knee, plan_accumulation
@@ -32,6 +32,7 @@ from autobatch.records.version import __version__
 from autobatch.run.rank_priors import StrategyPriors
 from autobatch.run.session import Session
 from autobatch.run.throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
+from autobatch.run.trust import Watch
 
 if TYPE_CHECKING:
     from autobatch.settings import Settings
@@ -58,6 +59,7 @@ class TuneOptions:
     world_size_source: str
     objective: str
     exact_all: bool
+    strict: bool = False  # a peak that depends on the data ends the tune (else a warning)
 
     @classmethod
     def from_settings(cls, settings: Settings, world_size: int, world_size_source: str) -> TuneOptions:
@@ -72,6 +74,7 @@ class TuneOptions:
             world_size_source=world_size_source,
             objective=plan.objective,
             exact_all=search.exact_all,
+            strict=search.strict,
         )
 
 
@@ -95,6 +98,7 @@ class Tuner:
         self.learned: list[reuse.Learned] = []
         self.step_times = StepTimes()
         device = session.device
+        self.watch = Watch(device.budget_bytes, strict=options.strict, warn=session.warn)  # leaks, data
         self.result = TuneResult(
             script=str(session.script),
             script_args=list(session.script_args),
@@ -207,7 +211,7 @@ class Tuner:
             twin=twin.result.key if twin is not None else None,
         )
         self.result.notes.extend(f"{combo.key}: {note}" for note in answer.notes)
-        _check_answer(combo.key, entry, device.budget_bytes, self.result.notes)
+        self.watch.answer(combo.key, entry, self.result.notes)
         best = outcomes.get(answer.max_batch_size) if answer.max_batch_size is not None else None
         if best is not None and answer.status != "pruned":
             entry.peak_bytes, entry.samples_per_second = best.peak_bytes, best.samples_per_second
@@ -263,6 +267,7 @@ class Tuner:
         entry.trace.append(ProbeRecord.of(outcome, purpose))
         entry.probes = len(entry.trace)
         self._update()
+        self.watch.probe(entry.key, outcome)  # after the update: a leak's probe is in the partial result
 
     def _prior(self, combo: Combo) -> reuse.Prediction | None:
         device = self.session.device
@@ -377,17 +382,6 @@ class Tuner:
         self.result.wall_seconds = round(time.perf_counter() - self.started, 3)
         if self.on_update:
             self.on_update(self.result)
-
-
-def _check_answer(key: str, entry: ComboResult, budget_bytes: int, notes: list[str]) -> None:
-    """A maximum bounded by a crash or timeout says so in its status; flat peaks get a warning."""
-    points = [(r.batch_size, r.kind, r.peak_bytes) for r in entry.trace]
-    limit = sanity.limited_by(points, entry.max_batch_size)
-    if limit is not None and entry.status in ("exact", "capped", "infeasible", "incomplete"):
-        entry.status, entry.reason = limit.status, limit.reason(entry.max_batch_size)
-    warning = sanity.flat_peaks(points, budget_bytes)
-    if warning:
-        notes.append(f"{key}: warning: {warning}")
 
 
 def _key(combo: Combo | ComboResult) -> tuple[str, str, bool]:

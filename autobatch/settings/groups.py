@@ -175,6 +175,10 @@ class SearchSettings:
         "Find the exact maximum of every combination, also of those that cannot win under the objective.",
         flag="--exact-all/--no-exact-all",
     )  # fmt: skip
+    strict: bool = setting(
+        False, "bool", "true or false", "Fail the tune (exit 3) when the step's peak depends on the data (make_batch "
+        "must return the worst case); otherwise the result's notes and a warning say so.", flag="--strict/--no-strict",
+    )  # fmt: skip
     # Last in the group, so that the starter file's [search.optimizer_kwargs.NAME] tables come last.
     optimizer_kwargs: Mapping[str, Mapping[str, Any]] = setting(
         None, "kwargs", "a table per optimizer name", "Keyword arguments for each optimizer: one table per "

@@ -62,6 +62,8 @@ class StepReport:
     first_backward_peak: int | None = None
     #: The loop stopped before ``max_steps`` because the peak crossed the caller's ``stop_above`` line.
     stopped_above: bool = False
+    #: With a batch per step: the distinct shapes of the batches, in order, when there was more than one.
+    batch_shapes: list[str] = field(default_factory=list)
 
 
 class FixedScale:
@@ -181,10 +183,28 @@ def build_step(
     scaler: torch.amp.GradScaler | FixedScale | None = None
     if config.precision == "16-mixed":
         scaler = FixedScale() if fake else torch.amp.GradScaler(device.type)
+    batch = draw_batch(script, config)
+    return Step(model, params, optimizer, batch, script.compute_loss, config.precision, device.type, scaler)
+
+
+def draw_batch(script: UserScript, config: StepConfig) -> Any:
+    """``make_batch`` at the config's batch size, checked and moved to the device (cast for ``bf16-true``)."""
     batch = script.make_batch(config.batch_size)
     check_batch(batch, config.batch_size, check_size=config.check_batch_size)
-    batch = move(batch, device, torch.bfloat16 if bf16_true else None)
-    return Step(model, params, optimizer, batch, script.compute_loss, config.precision, device.type, scaler)
+    return move(
+        batch, torch.device(config.device), torch.bfloat16 if config.precision == "bf16-true" else None
+    )
+
+
+def shapes_of(batch: Any) -> str:
+    """The shapes of a batch's tensors, in order: ``(8, 128) (8, 128)``."""
+    if isinstance(batch, torch.Tensor):
+        return str(tuple(batch.shape))
+    if isinstance(batch, dict):
+        return " ".join(filter(None, (shapes_of(v) for v in batch.values())))
+    if isinstance(batch, (list, tuple)):
+        return " ".join(filter(None, (shapes_of(v) for v in batch)))
+    return ""
 
 
 def one_step(step: Step, after_backward: Callable[[], None] | None = None) -> None:
@@ -222,20 +242,28 @@ def run_steps(
     grow_tolerance: int,
     wrap: Wrap | None = None,
     stop_above: int | None = None,
+    batch_per_step: bool = False,
 ) -> StepReport:
     """Build, then step until the peak stops growing (at least ``min_steps``, at most ``max_steps``).
 
     ``report`` is filled in as the loop goes, so a caller that catches an OOM still sees how far it got.
     ``stop_above``: a peak above this line settles the caller's question (a high-water mark only rises),
-    so the loop stops at the step that crossed it (``report.stopped_above``).
+    so the loop stops at the step that crossed it (``report.stopped_above``). ``batch_per_step``: every step
+    gets a fresh ``make_batch``, as the job's steps do (the previous batch dropped first, and the drawing
+    left out of the step's time); the distinct shapes go to ``report.batch_shapes`` when they differ.
     """
     step = build_step(script, config, report, wrap=wrap)
+    shapes = [shapes_of(step.batch)]
 
     def first_backward() -> None:
         synchronize()
         report.first_backward_peak = peak_now()
 
     for index in range(1, max_steps + 1):
+        if batch_per_step and index > 1:
+            step.batch = None  # never two batches at once
+            step.batch = draw_batch(script, config)
+            _note_shapes(shapes, shapes_of(step.batch), report)
         synchronize()
         start = time.perf_counter()
         one_step(step, first_backward if index == 1 else None)
@@ -252,6 +280,13 @@ def run_steps(
             break
     report.optimizer_state_bytes = optimizer_state_bytes(step.optimizer)
     return report
+
+
+def _note_shapes(seen: list[str], shapes: str, report: StepReport) -> None:
+    """Keep the distinct batch shapes (a few are enough to show that they differ)."""
+    if shapes not in seen and len(seen) < 3:
+        seen.append(shapes)
+        report.batch_shapes = list(seen)
 
 
 def tiny_step(precision: str, optimizer: str = "sgd", optimizer_kwargs: dict[str, Any] | None = None) -> None:

@@ -23,13 +23,20 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autobatch.errors import EXIT_DEVICE, EXIT_NOTHING_FITS, EXIT_PROBE_FAILURE, EXIT_SCRIPT, EXIT_USAGE
+from autobatch.errors import (
+    EXIT_DEVICE,
+    EXIT_LEAK,
+    EXIT_NOTHING_FITS,
+    EXIT_PROBE_FAILURE,
+    EXIT_SCRIPT,
+    EXIT_USAGE,
+)
 
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
 BAD = TESTS / "scripts" / "bad"
 #: Exit codes the README's table documents.
-DOCUMENTED = {0, 1, 2, 3, 4, 5, 6, 7, 130, 143}
+DOCUMENTED = {0, 1, 2, 3, 4, 5, 6, 7, 8, 130, 143}
 #: The arguments of a small, quick tune.
 QUICK = ("--device", "cpu", "--memory", "1GiB", "-p", "32-true", "-o", "sgd", "--no-recompute")
 
@@ -195,6 +202,12 @@ CASES: tuple[Case, ...] = (
          ("chosen.micro_batch_size: expected an integer, found 139.0", "hint"), "cli", files={"r.json": answered(139.0, 139)}),
     Case("emit: a batch above its maximum", ("emit", "{tmp}/r.json", "--format", "env"), EXIT_USAGE,
          ("chosen.micro_batch_size: 139 is larger than the maximum 64", "hint"), "cli", files={"r.json": answered(139, 64)}),
+    # -- a peak that is not the batch's alone (round two, 3 and 4; the real probe server) --------------------
+    Case("a peak that depends on the data, --strict", tune("{bad}/varying_length.py", "--max-batch-size", "64", "--strict"),
+         EXIT_SCRIPT, ("the peak depends on the data", "different shapes", "make_batch must return the worst case"),
+         "server"),
+    Case("a leak", tune("{bad}/leaks_activations.py"), EXIT_LEAK,
+         ("grew at every step from step 3", "per step", "keeps each step's tensors", "loss.item()"), "server"),
 )  # fmt: skip
 
 

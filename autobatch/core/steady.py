@@ -1,0 +1,152 @@
+"""Whether the step's peak is the batch size's alone: a leak, and a peak that depends on the data. Pure.
+
+A probe's step peaks are high-water marks after each step (they only rise). Once the optimizer state exists
+(its first ``step()`` makes it, so the second step is the first to run beside it), a step that keeps no
+tensor across steps and sees batches of one shape peaks where the step before it did: from the third step
+on (:data:`SETTLED_STEP`) its peak holds still. Measured on the CPU device under 1 GiB: over 131 probes of
+the examples (mlp, cnn, gpt, lstm at 32-true and bf16-mixed with adamw and sgd; quadratic), no step from the
+third on raised the peak by more than 0.9 MiB (gpt; the others 0.2 MiB), and none at every step. So, from
+the third step:
+
+* **A leak** (:func:`find_leak`): the peak grew by more than the growth tolerance (the step loop's own
+  "still growing": ``max(1 MiB, budget / 1000)``) at *every* step from the third through the last, over at
+  least :data:`LEAK_GROWTHS` steps. Something keeps each step's tensors (a global list that
+  ``compute_loss`` appends to): the job runs out of memory after enough steps at any batch size, so no
+  maximum is an answer. Data that varies cannot pass for it: a growth at every step needs each step's batch
+  to be the largest so far, four times running.
+* **A peak that depends on the data** (:func:`data_dependence`), any of:
+
+  - the batches ``make_batch`` returned at one batch size had different shapes (the step loop draws one
+    batch per step, as the job does, and records the shapes when they differ);
+  - a step from the third on raised the peak by more than the margin (``threshold``; the CPU margin
+    ``max(3 MiB, budget / 1000)``) without the growth of a leak;
+  - a fitting probe peaked lower, by more than the margin, than a fitting probe at the same or a smaller
+    batch (peaks net of the probe process's own memory before the model, which moves from run to run).
+
+  The maximum then holds for the batches the probes drew, not for the job's: ``make_batch`` must return
+  the worst case at every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autobatch.core.units import format_bytes
+
+#: The first step whose peak a steady step does not raise (the optimizer state exists from step 1's step()).
+SETTLED_STEP = 3
+#: Growths at every step from :data:`SETTLED_STEP` on that name a leak (so a probe of six steps at least).
+LEAK_GROWTHS = 4
+#: The least growth tolerance (the step loop's "still growing"), and the budget's share above it.
+TOLERANCE_FLOOR = 1 << 20
+TOLERANCE_SHARE = 1000
+
+
+def growth_tolerance(budget_bytes: int) -> int:
+    """Growth under which a step's peak holds still: ``max(1 MiB, budget / 1000)`` (the loop stops there)."""
+    return max(TOLERANCE_FLOOR, budget_bytes // TOLERANCE_SHARE)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One probe as these rules read it. ``peak_bytes``: net of the probe process's own memory before the
+    model was built; ``batch_shapes``: the distinct shapes of its batches when there were several."""
+
+    batch_size: int
+    kind: str
+    peak_bytes: int | None
+    step_peaks: tuple[int, ...] = ()
+    batch_shapes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Leak:
+    """A peak that grew at every step from ``first_step`` to ``last_step`` of a probe at ``batch_size``."""
+
+    batch_size: int
+    first_step: int
+    last_step: int
+    per_step_bytes: int  # the mean growth per step over those steps
+
+    def describe(self) -> str:
+        steps = self.last_step - self.first_step + 1
+        return (
+            f"the step's peak grew at every step from step {self.first_step} to step {self.last_step} at batch "
+            f"{self.batch_size}: {format_bytes(self.per_step_bytes)} per step ({format_bytes(self.per_step_bytes * steps)} "
+            f"in {steps} steps), after the optimizer state existed: something keeps each step's tensors (a list "
+            "that compute_loss appends to?), so the job runs out of memory after enough steps at any batch size"
+        )
+
+
+def _growths(step_peaks: Sequence[int]) -> list[int]:
+    """The growth of the peak at each step from :data:`SETTLED_STEP` on."""
+    return [step_peaks[i] - step_peaks[i - 1] for i in range(SETTLED_STEP - 1, len(step_peaks))]
+
+
+def find_leak(step_peaks: Sequence[int], tolerance: int, batch_size: int = 0) -> Leak | None:
+    """A leak when the peak grew by more than ``tolerance`` at every step from the third through the last,
+    :data:`LEAK_GROWTHS` steps at least (None otherwise)."""
+    growths = _growths(step_peaks)
+    if len(growths) < LEAK_GROWTHS or min(growths) <= tolerance:
+        return None
+    last = len(step_peaks)
+    return Leak(batch_size, SETTLED_STEP, last, sum(growths) // len(growths))
+
+
+def step_rise(step_peaks: Sequence[int], threshold: int) -> tuple[int, int] | None:
+    """The first step from the third on whose peak rose by more than ``threshold``: (step, rise), or None."""
+    for offset, growth in enumerate(_growths(step_peaks)):
+        if growth > threshold:
+            return SETTLED_STEP + offset, growth
+    return None
+
+
+def lower_peak(readings: Sequence[Reading], threshold: int) -> tuple[Reading, Reading] | None:
+    """Two fitting probes (higher, lower) where the lower ran the same batch or a larger one and peaked lower by
+    more than ``threshold``: the first such pair in batch order, or None."""
+    fits = sorted(
+        (r for r in readings if r.kind == "fits" and r.peak_bytes is not None),
+        key=lambda r: (r.batch_size, -(r.peak_bytes or 0)),  # at one batch the higher peak first
+    )
+    highest: Reading | None = None
+    for reading in fits:
+        peak = reading.peak_bytes or 0
+        if highest is not None and peak < (highest.peak_bytes or 0) - threshold:
+            return highest, reading
+        if highest is None or peak > (highest.peak_bytes or 0):
+            highest = reading
+    return None
+
+
+def data_dependence(readings: Sequence[Reading], threshold: int, tolerance: int) -> str | None:
+    """What shows that one combination's peak depends on the data (see the module docstring), or None."""
+    evidence: list[str] = []
+    shaped = next((r for r in readings if len(r.batch_shapes) > 1), None)
+    if shaped is not None:
+        evidence.append(
+            f"make_batch({shaped.batch_size}) returned batches of different shapes ({' then '.join(shaped.batch_shapes)})"
+        )
+    for r in readings:
+        rise = step_rise(r.step_peaks, threshold)
+        if rise is not None and find_leak(r.step_peaks, tolerance) is None:
+            evidence.append(
+                f"at batch {r.batch_size} step {rise[0]} raised the peak by {format_bytes(rise[1])} (more than the "
+                f"{format_bytes(threshold)} margin) although the optimizer state already existed"
+            )
+            break
+    pair = lower_peak(readings, threshold)
+    if pair is not None:
+        high, low = pair
+        assert high.peak_bytes is not None and low.peak_bytes is not None
+        evidence.append(
+            f"batch {low.batch_size} peaked {format_bytes(high.peak_bytes - low.peak_bytes)} below batch "
+            f"{high.batch_size} (more than the {format_bytes(threshold)} margin)"
+        )
+    if not evidence:
+        return None
+    return (
+        f"the peak depends on the data: {'; '.join(evidence)}. The maximum holds for the batches the probes "
+        "drew, not for every batch of the job: make_batch must return the worst case (the longest sequence, "
+        "the largest image) at every call"
+    )

@@ -1,0 +1,72 @@
+"""Whether a tune's answers hold in the job: the checks on its probes (the run's side of
+:mod:`autobatch.core.sanity` and :mod:`autobatch.core.steady`).
+
+* **Every probe**: a peak that grows at every step is a leak and ends the tune (:class:`LeakError`, exit 8).
+  Left to the search, every confirmation would fail (ten steps leak more than three) down to the smallest
+  batch, and the tune would report that nothing fits.
+* **Every combination's answer**: a crash or timeout that bounds it sets its status; flat peaks are noted;
+  a peak that depends on the data is noted and warned about, and with ``strict`` ends the tune
+  (:class:`DataDependentError`, exit 3).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Callable
+
+from autobatch.core import sanity
+from autobatch.core.steady import Reading, data_dependence, find_leak, growth_tolerance
+from autobatch.devices.budget import margin_bytes
+from autobatch.errors import DataDependentError, LeakError
+from autobatch.records.readings import reading
+
+if TYPE_CHECKING:
+    from autobatch.records.protocol import ProbeOutcome
+    from autobatch.records.result import ComboResult
+
+LEAK_HINT = (
+    "keep no tensor from one step to the next (log loss.item(), not the loss; clear a list of activations "
+    "every step), then tune again"
+)
+DATA_HINT = (
+    "make make_batch return the worst case at every call (pad to the longest sequence, the largest image the "
+    "job sees); without --strict the tune keeps the answer and warns"
+)
+
+
+class Watch:
+    """Reads every probe of a tune; ``warn`` shows a warning as the run goes (the notes keep it too)."""
+
+    def __init__(self, budget_bytes: int, *, strict: bool, warn: Callable[[str], None]) -> None:
+        self.budget_bytes = budget_bytes
+        self.tolerance = growth_tolerance(budget_bytes)
+        self.threshold = margin_bytes("cpu", budget_bytes)  # the CPU's margin, as the noise on every device
+        self.strict = strict
+        self.warn = warn
+        self.readings: defaultdict[str, list[Reading]] = defaultdict(list)
+
+    def probe(self, key: str, outcome: ProbeOutcome) -> None:
+        """Keep a probe's reading; a leak ends the tune."""
+        read = reading(outcome)
+        self.readings[key].append(read)
+        leak = find_leak(read.step_peaks, self.tolerance, read.batch_size)
+        if leak is not None:
+            raise LeakError(f"{key}: {leak.describe()}", hint=LEAK_HINT)
+
+    def answer(self, key: str, entry: ComboResult, notes: list[str]) -> None:
+        """A maximum bounded by a crash or timeout says so in its status; flat peaks get a note; a peak that
+        depends on the data a note and a warning (with ``strict``, the error)."""
+        points = [(r.batch_size, r.kind, r.peak_bytes) for r in entry.trace]
+        limit = sanity.limited_by(points, entry.max_batch_size)
+        if limit is not None and entry.status in ("exact", "capped", "infeasible", "incomplete"):
+            entry.status, entry.reason = limit.status, limit.reason(entry.max_batch_size)
+        flat = sanity.flat_peaks(points, self.budget_bytes)
+        if flat:
+            notes.append(f"{key}: warning: {flat}")
+        dependence = data_dependence(self.readings[key], self.threshold, self.tolerance)
+        if dependence is None:
+            return
+        if self.strict:
+            raise DataDependentError(f"{key}: {dependence}", hint=DATA_HINT)
+        notes.append(f"warning: {key}: {dependence}")
+        self.warn(f"{key}: {dependence}")
