@@ -134,8 +134,31 @@ def watch(ranks: list[Rank], deadline: float) -> Rank | None:
         for rank in (r for r in waiting if r.fd in ready):
             failed = _read(rank)
             if failed is not None:
-                return failed
+                return _first_cause(ranks, failed)
     return None
+
+
+#: Seconds a failure waits for another rank's death to show: a rank killed mid-step makes its peers fail
+#: in the collective they share, and the dead rank, not the one that noticed, is the failure to name.
+CAUSE_GRACE = 1.0
+ROOT_CAUSES = ("crash", "oom")
+
+
+def _first_cause(ranks: list[Rank], failed: Rank) -> Rank:
+    """``failed``, unless another rank died or ran out of memory (its peers' errors are the consequence)."""
+    if failed.outcome is not None and failed.outcome.kind in ROOT_CAUSES:
+        return failed
+    deadline = time.perf_counter() + CAUSE_GRACE
+    while (remaining := deadline - time.perf_counter()) > 0:
+        waiting = [r for r in ranks if r is not failed and r.outcome is None and r.open]
+        if not waiting:
+            break
+        ready, _, _ = select.select([r.fd for r in waiting], [], [], remaining)
+        for rank in (r for r in waiting if r.fd in ready):
+            dead = _read(rank)
+            if dead is not None and dead.outcome is not None and dead.outcome.kind in ROOT_CAUSES:
+                return dead
+    return failed
 
 
 def _read(rank: Rank) -> Rank | None:
