@@ -274,8 +274,8 @@ class ProbeSettings:
         "($TMPDIR, else /tmp).", optional=True, flag=None, example="/tmp/autobatch-locks", folder=True,
     )  # fmt: skip
     lock_timeout: Optional[float] = setting(
-        None, "float", "seconds > 0", "Longest wait for another run's probes on the same device before giving "
-        "up (exit 7); unset: as long as it takes.", optional=True, check=lambda t: t > 0, example=600,
+        None, "float", "seconds > 0", "Longest wait for another run's probes on the same device (exit 7) or for "
+        "another run writing the same result file (exit 2) before giving up; unset: as long as it takes.", optional=True, check=lambda t: t > 0, example=600,
     )  # fmt: skip
 
     def __post_init__(self) -> None:
