@@ -13,6 +13,7 @@ from rich.table import Table
 from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
 from autobatch.cli.progress import Output, unwrapped_console
+from autobatch.core.space import block_labels
 from autobatch.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -191,6 +192,9 @@ def print_table(result: TuneResult) -> None:
             result.chosen.recompute,
         )
         note = c.reason or ("" if c.status in ("exact",) else c.status)
+        if c.recompute and c.recompute_blocks:  # what "on" wrapped
+            wrapped = ", ".join(block_labels(c.recompute_blocks, c.recompute_blocks))
+            note = f"recomputes {wrapped}" + (f"; {note}" if note else "")
         table.add_row(
             c.precision,
             c.optimizer,

@@ -6,6 +6,7 @@ Names follow the ecosystem: precisions use Lightning's names, optimizers short n
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -66,6 +67,12 @@ def combinations(
 ) -> list[Combo]:
     """Every combination, in the order the user listed precisions, then optimizers, then recompute."""
     return [Combo(p, o, r) for p in precisions for o in optimizers for r in recompute]
+
+
+def block_labels(blocks: Iterable[str], counts: Mapping[str, int]) -> list[str]:
+    """The block classes recomputation wraps as the table and ``explain`` name them, ``["Block x 12"]``
+    (a class alone where its count is not known)."""
+    return [f"{name} x {counts[name]}" if counts.get(name) else name for name in blocks]
 
 
 def optimizer_state_bytes(optimizer: str, param_shapes: list[tuple[int, ...]], state_bytes: int = 4) -> int:

@@ -71,6 +71,7 @@ class DeviceInfo:
     memory_definition: str
     unsupported_precisions: dict[str, str] = field(default_factory=dict)
     recompute_blocks: list[str] = field(default_factory=list)
+    recompute_counts: dict[str, int] = field(default_factory=dict)  # how many of each block class
     param_shapes: list[list[int]] = field(default_factory=list)
     param_count: int = 0
     block_params: list[int] = field(default_factory=list)  # each repeated block's parameter count
@@ -155,6 +156,7 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
     common: dict[str, Any] = {
         "unsupported_precisions": dict(info.get("unsupported_precisions", {})),
         "recompute_blocks": list(info.get("recompute_blocks", [])),
+        "recompute_counts": {str(k): int(n) for k, n in info.get("recompute_counts", {}).items()},
         "param_shapes": [list(s) for s in info.get("param_shapes", [])],
         "param_count": int(info.get("param_count", 0)),
         "block_params": [int(n) for n in info.get("block_params", [])],

@@ -204,7 +204,7 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     import torch
 
     from autobatch.step.loop import tiny_step
-    from autobatch.step.recompute import detect_blocks
+    from autobatch.step.recompute import count_blocks, detect_blocks
 
     outcome = ProbeOutcome(kind="fits")
     info: dict[str, Any] = {}
@@ -214,6 +214,7 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     info["recompute_blocks"] = list(
         request.recompute_classes or script.recompute_classes or detect_blocks(model)
     )
+    info["recompute_counts"] = count_blocks(model, tuple(info["recompute_blocks"]))  # "Block x 12"
     blocks = set(info["recompute_blocks"])  # each block's parameters: what FSDP all-gathers at once
     info["block_params"] = [
         sum(p.numel() for p in m.parameters()) for m in model.modules() if type(m).__name__ in blocks

@@ -19,7 +19,9 @@ is published as ``autobatch/result.schema.json``; :meth:`TuneResult.load` checks
                       ``max_batch_size`` (null when infeasible/skipped), ``peak_bytes`` (measured at the
                       maximum), ``samples_per_second`` (at the planned micro-batch, else at the maximum),
                       ``probes`` (how many probes this combination cost), ``reason``, ``static_bytes``,
-                      ``bytes_per_sample``, ``knee_batch_size``, ``trace`` (every probe: batch_size, kind,
+                      ``bytes_per_sample``, ``knee_batch_size``, ``recompute_blocks`` (recomputation on:
+                      the block classes its probes wrap and how many of each, {"Block": 12}; absent when off
+                      or not known, as in results written before it), ``trace`` (every probe: batch_size, kind,
                       peak_bytes, steps, seconds, samples_per_second, cached, purpose: search |
                       confirm | throughput, started_at: seconds since the epoch, when it ran;
                       ``rank_peak_bytes``: every rank's peak under a distributed strategy,
@@ -104,6 +106,7 @@ class ComboResult:
     static_bytes: dict[str, int] = field(default_factory=dict)
     bytes_per_sample: float | None = None
     knee_batch_size: int | None = None
+    recompute_blocks: dict[str, int] = field(default_factory=dict)  # {"Block": 12}: what recomputation wraps
     trace: list[ProbeRecord] = field(default_factory=list)
 
     @property
@@ -179,6 +182,8 @@ class TuneResult:
             if data.get(name) is None:
                 data.pop(name, None)
         for combo in data["combinations"]:
+            if not combo.get("recompute_blocks"):
+                combo.pop("recompute_blocks", None)
             for record in combo["trace"]:
                 if record.get("started_at") is None:
                     record.pop("started_at", None)

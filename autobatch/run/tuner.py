@@ -128,6 +128,8 @@ class Tuner:
         combos = combinations(self.options.precisions, self.options.optimizers, self.options.recompute)
         for combo in combos:
             entry = ComboResult(combo.precision, combo.optimizer, combo.recompute)
+            if combo.recompute:
+                entry.recompute_blocks = dict(device.recompute_counts)  # what its probes wrap
             self.result.combinations.append(entry)
         for combo, entry in zip(combos, self.result.combinations):
             twin = self._twin_reach(combo)  # under throughput, recomputation must outplan its twin

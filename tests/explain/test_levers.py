@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autobatch.core.space import Combo
+from autobatch.core.space import Combo, block_labels
 from autobatch.explain.pure.levers import apply_predictions, plan_levers, ranked
 
 
@@ -95,3 +95,18 @@ def test_error_is_predicted_over_measured() -> None:
     lever.predicted_max_batch_size, lever.verified_max_batch_size = 110, 100
     assert abs((lever.error or 0) - 0.10) < 1e-9
     assert lever.to_dict()["error"] == lever.error
+
+
+def test_the_recompute_lever_names_the_blocks_and_how_many() -> None:
+    labels = block_labels(["Block"], {"Block": 12})
+    assert labels == ["Block x 12"] and block_labels(["Block"], {}) == ["Block"]  # a count not known
+    off = {lever.name: lever for lever in _levers(recompute_blocks=labels)}["recompute"]
+    assert off.applicable and off.description == "activation checkpointing of Block x 12"
+    on = plan_levers(
+        Combo("32-true", "adamw", True),
+        unsupported={},
+        recompute_blocks=labels,
+        has_embedding=True,
+        vocab_trim=0.5,
+    )
+    assert {lever.name: lever for lever in on}["recompute"].reason == "already on (Block x 12)"

@@ -71,3 +71,18 @@ def test_loading_a_bad_file_lists_every_problem(tmp_path: Path) -> None:
         TuneResult.load(path)
     assert info.value.exit_code == 2 and "(2 problems)" in info.value.message
     assert "chosen.micro_batch_size" in info.value.message and "chosen.world_size" in info.value.message
+
+
+def test_what_recomputation_wrapped_is_kept_and_older_results_load_without_it(tmp_path: Path) -> None:
+    data = result()
+    on = data["combinations"][0]
+    assert all("recompute_blocks" not in c for c in data["combinations"])  # written before the field
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    assert all(c.recompute_blocks == {} for c in TuneResult.load(path).combinations)
+    on["recompute_blocks"] = {"Block": 12}
+    path.write_text(json.dumps(data))
+    loaded = TuneResult.load(path)
+    assert loaded.to_dict() == data  # absent where empty, {"Block": 12} where recomputation wrapped twelve
+    on["recompute_blocks"] = {"Block": 0}
+    assert any("recompute_blocks.Block" in p for p in result_problems(data)), result_problems(data)

@@ -208,6 +208,10 @@ CASES: tuple[Case, ...] = (
          "server"),
     Case("a leak", tune("{bad}/leaks_activations.py"), EXIT_LEAK,
          ("grew at every step from step 3", "per step", "keeps each step's tensors", "loss.item()"), "server"),
+    # -- what recomputation wraps (round two, 2): the 12 blocks, not the 24 Linears in their MLPs' Sequentials ---
+    Case("recomputation wraps the blocks, not the layers inside them",
+         ("tune", "{bad}/../decoder.py", "-d", "cpu", "-m", "1GiB", "-p", "32-true", "-o", "adamw", "--recompute",
+          "--max-batch-size", "2", "--no-cache"), 0, ("recomputes Block x 12",)),
 )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from autobatch.step.recompute import detect_blocks, wrap_blocks
+from autobatch.step.recompute import count_blocks, detect_blocks, wrap_blocks
 
 WIDTH, BATCH = 64, 256
 
@@ -55,19 +55,53 @@ def test_no_repeated_blocks_detects_nothing(model: nn.Module):
     assert detect_blocks(model) == ()
 
 
-def test_the_most_repeated_class_wins_then_the_one_with_more_parameters():
-    # Three Linear layers in a Sequential outnumber two Blocks; with equal counts, parameters decide.
-    more_linears = nn.ModuleDict(
+class MlpBlock(nn.Module):
+    """A block that keeps its MLP in a Sequential, as many models do: two Linears in a container each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+def test_a_class_inside_a_repeated_block_is_not_a_block():
+    # 24 Linears in the blocks' Sequentials outnumber the 12 blocks; checkpointing one Linear saves nothing.
+    decoder = nn.ModuleDict(
+        {"embed": nn.Embedding(16, WIDTH), "blocks": nn.ModuleList(MlpBlock() for _ in range(12))}
+    )
+    assert detect_blocks(decoder) == ("MlpBlock",)
+    assert count_blocks(decoder, ("MlpBlock",)) == {"MlpBlock": 12}
+    assert count_blocks(decoder, ("Linear",)) == {"Linear": 24}
+
+
+def test_of_the_outermost_repeated_classes_the_one_holding_the_most_parameters_wins():
+    # Three Linears in a head Sequential outnumber two Blocks, which hold more parameters.
+    with_head = nn.ModuleDict(
         {
-            "mlp": nn.Sequential(*(nn.Linear(4, 4) for _ in range(3))),
+            "head": nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(3))),
             "blocks": nn.ModuleList([Block(), Block()]),
         }
     )
-    assert detect_blocks(more_linears) == ("Linear",)
-    tie = nn.ModuleDict(
-        {"mlp": nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), "blocks": nn.ModuleList([Block(), Block()])}
+    assert detect_blocks(with_head) == ("Block",)
+    wide_head = nn.ModuleDict(
+        {
+            "head": nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 512)),
+            "blocks": nn.ModuleList([Block(), Block()]),
+        }
     )
-    assert detect_blocks(tie) == ("Block",)
+    assert detect_blocks(wide_head) == ("Linear",)  # parameters decide, not the order or the depth
+
+
+def test_plain_containers_are_looked_into_never_wrapped():
+    # One block per Sequential: the Sequentials are containers, the blocks inside them are repeated.
+    wrapped = nn.ModuleList(nn.Sequential(Block()) for _ in range(3))
+    assert detect_blocks(wrapped) == ("Block",)
+    mlp = nn.Sequential(*(nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(3)))
+    assert detect_blocks(mlp) == ("Linear",)
+    assert detect_blocks(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))) == ("Linear",)
 
 
 def test_wrapping_counts_the_blocks_and_is_idempotent():

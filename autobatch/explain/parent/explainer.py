@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from autobatch.core.maximum import Limits
 from autobatch.core.search import Affine
-from autobatch.core.space import Combo
+from autobatch.core.space import Combo, block_labels
 from autobatch.core.units import format_bytes
 from autobatch.explain.parent.driver import explain_probe, measure, measure_max
 from autobatch.explain.parent.on_ranks import (
@@ -91,7 +91,7 @@ def explain_batch(
     levers = plan_levers(
         combo,
         unsupported=device.unsupported_precisions,
-        recompute_blocks=device.recompute_blocks,
+        recompute_blocks=block_labels(device.recompute_blocks, device.recompute_counts),  # "Block x 12"
         has_embedding=any(m.get("type") == "Embedding" for m in report.modules),
         vocab_trim=vocab_trim,
     )

@@ -126,7 +126,7 @@ def _recompute(now: Combo, blocks: list[str]) -> Lever:
         Scenario(now.precision, now.optimizer, True),
     )
     if now.recompute:
-        lever.applicable, lever.reason = False, "already on"
+        lever.applicable, lever.reason = False, "already on" + (f" ({', '.join(blocks)})" if blocks else "")
     elif not blocks:
         lever.applicable, lever.reason = (
             False,

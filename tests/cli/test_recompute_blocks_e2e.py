@@ -1,0 +1,46 @@
+"""Recomputation wraps the model's blocks, end to end: the real command on a 12-block decoder whose blocks
+keep their MLP in an ``nn.Sequential`` (tests/scripts/decoder.py), on the CPU device.
+
+Counting instances, detection took the 24 ``Linear`` layers in the blocks' Sequentials for the blocks:
+recomputation wrapped single layers and found the maximum it found without. Wrapping the 12 blocks
+more than doubles it, and the result, the table and ``explain`` say what was wrapped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support import SCRIPTS, run_cli
+
+pytestmark = pytest.mark.slow
+
+DECODER = str(SCRIPTS / "decoder.py")
+#: The issue's settings; run from a folder of the test's own, so that no autobatch.toml adds to them.
+COMMON = ("--device", "cpu", "--memory", "1GiB", "--precision", "32-true", "--optimizer", "adamw")
+
+
+def test_recomputing_the_blocks_more_than_doubles_a_maximum_check_confirms(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    tune = run_cli("tune", DECODER, *COMMON, "--exact-all", "--no-cache", "--output", str(out), cwd=tmp_path)
+    assert tune.returncode == 0, tune.stderr
+    combos = {c["recompute"]: c for c in json.loads(out.read_text())["combinations"]}
+    off, on = combos[False], combos[True]
+    assert on["recompute_blocks"] == {"Block": 12} and "recompute_blocks" not in off
+    assert "recomputes Block x 12" in tune.stderr  # the table's note
+    assert off["status"] == on["status"] == "exact", tune.stderr
+    assert on["max_batch_size"] >= 2 * off["max_batch_size"], (off["max_batch_size"], on["max_batch_size"])
+    for combo, flag in ((off, "--no-recompute"), (on, "--recompute")):
+        batch = str(combo["max_batch_size"])
+        check = run_cli("check", DECODER, *COMMON, flag, "--batch-size", batch, "--steps", "10", cwd=tmp_path)
+        assert check.returncode == 0, check.stderr
+
+
+def test_explain_names_the_blocks_its_recompute_lever_wraps(tmp_path: Path) -> None:
+    proc = run_cli("explain", DECODER, *COMMON, "--no-recompute", "-b", "8", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    levers = {lever["name"]: lever for lever in json.loads(proc.stdout)["levers"]}
+    recompute, now = levers["recompute"], levers["now"]
+    assert recompute["description"] == "activation checkpointing of Block x 12"
+    assert recompute["predicted_max_batch_size"] >= 2 * now["predicted_max_batch_size"], (recompute, now)
