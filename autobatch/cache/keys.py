@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from autobatch.records.version import __version__
+from autobatch.records.version import MEASURED_BY
 
 if TYPE_CHECKING:
     from autobatch.settings import Settings
@@ -93,7 +93,7 @@ def torch_version() -> str:
 
 
 def versions() -> dict[str, str]:
-    return {"torch": torch_version(), "autobatch": __version__, "python": platform.python_version()}
+    return {"torch": torch_version(), "autobatch": MEASURED_BY, "python": platform.python_version()}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from autobatch.devices.budget import DeviceInfo, apply_margin, cuda_name, device
 from autobatch.errors import DeviceError, UsageError
 from autobatch.records.failures import raise_for
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
-from autobatch.records.version import __version__
+from autobatch.records.version import MEASURED_BY
 from autobatch.step.scriptpath import script_digest
 from autobatch.step.spec import ScriptSpec, spec_from_settings
 
@@ -231,7 +231,7 @@ class Session:
             else {"spec": hashlib.sha256(self.spec.content()).hexdigest()}
         )
         device = (self.device.name, self.device.budget_bytes)
-        parts = [self.script_args, __version__, self.torch_version or "", *device, self.optimizer_kwargs]
+        parts = [self.script_args, MEASURED_BY, self.torch_version or "", *device, self.optimizer_kwargs]
         parts += [self.recompute_classes, self.identity]
         # a strategy's probes are other measurements; single-process fingerprints stay as they were, and the
         # strategy's first probe is predicted from them (autobatch.run.rank_priors)
@@ -246,7 +246,7 @@ class Session:
                 "identity": self.identity,
                 "budget_bytes": self.device.budget_bytes,
                 "torch": self.torch_version,
-                "autobatch": __version__,
+                "autobatch": MEASURED_BY,
             }
             self.journal = ProbeJournal.open(
                 CacheFolder(self.cache_dir, warn=self.warn), self.fingerprint, meta

@@ -212,6 +212,9 @@ CASES: tuple[Case, ...] = (
     Case("recomputation wraps the blocks, not the layers inside them",
          ("tune", "{bad}/../decoder.py", "-d", "cpu", "-m", "1GiB", "-p", "32-true", "-o", "adamw", "--recompute",
           "--max-batch-size", "2", "--no-cache"), 0, ("recomputes Block x 12",)),
+    Case("data prepared and a pool started at import (server)",
+         tune("{bad}/prepares_data_at_import.py", "--max-batch-size", "64", "--timeout", "60", "--no-cache"), 0,
+         ("chosen",), "server"),
 )  # fmt: skip
 
 
