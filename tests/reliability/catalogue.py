@@ -211,7 +211,7 @@ CASES: tuple[Case, ...] = (
     # -- what recomputation wraps (round two, 2): the 12 blocks, not the 24 Linears in their MLPs' Sequentials ---
     Case("recomputation wraps the blocks, not the layers inside them",
          ("tune", "{bad}/../decoder.py", "-d", "cpu", "-m", "1GiB", "-p", "32-true", "-o", "adamw", "--recompute",
-          "--max-batch-size", "2", "--no-cache"), 0, ("recomputes Block x 12",)),
+          "--max-batch-size", "2", "--no-cache"), 0, ("recomputes Block x 12",), "server"),
     Case("data prepared and a pool started at import (server)",
          tune("{bad}/prepares_data_at_import.py", "--max-batch-size", "64", "--timeout", "60", "--no-cache"), 0,
          ("chosen",), "server"),
