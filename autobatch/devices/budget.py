@@ -81,6 +81,8 @@ class DeviceInfo:
     others_bytes: int | None = None  # CUDA: memory other processes held on the device at the start
     warnings: list[str] = field(default_factory=list)  # also in notes; shown as warnings
     requested: str | None = None  # the --device asked for ("auto", "cpu", "cuda:1"); None: not recorded
+    # CPU: the job's fresh process measured against a forked probe (autobatch.probe.fresh); empty: not measured
+    fresh_process: dict[str, Any] = field(default_factory=dict)
 
     @property
     def fell_back(self) -> bool:
@@ -124,6 +126,7 @@ class DeviceInfo:
             "baseline_bytes": self.baseline_bytes,
             "process_limit_bytes": self.process_limit_bytes,
             "others_bytes": self.others_bytes,
+            **({"fresh_process": self.fresh_process} if self.fresh_process else {}),
         }
 
 

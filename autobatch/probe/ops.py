@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from autobatch.step.contract import UserScript
 
 #: The module that registers the built-in operations; imported before the client's ``op_modules``.
-BUILTIN_MODULES = ("autobatch.probe.worker",)
+BUILTIN_MODULES = ("autobatch.probe.worker", "autobatch.probe.fresh")
 
 OptionsT = TypeVar("OptionsT")
 OptionsT_co = TypeVar("OptionsT_co", covariant=True)

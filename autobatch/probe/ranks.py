@@ -104,7 +104,7 @@ def run_ranks(
                     os.close(other.fd)
                 if rank != 0:
                     listener.close()
-                _rank_main(request, script, measure, (rank, port, listener.fileno()), write_fd, started)
+                rank_main(request, script, measure, (rank, port, listener.fileno()), write_fd, started)
             os.close(write_fd)
             ranks.append(Rank(rank, pid, read_fd))
         listener.close()
@@ -245,7 +245,7 @@ def combine(request: ProbeRequest, ranks: list[Rank], failure: Rank | None, wall
     return out
 
 
-def _rank_main(
+def rank_main(
     request: ProbeRequest,
     script: UserScript,
     measure: Measure,
@@ -323,7 +323,8 @@ def run_rank(
     wrap = _timed(
         wrapper(request.strategy, device, request.recompute_classes or script.recompute_classes), info
     )
-    outcome = measure(replace(request, device=device), script, time.perf_counter(), wrap=wrap)
+    rank_request = replace(request, device=device, fresh_offset_bytes=[request.offset_for(rank)])
+    outcome = measure(rank_request, script, time.perf_counter(), wrap=wrap)
     return outcome, info
 
 

@@ -156,11 +156,15 @@ def _device_hooks(
     if request.device == "cpu":
         from autobatch.devices import cpu
 
-        cpu.apply_cap(request.budget_bytes)
+        # Counted as the job's fresh process would count it (autobatch.probe.fresh): this forked process holds
+        # ``offset`` less than that one at the same step, so its cap is that much lower and its readings higher.
+        offset = request.offset_for()
+        cpu.apply_cap(request.budget_bytes - offset)
         _start_thread_pool()
         vm0 = cpu.read_status()
-        outcome.baseline_bytes = vm0.data
-        return (lambda: cpu.peak_data_bytes(vm0, cpu.read_status())), (lambda: None), (lambda _o: None)
+        outcome.baseline_bytes = vm0.data + offset
+        peak = lambda: cpu.peak_data_bytes(vm0, cpu.read_status()) + offset  # noqa: E731
+        return peak, (lambda: None), (lambda _o: None)
 
     from autobatch.devices.cuda import runtime
     from autobatch.devices.cuda.nvml import open_nvml

@@ -39,6 +39,14 @@ class ProbeRequest:
     # A search's line (budget less the margin, one process only): a peak above it already means "does not
     # fit", so the probe stops at the step that crosses it; None (check, timing, ranks): every step runs.
     stop_above_bytes: int | None = None
+    # CPU device: how much more data memory the job's fresh process of each rank holds than a forked probe
+    # process at the same step (autobatch.probe.fresh; entry r for rank r, entry 0 without a strategy; empty:
+    # not measured). The probe's cap is lowered and its readings raised by it, so that peaks are the job's.
+    fresh_offset_bytes: list[int] = field(default_factory=list)
+
+    def offset_for(self, rank: int = 0) -> int:
+        """The fresh-process offset of ``rank`` (0 when none was measured)."""
+        return self.fresh_offset_bytes[rank] if rank < len(self.fresh_offset_bytes) else 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

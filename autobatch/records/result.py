@@ -12,7 +12,9 @@ is published as ``autobatch/result.schema.json``; :meth:`TuneResult.load` checks
                       "capacity_bytes", "budget_bytes", "headroom", "memory_definition",
                       "baseline_bytes", "process_limit_bytes" (CUDA: what NVML may see the probe process
                       hold; null on the CPU), "others_bytes" (CUDA: memory other processes held on the
-                      GPU when the tune started; null on the CPU)}
+                      GPU when the tune started; null on the CPU), "fresh_process" (CPU: the job's fresh
+                      process against a forked probe, per rank: "fresh_peak_bytes", "forked_peak_bytes",
+                      "own_import_bytes", "offset_bytes", at "batch_size"; absent when not measured)}
 ``objective``         "throughput" | "max-batch"
 ``combinations``      list of :class:`ComboResult` objects: ``precision``, ``optimizer``, ``recompute``,
                       ``status`` ("exact" | "capped" | "infeasible" | "skipped" | "pruned" | "error"),

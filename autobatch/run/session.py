@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from autobatch.cache import CacheFolder, ProbeJournal, fingerprint
 from autobatch.cache.sources import source_digests
 from autobatch.core.space import Combo
-from autobatch.devices.budget import DeviceInfo, apply_margin, cuda_name, device_info
-from autobatch.errors import DeviceError, UsageError
+from autobatch.devices.budget import DeviceInfo, apply_margin
+from autobatch.errors import UsageError
 from autobatch.records.failures import raise_for
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
 from autobatch.records.version import MEASURED_BY
+from autobatch.run.inspection import inspect_device
 from autobatch.step.scriptpath import script_digest
 from autobatch.step.spec import ScriptSpec, spec_from_settings
 
@@ -36,12 +37,6 @@ if TYPE_CHECKING:
 OnProbe = Callable[[Combo, ProbeOutcome, bool], None]
 #: Wraps the runner a session creates (a progress display watching each request, for instance).
 WrapRunner = Callable[[ProbeRunner], ProbeRunner]
-
-#: The note (first in the result's notes) of a ``--device auto`` that found no CUDA device.
-FALLBACK_NOTE = (
-    "device auto found no CUDA device (torch {torch}) and tuned on the CPU: these numbers hold for CPU "
-    "training only; launcher configs for GPU jobs are refused unless allow_cpu is set"
-)
 
 
 class Session:
@@ -71,6 +66,7 @@ class Session:
         lock: AbstractContextManager[Any] | None = None,
         wrap_runner: WrapRunner | None = None,
         on_warning: Callable[[str], None] | None = None,
+        fresh_baseline: bool = True,
     ) -> None:
         #: Where the step comes from; ``script`` is its path (a plain script) or its label (any other spec).
         self.spec = script if isinstance(script, ScriptSpec) else ScriptSpec.file(script)
@@ -95,15 +91,16 @@ class Session:
         self.device: DeviceInfo | None = None
         self.journal = ProbeJournal(None)
         self.fingerprint = self.single_fingerprint = ""
-        self.cache_hits = 0
+        self.cache_hits = self.probes_run = 0
         self._script_digest: str | None = None
-        self.probes_run = 0
         self.refresh = refresh  # measure again (and record), never answer from the journal
         self.identity = dict(identity or {})
         self.lock = lock
         self.wrap_runner = wrap_runner
         self.on_warning = on_warning
         self.warnings: list[str] = []
+        self.fresh_baseline = fresh_baseline  # CPU: the job's fresh process measured, counted in every probe
+        self.fresh_offsets: list[int] = []  # per rank (autobatch.probe.fresh)
         self._held = ExitStack()
 
     @classmethod
@@ -138,6 +135,7 @@ class Session:
             check_batch_size=settings.script.check_batch_size,
             strategy=settings.distributed.strategy,
             nproc_per_node=settings.distributed.nproc_per_node,
+            fresh_baseline=settings.probe.fresh_baseline,
             **extra,
         )
         session.asked_device = settings.device.device  # "auto" stays "auto" when a target was picked for it
@@ -178,50 +176,13 @@ class Session:
             from autobatch.probe.yielding import start_server
 
             self.runner = start_server(self.spec, self.script_args, self.op_modules, self.timeout, self.warn)
+        else:
+            self.fresh_baseline = False  # a runner of the caller's measures what it measures
         if self.wrap_runner is not None:
             self.runner, self.wrap_runner = self.wrap_runner(self.runner), None
-        device, info = self._resolve_device()
-        self.blocks = tuple(info.get("recompute_blocks", ()))  # what recomputation and FSDP wrap
-        memory = self.memory
-        if memory is None and device == "cpu" and self.nproc_per_node > 1 and info.get("available_bytes"):
-            memory = int(info["available_bytes"]) // self.nproc_per_node  # the ranks share the machine
-        self.device = device_info(device, info, memory=memory, headroom=self.headroom)
-        self.device.requested = self.asked_device or self.requested_device
-        if self.device.fell_back:
-            self.device.notes.insert(0, FALLBACK_NOTE.format(torch=self.torch_version))
+        self.device = inspect_device(self)
         self._open_journal()
         return self.device
-
-    def _resolve_device(self) -> tuple[str, dict[str, Any]]:
-        """``auto`` -> CUDA when torch sees it, else the CPU; the inspection of the chosen device."""
-        info = self._inspect("cpu")
-        device = self.requested_device
-        if device == "auto":
-            device = "cuda:0" if info.get("cuda_available") else "cpu"
-        elif device.startswith("cuda") and not info.get("cuda_available"):
-            raise DeviceError(
-                f"--device {device} asked for, but torch sees no CUDA device (torch {self.torch_version})",
-                hint="use --device cpu (or auto), or install a CUDA build of torch on a machine with a GPU",
-            )
-        return device, info if device == "cpu" else self._inspect(cuda_name(device))
-
-    def _inspect(self, device: str) -> dict[str, Any]:
-        request = ProbeRequest(
-            batch_size=0,
-            precision="32-true",
-            optimizer="sgd",
-            recompute=False,
-            device=device,
-            budget_bytes=0,
-            min_steps=0,
-            max_steps=0,
-            timeout=self.timeout,
-            recompute_classes=self.recompute_classes,
-            op="inspect",
-        )
-        outcome = self.run(request, what="building the model")
-        raise_for(outcome, what="building the model")
-        return outcome.info
 
     def _open_journal(self) -> None:
         assert self.device is not None
@@ -233,6 +194,8 @@ class Session:
         device = (self.device.name, self.device.budget_bytes)
         parts = [self.script_args, MEASURED_BY, self.torch_version or "", *device, self.optimizer_kwargs]
         parts += [self.recompute_classes, self.identity]
+        if self.fresh_offsets:  # counted as the job's fresh process: other figures than a forked one's
+            parts.append("fresh process")
         # a strategy's probes are other measurements; single-process fingerprints stay as they were, and the
         # strategy's first probe is predicted from them (autobatch.run.rank_priors)
         self.single_fingerprint = fingerprint(sources, parts)
@@ -285,6 +248,7 @@ class Session:
             check_batch_size=self.check_batch_size,
             strategy=self.strategy if op in RANKED_OPS else "none",
             nproc_per_node=self.nproc_per_node if op in RANKED_OPS else 1,
+            fresh_offset_bytes=list(self.fresh_offsets),
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:
@@ -371,7 +335,11 @@ class Session:
         return again
 
 
-RANKED_OPS = ("probe", "explain")  # run on every rank of a strategy; inspect and estimate: one process
+RANKED_OPS = (
+    "probe",
+    "explain",
+    "fresh_baseline",
+)  # on every rank of a strategy; inspect, estimate: one process
 
 #: Outcomes that are retried once: a probe that died or hung says nothing about memory.
 RETRIED = ("crash", "timeout")

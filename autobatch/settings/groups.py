@@ -277,6 +277,8 @@ class ProbeSettings:
         None, "float", "seconds > 0", "Longest wait for another run's probes on the same device (exit 7) or for "
         "another run writing the same result file (exit 2) before giving up; unset: as long as it takes.", optional=True, check=lambda t: t > 0, example=600,
     )  # fmt: skip
+    fresh_baseline: bool = setting(True, "bool", "true or false", "CPU: count in every probe how much more the job's "
+        "fresh process (or each rank as torchrun starts it) holds than a forked probe (measured once per run).", flag=None)  # fmt: skip
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -1,0 +1,213 @@
+"""The job's processes are fresh; probes are forked: on the CPU device, the difference, measured once per run.
+
+Under ``RLIMIT_DATA`` a process's own baseline counts against its cap. A probe process is forked from the
+probe server, which has imported torch and what every probe needs and handed its free heap back
+(:func:`autobatch.probe.server._tidy_heap`); the job's process (``python train.py``, or a rank that
+``torchrun`` starts) imports torch and the script itself and pays its lazy imports (building any optimizer
+imports ``torch._dynamo``: about 70 MiB) and its heap's fragments on the way. The two differ by a few MiB in
+one process and by more on a distributed rank, and a maximum measured in a forked process can be above
+what the job fits (the difference decides a few percent of a CPU maximum near the cap).
+
+So once per session on the CPU device the operation ``fresh_baseline`` compares them. In a probe process
+forked like every other, it starts the job's processes as the job starts them: one ``python`` process, or
+``nproc_per_node`` rank processes with the environment ``torchrun`` gives (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), each importing torch and then the script, and runs the
+request's steps there; then it runs the same steps forked. Each process reads its data memory once the steps
+are over and their objects gone (the model, the optimizer, the batches): what remains is the process itself,
+its imports, the lazy ones included, and its heap. Not the peaks: a fresh process's first step imports
+``torch._dynamo``, whose transient peak is above a small batch's own and is long over when a large batch
+peaks. A fresh process imports autobatch's own modules too, which the job does not: it reads how much data
+memory they took (between importing torch and the script) and leaves it out. Per rank, the *offset* is::
+
+    offset = fresh process after the steps - autobatch's own imports - forked process after the steps
+
+Every later probe of the session carries it (:attr:`autobatch.records.protocol.ProbeRequest.fresh_offset_bytes`):
+its cap is lowered by it and its readings raised by it (:func:`autobatch.probe.worker.measure_steps`), so a
+peak is what the job's fresh process would reach: the batch's tensors allocate the same way in both (every
+block of 64 KiB or more is a mapping of its own under the pinned allocator).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from autobatch.probe.ops import register
+from autobatch.probe.server import die_with_parent
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+
+if TYPE_CHECKING:
+    from autobatch.probe.ranks import Measure, Rank
+    from autobatch.step.contract import UserScript
+
+#: The share of the probe's timeout the fresh processes get (the forked steps and the answer: the rest).
+FRESH_TIME_SHARE = 0.6
+
+
+@dataclass(frozen=True)
+class FreshOptions:
+    """How to start the job's process: the script as the probe server's init names it, and its arguments."""
+
+    script: Any
+    script_args: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"script": self.script, "script_args": list(self.script_args)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FreshOptions:
+        return cls(data["script"], list(data.get("script_args", [])))
+
+
+@register("fresh_baseline", FreshOptions)
+def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOptions) -> ProbeOutcome:
+    """The request's steps in the job's fresh processes and in forked ones: every rank's offset in ``info``
+    (the forked outcome as it is when it does not fit; ``info["fresh_error"]`` when a fresh process failed)."""
+    from autobatch.probe.ranks import run_ranks
+    from autobatch.probe.worker import measure_steps
+
+    plain = replace(request, fresh_offset_bytes=[], stop_above_bytes=None)
+    fresh = _run_fresh(plain, options)
+    measure = settled(measure_steps)
+    forked_ranks: list[ProbeOutcome] = []
+    if plain.strategy == "none":
+        forked = measure(plain, script, time.perf_counter())
+        forked_ranks.append(forked)
+    else:
+        forked = run_ranks(plain, script, measure, summarize=lambda _out, each: forked_ranks.extend(each))
+    if not forked.fits:
+        return forked
+    failed = next((o for o in fresh if not o.fits), None)
+    if failed is not None or len(fresh) != len(forked_ranks):
+        what = (failed.reason or failed.error_message or failed.kind) if failed is not None else "no report"
+        forked.info = {"fresh_error": what}
+        return forked
+    forked.info = {
+        "fresh_peak_bytes": [o.peak_bytes or 0 for o in fresh],
+        "forked_peak_bytes": [o.peak_bytes or 0 for o in forked_ranks],
+        "fresh_settled_bytes": [o.info["settled_bytes"] for o in fresh],
+        "forked_settled_bytes": [o.info["settled_bytes"] for o in forked_ranks],
+        "own_import_bytes": [o.info["own_import_bytes"] for o in fresh],
+        "offset_bytes": [
+            f.info["settled_bytes"] - f.info["own_import_bytes"] - k.info["settled_bytes"]
+            for f, k in zip(fresh, forked_ranks)
+        ],
+    }
+    return forked
+
+
+def settled(measure: Measure, own_import_bytes: int = 0) -> Measure:
+    """``measure``, followed by a reading of the process's data memory once the steps' objects are gone (the
+    model, the optimizer, the batches: what remains is the process, the part that differs)."""
+
+    def measured(request: ProbeRequest, script: UserScript, t0: float, **kwargs: Any) -> ProbeOutcome:
+        import gc
+
+        outcome = measure(request, script, t0, **kwargs)
+        gc.collect()
+        outcome.info = {**outcome.info, "settled_bytes": _data_bytes(), "own_import_bytes": own_import_bytes}
+        return outcome
+
+    return measured
+
+
+def _run_fresh(request: ProbeRequest, options: FreshOptions) -> list[ProbeOutcome]:
+    """Start the job's processes (one, or a rank each), run the request there; every rank's outcome."""
+    from autobatch.probe.ranks import Rank, stop, watch
+
+    world = request.nproc_per_node if request.strategy != "none" else 1
+    deadline = time.perf_counter() + request.timeout * FRESH_TIME_SHARE
+    listener = socket.create_server(("127.0.0.1", 0)) if world > 1 else None
+    port = listener.getsockname()[1] if listener is not None else 0
+    ranks: list[Rank] = []
+    try:
+        for rank in range(world):
+            read_fd, write_fd = os.pipe()
+            keep = [write_fd]
+            if listener is not None and rank == 0:
+                keep.append(listener.fileno())
+            start = {
+                **options.to_dict(),
+                "request": request.to_dict(),
+                "report_fd": write_fd,
+                "rank": rank,
+                "port": port,
+                "listen_fd": keep[1] if len(keep) > 1 else None,
+            }
+            process = subprocess.Popen(
+                [sys.executable, "-m", "autobatch.probe.fresh", json.dumps(start)],
+                pass_fds=keep,
+                env={**os.environ, **_launcher_env(rank, world, port)},
+                stdin=subprocess.DEVNULL,
+            )
+            os.close(write_fd)
+            ranks.append(Rank(rank, process.pid, read_fd))
+        if listener is not None:
+            listener.close()
+        failed = watch(ranks, deadline)
+    finally:
+        if listener is not None:
+            listener.close()
+        stop(ranks)
+    if failed is not None and failed.outcome is not None:
+        return [failed.outcome]
+    return [r.outcome for r in ranks if r.outcome is not None]
+
+
+def _launcher_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The environment ``torchrun`` gives rank ``rank`` of ``world`` on one node (none for one process)."""
+    if world == 1:
+        return {}
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),  # torchrun's default for several ranks
+    }  # fmt: skip
+
+
+def _data_bytes() -> int:
+    from autobatch.devices import cpu
+
+    return cpu.read_status().data
+
+
+def main() -> None:
+    """A fresh process (``python -m autobatch.probe.fresh START``): torch, autobatch's modules (measured),
+    the script, the steps; one report line on ``report_fd``."""
+    start = json.loads(sys.argv[1])
+    die_with_parent()
+    started = time.perf_counter()
+    import torch  # noqa: F401  (first, as the job imports it)
+
+    before = _data_bytes()
+    from autobatch.probe import ranks, worker
+    from autobatch.step import loop  # noqa: F401  (what the steps import, before the reading)
+    from autobatch.step.contract import load_script
+
+    own = _data_bytes() - before
+    request = ProbeRequest.from_dict(start["request"])
+    script = load_script(start["script"], start["script_args"])
+
+    measure = settled(worker.measure_steps, own)
+    if request.strategy == "none" or request.nproc_per_node < 2:
+        report = {"outcome": measure(request, script, started).to_dict()}
+        _write(start["report_fd"], (json.dumps(report) + "\n").encode())
+        os._exit(0)
+    where = (start["rank"], start["port"], start["listen_fd"] if start["rank"] == 0 else -1)
+    ranks.rank_main(request, script, measure, where, start["report_fd"], started)
+
+
+def _write(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+if __name__ == "__main__":
+    main()
