@@ -120,10 +120,17 @@ def wire_fake_runner(
     return runner
 
 
-def cpu_session(script: Path, memory: int = 2 << 30) -> Any:
+def cpu_session(script: Path, memory: int = 2 << 30, **kw: Any) -> Any:
     """A session on the CPU device with the real probe server, no journal and no headroom (start it)."""
     from autobatch.run.session import Session
 
     return Session(
-        script=script, script_args=(), device="cpu", memory=memory, headroom=0.0, timeout=120, cache=False
+        script=script,
+        script_args=(),
+        device="cpu",
+        memory=memory,
+        headroom=0.0,
+        timeout=120,
+        cache=False,
+        **kw,
     )

@@ -1,0 +1,102 @@
+"""The job's fresh process against a forked probe (autobatch.probe.fresh), and the offset every probe counts."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+from support import EXAMPLES
+
+from autobatch.probe.client import ProbeClient
+from autobatch.probe.fresh import FreshOptions, _launcher_env
+from autobatch.records.protocol import ProbeRequest
+from autobatch.run.inspection import fresh_note
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def _request(batch: int, budget: int = 2 * GIB, **kw: object) -> ProbeRequest:
+    values = dict(
+        batch_size=batch, precision="32-true", optimizer="sgd", recompute=False, device="cpu",
+        budget_bytes=budget, min_steps=3, max_steps=3, timeout=120.0,
+    )  # fmt: skip
+    values.update(kw)
+    return ProbeRequest(**values)  # type: ignore[arg-type]
+
+
+def _fresh(**kw: object) -> ProbeRequest:
+    options = FreshOptions(str(EXAMPLES / "mlp.py"), []).to_dict()
+    return _request(2, op="fresh_baseline", options=options, **kw)
+
+
+@pytest.mark.slow
+def test_a_fresh_process_is_measured_against_a_forked_one_and_leaves_nothing_behind() -> None:
+    with ProbeClient(EXAMPLES / "mlp.py") as client:
+        outcome = client.run(_fresh())
+        assert outcome.fits, outcome
+        info = outcome.info
+        assert len(info["offset_bytes"]) == 1
+        fresh, forked, own = (
+            info["fresh_settled_bytes"][0],
+            info["forked_settled_bytes"][0],
+            info["own_import_bytes"][0],
+        )
+        assert info["offset_bytes"][0] == fresh - own - forked
+        # both processes hold torch and the example; what differs is a few MiB, never the model's scale
+        assert 200 * MIB < forked and abs(info["offset_bytes"][0]) < 64 * MIB
+        assert 0 < own < 16 * MIB  # autobatch's own modules, left out: the job does not import them
+        assert psutil.Process(client.pid).children() == []  # the fresh process is gone with its probe
+
+
+@pytest.mark.slow
+def test_every_rank_of_a_strategy_gets_its_own_offset() -> None:
+    with ProbeClient(EXAMPLES / "mlp.py") as client:
+        outcome = client.run(_fresh(strategy="ddp", nproc_per_node=2))
+        assert outcome.fits, outcome
+        assert len(outcome.info["offset_bytes"]) == 2
+        assert len(outcome.info["fresh_settled_bytes"]) == len(outcome.info["forked_settled_bytes"]) == 2
+        time.sleep(0.2)
+        assert psutil.Process(client.pid).children() == []
+
+
+@pytest.mark.slow
+def test_a_probe_counts_its_offset_in_its_cap_and_its_peak() -> None:
+    """An offset raises every reading by itself and lowers the cap by itself: a batch that fits with room
+    to spare runs out of memory once the offset takes the room."""
+    with ProbeClient(EXAMPLES / "mlp.py") as client:
+        plain = client.run(_request(8))
+        shifted = client.run(_request(8, fresh_offset_bytes=[64 * MIB]))
+        assert plain.fits and shifted.fits
+        assert plain.peak_bytes is not None and shifted.peak_bytes is not None
+        assert abs(shifted.peak_bytes - plain.peak_bytes - 64 * MIB) <= 2 * MIB
+        assert shifted.baseline_bytes is not None and plain.baseline_bytes is not None
+        assert abs(shifted.baseline_bytes - plain.baseline_bytes - 64 * MIB) <= 2 * MIB
+        budget = plain.peak_bytes + 32 * MIB
+        assert client.run(_request(8, budget)).fits
+        tight = client.run(_request(8, budget, fresh_offset_bytes=[64 * MIB]))
+        assert tight.kind == "oom", tight
+
+
+def test_rank_processes_get_the_environment_torchrun_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = _launcher_env(1, 2, 29500)
+    assert env["RANK"] == env["LOCAL_RANK"] == "1" and env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
+    assert env["MASTER_PORT"] == "29500" and env["OMP_NUM_THREADS"] == "1"  # torchrun's default for N > 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert _launcher_env(0, 2, 1)["OMP_NUM_THREADS"] == "4"  # the user's own, as torchrun keeps it
+    assert _launcher_env(0, 1, 0) == {}
+
+
+def test_the_note_states_each_offset() -> None:
+    assert "+4.89 MiB against a probe forked" in fresh_note([5132288])
+    note = fresh_note([-36564992, 1 << 20])
+    assert "rank 0 -34.87 MiB, rank 1 +1.00 MiB" in note and "torchrun" in note
+
+
+def test_requests_carry_an_offset_per_rank() -> None:
+    request = _request(2, fresh_offset_bytes=[3, 5])
+    assert (request.offset_for(0), request.offset_for(1), request.offset_for(2)) == (3, 5, 0)
+    assert ProbeRequest.from_dict(request.to_dict()) == request
+    assert _request(2).offset_for() == 0
