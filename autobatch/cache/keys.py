@@ -140,6 +140,8 @@ def key_settings(settings: Settings, world_size: int) -> dict[str, Any]:
         values["strategy"] = [settings.distributed.strategy, settings.distributed.nproc_per_node]
     if settings.search.strict:  # a strict tune fails where another warns: never served the other's answer
         values["strict"] = True
+    if settings.script.batch_env:  # how the batch reaches a script run as it is
+        values["batch_env"] = settings.script.batch_env
     return values
 
 
@@ -159,7 +161,7 @@ def tune_inputs(
     spec = spec or spec_from_settings(settings)
     sources = (
         source_digests(spec.target)
-        if spec.kind == "path"
+        if spec.is_file
         else {"spec": hashlib.sha256(spec.content()).hexdigest()}  # an HF config, a module, a pickle
     )
     return TuneInputs(

@@ -43,6 +43,7 @@ def check(
     one_recompute: opt.OneRecompute = False,
     recompute_class: opt.RecomputeClass = None,
     timeout: opt.Timeout = None,
+    batch_env: opt.BatchEnv = None,
     check_batch_size: opt.CheckBatchSize = None,
     strategy: opt.Strategy = None,
     nproc_per_node: opt.NprocPerNode = None,
@@ -57,8 +58,8 @@ def check(
     quiet: opt.Quiet = False,
 ) -> None:
     """Run one isolated probe: does this batch fit? Peak memory and step time."""
+    from autobatch.core.space import Combo
     from autobatch.service.check import check as run_check
-    from autobatch.service.check import combination
 
     settings = opt.load(locals())
     out = Output()
@@ -69,7 +70,7 @@ def check(
         )
     finally:
         out.close()
-    _print(report, combination(settings, one_recompute), devices[0], out)
+    _print(report, Combo(report.precision, report.optimizer, report.recompute), devices[0], out)
     if as_json:
         stdout_write(report.to_json())
     if not report.fits:

@@ -80,6 +80,7 @@ Memory = Annotated[Optional[str], _setting("--memory", "memory", "-m")]
 Headroom = Annotated[Optional[float], _setting("--headroom", "headroom")]
 RecomputeClass = Annotated[Optional[list[str]], _setting("--recompute-class", "recompute_classes")]
 Timeout = Annotated[Optional[float], _setting("--timeout", "timeout")]
+BatchEnv = Annotated[Optional[str], _setting("--batch-env", "batch_env")]
 CheckBatchSize = Annotated[
     Optional[bool], _setting("--check-batch-size/--no-check-batch-size", "check_batch_size")
 ]

@@ -46,6 +46,7 @@ def tune(
     max_steps: opt.MaxSteps = None,
     confirm_steps: opt.ConfirmSteps = None,
     timeout: opt.Timeout = None,
+    batch_env: opt.BatchEnv = None,
     check_batch_size: opt.CheckBatchSize = None,
     cache: opt.Cache = None,
     refresh: opt.Refresh = False,

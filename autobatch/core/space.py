@@ -60,6 +60,17 @@ class Combo:
         return {"precision": self.precision, "optimizer": self.optimizer, "recompute": self.recompute}
 
 
+#: The one combination of a script run as it is (autobatch.step.as_is): its precision, optimizer and
+#: recomputation are its own, so the search is over the batch size alone.
+SCRIPT_OWN = "script"
+SCRIPT_COMBO = Combo(SCRIPT_OWN, SCRIPT_OWN, False)
+SCRIPT_NOTE = (
+    "the script runs as it is: precision, optimizer and recomputation are its own, so the one combination "
+    "searched (script/script) is the batch size alone; the micro-batch is what reached the script in its "
+    "arguments or environment"
+)
+
+
 def combinations(
     precisions: list[str] | tuple[str, ...],
     optimizers: list[str] | tuple[str, ...],
@@ -82,8 +93,8 @@ def optimizer_state_bytes(optimizer: str, param_shapes: list[tuple[int, ...]], s
     (factored second moment) and, for a vector or scalar, a full-size second moment; plus a step.
     """
     numel = sum(_prod(s) for s in param_shapes)
-    if optimizer != "adafactor":
-        return int(OPTIMIZER_STATES[optimizer] * numel * state_bytes)
+    if optimizer != "adafactor":  # a script's own optimizer (SCRIPT_OWN): not known before it runs
+        return int(OPTIMIZER_STATES.get(optimizer, 0) * numel * state_bytes)
     total = 0
     for shape in param_shapes:
         if len(shape) >= 2:

@@ -13,11 +13,17 @@ parent builds the record and sends ``to_dict()`` as :attr:`ProbeRequest.options`
 process boundary as JSON); :func:`dispatch` decodes it with ``from_dict`` before it calls the handler.
 Whatever an operation raises becomes an ``error`` outcome
 (:func:`autobatch.records.failures.describe_failure`), and so does an operation nobody registered.
+
+An operation that runs code it does not control to the end of its process (a script run as it is:
+:mod:`autobatch.probe.as_is`) returns its outcome with :func:`report_and_exit` instead.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar, overload
 
@@ -29,7 +35,7 @@ if TYPE_CHECKING:
     from autobatch.step.contract import UserScript
 
 #: The module that registers the built-in operations; imported before the client's ``op_modules``.
-BUILTIN_MODULES = ("autobatch.probe.worker", "autobatch.probe.fresh")
+BUILTIN_MODULES = ("autobatch.probe.worker", "autobatch.probe.fresh", "autobatch.probe.as_is")
 
 OptionsT = TypeVar("OptionsT")
 OptionsT_co = TypeVar("OptionsT_co", covariant=True)
@@ -99,3 +105,29 @@ def dispatch(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
         return handler(request, script)
     except BaseException as exc:  # noqa: BLE001 - whatever an operation raises becomes data
         return describe_failure(ProbeOutcome(kind="error", batch_size=request.batch_size), exc)
+
+
+#: In a probe process: the pipe its outcome goes to (set by the server before it runs the request).
+outcome_fd: int | None = None
+
+
+def write_outcome(fd: int, outcome: ProbeOutcome) -> None:
+    """Write an outcome record to the probe's pipe (the server reads it to the end of the pipe)."""
+    view = memoryview(json.dumps(outcome.to_dict()).encode())
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def report_and_exit(outcome: ProbeOutcome) -> None:
+    """Write the outcome and end this probe process now, wherever it is: a script run as it is is ended
+    from inside its own loop (its ``finally`` blocks, checkpoint saving and worker joins never run;
+    whatever it started is killed by the server, their subreaper)."""
+    assert outcome_fd is not None, "only in a probe process"
+    code = 0
+    try:
+        write_outcome(outcome_fd, outcome)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - the server reports a probe that wrote nothing as a crash
+        code = 70
+    os._exit(code)

@@ -144,8 +144,22 @@ def _load(init: dict[str, Any]) -> dict[str, Any]:
     return {"warmed": warmed, "cold": init.get("cold")}
 
 
+def _as_is(init: dict[str, Any]) -> bool:
+    """The script runs as it is (:mod:`autobatch.probe.as_is`): never imported for its functions."""
+    script = init["script"]
+    return isinstance(script, dict) and script.get("kind") == "as_is"
+
+
 def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
-    """Import the script in a child and check the contract: the start-up error, or None when it holds."""
+    """Import the script in a child and check the contract: the start-up error, or None when it holds.
+
+    A script run as it is would run its training loop if imported: only its syntax is checked (compiling
+    runs none of it); every probe then runs it as ``__main__``."""
+    if _as_is(init):
+        from autobatch.step.as_is import compile_error
+
+        error = compile_error(init["script"]["target"])
+        return None if error is None else _startup_error(error)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -295,6 +309,8 @@ def _kill_orphans() -> None:
 
 
 def _child(request: ProbeRequest, init: dict[str, Any], write_fd: int, log_path: str) -> None:
+    from autobatch.probe import ops
+
     code = 0
     try:
         die_with_parent()
@@ -303,11 +319,9 @@ def _child(request: ProbeRequest, init: dict[str, Any], write_fd: int, log_path:
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
+        ops.outcome_fd = write_fd  # for an operation that ends the process itself (ops.report_and_exit)
         outcome = _run_request(request, init)
-        data = json.dumps(outcome.to_dict()).encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(write_fd, view) :]
+        ops.write_outcome(write_fd, outcome)
     except BaseException:  # noqa: BLE001
         code = 70
         try:
@@ -326,6 +340,11 @@ def _run_request(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
     from autobatch.records.failures import describe_failure
     from autobatch.step.contract import load_script
 
+    if _as_is(init):  # run as __main__ by its operation (autobatch.probe.as_is), never imported here
+        from autobatch.step.as_is import AsIsScript
+
+        as_is = AsIsScript.from_spec(init["script"], init.get("script_args", []))
+        return dispatch(request, as_is)  # type: ignore[arg-type]
     try:
         script = load_script(init["script"], init.get("script_args", []))
     except BaseException as exc:  # noqa: BLE001 - the script's error, as data

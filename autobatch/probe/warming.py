@@ -43,7 +43,7 @@ def step_imports(spec: str | Mapping[str, Any]) -> list[str]:
     kind, target = spec.get("kind"), str(spec.get("target", ""))
     names = list(ADAPTER_MODULES.get(str(kind), ()))
     files: list[Path] = []
-    if kind == "path":
+    if kind in ("path", "as_is"):
         files.append(Path(target))
     elif kind in ("reference", "lightning"):
         for where in (target, str((spec.get("options") or {}).get("datamodule") or "")):

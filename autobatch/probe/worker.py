@@ -205,9 +205,6 @@ def cuda_verdict(
 @register("inspect")
 def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     """Build the model once (no budget) and report what the runner needs to plan the search."""
-    import torch
-
-    from autobatch.step.loop import tiny_step
     from autobatch.step.recompute import count_blocks, detect_blocks
 
     outcome = ProbeOutcome(kind="fits")
@@ -224,7 +221,20 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
         sum(p.numel() for p in m.parameters()) for m in model.modules() if type(m).__name__ in blocks
     ]
     del model
-    device = torch.device(request.device)
+    info.update(device_facts(request.device, precisions=PRECISION_CHECKS))
+    outcome.info = info
+    return outcome
+
+
+def device_facts(device_name: str, *, precisions: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What an inspection reports of the device: on CUDA its snapshot, on the CPU the memory there is and
+    the baseline a probe starts from; the ``precisions`` it cannot run (``unsupported_precisions``)."""
+    import torch
+
+    from autobatch.step.loop import tiny_step
+
+    info: dict[str, Any] = {}
+    device = torch.device(device_name)
     unsupported: dict[str, str] = {}
     if device.type == "cuda":
         from autobatch.devices.cuda import runtime
@@ -240,14 +250,13 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
         info["total_bytes"] = cpu.total_bytes()
         _start_thread_pool()  # the baseline as a probe measures it (about 10 MiB of thread stacks here)
         info["baseline_bytes"] = cpu.read_status().data
-        for precision in PRECISION_CHECKS:
+        for precision in precisions:
             try:
                 tiny_step(precision)
             except Exception as exc:  # noqa: BLE001
                 unsupported[precision] = f"{type(exc).__name__}: {exc}"
     info["unsupported_precisions"] = unsupported
-    outcome.info = info
-    return outcome
+    return info
 
 
 def _safe(fn: Callable[[], int]) -> int | None:

@@ -47,6 +47,16 @@ def script_traceback(exc: BaseException) -> str:
     return text + "".join(traceback.format_exception_only(type(exc), exc))
 
 
+def with_last_lines(outcome: ProbeOutcome, lines: int = 8) -> None:
+    """Put the last ``lines`` lines of the probe's log into an error's message (before its hint): what a script
+    run as it is printed last is what tells why it stopped (the whole log is in the detail, with --verbose)."""
+    if outcome.kind != "error" or not outcome.log_tail:
+        return
+    message, mark, hint = (outcome.error_message or "").partition(HINT_MARK)
+    last = "\n".join("  " + line for line in outcome.log_tail.splitlines()[-lines:])
+    outcome.error_message = f"{message}\nits last lines:\n{last}{mark}{hint}"
+
+
 def raise_for(outcome: ProbeOutcome, what: str) -> None:
     """Raise the error an outcome without an answer stands for (``what``: what was being done).
 

@@ -39,6 +39,7 @@ class Session(Protocol):
     device: DeviceInfo | None
     fresh_baseline: bool
     fresh_offsets: list[int]
+    as_is: bool
 
     @property
     def torch_version(self) -> str | None: ...
@@ -80,7 +81,7 @@ def inspect_device(session: Session) -> DeviceInfo:
     if found.fell_back:
         found.notes.insert(0, FALLBACK_NOTE.format(torch=session.torch_version))
     session.device = found
-    if found.type == "cpu" and session.fresh_baseline:
+    if found.type == "cpu" and session.fresh_baseline and not session.as_is:  # an as-is script: not yet
         _measure_fresh_offsets(session, found)
     return found
 
@@ -111,7 +112,7 @@ def _inspect(session: Session, device: str) -> dict[str, Any]:
         max_steps=0,
         timeout=session.timeout,
         recompute_classes=session.recompute_classes,
-        op="inspect",
+        op="as_is_inspect" if session.as_is else "inspect",
     )
     outcome = session.run(request, what="building the model")
     raise_for(outcome, what="building the model")

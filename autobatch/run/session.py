@@ -23,10 +23,11 @@ from autobatch.cache.sources import source_digests
 from autobatch.core.space import Combo
 from autobatch.devices.budget import DeviceInfo, apply_margin
 from autobatch.errors import UsageError
-from autobatch.records.failures import raise_for
+from autobatch.records.failures import raise_for, with_last_lines
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
 from autobatch.records.version import MEASURED_BY
 from autobatch.run.inspection import inspect_device
+from autobatch.step.as_is import finder_warning
 from autobatch.step.scriptpath import script_digest
 from autobatch.step.spec import ScriptSpec, spec_from_settings
 
@@ -70,7 +71,8 @@ class Session:
     ) -> None:
         #: Where the step comes from; ``script`` is its path (a plain script) or its label (any other spec).
         self.spec = script if isinstance(script, ScriptSpec) else ScriptSpec.file(script)
-        self.script: str | Path = Path(self.spec.target) if self.spec.kind == "path" else self.spec.label
+        self.script: str | Path = Path(self.spec.target) if self.spec.is_file else self.spec.label
+        self.as_is = self.spec.kind == "as_is"  # its own step, one combination (autobatch.step.as_is)
         self.strategy = strategy  # "none", "ddp" or "fsdp": every probe on nproc_per_node ranks
         self.nproc_per_node = _ranks(strategy, nproc_per_node)
         self.blocks: tuple[str, ...] = ()
@@ -169,7 +171,9 @@ class Session:
     def start(self) -> DeviceInfo:
         """Open the runner, inspect the model and the device, open the journal."""
         self.spec.check()
-        self._script_digest = script_digest(Path(self.spec.target)) if self.spec.kind == "path" else None
+        if self.as_is and (finder := finder_warning(self.spec.target)):
+            self.warn(finder)
+        self._script_digest = script_digest(Path(self.spec.target)) if self.spec.is_file else None
         if self.lock is not None:
             self._held.enter_context(self.lock)
         if self.runner is None:
@@ -188,7 +192,7 @@ class Session:
         assert self.device is not None
         sources = (
             source_digests(self.script)
-            if self.spec.kind == "path"
+            if self.spec.is_file
             else {"spec": hashlib.sha256(self.spec.content()).hexdigest()}
         )
         device = (self.device.name, self.device.budget_bytes)
@@ -196,6 +200,8 @@ class Session:
         parts += [self.recompute_classes, self.identity]
         if self.fresh_offsets:  # counted as the job's fresh process: other figures than a forked one's
             parts.append("fresh process")
+        if self.as_is:  # how the batch reaches the script
+            parts.append(dict(self.spec.options))
         # a strategy's probes are other measurements; single-process fingerprints stay as they were, and the
         # strategy's first probe is predicted from them (autobatch.run.rank_priors)
         self.single_fingerprint = fingerprint(sources, parts)
@@ -242,7 +248,7 @@ class Session:
             timeout=self.timeout if timeout is None else timeout,
             optimizer_kwargs=dict(self.optimizer_kwargs.get(combo.optimizer, {})),
             recompute_classes=self.recompute_classes,
-            op=op,
+            op="as_is" if self.as_is and op == "probe" else op,  # the script's own step (probe.as_is)
             options=dict(options or {}),
             process_limit_bytes=self.device.process_limit_bytes,
             check_batch_size=self.check_batch_size,
@@ -307,9 +313,13 @@ class Session:
             self.cache_hits += 1
         if strict:
             apply_margin(outcome, self.device)
+        if outcome.info.get("note") and self.device.type == "cpu":
+            self.warn(str(outcome.info["note"]))  # processes the script started: not counted
         if self.on_probe:
             self.on_probe(combo, outcome, cached)
         if outcome.kind == "error":
+            if self.as_is:
+                with_last_lines(outcome)
             raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
         return outcome
 

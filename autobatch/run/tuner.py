@@ -21,7 +21,7 @@ from autobatch.core.maximum import Limits, StaticMemory, find_maximum, floor_byt
 from autobatch.core.plan import Candidate, Plan, choose, knee, plan_accumulation
 from autobatch.core.rank_prior import per_rank
 from autobatch.core.search import Observation
-from autobatch.core.space import Combo, combinations
+from autobatch.core.space import SCRIPT_COMBO, SCRIPT_NOTE, Combo, combinations
 from autobatch.core.units import format_bytes
 from autobatch.core.world import strategy_fields
 from autobatch.errors import NothingFitsError
@@ -126,6 +126,9 @@ class Tuner:
         device = self.session.device
         assert device is not None
         combos = combinations(self.options.precisions, self.options.optimizers, self.options.recompute)
+        if self.session.as_is:  # its precision, optimizer and recomputation are the script's own
+            combos = [SCRIPT_COMBO]
+            self.result.notes.append(SCRIPT_NOTE)
         for combo in combos:
             entry = ComboResult(combo.precision, combo.optimizer, combo.recompute)
             if combo.recompute:

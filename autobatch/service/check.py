@@ -38,11 +38,14 @@ def check(
 ) -> CheckResult:
     """One isolated probe of ``steps`` steps (default: ``confirm_steps``) at ``batch_size``; running out of
     memory is an answer (``fits`` false), the script's error, a crash or a timeout raise."""
+    from autobatch.core.space import SCRIPT_COMBO
     from autobatch.run.check import check_batch
 
     hooks = hooks or Hooks()
     combo = combination(settings, recompute)
     with open_session(settings, hooks, spec=spec, cache=False) as session:
+        if session.as_is:  # its precision, optimizer and recomputation are the script's own
+            combo = SCRIPT_COMBO
         _started(session, combo, hooks)
         return check_batch(session, combo, batch_size, steps or settings.probe.confirm_steps)
 

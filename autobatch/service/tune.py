@@ -133,7 +133,7 @@ def _script_name(settings: Settings, spec: ScriptSpec | None) -> str:
         spec = spec or spec_from_settings(settings)
     except AutobatchError:
         return str(settings.get("script") or "")
-    return spec.target if spec.kind == "path" else spec.label
+    return spec.target if spec.is_file else spec.label
 
 
 def check_global_batch(settings: Settings, world: int, world_source: str) -> None:

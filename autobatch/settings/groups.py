@@ -64,8 +64,8 @@ class ScriptSettings:
     SECTION: ClassVar[str] = "script"
     script: Optional[str] = setting(
         None, "path", "path", "Training script defining build_model(), make_batch(batch_size) and "
-        "compute_loss(model, batch), or an importable package.module:attribute holding them. A relative path "
-        "in a config file resolves against the file's folder.",
+        "compute_loss(model, batch), or package.module:attribute holding them, or a script run as it is "
+        "(a {batch} placeholder in script_args, or batch_env). Relative paths resolve against the config file.",
         flag="SCRIPT", optional=True, example="train.py", reference_ok=True,
     )  # fmt: skip
     script_args: tuple[str, ...] = setting(
@@ -73,6 +73,8 @@ class ScriptSettings:
         "command line: after --; in the environment: one shell-quoted string).",
         flag="-- ARGS", example=["--size", "small"],
     )  # fmt: skip
+    batch_env: Optional[str] = setting(None, "str", "an environment variable name", "For a script run as it "
+        "is: the variable it reads its batch size from.", optional=True, example="BATCH_SIZE")  # fmt: skip
     check_batch_size: bool = setting(
         True, "bool", "true or false", "Check that every tensor make_batch(n) returns has n in its leading "
         "dimension (a make_batch that ignores its argument gives a wrong maximum); turn off for other layouts.",

@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from autobatch.errors import ContractError
+from autobatch.step.as_is import defines_none, no_way_error
 from autobatch.step.importing import import_file, import_reference, translated
 from autobatch.step.spec import ScriptSpec
 
@@ -54,6 +55,8 @@ def load_script(path: str | Path | Mapping[str, Any], args: list[str] | tuple[st
     if isinstance(path, Mapping):
         return load_spec(ScriptSpec.from_dict(path), args)
     path = Path(path).resolve()
+    if path.is_file() and defines_none(path.read_text(errors="replace")):
+        raise no_way_error(path.name)  # never imported: it would run its training loop here
     sys.argv = [str(path), *args]
     module = import_file(path)
     return user_script(module, path.name, path)

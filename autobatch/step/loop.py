@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from autobatch.core.steady import enough_steps
 from autobatch.step.contract import UserScript, check_batch, check_finite_loss, check_loss, check_model
 from autobatch.step.optimizers import build_optimizer, optimizer_state_bytes
 from autobatch.step.recompute import wrap_recompute
@@ -273,10 +274,15 @@ def run_steps(
         report.step_seconds.append(time.perf_counter() - start)
         report.step_peaks.append(peak_now())
         report.steps = index
-        if stop_above is not None and report.step_peaks[-1] > stop_above:
-            report.stopped_above = True
-            break
-        if index >= max(min_steps, 2) and report.step_peaks[-1] - report.step_peaks[-2] <= grow_tolerance:
+        why = enough_steps(
+            report.step_peaks,
+            min_steps=min_steps,
+            max_steps=max_steps,
+            tolerance=grow_tolerance,
+            stop_above=stop_above,
+        )
+        if why is not None:
+            report.stopped_above = why == "above"
             break
     report.optimizer_state_bytes = optimizer_state_bytes(step.optimizer)
     return report

@@ -13,7 +13,11 @@ pickled       a file holding an object with the three functions,     ``tune(buil
               written with cloudpickle (callables by value)          and the Lightning callback
 hf            a Hugging Face ``config.json`` or a model folder       ``--hf PATH``
 lightning     ``"PATH:ModuleClass"`` (or ``"package.module:Class"``)  ``--lightning PATH:Class``
+as_is         a ``.py`` file without the functions, run as it is     ``SCRIPT -- --batch-size {batch}``
 ============  =====================================================  ==============================
+
+An ``as_is`` script is never imported for its functions: each probe runs it as ``__main__``
+(:mod:`autobatch.step.as_is`, :mod:`autobatch.probe.as_is`); its options hold ``batch_env``.
 
 A ``path`` spec crosses to the server as the plain path string (as before specs existed); the others
 as :meth:`ScriptSpec.to_dict`. :meth:`ScriptSpec.content` is what the probe journal's fingerprint
@@ -44,7 +48,7 @@ __all__ = [
     "split_reference",
 ]
 
-KINDS = ("path", "reference", "pickled", "hf", "lightning")
+KINDS = ("path", "reference", "pickled", "hf", "lightning", "as_is")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,11 @@ class ScriptSpec:
     @classmethod
     def file(cls, path: str | Path) -> ScriptSpec:
         return cls("path", str(path))
+
+    @property
+    def is_file(self) -> bool:
+        """The step is one ``.py`` file the user wrote (three functions, or run as it is)."""
+        return self.kind in ("path", "as_is")
 
     def to_init(self) -> str | dict[str, Any]:
         """What the probe server's init message carries: the path itself, or this record."""
@@ -95,7 +104,7 @@ class ScriptSpec:
 
     def check(self) -> None:
         """Refuse, before the server starts, a spec whose files do not exist."""
-        if self.kind == "path":
+        if self.is_file:
             from autobatch.step.scriptpath import check_script_path
 
             check_script_path(self.target)  # a folder, a missing file, not a regular file: each named
@@ -119,6 +128,8 @@ class ScriptSpec:
         head = json.dumps([self.kind, self.target, dict(self.options)], sort_keys=True, default=str).encode()
         if self.kind == "path":
             return Path(self.target).read_bytes()
+        if self.kind == "as_is":  # the batch's way in changes what runs
+            return head + Path(self.target).read_bytes()
         if self.kind == "pickled":  # its file is a temporary one: the same step pickles to the same bytes
             return json.dumps([self.kind, self.label]).encode() + Path(self.target).read_bytes()
         if self.kind == "hf":
@@ -177,6 +188,22 @@ def hf_config_file(target: str | Path) -> Path:
             hint="pass a config.json, or a model folder holding one (weights are never loaded)",
         )
     return found
+
+
+def _file_spec(script: str, args: Any, batch_env: str | None) -> ScriptSpec:
+    """A script file: three functions, or run as it is (:func:`autobatch.step.as_is.is_as_is`, read from its
+    source); a file that is not there is reported by :meth:`ScriptSpec.check`, one that is neither by the
+    probe server's check (:func:`autobatch.step.contract.load_script`)."""
+    from autobatch.step.as_is import check_batch_env, is_as_is
+
+    check_batch_env(batch_env)
+    try:
+        source = Path(script).read_text(errors="replace")
+    except OSError:
+        return ScriptSpec.file(script)
+    if is_as_is(source, list(args), batch_env):
+        return ScriptSpec("as_is", script, {"batch_env": batch_env}, label=script)
+    return ScriptSpec.file(script)
 
 
 def _check_target(flag: str, target: str) -> None:
@@ -245,7 +272,7 @@ def _spec_for(source: str, values: Mapping[str, Any], cwd: Path) -> ScriptSpec:
         script = str(values["script"])
         if is_reference(script) and not Path(script).exists():
             return ScriptSpec("reference", script, sys_path=(str(cwd),))
-        return ScriptSpec.file(script)
+        return _file_spec(script, values.get("script_args") or (), values.get("batch_env"))
     if source == "hf":
         options = {"task": values.get("hf_task"), "seq_len": values.get("seq_len")}
         task = f" ({options['task']})" if options["task"] else ""
@@ -270,7 +297,8 @@ if TYPE_CHECKING:
 
 def spec_from_settings(settings: Settings) -> ScriptSpec:
     """Where the settings say the step comes from: ``script``, ``hf`` or ``lightning`` (see :func:`select_spec`)."""
-    values = {f: settings.get(f) for f in ("script", "hf", "hf_task", "seq_len", "lightning", "datamodule")}
+    names = ("script", "script_args", "batch_env", "hf", "hf_task", "seq_len", "lightning", "datamodule")
+    values = {f: settings.get(f) for f in names}
     values["lightning_config"] = settings.script.lightning_config
     values["batch_attr"] = settings.output.lightning_batch_key.rpartition(".")[2]
     return select_spec(values, settings.origin)

@@ -1,0 +1,182 @@
+"""A training script run as it is: how the batch reaches it, and whether a script is one. No torch.
+
+A script that defines ``build_model`` and ``make_batch`` is a three-function script (autobatch owns its
+step); any other is run as it is, as ``__main__``, when the command line says how the probe's micro-batch
+reaches it: a ``{batch}`` placeholder in the arguments after ``--`` (replaced by the batch size), or
+``batch_env`` (an environment variable the script reads; ``AUTOBATCH_BATCH_SIZE`` is always set). Which
+one a script is, is read from its source, never by running it (:func:`defines_contract`), because running
+an as-is script runs its training loop. The probe itself lives in :mod:`autobatch.probe.as_is`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autobatch.errors import ScriptError, UsageError
+
+#: The placeholder the probe's micro-batch replaces in the script's arguments.
+PLACEHOLDER = "{batch}"
+#: Always set in an as-is probe's environment to the probe's micro-batch.
+BATCH_ENV = "AUTOBATCH_BATCH_SIZE"
+#: The names whose top-level definition makes a script a three-function one (compute_loss may be the
+#: model's own, for Hugging Face models: see autobatch.step.contract.user_script).
+CONTRACT_NAMES = ("build_model", "make_batch")
+#: Names in a script's source that show a batch-size finder of its own (warned about: autobatch replaces it).
+FINDERS = (
+    "auto_find_batch_size",
+    "find_executable_batch_size",
+    "scale_batch_size",
+    "BatchSizeFinder",
+    "auto_scale_batch_size",
+)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class AsIsScript:
+    """What an as-is probe runs: the script's path, its arguments (placeholders unreplaced), and the
+    environment variable that carries the batch (None: only ``AUTOBATCH_BATCH_SIZE``)."""
+
+    path: Path
+    args: tuple[str, ...] = ()
+    batch_env: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any], args: Sequence[str]) -> AsIsScript:
+        """The script an ``as_is`` spec record names (as the probe server's init message carries it)."""
+        options = dict(spec.get("options") or {})
+        return cls(Path(str(spec["target"])).resolve(), tuple(args), options.get("batch_env"), options)
+
+    def argv(self, batch_size: int) -> list[str]:
+        """``sys.argv`` of a probe at ``batch_size``: the path, then the arguments with ``{batch}`` replaced."""
+        return [str(self.path), *substitute(self.args, batch_size)]
+
+    def environment(self, batch_size: int) -> dict[str, str]:
+        """The variables that carry the batch size into the script."""
+        env = {BATCH_ENV: str(batch_size)}
+        if self.batch_env:
+            env[self.batch_env] = str(batch_size)
+        return env
+
+
+def compile_error(path: str) -> ScriptError | None:
+    """The probe server's start-up check of an as-is script: it compiles (nothing of it runs), else why not."""
+    try:
+        compile(Path(path).read_bytes(), path, "exec")
+    except (SyntaxError, ValueError, OSError) as exc:
+        return ScriptError(
+            f"{Path(path).name} cannot be compiled: {exc}", hint="fix the script so that python runs it"
+        )
+    return None
+
+
+def finder_warning(path: str | Path) -> str | None:
+    """:func:`own_finder` of the script at ``path``."""
+    return own_finder(Path(path).read_text(errors="replace"))
+
+
+def substitute(args: Sequence[str], batch_size: int) -> list[str]:
+    """The arguments with every ``{batch}`` replaced by ``batch_size`` (``--bs={batch}`` too)."""
+    return [arg.replace(PLACEHOLDER, str(batch_size)) for arg in args]
+
+
+def has_placeholder(args: Sequence[str]) -> bool:
+    return any(PLACEHOLDER in arg for arg in args)
+
+
+def check_batch_env(name: str | None) -> None:
+    if name is not None and not _ENV_NAME.match(name):
+        raise UsageError(
+            f"--batch-env {name!r} is not an environment variable name",
+            hint="name the variable your script reads the batch size from, for example --batch-env BATCH_SIZE",
+        )
+
+
+def top_level_names(source: str) -> set[str] | None:
+    """The names the source defines, imports or assigns at its top level; None when that cannot be read
+    (a syntax error, which importing it reports as for any script, or a ``from module import *``)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def defines_contract(source: str) -> bool:
+    """Whether the source defines ``build_model`` and ``make_batch`` at its top level (or may: see
+    :func:`top_level_names`). Read, never run."""
+    names = top_level_names(source)
+    return names is None or all(name in names for name in CONTRACT_NAMES)
+
+
+def defines_none(source: str) -> bool:
+    """Whether the source surely defines none of the three functions and runs code of its own at its top level
+    (a loop, a call, a ``__main__`` block: a script meant to run as it is). A three-function script that misses
+    one, or a file of imports alone, is imported as before, and its error names what is wrong."""
+    names = top_level_names(source)
+    if names is None or names & {*CONTRACT_NAMES, "compute_loss"}:
+        return False
+    quiet = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    body = ast.parse(source).body
+    return any(
+        not isinstance(node, quiet)
+        and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+        for node in body
+    )
+
+
+def is_as_is(source: str, args: Sequence[str], batch_env: str | None) -> bool:
+    """Whether a script runs as it is: it does not define the functions, and the batch has a way in."""
+    return not defines_contract(source) and (has_placeholder(args) or bool(batch_env))
+
+
+def no_way_error(label: str) -> UsageError:
+    """The one message for a script with neither the functions nor a way to pass the batch: both ways."""
+    return UsageError(
+        f"{label} does not define build_model() and make_batch(batch_size), and nothing says how the batch "
+        "size reaches it, so autobatch can run it neither way",
+        hint=(
+            f"run it as it is, with the batch size in its arguments: autobatch tune {label} -- --batch-size "
+            f"{PLACEHOLDER} (the placeholder is replaced by each probe's micro-batch), or in an environment "
+            f"variable it reads: --batch-env BATCH_SIZE ({BATCH_ENV} is always set); or define the three "
+            "functions build_model(), make_batch(batch_size) and compute_loss(model, batch) (see examples/), "
+            "so that autobatch also searches precision, optimizer and recomputation"
+        ),
+    )
+
+
+def own_finder(source: str) -> str | None:
+    """A warning when the script runs a batch-size finder of its own (read from its source), else None."""
+    found = [name for name in FINDERS if re.search(rf"\b{name}\b", source)]
+    if not found:
+        return None
+    return (
+        f"the script mentions {', '.join(found)}: a batch-size finder of its own would change the batch the "
+        "probes measure; autobatch replaces it (turn it off for the tune and for the job)"
+    )
+
+
+def not_counted_note(children: int) -> str:
+    """The note of a CPU probe whose script started processes of its own (DataLoader workers, ...)."""
+    return (
+        f"the script started {children} process(es) of its own (DataLoader workers, ...): on the CPU device "
+        "their memory is their own processes', not counted in the probe's peak or budget"
+    )

@@ -1,0 +1,113 @@
+"""Scripts run as they are, end to end: the real command on unmodified scripts on the CPU device.
+
+The acceptance of "the training script you already have" (parts 1-3): the plain loop is tuned in a few probes,
+``check`` in the same mode confirms its maximum, the maximum is its three-function twin's within the CPU
+margin, and each way a script can fail a probe is a clear answer with its exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import psutil
+import pytest
+from support import EXAMPLES, SCRIPTS, run_cli
+
+from autobatch.devices.budget import margin_bytes
+from autobatch.errors import EXIT_OOM, EXIT_SCRIPT
+
+pytestmark = pytest.mark.slow
+
+AS_IS = SCRIPTS / "as_is"
+PLACEHOLDER = ("--", "--batch-size", "{batch}")
+CPU = ("--device", "cpu", "--memory", "1GiB")
+
+
+def _tune(script, *extra: str, tmp_path) -> dict:
+    proc = run_cli(
+        "tune", str(script), *CPU, "--no-cache", "--output", str(tmp_path / "r.json"), "--json", *extra
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _check(script, batch: int, *extra: str):
+    return run_cli("check", str(script), "--batch-size", str(batch), *CPU, "--json", *extra, *PLACEHOLDER)
+
+
+def test_plain_loop_tuned_as_is_confirmed_by_check_and_its_twin(tmp_path) -> None:
+    data = _tune(EXAMPLES / "as_is" / "plain_loop.py", *PLACEHOLDER, tmp_path=tmp_path)
+    (combo,) = data["combinations"]
+    assert (combo["precision"], combo["optimizer"], combo["recompute"]) == ("script", "script", False)
+    assert combo["status"] == "exact" and combo["probes"] <= 6, combo
+    b_max = combo["max_batch_size"]
+    assert any("runs as it is" in note for note in data["notes"])
+
+    fits = _check(EXAMPLES / "as_is" / "plain_loop.py", b_max)
+    assert fits.returncode == 0, fits.stderr
+    report = json.loads(fits.stdout)
+    assert report["fits"] and report["steps"] == 10 and report["precision"] == "script"
+
+    twin = _tune(
+        AS_IS / "plain_loop_twin.py", "-p", "32-true", "-o", "adamw", "--no-recompute", tmp_path=tmp_path
+    )["combinations"][0]
+    slope = twin["bytes_per_sample"] or combo["bytes_per_sample"]
+    within = math.ceil(margin_bytes("cpu", data["device"]["budget_bytes"]) / slope)
+    assert abs(twin["max_batch_size"] - b_max) <= within, (twin["max_batch_size"], b_max, within)
+
+
+def test_ends_before_its_first_step_shows_its_last_lines(tmp_path) -> None:
+    proc = _check(AS_IS / "ends_early.py", 8)
+    assert proc.returncode == EXIT_SCRIPT, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "ends_early.py ended (exit code 4) before its first optimizer step" in err
+    assert "no data found under ./data: giving up" in err
+    assert "Traceback" not in err
+
+
+def test_too_little_data_says_so_and_nothing_of_memory(tmp_path) -> None:
+    proc = run_cli(
+        "tune", str(AS_IS / "short_data.py"), *CPU, "--output", str(tmp_path / "r.json"), *PLACEHOLDER
+    )
+    assert proc.returncode == EXIT_SCRIPT, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "after 2 optimizer step(s)" in err and "not enough data" in err
+    assert "says nothing about memory" in err
+
+
+def test_no_optimizer_step_seen(tmp_path) -> None:
+    proc = run_cli(
+        "check",
+        str(AS_IS / "no_step.py"),
+        "--batch-size",
+        "8",
+        *CPU,
+        "--timeout",
+        "15",
+        "--batch-env",
+        "BATCH",
+    )
+    assert proc.returncode == EXIT_SCRIPT, proc.stderr
+    assert "no optimizer step seen within" in " ".join(proc.stderr.split())
+    assert "not a torch.optim.Optimizer" in " ".join(proc.stderr.split())
+
+
+def test_an_oom_the_script_catches_does_not_fit(tmp_path) -> None:
+    proc = _check(AS_IS / "catches_oom.py", 50000)
+    assert proc.returncode == EXIT_OOM, proc.stderr
+    report = json.loads(proc.stdout)
+    assert not report["fits"] and report["kind"] == "oom"
+    assert "whether or not the script would catch it" in report["reason"]
+
+
+def test_workers_not_counted_finder_warned_and_nothing_survives(tmp_path) -> None:
+    proc = _check(AS_IS / "workers.py", 64)
+    assert proc.returncode == 0, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "started 2 process(es) of its own" in err and "not counted" in err
+    assert "find_executable_batch_size" in err and "autobatch replaces it" in err
+    left = [
+        p for p in psutil.process_iter(["cmdline"]) if "as_is/workers.py" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not left, [p.info["cmdline"] for p in left]
