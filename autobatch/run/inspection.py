@@ -39,7 +39,9 @@ class Session(Protocol):
     device: DeviceInfo | None
     fresh_baseline: bool
     fresh_offsets: list[int]
-    as_is: bool
+
+    @property
+    def as_is(self) -> bool: ...
 
     @property
     def torch_version(self) -> str | None: ...

@@ -72,7 +72,6 @@ class Session:
         #: Where the step comes from; ``script`` is its path (a plain script) or its label (any other spec).
         self.spec = script if isinstance(script, ScriptSpec) else ScriptSpec.file(script)
         self.script: str | Path = Path(self.spec.target) if self.spec.is_file else self.spec.label
-        self.as_is = self.spec.kind == "as_is"  # its own step, one combination (autobatch.step.as_is)
         self.strategy = strategy  # "none", "ddp" or "fsdp": every probe on nproc_per_node ranks
         self.nproc_per_node = _ranks(strategy, nproc_per_node)
         self.blocks: tuple[str, ...] = ()
@@ -104,6 +103,11 @@ class Session:
         self.fresh_baseline = fresh_baseline  # CPU: the job's fresh process measured, counted in every probe
         self.fresh_offsets: list[int] = []  # per rank (autobatch.probe.fresh)
         self._held = ExitStack()
+
+    @property
+    def as_is(self) -> bool:
+        """The script runs as it is: its own step, one combination (:mod:`autobatch.step.as_is`)."""
+        return self.spec.kind == "as_is"
 
     @classmethod
     def from_settings(

@@ -47,7 +47,6 @@ from autobatch.settings.groups import (
     ScriptSettings,
     SearchSettings,
     Settings,
-    parse_emit,
 )
 from autobatch.settings.load import DEFAULT_FILE, load_settings, planned_world, resolve_world_size
 
@@ -68,7 +67,6 @@ __all__ = [
     "Settings",
     "help_for",
     "load_settings",
-    "parse_emit",
     "planned_world",
     "render_markdown_table",
     "render_starter_toml",

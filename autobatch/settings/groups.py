@@ -339,12 +339,6 @@ GROUPS: dict[str, type] = {
 SECTIONS = ", ".join(f"[{section}]" for section in GROUPS)
 
 
-def parse_emit(spec: str) -> tuple[str, str | None]:
-    """Split ``FORMAT[=PATH]`` into the format and the path (None: the emitter's default file name)."""
-    fmt, _, path = spec.partition("=")
-    return fmt.strip(), (path.strip() or None)
-
-
 @dataclass(frozen=True)
 class Settings:
     """Every setting of a run, by group; ``origins`` maps a field name to where its value came from."""

@@ -28,7 +28,6 @@ from autobatch.settings import (
     Settings,
     help_for,
     load_settings,
-    parse_emit,
     render_markdown_table,
     render_starter_toml,
     resolve_world_size,
@@ -396,9 +395,7 @@ def test_the_docs_key_table_is_generated_from_the_settings() -> None:
         assert f"`{info.name}`" in built and info.env in built
 
 
-def test_parse_emit() -> None:
-    assert parse_emit("deepspeed") == ("deepspeed", None)
-    assert parse_emit("env=job/autobatch.env") == ("env", "job/autobatch.env")
+def test_the_emit_formats() -> None:
     assert set(EMIT_FORMATS) == {"deepspeed", "hf", "lightning", "accelerate", "env", "json", "toml"}
 
 
