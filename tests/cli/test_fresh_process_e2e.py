@@ -1,0 +1,53 @@
+"""On the CPU device a maximum holds in the job's fresh process (issue: answers that hold, round two, 7).
+
+``autobatch tune`` probes in processes forked from its probe server; the job's processes are fresh. Each
+maximum here is checked with the independent harness of ``tests/harness/fresh_process.py`` (no autobatch
+code: a fresh ``python`` under ``RLIMIT_DATA`` set before ``exec``, or ranks started as ``torchrun``
+starts them), at the budget the tune reports: within 1 % above and 3 % below the harness's own maximum,
+that is, the harness fits ``ceil(max / 1.01)`` and does not fit ``floor(max / 0.97) + 1``; a DDP maximum
+on 2 ranks holds in fresh rank processes at 98 % of it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness.fresh_process import fits, fits_ddp
+from support import EXAMPLES, SCRIPTS
+
+pytestmark = pytest.mark.slow
+
+
+def _tune(tmp_path: Path, script: Path, memory: str, *extra: str) -> tuple[int, int, dict[str, object]]:
+    """The tune's maximum, its budget and its device record."""
+    result = tmp_path / "result.json"
+    command = [
+        sys.executable, "-m", "autobatch", "tune", str(script), "--device", "cpu", "--memory", memory,
+        "-p", "32-true", "-o", "adamw", "--no-recompute", "--no-cache", "--output", str(result), *extra,
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(result.read_text())
+    (combination,) = data["combinations"]
+    return int(combination["max_batch_size"]), int(data["device"]["budget_bytes"]), data["device"]
+
+
+@pytest.mark.parametrize("name", ["mlp33m.py", "vit_small.py"])
+def test_a_cpu_maximum_holds_in_a_fresh_process(tmp_path: Path, name: str) -> None:
+    script = SCRIPTS / name
+    maximum, budget, device = _tune(tmp_path, script, "1GiB")
+    assert len(device["fresh_process"]["offset_bytes"]) == 1  # type: ignore[index]
+    assert fits(script, [], math.ceil(maximum / 1.01), budget), "more than 1 % above the fresh process's maximum"
+    assert not fits(script, [], math.floor(maximum / 0.97) + 1, budget), "more than 3 % below it"
+
+
+def test_a_ddp_maximum_holds_in_fresh_rank_processes(tmp_path: Path) -> None:
+    script = EXAMPLES / "mlp.py"  # its steps are short enough for a distributed search in a test
+    maximum, budget, device = _tune(tmp_path, script, "1GiB", "--strategy", "ddp", "--nproc-per-node", "2")
+    assert len(device["fresh_process"]["offset_bytes"]) == 2  # type: ignore[index]
+    assert fits_ddp(script, [], math.floor(0.98 * maximum), budget, world=2)
