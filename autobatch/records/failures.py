@@ -10,9 +10,11 @@ In the parent, :func:`raise_for` turns an outcome that carries no answer (``erro
 from __future__ import annotations
 
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from autobatch.core.units import format_bytes
 from autobatch.errors import AutobatchError, ContractError, ProbeFailure, ScriptError, UsageError
 from autobatch.records.protocol import ProbeOutcome
 
@@ -30,7 +32,7 @@ def describe_failure(outcome: ProbeOutcome, exc: BaseException, *, kind: str = "
     else:
         outcome.error_message = str(exc) or "(it carries no message)"
     outcome.contract = isinstance(exc, ContractError)
-    outcome.traceback = None if kind == "oom" else script_traceback(exc)
+    outcome.traceback = None if kind == "oom" else script_traceback(exc) or None
     return outcome
 
 
@@ -40,8 +42,17 @@ PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
 
 def script_traceback(exc: BaseException) -> str:
     """The traceback of an exception without autobatch's own frames: the script's frames (and those of
-    the libraries it called) are what the user can act on."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(PACKAGE_DIR)]
+    the libraries it called) are what the user can act on.
+
+    An exception of the script's that has no frame outside autobatch (raised by autobatch's code on what
+    the script returned) keeps its whole traceback: ``--verbose`` shows where it was raised. autobatch's own
+    error raised there (a broken contract) has none: its message and hint say it all (empty text).
+    """
+    raised = traceback.extract_tb(exc.__traceback__)
+    frames = [f for f in raised if not f.filename.startswith(PACKAGE_DIR)]
+    if not frames and isinstance(exc, AutobatchError):
+        return ""
+    frames = frames or raised
     text = "Traceback (most recent call last):\n" if frames else ""
     text += "".join(traceback.format_list(frames))
     return text + "".join(traceback.format_exception_only(type(exc), exc))
@@ -88,6 +99,37 @@ def raise_for(outcome: ProbeOutcome, what: str) -> None:
         f"the training script raised {outcome.error_type} while {what}: {message}",
         hint="this is the script's own error, not an out-of-memory; fix the script (rerun with --verbose for the traceback)",
         detail=detail or None,
+    )
+
+
+def with_larger_oom(
+    error: ScriptError | ContractError,
+    batch_size: int,
+    outcomes: Iterable[ProbeOutcome],
+    batch_multiple: int = 1,
+) -> ScriptError | ContractError:
+    """The script's ``error`` at ``batch_size``, with what the smallest larger batch of ``outcomes`` that ran
+    out of memory did ("fix the script" is half the answer then); ``error`` itself when none did.
+
+    When no batch (a multiple of ``batch_multiple``) lies between them, fixing the script alone gives at most
+    ``batch_size``, and making the larger batch fit alone gives nothing (a BatchNorm model at batch 1).
+    """
+    larger = [o for o in outcomes if o.kind == "oom" and o.batch_size > batch_size]
+    if not larger:
+        return error
+    oom = min(larger, key=lambda o: o.batch_size)
+    peak = f"peak {format_bytes(oom.peak_bytes)}, " if oom.peak_bytes else ""
+    budget = f"budget {format_bytes(oom.budget_bytes)}" if oom.budget_bytes else "over the budget"
+    message = f"{error.message}; and batch {oom.batch_size} ran out of memory ({peak}{budget})"
+    if oom.batch_size - batch_size > batch_multiple:
+        return type(error)(message, hint=error.hint, detail=error.detail)
+    why = " (a layer that needs more than one sample in training, such as BatchNorm, fails there)"
+    return type(error)(
+        message + f", so batch {batch_size} is the only one that could fit, and it fails",
+        hint=f"make the step run at batch {batch_size}{why if batch_size == 1 else ''}, or make batch "
+        f"{oom.batch_size} fit (more --memory, bf16, a lighter optimizer, recomputation); rerun with --verbose "
+        "for the traceback",
+        detail=error.detail,
     )
 
 

@@ -24,7 +24,8 @@ from autobatch.core.search import Observation
 from autobatch.core.space import SCRIPT_COMBO, SCRIPT_NOTE, Combo, combinations
 from autobatch.core.units import format_bytes
 from autobatch.core.world import strategy_fields
-from autobatch.errors import NothingFitsError
+from autobatch.errors import ContractError, NothingFitsError, ScriptError
+from autobatch.records.failures import with_larger_oom
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.readings import measured_static, observation
 from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult, limited_failure
@@ -181,7 +182,10 @@ class Tuner:
         outcomes: dict[int, ProbeOutcome] = {}
 
         def probe(batch: int, steps: tuple[int, int], purpose: str) -> Observation:
-            outcome = self.session.probe(combo, batch, min_steps=steps[0], max_steps=steps[1])
+            try:
+                outcome = self.session.probe(combo, batch, min_steps=steps[0], max_steps=steps[1])
+            except (ScriptError, ContractError) as exc:  # half the answer when a larger batch did not fit
+                raise with_larger_oom(exc, batch, outcomes.values(), limits.batch_multiple) from None
             if purpose != "confirm" or outcome.fits:
                 outcomes[batch] = outcome
             self._record(entry, outcome, purpose)

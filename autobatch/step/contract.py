@@ -138,6 +138,13 @@ def check_model(model: object) -> torch.nn.Module:
             f"build_model() returned {type(model).__name__}, not a torch.nn.Module",
             hint=SIGNATURES["build_model"][0],
         )
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise ContractError(
+            f"build_model() returned a {type(model).__name__} whose parameters are on the meta device: a meta "
+            "tensor has a shape but no data, so no step can run on it",
+            hint="build_model() must return a model with real parameters (build it on the CPU, or call "
+            "model.to_empty(device='cpu') and load or initialise its weights)",
+        )
     if not any(p.requires_grad for p in model.parameters()):
         raise ContractError(
             f"build_model() returned a {type(model).__name__} with no trainable parameters: there is nothing "
@@ -172,6 +179,17 @@ def check_batch(batch: object, batch_size: int, *, check_size: bool = True) -> N
         raise ContractError(
             f"make_batch({batch_size}) returned {type(batch).__name__} with no tensors",
             hint="make_batch(batch_size) must return tensors or nested tuples/lists/dicts of tensors",
+        )
+    meta = [path for path, t in tensors if t.device.type == "meta"]
+    if meta:
+        shown = ", ".join(f"batch{path}" for path in meta[:3]) + (
+            f" (and {len(meta) - 3} more)" if len(meta) > 3 else ""
+        )
+        raise ContractError(
+            f"make_batch({batch_size}) returned tensors on the meta device ({shown}): a meta tensor has a "
+            "shape but no data, so no step can run on it",
+            hint="make_batch(batch_size) must return real tensors (your data, or torch.randn/torch.zeros on the "
+            "CPU or the device): autobatch measures memory by running the real step on them",
         )
     if not check_size:
         return

@@ -84,14 +84,47 @@ def translated(name: str) -> Iterator[None]:
     except AutobatchError:
         raise
     except SystemExit as exc:
-        raise ScriptError(
-            f"{name} called sys.exit({exc.code}) while being imported",
-            hint="argument parsing at import time must accept the arguments given after `--` "
-            "(use parse_known_args)",
-        ) from None
+        raise exit_error(name, exc) from None
     except Exception as exc:
         raise ScriptError(
             f"{name} raised {type(exc).__name__} while being imported: {exc}",
             hint="fix the script so that importing it works (autobatch imports it, it does not run it as __main__)",
             detail=script_traceback(exc),
         ) from None
+
+
+def exit_error(name: str, exc: SystemExit) -> ScriptError:
+    """What a ``sys.exit()`` while importing ``name`` says: argparse refusing the arguments asks for the
+    script's arguments; any other exit is the script's own, named with its code or message (argparse is
+    never guessed from the code alone: ``sys.exit(2)`` is also a script's way to stop)."""
+    refused = _argparse_message(exc)
+    if refused is not None:
+        return ScriptError(
+            f"{name} called sys.exit({exc.code}) while being imported: its argument parsing (argparse) "
+            f"refused the arguments it was given: {refused}",
+            hint="give the script's own arguments after `--` (autobatch tune SCRIPT ... -- --flag value); "
+            "argument parsing at import time must accept them (use parse_known_args to ignore others)",
+            detail=script_traceback(exc),
+        )
+    said = "sys.exit()" if exc.code is None else f"sys.exit({exc.code!r})"
+    return ScriptError(
+        f"{name} called {said} while being imported: the script ends itself at import",
+        hint="autobatch imports the script (it does not run it as __main__), so its top-level code runs in every "
+        "probe: give it what it checks for there (the probes run in autobatch's environment and working "
+        'folder), or move the exit under `if __name__ == "__main__":`',
+        detail=script_traceback(exc),
+    )
+
+
+def _argparse_message(exc: SystemExit) -> str | None:
+    """argparse's complaint, when argparse raised ``exc`` (its ``error(message)`` on the traceback), else None."""
+    import argparse
+
+    tb, message = exc.__traceback__, None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename == argparse.__file__:
+            found = tb.tb_frame.f_locals.get("message") if code.co_name == "error" else None
+            message = str(found) if found is not None else message or "(argparse printed the usage)"
+        tb = tb.tb_next
+    return message

@@ -52,6 +52,8 @@ class Case:
     files: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     stdout_json: bool = False  # stdout must parse as JSON
+    #: Each must not appear in stderr (case-insensitive): a wrong guess, a promise the output does not keep.
+    never: tuple[str, ...] = ()
     #: Held around the run (another run holding the result file), given the case's folder.
     hold: Callable[[Path], AbstractContextManager[object]] | None = field(default=None, compare=False)
     #: What is wrong with the case's folder after the run (the file a failed run leaves), empty when right.
@@ -95,6 +97,23 @@ def marked_failed(name: str) -> Callable[[Path], list[str]]:
     return check
 
 
+def nothing_left(pid_file: str) -> Callable[[Path], list[str]]:
+    """No process whose pid the script wrote to ``pid_file`` (one a line, in the case's folder) is alive."""
+
+    def check(folder: Path) -> list[str]:
+        import psutil
+
+        started = [int(line) for line in (folder / pid_file).read_text().split()]
+        alive = [
+            p for p in started if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
+        for pid in alive:  # the test's own leftovers: end them, once seen
+            psutil.Process(pid).kill()
+        return [f"processes the script started outlived the tune: {alive}"] if alive else []
+
+    return check
+
+
 @contextmanager
 def another_run_writes(folder: Path) -> Iterator[object]:
     """Another process holds the lock of ``{tmp}/r.json``, as a run writing it does."""
@@ -127,7 +146,11 @@ CASES: tuple[Case, ...] = (
     Case("syntax error", tune("{tmp}/syntax.py"), EXIT_SCRIPT, ("SyntaxError", "fix the script"),
          files={"syntax.py": "def build_model(:\n    pass\n"}),
     Case("import error", tune("{bad}/import_error.py"), EXIT_SCRIPT, ("ModuleNotFoundError", "autobatch_no_such_module")),
-    Case("sys.exit at import", tune("{bad}/exits_at_import.py"), EXIT_SCRIPT, ("sys.exit(2)", "parse_known_args")),
+    Case("sys.exit at import", tune("{bad}/exits_at_import.py"), EXIT_SCRIPT,
+         ("sys.exit(2)", "argparse", "the following arguments are required: --size", "after `--`", "parse_known_args")),
+    Case("sys.exit with a message at import, no argparse", tune("{bad}/exits_without_data.py"), EXIT_SCRIPT,
+         ("sys.exit('set AUTOBATCH_TEST_DATA to the folder of the training set')", "ends itself at import",
+          'if __name__ == "__main__"'), never=("argparse", "parse_known_args")),
     # -- the contract -------------------------------------------------------------------------------
     Case("make_batch missing", tune("{bad}/missing_make_batch.py"), EXIT_SCRIPT, ("does not define make_batch", "def make_batch")),
     Case("make_batch not callable", tune("{bad}/not_callable.py"), EXIT_SCRIPT, ("make_batch is not a function",)),
@@ -144,6 +167,10 @@ CASES: tuple[Case, ...] = (
     Case("build_model returns a string", tune("{bad}/model_not_module.py"), EXIT_SCRIPT, ("not a torch.nn.Module",)),
     Case("the script's own error", tune("{bad}/own_error.py"), EXIT_SCRIPT,
          ("raised ValueError", "labels out of range", "not an out-of-memory")),
+    Case("make_batch returns tensors on the meta device", tune("{bad}/batch_on_meta.py"), EXIT_SCRIPT,
+         ("make_batch(8) returned tensors on the meta device", "no data", "must return real tensors")),
+    Case("KeyboardInterrupt in make_batch", tune("{bad}/interrupted_in_make_batch.py"), EXIT_SCRIPT,
+         ("raised KeyboardInterrupt while", "(it carries no message)"), files={"STOP": ""}),
     # -- settings -------------------------------------------------------------------------------------
     Case("toml syntax", ("tune", "--config", "{tmp}/autobatch.toml"), EXIT_USAGE, ("autobatch.toml",), "cli",
          files={"autobatch.toml": "[device\nmemory = 1\n"}),
@@ -190,7 +217,22 @@ CASES: tuple[Case, ...] = (
     Case("reads stdin at import", tune("{bad}/reads_stdin_at_import.py", "--max-batch-size", "16"), 0,
          ("chosen",), "server"),
     Case("import error (server)", tune("{bad}/import_error.py"), EXIT_SCRIPT, ("ModuleNotFoundError",), "server"),
-    Case("sys.exit at import (server)", tune("{bad}/exits_at_import.py"), EXIT_SCRIPT, ("sys.exit(2)",), "server"),
+    Case("sys.exit at import (server)", tune("{bad}/exits_at_import.py"), EXIT_SCRIPT,
+         ("sys.exit(2)", "the following arguments are required: --size"), "server"),
+    Case("make_batch returns tensors on the meta device (server)", tune("{bad}/batch_on_meta.py"), EXIT_SCRIPT,
+         ("make_batch(8) returned tensors on the meta device", "must return real tensors"), "server",
+         never=("rerun with --verbose",)),  # a broken contract's message says it all: no traceback promised
+    Case("a bare sys.exit(1) at import (server)", tune("{tmp}/train.py"), EXIT_SCRIPT,
+         ("train.py called sys.exit(1) while being imported", "ends itself at import"), "server",
+         files={"train.py": 'import os\nimport sys\n\nif "LOCAL_RANK" not in os.environ:\n    print("launch me with torchrun")\n    sys.exit(1)\n'},
+         never=("argparse",)),
+    Case("a helper in its own session started at import (server)",
+         tune("{bad}/starts_helper_at_import.py", "--max-batch-size", "16", "--no-cache"), 0, ("chosen",), "server",
+         after=nothing_left("helpers.txt")),
+    Case("only batch 1 fits, and BatchNorm fails there (server)",
+         tune("{bad}/batchnorm_at_one.py", "--memory", "750MiB", "--no-cache"), EXIT_SCRIPT,
+         ("Expected more than 1 value per channel when training", "batch 2 ran out of memory",
+          "batch 1 is the only one that could fit", "make batch 2 fit"), "server"),
     # -- a result file that must not outlive its run, or be shared (round two, 5 and 6) ---------------------
     Case("import error over an earlier answer", tune("{bad}/import_error.py", "--output", "{tmp}/r.json"), EXIT_SCRIPT,
          ("ModuleNotFoundError", "partial result (failed, 0 probes) saved to"), files={"r.json": answered(64, 64)},
@@ -323,6 +365,7 @@ def judge(case: Case, ran: Ran) -> list[str]:
         problems.append(f"exit {ran.code} is not in the README's table")
     low = ran.stderr.lower()
     problems += [f"stderr lacks {w!r}" for w in case.words if w.lower() not in low]
+    problems += [f"stderr has {w!r}" for w in case.never if w.lower() in low]
     if "traceback (most recent call last)" in low:
         problems.append("a traceback without --verbose")
     if case.code != 0 and "error:" not in low:

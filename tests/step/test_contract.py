@@ -41,3 +41,28 @@ def test_the_opt_out_setting_reads_the_environment(
 ) -> None:
     monkeypatch.setenv("AUTOBATCH_CHECK_BATCH_SIZE", env)
     assert load_settings(config=None, overrides={}).script.check_batch_size is expected
+
+
+def test_tensors_on_the_meta_device_are_refused_even_with_the_size_check_off() -> None:
+    batch = {"x": torch.empty(4, 3, device="meta"), "y": torch.zeros(4)}
+    with pytest.raises(ContractError, match=r"returned tensors on the meta device \(batch\['x'\]\)") as info:
+        check_batch(batch, 4, check_size=False)
+    assert "must return real tensors" in (info.value.hint or "")
+
+
+def test_fake_tensors_are_not_meta_tensors() -> None:
+    """Under explain's FakeTensorMode every tensor is fake, on the device it stands for: still a batch."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        check_batch((torch.randn(4, 3), torch.zeros(4, dtype=torch.long)), 4)
+
+
+def test_a_model_on_the_meta_device_is_refused() -> None:
+    from autobatch.step.contract import check_model
+
+    with torch.device("meta"):
+        model = torch.nn.Linear(3, 2)
+    with pytest.raises(ContractError, match="whose parameters are on the meta device") as info:
+        check_model(model)
+    assert "to_empty" in (info.value.hint or "")
