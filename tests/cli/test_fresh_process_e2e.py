@@ -42,7 +42,9 @@ def test_a_cpu_maximum_holds_in_a_fresh_process(tmp_path: Path, name: str) -> No
     script = SCRIPTS / name
     maximum, budget, device = _tune(tmp_path, script, "1GiB")
     assert len(device["fresh_process"]["offset_bytes"]) == 1  # type: ignore[index]
-    assert fits(script, [], math.ceil(maximum / 1.01), budget), "more than 1 % above the fresh process's maximum"
+    assert fits(script, [], math.ceil(maximum / 1.01), budget), (
+        "more than 1 % above the fresh process's maximum"
+    )
     assert not fits(script, [], math.floor(maximum / 0.97) + 1, budget), "more than 3 % below it"
 
 
