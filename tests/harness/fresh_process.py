@@ -71,7 +71,7 @@ def vm(*keys):
         for line in handle:
             key, _, rest = line.partition(":")
             if key in keys:
-                found[key] = int(rest.split()[1]) * 1024
+                found[key] = int(rest.split()[0]) * 1024
     return [found[key] for key in keys]
 
 
