@@ -37,9 +37,10 @@ def _tune(tmp_path: Path, script: Path, memory: str, *extra: str) -> tuple[int, 
     return int(combination["max_batch_size"]), int(data["device"]["budget_bytes"]), data["device"]
 
 
-@pytest.mark.parametrize("name", ["mlp33m.py", "vit_small.py"])
-def test_a_cpu_maximum_holds_in_a_fresh_process(tmp_path: Path, name: str) -> None:
-    script = SCRIPTS / name
+def test_a_cpu_maximum_holds_in_a_fresh_process(tmp_path: Path) -> None:
+    # the ViT: a forked probe answered 373 where a fresh process fits 369 (+1.1 %); the 33 M-parameter MLP's
+    # run (three minutes here) is in scripts/fresh_process.py and docs/measurements/fresh-process.md
+    script = SCRIPTS / "vit_small.py"
     maximum, budget, device = _tune(tmp_path, script, "1GiB")
     assert len(device["fresh_process"]["offset_bytes"]) == 1  # type: ignore[index]
     assert fits(script, [], math.ceil(maximum / 1.01), budget), (

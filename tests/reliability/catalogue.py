@@ -224,7 +224,8 @@ CASES: tuple[Case, ...] = (
          never=("rerun with --verbose",)),  # a broken contract's message says it all: no traceback promised
     Case("a bare sys.exit(1) at import (server)", tune("{tmp}/train.py"), EXIT_SCRIPT,
          ("train.py called sys.exit(1) while being imported", "ends itself at import"), "server",
-         files={"train.py": 'import os\nimport sys\n\nif "LOCAL_RANK" not in os.environ:\n    print("launch me with torchrun")\n    sys.exit(1)\n'},
+         files={"train.py": 'import os\nimport sys\n\nif "LOCAL_RANK" not in os.environ:\n    print("launch me with torchrun")\n    sys.exit(1)\n'
+                                  "\ndef build_model(): ...\ndef make_batch(n): ...\ndef compute_loss(m, b): ...\n"},
          never=("argparse",)),
     Case("a helper in its own session started at import (server)",
          tune("{bad}/starts_helper_at_import.py", "--max-batch-size", "16", "--no-cache"), 0, ("chosen",), "server",
