@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autobatch.probe.ops import register
+from autobatch.probe.ops import register, write_all
 from autobatch.probe.server import die_with_parent
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
@@ -197,16 +197,10 @@ def main() -> None:
     measure = settled(worker.measure_steps, own)
     if request.strategy == "none" or request.nproc_per_node < 2:
         report = {"outcome": measure(request, script, started).to_dict()}
-        _write(start["report_fd"], (json.dumps(report) + "\n").encode())
+        write_all(start["report_fd"], (json.dumps(report) + "\n").encode())
         os._exit(0)
     where = (start["rank"], start["port"], start["listen_fd"] if start["rank"] == 0 else -1)
     ranks.rank_main(request, script, measure, where, start["report_fd"], started)
-
-
-def _write(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 if __name__ == "__main__":

@@ -111,11 +111,16 @@ def dispatch(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
 outcome_fd: int | None = None
 
 
-def write_outcome(fd: int, outcome: ProbeOutcome) -> None:
-    """Write an outcome record to the probe's pipe (the server reads it to the end of the pipe)."""
-    view = memoryview(json.dumps(outcome.to_dict()).encode())
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to ``fd`` (a pipe takes a large record in several writes)."""
+    view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def write_outcome(fd: int, outcome: ProbeOutcome) -> None:
+    """Write an outcome record to the probe's pipe (the server reads it to the end of the pipe)."""
+    write_all(fd, json.dumps(outcome.to_dict()).encode())
 
 
 def report_and_exit(outcome: ProbeOutcome) -> None:

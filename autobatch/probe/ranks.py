@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
+from autobatch.probe.ops import write_all
 from autobatch.probe.server import die_with_parent
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.step.contract import UserScript
@@ -260,10 +261,7 @@ def rank_main(
     try:
         die_with_parent()
         outcome, info = run_rank(request, script, measure, (rank, port, listen_fd if rank == 0 else None), t0)
-        data = (json.dumps({"outcome": outcome.to_dict(), "rank_info": info}) + "\n").encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(write_fd, view) :]
+        write_all(write_fd, (json.dumps({"outcome": outcome.to_dict(), "rank_info": info}) + "\n").encode())
         while True:  # peers may still be inside a collective with us: the coordinator ends us all
             signal.pause()
     except BaseException:  # noqa: BLE001
