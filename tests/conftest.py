@@ -1,4 +1,5 @@
-"""Shared fixtures: every test gets its own probe cache and its own folder of device locks. Under
+"""Shared fixtures: every test gets its own probe cache and its own folder of device locks, and no
+fresh-process measurement unless it asks for one. Under
 ``AUTOBATCH_REQUIRE_CONSUMERS=1`` (CI sets it in ``.ci/run``) a consumer library that is missing fails
 the run instead of skipping its tests."""
 
@@ -74,3 +75,7 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     """No test sees another's probes, or waits for another's device lock."""
     monkeypatch.setenv("AUTOBATCH_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.setenv("AUTOBATCH_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
+    # The fresh-process measurement (CPU) costs a run about ten seconds and moves maxima by a few MiB: the
+    # tests that are about it turn it back on (tests/probe/test_fresh.py, tests/cli/test_fresh_process_e2e.py,
+    # the catalogue's case); the rest compare like with like without it.
+    monkeypatch.setenv("AUTOBATCH_FRESH_BASELINE", "false")

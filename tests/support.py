@@ -121,9 +121,11 @@ def wire_fake_runner(
 
 
 def cpu_session(script: Path, memory: int = 2 << 30, **kw: Any) -> Any:
-    """A session on the CPU device with the real probe server, no journal and no headroom (start it)."""
+    """A session on the CPU device with the real probe server, no journal, no headroom and no fresh-process
+    measurement unless asked (start it)."""
     from autobatch.run.session import Session
 
+    kw.setdefault("fresh_baseline", False)
     return Session(
         script=script,
         script_args=(),

@@ -39,9 +39,9 @@ def busy_cores() -> Iterator[None]:
 
 
 def _session() -> Session:
-    # no fresh-process measurement at the start: its steps would be the first probe a busy machine slows,
-    # and the server would restart before the probe these tests watch
-    session: Session = cpu_session(EXAMPLES / "mlp.py", fresh_baseline=False)
+    # cpu_session measures no fresh process at the start: its steps would be the first probe a busy machine
+    # slows, and the server would restart before the probe these tests watch
+    session: Session = cpu_session(EXAMPLES / "mlp.py")
     return session
 
 

@@ -38,6 +38,8 @@ BAD = TESTS / "scripts" / "bad"
 #: Exit codes the README's table documents.
 DOCUMENTED = {0, 1, 2, 3, 4, 5, 6, 7, 8, 130, 143}
 #: The arguments of a small, quick tune.
+#: The tests turn the fresh-process measurement off (conftest); the cases about it turn it back on.
+FRESH = {"AUTOBATCH_FRESH_BASELINE": "true"}
 QUICK = ("--device", "cpu", "--memory", "1GiB", "-p", "32-true", "-o", "sgd", "--no-recompute")
 
 
@@ -260,10 +262,10 @@ CASES: tuple[Case, ...] = (
          ("chosen",), "server"),
     # -- the job's process is fresh, probes are forked (round two, 7): counted as the job's, and said ----------
     Case("a probe counts as the job's fresh process", tune(GOOD, "--max-batch-size", "8", "--no-cache"), 0,
-         ("probes count as the job's fresh process", "against a probe forked"), "server"),
+         ("probes count as the job's fresh process", "against a probe forked"), "server", env=FRESH),
     Case("a rank counts as the rank torchrun starts",
          tune(GOOD, "--strategy", "ddp", "--nproc-per-node", "2", "--max-batch-size", "8", "--no-cache"), 0,
-         ("rank processes, started as torchrun starts them", "rank 1"), "server"),
+         ("rank processes, started as torchrun starts them", "rank 1"), "server", env=FRESH),
 )  # fmt: skip
 
 
