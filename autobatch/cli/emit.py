@@ -30,7 +30,7 @@ def emit_command(
         "--format",
         "-f",
         show_default=False,
-        help="FORMAT or FORMAT=PATH, repeatable; formats: deepspeed, hf, lightning, accelerate, env, json, toml.",
+        help="FORMAT or FORMAT=PATH, repeatable; formats: deepspeed, hf, lightning, accelerate, env, args, json, toml.",
     ),  # fmt: skip
     output: Optional[Path] = typer.Option(
         None, "--output", "-o", help="Path of the file, when one --format is given without =PATH."
@@ -59,7 +59,7 @@ def emit_command(
     verbose: opt.Verbose = False,
     quiet: opt.Quiet = False,
 ) -> None:
-    """Write launcher configs (DeepSpeed, HF, Lightning, accelerate, env, json, toml) from a saved result."""
+    """Write launcher configs (DeepSpeed, HF, Lightning, accelerate, env, args, json, toml) from a saved result."""
     from autobatch.emit import emit, make_options, parse_emit_spec, report
     from autobatch.records.result import TuneResult
 

@@ -213,6 +213,10 @@ def print_table(result: TuneResult) -> None:
 
 
 def print_chosen(result: TuneResult) -> None:
+    from autobatch.emit.args import caveats as args_caveats
+    from autobatch.emit.args import command_text
+    from autobatch.emit.common import make_options
+
     ch = result.chosen
     if ch is None:
         return
@@ -226,6 +230,11 @@ def print_chosen(result: TuneResult) -> None:
     )
     if ch.decided_by:
         console.print(f"decided by: {escape(ch.decided_by)}", soft_wrap=unwrapped)
+    command = command_text(result)  # a script tuned as it is: the job's command line, the plan filled in
+    if command is not None:
+        console.print(f"[bold]command[/]: {escape(command)}", soft_wrap=True)
+        for caveat in args_caveats(result, make_options("")):
+            console.print(f"[yellow]note[/]: {escape(caveat)}", soft_wrap=unwrapped)
     if ch.note:
         console.print(f"[yellow]note[/]: {escape(ch.note)}", soft_wrap=unwrapped)
     for note in result.notes:

@@ -13,6 +13,7 @@ hf             ``hf_training_args.json``       ``HfArgumentParser(TrainingArgume
 lightning      ``lightning_overlay.yaml``      ``LightningCLI --config``
 accelerate     ``accelerate_config.yaml``      ``accelerate launch --config_file``
 env            ``autobatch.env``               ``source`` / python-dotenv
+args           ``autobatch-command.sh``        ``sh`` (a script tuned as it is: its command line)
 json           ``autobatch-result.json``       ``TuneResult.load``
 toml           ``autobatch-result.toml``       any TOML reader
 =============  ==============================  ==================================================
@@ -33,8 +34,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autobatch.emit import accelerate, deepspeed, env, hf, lightning, whole
-from autobatch.emit.common import EmitOptions, arithmetic, check_device, make_options, require_chosen
+from autobatch.emit import accelerate, args, deepspeed, env, hf, lightning, whole
+from autobatch.emit.common import (
+    SCRIPT_OWN,
+    EmitOptions,
+    arithmetic,
+    check_device,
+    make_options,
+    require_chosen,
+    script_own,
+)
 from autobatch.errors import UsageError
 from autobatch.records.files import write_atomic
 from autobatch.records.liveness import unfinished
@@ -62,6 +71,7 @@ FORMATS: dict[str, Format] = {
         Format("lightning", lightning.render_lightning, "lightning_overlay.yaml", lightning.caveats),
         Format("accelerate", accelerate.render_accelerate, "accelerate_config.yaml", accelerate.caveats),
         Format("env", env.render_env, "autobatch.env", env.caveats),
+        Format("args", args.render_args, "autobatch-command.sh", args.caveats),
         Format("json", whole.render_json, "autobatch-result.json", whole.caveats, needs_choice=False),
         Format("toml", whole.render_toml, "autobatch-result.toml", whole.caveats, needs_choice=False),
     )
@@ -108,7 +118,8 @@ def caveats(result: TuneResult, fmt: str, options: EmitOptions) -> list[str]:
         if reason is not None:
             return [f"a partial result: {reason}"]
         return [] if not spec.needs_choice else ["nothing fits: no configuration to emit"]
-    return spec.caveats(result, options)
+    own = [SCRIPT_OWN] if script_own(result.chosen) and spec.needs_choice and fmt != "args" else []
+    return own + spec.caveats(result, options)
 
 
 def emit(

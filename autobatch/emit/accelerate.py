@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from autobatch.emit import launcher_fields as strategy
-from autobatch.emit.common import EmitOptions, comment_block, on_cpu, provenance, require_chosen
+from autobatch.emit.common import EmitOptions, comment_block, on_cpu, provenance, require_chosen, script_own
 from autobatch.records.result import TuneResult
 
 MIXED_PRECISION = {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16", "bf16-true": "bf16"}
@@ -44,11 +44,13 @@ def launch_config(result: TuneResult) -> dict[str, Any]:
         "debug": False,
         "distributed_type": distributed,
         "machine_rank": 0,
-        "mixed_precision": MIXED_PRECISION[chosen.precision],
+        "mixed_precision": MIXED_PRECISION.get(chosen.precision, "no"),
         "num_machines": 1,
         "num_processes": chosen.world_size,
         "use_cpu": cpu,
     }
+    if script_own(chosen):  # the script's own Accelerator(mixed_precision=...) decides
+        del config["mixed_precision"]
     if not cpu:
         config["gpu_ids"] = "all"
     config.update(strategy.accelerate_fields(result, chosen))

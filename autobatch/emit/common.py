@@ -90,6 +90,18 @@ def require_chosen(result: TuneResult) -> Chosen:
     return result.chosen
 
 
+#: The caveat of every launcher's file for a script tuned as it is.
+SCRIPT_OWN = (
+    "the script ran as it is: its precision, optimizer and recomputation are its own, so this file leaves them "
+    "out and sets the batch arithmetic alone"
+)
+
+
+def script_own(chosen: Chosen) -> bool:
+    """The script ran as it is: precision, optimizer and recomputation are the script's (none to set)."""
+    return chosen.precision == "script"
+
+
 def arithmetic(chosen: Chosen) -> str:
     """The batch arithmetic, nanoGPT-style: ``micro-batch 12 x accumulation 5 x world 8 = global 480``."""
     text = (

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from autobatch.emit import launcher_fields as strategy
-from autobatch.emit.common import SGD_MOMENTUM, EmitOptions, require_chosen
+from autobatch.emit.common import SGD_MOMENTUM, EmitOptions, require_chosen, script_own
 from autobatch.errors import UsageError
 from autobatch.records.result import Chosen, TuneResult
 
@@ -75,6 +75,8 @@ def deepspeed_config(
     config["train_batch_size"] = chosen.micro_batch_size * chosen.accumulation_steps * chosen.world_size
     config["train_micro_batch_size_per_gpu"] = chosen.micro_batch_size
     config["gradient_accumulation_steps"] = chosen.accumulation_steps
+    if script_own(chosen):  # the script's own precision and optimizer: the base's sections, untouched
+        return config
 
     bf16 = {**_section(config.pop("bfloat16", None)), **_section(config.get("bf16"))}
     config["bf16"] = {**bf16, "enabled": chosen.precision in ("bf16-mixed", "bf16-true")}
@@ -148,6 +150,8 @@ def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
     """What the JSON cannot say: where DeepSpeed differs from the measured step, and what to add."""
     chosen = require_chosen(result)
     notes: list[str] = strategy.caveat(chosen, "deepspeed")
+    if script_own(chosen):
+        return notes
     if chosen.precision != "32-true":
         notes.append(
             "DeepSpeed's bf16/fp16 modes keep low-precision weights plus fp32 master weights in the "

@@ -12,7 +12,12 @@ Variables (values are plain tokens, so no quoting is needed; booleans are 1 or 0
 ``AUTOBATCH_OPTIMIZER``                    autobatch's optimizer name: adamw, sgd-momentum, ...
 ``AUTOBATCH_RECOMPUTE_ACTIVATIONS``        1 to checkpoint the repeated blocks, else 0
 ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` the same accumulation, where ``Accelerator()`` reads it
+``AUTOBATCH_COMMAND``                      a script tuned as it is: the job's command line, the plan
+                                           filled in (:mod:`autobatch.emit.args`); ``eval "$AUTOBATCH_COMMAND"``
 =========================================  ==============================================
+
+A script tuned as it is keeps its own precision, optimizer and recomputation: the three variables that
+name them are left out.
 
 The names stay apart from the settings' ``AUTOBATCH_<FIELD>`` variables (``AUTOBATCH_WORLD_SIZE``,
 ``AUTOBATCH_GLOBAL_BATCH_SIZE``, ``AUTOBATCH_RECOMPUTE``, ...), so sourcing this file never changes
@@ -23,7 +28,8 @@ from __future__ import annotations
 
 import shlex
 
-from autobatch.emit.common import EmitOptions, comment_block, provenance, require_chosen
+from autobatch.emit.args import command_text
+from autobatch.emit.common import EmitOptions, comment_block, provenance, require_chosen, script_own
 from autobatch.records.result import TuneResult
 
 #: Every name this format may write, in order.
@@ -37,6 +43,7 @@ ENV_NAMES: tuple[str, ...] = (
     "AUTOBATCH_OPTIMIZER",
     "AUTOBATCH_RECOMPUTE_ACTIVATIONS",
     "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+    "AUTOBATCH_COMMAND",
 )
 
 
@@ -53,7 +60,11 @@ def variables(result: TuneResult) -> dict[str, str]:
         "AUTOBATCH_OPTIMIZER": chosen.optimizer,
         "AUTOBATCH_RECOMPUTE_ACTIVATIONS": int(chosen.recompute),
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": chosen.accumulation_steps,
+        "AUTOBATCH_COMMAND": command_text(result),
     }
+    if script_own(chosen):
+        for name in ("AUTOBATCH_PRECISION", "AUTOBATCH_OPTIMIZER", "AUTOBATCH_RECOMPUTE_ACTIVATIONS"):
+            del values[name]
     return {name: str(value) for name, value in values.items() if value is not None}
 
 

@@ -32,7 +32,14 @@ import json
 from typing import Any
 
 from autobatch.emit import launcher_fields as strategy
-from autobatch.emit.common import SGD_MOMENTUM, EmitOptions, on_cpu, require_chosen, version_at_least
+from autobatch.emit.common import (
+    SGD_MOMENTUM,
+    EmitOptions,
+    on_cpu,
+    require_chosen,
+    script_own,
+    version_at_least,
+)
 from autobatch.records.result import TuneResult
 
 #: autobatch optimizer -> TrainingArguments ``optim`` value (and ``optim_args``).
@@ -59,18 +66,18 @@ def checkpointing_key(transformers_version: str | None) -> str:
 def training_arguments(result: TuneResult, options: EmitOptions) -> dict[str, Any]:
     """The TrainingArguments fields autobatch decides, by their names in ``options.transformers_version``."""
     chosen = require_chosen(result)
-    optim, optim_args = OPTIMIZERS[chosen.optimizer]
     args: dict[str, Any] = {
         "output_dir": options.hf_output_dir,
         "per_device_train_batch_size": chosen.micro_batch_size,
         "gradient_accumulation_steps": chosen.accumulation_steps,
-        "bf16": chosen.precision in ("bf16-mixed", "bf16-true"),
-        "fp16": chosen.precision == "16-mixed",
-        "optim": optim,
     }
-    if optim_args:
-        args["optim_args"] = optim_args
-    args[checkpointing_key(options.transformers_version)] = chosen.recompute
+    if not script_own(chosen):
+        optim, optim_args = OPTIMIZERS[chosen.optimizer]
+        args.update(bf16=chosen.precision in ("bf16-mixed", "bf16-true"), fp16=chosen.precision == "16-mixed")
+        args["optim"] = optim
+        if optim_args:
+            args["optim_args"] = optim_args
+        args[checkpointing_key(options.transformers_version)] = chosen.recompute
     if on_cpu(result):
         args["use_cpu"] = True
     args.update(strategy.hf_fields(result, chosen))

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from autobatch.emit import launcher_fields as strategy
-from autobatch.emit.common import EmitOptions, comment_block, on_cpu, provenance, require_chosen
+from autobatch.emit.common import EmitOptions, comment_block, on_cpu, provenance, require_chosen, script_own
 from autobatch.errors import UsageError
 from autobatch.records.result import TuneResult
 
@@ -32,10 +32,9 @@ from autobatch.records.result import TuneResult
 def overlay(result: TuneResult, options: EmitOptions) -> dict[str, Any]:
     """The overlay as a nested dict."""
     chosen = require_chosen(result)
-    trainer: dict[str, Any] = {
-        "precision": chosen.precision,
-        "accumulate_grad_batches": chosen.accumulation_steps,
-    }
+    trainer: dict[str, Any] = {"accumulate_grad_batches": chosen.accumulation_steps}
+    if not script_own(chosen):
+        trainer = {"precision": chosen.precision, **trainer}
     if chosen.world_size == 1:
         trainer.update(devices=1, num_nodes=1)
     if on_cpu(result):
@@ -70,10 +69,11 @@ def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
             f"world size {chosen.world_size}: set trainer.devices x trainer.num_nodes = {chosen.world_size} "
             "for your cluster (not set here)"
         )
-    notes.append(
-        f"optimizer {chosen.optimizer} is not set here (LightningCLI's optimizer key would replace "
-        "your configure_optimizers); build it in your module"
-    )
+    if not script_own(chosen):
+        notes.append(
+            f"optimizer {chosen.optimizer} is not set here (LightningCLI's optimizer key would replace "
+            "your configure_optimizers); build it in your module"
+        )
     if chosen.recompute:
         notes.append(
             "recompute: the Trainer has no flag for it; checkpoint your model's blocks "

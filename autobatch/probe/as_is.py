@@ -21,12 +21,16 @@ What the script does instead is the answer:
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import signal
 import sys
 import threading
 import time
+import traceback
+from dataclasses import replace
+from functools import partial
 from types import FrameType
 from typing import Any, Callable
 
@@ -55,7 +59,73 @@ def inspect_device(request: ProbeRequest, script: AsIsScript) -> ProbeOutcome:
 
 @register("as_is")  # type: ignore[arg-type]
 def run_as_is(request: ProbeRequest, script: AsIsScript) -> ProbeOutcome:
-    """One probe of the script as it is, at the request's batch size, under its budget."""
+    """One probe of the script as it is, at the request's batch size, under its budget: in this process, or
+    on ``nproc_per_node`` ranks (:func:`run_rank`)."""
+    if request.nproc_per_node > 1:
+        from autobatch.probe.ranks import RANK_TIME_SHARE, run_ranks
+
+        # no rank stops at the search's line on its own (its peers would wait for it in a collective), and
+        # a rank that never steps says so before the coordinator's deadline
+        ranked = replace(request, stop_above_bytes=None, timeout=request.timeout * RANK_TIME_SHARE)
+        body = partial(run_rank, ranked, script)
+        return run_ranks(ranked, script, _no_measure, body=body)  # type: ignore[arg-type]
+    return run_script(request, script, ops.report_and_exit)
+
+
+def run_rank(
+    request: ProbeRequest, script: AsIsScript, where: tuple[int, int, int], fd: int, t0: float
+) -> None:
+    """One rank of a script run as it is on several: ``torchrun``'s environment, the script, one report on
+    ``fd`` (a fit as soon as its steps are enough: the script goes on stepping with its peers until the
+    coordinator stops every rank; any other outcome ends the rank). Never returns."""
+    from autobatch.probe.ranks import rank_device, torchrun_env
+    from autobatch.probe.server import die_with_parent
+
+    rank, port, _ = where
+    code = 0
+    try:
+        die_with_parent()
+        os.environ.update(torchrun_env(rank, request.nproc_per_node, port))
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # what a rank torchrun starts runs with
+        device = rank_device(request.device, rank)
+        mine = replace(request, device=device, fresh_offset_bytes=[request.offset_for(rank)])
+        emit = RankReport(fd)
+        emit(run_script(mine, script, emit))  # the script ended or raised (ignored after a fit)
+        while True:
+            signal.pause()
+    except BaseException:  # noqa: BLE001
+        code = 70
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+class RankReport:
+    """How a rank reports: one line on its pipe; a fit lets the script go on, anything else ends the rank."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.sent = fd, False
+
+    def __call__(self, outcome: ProbeOutcome) -> None:
+        if self.sent:
+            return
+        self.sent = True
+        ops.write_all(self.fd, (json.dumps({"outcome": outcome.to_dict()}) + "\n").encode())
+        if not outcome.fits:
+            os._exit(0)
+
+
+def _no_measure(*args: Any, **kwargs: Any) -> ProbeOutcome:
+    raise AssertionError("a script run as it is measures its own ranks (run_rank)")
+
+
+def run_script(
+    request: ProbeRequest, script: AsIsScript, emit: Callable[[ProbeOutcome], None]
+) -> ProbeOutcome:
+    """The script as ``__main__`` under the request's budget, watched (:class:`StepWatch`); ``emit`` writes
+    an outcome the hooks reach inside the script's loop."""
     start = time.perf_counter()
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
     outcome.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
@@ -64,7 +134,7 @@ def run_as_is(request: ProbeRequest, script: AsIsScript) -> ProbeOutcome:
     sys.path.insert(0, str(script.path.parent))
     peak_now, synchronize, finish = _device_hooks(request, outcome)
     outcome.setup_seconds = time.perf_counter() - start
-    watch = StepWatch(request, outcome, peak_now, synchronize, finish)
+    watch = StepWatch(request, outcome, peak_now, synchronize, finish, emit)
     watch.install()
     code: object = 0
     try:
@@ -86,10 +156,12 @@ class StepWatch:
         peak_now: Callable[[], int],
         synchronize: Callable[[], None],
         finish: Callable[[ProbeOutcome], None],
+        emit: Callable[[ProbeOutcome], None],
     ) -> None:
         from autobatch.step.loop import StepReport
 
-        self.request, self.outcome = request, outcome
+        self.request, self.outcome, self.emit = request, outcome, emit
+        self.reported = False  # a rank's fit is reported once, and its script goes on
         self.peak_now, self.synchronize, self.finish = peak_now, synchronize, finish
         self.report = StepReport()
         self.first: int | None = None  # id() of the optimizer whose steps count
@@ -114,7 +186,7 @@ class StepWatch:
     # -- the hooks --------------------------------------------------------------------------------
 
     def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.first is None:  # the first step: the forward and backward phase alone
+        if self.first is None and not self.reported:  # the first step: the forward and backward phase alone
             self.first = id(optimizer)
             self.synchronize()
             self.outcome.first_backward_peak_bytes = self.peak_now()
@@ -124,7 +196,7 @@ class StepWatch:
 
     def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.optimizers[id(optimizer)] = optimizer
-        if id(optimizer) != self.first:
+        if id(optimizer) != self.first or self.reported:
             return
         self.synchronize()
         now = time.perf_counter()
@@ -141,10 +213,11 @@ class StepWatch:
         )
         if why is not None:
             self.report.stopped_above = why == "above"
-            ops.report_and_exit(self._measured())
+            self.reported = True
+            self.emit(self._measured())
 
     def _no_step(self, signum: int, frame: FrameType | None) -> None:
-        if self.report.steps:
+        if self.report.steps or self.reported:
             return  # stepping, only slowly: the server's timeout answers
         seconds = self.request.timeout * NO_STEP_SHARE
         error = ContractError(
@@ -153,7 +226,7 @@ class StepWatch:
             "step hooks: an optimizer that is not a torch.optim.Optimizer is never seen. If the script is only "
             "slow to reach its first step (preparing data, compiling), raise --timeout",
         )
-        ops.report_and_exit(self._failed(error))
+        self.emit(self._failed(error))
 
     # -- the outcome ------------------------------------------------------------------------------
 
@@ -238,9 +311,12 @@ class OomWatch:
             exc = arg[1]
             used = _safe(self.steps.peak_now)
             budget = self.steps.request.budget_bytes
-            if classify_exception(exc, used_bytes=used, budget_bytes=budget) == "oom":
+            if (
+                not self.steps.reported
+                and classify_exception(exc, used_bytes=used, budget_bytes=budget) == "oom"
+            ):
                 sys.settrace(None)
-                ops.report_and_exit(self.steps.raised(exc, caught=True))
+                self.steps.emit(self.steps.raised(exc, caught=True))
         return self._local
 
 

@@ -162,13 +162,9 @@ def _run_fresh(request: ProbeRequest, options: FreshOptions) -> list[ProbeOutcom
 
 def _launcher_env(rank: int, world: int, port: int) -> dict[str, str]:
     """The environment ``torchrun`` gives rank ``rank`` of ``world`` on one node (none for one process)."""
-    if world == 1:
-        return {}
-    return {
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "WORLD_SIZE": str(world),
-        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),  # torchrun's default for several ranks
-    }  # fmt: skip
+    from autobatch.probe.ranks import torchrun_env
+
+    return torchrun_env(rank, world, port) if world > 1 else {}
 
 
 def _data_bytes() -> int:

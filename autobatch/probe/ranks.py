@@ -84,17 +84,32 @@ Measure = Callable[..., ProbeOutcome]
 Summarize = Callable[[ProbeOutcome, list[ProbeOutcome]], None]
 
 
+#: A rank process's body when it is not autobatch's own step (a script run as it is): called with
+#: ``(rank, port, listening socket)``, the rank's report pipe and the coordinator's start; never returns.
+RankBody = Callable[[tuple[int, int, int], int, float], None]
+
+
 def run_ranks(
-    request: ProbeRequest, script: UserScript, measure: Measure, *, summarize: Summarize | None = None
+    request: ProbeRequest,
+    script: UserScript,
+    measure: Measure,
+    *,
+    summarize: Summarize | None = None,
+    body: RankBody | None = None,
 ) -> ProbeOutcome:
     """Run ``request`` on ``request.nproc_per_node`` fresh ranks; one outcome for the group
-    (``summarize``: called with it and every rank's outcome when every rank fitted)."""
+    (``summarize``: called with it and every rank's outcome when every rank fitted).
+
+    ``body``: each rank runs it instead of autobatch's own step, and joins the process group itself, as a
+    rank ``torchrun`` starts does (``env://``, :func:`torchrun_env`): the coordinator then hosts the
+    rendezvous store, as ``torchrun``'s agent does, and every rank is its client."""
     world = request.nproc_per_node
     started = time.perf_counter()
     deadline = started + request.timeout * RANK_TIME_SHARE
     listener = socket.create_server(("127.0.0.1", 0))  # bound and listening: the port stays ours
     port = listener.getsockname()[1]
     ranks: list[Rank] = []
+    store = None
     try:
         for rank in range(world):
             read_fd, write_fd = os.pipe()
@@ -103,20 +118,51 @@ def run_ranks(
                 os.close(read_fd)
                 for other in ranks:
                     os.close(other.fd)
-                if rank != 0:
+                if rank != 0 or body is not None:
                     listener.close()
-                rank_main(request, script, measure, (rank, port, listener.fileno()), write_fd, started)
+                where = (rank, port, listener.fileno())
+                if body is not None:
+                    body(where, write_fd, started)
+                rank_main(request, script, measure, where, write_fd, started)
             os.close(write_fd)
             ranks.append(Rank(rank, pid, read_fd))
+        if body is not None:
+            store = _agent_store(listener.detach(), port, world, request.timeout)
         listener.close()
         failure = watch(ranks, deadline)
     finally:
         listener.close()
         stop(ranks)
+        del store
     out = combine(request, ranks, failure, time.perf_counter() - started)
     if summarize is not None and failure is None:
         summarize(out, [r.outcome for r in ranks if r.outcome is not None])
     return out
+
+
+def _agent_store(listen_fd: int, port: int, world: int, timeout: float) -> Any:
+    """The rendezvous store ``torchrun``'s agent hosts, on the coordinator's reserved port (ranks started
+    with ``TORCHELASTIC_USE_AGENT_STORE=True`` connect to it as clients)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        "127.0.0.1", port, world, True, timeout=timedelta(seconds=timeout), wait_for_workers=False,
+        master_listen_fd=listen_fd,
+    )  # fmt: skip
+
+
+def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The environment ``torchrun --nproc-per-node world`` gives rank ``rank`` on one node (its agent hosts
+    the store on ``port``; ``OMP_NUM_THREADS`` is 1 unless the user set it, torchrun's default for
+    several ranks)."""
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+        "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "autobatch", "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }  # fmt: skip
 
 
 def watch(ranks: list[Rank], deadline: float) -> Rank | None:

@@ -37,6 +37,9 @@ is published as ``autobatch/result.schema.json``; :meth:`TuneResult.load` checks
 ``notes``             list of strings: decisions and warnings worth reading
 ``cache``             present only when the result was served from the cache: {"key", "served": true,
                       "made"} (``autobatch cache show KEY`` shows what it was computed from)
+``as_is``             present only when the script ran as it is: {"batch_env": the variable that carried the
+                      batch besides AUTOBATCH_BATCH_SIZE, or null}; ``script_args`` then hold the
+                      ``{batch}`` (and ``{accum}``) placeholders the plan's command line fills in
 ``devices``           present only when one job spans several GPU models: one entry per model
                       ({"model", "device", "indices", "budget_bytes", "budget", "served_from_cache",
                       "probes", "max_batch_sizes"}); ``combinations`` then hold the smallest maximum
@@ -59,7 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "Chosen", "ComboResult", "ProbeRecord", "TuneResult"]
 #: Fields added after the first release that are left out of the document while unset.
-_ABSENT_WHEN_NONE = ("cache", "devices", "pid", "host")  # written by a tune only
+_ABSENT_WHEN_NONE = ("cache", "devices", "pid", "host", "as_is")  # written by a tune only
 
 
 @dataclass
@@ -177,6 +180,7 @@ class TuneResult:
     host: str | None = None
     cache: dict[str, Any] | None = None
     devices: list[dict[str, Any]] | None = None
+    as_is: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

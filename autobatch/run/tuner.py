@@ -120,6 +120,8 @@ class Tuner:
                 "nproc_per_node": session.nproc_per_node,
                 "blocks": list(session.blocks),
             }
+        if session.as_is:  # the plan's command line is filled in from it (autobatch.emit.args)
+            self.result.as_is = {"batch_env": session.spec.options.get("batch_env")}
         if options.world_size_source != "default":
             self.result.notes.append(f"world size {options.world_size} from {options.world_size_source}")
 

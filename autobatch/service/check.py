@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 from autobatch.core.space import Combo
 from autobatch.errors import UsageError
 from autobatch.service.hooks import Hooks
-from autobatch.service.sessions import open_session
+from autobatch.service.sessions import open_session, script_strategy
 
 if TYPE_CHECKING:
     from autobatch.explain.parent.explainer import ExplainReport
@@ -43,6 +43,7 @@ def check(
 
     hooks = hooks or Hooks()
     combo = combination(settings, recompute)
+    settings = script_strategy(settings, spec)
     with open_session(settings, hooks, spec=spec, cache=False) as session:
         if session.as_is:  # its precision, optimizer and recomputation are the script's own
             combo = SCRIPT_COMBO

@@ -65,3 +65,19 @@ def open_session(
         on_warning=hooks.on_warning,
         **options,
     )
+
+
+def script_strategy(settings: Settings, spec: ScriptSpec | None) -> Settings:
+    """The settings a run measures: a script run as it is on ``nproc_per_node`` ranks joins its process
+    group itself, so the strategy is its own; without ``--strategy`` the plan names it ``ddp`` (say
+    ``--strategy fsdp`` for a script that shards), and its world is the ranks' (:func:`planned_world`)."""
+    from dataclasses import replace
+
+    from autobatch.step.spec import spec_from_settings
+
+    dist = settings.distributed
+    if dist.strategy != "none" or dist.nproc_per_node < 2:
+        return settings
+    if (spec or spec_from_settings(settings)).kind != "as_is":
+        return settings
+    return replace(settings, distributed=replace(dist, strategy="ddp"))

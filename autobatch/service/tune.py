@@ -33,6 +33,7 @@ from autobatch.run.locks import OutputLock
 from autobatch.service.hooks import Hooks
 from autobatch.service.per_device import tune_devices
 from autobatch.service.saving import ResultSaver, preflight, started_result
+from autobatch.service.sessions import script_strategy
 from autobatch.settings import planned_world
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ def tune(
     cache; ``generated_by`` heads the emitted files.
     """
     hooks = hooks or Hooks()
+    settings = script_strategy(settings, spec)
     world, world_source = planned_world(settings, os.environ)
     check_global_batch(settings, world, world_source)
     saver = ResultSaver(Path(result_file), hooks.on_warning) if result_file is not None else None

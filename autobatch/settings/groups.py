@@ -26,7 +26,7 @@ from autobatch.errors import ConfigError, UsageError
 from autobatch.settings.values import HINT, Bad, coerce, plain, setting
 
 #: Formats of ``--emit FORMAT[=PATH]``.
-EMIT_FORMATS: tuple[str, ...] = ("deepspeed", "hf", "lightning", "accelerate", "env", "json", "toml")
+EMIT_FORMATS: tuple[str, ...] = ("deepspeed", "hf", "lightning", "accelerate", "env", "args", "json", "toml")
 
 
 def _validate(group: Any) -> None:

@@ -21,6 +21,8 @@ from autobatch.errors import ScriptError, UsageError
 
 #: The placeholder the probe's micro-batch replaces in the script's arguments.
 PLACEHOLDER = "{batch}"
+#: The placeholder the plan's accumulation steps replace (1 in every probe: a probe is one micro-batch a step).
+ACCUM_PLACEHOLDER = "{accum}"
 #: Always set in an as-is probe's environment to the probe's micro-batch.
 BATCH_ENV = "AUTOBATCH_BATCH_SIZE"
 #: The names whose top-level definition makes a script a three-function one (compute_loss may be the
@@ -81,9 +83,13 @@ def finder_warning(path: str | Path) -> str | None:
     return own_finder(Path(path).read_text(errors="replace"))
 
 
-def substitute(args: Sequence[str], batch_size: int) -> list[str]:
-    """The arguments with every ``{batch}`` replaced by ``batch_size`` (``--bs={batch}`` too)."""
-    return [arg.replace(PLACEHOLDER, str(batch_size)) for arg in args]
+def substitute(args: Sequence[str], batch_size: int, accumulation: int = 1) -> list[str]:
+    """The arguments with every ``{batch}`` replaced by ``batch_size`` (``--bs={batch}`` too) and every
+    ``{accum}`` by ``accumulation``."""
+    return [
+        arg.replace(PLACEHOLDER, str(batch_size)).replace(ACCUM_PLACEHOLDER, str(accumulation))
+        for arg in args
+    ]
 
 
 def has_placeholder(args: Sequence[str]) -> bool:

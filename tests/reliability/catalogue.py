@@ -247,6 +247,9 @@ CASES: tuple[Case, ...] = (
          ("chosen.micro_batch_size: expected an integer, found 139.0", "hint"), "cli", files={"r.json": answered(139.0, 139)}),
     Case("emit: a batch above its maximum", ("emit", "{tmp}/r.json", "--format", "env"), EXIT_USAGE,
          ("chosen.micro_batch_size: 139 is larger than the maximum 64", "hint"), "cli", files={"r.json": answered(139, 64)}),
+    Case("emit: args for a script that was not run as it is", ("emit", "{tmp}/r.json", "--format", "args"),
+         EXIT_USAGE, ("writes the command line of a script tuned as it is", "--format env"), "cli",
+         files={"r.json": answered(64, 64)}),
     # -- a peak that is not the batch's alone (round two, 3 and 4; the real probe server) --------------------
     Case("a peak that depends on the data, --strict", tune("{bad}/varying_length.py", "--max-batch-size", "64", "--strict"),
          EXIT_SCRIPT, ("the peak depends on the data", "different shapes", "make_batch must return the worst case"),

@@ -234,7 +234,7 @@ FILE_PROBLEMS = [
     ("[device]\nmemory = 0\n", 'autobatch.toml: device.memory: expected a size above 0 bytes (such as 2GiB), found 0'),
     ("[plan]\nobjective = 'max_batch'\n", 'autobatch.toml: plan.objective: expected one of throughput, max-batch, found "max_batch"; did you mean "max-batch"?'),
     ("[plan]\nworld_size = 0\n", "autobatch.toml: plan.world_size: expected an integer >= 1, found 0"),
-    ("[output]\nemit = ['yaml=x.yml']\n", 'autobatch.toml: output.emit: expected formats from deepspeed, hf, lightning, accelerate, env, json, toml, found "yaml"'),
+    ("[output]\nemit = ['yaml=x.yml']\n", 'autobatch.toml: output.emit: expected formats from deepspeed, hf, lightning, accelerate, env, args, json, toml, found "yaml"'),
     ("[output]\nemit = ['json=']\n", 'autobatch.toml: output.emit: expected FORMAT or FORMAT=PATH with a non-empty PATH, found "json="'),
     ("[output]\nlightning_batch_key = 'data..bs'\n", 'autobatch.toml: output.lightning_batch_key: expected a dotted key, found "data..bs"'),
     ("[script]\nscript_args = [1, 2]\n", "autobatch.toml: script.script_args: expected a list of strings, found [1, 2]"),
@@ -396,7 +396,7 @@ def test_the_docs_key_table_is_generated_from_the_settings() -> None:
 
 
 def test_the_emit_formats() -> None:
-    assert set(EMIT_FORMATS) == {"deepspeed", "hf", "lightning", "accelerate", "env", "json", "toml"}
+    assert set(EMIT_FORMATS) == {"deepspeed", "hf", "lightning", "accelerate", "env", "args", "json", "toml"}
 
 
 # --- the same values through every layer (property) ------------------------------------------------------

@@ -1,0 +1,81 @@
+"""The command line the job runs, with the plan filled in: for a script tuned as it is (pure).
+
+A script run as it is took its micro-batch from a ``{batch}`` placeholder in its arguments, or from an
+environment variable (``batch_env``). The plan's command line is the same script with the chosen
+micro-batch in its place (``NAME=value`` before the command for ``batch_env``; ``AUTOBATCH_BATCH_SIZE``, set in
+every probe too, is autobatch's own and not repeated), ``{accum}`` (if the arguments
+have one) replaced by the accumulation steps, and the launcher the plan needs: ``python`` for one process,
+``torchrun --nproc-per-node N`` (and ``--nnodes``) for a strategy. The ``args`` format writes it as a
+shell file (``sh FILE`` runs it; its comments say where it came from), the ``env`` format exports it as
+``AUTOBATCH_COMMAND``, and ``tune`` prints it.
+
+A plan that accumulates gradients into a script whose arguments have no ``{accum}`` cannot be filled in
+by the command line alone: the caveat says so (the script then accumulates as its own code says).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from autobatch.emit.common import EmitOptions, comment_block, provenance, require_chosen
+from autobatch.errors import UsageError
+from autobatch.records.result import Chosen, TuneResult
+from autobatch.step.as_is import ACCUM_PLACEHOLDER, substitute
+
+
+def command(result: TuneResult) -> list[str] | None:
+    """The plan's command line as words (``NAME=value`` words first), or None for a result whose script
+    did not run as it is."""
+    if result.as_is is None or result.chosen is None:
+        return None
+    chosen = result.chosen
+    batch_env = result.as_is.get("batch_env")
+    env = [f"{batch_env}={chosen.micro_batch_size}"] if batch_env else []
+    args = substitute(result.script_args, chosen.micro_batch_size, chosen.accumulation_steps)
+    return [*env, *launcher(chosen), result.script, *args]
+
+
+def launcher(chosen: Chosen) -> list[str]:
+    """``python``, or ``torchrun`` with the plan's processes per node and nodes."""
+    if chosen.strategy == "none" or chosen.nproc_per_node < 2:
+        return ["python"]
+    words = ["torchrun", f"--nproc-per-node={chosen.nproc_per_node}"]
+    if chosen.num_nodes > 1:
+        words.append(f"--nnodes={chosen.num_nodes}")
+    return words
+
+
+def command_text(result: TuneResult) -> str | None:
+    """:func:`command` as one shell line."""
+    words = command(result)
+    return shlex.join(words) if words is not None else None
+
+
+def render_args(result: TuneResult, options: EmitOptions) -> str:
+    """A shell file: the provenance as comments, then the command line."""
+    require_chosen(result)
+    line = command_text(result)
+    if line is None:
+        raise UsageError(
+            "the args format writes the command line of a script tuned as it is; this result's script defines "
+            "autobatch's functions (its batch size is yours to pass)",
+            hint="use --format env (AUTOBATCH_MICRO_BATCH_SIZE) or a launcher's format, or tune the training "
+            "script itself: autobatch tune train.py -- --batch-size {batch}",
+        )
+    header = provenance(result, options, "The job's command line")
+    header.append("run: sh <this file>  (or copy the line)")
+    header.extend(caveats(result, options))
+    return comment_block(header) + line + "\n"
+
+
+def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
+    chosen = require_chosen(result)
+    if result.as_is is None or chosen.accumulation_steps == 1:
+        return []
+    if any(ACCUM_PLACEHOLDER in arg for arg in result.script_args):
+        return []
+    return [
+        f"the plan accumulates {chosen.accumulation_steps} micro-batches per optimizer step, and the script's "
+        "arguments have no {accum} to carry it: pass it the way the script takes it (or tune with {accum} in "
+        "the arguments)"
+    ]

@@ -1,0 +1,78 @@
+"""A torchrun-style script run as it is on several ranks, through the real command (2 gloo ranks, CPU).
+
+``examples/as_is/ddp_torchrun.py`` joins its process group itself (``env://``) and wraps its model in DDP:
+``--nproc-per-node 2`` starts it twice with torchrun's environment, every rank measured, ``{batch}`` the
+per-rank micro-batch; ``check`` confirms the maximum on both ranks and that a larger batch does not fit; a
+rank that fails ends every rank with its own error; no process of the script outlives the command.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import psutil
+import pytest
+from support import EXAMPLES, SCRIPTS, run_cli
+
+from autobatch.errors import EXIT_OOM, EXIT_SCRIPT
+
+pytestmark = pytest.mark.slow
+
+RANKS = ("--device", "cpu", "--memory", "1GiB", "--nproc-per-node", "2")
+PLACEHOLDER = ("--", "--batch-size", "{batch}")
+
+
+def _left(mark: str) -> list[int]:
+    """Processes still running that a command with ``AUTOBATCH_TEST_MARK=mark`` started."""
+    left = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("AUTOBATCH_TEST_MARK") == mark:
+                left.append(process.pid)
+        except psutil.Error:
+            pass
+    return left
+
+
+def test_a_ddp_script_is_tuned_on_its_ranks_and_checked(tmp_path) -> None:
+    mark = uuid.uuid4().hex
+    env = {"AUTOBATCH_TEST_MARK": mark}
+    script = str(EXAMPLES / "as_is" / "ddp_torchrun.py")
+    out = tmp_path / "r.json"
+    tuned = run_cli(
+        "tune", script, *RANKS, "--no-cache", "--output", str(out), "--json", *PLACEHOLDER, env=env
+    )
+    assert tuned.returncode == 0, tuned.stderr
+    data = json.loads(tuned.stdout)
+    (combo,) = data["combinations"]
+    assert combo["status"] == "exact" and combo["probes"] <= 6, combo
+    assert (data["distributed"]["strategy"], data["distributed"]["nproc_per_node"]) == ("ddp", 2)
+    assert data["chosen"]["world_size"] == 2 and data["chosen"]["nproc_per_node"] == 2
+    b_max = combo["max_batch_size"]
+    assert 100 <= b_max <= 600, b_max
+
+    fits = run_cli("check", script, "--batch-size", str(b_max), *RANKS, "--json", *PLACEHOLDER, env=env)
+    assert fits.returncode == 0, fits.stderr
+    report = json.loads(fits.stdout)
+    assert report["fits"] and report["steps"] == 10
+    assert "rank 0" in fits.stderr and "rank 1" in fits.stderr  # every rank's peak is shown
+    larger = b_max + max(8, b_max // 10)
+    over = run_cli("check", script, "--batch-size", str(larger), *RANKS, "--json", *PLACEHOLDER, env=env)
+    assert over.returncode == EXIT_OOM, over.stderr
+    assert not json.loads(over.stdout)["fits"]
+    assert not _left(mark)
+
+
+def test_a_rank_that_fails_ends_every_rank_with_its_error() -> None:
+    mark = uuid.uuid4().hex
+    script = str(SCRIPTS / "as_is" / "ddp_rank_fails.py")
+    proc = run_cli(
+        "check", script, "--batch-size", "8", *RANKS, "--timeout", "120", *PLACEHOLDER,
+        env={"AUTOBATCH_TEST_MARK": mark}, timeout=100,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_SCRIPT, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "[rank 1 of 2] rank 1 could not open its shard" in err
+    assert "Traceback" not in err
+    assert not _left(mark)

@@ -1,0 +1,104 @@
+"""A script tuned as it is: the job's command line (the args format, the env format's AUTOBATCH_COMMAND),
+and the launcher files that leave the script's own precision and optimizer alone."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from emit_cases import OPTIONS, Case
+
+from autobatch.emit import caveats, emit, render
+from autobatch.emit import env as env_format
+from autobatch.emit.args import command
+from autobatch.errors import UsageError
+from autobatch.records.result import TuneResult
+from autobatch.records.schema import check_result
+
+
+def _as_is(
+    args: list[str], micro: int = 48, accumulation: int = 1, world: int = 1, batch_env: str | None = None
+) -> TuneResult:
+    result = Case("as_is", "script", "script", False, micro, accumulation, world, None, device="cpu").result()
+    result.script, result.script_args = "train.py", args
+    result.as_is = {"batch_env": batch_env}
+    if world > 1:
+        assert result.chosen is not None
+        result.chosen = replace(result.chosen, strategy="ddp", nproc_per_node=world, num_nodes=1)
+    return result
+
+
+def test_the_placeholder_is_filled_in() -> None:
+    result = _as_is(["--batch-size", "{batch}", "--name", "a b"])
+    assert command(result) == ["python", "train.py", "--batch-size", "48", "--name", "a b"]
+    text = render(result, "args", OPTIONS)
+    assert text.splitlines()[-1] == "python train.py --batch-size 48 --name 'a b'"
+    assert all(line.startswith("#") for line in text.splitlines()[:-1])
+
+
+def test_the_batch_variable_and_accumulation_are_filled_in() -> None:
+    result = _as_is(["--accum={accum}"], micro=32, accumulation=4, batch_env="BATCH")
+    assert command(result) == ["BATCH=32", "python", "train.py", "--accum=4"]
+    assert caveats(result, "args", OPTIONS) == []
+
+
+def test_accumulation_without_a_placeholder_is_a_caveat() -> None:
+    result = _as_is(["--bs", "{batch}"], accumulation=3)
+    (caveat,) = caveats(result, "args", OPTIONS)
+    assert "accumulates 3 micro-batches" in caveat and "{accum}" in caveat
+    assert "accumulates 3 micro-batches" in render(result, "args", OPTIONS)  # in its comments (wrapped)
+
+
+def test_ranks_run_under_torchrun() -> None:
+    result = _as_is(["--batch-size", "{batch}"], micro=16, world=2)
+    assert command(result) == ["torchrun", "--nproc-per-node=2", "train.py", "--batch-size", "16"]
+
+
+def test_a_three_function_result_has_no_command_line() -> None:
+    result = Case("plain", "32-true", "adamw", False, 8, 1, 1, None, device="cpu").result()
+    assert command(result) is None
+    with pytest.raises(UsageError, match="script tuned as it is"):
+        render(result, "args", OPTIONS)
+    assert "AUTOBATCH_COMMAND" not in env_format.variables(result)
+
+
+def test_the_env_file_exports_the_command_and_leaves_the_scripts_own_out() -> None:
+    values = env_format.variables(_as_is(["--batch-size", "{batch}"]))
+    assert values["AUTOBATCH_COMMAND"] == "python train.py --batch-size 48"
+    assert values["AUTOBATCH_MICRO_BATCH_SIZE"] == "48"
+    assert not {"AUTOBATCH_PRECISION", "AUTOBATCH_OPTIMIZER", "AUTOBATCH_RECOMPUTE_ACTIVATIONS"} & set(values)
+
+
+def test_launcher_files_set_the_batch_and_leave_precision_and_optimizer_to_the_script() -> None:
+    result = _as_is(["--batch-size", "{batch}"], accumulation=2)
+    options = replace(OPTIONS, deepspeed_optimizer=True)
+    hf = json.loads(render(result, "hf", options))
+    assert hf["per_device_train_batch_size"] == 48 and hf["gradient_accumulation_steps"] == 2
+    assert not {"bf16", "fp16", "optim", "gradient_checkpointing", "activation_checkpointing"} & set(hf)
+    ds = json.loads(render(result, "deepspeed", options))
+    assert ds["train_micro_batch_size_per_gpu"] == 48 and not {"bf16", "fp16", "optimizer"} & set(ds)
+    assert "precision" not in yaml.safe_load(render(result, "lightning", options))["trainer"]
+    assert "mixed_precision" not in yaml.safe_load(render(result, "accelerate", options))
+    for fmt in ("hf", "deepspeed", "lightning", "accelerate", "env"):
+        assert any("its own" in note for note in caveats(result, fmt, options)), fmt
+
+
+def test_an_as_is_result_passes_the_schema() -> None:
+    check_result(_as_is(["--batch-size", "{batch}"]).to_dict(), "r.json")
+
+
+def test_the_written_file_runs_the_job(tmp_path: Path) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("import sys\nprint('batch', sys.argv[2])\n")
+    result = _as_is(["--batch-size", "{batch}"], micro=40)
+    result.script = str(train)
+    (path,) = emit(result, [("args", tmp_path / "run.sh")], OPTIONS)
+    text = path.read_text().replace("python ", f"{shlex.quote(sys.executable)} ", 1)
+    done = subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=True)
+    assert done.stdout == "batch 40\n"
