@@ -66,9 +66,13 @@ def explain(
     lever's maximum."""
     from autobatch.explain.parent.explainer import explain_batch
     from autobatch.explain.pure.options import OP_MODULES
+    from autobatch.step.as_is import not_measured_by
+    from autobatch.step.spec import spec_from_settings
 
     hooks = hooks or Hooks()
     combo = combination(settings, recompute)
+    if (spec or spec_from_settings(settings)).kind == "as_is":
+        raise not_measured_by("explain", "breaks a peak down by running autobatch's own step on its parts")
     with open_session(settings, hooks, spec=spec, op_modules=OP_MODULES) as session:
         _started(session, combo, hooks)
         return explain_batch(

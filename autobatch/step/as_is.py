@@ -67,6 +67,16 @@ class AsIsScript:
         return env
 
 
+def not_measured_by(command: str, how: str) -> UsageError:
+    """The error of a command that needs autobatch's own step (``explain``, ``estimate``) on a script run
+    as it is: ``how`` is what the command does with the three functions."""
+    return UsageError(
+        f"{command} {how}, and this script runs as it is (it defines no build_model/make_batch/compute_loss)",
+        hint="measure it as it runs: `autobatch check SCRIPT --batch-size N -- ... {batch}` (one batch, its peak "
+        "per rank) or `autobatch tune`; to break its memory down, write the three functions (see examples/)",
+    )
+
+
 def compile_error(path: str) -> ScriptError | None:
     """The probe server's start-up check of an as-is script: it compiles (nothing of it runs), else why not."""
     try:

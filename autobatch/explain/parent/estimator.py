@@ -98,6 +98,11 @@ def estimate_combinations(
     settings: Settings, target: EstimateDevice, progress: Callable[[str], None] | None = None
 ) -> TuneResult:
     """Estimate every combination of the settings' grid on the target."""
+    from autobatch.step.as_is import not_measured_by
+    from autobatch.step.spec import spec_from_settings
+
+    if spec_from_settings(settings).kind == "as_is":
+        raise not_measured_by("estimate", "simulates autobatch's own step under fake tensors")
     say = progress or (lambda _text: None)
     search = settings.search
     entries, scenarios = _scenarios(
