@@ -47,6 +47,7 @@ def tune(
     confirm_steps: opt.ConfirmSteps = None,
     timeout: opt.Timeout = None,
     batch_env: opt.BatchEnv = None,
+    variant: opt.Variant = None,
     check_batch_size: opt.CheckBatchSize = None,
     cache: opt.Cache = None,
     refresh: opt.Refresh = False,

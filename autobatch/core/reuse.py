@@ -147,7 +147,8 @@ def _factors(base: Learned, target: tuple[str, bool], learned: list[Learned]) ->
         if measured:
             out.append((measured[0], "measured"))
         else:
-            out.append((SLOPE_RATIOS[goal] / SLOPE_RATIOS[source], "typical"))
+            # a script's argument variant (script:NAME) has no typical ratio: its own slope, until measured
+            out.append((SLOPE_RATIOS.get(goal, 1.0) / SLOPE_RATIOS.get(source, 1.0), "typical"))
     return out
 
 

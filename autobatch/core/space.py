@@ -6,6 +6,7 @@ Names follow the ecosystem: precisions use Lightning's names, optimizers short n
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -64,11 +65,29 @@ class Combo:
 #: recomputation are its own, so the search is over the batch size alone.
 SCRIPT_OWN = "script"
 SCRIPT_COMBO = Combo(SCRIPT_OWN, SCRIPT_OWN, False)
-SCRIPT_NOTE = (
-    "the script runs as it is: precision, optimizer and recomputation are its own, so the one combination "
-    "searched (script/script) is the batch size alone; the micro-batch is what reached the script in its "
-    "arguments or environment"
-)
+
+
+def script_combo(variant: str | None = None) -> Combo:
+    """The combination of a script run as it is, or of one of its argument variants (``script:NAME``)."""
+    return SCRIPT_COMBO if not variant else Combo(f"{SCRIPT_OWN}:{variant}", SCRIPT_OWN, False)
+
+
+def variant_of(precision: str) -> str | None:
+    """The argument variant a ``script:NAME`` precision names (None: the script's own arguments)."""
+    own, colon, name = precision.partition(":")
+    return name if own == SCRIPT_OWN and colon else None
+
+
+def script_note(variants: dict[str, list[str]]) -> str:
+    """The result's note on a script run as it is (and its argument variants)."""
+    note = (
+        "the script runs as it is: precision, optimizer and recomputation are its own, so the combination "
+        "searched (script/script) is the batch size alone; the micro-batch is what reached the script in its "
+        "arguments or environment"
+    )
+    for name, args in variants.items():
+        note += f"; script:{name} is the script with {shlex.join(args) or 'no more arguments'} after its own"
+    return note
 
 
 def combinations(

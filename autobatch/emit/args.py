@@ -1,8 +1,8 @@
 """The command line the job runs, with the plan filled in: for a script tuned as it is (pure).
 
 A script run as it is took its micro-batch from a ``{batch}`` placeholder in its arguments, or from an
-environment variable (``batch_env``). The plan's command line is the same script with the chosen
-micro-batch in its place (``NAME=value`` before the command for ``batch_env``; ``AUTOBATCH_BATCH_SIZE``, set in
+environment variable (``batch_env``). The plan's command line is the same script (with the chosen argument
+variant's arguments after its own, for a ``script:NAME`` choice) with the chosen micro-batch in its place (``NAME=value`` before the command for ``batch_env``; ``AUTOBATCH_BATCH_SIZE``, set in
 every probe too, is autobatch's own and not repeated), ``{accum}`` (if the arguments
 have one) replaced by the accumulation steps, and the launcher the plan needs: ``python`` for one process,
 ``torchrun --nproc-per-node N`` (and ``--nnodes``) for a strategy. The ``args`` format writes it as a
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import shlex
 
+from autobatch.core.space import variant_of
 from autobatch.emit.common import EmitOptions, comment_block, provenance, require_chosen
 from autobatch.errors import UsageError
 from autobatch.records.result import Chosen, TuneResult
@@ -31,7 +32,9 @@ def command(result: TuneResult) -> list[str] | None:
     chosen = result.chosen
     batch_env = result.as_is.get("batch_env")
     env = [f"{batch_env}={chosen.micro_batch_size}"] if batch_env else []
-    args = substitute(result.script_args, chosen.micro_batch_size, chosen.accumulation_steps)
+    variant = variant_of(chosen.precision)
+    extra = (result.as_is.get("variants") or {}).get(variant, []) if variant else []
+    args = substitute([*result.script_args, *extra], chosen.micro_batch_size, chosen.accumulation_steps)
     return [*env, *launcher(chosen), result.script, *args]
 
 

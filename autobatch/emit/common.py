@@ -99,7 +99,7 @@ SCRIPT_OWN = (
 
 def script_own(chosen: Chosen) -> bool:
     """The script ran as it is: precision, optimizer and recomputation are the script's (none to set)."""
-    return chosen.precision == "script"
+    return chosen.precision.partition(":")[0] == "script"  # "script:NAME": one of its argument variants
 
 
 def arithmetic(chosen: Chosen) -> str:

@@ -21,7 +21,7 @@ from autobatch.core.maximum import Limits, StaticMemory, find_maximum, floor_byt
 from autobatch.core.plan import Candidate, Plan, choose, knee, plan_accumulation
 from autobatch.core.rank_prior import per_rank
 from autobatch.core.search import Observation
-from autobatch.core.space import SCRIPT_COMBO, SCRIPT_NOTE, Combo, combinations
+from autobatch.core.space import SCRIPT_COMBO, Combo, combinations, script_combo, script_note
 from autobatch.core.units import format_bytes
 from autobatch.core.world import strategy_fields
 from autobatch.errors import ContractError, NothingFitsError, ScriptError
@@ -121,7 +121,7 @@ class Tuner:
                 "blocks": list(session.blocks),
             }
         if session.as_is:  # the plan's command line is filled in from it (autobatch.emit.args)
-            self.result.as_is = {"batch_env": session.spec.options.get("batch_env")}
+            self.result.as_is = {k: session.spec.options.get(k) for k in ("batch_env", "variants")}
         if options.world_size_source != "default":
             self.result.notes.append(f"world size {options.world_size} from {options.world_size_source}")
 
@@ -130,8 +130,9 @@ class Tuner:
         assert device is not None
         combos = combinations(self.options.precisions, self.options.optimizers, self.options.recompute)
         if self.session.as_is:  # its precision, optimizer and recomputation are the script's own
-            combos = [SCRIPT_COMBO]
-            self.result.notes.append(SCRIPT_NOTE)
+            variants = self.session.spec.options.get("variants") or {}
+            combos = [SCRIPT_COMBO, *map(script_combo, variants)]
+            self.result.notes.append(script_note(variants))
         for combo in combos:
             entry = ComboResult(combo.precision, combo.optimizer, combo.recompute)
             if combo.recompute:

@@ -75,6 +75,9 @@ class ScriptSettings:
     )  # fmt: skip
     batch_env: Optional[str] = setting(None, "str", "an environment variable name", "For a script run as it "
         "is: the variable it reads its batch size from.", optional=True, example="BATCH_SIZE")  # fmt: skip
+    variants: tuple[str, ...] = setting((), "strs", "a list of NAME=ARGS", "For a script run as it is: "
+        "variants searched beside it, each NAME=ARGS (ARGS, split as a shell splits them, after script_args).",
+        flag="--variant", example=["bf16=--bf16"])  # fmt: skip
     check_batch_size: bool = setting(
         True, "bool", "true or false", "Check that every tensor make_batch(n) returns has n in its leading "
         "dimension (a make_batch that ignores its argument gives a wrong maximum); turn off for other layouts.",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,9 +56,11 @@ class AsIsScript:
         options = dict(spec.get("options") or {})
         return cls(Path(str(spec["target"])).resolve(), tuple(args), options.get("batch_env"), options)
 
-    def argv(self, batch_size: int) -> list[str]:
-        """``sys.argv`` of a probe at ``batch_size``: the path, then the arguments with ``{batch}`` replaced."""
-        return [str(self.path), *substitute(self.args, batch_size)]
+    def argv(self, batch_size: int, variant: str | None = None) -> list[str]:
+        """``sys.argv`` of a probe at ``batch_size``: the path, then the arguments (and the ``variant``'s)
+        with ``{batch}`` replaced."""
+        extra = (self.options.get("variants") or {}).get(variant, []) if variant else []
+        return [str(self.path), *substitute([*self.args, *extra], batch_size)]
 
     def environment(self, batch_size: int) -> dict[str, str]:
         """The variables that carry the batch size into the script."""
@@ -74,6 +77,40 @@ def not_measured_by(command: str, how: str) -> UsageError:
         f"{command} {how}, and this script runs as it is (it defines no build_model/make_batch/compute_loss)",
         hint="measure it as it runs: `autobatch check SCRIPT --batch-size N -- ... {batch}` (one batch, its peak "
         "per rank) or `autobatch tune`; to break its memory down, write the three functions (see examples/)",
+    )
+
+
+_VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+def parse_variants(items: Sequence[str]) -> dict[str, list[str]]:
+    """``["bf16=--bf16 --amp"]`` -> ``{"bf16": ["--bf16", "--amp"]}``: each variant's name and arguments."""
+    variants: dict[str, list[str]] = {}
+    for item in items:
+        name, equals, args = item.partition("=")
+        name = name.strip()
+        if not equals or not _VARIANT_NAME.match(name) or name in variants:
+            why = "a name used twice" if name in variants else "expected NAME=ARGS"
+            raise UsageError(
+                f"--variant {item!r}: {why}",
+                hint="name each variant once, with letters, digits, '.', '_', '+' or '-', and give its arguments: "
+                "--variant bf16=--bf16 (ARGS are added after the script's own arguments)",
+            )
+        try:
+            variants[name] = shlex.split(args)
+        except ValueError as exc:
+            raise UsageError(
+                f"--variant {item!r}: {exc}", hint="quote its arguments as a shell would"
+            ) from None
+    return variants
+
+
+def variants_need_as_is() -> UsageError:
+    return UsageError(
+        "--variant compares a script run as it is with other arguments, and this script defines autobatch's "
+        "functions",
+        hint="a three-function script searches precision, optimizer and recomputation itself (-p, -o, "
+        "--recompute); drop --variant, or pass script arguments after --",
     )
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,19 +190,25 @@ def hf_config_file(target: str | Path) -> Path:
     return found
 
 
-def _file_spec(script: str, args: Any, batch_env: str | None) -> ScriptSpec:
+def _file_spec(script: str, args: Any, batch_env: str | None, variants: Sequence[str] = ()) -> ScriptSpec:
     """A script file: three functions, or run as it is (:func:`autobatch.step.as_is.is_as_is`, read from its
     source); a file that is not there is reported by :meth:`ScriptSpec.check`, one that is neither by the
     probe server's check (:func:`autobatch.step.contract.load_script`)."""
-    from autobatch.step.as_is import check_batch_env, is_as_is
+    from autobatch.step.as_is import check_batch_env, is_as_is, parse_variants, variants_need_as_is
 
     check_batch_env(batch_env)
+    named = parse_variants(variants)
     try:
         source = Path(script).read_text(errors="replace")
     except OSError:
         return ScriptSpec.file(script)
     if is_as_is(source, list(args), batch_env):
-        return ScriptSpec("as_is", script, {"batch_env": batch_env}, label=script)
+        options: dict[str, Any] = {"batch_env": batch_env}
+        if named:
+            options["variants"] = named
+        return ScriptSpec("as_is", script, options, label=script)
+    if named:
+        raise variants_need_as_is()
     return ScriptSpec.file(script)
 
 
@@ -272,7 +278,9 @@ def _spec_for(source: str, values: Mapping[str, Any], cwd: Path) -> ScriptSpec:
         script = str(values["script"])
         if is_reference(script) and not Path(script).exists():
             return ScriptSpec("reference", script, sys_path=(str(cwd),))
-        return _file_spec(script, values.get("script_args") or (), values.get("batch_env"))
+        return _file_spec(
+            script, values.get("script_args") or (), values.get("batch_env"), values.get("variants") or ()
+        )
     if source == "hf":
         options = {"task": values.get("hf_task"), "seq_len": values.get("seq_len")}
         task = f" ({options['task']})" if options["task"] else ""
@@ -297,7 +305,17 @@ if TYPE_CHECKING:
 
 def spec_from_settings(settings: Settings) -> ScriptSpec:
     """Where the settings say the step comes from: ``script``, ``hf`` or ``lightning`` (see :func:`select_spec`)."""
-    names = ("script", "script_args", "batch_env", "hf", "hf_task", "seq_len", "lightning", "datamodule")
+    names = (
+        "script",
+        "script_args",
+        "batch_env",
+        "variants",
+        "hf",
+        "hf_task",
+        "seq_len",
+        "lightning",
+        "datamodule",
+    )
     values = {f: settings.get(f) for f in names}
     values["lightning_config"] = settings.script.lightning_config
     values["batch_attr"] = settings.output.lightning_batch_key.rpartition(".")[2]

@@ -5,7 +5,9 @@ size in its arguments, and ends it after the optimizer steps each probe needs::
 
     autobatch tune examples/as_is/plain_loop.py --device cpu --memory 1GiB -- --batch-size {batch}
 
-``{batch}`` is replaced by each probe's micro-batch. The model reads 256 tokens per sample and runs four
+``{batch}`` is replaced by each probe's micro-batch; ``--variant bf16=--bf16`` searches the script with its
+``--bf16`` flag too (the forward autocast to bfloat16; on the CPU its peak moves from step to step, and the
+result says so), ``--variant deep=--layers 8`` with twice the blocks, and the table compares them. The model reads 256 tokens per sample and runs four
 Linear + ReLU blocks of 256 features on each (about 3.6 MiB of activations per sample), so the maximum under
 1 GiB is a few hundred samples. The data set lives in the probe's memory as it does in the job's, so it is
 kept small here (1 MiB). Run directly (``python examples/as_is/plain_loop.py``), it trains.
@@ -25,6 +27,8 @@ parser.add_argument("--batch-size", type=int, default=64)
 parser.add_argument("--epochs", type=int, default=20)
 parser.add_argument("--samples", type=int, default=1024)
 parser.add_argument("--lr", type=float, default=1e-3)
+parser.add_argument("--layers", type=int, default=4, help="Linear + ReLU blocks")
+parser.add_argument("--bf16", action="store_true", help="autocast the forward to bfloat16")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -41,7 +45,7 @@ class MeanPool(nn.Module):
 
 model = nn.Sequential(
     nn.Embedding(VOCAB, WIDTH),
-    *[layer for _ in range(4) for layer in (nn.Linear(WIDTH, WIDTH), nn.ReLU())],
+    *[layer for _ in range(args.layers) for layer in (nn.Linear(WIDTH, WIDTH), nn.ReLU())],
     MeanPool(),
     nn.Linear(WIDTH, CLASSES),
 )
@@ -49,7 +53,8 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
 for epoch in range(args.epochs):
     for step, (x, y) in enumerate(loader):
-        loss = F.cross_entropy(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = F.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

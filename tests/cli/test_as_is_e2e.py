@@ -111,3 +111,18 @@ def test_workers_not_counted_finder_warned_and_nothing_survives(tmp_path) -> Non
         p for p in psutil.process_iter(["cmdline"]) if "as_is/workers.py" in " ".join(p.info["cmdline"] or [])
     ]
     assert not left, [p.info["cmdline"] for p in left]
+
+
+def test_an_argument_variant_is_searched_beside_the_script(tmp_path) -> None:
+    # plain_loop.py --layers 2 holds half the activations of its default 4 blocks: more samples in the memory
+    data = _tune(
+        EXAMPLES / "as_is" / "plain_loop.py", "--memory", "512MiB", "--objective", "max-batch",
+        "--variant", "shallow=--layers 2", "--emit", f"args={tmp_path / 'run.sh'}", *PLACEHOLDER, tmp_path=tmp_path,
+    )  # fmt: skip
+    base, shallow = data["combinations"]
+    assert (base["precision"], shallow["precision"]) == ("script", "script:shallow")
+    assert base["status"] == shallow["status"] == "exact"
+    assert shallow["max_batch_size"] > 1.3 * base["max_batch_size"], (base, shallow)
+    assert data["chosen"]["precision"] == "script:shallow"
+    line = (tmp_path / "run.sh").read_text().splitlines()[-1]
+    assert line.endswith(f"--batch-size {data['chosen']['micro_batch_size']} --layers 2"), line

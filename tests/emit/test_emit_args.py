@@ -102,3 +102,12 @@ def test_the_written_file_runs_the_job(tmp_path: Path) -> None:
     text = path.read_text().replace("python ", f"{shlex.quote(sys.executable)} ", 1)
     done = subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=True)
     assert done.stdout == "batch 40\n"
+
+
+def test_a_chosen_variant_adds_its_arguments() -> None:
+    result = _as_is(["--batch-size", "{batch}"], micro=96)
+    assert result.chosen is not None and result.as_is is not None
+    result.chosen = replace(result.chosen, precision="script:bf16")
+    result.as_is["variants"] = {"bf16": ["--bf16", "--name", "a b"]}
+    assert command(result) == ["python", "train.py", "--batch-size", "96", "--bf16", "--name", "a b"]
+    check_result(result.to_dict(), "r.json")  # script:NAME is a precision the schema accepts

@@ -120,3 +120,49 @@ def test_no_way_to_pass_the_batch_exits_2_with_both_ways(tmp_path) -> None:
 )
 def test_enough_steps(peaks: list[int], expected: str | None) -> None:
     assert enough_steps(peaks, min_steps=3, max_steps=4, tolerance=10, stop_above=900) == expected
+
+
+# -- argument variants (--variant NAME=ARGS) --------------------------------------------------------------
+
+
+def test_variants_are_parsed_and_reach_the_probes_argv(tmp_path) -> None:
+    from pathlib import Path
+
+    from autobatch.core.space import SCRIPT_COMBO, script_combo, script_note, variant_of
+    from autobatch.step.as_is import parse_variants
+
+    variants = parse_variants(["bf16=--bf16 --amp", "wide=--width '2 048'", "same="])
+    assert variants == {"bf16": ["--bf16", "--amp"], "wide": ["--width", "2 048"], "same": []}
+    assert script_combo() == SCRIPT_COMBO and script_combo("bf16").precision == "script:bf16"
+    assert (
+        variant_of("script:bf16") == "bf16"
+        and variant_of("script") is None
+        and variant_of("bf16-mixed") is None
+    )
+    assert "script:bf16 is the script with --bf16 --amp after its own" in script_note(variants)
+    script = AsIsScript(Path("/t/train.py"), ("--bs", "{batch}"), options={"variants": variants})
+    assert script.argv(8, "bf16") == ["/t/train.py", "--bs", "8", "--bf16", "--amp"]
+    assert script.argv(8) == ["/t/train.py", "--bs", "8"]
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [(["bf16"], "expected NAME=ARGS"), (["a=--x", "a=--y"], "a name used twice"), (["b f=--x"], "expected NAME=ARGS"),
+     (["q=--x 'open"], "quotation")],
+)  # fmt: skip
+def test_a_bad_variant_names_the_fix(items: list[str], message: str) -> None:
+    from autobatch.step.as_is import parse_variants
+
+    with pytest.raises(UsageError, match=message) as info:
+        parse_variants(items)
+    assert "--variant" in info.value.message and info.value.hint
+
+
+def test_variants_belong_to_a_script_run_as_it_is(tmp_path) -> None:
+    plain, functions = tmp_path / "plain.py", tmp_path / "functions.py"
+    plain.write_text(PLAIN)
+    functions.write_text(FUNCTIONS)
+    values = {"script": str(plain), "script_args": ["--bs", "{batch}"], "variants": ["bf16=--bf16"]}
+    assert select_spec(values, lambda name: "SCRIPT").options["variants"] == {"bf16": ["--bf16"]}
+    with pytest.raises(UsageError, match="--variant compares a script run as it is"):
+        select_spec({**values, "script": str(functions)}, lambda name: "SCRIPT")
