@@ -7,7 +7,11 @@ as ``__main__`` (:func:`runpy.run_path`). Every ``torch.optim.Optimizer`` step i
 (``register_optimizer_step_post_hook``) that reads the peak and the time since the last step; once the steps
 say enough (:func:`autobatch.core.steady.enough_steps`, the rule of every probe), the hook writes the outcome
 and ends the process (:func:`autobatch.probe.ops.report_and_exit`). The steps counted are those of the first
-optimizer that steps (a GAN's second optimizer does not count twice).
+optimizer that steps (a GAN's second optimizer does not count twice). The first step's pre-hook reads the
+forward and backward phase alone (its peak and the gradients); a step given a closure runs that phase inside
+the step (Lightning's ``optimizer.step(closure=...)``), so the hook wraps the closure and reads them when it
+returns. Frameworks that wrap the optimizer (accelerate's ``AcceleratedOptimizer``, used by Hugging Face's
+``Trainer``) step the ``torch.optim.Optimizer`` inside, whose hooks fire as for a plain loop.
 
 What the script does instead is the answer:
 
@@ -186,14 +190,35 @@ class StepWatch:
 
     # -- the hooks --------------------------------------------------------------------------------
 
-    def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.first is None and not self.reported:  # the first step: the forward and backward phase alone
-            self.first = id(optimizer)
-            self.synchronize()
-            self.outcome.first_backward_peak_bytes = self.peak_now()
-            self.report.grad_bytes = _tensor_bytes(
-                p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
-            )
+    def _before(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """The first step: the forward and backward phase alone, read before the step; or, when the step
+        is given a closure (Lightning's ``optimizer.step(closure=...)`` runs the forward and backward
+        inside the step), once that closure has returned: a pre-hook may replace the step's arguments,
+        so the closure is wrapped."""
+        if self.first is not None or self.reported:
+            return None
+        self.first = id(optimizer)
+        closure = kwargs.get("closure", args[0] if args else None)
+        if not callable(closure):
+            self._backward_done(optimizer)
+            return None
+
+        def measured(*a: Any, **k: Any) -> Any:
+            result = closure(*a, **k)
+            if self.report.first_backward_peak is None:  # its first call (LBFGS calls it again)
+                self._backward_done(optimizer)
+            return result
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": measured}
+        return (measured, *args[1:]), kwargs
+
+    def _backward_done(self, optimizer: Any) -> None:
+        self.synchronize()
+        self.report.first_backward_peak = self.peak_now()
+        self.report.grad_bytes = _tensor_bytes(
+            p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
+        )
 
     def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.optimizers[id(optimizer)] = optimizer
