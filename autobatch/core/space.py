@@ -72,6 +72,11 @@ def script_combo(variant: str | None = None) -> Combo:
     return SCRIPT_COMBO if not variant else Combo(f"{SCRIPT_OWN}:{variant}", SCRIPT_OWN, False)
 
 
+def script_combos(variants: Mapping[str, object]) -> list[Combo]:
+    """The combinations of a script run as it is: the script, then each argument variant."""
+    return [SCRIPT_COMBO, *map(script_combo, variants)]
+
+
 def variant_of(precision: str) -> str | None:
     """The argument variant a ``script:NAME`` precision names (None: the script's own arguments)."""
     own, colon, name = precision.partition(":")

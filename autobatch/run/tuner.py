@@ -21,7 +21,7 @@ from autobatch.core.maximum import Limits, StaticMemory, find_maximum, floor_byt
 from autobatch.core.plan import Candidate, Plan, choose, knee, plan_accumulation
 from autobatch.core.rank_prior import per_rank
 from autobatch.core.search import Observation
-from autobatch.core.space import SCRIPT_COMBO, Combo, combinations, script_combo, script_note
+from autobatch.core.space import Combo, combinations, script_combos, script_note
 from autobatch.core.units import format_bytes
 from autobatch.core.world import strategy_fields
 from autobatch.errors import ContractError, NothingFitsError, ScriptError
@@ -130,8 +130,7 @@ class Tuner:
         assert device is not None
         combos = combinations(self.options.precisions, self.options.optimizers, self.options.recompute)
         if self.session.as_is:  # its precision, optimizer and recomputation are the script's own
-            variants = self.session.spec.options.get("variants") or {}
-            combos = [SCRIPT_COMBO, *map(script_combo, variants)]
+            combos = script_combos(variants := self.session.spec.options.get("variants") or {})
             self.result.notes.append(script_note(variants))
         for combo in combos:
             entry = ComboResult(combo.precision, combo.optimizer, combo.recompute)

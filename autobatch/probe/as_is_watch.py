@@ -1,0 +1,296 @@
+"""The watch on a script run as it is: the script as ``__main__`` in a probe process, its steps hooked.
+
+A probe is the script itself, in a process forked from the warm server, run as the job runs it: ``sys.argv``
+is the script and its arguments with ``{batch}`` replaced, the batch size is in ``AUTOBATCH_BATCH_SIZE`` (and
+``batch_env``), the budget is applied by the same device hooks as autobatch's own probes, and the script runs
+as ``__main__`` (:func:`runpy.run_path`). Every ``torch.optim.Optimizer`` step in the process fires a hook
+(``register_optimizer_step_post_hook``) that reads the peak and the time since the last step; once the steps
+say enough (:func:`autobatch.core.steady.enough_steps`, the rule of every probe), the hook writes the outcome
+and ends the process (:func:`autobatch.probe.ops.report_and_exit`). The steps counted are those of the first
+optimizer that steps (a GAN's second optimizer does not count twice). The first step's pre-hook reads the
+forward and backward phase alone (its peak and the gradients); a step given a closure runs that phase inside
+the step (Lightning's ``optimizer.step(closure=...)``), so the hook wraps the closure and reads them when it
+returns. Frameworks that wrap the optimizer (accelerate's ``AcceleratedOptimizer``, used by Hugging Face's
+``Trainer``) step the ``torch.optim.Optimizer`` inside, whose hooks fire as for a plain loop.
+
+What the script does instead is the answer:
+
+* it raises an out-of-memory error: ``oom`` (classified as for any probe), even when it catches the error
+  itself: the error is seen where it is raised (:class:`OomWatch`), and the probe ends there, so a batch the
+  script survives by retrying smaller or skipping never counts as a fit;
+* it ends, or raises its own error, before the steps were enough: the script's error (before its first
+  step: with its exit code; after k steps: not enough data at this batch, which says nothing of memory);
+* no optimizer step comes before the probe's timeout runs out: "no optimizer step seen".
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any, Callable
+
+from autobatch.core.space import variant_of
+from autobatch.core.steady import enough_steps, growth_tolerance
+from autobatch.errors import ContractError
+from autobatch.probe.oom import classify_exception
+from autobatch.probe.worker import _device_hooks, _read_report, _stopped_at_line
+from autobatch.records.failures import describe_failure
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.step.as_is import AsIsScript, not_counted_note
+
+#: Share of the probe's timeout after which a script that has not stepped its optimizer is stopped with
+#: "no optimizer step seen" (before the server's kill, which could only say "timeout").
+NO_STEP_SHARE = 0.9
+#: Exception types an out-of-memory error can have (a quick test before the classification proper).
+_OOM_TYPES: tuple[type[BaseException], ...] = (RuntimeError, MemoryError)
+
+
+def run_script(
+    request: ProbeRequest, script: AsIsScript, emit: Callable[[ProbeOutcome], None]
+) -> ProbeOutcome:
+    """The script as ``__main__`` under the request's budget, watched (:class:`StepWatch`); ``emit`` writes
+    an outcome the hooks reach inside the script's loop."""
+    start = time.perf_counter()
+    outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
+    outcome.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
+    os.environ.update(script.environment(request.batch_size))
+    sys.argv = script.argv(request.batch_size, variant_of(request.precision))
+    sys.path.insert(0, str(script.path.parent))
+    peak_now, synchronize, finish = _device_hooks(request, outcome)
+    outcome.setup_seconds = time.perf_counter() - start
+    watch = StepWatch(request, outcome, peak_now, synchronize, finish, emit)
+    watch.install()
+    code: object = 0
+    try:
+        runpy.run_path(str(script.path), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException as exc:  # noqa: BLE001 - everything the script raises becomes data
+        return watch.raised(exc)
+    return watch.ended(script.path.name, code)
+
+
+class StepWatch:
+    """The hooks on every optimizer step of a probe of a script run as it is (see the module docstring)."""
+
+    def __init__(
+        self,
+        request: ProbeRequest,
+        outcome: ProbeOutcome,
+        peak_now: Callable[[], int],
+        synchronize: Callable[[], None],
+        finish: Callable[[ProbeOutcome], None],
+        emit: Callable[[ProbeOutcome], None],
+    ) -> None:
+        from autobatch.step.loop import StepReport
+
+        self.request, self.outcome, self.emit = request, outcome, emit
+        self.reported = False  # a rank's fit is reported once, and its script goes on
+        self.peak_now, self.synchronize, self.finish = peak_now, synchronize, finish
+        self.report = StepReport()
+        self.first: int | None = None  # id() of the optimizer whose steps count
+        self.optimizers: dict[int, Any] = {}
+        self.last = time.perf_counter()
+        self.tolerance = growth_tolerance(request.budget_bytes)
+
+    def install(self) -> None:
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        register_optimizer_step_pre_hook(self._before)
+        register_optimizer_step_post_hook(self._after)
+        OomWatch(self).install()
+        deadline = self.request.timeout * NO_STEP_SHARE
+        if deadline > 0:
+            signal.signal(signal.SIGALRM, self._no_step)
+            signal.setitimer(signal.ITIMER_REAL, deadline)
+
+    # -- the hooks --------------------------------------------------------------------------------
+
+    def _before(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """The first step: the forward and backward phase alone, read before the step; or, when the step
+        is given a closure (Lightning's ``optimizer.step(closure=...)`` runs the forward and backward
+        inside the step), once that closure has returned: a pre-hook may replace the step's arguments,
+        so the closure is wrapped."""
+        if self.first is not None or self.reported:
+            return None
+        self.first = id(optimizer)
+        closure = kwargs.get("closure", args[0] if args else None)
+        if not callable(closure):
+            self._backward_done(optimizer)
+            return None
+
+        def measured(*a: Any, **k: Any) -> Any:
+            result = closure(*a, **k)
+            if self.report.first_backward_peak is None:  # its first call (LBFGS calls it again)
+                self._backward_done(optimizer)
+            return result
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": measured}
+        return (measured, *args[1:]), kwargs
+
+    def _backward_done(self, optimizer: Any) -> None:
+        self.synchronize()
+        self.report.first_backward_peak = self.peak_now()
+        self.report.grad_bytes = _tensor_bytes(
+            p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
+        )
+
+    def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizers[id(optimizer)] = optimizer
+        if id(optimizer) != self.first or self.reported:
+            return
+        self.synchronize()
+        now = time.perf_counter()
+        self.report.step_seconds.append(now - self.last)
+        self.last = now
+        self.report.step_peaks.append(self.peak_now())
+        self.report.steps = len(self.report.step_peaks)
+        why = enough_steps(
+            self.report.step_peaks,
+            min_steps=self.request.min_steps,
+            max_steps=self.request.max_steps,
+            tolerance=self.tolerance,
+            stop_above=self.request.stop_above_bytes,
+        )
+        if why is not None:
+            self.report.stopped_above = why == "above"
+            self.reported = True
+            self.emit(self._measured())
+
+    def _no_step(self, signum: int, frame: FrameType | None) -> None:
+        if self.report.steps or self.reported:
+            return  # stepping, only slowly: the server's timeout answers
+        seconds = self.request.timeout * NO_STEP_SHARE
+        error = ContractError(
+            f"no optimizer step seen within {seconds:g} s at batch {self.request.batch_size}",
+            hint="autobatch ends a script run as it is after its optimizer steps, seen through torch.optim's "
+            "step hooks: an optimizer that is not a torch.optim.Optimizer is never seen. If the script is only "
+            "slow to reach its first step (preparing data, compiling), raise --timeout",
+        )
+        self.emit(self._failed(error))
+
+    # -- the outcome ------------------------------------------------------------------------------
+
+    def raised(self, exc: BaseException, caught: bool = False) -> ProbeOutcome:
+        """The script raised ``exc`` (out of its ``__main__``, or seen by :class:`OomWatch`)."""
+        used = _safe(self.peak_now)
+        kind = classify_exception(exc, used_bytes=used, budget_bytes=self.request.budget_bytes)
+        if kind != "oom":
+            return self._failed(exc)
+        describe_failure(self.outcome, exc, kind="oom")
+        if caught:
+            self.outcome.reason = (
+                f"the script raised an out-of-memory error after {self.report.steps} optimizer step(s) "
+                f"({type(exc).__name__}); the probe ends where it is raised, whether or not the script would catch "
+                "it: a batch the script survives only by catching it (retrying smaller, skipping a batch) does not fit"
+            )
+        return self._measured(fits=False)
+
+    def ended(self, name: str, code: object) -> ProbeOutcome:
+        """The script ended on its own before its steps were enough."""
+        status = f"exit code {code}" if code not in (0, None) else "exit code 0"
+        steps = self.report.steps
+        if steps == 0:
+            error = ContractError(
+                f"{name} ended ({status}) before its first optimizer step at batch {self.request.batch_size}",
+                hint="a script run as it is must reach torch.optim's optimizer.step() with the arguments after --: "
+                "check that they run the training loop (its last lines are shown), and that its optimizer is a "
+                "torch.optim.Optimizer",
+            )
+        else:
+            needed = max(self.request.min_steps, 2)
+            error = ContractError(
+                f"{name} ended ({status}) after {steps} optimizer step(s) at batch {self.request.batch_size}: not "
+                f"enough data at this batch size (a probe needs {needed} at least, and more while the peak still "
+                f"grows, up to {self.request.max_steps}); this says nothing about memory",
+                hint="give the script more steps for the tune: more data or more epochs in the arguments after -- "
+                "(the probe ends the script once it has measured what it needs)",
+            )
+        return self._failed(error)
+
+    def _failed(self, exc: BaseException) -> ProbeOutcome:
+        describe_failure(self.outcome, exc)
+        return self._measured(fits=False)
+
+    def _measured(self, fits: bool = True) -> ProbeOutcome:
+        """The outcome with what the steps measured (and, on CUDA, its verdict)."""
+        outcome = self.outcome
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        outcome.peak_bytes = _safe(self.peak_now)
+        self.report.optimizer_state_bytes = sum(_state_bytes(o) for o in self.optimizers.values())
+        params = {id(p): p for o in self.optimizers.values() for g in o.param_groups for p in g["params"]}
+        self.report.param_count = sum(p.numel() for p in params.values())
+        self.report.param_bytes = _tensor_bytes(params.values())
+        self.finish(outcome)
+        if fits and self.report.stopped_above:
+            _stopped_at_line(outcome, self.report.steps, self.request)
+        _read_report(outcome, self.report)
+        children = _children()
+        if children and self.request.device == "cpu":
+            outcome.info["child_processes"] = children
+            outcome.info["note"] = not_counted_note(children)
+        return outcome
+
+
+class OomWatch:
+    """Sees an out-of-memory error where it is raised, in every Python thread of the probe, even when the
+    script catches it: a trace function on the frames' ``exception`` events only (no line events)."""
+
+    def __init__(self, steps: StepWatch) -> None:
+        self.steps = steps
+
+    def install(self) -> None:
+        sys.settrace(self._call)
+        threading.settrace(self._call)
+
+    def _call(self, frame: FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_lines = False
+        return self._local
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "exception" and isinstance(arg[1], _OOM_TYPES):
+            exc = arg[1]
+            used = _safe(self.steps.peak_now)
+            budget = self.steps.request.budget_bytes
+            if (
+                not self.steps.reported
+                and classify_exception(exc, used_bytes=used, budget_bytes=budget) == "oom"
+            ):
+                sys.settrace(None)
+                self.steps.emit(self.steps.raised(exc, caught=True))
+        return self._local
+
+
+def _state_bytes(optimizer: Any) -> int:
+    from autobatch.step.optimizers import optimizer_state_bytes
+
+    return optimizer_state_bytes(optimizer)
+
+
+def _tensor_bytes(tensors: Any) -> int:
+    return sum(int(t.numel() * t.element_size()) for t in tensors)
+
+
+def _children() -> int:
+    import psutil
+
+    try:
+        return len(psutil.Process().children(recursive=True))
+    except psutil.Error:
+        return 0
+
+
+def _safe(fn: Callable[[], int]) -> int | None:
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001
+        return None

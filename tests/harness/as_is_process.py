@@ -1,0 +1,235 @@
+"""An independent harness for a training script run as it is: does it fit when the job starts it fresh?
+
+Written without autobatch's code, to check its as-is answers from outside (see ``docs/as-is.md``). A trial
+runs an unmodified script the way the job runs it under the same cap: a fresh ``python`` process whose data
+memory is capped with ``RLIMIT_DATA`` before ``exec`` (the interpreter, torch, the script's imports and its
+data set all count), glibc's malloc pinned as autobatch pins it (the environment of
+:mod:`harness.fresh_process`), ``sys.argv`` the script and its arguments, the script run as ``__main__``
+(``runpy.run_path``). A hook on every ``torch.optim`` optimizer step
+(``register_optimizer_step_post_hook``) counts the steps of the first optimizer that steps; after ``steps``
+of them the trial reports ``fits`` and ends the process where it is.
+
+The verdict is ``fits``, ``oom`` (a ``MemoryError`` or an allocation error from torch, seen where it is
+raised by a trace function on exception events, so one the script catches counts too; or a native abort
+that says so) or ``error`` (the script ended, or raised anything else, before its steps: :func:`fits_as_is`
+raises it as :class:`HarnessError`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .fresh_process import OOM_MARKS, HarnessError, _start, job_env
+
+__all__ = ["AsIsTrial", "HarnessError", "fits_as_is", "largest_fitting_as_is", "run_as_is_trial"]
+
+PLACEHOLDER = "{batch}"
+#: Exit codes of a trial process.
+EXIT_FITS, EXIT_OOM, EXIT_ERROR = 0, 3, 4
+Kind = Literal["fits", "oom", "error"]
+
+#: The trial process: ``python -c CHILD REPORT_PATH SCRIPT STEPS [SCRIPT_ARGS...]``.
+CHILD = (
+    f"OOM_MARKS = {OOM_MARKS!r}\nEXIT_FITS, EXIT_OOM, EXIT_ERROR = {EXIT_FITS}, {EXIT_OOM}, {EXIT_ERROR}\n"
+)
+CHILD += r"""
+import json, os, runpy, sys, threading, traceback
+
+report_path, script, steps = sys.argv[1:4]
+steps = int(steps)
+sys.argv = [script, *sys.argv[4:]]
+sys.path.insert(0, os.path.dirname(script))
+report = {"steps": 0}
+
+
+def vm(*keys):
+    found = {}
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            key, _, rest = line.partition(":")
+            if key in keys:
+                found[key] = int(rest.split()[0]) * 1024
+    return [found[key] for key in keys]
+
+
+def finish(kind, code, exc=None):
+    sys.settrace(None)
+    report["kind"] = kind
+    if exc is not None:
+        report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+    data, size, peak = vm("VmData", "VmSize", "VmPeak")
+    report["vm_data_end"] = data
+    report["peak_estimate"] = peak - (size - data)  # exact while the non-data mappings stay as they are
+    with open(report_path, "w") as handle:
+        json.dump(report, handle)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def is_oom(exc):
+    if isinstance(exc, MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(mark in str(exc).lower() for mark in OOM_MARKS)
+
+
+def on_call(frame, event, arg):
+    frame.f_trace_lines = False
+    return on_event
+
+
+def on_event(frame, event, arg):
+    if event == "exception" and is_oom(arg[1]):  # where it is raised, caught later or not
+        traceback.print_exception(arg[0], arg[1], arg[2])
+        finish("oom", EXIT_OOM, arg[1])
+    return on_event
+
+
+first = None
+
+
+def after_step(optimizer, args, kwargs):
+    global first
+    if first is None:
+        first = id(optimizer)
+    if id(optimizer) == first:
+        report["steps"] += 1
+        if report["steps"] >= steps:
+            finish("fits", EXIT_FITS)
+
+
+try:
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(after_step)
+    report["baseline_bytes"] = vm("VmData")[0]  # after import torch, before the script
+    sys.settrace(on_call)
+    threading.settrace(on_call)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        ended = f"the script ended (exit code {exc.code}) after {report['steps']} optimizer step(s)"
+    else:
+        ended = f"the script ended after {report['steps']} optimizer step(s)"
+    sys.settrace(None)
+    finish("error", EXIT_ERROR, RuntimeError(f"{ended}, fewer than {steps}"))
+except BaseException as exc:
+    traceback.print_exc()
+    finish("oom" if is_oom(exc) else "error", EXIT_OOM if is_oom(exc) else EXIT_ERROR, exc)
+"""
+
+
+@dataclass(frozen=True)
+class AsIsTrial:
+    """One trial's outcome: ``kind``, the optimizer steps that ran and the figures the process reported."""
+
+    kind: Kind
+    args: tuple[str, ...]
+    budget_bytes: int
+    seconds: float
+    steps: int = 0
+    baseline_bytes: int | None = None  # VmData after import torch, before the script
+    vm_data_end: int | None = None
+    #: VmPeak less the non-data mappings at the end: the data high-water mark if no library loaded after it.
+    peak_estimate: int | None = None
+    detail: str = ""
+
+
+def run_as_is_trial(
+    script: str | Path,
+    args: Sequence[str],
+    budget_bytes: int,
+    steps: int = 10,
+    timeout: float = 1800.0,
+) -> AsIsTrial:
+    """Run ``script`` with ``args`` as ``__main__`` in one fresh process capped at ``budget_bytes``, until
+    ``steps`` optimizer steps (or its end, or an out-of-memory error)."""
+    path = Path(script).resolve()
+    with tempfile.TemporaryDirectory(prefix="as-is-trial-") as folder:
+        started = time.perf_counter()
+        report, logs = Path(folder, "report.json"), Path(folder, "log.txt")
+        command = [sys.executable, "-c", CHILD, str(report), str(path), str(steps), *args]
+        with open(logs, "wb") as log:
+            process = _start(command, job_env(), budget_bytes, log)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                raise HarnessError(
+                    f"{path.name} {' '.join(args)}: no verdict within {timeout:.0f} s"
+                ) from None
+        return _read(
+            report, logs, process.returncode, tuple(args), budget_bytes, time.perf_counter() - started
+        )
+
+
+def fits_as_is(
+    script: str | Path, args: Sequence[str], budget_bytes: int, steps: int = 10, timeout: float = 1800.0
+) -> bool:
+    """Whether ``steps`` optimizer steps of ``script`` with ``args`` run in a fresh process capped at
+    ``budget_bytes`` (raises :class:`HarnessError` on a failure that is not out of memory)."""
+    trial = run_as_is_trial(script, args, budget_bytes, steps, timeout)
+    if trial.kind == "error":
+        raise HarnessError(f"{Path(script).name} {' '.join(args)}: {trial.detail}")
+    return trial.kind == "fits"
+
+
+def substitute(template: Sequence[str], batch: int) -> list[str]:
+    """The arguments with ``{batch}`` replaced (``--bs={batch}`` too)."""
+    return [arg.replace(PLACEHOLDER, str(batch)) for arg in template]
+
+
+def largest_fitting_as_is(
+    script: str | Path,
+    args_template: Sequence[str],
+    budget_bytes: int,
+    lo: int,
+    hi: int,
+    steps: int = 10,
+    timeout: float = 1800.0,
+) -> int:
+    """The largest batch in ``[lo, hi]`` that fits, ``{batch}`` in ``args_template`` replaced by it, by
+    bisection (fitting is assumed monotone in the batch size); ``lo - 1`` when none does. About
+    ``log2(hi - lo + 2)`` trials: give a tight bracket."""
+    if not any(PLACEHOLDER in arg for arg in args_template):
+        raise ValueError(f"no {PLACEHOLDER} in the arguments {list(args_template)}")
+    good, bad = lo - 1, hi + 1
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits_as_is(script, substitute(args_template, mid), budget_bytes, steps, timeout):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def _read(
+    report: Path, logs: Path, code: int, args: tuple[str, ...], budget_bytes: int, seconds: float
+) -> AsIsTrial:
+    """A trial process's outcome from its report, or, without one, from its exit and its output."""
+    tail = logs.read_text(errors="replace")[-4000:]
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError):
+        data = {}
+    kind = data.get("kind")
+    if kind is None:  # no report: killed, or a native abort before Python could write one
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        oom = any(mark in tail.lower() for mark in OOM_MARKS)
+        detail = f"{how} without a report; output ends: {tail[-600:]}"
+        return AsIsTrial("oom" if oom else "error", args, budget_bytes, seconds, detail=detail)
+    detail = "" if kind == "fits" else f"{data.get('error', '')}\n{tail[-1500:]}".strip()
+    return AsIsTrial(
+        kind, args, budget_bytes, seconds, data.get("steps", 0), data.get("baseline_bytes"),
+        data.get("vm_data_end"), data.get("peak_estimate"), detail,
+    )  # fmt: skip
