@@ -71,12 +71,16 @@ def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOpt
     (the forked outcome as it is when it does not fit; ``info["fresh_error"]`` when a fresh process failed)."""
     from autobatch.probe.ranks import run_ranks
     from autobatch.probe.worker import measure_steps
+    from autobatch.step.as_is import AsIsScript
 
     plain = replace(request, fresh_offset_bytes=[], stop_above_bytes=None)
     fresh = _run_fresh(plain, options)
     measure = settled(measure_steps)
     forked_ranks: list[ProbeOutcome] = []
-    if plain.strategy == "none":
+    if isinstance(script, AsIsScript):  # one process (the ranks of one: not yet)
+        forked = _forked_as_is(plain, script)
+        forked_ranks.append(forked)
+    elif plain.strategy == "none":
         forked = measure(plain, script, time.perf_counter())
         forked_ranks.append(forked)
     else:
@@ -115,6 +119,39 @@ def settled(measure: Measure, own_import_bytes: int = 0) -> Measure:
         return outcome
 
     return measured
+
+
+def _forked_as_is(request: ProbeRequest, script: Any) -> ProbeOutcome:
+    """The script run as it is in a process forked from this one: its outcome, read as the fresh one's."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _as_is_steps(request, script, write_fd, 0)
+    os.close(write_fd)
+    data = b""
+    while chunk := os.read(read_fd, 1 << 16):
+        data += chunk
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    if not data:
+        return ProbeOutcome(kind="crash", reason="the forked run of the script ended without a report")
+    return ProbeOutcome.from_dict(json.loads(data)["outcome"])
+
+
+def _as_is_steps(request: ProbeRequest, script: Any, fd: int, own_import_bytes: int) -> None:
+    """Run a script as it is until its steps are enough; one report line on ``fd`` with the data memory then
+    (the script's objects live on in its globals, so both processes are read at the same point: after the
+    last step, the step's own memory freed); never returns."""
+    from autobatch.probe.as_is_watch import run_script
+
+    def report(outcome: ProbeOutcome) -> None:
+        outcome.info = {**outcome.info, "settled_bytes": _data_bytes(), "own_import_bytes": own_import_bytes}
+        write_all(fd, (json.dumps({"outcome": outcome.to_dict()}) + "\n").encode())
+        os._exit(0)
+
+    die_with_parent()
+    report(run_script(request, script, report))
 
 
 def _run_fresh(request: ProbeRequest, options: FreshOptions) -> list[ProbeOutcome]:
@@ -182,12 +219,17 @@ def main() -> None:
     import torch  # noqa: F401  (first, as the job imports it)
 
     before = _data_bytes()
-    from autobatch.probe import ranks, worker
+    from autobatch.probe import as_is_watch, ranks, worker  # noqa: F401  (as_is_watch: before the reading)
     from autobatch.step import loop  # noqa: F401  (what the steps import, before the reading)
+    from autobatch.step.as_is import AsIsScript
     from autobatch.step.contract import load_script
 
     own = _data_bytes() - before
     request = ProbeRequest.from_dict(start["request"])
+    if isinstance(start["script"], dict) and start["script"].get("kind") == "as_is":
+        _as_is_steps(
+            request, AsIsScript.from_spec(start["script"], start["script_args"]), start["report_fd"], own
+        )
     script = load_script(start["script"], start["script_args"])
 
     measure = settled(worker.measure_steps, own)

@@ -83,7 +83,8 @@ def inspect_device(session: Session) -> DeviceInfo:
     if found.fell_back:
         found.notes.insert(0, FALLBACK_NOTE.format(torch=session.torch_version))
     session.device = found
-    if found.type == "cpu" and session.fresh_baseline and not session.as_is:  # an as-is script: not yet
+    ranks_as_is = session.as_is and session.nproc_per_node > 1  # a script's own ranks: not yet measured
+    if found.type == "cpu" and session.fresh_baseline and not ranks_as_is:
         _measure_fresh_offsets(session, found)
     return found
 

@@ -126,3 +126,20 @@ def test_an_argument_variant_is_searched_beside_the_script(tmp_path) -> None:
     assert data["chosen"]["precision"] == "script:shallow"
     line = (tmp_path / "run.sh").read_text().splitlines()[-1]
     assert line.endswith(f"--batch-size {data['chosen']['micro_batch_size']} --layers 2"), line
+
+
+def test_a_maximum_counted_as_the_jobs_fresh_process_holds_in_one(tmp_path, monkeypatch) -> None:
+    """The CPU device's fresh-process offset is measured for a script run as it is (the conftest turns it
+    off for the other tests): the maximum lies within 1 % above and 3 % below the independent harness's, which
+    runs the script in a fresh process under the same cap (tests/harness/as_is_process.py, no autobatch code)."""
+    from harness.as_is_process import fits_as_is
+
+    monkeypatch.delenv("AUTOBATCH_FRESH_BASELINE")
+    script = EXAMPLES / "as_is" / "plain_loop.py"
+    data = _tune(script, *PLACEHOLDER, tmp_path=tmp_path)
+    assert len(data["device"]["fresh_process"]["offset_bytes"]) == 1
+    assert any("probes count as the job's fresh process" in note for note in data["notes"])
+    b_max, budget = data["combinations"][0]["max_batch_size"], data["device"]["budget_bytes"]
+    assert fits_as_is(script, ["--batch-size", str(math.ceil(b_max / 1.01))], budget), "more than 1 % above"
+    below = math.floor(b_max / 0.97) + 1
+    assert not fits_as_is(script, ["--batch-size", str(below)], budget), "more than 3 % below"
