@@ -41,7 +41,7 @@ from autobatch.probe.oom import classify_exception
 from autobatch.probe.worker import _device_hooks, _read_report, _stopped_at_line
 from autobatch.records.failures import describe_failure
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
-from autobatch.step.as_is import AsIsScript, not_counted_note
+from autobatch.step.as_is import AsIsScript, accumulation, accumulation_note, not_counted_note
 
 #: Share of the probe's timeout after which a script that has not stepped its optimizer is stopped with
 #: "no optimizer step seen" (before the server's kill, which could only say "timeout").
@@ -97,6 +97,7 @@ class StepWatch:
         self.optimizers: dict[int, Any] = {}
         self.last = time.perf_counter()
         self.tolerance = growth_tolerance(request.budget_bytes)
+        self.backwards = BackwardCount()
 
     def install(self) -> None:
         from torch.optim.optimizer import (
@@ -107,6 +108,7 @@ class StepWatch:
         register_optimizer_step_pre_hook(self._before)
         register_optimizer_step_post_hook(self._after)
         OomWatch(self).install()
+        self.backwards.install()
         deadline = self.request.timeout * NO_STEP_SHARE
         if deadline > 0:
             signal.signal(signal.SIGALRM, self._no_step)
@@ -152,6 +154,7 @@ class StepWatch:
         now = time.perf_counter()
         self.report.step_seconds.append(now - self.last)
         self.last = now
+        self.backwards.lap(len(self.optimizers))
         self.report.step_peaks.append(self.peak_now())
         self.report.steps = len(self.report.step_peaks)
         why = enough_steps(
@@ -234,11 +237,41 @@ class StepWatch:
         if fits and self.report.stopped_above:
             _stopped_at_line(outcome, self.report.steps, self.request)
         _read_report(outcome, self.report)
+        micro = accumulation(self.backwards.laps)
+        if micro > 1:  # the script accumulates gradients itself: each step is that many micro-batches
+            outcome.info["micro_batches_per_step"] = micro
+            outcome.info["script_notes"] = [accumulation_note(micro)]
+            if outcome.samples_per_second is not None:
+                outcome.samples_per_second *= micro
         children = _children()
         if children and self.request.device == "cpu":
             outcome.info["child_processes"] = children
             outcome.info["note"] = not_counted_note(children)
         return outcome
+
+
+class BackwardCount:
+    """Counts the backward passes of the probe (``torch.autograd.backward``, which ``Tensor.backward``
+    calls) between the steps that count: more than one per step is the script's own gradient accumulation."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.laps: list[int] = []  # backward passes before each counted step; -1: another optimizer stepped
+
+    def install(self) -> None:
+        import torch.autograd
+
+        original = torch.autograd.backward
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return original(*args, **kwargs)
+
+        torch.autograd.backward = counted  # type: ignore[assignment]
+
+    def lap(self, optimizers: int) -> None:
+        self.laps.append(self.count if optimizers == 1 else -1)  # two optimizers (a GAN): not accumulation
+        self.count = 0
 
 
 class OomWatch:

@@ -319,6 +319,8 @@ class Session:
             apply_margin(outcome, self.device)
         if outcome.info.get("note") and self.device.type == "cpu":
             self.warn(str(outcome.info["note"]))  # processes the script started: not counted
+        for note in outcome.info.get("script_notes", []):  # what a script run as it is does of its own
+            self.warn(str(note))
         if self.on_probe:
             self.on_probe(combo, outcome, cached)
         if outcome.kind == "error":

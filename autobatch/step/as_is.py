@@ -114,6 +114,21 @@ def variants_need_as_is() -> UsageError:
     )
 
 
+def accumulation(laps: Sequence[int]) -> int:
+    """Micro-batches per optimizer step from the backward passes before each step: the same number k > 1
+    before every step is the script's own gradient accumulation; anything else (one optimizer among several,
+    a first step that differs, uneven counts) is 1."""
+    return laps[0] if len(laps) >= 2 and laps[0] > 1 and all(n == laps[0] for n in laps) else 1
+
+
+def accumulation_note(micro: int) -> str:
+    return (
+        f"the script runs {micro} backward passes per optimizer step (gradient accumulation of its own): samples "
+        f"per second count {micro} micro-batches a step, each optimizer step sees {micro} x the micro-batch, and "
+        "the plan's accumulation multiplies the script's"
+    )
+
+
 def compile_error(path: str) -> ScriptError | None:
     """The probe server's start-up check of an as-is script: it compiles (nothing of it runs), else why not."""
     try:

@@ -143,3 +143,15 @@ def test_a_maximum_counted_as_the_jobs_fresh_process_holds_in_one(tmp_path, monk
     assert fits_as_is(script, ["--batch-size", str(math.ceil(b_max / 1.01))], budget), "more than 1 % above"
     below = math.floor(b_max / 0.97) + 1
     assert not fits_as_is(script, ["--batch-size", str(below)], budget), "more than 3 % below"
+
+
+def test_gradient_accumulation_of_the_scripts_own_is_said(tmp_path) -> None:
+    proc = _check(AS_IS / "accumulates.py", 16)
+    assert proc.returncode == 0, proc.stderr
+    assert "runs 4 backward passes per optimizer step" in " ".join(proc.stderr.split())
+    plain = run_cli(
+        "check", str(AS_IS / "accumulates.py"), "--batch-size", "16", *CPU, "--", "--batch-size", "{batch}",
+        "--accumulate", "1",
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stderr
+    assert "backward passes per optimizer step" not in plain.stderr

@@ -166,3 +166,13 @@ def test_variants_belong_to_a_script_run_as_it_is(tmp_path) -> None:
     assert select_spec(values, lambda name: "SCRIPT").options["variants"] == {"bf16": ["--bf16"]}
     with pytest.raises(UsageError, match="--variant compares a script run as it is"):
         select_spec({**values, "script": str(functions)}, lambda name: "SCRIPT")
+
+
+@pytest.mark.parametrize(
+    ("laps", "micro"),
+    [([4, 4, 4], 4), ([1, 1, 1], 1), ([4], 1), ([4, 4, -1, 4], 1), ([2, 3, 2], 1), ([], 1)],
+)
+def test_accumulation_is_the_same_count_before_every_step(laps: list[int], micro: int) -> None:
+    from autobatch.step.as_is import accumulation
+
+    assert accumulation(laps) == micro
