@@ -39,7 +39,7 @@ from autobatch.core.steady import enough_steps, growth_tolerance
 from autobatch.errors import ContractError
 from autobatch.probe.oom import classify_exception
 from autobatch.probe.worker import _device_hooks, _read_report, _stopped_at_line
-from autobatch.records.failures import describe_failure
+from autobatch.records.failures import NOTHING_OF_MEMORY, describe_failure
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.step.as_is import AsIsScript, accumulation, accumulation_note, not_counted_note
 
@@ -214,7 +214,7 @@ class StepWatch:
             error = ContractError(
                 f"{name} ended ({status}) after {steps} optimizer step(s) at batch {self.request.batch_size}: not "
                 f"enough data at this batch size (a probe needs {needed} at least, and more while the peak still "
-                f"grows, up to {self.request.max_steps}); this says nothing about memory",
+                f"grows, up to {self.request.max_steps}); {NOTHING_OF_MEMORY}",
                 hint="give the script more steps for the tune: more data or more epochs in the arguments after -- "
                 "(the probe ends the script once it has measured what it needs)",
             )

@@ -102,6 +102,10 @@ def raise_for(outcome: ProbeOutcome, what: str) -> None:
     )
 
 
+#: How an error that is no answer about memory says so (a script run as it is that ran out of data).
+NOTHING_OF_MEMORY = "this says nothing about memory"
+
+
 def with_larger_oom(
     error: ScriptError | ContractError,
     batch_size: int,
@@ -115,7 +119,7 @@ def with_larger_oom(
     ``batch_size``, and making the larger batch fit alone gives nothing (a BatchNorm model at batch 1).
     """
     larger = [o for o in outcomes if o.kind == "oom" and o.batch_size > batch_size]
-    if not larger:
+    if not larger or NOTHING_OF_MEMORY in error.message:  # no memory answer to set beside the larger one
         return error
     oom = min(larger, key=lambda o: o.batch_size)
     peak = f"peak {format_bytes(oom.peak_bytes)}, " if oom.peak_bytes else ""

@@ -86,3 +86,12 @@ def test_an_oom_further_up_is_named_and_the_hint_kept() -> None:
 def test_without_a_larger_oom_the_error_is_unchanged() -> None:
     error = ScriptError("the training script raised ValueError", hint="fix it")
     assert with_larger_oom(error, 8, [ProbeOutcome(kind="fits", batch_size=4), _oom(4)]) is error
+
+
+def test_an_error_that_says_nothing_of_memory_is_not_set_beside_an_oom() -> None:
+    from autobatch.records.failures import NOTHING_OF_MEMORY
+
+    error = ContractError(
+        f"train.py ended after 3 optimizer step(s) at batch 354: not enough data; {NOTHING_OF_MEMORY}"
+    )
+    assert with_larger_oom(error, 354, [_oom(355)]) is error
