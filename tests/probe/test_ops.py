@@ -28,7 +28,9 @@ class Knobs:
 
 @pytest.fixture(autouse=True)
 def _own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Operations registered here do not outlive the test."""
+    """Operations registered here do not outlive the test (the built-in ones are registered first: imported
+    for the first time under the copy, they would be missing from the registry for every later test)."""
+    ops.load_operations(())
     monkeypatch.setattr(ops, "_OPERATIONS", dict(ops._OPERATIONS))
 
 
