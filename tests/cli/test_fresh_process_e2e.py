@@ -53,6 +53,6 @@ def test_a_cpu_maximum_holds_in_a_fresh_process(tmp_path: Path) -> None:
 
 def test_a_ddp_maximum_holds_in_fresh_rank_processes(tmp_path: Path) -> None:
     script = EXAMPLES / "mlp.py"  # its steps are short enough for a distributed search in a test
-    maximum, budget, device = _tune(tmp_path, script, "1GiB", "--strategy", "ddp", "--nproc-per-node", "2")
+    maximum, budget, device = _tune(tmp_path, script, "512MiB", "--strategy", "ddp", "--nproc-per-node", "2")
     assert len(device["fresh_process"]["offset_bytes"]) == 2  # type: ignore[index]
     assert fits_ddp(script, [], math.floor(0.98 * maximum), budget, world=2)
