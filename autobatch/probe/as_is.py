@@ -14,13 +14,11 @@ ends the rank, and the coordinator ends the others.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import traceback
 from dataclasses import replace
 from functools import partial
-from typing import Any
 
 from autobatch.probe import ops
 from autobatch.probe.as_is_watch import run_script
@@ -53,7 +51,7 @@ def run_on_ranks(request: ProbeRequest, script: AsIsScript) -> ProbeOutcome:
     # a rank that never steps says so before the coordinator's deadline
     ranked = replace(request, stop_above_bytes=None, timeout=request.timeout * RANK_TIME_SHARE)
     body = partial(run_rank, ranked, script)
-    return run_ranks(ranked, script, _no_measure, body=body)  # type: ignore[arg-type]
+    return run_ranks(ranked, script, None, body=body)  # type: ignore[arg-type]
 
 
 def run_rank(
@@ -96,10 +94,6 @@ class RankReport:
         if self.sent:
             return
         self.sent = True
-        ops.write_all(self.fd, (json.dumps({"outcome": outcome.to_dict()}) + "\n").encode())
+        ops.write_report(self.fd, outcome)
         if not outcome.fits:
             os._exit(0)
-
-
-def _no_measure(*args: Any, **kwargs: Any) -> ProbeOutcome:
-    raise AssertionError("a script run as it is measures its own ranks (run_rank)")

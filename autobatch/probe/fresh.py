@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autobatch.probe.ops import register, write_all
+from autobatch.probe.ops import register, write_report
 from autobatch.probe.server import die_with_parent
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
@@ -147,7 +147,7 @@ def _as_is_steps(request: ProbeRequest, script: Any, fd: int, own_import_bytes: 
 
     def report(outcome: ProbeOutcome) -> None:
         outcome.info = {**outcome.info, "settled_bytes": _data_bytes(), "own_import_bytes": own_import_bytes}
-        write_all(fd, (json.dumps({"outcome": outcome.to_dict()}) + "\n").encode())
+        write_report(fd, outcome)
         os._exit(0)
 
     die_with_parent()
@@ -234,8 +234,7 @@ def main() -> None:
 
     measure = settled(worker.measure_steps, own)
     if request.strategy == "none" or request.nproc_per_node < 2:
-        report = {"outcome": measure(request, script, started).to_dict()}
-        write_all(start["report_fd"], (json.dumps(report) + "\n").encode())
+        write_report(start["report_fd"], measure(request, script, started))
         os._exit(0)
     where = (start["rank"], start["port"], start["listen_fd"] if start["rank"] == 0 else -1)
     ranks.rank_main(request, script, measure, where, start["report_fd"], started)

@@ -111,6 +111,11 @@ def dispatch(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
 outcome_fd: int | None = None
 
 
+def write_report(fd: int, outcome: ProbeOutcome, **extra: Any) -> None:
+    """One report line on a pipe: ``{"outcome": ..., **extra}`` (a rank's, a fresh process's)."""
+    write_all(fd, (json.dumps({"outcome": outcome.to_dict(), **extra}) + "\n").encode())
+
+
 def write_all(fd: int, data: bytes) -> None:
     """Write every byte of ``data`` to ``fd`` (a pipe takes a large record in several writes)."""
     view = memoryview(data)

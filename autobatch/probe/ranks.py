@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
-from autobatch.probe.ops import write_all
+from autobatch.probe.ops import write_report
 from autobatch.probe.server import die_with_parent
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.step.contract import UserScript
@@ -92,7 +92,7 @@ RankBody = Callable[[tuple[int, int, int], int, float], None]
 def run_ranks(
     request: ProbeRequest,
     script: UserScript,
-    measure: Measure,
+    measure: Measure | None,
     *,
     summarize: Summarize | None = None,
     body: RankBody | None = None,
@@ -100,7 +100,7 @@ def run_ranks(
     """Run ``request`` on ``request.nproc_per_node`` fresh ranks; one outcome for the group
     (``summarize``: called with it and every rank's outcome when every rank fitted).
 
-    ``body``: each rank runs it instead of autobatch's own step, and joins the process group itself, as a
+    ``measure``: autobatch's own step on a rank; ``body``: each rank runs it instead (``measure`` None), and joins the process group itself, as a
     rank ``torchrun`` starts does (``env://``, :func:`torchrun_env`): the coordinator then hosts the
     rendezvous store, as ``torchrun``'s agent does, and every rank is its client."""
     world = request.nproc_per_node
@@ -123,6 +123,7 @@ def run_ranks(
                 where = (rank, port, listener.fileno())
                 if body is not None:
                     body(where, write_fd, started)
+                assert measure is not None, "a rank runs autobatch's step (measure) or a body"
                 rank_main(request, script, measure, where, write_fd, started)
             os.close(write_fd)
             ranks.append(Rank(rank, pid, read_fd))
@@ -307,7 +308,7 @@ def rank_main(
     try:
         die_with_parent()
         outcome, info = run_rank(request, script, measure, (rank, port, listen_fd if rank == 0 else None), t0)
-        write_all(write_fd, (json.dumps({"outcome": outcome.to_dict(), "rank_info": info}) + "\n").encode())
+        write_report(write_fd, outcome, rank_info=info)
         while True:  # peers may still be inside a collective with us: the coordinator ends us all
             signal.pause()
     except BaseException:  # noqa: BLE001

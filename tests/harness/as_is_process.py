@@ -17,30 +17,23 @@ raises it as :class:`HarnessError`).
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .fresh_process import OOM_MARKS, HarnessError, _start, job_env
+from .fresh_process import CHILD_PRELUDE, HarnessError, bisect, read_report, run_child
 
 __all__ = ["AsIsTrial", "HarnessError", "fits_as_is", "largest_fitting_as_is", "run_as_is_trial"]
 
 PLACEHOLDER = "{batch}"
-#: Exit codes of a trial process.
-EXIT_FITS, EXIT_OOM, EXIT_ERROR = 0, 3, 4
 Kind = Literal["fits", "oom", "error"]
 
 #: The trial process: ``python -c CHILD REPORT_PATH SCRIPT STEPS [SCRIPT_ARGS...]``.
 CHILD = (
-    f"OOM_MARKS = {OOM_MARKS!r}\nEXIT_FITS, EXIT_OOM, EXIT_ERROR = {EXIT_FITS}, {EXIT_OOM}, {EXIT_ERROR}\n"
-)
-CHILD += r"""
+    CHILD_PRELUDE
+    + r"""
 import json, os, runpy, sys, threading, traceback
 
 report_path, script, steps = sys.argv[1:4]
@@ -49,15 +42,6 @@ sys.argv = [script, *sys.argv[4:]]
 sys.path.insert(0, os.path.dirname(script))
 report = {"steps": 0}
 
-
-def vm(*keys):
-    found = {}
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            key, _, rest = line.partition(":")
-            if key in keys:
-                found[key] = int(rest.split()[0]) * 1024
-    return [found[key] for key in keys]
 
 
 def finish(kind, code, exc=None):
@@ -126,6 +110,7 @@ except BaseException as exc:
     traceback.print_exc()
     finish("oom" if is_oom(exc) else "error", EXIT_OOM if is_oom(exc) else EXIT_ERROR, exc)
 """
+)
 
 
 @dataclass(frozen=True)
@@ -154,23 +139,14 @@ def run_as_is_trial(
     """Run ``script`` with ``args`` as ``__main__`` in one fresh process capped at ``budget_bytes``, until
     ``steps`` optimizer steps (or its end, or an out-of-memory error)."""
     path = Path(script).resolve()
-    with tempfile.TemporaryDirectory(prefix="as-is-trial-") as folder:
-        started = time.perf_counter()
-        report, logs = Path(folder, "report.json"), Path(folder, "log.txt")
-        command = [sys.executable, "-c", CHILD, str(report), str(path), str(steps), *args]
-        with open(logs, "wb") as log:
-            process = _start(command, job_env(), budget_bytes, log)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-                raise HarnessError(
-                    f"{path.name} {' '.join(args)}: no verdict within {timeout:.0f} s"
-                ) from None
-        return _read(
-            report, logs, process.returncode, tuple(args), budget_bytes, time.perf_counter() - started
-        )
+
+    def command(report: Path) -> list[str]:
+        return [sys.executable, "-c", CHILD, str(report), str(path), str(steps), *args]
+
+    def read(report: Path, logs: Path, code: int, seconds: float) -> AsIsTrial:
+        return _read(report, logs, code, tuple(args), budget_bytes, seconds)
+
+    return run_child(command, read, budget_bytes, timeout, f"{path.name} {' '.join(args)}")
 
 
 def fits_as_is(
@@ -203,31 +179,21 @@ def largest_fitting_as_is(
     ``log2(hi - lo + 2)`` trials: give a tight bracket."""
     if not any(PLACEHOLDER in arg for arg in args_template):
         raise ValueError(f"no {PLACEHOLDER} in the arguments {list(args_template)}")
-    good, bad = lo - 1, hi + 1
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if fits_as_is(script, substitute(args_template, mid), budget_bytes, steps, timeout):
-            good = mid
-        else:
-            bad = mid
-    return good
+    return bisect(
+        lo,
+        hi,
+        lambda batch: fits_as_is(script, substitute(args_template, batch), budget_bytes, steps, timeout),
+    )
 
 
 def _read(
     report: Path, logs: Path, code: int, args: tuple[str, ...], budget_bytes: int, seconds: float
 ) -> AsIsTrial:
     """A trial process's outcome from its report, or, without one, from its exit and its output."""
-    tail = logs.read_text(errors="replace")[-4000:]
-    try:
-        data = json.loads(report.read_text())
-    except (OSError, ValueError):
-        data = {}
-    kind = data.get("kind")
-    if kind is None:  # no report: killed, or a native abort before Python could write one
-        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        oom = any(mark in tail.lower() for mark in OOM_MARKS)
-        detail = f"{how} without a report; output ends: {tail[-600:]}"
-        return AsIsTrial("oom" if oom else "error", args, budget_bytes, seconds, detail=detail)
+    data, tail = read_report(report, logs, code)
+    kind = data["kind"]
+    if "no_report" in data:
+        return AsIsTrial(kind, args, budget_bytes, seconds, detail=data["no_report"])
     detail = "" if kind == "fits" else f"{data.get('error', '')}\n{tail[-1500:]}".strip()
     return AsIsTrial(
         kind, args, budget_bytes, seconds, data.get("steps", 0), data.get("baseline_bytes"),

@@ -34,7 +34,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal, TypeVar
 
 #: glibc's malloc as autobatch pins it on the CPU device (set in the job's environment before it starts).
 MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -50,20 +50,13 @@ OOM_MARKS = (
     "unable to allocate",
 )
 Kind = Literal["fits", "oom", "error"]
+TrialT = TypeVar("TrialT")
 PR_SET_PDEATHSIG = 1
 
-#: The trial process: ``python -c CHILD REPORT_PATH SCRIPT BATCH STEPS DDP [SCRIPT_ARGS...]``.
-CHILD = (
-    f"OOM_MARKS = {OOM_MARKS!r}\nEXIT_FITS, EXIT_OOM, EXIT_ERROR = {EXIT_FITS}, {EXIT_OOM}, {EXIT_ERROR}\n"
-)
-CHILD += r"""
-import importlib.util, json, os, sys, traceback
-
-report_path, script, batch_size, steps, ddp = sys.argv[1:6]
-batch_size, steps, ddp = int(batch_size), int(steps), ddp == "1"
-sys.argv = [script, *sys.argv[6:]]
-report = {"steps": 0}
-
+#: What every trial process starts with: the constants, and ``vm("VmData", ...)`` read from /proc.
+CHILD_PRELUDE = (
+    (f"OOM_MARKS = {OOM_MARKS!r}\nEXIT_FITS, EXIT_OOM, EXIT_ERROR = {EXIT_FITS}, {EXIT_OOM}, {EXIT_ERROR}\n")
+    + r"""
 
 def vm(*keys):
     found = {}
@@ -73,6 +66,18 @@ def vm(*keys):
             if key in keys:
                 found[key] = int(rest.split()[0]) * 1024
     return [found[key] for key in keys]
+"""
+)
+#: The trial process: ``python -c CHILD REPORT_PATH SCRIPT BATCH STEPS DDP [SCRIPT_ARGS...]``.
+CHILD = (
+    CHILD_PRELUDE
+    + r"""
+import importlib.util, json, os, sys, traceback
+
+report_path, script, batch_size, steps, ddp = sys.argv[1:6]
+batch_size, steps, ddp = int(batch_size), int(steps), ddp == "1"
+sys.argv = [script, *sys.argv[6:]]
+report = {"steps": 0}
 
 
 def finish(kind, code):
@@ -125,6 +130,7 @@ except BaseException as exc:
     finish("oom" if oom else "error", EXIT_OOM if oom else EXIT_ERROR)
 finish("fits", EXIT_FITS)
 """
+)
 
 
 class HarnessError(Exception):
@@ -159,18 +165,37 @@ def run_trial(
     timeout: float = 1800.0,
 ) -> Trial:
     """Run ``steps`` steps of ``script`` at ``batch`` in one fresh process capped at ``budget_bytes``."""
+
+    def command(report: Path) -> list[str]:
+        return _command(report, script, args, batch, steps)
+
+    def read(report: Path, logs: Path, code: int, seconds: float) -> Trial:
+        return _read(report, logs, code, batch, budget_bytes, seconds)
+
+    return run_child(command, read, budget_bytes, timeout, f"batch {batch}")
+
+
+def run_child(
+    command: Callable[[Path], list[str]],
+    read: Callable[[Path, Path, int, float], TrialT],
+    budget_bytes: int,
+    timeout: float,
+    what: str,
+) -> TrialT:
+    """One trial process capped at ``budget_bytes`` (``command``: its argv, given its report file), read by
+    ``read(report, log, exit code, seconds)``; killed, and ``what`` named, after ``timeout`` seconds."""
     with tempfile.TemporaryDirectory(prefix="fresh-trial-") as folder:
         started = time.perf_counter()
         report, logs = Path(folder, "report.json"), Path(folder, "log.txt")
         with open(logs, "wb") as log:
-            process = _start(_command(report, script, args, batch, steps), job_env(), budget_bytes, log)
+            process = _start(command(report), job_env(), budget_bytes, log)
             try:
                 process.wait(timeout)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-                raise HarnessError(f"batch {batch}: no verdict within {timeout:.0f} s") from None
-        return _read(report, logs, process.returncode, batch, budget_bytes, time.perf_counter() - started)
+                raise HarnessError(f"{what}: no verdict within {timeout:.0f} s") from None
+        return read(report, logs, process.returncode, time.perf_counter() - started)
 
 
 def fits(
@@ -189,12 +214,17 @@ def largest_fitting(
     hi: int,
     steps: int = 10,
 ) -> int:
-    """The largest batch in ``[lo, hi]`` that fits, by bisection (fitting is assumed monotone in the batch
-    size); ``lo - 1`` when none does. About ``log2(hi - lo + 2)`` trials: give a tight bracket."""
+    """The largest batch in ``[lo, hi]`` that fits (:func:`bisect`)."""
+    return bisect(lo, hi, lambda batch: fits(script, args, batch, budget_bytes, steps))
+
+
+def bisect(lo: int, hi: int, fits_at: Callable[[int], bool]) -> int:
+    """The largest batch in ``[lo, hi]`` that ``fits_at``, by bisection (fitting is assumed monotone in the
+    batch size); ``lo - 1`` when none does. About ``log2(hi - lo + 2)`` trials: give a tight bracket."""
     good, bad = lo - 1, hi + 1
     while bad - good > 1:
         mid = (good + bad) // 2
-        if fits(script, args, mid, budget_bytes, steps):
+        if fits_at(mid):
             good = mid
         else:
             bad = mid
@@ -325,22 +355,33 @@ def _wait_ranks(processes: list[subprocess.Popen[bytes]], deadline: float, grace
 
 def _read(report: Path, logs: Path, code: int, batch: int, budget_bytes: int, seconds: float) -> Trial:
     """A trial process's outcome from its report, or, without one, from its exit and its output."""
-    tail = logs.read_text(errors="replace")[-4000:]
-    try:
-        data = json.loads(report.read_text())
-    except (OSError, ValueError):
-        data = {}
-    kind = data.get("kind")
-    if kind is None:  # no report: killed, or a native abort before Python could write one
-        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        oom = any(mark in tail.lower() for mark in OOM_MARKS)
-        detail = f"{how} without a report; output ends: {tail[-600:]}"
-        return Trial("oom" if oom else "error", batch, budget_bytes, seconds, detail=detail)
+    data, tail = read_report(report, logs, code)
+    kind = data["kind"]
+    if "no_report" in data:
+        return Trial(kind, batch, budget_bytes, seconds, detail=data["no_report"])
     detail = data.get("error", "") if kind == "fits" else f"{data.get('error', '')}\n{tail[-1500:]}"
     return Trial(
         kind, batch, budget_bytes, seconds, data.get("steps", 0), data.get("baseline_bytes"),
         data.get("vm_data_end"), detail.strip(), peak_estimate=data.get("peak_estimate"),
     )  # fmt: skip
+
+
+def read_report(report: Path, logs: Path, code: int) -> tuple[dict[str, Any], str]:
+    """A trial process's report and the end of its output; without a report (killed, or a native abort before
+    Python could write one), its ``kind`` and a ``no_report`` detail from its exit and its output."""
+    tail = logs.read_text(errors="replace")[-4000:]
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError):
+        data = {}
+    if data.get("kind") is None:
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        oom = any(mark in tail.lower() for mark in OOM_MARKS)
+        data = {
+            "kind": "oom" if oom else "error",
+            "no_report": f"{how} without a report; output ends: {tail[-600:]}",
+        }
+    return data, tail
 
 
 def _verdict(trial: Trial) -> bool:

@@ -4,13 +4,11 @@ error, and the harness never imports autobatch."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
 from harness.as_is_process import (
-    CHILD,
     HarnessError,
     fits_as_is,
     largest_fitting_as_is,
@@ -57,18 +55,6 @@ def tiny(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.py"
     path.write_text(TINY)
     return path
-
-
-def test_the_harness_does_not_import_autobatch() -> None:
-    source = Path(__file__).with_name("as_is_process.py").read_text()
-    imported: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
-    assert "autobatch" not in imported
-    assert "autobatch" not in CHILD
 
 
 def test_the_batch_placeholder_is_replaced_and_required(tiny: Path) -> None:

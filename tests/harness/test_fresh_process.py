@@ -6,10 +6,12 @@ from __future__ import annotations
 import ast
 import os
 from pathlib import Path
+from types import ModuleType
 
 import psutil
 import pytest
 
+from harness import as_is_process, fresh_process
 from harness.fresh_process import (
     HarnessError,
     fits,
@@ -70,8 +72,10 @@ def test_a_broken_script_is_an_error_not_a_verdict(tmp_path: Path) -> None:
         fits(broken, ["8"], 2, 4096 * MiB, steps=1)
 
 
-def test_the_harness_does_not_import_autobatch() -> None:
-    source = Path(__file__).with_name("fresh_process.py").read_text()
+@pytest.mark.parametrize("harness", [fresh_process, as_is_process])
+def test_the_harness_does_not_import_autobatch(harness: ModuleType) -> None:
+    """Neither harness, nor the program its trial processes run (``CHILD``), imports autobatch's code."""
+    source = Path(harness.__file__).read_text()
     imported: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -79,7 +83,7 @@ def test_the_harness_does_not_import_autobatch() -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert "autobatch" not in imported
-    assert "autobatch" not in source.split('CHILD += r"""')[1].split('"""')[0]
+    assert "autobatch" not in harness.CHILD
 
 
 def test_ranks_get_torchruns_environment() -> None:
