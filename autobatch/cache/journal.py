@@ -24,11 +24,13 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from autobatch.cache.folder import CacheFolder
 from autobatch.records.protocol import KINDS, ProbeOutcome, ProbeRequest
 
+#: A probe's combination as the journal keys it: precision, optimizer, recompute, sequence length (or None).
+Combination = tuple[str, str, bool, Optional[int]]
 #: Outcome kinds the journal keeps.
 JOURNALED = ("fits", "oom", "crash", "timeout")
 
@@ -43,6 +45,8 @@ def request_key(request: ProbeRequest) -> str:
             request.batch_size,
             request.min_steps,
             request.max_steps,
+            # a sequence length only when one was asked for: the keys of one-shape probes stay as they were
+            *([request.seq_len] if request.seq_len is not None else []),
         ]
     )
 
@@ -112,13 +116,16 @@ class ProbeJournal:
         outcome.cached = True
         return outcome
 
-    def outcomes(self) -> list[tuple[tuple[str, str, bool], ProbeOutcome]]:
-        """Every recorded outcome with its combination ``(precision, optimizer, recompute)``, in file order."""
+    def outcomes(self) -> list[tuple[Combination, ProbeOutcome]]:
+        """Every recorded outcome with its combination ``(precision, optimizer, recompute, seq_len)``, in file
+        order (``seq_len`` None: make_batch's one shape)."""
         self._refresh()
-        out: list[tuple[tuple[str, str, bool], ProbeOutcome]] = []
+        out: list[tuple[Combination, ProbeOutcome]] = []
         for key, data in self._outcomes.items():
-            precision, optimizer, recompute, *_ = json.loads(key)
-            out.append(((str(precision), str(optimizer), bool(recompute)), ProbeOutcome.from_dict(data)))
+            precision, optimizer, recompute, _batch, *steps = json.loads(key)
+            tokens = int(steps[2]) if len(steps) > 2 else None
+            combination = (str(precision), str(optimizer), bool(recompute), tokens)
+            out.append((combination, ProbeOutcome.from_dict(data)))
         return out
 
     def answers(
@@ -127,6 +134,7 @@ class ProbeJournal:
         lengths: Collection[tuple[int, int]],
         timeout: float,
         stop_above: int | None = None,
+        seq_len: int | None = None,
     ) -> list[ProbeOutcome]:
         """What :meth:`get` would serve for one combination at these probe lengths ``(min_steps,
         max_steps)``, this timeout and this stop line, at every batch recorded, in file order, marked
@@ -135,7 +143,10 @@ class ProbeJournal:
         out: list[ProbeOutcome] = []
         for key, data in self._outcomes.items():
             precision, optimizer, recompute, _batch, *steps = json.loads(key)
+            tokens = steps.pop() if len(steps) > 2 else None
             if [precision, optimizer, recompute] != list(combination) or tuple(steps) not in lengths:
+                continue
+            if tokens != seq_len:
                 continue
             if _too_short(data, timeout) or _unsettled(data, stop_above):
                 continue

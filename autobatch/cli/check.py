@@ -70,7 +70,9 @@ def check(
         )
     finally:
         out.close()
-    _print(report, Combo(report.precision, report.optimizer, report.recompute), devices[0], out)
+    _print(
+        report, Combo(report.precision, report.optimizer, report.recompute, report.seq_len), devices[0], out
+    )
     if as_json:
         stdout_write(report.to_json())
     if not report.fits:

@@ -117,7 +117,9 @@ BatchSize = Annotated[int, typer.Option("--batch-size", "-b", min=1, help="The b
 
 Hf = Annotated[Optional[str], _setting("--hf", "hf")]
 HfTask = Annotated[Optional[str], _setting("--hf-task", "hf_task")]
-SeqLen = Annotated[Optional[int], _setting("--seq-len", "seq_len")]
+#: Sequence lengths: tune searches each; check, explain and estimate take one each (see their help).
+SeqLen = Annotated[Optional[list[int]], _setting("--seq-len", "seq_lens")]
+PlanSeqLen = Annotated[Optional[int], _setting("--plan-seq-len", "seq_len")]
 Lightning = Annotated[Optional[str], _setting("--lightning", "lightning")]
 Datamodule = Annotated[Optional[str], _setting("--datamodule", "datamodule")]
 LightningConfig = Annotated[Optional[str], _setting("--lightning-config", "lightning_config")]

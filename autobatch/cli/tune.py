@@ -63,6 +63,7 @@ def tune(
     hf: opt.Hf = None,
     hf_task: opt.HfTask = None,
     seq_len: opt.SeqLen = None,
+    plan_seq_len: opt.PlanSeqLen = None,
     lightning: opt.Lightning = None,
     datamodule: opt.Datamodule = None,
     lightning_config: opt.LightningConfig = None,

@@ -52,13 +52,26 @@ class Combo:
     precision: str
     optimizer: str
     recompute: bool
+    seq_len: int | None = None  # tokens per sample (None: make_batch's one shape)
 
     @property
     def key(self) -> str:
-        return f"{self.precision}/{self.optimizer}/{'recompute' if self.recompute else 'no-recompute'}"
+        key = f"{self.precision}/{self.optimizer}/{'recompute' if self.recompute else 'no-recompute'}"
+        return key if self.seq_len is None else f"{key} at {self.seq_len} tokens"
+
+    def at(self, seq_len: int | None) -> Combo:
+        """The same combination at another sequence length."""
+        return Combo(self.precision, self.optimizer, self.recompute, seq_len)
 
     def to_dict(self) -> dict[str, object]:
-        return {"precision": self.precision, "optimizer": self.optimizer, "recompute": self.recompute}
+        out: dict[str, object] = {
+            "precision": self.precision,
+            "optimizer": self.optimizer,
+            "recompute": self.recompute,
+        }
+        if self.seq_len is not None:
+            out["seq_len"] = self.seq_len
+        return out
 
 
 #: The one combination of a script run as it is (autobatch.step.as_is): its precision, optimizer and

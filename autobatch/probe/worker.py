@@ -61,6 +61,7 @@ def measure_steps(
         optimizer_kwargs=request.optimizer_kwargs,
         recompute_classes=request.recompute_classes,
         check_batch_size=request.check_batch_size,
+        seq_len=request.seq_len,
     )
     peak_now, synchronize, finish = _device_hooks(request, outcome)
     peak_now = progress.reporting(peak_now, request, report)

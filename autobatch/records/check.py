@@ -40,6 +40,8 @@ class CheckResult:
     failed_rank: int | None = None
     #: The probe's wall clock, fork to answer: less the steps' seconds, its fixed cost.
     wall_seconds: float = 0.0
+    #: Tokens per sample the probe's make_batch was asked for (None: its one shape)
+    seq_len: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -43,6 +43,8 @@ class ProbeRequest:
     # process at the same step (autobatch.probe.fresh; entry r for rank r, entry 0 without a strategy; empty:
     # not measured). The probe's cap is lowered and its readings raised by it, so that peaks are the job's.
     fresh_offset_bytes: list[int] = field(default_factory=list)
+    # Tokens per sample, passed to make_batch(batch_size, seq_len) (None: make_batch(batch_size), one shape)
+    seq_len: int | None = None
 
     def offset_for(self, rank: int = 0) -> int:
         """The fresh-process offset of ``rank`` (0 when none was measured)."""

@@ -58,4 +58,5 @@ def check_result(combo: Combo, outcome: ProbeOutcome, info: DeviceInfo) -> Check
         rank_peak_bytes=list(outcome.rank_peak_bytes),
         failed_rank=outcome.failed_rank,
         wall_seconds=outcome.wall_seconds,
+        seq_len=combo.seq_len,
     )

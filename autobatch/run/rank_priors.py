@@ -15,6 +15,7 @@ misleads costs probes, never correctness.
 from __future__ import annotations
 
 from autobatch.cache import CacheFolder, ProbeJournal
+from autobatch.cache.journal import Combination
 from autobatch.core.maximum import StaticMemory
 from autobatch.core.model import Affine
 from autobatch.core.rank_prior import GLOO_RANK_BYTES, RankState, curve_of, strategy_prior
@@ -28,7 +29,7 @@ from autobatch.run.session import Session
 class StrategyPriors:
     """The single-process probes of one tune's script, read once, and the per-rank priors they give."""
 
-    def __init__(self, session: Session, outcomes: list[tuple[tuple[str, str, bool], ProbeOutcome]]) -> None:
+    def __init__(self, session: Session, outcomes: list[tuple[Combination, ProbeOutcome]]) -> None:
         self.session = session
         self.outcomes = outcomes
 
@@ -42,7 +43,7 @@ class StrategyPriors:
         return cls(session, outcomes) if outcomes else None
 
     def single_process(self, combo: Combo) -> list[ProbeOutcome]:
-        key = (combo.precision, combo.optimizer, combo.recompute)
+        key = (combo.precision, combo.optimizer, combo.recompute, combo.seq_len)
         return [o for k, o in self.outcomes if k == key]
 
     def predict(self, combo: Combo) -> Prediction | None:

@@ -259,6 +259,7 @@ class Session:
             strategy=self.strategy if op in RANKED_OPS else "none",
             nproc_per_node=self.nproc_per_node if op in RANKED_OPS else 1,
             fresh_offset_bytes=list(self.fresh_offsets),
+            seq_len=combo.seq_len,
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:
@@ -277,7 +278,9 @@ class Session:
             return []
         assert self.device is not None
         combination = (combo.precision, combo.optimizer, combo.recompute)
-        answers = self.journal.answers(combination, lengths, self.timeout, self.device.margin_line)
+        answers = self.journal.answers(
+            combination, lengths, self.timeout, self.device.margin_line, seq_len=combo.seq_len
+        )
         for outcome in answers:
             apply_margin(outcome, self.device)
             self.cache_hits += 1

@@ -23,8 +23,17 @@ if TYPE_CHECKING:
 
 
 def combination(settings: Settings, recompute: bool) -> Combo:
-    """The one combination ``check`` and ``explain`` run: the first precision and optimizer of the settings."""
-    return Combo(settings.search.precisions[0], settings.search.optimizers[0], bool(recompute))
+    """The one combination ``check`` and ``explain`` run: the first precision and optimizer of the settings, at
+    the one sequence length given (none: make_batch's one shape)."""
+    lengths = settings.search.seq_lens
+    if len(lengths) > 1:
+        raise UsageError(
+            f"--seq-len was given {len(lengths)} times ({', '.join(map(str, lengths))}); this command runs one "
+            "length",
+            hint="give one --seq-len (tune searches several)",
+        )
+    seq_len = lengths[0] if lengths else None
+    return Combo(settings.search.precisions[0], settings.search.optimizers[0], bool(recompute), seq_len)
 
 
 def check(
@@ -46,7 +55,7 @@ def check(
     settings = script_strategy(settings, spec)
     with open_session(settings, hooks, spec=spec, cache=False) as session:
         if session.as_is:  # its precision, optimizer and recomputation are the script's own
-            combo = SCRIPT_COMBO
+            combo = SCRIPT_COMBO.at(combo.seq_len)
         _started(session, combo, hooks)
         return check_batch(session, combo, batch_size, steps or settings.probe.confirm_steps)
 

@@ -86,17 +86,13 @@ class ScriptSettings:
     hf: Optional[str] = setting(
         None, "path", "path", "Instead of a script: a Hugging Face config.json, or a model folder holding one. "
         "The model is built from the config with the auto class of hf_task (weights are never loaded) and "
-        "trained on synthesised worst-case batches of seq_len tokens; the loss is the model's own.",
+        "trained on synthesised worst-case batches (of each --seq-len, else the model's maximum positions); the "
+        "loss is the model's own.",
         optional=True, example="models/gpt2-small/config.json",
     )  # fmt: skip
     hf_task: Optional[str] = setting(
         None, "str", f"one of {', '.join(HF_TASKS)}", "The Hugging Face task (which auto class builds the "
         "model); unset: from the config's architectures.", optional=True, choices=HF_TASKS, example="causal-lm",
-    )  # fmt: skip
-    seq_len: Optional[int] = setting(
-        None, "int", "an integer >= 1", "Tokens per sample of the synthesised Hugging Face batches: the "
-        "longest sequence your job sees; unset: the model's maximum positions.", optional=True, minimum=1,
-        example=512,
     )  # fmt: skip
     lightning: Optional[str] = setting(
         None, "target", "PATH:Class", "Instead of a script: a LightningModule, as PATH:Class or "
@@ -168,6 +164,11 @@ class SearchSettings:
         "Module class names to checkpoint when recomputing; empty: detect the repeated blocks.",
         flag="--recompute-class", example=["Block"],
     )  # fmt: skip
+    seq_lens: tuple[int, ...] = setting(
+        (), "ints", "a list of integers >= 1", "Sequence lengths (tokens per sample) to search, each passed to "
+        "make_batch(batch_size, seq_len); empty: make_batch(batch_size), one shape.", flag="--seq-len",
+        minimum=1, example=[512, 2048],
+    )  # fmt: skip
     batch_multiple: int = setting(
         1, "int", "an integer >= 1", "Candidate batch sizes are multiples of this.", minimum=1,
     )  # fmt: skip
@@ -208,6 +209,9 @@ class PlanSettings:
         None, "int", "an integer >= 1", "Data-parallel processes; unset: WORLD_SIZE, else SLURM's "
         "variables, else 1.", optional=True, minimum=1, example=8,
     )  # fmt: skip
+    seq_len: Optional[int] = setting(None, "int", "an integer >= 1", "The job's sequence length, which the plan "
+        "and the emitted configs use (searched too); unset: the longest of seq_lens.", optional=True, minimum=1,
+        flag="--plan-seq-len", example=2048)  # fmt: skip
     objective: str = setting(
         "throughput", "str", f"one of {', '.join(OBJECTIVES)}", "How the winner is chosen: throughput "
         "(least time per global batch) or max-batch (largest micro-batch).", choices=OBJECTIVES,
@@ -327,18 +331,8 @@ class OutputSettings:
         _validate(self)
 
 
-GROUPS: dict[str, type] = {
-    cls.SECTION: cls
-    for cls in (
-        ScriptSettings,
-        DeviceSettings,
-        SearchSettings,
-        PlanSettings,
-        DistributedSettings,
-        ProbeSettings,
-        OutputSettings,
-    )  # fmt: skip
-}
+_ALL = (ScriptSettings, DeviceSettings, SearchSettings, PlanSettings, DistributedSettings, ProbeSettings)
+GROUPS: dict[str, type] = {cls.SECTION: cls for cls in (*_ALL, OutputSettings)}
 SECTIONS = ", ".join(f"[{section}]" for section in GROUPS)
 
 

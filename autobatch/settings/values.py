@@ -178,6 +178,15 @@ def _strs(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[str, ...]:
     return value
 
 
+def _ints(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[int, ...]:
+    what = meta["type"]
+    items = _parse_list(raw, True, what) if isinstance(raw, (str, list, tuple)) else [raw]
+    values = tuple(dict.fromkeys(int(_parse_number(item, True, True, what)) for item in items))
+    if any(v < meta.get("minimum", 1) for v in values):
+        raise expected(what, raw)
+    return values
+
+
 def _bools(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[bool, ...]:
     what = meta["type"]
     if isinstance(raw, str) and raw.strip().lower() == "both":
@@ -214,6 +223,7 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any], Any, bool], Any]] = {
     "args": _args,
     "strs": _strs,
     "bools": _bools,
+    "ints": _ints,
     "kwargs": _kwargs,
 }
 

@@ -26,6 +26,8 @@ PLACEHOLDER = "{batch}"
 ACCUM_PLACEHOLDER = "{accum}"
 #: Always set in an as-is probe's environment to the probe's micro-batch.
 BATCH_ENV = "AUTOBATCH_BATCH_SIZE"
+#: The placeholder a probe's sequence length (``--seq-len``) replaces, and the plan's in the job's command line.
+SEQ_LEN_PLACEHOLDER = "{seq_len}"
 #: The names whose top-level definition makes a script a three-function one (compute_loss may be the
 #: model's own, for Hugging Face models: see autobatch.step.contract.user_script).
 CONTRACT_NAMES = ("build_model", "make_batch")
@@ -56,11 +58,11 @@ class AsIsScript:
         options = dict(spec.get("options") or {})
         return cls(Path(str(spec["target"])).resolve(), tuple(args), options.get("batch_env"), options)
 
-    def argv(self, batch_size: int, variant: str | None = None) -> list[str]:
+    def argv(self, batch_size: int, variant: str | None = None, seq_len: int | None = None) -> list[str]:
         """``sys.argv`` of a probe at ``batch_size``: the path, then the arguments (and the ``variant``'s)
-        with ``{batch}`` replaced."""
+        with ``{batch}`` (and ``{seq_len}``) replaced."""
         extra = (self.options.get("variants") or {}).get(variant, []) if variant else []
-        return [str(self.path), *substitute([*self.args, *extra], batch_size)]
+        return [str(self.path), *substitute([*self.args, *extra], batch_size, seq_len=seq_len)]
 
     def environment(self, batch_size: int) -> dict[str, str]:
         """The variables that carry the batch size into the script."""
@@ -145,13 +147,16 @@ def finder_warning(path: str | Path) -> str | None:
     return own_finder(Path(path).read_text(errors="replace"))
 
 
-def substitute(args: Sequence[str], batch_size: int, accumulation: int = 1) -> list[str]:
-    """The arguments with every ``{batch}`` replaced by ``batch_size`` (``--bs={batch}`` too) and every
-    ``{accum}`` by ``accumulation``."""
-    return [
+def substitute(
+    args: Sequence[str], batch_size: int, accumulation: int = 1, seq_len: int | None = None
+) -> list[str]:
+    """The arguments with every ``{batch}`` replaced by ``batch_size`` (``--bs={batch}`` too), every
+    ``{accum}`` by ``accumulation`` and, given a length, every ``{seq_len}`` by it."""
+    out = [
         arg.replace(PLACEHOLDER, str(batch_size)).replace(ACCUM_PLACEHOLDER, str(accumulation))
         for arg in args
     ]
+    return out if seq_len is None else [arg.replace(SEQ_LEN_PLACEHOLDER, str(seq_len)) for arg in out]
 
 
 def has_placeholder(args: Sequence[str]) -> bool:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 SIGNATURES = {
     "build_model": ("def build_model() -> torch.nn.Module", 0),
     "make_batch": ("def make_batch(batch_size: int)  # tensors or nested tuples/lists/dicts of tensors", 1),
+    # ... or make_batch(batch_size: int, seq_len: int) when the tune searches sequence lengths (--seq-len)
     "compute_loss": ("def compute_loss(model, batch) -> torch.Tensor  # a scalar", 2),
 }
 
@@ -44,6 +45,24 @@ class UserScript:
     make_batch: Callable[[int], Any]
     compute_loss: Callable[[Any, Any], Any]
     recompute_classes: tuple[str, ...] = ()
+
+    @property
+    def takes_seq_len(self) -> bool:
+        """Whether ``make_batch`` takes a second argument, the sequence length."""
+        return _accepts(self.make_batch, 2)
+
+    def batch(self, batch_size: int, seq_len: int | None = None) -> Any:
+        """``make_batch(batch_size)``, or ``make_batch(batch_size, seq_len)`` when a length is asked for."""
+        if seq_len is None:
+            return self.make_batch(batch_size)
+        if not self.takes_seq_len:
+            raise ContractError(
+                f"the tune asks for sequences of {seq_len} tokens, and make_batch{_sig(self.make_batch)} "
+                "takes no length",
+                hint="def make_batch(batch_size, seq_len=512): return batches of seq_len tokens per sample "
+                "(the second parameter may have a default), or tune without --seq-len",
+            )
+        return self.make_batch(batch_size, seq_len)  # type: ignore[call-arg]
 
 
 def load_script(path: str | Path | Mapping[str, Any], args: list[str] | tuple[str, ...] = ()) -> UserScript:
@@ -161,7 +180,9 @@ BATCH_CHECK_OFF = (
 )
 
 
-def check_batch(batch: object, batch_size: int, *, check_size: bool = True) -> None:
+def check_batch(
+    batch: object, batch_size: int, *, check_size: bool = True, seq_len: int | None = None
+) -> None:
     """``make_batch(batch_size)`` must return tensors, or nested tuples/lists/dicts holding some, and
     (``check_size``) every tensor with a dimension must carry ``batch_size`` in its leading one.
 
@@ -204,6 +225,22 @@ def check_batch(batch: object, batch_size: int, *, check_size: bool = True) -> N
             f"(otherwise every probe has the same size and the maximum is wrong); if your layout differs "
             f"on purpose, turn this check off: {BATCH_CHECK_OFF}",
         )
+    if seq_len is not None:
+        _check_length(tensors, batch_size, seq_len)
+
+
+def _check_length(tensors: list[tuple[str, torch.Tensor]], batch_size: int, seq_len: int) -> None:
+    """With a sequence length, some tensor must carry it in its second dimension: a ``make_batch`` that
+    ignores ``seq_len`` makes every length the same shape, and every length's maximum the same."""
+    if any(t.dim() >= 2 and t.shape[1] == seq_len for _, t in tensors):
+        return
+    shown = ", ".join(f"batch{path or ''} has shape {tuple(t.shape)}" for path, t in tensors[:3])
+    raise ContractError(
+        f"make_batch({batch_size}, {seq_len}) returned no tensor with {seq_len} in its second dimension: {shown}",
+        hint=f"make_batch(batch_size, seq_len) must return batches of seq_len tokens per sample, shaped "
+        f"(batch_size, seq_len, ...) (otherwise every length measures the same); if your layout differs on "
+        f"purpose, turn this check off: {BATCH_CHECK_OFF}",
+    )
 
 
 def check_loss(loss: object) -> torch.Tensor:

@@ -4,7 +4,8 @@
 
 * ``build_model()``: the task's auto class (``AutoModelForCausalLM``, ...) ``.from_config(config)``:
   random weights, never loaded or downloaded (the config is read with ``local_files_only``).
-* ``make_batch(b)``: the worst case at ``seq_len`` tokens (default: the model's maximum positions):
+* ``make_batch(b, seq_len=None)``: the worst case at ``seq_len`` tokens (each length the tune searches;
+  unset: the longest of ``--seq-len``, else the model's maximum positions):
   ``input_ids`` (random ids below the vocabulary size), ``attention_mask`` (all ones, no padding) and
   the task's labels: the ids themselves (causal-lm, masked-lm), a class per sample
   (seq-classification; floats for regression and multi-label), a class per token
@@ -101,17 +102,18 @@ class HFScript:
     def build_model(self) -> Any:
         return self.auto_class.from_config(self.config)
 
-    def make_batch(self, batch_size: int) -> dict[str, Any]:
+    def make_batch(self, batch_size: int, seq_len: int | None = None) -> dict[str, Any]:
         import torch
 
         gen = torch.Generator().manual_seed(SEED)
-        shape = (batch_size, self.seq_len)
+        tokens = _seq_len(self.config, seq_len) if seq_len is not None else self.seq_len
+        shape = (batch_size, tokens)
         ids = torch.randint(0, self.vocab_size, shape, generator=gen)
         batch: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones(shape, dtype=torch.long)}
-        batch.update(self._labels(batch_size, ids, gen))
+        batch.update(self._labels(batch_size, ids, gen, tokens))
         return batch
 
-    def _labels(self, batch_size: int, ids: Any, gen: Any) -> dict[str, Any]:
+    def _labels(self, batch_size: int, ids: Any, gen: Any, tokens: int) -> dict[str, Any]:
         import torch
 
         labels = getattr(self.config, "num_labels", 2)
@@ -122,7 +124,7 @@ class HFScript:
         if self.task == "token-classification":
             return {"labels": torch.randint(0, labels, ids.shape, generator=gen)}
         if self.task == "question-answering":
-            where = torch.randint(0, self.seq_len, (2, batch_size), generator=gen)
+            where = torch.randint(0, tokens, (2, batch_size), generator=gen)
             return {"start_positions": where[0], "end_positions": where[1]}
         problem = getattr(self.config, "problem_type", None)
         if problem == "multi_label_classification":

@@ -44,6 +44,7 @@ class StepConfig:
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     recompute_classes: tuple[str, ...] = ()  # empty: the script's RECOMPUTE_CLASSES, else detected
     check_batch_size: bool = True  # see autobatch.step.contract.check_batch
+    seq_len: int | None = None  # make_batch(batch_size, seq_len); None: make_batch(batch_size)
 
 
 @dataclass
@@ -190,8 +191,8 @@ def build_step(
 
 def draw_batch(script: UserScript, config: StepConfig) -> Any:
     """``make_batch`` at the config's batch size, checked and moved to the device (cast for ``bf16-true``)."""
-    batch = script.make_batch(config.batch_size)
-    check_batch(batch, config.batch_size, check_size=config.check_batch_size)
+    batch = script.batch(config.batch_size, config.seq_len)
+    check_batch(batch, config.batch_size, check_size=config.check_batch_size, seq_len=config.seq_len)
     return move(
         batch, torch.device(config.device), torch.bfloat16 if config.precision == "bf16-true" else None
     )

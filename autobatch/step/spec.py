@@ -226,7 +226,7 @@ def _check_target(flag: str, target: str) -> None:
 
 #: Settings that name where the training step comes from, and the ones that only go with one of them.
 SOURCES = ("script", "hf", "lightning")
-DEPENDENT = {"hf_task": "hf", "seq_len": "hf", "datamodule": "lightning", "lightning_config": "lightning"}
+DEPENDENT = {"hf_task": "hf", "datamodule": "lightning", "lightning_config": "lightning"}
 
 
 def _rank(origin: str) -> int:
@@ -312,11 +312,11 @@ def spec_from_settings(settings: Settings) -> ScriptSpec:
         "variants",
         "hf",
         "hf_task",
-        "seq_len",
         "lightning",
         "datamodule",
     )
     values = {f: settings.get(f) for f in names}
     values["lightning_config"] = settings.script.lightning_config
+    values["seq_len"] = max(settings.search.seq_lens, default=None)  # --hf: checked against its positions
     values["batch_attr"] = settings.output.lightning_batch_key.rpartition(".")[2]
     return select_spec(values, settings.origin)
