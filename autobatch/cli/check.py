@@ -49,7 +49,7 @@ def check(
     nproc_per_node: opt.NprocPerNode = None,
     hf: opt.Hf = None,
     hf_task: opt.HfTask = None,
-    seq_len: opt.SeqLen = None,
+    seq_lens: opt.SeqLen = None,
     lightning: opt.Lightning = None,
     datamodule: opt.Datamodule = None,
     lightning_config: opt.LightningConfig = None,

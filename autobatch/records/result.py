@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "Chosen", "ComboResult", "ProbeRecord", "TuneResult"]
 #: Fields added after the first release that are left out of the document while unset.
-_ABSENT_WHEN_NONE = ("cache", "devices", "pid", "host", "as_is")  # written by a tune only
+_ABSENT_WHEN_NONE = ("cache", "devices", "pid", "host", "as_is", "lengths")  # written by a tune only
 
 
 @dataclass
@@ -113,6 +113,7 @@ class ComboResult:
     knee_batch_size: int | None = None
     recompute_blocks: dict[str, int] = field(default_factory=dict)  # {"Block": 12}: what recomputation wraps
     trace: list[ProbeRecord] = field(default_factory=list)
+    seq_len: int | None = None  # tokens per sample its probes ran at (None: make_batch's one shape)
 
     @property
     def key(self) -> str:
@@ -139,6 +140,7 @@ class Chosen:
     strategy: str = "none"  # none | ddp | fsdp: what the maximum was measured with
     nproc_per_node: int = 1
     num_nodes: int = 1
+    seq_len: int | None = None  # the length the plan is for (None: make_batch's one shape)
 
     @classmethod
     def of(cls, entry: ComboResult, plan: Plan, **extra: Any) -> Chosen:
@@ -154,8 +156,27 @@ class Chosen:
             requested_global_batch_size=plan.requested_global_batch_size,
             exact=plan.exact,
             note=plan.note,
+            seq_len=entry.seq_len,
             **extra,
         )
+
+
+@dataclass
+class Lengths:
+    """The answer over sequence lengths (:mod:`autobatch.core.lengths`): every combination's maximum at every
+    length (``maxima``: searched, or ``status`` "predicted" from the surface) and, per combination, the fitted
+    surface, its fit error and its token budget (``surfaces``)."""
+
+    seq_lens: list[int]  # searched, ascending
+    plan_seq_len: int
+    line_bytes: int  # the line the maxima are measured against: the budget less the margin
+    batch_multiple: int = 1
+    maxima: list[ComboResult] = field(default_factory=list)
+    surfaces: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Lengths:
+        return cls(**{**_known(cls, data), "maxima": [_combo(c) for c in data.get("maxima", [])]})
 
 
 @dataclass
@@ -181,15 +202,19 @@ class TuneResult:
     cache: dict[str, Any] | None = None
     devices: list[dict[str, Any]] | None = None
     as_is: dict[str, Any] | None = None
+    lengths: Lengths | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         for name in _ABSENT_WHEN_NONE:
             if data.get(name) is None:
                 data.pop(name, None)
-        for combo in data["combinations"]:
-            if not combo.get("recompute_blocks"):
-                combo.pop("recompute_blocks", None)
+        if data.get("chosen") and data["chosen"].get("seq_len") is None:
+            data["chosen"].pop("seq_len")
+        for combo in data["combinations"] + (data["lengths"]["maxima"] if data.get("lengths") else []):
+            for name in ("recompute_blocks", "seq_len"):
+                if not combo.get(name):
+                    combo.pop(name, None)
             for record in combo["trace"]:
                 if record.get("started_at") is None:
                     record.pop("started_at", None)
@@ -200,17 +225,10 @@ class TuneResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TuneResult:
-        combos = [
-            ComboResult(
-                **{
-                    **_known(ComboResult, c),
-                    "trace": [ProbeRecord(**_known(ProbeRecord, p)) for p in c.get("trace", [])],
-                }
-            )
-            for c in data.get("combinations", [])
-        ]
+        combos = [_combo(c) for c in data.get("combinations", [])]
         chosen = Chosen(**_known(Chosen, data["chosen"])) if data.get("chosen") else None
-        return cls(**{**_known(cls, data), "combinations": combos, "chosen": chosen})
+        lengths = Lengths.from_dict(data["lengths"]) if data.get("lengths") else None
+        return cls(**{**_known(cls, data), "combinations": combos, "chosen": chosen, "lengths": lengths})
 
     @classmethod
     def load(cls, path: str | Path) -> TuneResult:
@@ -235,6 +253,11 @@ class TuneResult:
             if (c.precision, c.optimizer, c.recompute) == (precision, optimizer, recompute):
                 return c
         return None
+
+
+def _combo(data: dict[str, Any]) -> ComboResult:
+    trace = [ProbeRecord(**_known(ProbeRecord, p)) for p in data.get("trace", [])]
+    return ComboResult(**{**_known(ComboResult, data), "trace": trace})
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:

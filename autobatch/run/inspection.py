@@ -39,6 +39,7 @@ class Session(Protocol):
     device: DeviceInfo | None
     fresh_baseline: bool
     fresh_offsets: list[int]
+    seq_len: int | None
 
     @property
     def as_is(self) -> bool: ...
@@ -129,7 +130,9 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
 
     assert session.runner is not None
     options = FreshOptions(session.spec.to_init(), session.script_args).to_dict()
-    request = session.request(FRESH_COMBO, FRESH_BATCH, steps=(3, 3), op="fresh_baseline", options=options)
+    request = session.request(
+        FRESH_COMBO.at(session.seq_len), FRESH_BATCH, steps=(3, 3), op="fresh_baseline", options=options
+    )
     outcome = session.runner.run(request)
     offsets = outcome.info.get("offset_bytes") if outcome.fits else None
     if not offsets:

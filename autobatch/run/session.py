@@ -27,6 +27,7 @@ from autobatch.records.failures import raise_for, with_last_lines
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
 from autobatch.records.version import MEASURED_BY
 from autobatch.run.inspection import inspect_device
+from autobatch.run.lengths import plan_lengths
 from autobatch.step.as_is import finder_warning
 from autobatch.step.scriptpath import script_digest
 from autobatch.step.spec import ScriptSpec, spec_from_settings
@@ -42,6 +43,9 @@ WrapRunner = Callable[[ProbeRunner], ProbeRunner]
 
 class Session:
     """Open with :meth:`start`; always :meth:`close` (or use it as a context manager)."""
+
+    #: The plan's sequence length: what operations of no combination (the fresh-process measure) run at.
+    seq_len: int | None = None
 
     def __init__(
         self,
@@ -145,6 +149,7 @@ class Session:
             **extra,
         )
         session.asked_device = settings.device.device  # "auto" stays "auto" when a target was picked for it
+        session.seq_len = plan_lengths(settings.search.seq_lens, settings.plan.seq_len)[1]
         return session
 
     def __enter__(self) -> Session:

@@ -12,31 +12,33 @@ import datetime
 import os
 import socket
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from autobatch.core import reuse
-from autobatch.core.choice import Contender, Decision, dominated, reach_beyond
-from autobatch.core.maximum import Limits, StaticMemory, find_maximum, floor_bytes, reason
-from autobatch.core.plan import Candidate, Plan, choose, knee, plan_accumulation
+from autobatch.core.choice import reach_beyond
+from autobatch.core.maximum import StaticMemory, find_maximum, floor_bytes, reason
+from autobatch.core.model import Affine
+from autobatch.core.plan import knee
 from autobatch.core.rank_prior import per_rank
 from autobatch.core.search import Observation
 from autobatch.core.space import Combo, combinations, script_combos, script_note
 from autobatch.core.units import format_bytes
-from autobatch.core.world import strategy_fields
 from autobatch.errors import ContractError, NothingFitsError, ScriptError
 from autobatch.records.failures import with_larger_oom
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.readings import measured_static, observation
-from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult, limited_failure
+from autobatch.records.result import ComboResult, ProbeRecord, TuneResult, limited_failure
 from autobatch.records.version import __version__
+from autobatch.run.choosing import Choosing, combo_key
+from autobatch.run.lengths import LengthSearch
+from autobatch.run.options import TuneOptions
 from autobatch.run.rank_priors import StrategyPriors
 from autobatch.run.session import Session
-from autobatch.run.throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
+from autobatch.run.throughput import StepTimes
 from autobatch.run.trust import Watch
 
 if TYPE_CHECKING:
-    from autobatch.settings import Settings
+    pass
 
 
 class Twin(NamedTuple):
@@ -47,39 +49,7 @@ class Twin(NamedTuple):
     reach: Optional[int]
 
 
-@dataclass(frozen=True)
-class TuneOptions:
-    """What one tune searches and plans (built from the settings, where every default lives)."""
-
-    precisions: tuple[str, ...]
-    optimizers: tuple[str, ...]
-    recompute: tuple[bool, ...]
-    limits: Limits
-    global_batch_size: int | None
-    world_size: int
-    world_size_source: str
-    objective: str
-    exact_all: bool
-    strict: bool = False  # a peak that depends on the data ends the tune (else a warning)
-
-    @classmethod
-    def from_settings(cls, settings: Settings, world_size: int, world_size_source: str) -> TuneOptions:
-        search, plan = settings.search, settings.plan
-        return cls(
-            precisions=search.precisions,
-            optimizers=search.optimizers,
-            recompute=search.recompute,
-            limits=settings.limits(),
-            global_batch_size=plan.global_batch_size,
-            world_size=world_size,
-            world_size_source=world_size_source,
-            objective=plan.objective,
-            exact_all=search.exact_all,
-            strict=search.strict,
-        )
-
-
-class Tuner:
+class Tuner(Choosing):
     """Runs one tune over a started :class:`Session`; :attr:`result` is always current."""
 
     def __init__(
@@ -122,6 +92,11 @@ class Tuner:
             }
         if session.as_is:  # the plan's command line is filled in from it (autobatch.emit.args)
             self.result.as_is = {k: session.spec.options.get(k) for k in ("batch_env", "variants")}
+        self.lengths: LengthSearch | None = None
+        if options.plan_seq_len is not None:
+            line = device.budget_bytes - device.margin_bytes
+            multiple = options.limits.batch_multiple
+            self.lengths = LengthSearch(self.result, options.seq_lens, options.plan_seq_len, line, multiple)
         if options.world_size_source != "default":
             self.result.notes.append(f"world size {options.world_size} from {options.world_size_source}")
 
@@ -132,8 +107,9 @@ class Tuner:
         if self.session.as_is:  # its precision, optimizer and recomputation are the script's own
             combos = script_combos(variants := self.session.spec.options.get("variants") or {})
             self.result.notes.append(script_note(variants))
+        combos = [combo.at(self.options.plan_seq_len) for combo in combos]
         for combo in combos:
-            entry = ComboResult(combo.precision, combo.optimizer, combo.recompute)
+            entry = ComboResult(combo.precision, combo.optimizer, combo.recompute, seq_len=combo.seq_len)
             if combo.recompute:
                 entry.recompute_blocks = dict(device.recompute_counts)  # what its probes wrap
             self.result.combinations.append(entry)
@@ -146,6 +122,8 @@ class Tuner:
             self._search(combo, entry, twin)
             self._update()
         self._plan_and_choose(combos)
+        if self.lengths is not None:  # the plan is made: now the other lengths
+            self.lengths.run(combos, self._search)
         self.result.status = "complete"
         self._update()
         failure = limited_failure(self.result)
@@ -208,7 +186,7 @@ class Tuner:
             limits=limits,
             prediction=self._prior(combo),
             floor_bytes=floor_bytes(device.baseline_bytes, analytic),
-            prune_at_or_below=twin.reach if twin is not None else self._prune_threshold(),
+            prune_at_or_below=twin.reach if twin is not None else self._prune_threshold(combo),
         )
         static = measured_static(outcomes.values()) or analytic
         entry.static_bytes = static.to_dict()
@@ -226,15 +204,21 @@ class Tuner:
         best = outcomes.get(answer.max_batch_size) if answer.max_batch_size is not None else None
         if best is not None and answer.status != "pruned":
             entry.peak_bytes, entry.samples_per_second = best.peak_bytes, best.samples_per_second
-        if answer.model is not None:
-            entry.bytes_per_sample = answer.model.slope
-            self.learned.append(
-                reuse.Learned.of(combo.precision, combo.optimizer, combo.recompute, answer.model)
-            )
+        self._learn(combo, entry, answer.model)
         points = [
             (b, o.samples_per_second) for b, o in sorted(outcomes.items()) if o.fits and o.samples_per_second
         ]
         entry.knee_batch_size = knee(points) if points else None
+
+    def _learn(self, combo: Combo, entry: ComboResult, model: Affine | None) -> None:
+        """Keep a search's line: the entry's slope, the surface's line, and at the plan's length the grid's."""
+        if model is None:
+            return
+        entry.bytes_per_sample = model.slope
+        if self.lengths is not None:
+            self.lengths.learn(combo, model)
+        if combo.seq_len == self.options.plan_seq_len:  # other lengths are the surface's, not the grid's
+            self.learned.append(reuse.Learned.of(combo.precision, combo.optimizer, combo.recompute, model))
 
     def _journaled(
         self, combo: Combo, entry: ComboResult, outcomes: dict[int, ProbeOutcome]
@@ -253,15 +237,22 @@ class Tuner:
         opts, limits = self.options, self.options.limits
         if not combo.recompute or opts.objective != "throughput" or opts.exact_all:
             return None
-        twin = {_key(c): c for c in self.result.combinations}.get((combo.precision, combo.optimizer, False))
+        twin = {combo_key(c): c for c in self.result.combinations}.get(
+            (combo.precision, combo.optimizer, False)
+        )
         if twin is None or twin.status not in ("exact", "capped") or not twin.max_batch_size:
             return None
         plan = (opts.global_batch_size, opts.world_size, limits.batch_multiple, limits.max_batch_size)
         return Twin(twin, reach_beyond(twin.max_batch_size, *plan))
 
-    def _prune_threshold(self) -> int | None:
-        """Under max-batch, a later combination must beat the best maximum so far (ties go to the earlier)."""
-        if self.options.objective != "max-batch" or self.options.exact_all:
+    def _prune_threshold(self, combo: Combo) -> int | None:
+        """Under max-batch, a later combination must beat the best maximum so far (ties go to the earlier);
+        at another length than the plan's, every maximum is searched."""
+        if (
+            self.options.objective != "max-batch"
+            or self.options.exact_all
+            or combo.seq_len != self.options.plan_seq_len
+        ):
             return None
         best = max(
             (
@@ -283,6 +274,9 @@ class Tuner:
     def _prior(self, combo: Combo) -> reuse.Prediction | None:
         device = self.session.device
         assert device is not None
+        length = self.lengths.prior(combo) if self.lengths is not None else None
+        if length is not None:
+            return length
         shapes = [tuple(s) for s in device.param_shapes]
         grid = reuse.predict(combo.precision, combo.optimizer, combo.recompute, self.learned, shapes)
         if self.cross is None or (grid is not None and grid.slope_known):
@@ -296,104 +290,11 @@ class Tuner:
             self.on_status(note)
         return prior
 
-    # -- plan and choice ------------------------------------------------------------------------
-
-    def _plan_and_choose(self, combos: list[Combo]) -> None:
-        opts = self.options
-        candidates: list[Candidate] = []
-        plans: dict[int, Plan] = {}
-        for index, entry in enumerate(self.result.combinations):
-            if entry.max_batch_size is None or entry.status not in ("exact", "capped"):
-                candidates.append(Candidate(index, None, None, None))
-                continue
-            plan = plan_accumulation(
-                entry.max_batch_size, opts.global_batch_size, opts.world_size, opts.limits.batch_multiple
-            )
-            plans[index] = plan
-            candidates.append(Candidate(index, entry.max_batch_size, entry.samples_per_second, plan))
-        decision = self._settle(combos, plans) if opts.objective == "throughput" else None
-        winner = decision.winner if decision is not None else choose(candidates, opts.objective)
-        if winner is None:
-            return
-        entry = self.result.combinations[winner]
-        plan = plans[winner]
-        self.result.chosen = Chosen.of(
-            entry,
-            plan,
-            **strategy_fields(self.session.strategy, self.session.nproc_per_node, plan.world_size),
-        )
-        if decision is not None:
-            margin_of_choice(self.result, decision)
-
-    def _settle(self, combos: list[Combo], plans: dict[int, Plan]) -> Decision | None:
-        """The throughput choice (:mod:`autobatch.core.choice`): drop what recomputation cannot win,
-        then time the rest, interleaved, until the rates decide."""
-        contenders = [
-            Contender(
-                i,
-                c.precision,
-                c.optimizer,
-                c.recompute,
-                self.result.combinations[i].max_batch_size or 0,
-                plans[i].micro_batch_size,
-                plans[i].accumulation_steps,
-            )
-            for i, c in enumerate(combos)
-            if i in plans
-        ]
-        dropped = dominated(contenders)
-        for index, twin in dropped.items():
-            self.result.notes.append(
-                f"{combos[index].key}: not chosen: {combos[twin].key} fits the same micro-batch without "
-                "recomputation, which only adds work"
-            )
-        entries = [
-            Entry(c.index, _key(combos[c.index]), c.micro_batch_size)
-            for c in contenders
-            if c.index not in dropped
-        ]
-
-        def time_once(e: Entry) -> None:
-            self._throughput_at(
-                combos[e.index], self.result.combinations[e.index], e.micro_batch_size, again=True
-            )
-
-        decision = settle(entries, self.step_times, time_once, self.options.world_size)
-        for e in entries:
-            timing = self.step_times.timing(e.index, e.key, e.micro_batch_size, 1)
-            if timing.rate > 0:
-                self.result.combinations[e.index].samples_per_second = round(timing.rate, 3)
-        return decision
-
-    def _throughput_at(
-        self, combo: Combo, entry: ComboResult, micro: int, again: bool = False
-    ) -> float | None:
-        """Samples per second at the planned micro-batch (measured now if no probe ran there, or ``again``)."""
-        for record in reversed(entry.trace if not again else []):
-            if record.batch_size == micro and record.kind == "fits" and record.samples_per_second:
-                if micro != entry.max_batch_size:
-                    entry.samples_per_second = record.samples_per_second
-                return record.samples_per_second
-        limits = self.options.limits
-        # A timing probe asks for step times, not a verdict: its steps count even when its peak comes
-        # within the margin (it ran them all); what it says of the maximum becomes a note.
-        outcome = self.session.probe(
-            combo, micro, min_steps=limits.max_steps, max_steps=limits.max_steps, strict=False, fresh=again
-        )
-        self._record(entry, outcome, "throughput")
-        if outcome.fits:
-            entry.samples_per_second = outcome.samples_per_second
-        note = edge_note(combo.key, entry.max_batch_size, outcome, self.session.device)
-        if note:
-            self.result.notes.append(note)
-        return outcome.samples_per_second
-
     def _update(self) -> None:
-        self.result.probes = sum(1 for c in self.result.combinations for p in c.trace if not p.cached)
+        rows = [*self.result.combinations, *(self.result.lengths.maxima if self.result.lengths else [])]
+        self.result.probes = sum(
+            1 for c in {id(r): r for r in rows}.values() for p in c.trace if not p.cached
+        )
         self.result.wall_seconds = round(time.perf_counter() - self.started, 3)
         if self.on_update:
             self.on_update(self.result)
-
-
-def _key(combo: Combo | ComboResult) -> tuple[str, str, bool]:
-    return (combo.precision, combo.optimizer, combo.recompute)

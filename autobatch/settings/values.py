@@ -117,7 +117,7 @@ def coerce(meta: Mapping[str, Any], raw: Any, text: bool) -> Any:
     choices = meta.get("choices", ())
     if kind == "str" and choices and value not in choices:
         raise expected(f"one of {', '.join(choices)}", value, choices)
-    if "minimum" in meta and value < meta["minimum"]:
+    if "minimum" in meta and kind != "ints" and value < meta["minimum"]:  # ints: each item (_ints)
         raise expected(what, value)
     check: Callable[[Any], bool] | None = meta.get("check")
     if check is not None and not check(value):

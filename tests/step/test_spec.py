@@ -50,11 +50,11 @@ def test_the_source_given_at_the_highest_layer_wins() -> None:
 
 
 def test_two_sources_at_one_layer_and_stray_options_are_errors() -> None:
-    flags = {"script": "SCRIPT", "lightning": "--lightning", "seq_len": "--seq-len"}
+    flags = {"script": "SCRIPT", "lightning": "--lightning", "hf_task": "--hf-task"}
     with pytest.raises(UsageError, match="script and lightning both name the training step"):
         select_spec(values(script="t.py", lightning="t.py:Lit"), lambda n: flags.get(n, "default"))
-    with pytest.raises(UsageError, match="seq_len .* goes with hf"):
-        select_spec(values(script="t.py", seq_len=64), lambda n: flags.get(n, "default"))
+    with pytest.raises(UsageError, match="hf_task .* goes with hf"):
+        select_spec(values(script="t.py", hf_task="causal-lm"), lambda n: flags.get(n, "default"))
     with pytest.raises(UsageError, match="no training script given"):
         select_spec(values(), lambda n: "default")
 

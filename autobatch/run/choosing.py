@@ -1,0 +1,126 @@
+"""The end of a tune at the plan's length: each combination's accumulation plan, and the choice.
+
+Under ``max-batch`` the largest maximum wins (:func:`autobatch.core.plan.choose`); under ``throughput`` the
+contenders that recomputation cannot win are dropped (:func:`autobatch.core.choice.dominated`) and the rest
+are timed at their planned micro-batch, interleaved, until the rates decide (:mod:`autobatch.run.throughput`).
+:class:`Choosing` is the part of :class:`autobatch.run.tuner.Tuner` that does it.
+"""
+
+from __future__ import annotations
+
+from autobatch.core.choice import Contender, Decision, dominated
+from autobatch.core.plan import Candidate, Plan, choose, plan_accumulation
+from autobatch.core.space import Combo
+from autobatch.core.world import strategy_fields
+from autobatch.records.protocol import ProbeOutcome
+from autobatch.records.result import Chosen, ComboResult, TuneResult
+from autobatch.run.options import TuneOptions
+from autobatch.run.session import Session
+from autobatch.run.throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
+
+
+class Choosing:
+    """Plans every combination that found a maximum and chooses one (a mixin of the tuner: it reads the
+    tuner's result, options, session and step times, and records its timing probes through it)."""
+
+    result: TuneResult
+    options: TuneOptions
+    session: Session
+    step_times: StepTimes
+
+    def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
+        raise NotImplementedError  # the tuner's
+
+    def _plan_and_choose(self, combos: list[Combo]) -> None:
+        opts = self.options
+        candidates: list[Candidate] = []
+        plans: dict[int, Plan] = {}
+        for index, entry in enumerate(self.result.combinations):
+            if entry.max_batch_size is None or entry.status not in ("exact", "capped"):
+                candidates.append(Candidate(index, None, None, None))
+                continue
+            plan = plan_accumulation(
+                entry.max_batch_size, opts.global_batch_size, opts.world_size, opts.limits.batch_multiple
+            )
+            plans[index] = plan
+            candidates.append(Candidate(index, entry.max_batch_size, entry.samples_per_second, plan))
+        decision = self._settle(combos, plans) if opts.objective == "throughput" else None
+        winner = decision.winner if decision is not None else choose(candidates, opts.objective)
+        if winner is None:
+            return
+        entry = self.result.combinations[winner]
+        plan = plans[winner]
+        self.result.chosen = Chosen.of(
+            entry,
+            plan,
+            **strategy_fields(self.session.strategy, self.session.nproc_per_node, plan.world_size),
+        )
+        if decision is not None:
+            margin_of_choice(self.result, decision)
+
+    def _settle(self, combos: list[Combo], plans: dict[int, Plan]) -> Decision | None:
+        """The throughput choice (:mod:`autobatch.core.choice`): drop what recomputation cannot win,
+        then time the rest, interleaved, until the rates decide."""
+        contenders = [
+            Contender(
+                i,
+                c.precision,
+                c.optimizer,
+                c.recompute,
+                self.result.combinations[i].max_batch_size or 0,
+                plans[i].micro_batch_size,
+                plans[i].accumulation_steps,
+            )
+            for i, c in enumerate(combos)
+            if i in plans
+        ]
+        dropped = dominated(contenders)
+        for index, twin in dropped.items():
+            self.result.notes.append(
+                f"{combos[index].key}: not chosen: {combos[twin].key} fits the same micro-batch without "
+                "recomputation, which only adds work"
+            )
+        entries = [
+            Entry(c.index, combo_key(combos[c.index]), c.micro_batch_size)
+            for c in contenders
+            if c.index not in dropped
+        ]
+
+        def time_once(e: Entry) -> None:
+            self._throughput_at(
+                combos[e.index], self.result.combinations[e.index], e.micro_batch_size, again=True
+            )
+
+        decision = settle(entries, self.step_times, time_once, self.options.world_size)
+        for e in entries:
+            timing = self.step_times.timing(e.index, e.key, e.micro_batch_size, 1)
+            if timing.rate > 0:
+                self.result.combinations[e.index].samples_per_second = round(timing.rate, 3)
+        return decision
+
+    def _throughput_at(
+        self, combo: Combo, entry: ComboResult, micro: int, again: bool = False
+    ) -> float | None:
+        """Samples per second at the planned micro-batch (measured now if no probe ran there, or ``again``)."""
+        for record in reversed(entry.trace if not again else []):
+            if record.batch_size == micro and record.kind == "fits" and record.samples_per_second:
+                if micro != entry.max_batch_size:
+                    entry.samples_per_second = record.samples_per_second
+                return record.samples_per_second
+        limits = self.options.limits
+        # A timing probe asks for step times, not a verdict: its steps count even when its peak comes
+        # within the margin (it ran them all); what it says of the maximum becomes a note.
+        outcome = self.session.probe(
+            combo, micro, min_steps=limits.max_steps, max_steps=limits.max_steps, strict=False, fresh=again
+        )
+        self._record(entry, outcome, "throughput")
+        if outcome.fits:
+            entry.samples_per_second = outcome.samples_per_second
+        note = edge_note(combo.key, entry.max_batch_size, outcome, self.session.device)
+        if note:
+            self.result.notes.append(note)
+        return outcome.samples_per_second
+
+
+def combo_key(combo: Combo | ComboResult) -> tuple[str, str, bool]:
+    return (combo.precision, combo.optimizer, combo.recompute)

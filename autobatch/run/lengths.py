@@ -1,0 +1,144 @@
+"""A tune over sequence lengths: every combination's maximum at every length the job will see.
+
+The grid (precision x optimizer x recomputation) is searched, planned and chosen at the plan's length
+(``plan.seq_len``, by default the longest). Then every combination that found a maximum there is searched at
+each further length, in :func:`autobatch.core.lengths.search_order`: the farthest length next (the widest base
+for the surface), then those between. Each search starts from the surface fitted over the lengths measured so
+far (:func:`autobatch.core.lengths.prior_line`), so that it needs about two probes and its confirmation, and
+verifies it as any prior: a wrong surface costs probes, never correctness.
+
+At the end, per combination: the surface, its fit error against the measured maxima, the token budget (the
+most tokens per micro-batch that fit at every searched length), and the maxima at the powers of two between
+the searched lengths, answered from the surface and marked ``predicted`` (never ``exact``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from autobatch.core import lengths as surfaces
+from autobatch.core.lengths import Line
+from autobatch.core.model import Affine
+from autobatch.core.reuse import Prediction
+from autobatch.core.space import Combo
+from autobatch.records.result import ComboResult, Lengths, TuneResult
+
+#: The statuses whose maximum a surface may be fitted to (and a token budget taken from).
+ANSWERED = ("exact", "capped")
+
+Key = tuple[str, str, bool]
+
+
+def plan_lengths(seq_lens: tuple[int, ...], plan_seq_len: int | None) -> tuple[tuple[int, ...], int | None]:
+    """The lengths to search (ascending, the plan's among them) and the plan's length (None: no lengths)."""
+    if plan_seq_len is None and not seq_lens:
+        return (), None
+    plan = plan_seq_len if plan_seq_len is not None else max(seq_lens)
+    return tuple(sorted({*seq_lens, plan})), plan
+
+
+class LengthSearch:
+    """The lines measured at each length, the priors they give, and the table they end in."""
+
+    def __init__(
+        self, result: TuneResult, seq_lens: tuple[int, ...], plan: int, line_bytes: int, multiple: int
+    ):
+        self.result = result
+        self.plan = plan
+        self.lines: dict[Key, dict[int, tuple[Line, bool]]] = {}  # (line, of_readings) per length
+        result.lengths = Lengths(list(seq_lens), plan, line_bytes, multiple)
+
+    def learn(self, combo: Combo, model: Affine | None) -> None:
+        """Keep one search's line (at ``combo.seq_len``)."""
+        if model is None or combo.seq_len is None:
+            return
+        line = Line(combo.seq_len, model.intercept, model.slope)
+        self.lines.setdefault(_key(combo), {})[combo.seq_len] = (line, model.of_readings)
+
+    def prior(self, combo: Combo) -> Prediction | None:
+        """The line the surface predicts at a length other than the plan's (None at the plan's: the grid's
+        priors apply there)."""
+        known, seq_len = self.lines.get(_key(combo), {}), combo.seq_len
+        if seq_len is None or seq_len == self.plan or not known:
+            return None
+        lines = [line for line, _ in known.values()]
+        predicted = surfaces.prior_line(lines, seq_len)
+        if predicted is None:
+            return None
+        intercept, slope, slope_known = predicted
+        nearest = min(lines, key=lambda line: abs(line.seq_len - seq_len))
+        steepest = None
+        if not slope_known and seq_len > nearest.seq_len:  # all of it quadratic: an upper bound
+            steepest = nearest.slope * (seq_len / nearest.seq_len) ** 2
+        told = " and ".join(str(n) for n in sorted(known))
+        return Prediction(
+            intercept,
+            slope,
+            f"the surface over {told} tokens" + ("" if slope_known else " (scaled linearly)"),
+            slope_known=slope_known,
+            base_slope=steepest,
+            of_readings=known[nearest.seq_len][1],
+        )
+
+    def run(self, combos: list[Combo], search: Callable[[Combo, ComboResult], None]) -> None:
+        """Search every further length of every combination that found a maximum at the plan's, in order."""
+        table = self.result.lengths
+        assert table is not None
+        table.maxima.extend(self.result.combinations)
+        order = surfaces.search_order(table.seq_lens, self.plan)[1:]
+        for combo, entry in zip(combos, self.result.combinations):
+            for seq_len in order:
+                row = ComboResult(combo.precision, combo.optimizer, combo.recompute, seq_len=seq_len)
+                row.recompute_blocks = dict(entry.recompute_blocks)
+                table.maxima.append(row)
+                if entry.status not in ANSWERED:
+                    row.status = "skipped"
+                    row.reason = f"not searched: {entry.status} at the plan's {self.plan} tokens"
+                    continue
+                search(combo.at(seq_len), row)
+        self.finish(combos)
+
+    def finish(self, combos: list[Combo]) -> None:
+        """The surfaces, fit errors and token budgets, and the predicted rows between searched lengths."""
+        table = self.result.lengths
+        assert table is not None
+        table.surfaces = []
+        table.maxima = [row for row in table.maxima if row.status != "predicted"]
+        for combo in combos:
+            rows = [r for r in table.maxima if _key(r) == _key(combo)]
+            measured = {r.seq_len: r.max_batch_size for r in rows if r.status in ANSWERED and r.seq_len}
+            surface = surfaces.fit(line for line, _ in self.lines.get(_key(combo), {}).values())
+            entry: dict[str, object] = {**combo.at(None).to_dict(), "surface": None, "fit_error": None}
+            entry["token_budget"] = surfaces.token_budget({k: v for k, v in measured.items() if v})
+            if surface is not None:
+                entry["surface"] = surface.to_dict()
+                error = surfaces.fit_error(surface, measured, table.line_bytes, table.batch_multiple)  # type: ignore[arg-type]
+                entry["fit_error"] = None if error is None else round(error, 4)
+                entry["attention_share"] = round(surface.attention_share(self.plan), 4)
+                table.maxima.extend(self._predicted(combo, surface, measured))  # type: ignore[arg-type]
+            table.surfaces.append(entry)
+        index = {_key(c): i for i, c in enumerate(combos)}
+        table.maxima.sort(key=lambda r: (index.get(_key(r), len(index)), r.seq_len or 0))
+
+    def _predicted(
+        self, combo: Combo, surface: surfaces.Surface, measured: dict[int, int]
+    ) -> list[ComboResult]:
+        table = self.result.lengths
+        assert table is not None
+        if len(measured) < 2:
+            return []  # one length: no surface to answer another from
+        rows = []
+        for seq_len in surfaces.between(table.seq_lens):
+            row = ComboResult(
+                combo.precision, combo.optimizer, combo.recompute, status="predicted", seq_len=seq_len
+            )
+            row.max_batch_size = surface.max_batch(seq_len, table.line_bytes, table.batch_multiple) or None
+            row.reason = (
+                f"predicted from the surface fitted at {', '.join(map(str, sorted(measured)))} tokens"
+            )
+            rows.append(row)
+        return rows
+
+
+def _key(item: Combo | ComboResult) -> Key:
+    return (item.precision, item.optimizer, item.recompute)

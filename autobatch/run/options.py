@@ -1,0 +1,49 @@
+"""What one tune searches and plans, built from the settings (where every default lives)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autobatch.core.maximum import Limits
+from autobatch.run.lengths import plan_lengths
+
+if TYPE_CHECKING:
+    from autobatch.settings import Settings
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """What one tune searches and plans (built from the settings, where every default lives)."""
+
+    precisions: tuple[str, ...]
+    optimizers: tuple[str, ...]
+    recompute: tuple[bool, ...]
+    limits: Limits
+    global_batch_size: int | None
+    world_size: int
+    world_size_source: str
+    objective: str
+    exact_all: bool
+    strict: bool = False  # a peak that depends on the data ends the tune (else a warning)
+    seq_lens: tuple[int, ...] = ()  # lengths searched, ascending (the plan's among them); empty: one shape
+    plan_seq_len: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, world_size: int, world_size_source: str) -> TuneOptions:
+        search, plan = settings.search, settings.plan
+        seq_lens, plan_seq_len = plan_lengths(search.seq_lens, plan.seq_len)
+        return cls(
+            precisions=search.precisions,
+            optimizers=search.optimizers,
+            recompute=search.recompute,
+            limits=settings.limits(),
+            global_batch_size=plan.global_batch_size,
+            world_size=world_size,
+            world_size_source=world_size_source,
+            objective=plan.objective,
+            exact_all=search.exact_all,
+            strict=search.strict,
+            seq_lens=seq_lens,
+            plan_seq_len=plan_seq_len,
+        )
