@@ -140,6 +140,10 @@ def key_settings(settings: Settings, world_size: int) -> dict[str, Any]:
         values["strategy"] = [settings.distributed.strategy, settings.distributed.nproc_per_node]
     if settings.search.strict:  # a strict tune fails where another warns: never served the other's answer
         values["strict"] = True
+    if (
+        settings.search.seq_lens or settings.plan.seq_len
+    ):  # lengths searched; one-shape keys stay as they were
+        values["seq_lens"] = [list(settings.search.seq_lens), settings.plan.seq_len]
     if settings.script.batch_env:  # how the batch reaches a script run as it is
         values["batch_env"] = settings.script.batch_env
     return values

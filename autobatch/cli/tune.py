@@ -127,6 +127,7 @@ def _answer(out: Output) -> Callable[[TuneResult], None]:
         out.close()  # the live line of the last probe
         if not out.quiet:
             print_table(result)
+            print_lengths(result)
             print_chosen(result)
 
     return show
@@ -214,6 +215,46 @@ def print_table(result: TuneResult) -> None:
     (console if console.is_terminal else unwrapped_console()).print(table)
 
 
+def print_lengths(result: TuneResult) -> None:
+    """The maxima per combination and sequence length, each combination's token budget and surface."""
+    lengths = result.lengths
+    if lengths is None or len({r.seq_len for r in lengths.maxima}) < 2:
+        return
+    columns = sorted({r.seq_len for r in lengths.maxima if r.seq_len})
+    table = Table(title=f"max batch per sequence length (plan at {lengths.plan_seq_len} tokens; probes)")
+    for name in ("precision", "optimizer", "recompute"):
+        table.add_column(name)
+    for column in [*map(str, columns), "token budget", "L² share", "fit error"]:
+        table.add_column(column, justify="right")
+    for surface in lengths.surfaces:
+        key = (surface["precision"], surface["optimizer"], surface["recompute"])
+        rows = {r.seq_len: r for r in lengths.maxima if (r.precision, r.optimizer, r.recompute) == key}
+        error, share = surface.get("fit_error"), surface.get("attention_share")
+        table.add_row(
+            *map(str, key[:2]),
+            "on" if key[2] else "off",
+            *(_length_cell(rows.get(n)) for n in columns),
+            f"{surface['token_budget']:,}" if surface.get("token_budget") else "-",
+            f"{share:.0%}" if share is not None else "-",
+            f"{error:.1%}" if error is not None else "-",
+        )
+    (console if console.is_terminal else unwrapped_console()).print(table)
+    console.print(
+        "~: predicted from the surface a + b·B·L + c·B·L², never measured; token budget: the most tokens per "
+        "micro-batch (B·L) that fit at every searched length; L² share: of the activations at the plan's length",
+        soft_wrap=not console.is_terminal,
+        style="dim",
+    )
+
+
+def _length_cell(row: ComboResult | None) -> str:
+    if row is None or row.max_batch_size is None:
+        return "-" if row is None else row.status
+    if row.status == "predicted":
+        return f"~{row.max_batch_size}"
+    return f"{_max_cell(row)} ({row.probes})"
+
+
 def print_chosen(result: TuneResult) -> None:
     from autobatch.emit.args import caveats as args_caveats
     from autobatch.emit.args import command_text
@@ -227,7 +268,8 @@ def print_chosen(result: TuneResult) -> None:
         f"[bold green]chosen[/] ({result.objective}): {ch.precision} / {ch.optimizer} / recompute "
         f"{'on' if ch.recompute else 'off'}: micro-batch {ch.micro_batch_size} x accumulation "
         f"{ch.accumulation_steps} x world {ch.world_size} = global {ch.global_batch_size}"
-        + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else ""),
+        + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else "")
+        + (f", at {ch.seq_len} tokens per sample" if ch.seq_len else ""),
         soft_wrap=unwrapped,
     )
     if ch.decided_by:

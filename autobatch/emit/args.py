@@ -34,7 +34,9 @@ def command(result: TuneResult) -> list[str] | None:
     env = [f"{batch_env}={chosen.micro_batch_size}"] if batch_env else []
     variant = variant_of(chosen.precision)
     extra = (result.as_is.get("variants") or {}).get(variant, []) if variant else []
-    args = substitute([*result.script_args, *extra], chosen.micro_batch_size, chosen.accumulation_steps)
+    args = substitute(
+        [*result.script_args, *extra], chosen.micro_batch_size, chosen.accumulation_steps, chosen.seq_len
+    )
     return [*env, *launcher(chosen), result.script, *args]
 
 

@@ -108,9 +108,24 @@ def arithmetic(chosen: Chosen) -> str:
         f"micro-batch {chosen.micro_batch_size} x accumulation {chosen.accumulation_steps} "
         f"x world {chosen.world_size} = global {chosen.global_batch_size}"
     )
+    if chosen.seq_len is not None:  # the plan is for the job's length (autobatch.run.lengths)
+        text += f" at {chosen.seq_len} tokens per sample"
     if chosen.requested_global_batch_size is None:
         return text + " (no global batch requested)"
     return text + f" (requested {chosen.requested_global_batch_size})"
+
+
+def token_budget(result: TuneResult) -> int | None:
+    """The chosen combination's token budget (the most tokens per micro-batch that fit at every searched
+    length), or None when no lengths were searched."""
+    chosen = result.chosen
+    if result.lengths is None or chosen is None:
+        return None
+    key = (chosen.precision, chosen.optimizer, chosen.recompute)
+    for surface in result.lengths.surfaces:
+        if (surface["precision"], surface["optimizer"], surface["recompute"]) == key:
+            return surface.get("token_budget")
+    return None
 
 
 def describe_choice(chosen: Chosen) -> str:

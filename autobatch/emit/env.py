@@ -14,6 +14,10 @@ Variables (values are plain tokens, so no quoting is needed; booleans are 1 or 0
 ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` the same accumulation, where ``Accelerator()`` reads it
 ``AUTOBATCH_COMMAND``                      a script tuned as it is: the job's command line, the plan
                                            filled in (:mod:`autobatch.emit.args`); ``eval "$AUTOBATCH_COMMAND"``
+``AUTOBATCH_PLAN_SEQ_LEN``                 tuned over sequence lengths: the length the plan is for
+``AUTOBATCH_TOKEN_BUDGET``                 tuned over sequence lengths: the most tokens per micro-batch
+                                           (batch x length) that fit at every searched length, for
+                                           ``max_tokens`` samplers and packing
 =========================================  ==============================================
 
 A script tuned as it is keeps its own precision, optimizer and recomputation: the three variables that
@@ -29,7 +33,14 @@ from __future__ import annotations
 import shlex
 
 from autobatch.emit.args import command_text
-from autobatch.emit.common import EmitOptions, comment_block, provenance, require_chosen, script_own
+from autobatch.emit.common import (
+    EmitOptions,
+    comment_block,
+    provenance,
+    require_chosen,
+    script_own,
+    token_budget,
+)
 from autobatch.records.result import TuneResult
 
 #: Every name this format may write, in order.
@@ -44,6 +55,8 @@ ENV_NAMES: tuple[str, ...] = (
     "AUTOBATCH_RECOMPUTE_ACTIVATIONS",
     "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
     "AUTOBATCH_COMMAND",
+    "AUTOBATCH_PLAN_SEQ_LEN",
+    "AUTOBATCH_TOKEN_BUDGET",
 )
 
 
@@ -61,6 +74,8 @@ def variables(result: TuneResult) -> dict[str, str]:
         "AUTOBATCH_RECOMPUTE_ACTIVATIONS": int(chosen.recompute),
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": chosen.accumulation_steps,
         "AUTOBATCH_COMMAND": command_text(result),
+        "AUTOBATCH_PLAN_SEQ_LEN": chosen.seq_len,
+        "AUTOBATCH_TOKEN_BUDGET": token_budget(result),
     }
     if script_own(chosen):
         for name in ("AUTOBATCH_PRECISION", "AUTOBATCH_OPTIMIZER", "AUTOBATCH_RECOMPUTE_ACTIVATIONS"):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from lightning.pytorch import Callback
 
 from autobatch.errors import UsageError
-from autobatch.step.lightning import LightningScript, recipe, set_batch_size
+from autobatch.step.lightning import LightningScript, recipe, set_batch_size, set_length
 
 if TYPE_CHECKING:
     from autobatch.api import ProbeEvent
@@ -56,11 +56,14 @@ class AutoBatch(Callback):
         if trainer.is_global_zero:
             self.result = self._tune(trainer, pl_module)
             assert self.result.chosen is not None  # tune() raises NothingFitsError otherwise
-            chosen = (self.result.chosen.micro_batch_size, self.result.chosen.accumulation_steps)
+            picked = self.result.chosen
+            chosen = (picked.micro_batch_size, picked.accumulation_steps, picked.seq_len)
         if trainer.world_size > 1:
             chosen = trainer.strategy.broadcast(chosen, src=0)
         assert chosen is not None
-        micro, accumulation = chosen
+        micro, accumulation, seq_len = chosen
+        if seq_len is not None:  # tuned over lengths (seq_lens=[...]): train at the plan's
+            set_length(pl_module, trainer.datamodule, seq_len)
         if not set_batch_size(pl_module, trainer.datamodule, self.batch_attr, micro):
             raise UsageError(
                 f"AutoBatch found no {self.batch_attr!r} attribute or hparam on the module or the data module",
@@ -69,10 +72,11 @@ class AutoBatch(Callback):
         if self.global_batch_size is not None:
             trainer.accumulate_grad_batches = accumulation
         logger.info(
-            "AutoBatch: %s = %d, accumulate_grad_batches = %d",
+            "AutoBatch: %s = %d, accumulate_grad_batches = %d%s",
             self.batch_attr,
             micro,
             trainer.accumulate_grad_batches,
+            f", sequence length {seq_len}" if seq_len is not None else "",
         )
 
     def _tune(self, trainer: Any, pl_module: Any) -> TuneResult:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autobatch.errors import UsageError
 from autobatch.run.locks import DeviceLock
 from autobatch.run.session import Session
 
@@ -73,11 +74,22 @@ def script_strategy(settings: Settings, spec: ScriptSpec | None) -> Settings:
     ``--strategy fsdp`` for a script that shards), and its world is the ranks' (:func:`planned_world`)."""
     from dataclasses import replace
 
+    from autobatch.step.as_is import SEQ_LEN_PLACEHOLDER
     from autobatch.step.spec import spec_from_settings
 
-    dist = settings.distributed
-    if dist.strategy != "none" or dist.nproc_per_node < 2:
-        return settings
-    if (spec or spec_from_settings(settings)).kind != "as_is":
+    dist, spec = settings.distributed, spec or spec_from_settings(settings)
+    lengths = settings.search.seq_lens or settings.plan.seq_len
+    if (
+        spec.kind == "as_is"
+        and lengths
+        and not any(SEQ_LEN_PLACEHOLDER in a for a in settings.script.script_args)
+    ):
+        raise UsageError(
+            "sequence lengths were asked for (--seq-len), and the script runs as it is with no {seq_len} in its "
+            "arguments: every length would run the same shape",
+            hint="put {seq_len} where the script takes its length, e.g. "
+            "`autobatch tune train.py --seq-len 512 -- --batch-size {batch} --max-len {seq_len}`",
+        )
+    if dist.strategy != "none" or dist.nproc_per_node < 2 or spec.kind != "as_is":
         return settings
     return replace(settings, distributed=replace(dist, strategy="ddp"))

@@ -10,7 +10,8 @@ LightningDataModule:
   of: the module's ``batch_size`` attribute, its hparams, the data module's attribute, its hparams; the
   name is the last part of the ``lightning_batch_key`` setting, ``batch_size`` by default), then takes
   the first batch of ``train_dataloader()`` (the data module's, after ``prepare_data()`` and
-  ``setup("fit")``; else the module's).
+  ``setup("fit")``; else the module's). ``make_batch(b, seq_len)`` (``--seq-len``) first sets the length
+  the same way, under the first of the names in :data:`LENGTH_ATTRS` that either holds.
 * ``compute_loss(model, batch)``: ``training_step(batch, 0)`` (its ``loss`` when it returns a dict),
   without a Trainer: ``self.log`` calls are ignored, and a step that needs ``self.trainer`` is told so.
 
@@ -74,9 +75,11 @@ class LightningScript:
         self._module = module
         return module
 
-    def make_batch(self, batch_size: int) -> Any:
+    def make_batch(self, batch_size: int, seq_len: int | None = None) -> Any:
         module = self._module if self._module is not None else self.make_module()
         datamodule = self._datamodule_instance()
+        if seq_len is not None:
+            set_length(module, datamodule, seq_len)
         if not set_batch_size(module, datamodule, self.batch_attr, batch_size):
             raise ContractError(
                 f"neither {type(module).__name__} nor "
@@ -126,6 +129,20 @@ class LightningScript:
                 hint="return the loss (or a dict with 'loss') from training_step for every batch",
             )
         return loss
+
+
+#: Where a module or data module keeps its sequence length, in the order they are tried (``--seq-len``).
+LENGTH_ATTRS = ("seq_len", "max_seq_len", "seq_length", "max_length", "block_size")
+
+
+def set_length(module: Any, datamodule: Any, seq_len: int) -> None:
+    """Set the sequence length where the module or the data module keeps it (see :data:`LENGTH_ATTRS`)."""
+    if not any(set_batch_size(module, datamodule, name, seq_len) for name in LENGTH_ATTRS):
+        raise ContractError(
+            f"--seq-len {seq_len}: neither the module nor the data module has an attribute or hparam named "
+            f"{', '.join(LENGTH_ATTRS)} to set the sequence length with",
+            hint="keep the length in self.seq_len (or save_hyperparameters()) and have train_dataloader() read it",
+        )
 
 
 def _leading(batch: Any) -> int | None:
