@@ -263,7 +263,8 @@ class FakeRunner:
     """A :class:`~autobatch.records.protocol.ProbeRunner` that answers from synthetic memory curves.
 
     ``curve`` gives the peak of a probe of the real step: one curve for every combination, or a function
-    of ``(precision, optimizer, recompute)``. A probe fits iff its peak is within the request's budget;
+    of ``(precision, optimizer, recompute)``; ``lengths``, when given, the curve of a request at a sequence
+    length (``seq_len``) instead. A probe fits iff its peak is within the request's budget;
     ``steps_seconds`` is each step's time (throughput = batch / seconds). It answers the ``inspect``
     operation as a CPU device with ``available_bytes`` and ``baseline_bytes``, the ``explain`` operation
     with a breakdown that adds up to the peak, and the ``estimate`` operation from the same curves.
@@ -271,6 +272,7 @@ class FakeRunner:
     """
 
     curve: Curve | Callable[[str, str, bool], Curve]
+    lengths: Callable[[int], Curve] | None = None
     available_bytes: int = 16 << 30
     baseline_bytes: int = 300 << 20
     param_shapes: tuple[tuple[int, ...], ...] = ((1024, 1024), (1024,))
@@ -312,6 +314,8 @@ class FakeRunner:
 
     def _probe(self, request: ProbeRequest) -> ProbeOutcome:
         curve = self.curve_for(request.precision, request.optimizer, request.recompute)
+        if self.lengths is not None and request.seq_len is not None:
+            curve = self.lengths(request.seq_len)
         batch, steps = request.batch_size, request.min_steps
         if curve(batch) > request.budget_bytes:
             return ProbeOutcome(kind="oom", batch_size=batch, steps=1, reason="fake: over the budget")
