@@ -40,6 +40,13 @@ is published as ``autobatch/result.schema.json``; :meth:`TuneResult.load` checks
 ``as_is``             present only when the script ran as it is: {"batch_env": the variable that carried the
                       batch besides AUTOBATCH_BATCH_SIZE, or null}; ``script_args`` then hold the
                       ``{batch}`` (and ``{accum}``) placeholders the plan's command line fills in
+``lengths``           present only when sequence lengths were searched (``--seq-len``): {"seq_lens" (searched,
+                      ascending), "plan_seq_len", "line_bytes" (the budget less the margin), "batch_multiple",
+                      "maxima" (an entry per combination and length, as ``combinations`` with its ``seq_len``;
+                      status "predicted": from the surface, no probe), "surfaces" (per combination: "surface"
+                      {"intercept_bytes", "bytes_per_token", "bytes_per_token_squared", "fitted_from"},
+                      "fit_error", "attention_share", "token_budget")}; ``combinations`` and ``chosen`` then
+                      carry the plan's ``seq_len`` (see :mod:`autobatch.run.lengths`)
 ``devices``           present only when one job spans several GPU models: one entry per model
                       ({"model", "device", "indices", "budget_bytes", "budget", "served_from_cache",
                       "probes", "max_batch_sizes"}); ``combinations`` then hold the smallest maximum

@@ -191,7 +191,9 @@ def _read_file(path: Path, shown: str, given: dict[str, _Given], problems: list[
                 given[key] = _Given(raw, f"{shown}: {section}.{key}", shown, False, path.parent)
                 continue
             owner = BY_NAME.get(key)
-            if owner is not None:
+            if (section, key) in MOVED:
+                hint = MOVED[(section, key)]
+            elif owner is not None:
                 hint = f"{show(key)} belongs in [{owner.group}]"
             else:
                 near = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
@@ -203,6 +205,13 @@ def _read_file(path: Path, shown: str, given: dict[str, _Given], problems: list[
                 else:
                     hint = f"keys of [{section}]: {', '.join(names)}"
             problems.append(f"{shown}: {section}.{key}: unknown key; {hint}")
+
+
+#: Keys that moved, and what to write instead.
+MOVED = {
+    ("script", "seq_len"): "the lengths to search are seq_lens under [search] (a list: seq_lens = [512]); "
+    "seq_len under [plan] is the job's length the plan is for",
+}
 
 
 # --- world size ----------------------------------------------------------------------------------------

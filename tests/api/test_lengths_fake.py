@@ -22,7 +22,13 @@ GiB, MiB = 1 << 30, 1 << 20
 A, B, C = 300 * MiB, 20_000.0, 30.0
 BUDGET = int(GiB * 0.9)
 LINE = BUDGET - margin_bytes("cpu", BUDGET)
-ONE = {"device": "cpu", "memory": "1GiB", "precisions": ["32-true"], "optimizers": ["adamw"], "recompute": False}
+ONE = {
+    "device": "cpu",
+    "memory": "1GiB",
+    "precisions": ["32-true"],
+    "optimizers": ["adamw"],
+    "recompute": False,
+}
 
 
 def build_model() -> str:

@@ -30,7 +30,10 @@ class OneShape:
 class Lengths(OneShape):
     @staticmethod
     def make_batch(batch_size: int, seq_len: int = 16) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        return {"tokens": torch.zeros(batch_size, seq_len, dtype=torch.long), "label": torch.zeros(batch_size)}
+        return {
+            "tokens": torch.zeros(batch_size, seq_len, dtype=torch.long),
+            "label": torch.zeros(batch_size),
+        }
 
 
 def test_a_length_reaches_a_make_batch_that_takes_one() -> None:
