@@ -84,6 +84,11 @@ class ScriptError(AutobatchError):
     exit_code = EXIT_SCRIPT
 
 
+class CompileFailed(ScriptError):
+    """``torch.compile`` failed on the model (a combination with compile): an answer for that combination
+    ("does not compile"), the other combinations go on; from ``check --compile``, exit 3 as a script error."""
+
+
 class NothingFitsError(AutobatchError):
     """No searched combination fits even the smallest batch."""
 

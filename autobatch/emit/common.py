@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 
+from autobatch.core.space import ident_of
 from autobatch.core.units import format_bytes
 from autobatch.errors import UsageError
 from autobatch.records.liveness import RESUME_HINT, unfinished
@@ -121,9 +122,8 @@ def token_budget(result: TuneResult) -> int | None:
     chosen = result.chosen
     if result.lengths is None or chosen is None:
         return None
-    key = (chosen.precision, chosen.optimizer, chosen.recompute)
     for surface in result.lengths.surfaces:
-        if (surface["precision"], surface["optimizer"], surface["recompute"]) == key:
+        if ident_of(surface) == chosen.ident:
             return surface.get("token_budget")
     return None
 

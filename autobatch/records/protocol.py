@@ -45,6 +45,8 @@ class ProbeRequest:
     fresh_offset_bytes: list[int] = field(default_factory=list)
     # Tokens per sample, passed to make_batch(batch_size, seq_len) (None: make_batch(batch_size), one shape)
     seq_len: int | None = None
+    recompute_level: str = "full"  # with recompute: "full", "selective" or "K/N" (autobatch.core.levels)
+    compile: bool = False  # torch.compile the model in the probe
 
     def offset_for(self, rank: int = 0) -> int:
         """The fresh-process offset of ``rank`` (0 when none was measured)."""
@@ -103,6 +105,7 @@ class ProbeOutcome:
     omp_wait_policy: str | None = None
     # the distinct shapes of the batches make_batch returned, one per step, when they differed (empty: one shape)
     batch_shapes: list[str] = field(default_factory=list)
+    compile_seconds: float | None = None  # torch.compile's own time in this probe (None: not compiled)
 
     @property
     def fits(self) -> bool:
