@@ -13,7 +13,7 @@ from rich.table import Table
 from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
 from autobatch.cli.progress import Output, unwrapped_console
-from autobatch.core.space import block_labels, ident_of
+from autobatch.core.space import block_labels, combo_key, ident_of
 from autobatch.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def summary_line(result: TuneResult, path: str) -> str:
     if ch is None:
         return f"autobatch: no combination chosen ({how}); result in {path}"
     return (
-        f"autobatch: {ch.precision}/{ch.optimizer}/{'recompute' if ch.recompute else 'no-recompute'} "
+        f"autobatch: {combo_key(*ch.ident)} "
         f"micro-batch {ch.micro_batch_size} x accumulation {ch.accumulation_steps} x world {ch.world_size} = "
         f"global {ch.global_batch_size} ({how}); result in {path}"
     )
@@ -200,7 +200,7 @@ def print_table(result: TuneResult) -> None:
         table.add_row(
             c.precision,
             c.optimizer,
-            "on" if c.recompute else "off",
+            c.ident[2] + (" +compile" if c.compile else ""),
             _max_cell(c),
             format_bytes(c.peak_bytes) if c.peak_bytes else "-",
             f"{c.peak_bytes / budget:.0%}" if c.peak_bytes and budget else "-",
@@ -264,7 +264,8 @@ def print_chosen(result: TuneResult) -> None:
     unwrapped = not console.is_terminal  # a log: one line each, however long
     console.print(
         f"[bold green]chosen[/] ({result.objective}): {ch.precision} / {ch.optimizer} / recompute "
-        f"{'on' if ch.recompute else 'off'}: micro-batch {ch.micro_batch_size} x accumulation "
+        f"{ {'full': 'on'}.get(ch.ident[2], ch.ident[2]) }{' / torch.compile' if ch.compile else ''}: "
+        f"micro-batch {ch.micro_batch_size} x accumulation "
         f"{ch.accumulation_steps} x world {ch.world_size} = global {ch.global_batch_size}"
         + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else "")
         + (f", at {ch.seq_len} tokens per sample" if ch.seq_len else ""),
