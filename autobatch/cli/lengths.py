@@ -128,10 +128,7 @@ def _default_result(config: Path | None) -> str:
 
 def _print(report: LengthsReport, out: Output) -> None:
     plan, spread = report.plan, report.overflow.spread
-    combo = plan.combination
-    name = (
-        f"{combo['precision']}/{combo['optimizer']}/{'recompute' if combo['recompute'] else 'no-recompute'}"
-    )
+    name = plan.combination["key"]
     out.status(
         f"{report.data.describe()}: {spread.count:,} sequences; {report.result}: {name}, plan at "
         f"{plan.plan_seq_len} tokens, searched {', '.join(map(str, plan.seq_lens))}"

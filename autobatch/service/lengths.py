@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from autobatch.core.lengths import Surface
 from autobatch.core.overflow import Overflow, overflow
+from autobatch.core.space import combo_key, ident_of
 from autobatch.errors import UsageError
 from autobatch.records.data_lengths import DataLengths, read_lengths
 
@@ -26,7 +27,7 @@ FIX = "autobatch tune SCRIPT --seq-len A --seq-len B (two lengths or more, the l
 class Plan:
     """What a result says about lengths: the chosen combination, its surface and budget, the line."""
 
-    combination: dict[str, Any]  # precision, optimizer, recompute
+    combination: dict[str, Any]  # key, precision, optimizer, recompute, recompute_level, compile
     micro_batch_size: int
     surface: Surface
     token_budget: int | None
@@ -88,9 +89,9 @@ def read_plan(result: str | Path) -> Plan:
     if loaded.lengths is None:
         raise UsageError(f"{result} was tuned without sequence lengths: it has no memory surface", hint=FIX)
     chosen, table = loaded.chosen, loaded.lengths
-    key = {"precision": chosen.precision, "optimizer": chosen.optimizer, "recompute": chosen.recompute}
-    entry = next((s for s in table.surfaces if {k: s.get(k) for k in key} == key), None)
-    name = f"{chosen.precision}/{chosen.optimizer}/{'recompute' if chosen.recompute else 'no-recompute'}"
+    ident = ident_of(chosen)
+    entry = next((s for s in table.surfaces if ident_of(s) == ident), None)
+    name = combo_key(*ident)
     if entry is None or not entry.get("surface"):
         raise UsageError(f"{result} has no memory surface for the chosen {name}", hint=FIX)
     surface = _surface(entry["surface"], result)
@@ -101,8 +102,16 @@ def read_plan(result: str | Path) -> Plan:
             "tell the memory per token from the attention's memory per pair of tokens",
             hint=FIX,
         )
+    precision, optimizer, level, compile = ident
     return Plan(
-        combination=key,
+        combination={
+            "key": name,
+            "precision": precision,
+            "optimizer": optimizer,
+            "recompute": chosen.recompute,
+            "recompute_level": level,
+            "compile": compile,
+        },  # fmt: skip
         micro_batch_size=chosen.micro_batch_size,
         surface=surface,
         token_budget=entry.get("token_budget"),

@@ -62,8 +62,10 @@ def write_result(
                    "fitted_from": list(fitted_from)}  # fmt: skip
         entry = {"precision": "32-true", "optimizer": "adamw", "recompute": False, "surface": surface,
                  "fit_error": 0.01, "attention_share": 0.34, "token_budget": TOKEN_BUDGET}  # fmt: skip
+        # the same combination compiled, with another surface: never the chosen one's
+        decoy = {**entry, "compile": True, "surface": {**surface, "intercept_bytes": 0}, "token_budget": 1}
         seq_lens = sorted(set(fitted_from) | {1024})
-        result.lengths = Lengths(seq_lens, 1024, LINE, maxima=[combo], surfaces=[entry])
+        result.lengths = Lengths(seq_lens, 1024, LINE, maxima=[combo], surfaces=[decoy, entry])
     path.write_text(result.to_json())
     return path
 
@@ -117,7 +119,8 @@ def test_the_padded_overflow_is_the_count_over_the_file(files: tuple[Path, list[
     assert distribution["count"] == 10_000 and distribution["max"] == ordered[-1]
     assert distribution["p99"] == ordered[9_899] and distribution["p50"] == ordered[4_999]
     assert distribution["longer_than_plan"] == sum(1 for n in data if n > 1024)
-    assert report["overflows"] is True and report["combination"]["precision"] == "32-true"
+    assert report["overflows"] is True and report["combination"]["key"] == "32-true/adamw/no-recompute"
+    assert report["combination"]["compile"] is False and report["surface"]["intercept_bytes"] == A
     assert "warning: some batches would run out of memory" in err
     assert (
         f"of batches ({len(over)} of {len(chunks)}) would run out of memory under padding at batch 24" in err
