@@ -14,7 +14,8 @@
     ├── DeviceError                (exit 7)  the device cannot be used (no driver, no GPU, ...)
     └── LeakError                  (exit 8)  the step's peak grows at every step: no batch holds for a job
 
-``autobatch check`` exits with 5 when the batch runs out of memory (an answer, not an error).
+``autobatch check`` exits with 5 when the batch runs out of memory (an answer, not an error), and so does
+``autobatch lengths --fail-on-overflow`` when a batch of the data would.
 An interrupted run exits with 130 (SIGINT) or 143 (SIGTERM).
 Every error carries a ``hint``: what to do about it.
 """
