@@ -13,6 +13,7 @@ from rich.table import Table
 from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
 from autobatch.cli.progress import Output, unwrapped_console
+from autobatch.core.levels import SELECTIVE, fraction
 from autobatch.core.space import block_labels, combo_key, ident_of
 from autobatch.core.units import format_bytes
 
@@ -194,9 +195,12 @@ def print_table(result: TuneResult) -> None:
     for c in result.combinations:
         chosen = result.chosen is not None and c.ident == result.chosen.ident
         note = c.reason or ("" if c.status in ("exact",) else c.status)
-        if c.recompute and c.recompute_blocks:  # what "on" wrapped
+        if c.recompute and c.recompute_blocks:  # what the level wrapped
             wrapped = ", ".join(block_labels(c.recompute_blocks, c.recompute_blocks))
-            note = f"recomputes {wrapped}" + (f"; {note}" if note else "")
+            part = fraction(c.ident[2])
+            how = f"the first {part[0]} of {wrapped}" if part else wrapped
+            how += " (matmul and attention outputs kept)" if c.ident[2] == SELECTIVE else ""
+            note = f"recomputes {how}" + (f"; {note}" if note else "")
         table.add_row(
             c.precision,
             c.optimizer,
