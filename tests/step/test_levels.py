@@ -20,7 +20,7 @@ from autobatch.errors import NoBlocksError
 from autobatch.explain.worker.tracker import MemoryTracker
 from autobatch.step.contract import UserScript
 from autobatch.step.loop import StepConfig, StepReport, run_steps
-from autobatch.step.recompute import SAVED_OPS, level_blocks, parse_level, wrap_recompute
+from autobatch.step.recompute import SAVED_OPS, level_blocks, split_level, wrap_recompute
 
 WIDTH, HEADS, TOKENS, DEPTH, VOCAB, BATCH = 32, 2, 32, 8, 64, 16
 
@@ -94,12 +94,12 @@ def test_a_level_checkpoints_the_first_k_blocks(level: str, n: int, blocks: list
 )
 def test_a_malformed_level_is_a_programming_error(level: str) -> None:
     with pytest.raises(ValueError, match="recomputation level"):
-        parse_level(level)
+        split_level(level)
 
 
-def test_parse_level() -> None:
-    assert parse_level("full") is None and parse_level("selective") is None
-    assert parse_level("6/12") == (6, 12)
+def test_split_level() -> None:
+    assert split_level("full") is None and split_level("selective") is None
+    assert split_level("6/12") == (6, 12)
     with pytest.raises(ValueError, match="for 12 blocks, not 8"):
         level_blocks("6/12", 8)
 
