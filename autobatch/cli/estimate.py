@@ -12,6 +12,10 @@ stays within the budget. Targets:
 
 ``--json`` prints ``{"estimate": true, "device": {...}, "combinations": [...], "notes": [...]}`` where
 each combination has the fields of ``tune --json``'s (``trace`` lists the simulated batch sizes).
+``--seq-len L`` (repeatable) estimates at each length: ``combinations`` are then at the plan's length
+(``--plan-seq-len``, else the longest) and ``lengths`` is tune's (an entry per combination and length in
+``maxima``, the fitted surfaces and their ``attention_share``;
+:mod:`autobatch.explain.parent.estimate_lengths`).
 It is an estimate: the human output says what differs on a real device.
 """
 
@@ -61,6 +65,8 @@ def estimate(
     max_batch_size: opt.MaxBatchSize = None,
     timeout: opt.Timeout = None,
     check_batch_size: opt.CheckBatchSize = None,
+    seq_lens: opt.SeqLen = None,
+    seq_len: opt.PlanSeqLen = None,
     strategy: opt.Strategy = None,
     world_size: opt.WorldSize = None,
     nproc_per_node: opt.NprocPerNode = None,
@@ -97,12 +103,16 @@ def estimate(
     result = estimate_combinations(
         settings, target, progress=lambda text: console.print(f"[dim]  {escape(text)}[/]")
     )
-    from autobatch.explain.output.render import print_estimate
+    from autobatch.explain.output.render import print_estimate, print_estimate_lengths
 
     budget = result.device["budget_bytes"]
+    at = f" at {result.lengths.plan_seq_len} tokens" if result.lengths else ""
     print_estimate(
-        console, result, f"estimated maximum batch on {result.device['name']} (budget {format_bytes(budget)})"
+        console,
+        result,
+        f"estimated maximum batch on {result.device['name']}{at} (budget {format_bytes(budget)})",
     )
+    print_estimate_lengths(console, result)
     for note in result.notes:
         console.print(f"[dim]- {escape(note)}[/]")
     console.print(f"[yellow]note[/]: {escape(CAVEATS_CPU if target.kind == 'cpu' else CAVEATS_CUDA)}")

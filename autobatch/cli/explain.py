@@ -6,6 +6,10 @@ peak by category (adding up to the measured peak, the residual stated), the per-
 levers ranked by the maximum batch each would give. ``--json`` prints the report on stdout
 (:mod:`autobatch.explain.parent.explainer` documents it). Exit status 0, also when the batch does not fit
 (the report says so): explaining is the answer.
+
+``--seq-len L`` (once) runs the batches at ``L`` tokens per sample (``make_batch(batch_size, L)``) and adds
+the attention scores (``L²``) per module, and their lever when they dominate
+(:mod:`autobatch.explain.pure.attention_lever`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def explain(
     recompute_class: opt.RecomputeClass = None,
     timeout: opt.Timeout = None,
     check_batch_size: opt.CheckBatchSize = None,
+    seq_lens: opt.SeqLen = None,
     strategy: opt.Strategy = None,
     nproc_per_node: opt.NprocPerNode = None,
     vocab_trim: Annotated[
@@ -103,7 +108,7 @@ def explain(
 
 
 def _print_report(report: Any, data: dict[str, Any], key: str, device: str, verify: bool) -> None:
-    from autobatch.explain.output.render import print_breakdown, print_levers, print_modules
+    from autobatch.explain.output.render import print_attention, print_breakdown, print_levers, print_modules
 
     verdict = "[green]fits[/]" if report.fits else f"[yellow]does not fit[/] ({report.kind})"
     console.print(
@@ -121,6 +126,7 @@ def _print_report(report: Any, data: dict[str, Any], key: str, device: str, veri
         )
     print_breakdown(console, data)
     print_modules(console, report.modules)
+    print_attention(console, report.attention_scores, report.batch_size)
     if report.line:
         console.print(
             f"measured line: {format_bytes(report.line['static_bytes'])} static + "

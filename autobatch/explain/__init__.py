@@ -8,6 +8,7 @@ what it needs inside its commands):
              ``options``  the typed options of the ``explain`` and ``estimate`` probe operations
              ``maxima``   the largest batch from simulations (the search over a simulated curve)
              ``levers``   what bf16, lighter optimizers, recomputation, accumulation, ... would buy
+             ``attention_lever``  the saved (.., L, L) attention scores at a length, and their lever
              ``cards``    named GPU card profiles
 ``worker/``  inside a forked probe process, with torch
              ``ops``         the ``explain`` and ``estimate`` operations, registered with autobatch.probe.ops
@@ -21,5 +22,6 @@ what it needs inside its commands):
              ``driver``     requests of the operations, real maxima searched with probes
              ``explainer``  ``autobatch explain`` end to end (``explain_batch``)
              ``estimator``  ``autobatch estimate`` end to end (``estimate_combinations``)
+             ``estimate_lengths``  ``estimate --seq-len``: the answers per length laid out as tune's
 ``output/``  presentation: ``render`` (rich tables and bars), ``plot`` (matplotlib figures, optional)
 """

@@ -134,6 +134,9 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
         FRESH_COMBO.at(session.seq_len), FRESH_BATCH, steps=(3, 3), op="fresh_baseline", options=options
     )
     outcome = session.runner.run(request)
+    # a broken contract (make_batch takes no length, say) fails every probe too: report it now, not as a warning
+    if outcome.kind == "error" and outcome.contract:
+        raise_for(outcome, what="measuring the job's fresh process")
     offsets = outcome.info.get("offset_bytes") if outcome.fits else None
     if not offsets:
         why = outcome.info.get("fresh_error") or outcome.reason or outcome.error_message or outcome.kind

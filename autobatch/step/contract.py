@@ -57,10 +57,10 @@ class UserScript:
             return self.make_batch(batch_size)
         if not self.takes_seq_len:
             raise ContractError(
-                f"the tune asks for sequences of {seq_len} tokens, and make_batch{_sig(self.make_batch)} "
+                f"--seq-len asks for sequences of {seq_len} tokens, and make_batch{_sig(self.make_batch)} "
                 "takes no length",
                 hint="def make_batch(batch_size, seq_len=512): return batches of seq_len tokens per sample "
-                "(the second parameter may have a default), or tune without --seq-len",
+                "(the second parameter may have a default), or run without --seq-len",
             )
         return self.make_batch(batch_size, seq_len)  # type: ignore[call-arg]
 

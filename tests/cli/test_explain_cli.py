@@ -76,3 +76,44 @@ def test_verify_measures_every_applicable_lever(tiny: Path) -> None:
         assert lever["verified_max_batch_size"] is not None, lever
         if lever["kind"] != "accumulation":
             assert lever["verified_max_batch_size"] == lever["predicted_max_batch_size"] == 48  # capped
+
+
+ATTENTION_LM = Path(__file__).resolve().parent.parent / "scripts" / "attention_lm.py"
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_explain_names_materialised_attention_scores(attention: str) -> None:
+    """At a length, the (B, heads, L, L) probabilities eager attention saves are the attention-score term per
+    layer, and, holding most of the activations, a lever whose saving the probe measured; sdpa saves none."""
+    report = _explain(
+        ATTENTION_LM, "-b", "4", "--seq-len", "256", "--memory", "512MiB", "--vocab-trim", "0",
+        "--", "--attention", attention,
+    )  # fmt: skip
+    assert report["seq_len"] == 256
+    scores = report["attention_scores"]
+    levers = {lever["name"]: lever for lever in report["levers"]}
+    if attention == "sdpa":
+        assert scores["saved_bytes"] == 0 and not scores["dominates"] and "sdpa attention" not in levers
+        return
+    probabilities = 4 * 4 * 256 * 256 * 4  # batch x heads x L x L, fp32, per layer
+    assert [layer["name"] for layer in scores["layers"]] == ["blocks.0.attention", "blocks.1.attention"]
+    assert all(layer["bytes"] >= probabilities for layer in scores["layers"])
+    assert scores["dominates"] and scores["share_of_activations"] > 1 / 3
+    lever = levers["sdpa attention"]
+    assert lever["kind"] == "attention" and lever["applicable"]
+    assert lever["saving_bytes"] == scores["peak_bytes"] >= 2 * probabilities
+    assert lever["predicted_max_batch_size"] > levers["now"]["predicted_max_batch_size"]
+    rows = {row["name"]: row for row in report["modules"]}
+    assert rows["blocks.0.attention"]["attention_bytes"] == scores["layers"][0]["bytes"]
+
+
+def test_a_length_for_a_make_batch_without_one_is_a_contract_error(tiny: Path) -> None:
+    """explain and estimate: exit 3, the script's make_batch named and how to give it a length."""
+    for command in (
+        ("explain", "-b", "4", "--seq-len", "64"),
+        ("estimate", "--no-recompute", "--seq-len", "64", "--seq-len", "128"),
+    ):
+        proc = run_cli(*command, str(tiny), "--device", "cpu", "--memory", "512MiB", "-p", "32-true")
+        assert proc.returncode == 3, proc.stderr
+        assert "--seq-len asks for sequences of 64 tokens" in proc.stderr
+        assert "def make_batch(batch_size, seq_len" in proc.stderr

@@ -159,7 +159,8 @@ def test_estimate_command_cpu_and_card(tiny: Path) -> None:
     names = {f.name for f in fields(ComboResult)}
     assert len(data["combinations"]) == 4  # 1 precision x 2 optimizers x recompute off/on
     for combo in data["combinations"]:
-        assert names - {"recompute_blocks"} <= set(combo)  # left out when empty (what recomputation wrapped)
+        # left out when empty: what recomputation wrapped, the length (no --seq-len)
+        assert names - {"recompute_blocks", "seq_len"} <= set(combo)
         assert combo["status"] == "exact" and combo["max_batch_size"] > 16
         assert combo["peak_bytes"] <= data["device"]["budget_bytes"]
     by_key = {(c["optimizer"], c["recompute"]): c for c in data["combinations"]}
@@ -260,3 +261,28 @@ def test_estimate_honours_the_batch_size_check_setting(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
         (combo,) = json.loads(proc.stdout)["combinations"]
         assert combo["status"] == "exact" and combo["max_batch_size"] > 100
+
+
+ATTENTION_LM = Path(__file__).resolve().parent.parent / "scripts" / "attention_lm.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("attention", "share"), [("eager", (0.5, 1.0)), ("sdpa", (0.0, 0.05))])
+def test_estimate_at_two_lengths(attention: str, share: tuple[float, float]) -> None:
+    """The maximum per length falls as the length grows; the surface's L² share is large for attention that
+    materialises its scores and about nothing for scaled_dot_product_attention."""
+    proc = run_cli(
+        "estimate", str(ATTENTION_LM), "--device", "cpu", "--memory", "512MiB", "-p", "32-true", "-o", "adamw",
+        "--no-recompute", "--seq-len", "128", "--seq-len", "512", "--json", "--", "--attention", attention,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    lengths = data["lengths"]
+    assert lengths["seq_lens"] == [128, 512] and lengths["plan_seq_len"] == 512
+    maxima = {(m["seq_len"], m["status"]): m["max_batch_size"] for m in lengths["maxima"]}
+    assert maxima[(128, "exact")] > maxima[(256, "predicted")] > maxima[(512, "exact")] > 0
+    assert [c["seq_len"] for c in data["combinations"]] == [512]
+    assert data["combinations"][0]["max_batch_size"] == maxima[(512, "exact")]
+    (surface,) = lengths["surfaces"]
+    assert share[0] <= surface["attention_share"] <= share[1]
+    assert "L² share at 512" in proc.stderr

@@ -9,13 +9,15 @@ import pytest
 from support import run_main
 
 
-def _every_scenario_fails(settings: Any, options: Any, timeout: float) -> tuple[dict[str, Any], str]:
+def _every_scenario_fails(
+    settings: Any, options: Any, timeout: float, lengths: tuple[int | None, ...]
+) -> tuple[dict[int | None, dict[str, Any]], str]:
     scenarios = [
         {"name": s.name, "scenario": s.scenario.to_dict(), "status": "error",
          "error": "aten.nonzero: data-dependent output shape"}
         for s in options.scenarios
     ]  # fmt: skip
-    return {"scenarios": scenarios, "baseline_bytes": 300 << 20}, "fake"
+    return {seq_len: {"scenarios": scenarios, "baseline_bytes": 300 << 20} for seq_len in lengths}, "fake"
 
 
 def test_estimate_of_nothing_exits_6(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -103,6 +103,26 @@ def print_modules(console: Console, modules: list[dict[str, Any]], limit: int = 
     )
 
 
+def print_attention(console: Console, section: dict[str, Any] | None, batch_size: int) -> None:
+    """The saved ``(.., L, L)`` tensors per module and in total ("attention scores (L²)"), and whether they
+    are named as a lever (``explain --seq-len``)."""
+    if section is None:
+        return
+    from autobatch.explain.pure.attention_lever import attention_line
+
+    if section["layers"]:
+        title = f"attention scores (L²) at {section['seq_len']} tokens, per module"
+        table = Table(title=title, min_width=len(title))
+        for column, justify in (("module", "left"), ("saved for bwd", "right")):
+            table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        for layer in section["layers"]:
+            table.add_row(escape(layer["name"]), format_bytes(layer["bytes"]))
+        table.add_row("[bold]total[/]", f"[bold]{format_bytes(section['saved_bytes'])}[/]")
+        console.print(table)
+    style = "yellow" if section["dominates"] else "dim"
+    console.print(f"[{style}]{escape(attention_line(section, batch_size))}[/]")
+
+
 def print_levers(console: Console, levers: list[dict[str, Any]], batch_size: int, verified: bool) -> None:
     if not levers:
         return
@@ -157,6 +177,47 @@ def print_estimate(console: Console, result: Any, title: str) -> None:
             escape(c.reason or ("" if c.status == "exact" else c.status)),
         )
     console.print(table)
+
+
+def print_estimate_lengths(console: Console, result: Any) -> None:
+    """``estimate --seq-len``: the estimated maximum per combination and length (a column per length), each
+    combination's token budget and the ``L²`` share of its surface at the plan's length."""
+    lengths = result.lengths
+    if lengths is None:
+        return
+    columns = sorted({r.seq_len for r in lengths.maxima if r.seq_len})
+    table = Table(title=f"estimated max batch per sequence length (plan at {lengths.plan_seq_len} tokens)")
+    for name in ("precision", "optimizer", "recompute"):
+        table.add_column(name)
+    share_column = f"L² share at {lengths.plan_seq_len}"
+    for column in [*map(str, columns), "token budget", share_column]:
+        table.add_column(column, justify="right")
+    for surface in lengths.surfaces:
+        key = (surface["precision"], surface["optimizer"], surface["recompute"])
+        rows = {r.seq_len: r for r in lengths.maxima if (r.precision, r.optimizer, r.recompute) == key}
+        share = surface.get("attention_share")
+        table.add_row(
+            str(key[0]),
+            str(key[1]),
+            "on" if key[2] else "off",
+            *(_length_cell(rows.get(n)) for n in columns),
+            f"{surface['token_budget']:,}" if surface.get("token_budget") else "-",
+            f"{share:.0%}" if share is not None else "-",
+        )
+    console.print(table)
+    console.print(
+        "[dim]~: from the surface a + b·B·L + c·B·L² fitted over the estimated lines; token budget: the most "
+        "tokens per micro-batch (B·L) within the budget at every length; L² share: of the activations per "
+        "sample (c·L² of b·L + c·L²; needs two lengths)[/]"
+    )
+
+
+def _length_cell(row: Any) -> str:
+    if row is None:
+        return "-"
+    if row.max_batch_size is None:
+        return "skipped" if row.status == "skipped" else "none"
+    return f"~{row.max_batch_size}" if row.status == "predicted" else str(row.max_batch_size)
 
 
 def _count(n: int) -> str:

@@ -1,7 +1,8 @@
 """The parent side of ``autobatch estimate``: the target's budget, one estimate operation, the result.
 
 The result is a :class:`autobatch.records.result.TuneResult` (its ``combinations`` in ``tune``'s schema, each
-``trace`` the simulated batch sizes), so everything that reads a tune (tables, plots) reads it too.
+``trace`` the simulated batch sizes; with ``--seq-len``, its ``lengths`` as a tune over lengths has them), so
+everything that reads a tune (tables, plots) reads it too.
 The probe server is started without the usual inspection (which builds the model for real): every
 tensor of the estimate is fake.
 """
@@ -15,9 +16,10 @@ from autobatch.core.space import Combo, combinations
 from autobatch.core.units import format_bytes
 from autobatch.devices.cpu import MALLOC_ENV, MEMORY_DEFINITION
 from autobatch.errors import UsageError
+from autobatch.explain.parent.estimate_lengths import add_lengths, rows_at
 from autobatch.explain.parent.per_rank_estimate import estimate_strategy, strategy_notes
 from autobatch.explain.pure.cards import CardProfile, generic_card, get_card
-from autobatch.explain.pure.maxima import Offset, to_combo_result
+from autobatch.explain.pure.maxima import Offset
 from autobatch.explain.pure.options import ESTIMATE, OP_MODULES, EstimateOptions, NamedScenario
 from autobatch.explain.pure.records import Scenario
 from autobatch.probe.client import ProbeClient
@@ -97,7 +99,9 @@ def cuda_budget_bytes(card: CardProfile, headroom: float) -> int:
 def estimate_combinations(
     settings: Settings, target: EstimateDevice, progress: Callable[[str], None] | None = None
 ) -> TuneResult:
-    """Estimate every combination of the settings' grid on the target."""
+    """Estimate every combination of the settings' grid on the target, at each ``--seq-len`` (one
+    estimate operation per length: :mod:`autobatch.explain.parent.estimate_lengths`)."""
+    from autobatch.run.lengths import plan_lengths
     from autobatch.step.as_is import not_measured_by
     from autobatch.step.spec import spec_from_settings
 
@@ -105,9 +109,8 @@ def estimate_combinations(
         raise not_measured_by("estimate", "simulates autobatch's own step under fake tensors")
     say = progress or (lambda _text: None)
     search = settings.search
-    entries, scenarios = _scenarios(
-        combinations(search.precisions, search.optimizers, search.recompute), target
-    )
+    combos = combinations(search.precisions, search.optimizers, search.recompute)
+    entries, scenarios = _scenarios(combos, target)
     device = _device(target)
     options = EstimateOptions(
         budget_bytes=device["budget_bytes"],
@@ -119,22 +122,29 @@ def estimate_combinations(
         offset=Offset(target.card.workspace_bytes, 0.0, "card profile workspaces") if target.card else None,
         **estimate_strategy(settings),
     )
-    say(f"simulating {len(scenarios)} combination(s) under fake tensors (no real allocation)")
-    info, torch_version = _run(settings, options, timeout=settings.probe.timeout * max(1, len(scenarios)))
+    lengths, plan = plan_lengths(search.seq_lens, settings.plan.seq_len)
+    at = f" at {', '.join(map(str, lengths))} tokens" if lengths else ""
+    say(f"simulating {len(scenarios)} combination(s){at} under fake tensors (no real allocation)")
+    timeout = settings.probe.timeout * max(1, len(scenarios))
+    infos, torch_version = _run(settings, options, timeout, lengths or (None,))
+    answers = {seq_len: (rows_at(entries, info, seq_len), info) for seq_len, info in infos.items()}
+    info = infos[plan]
     if target.kind == "cpu":
         device["baseline_bytes"] = info.get("baseline_bytes")
-    found = iter(info.get("scenarios", []))
-    return TuneResult(
+    result = TuneResult(
         script=str(settings.script.script),
         script_args=list(settings.script.script_args),
         device=device,
         objective="max-batch",
-        combinations=[entry if entry is not None else to_combo_result(next(found)) for entry in entries],
+        combinations=answers[plan][0],
         status="complete",
         torch_version=torch_version,
         autobatch_version=__version__,
         notes=_notes(target, device, info) + strategy_notes(info),
     )
+    if plan is not None:
+        add_lengths(result, combos, answers, plan, search.batch_multiple)
+    return result
 
 
 def _scenarios(
@@ -183,33 +193,40 @@ def _device(target: EstimateDevice) -> dict[str, Any]:
     return device
 
 
-def _run(settings: Settings, options: EstimateOptions, timeout: float) -> tuple[dict[str, Any], str]:
-    """Run the estimate operation in a probe server started without inspection (every tensor is fake);
-    returns its ``info`` and the server's torch version."""
+def _run(
+    settings: Settings, options: EstimateOptions, timeout: float, lengths: tuple[int | None, ...]
+) -> tuple[dict[int | None, dict[str, Any]], str]:
+    """Run the estimate operation at each length in one probe server started without inspection (every
+    tensor is fake); returns each length's ``info`` and the server's torch version."""
     assert settings.script.script, "the command checks that a script is given"
     client = ProbeClient(
         settings.script.script, settings.script.script_args, env=dict(MALLOC_ENV), op_modules=OP_MODULES
     )
+    infos: dict[int | None, dict[str, Any]] = {}
     try:
-        request = ProbeRequest(
-            batch_size=0,
-            precision="32-true",
-            optimizer="sgd",
-            recompute=False,
-            device="cpu",
-            budget_bytes=0,
-            min_steps=0,
-            max_steps=0,
-            timeout=timeout,
-            recompute_classes=tuple(settings.search.recompute_classes),
-            check_batch_size=settings.script.check_batch_size,
-            op=ESTIMATE,
-            options=options.to_dict(),
-        )
-        outcome = client.run(request)
-        if outcome.kind != "fits":
-            raise_for(outcome, what="estimating under fake tensors")
-        return outcome.info, client.torch_version
+        for seq_len in lengths:
+            request = ProbeRequest(
+                batch_size=0,
+                precision="32-true",
+                optimizer="sgd",
+                recompute=False,
+                device="cpu",
+                budget_bytes=0,
+                min_steps=0,
+                max_steps=0,
+                timeout=timeout,
+                recompute_classes=tuple(settings.search.recompute_classes),
+                check_batch_size=settings.script.check_batch_size,
+                op=ESTIMATE,
+                options=options.to_dict(),
+                seq_len=seq_len,
+            )
+            outcome = client.run(request)
+            if outcome.kind != "fits":
+                at = f" at {seq_len} tokens" if seq_len is not None else ""
+                raise_for(outcome, what=f"estimating under fake tensors{at}")
+            infos[seq_len] = outcome.info
+        return infos, client.torch_version
     finally:
         client.close()
 

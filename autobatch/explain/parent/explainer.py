@@ -10,6 +10,10 @@ The report (``explain --json``) is::
 with ``sum(categories.values()) + residual_bytes == peak_bytes``. When the batch does not fit the
 budget, it is measured again under a larger cap (the machine's available memory on the CPU, the
 whole device on CUDA) so that the breakdown still explains the whole step; ``fits`` stays false.
+
+With ``--seq-len L`` every batch carries ``L`` tokens per sample (the levers' simulations and ``--verify``
+too), the report has ``seq_len`` and ``attention_scores`` (the saved ``(.., L, L)`` tensors per module:
+:mod:`autobatch.explain.pure.attention_lever`), and the levers may include ``sdpa attention``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from autobatch.explain.parent.on_ranks import (
     estimate_fields,
     residual_note,
 )
+from autobatch.explain.pure.attention_lever import attention_lever, attention_section
 from autobatch.explain.pure.levers import Lever, apply_predictions, plan_levers, ranked
 from autobatch.explain.pure.options import ESTIMATE, Calibration, EstimateOptions, NamedScenario, Points
 from autobatch.records.failures import raise_for
@@ -59,15 +64,23 @@ class ExplainReport:
     outside_budget: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     distributed: dict[str, Any] | None = None  # --strategy: autobatch.explain.parent.on_ranks
+    seq_len: int | None = None  # --seq-len: tokens per sample
+    attention_scores: dict[str, Any] | None = None  # --seq-len: autobatch.explain.pure.attention_lever
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        if self.distributed is None:
-            del data["distributed"]
+        for name in ("distributed", "seq_len", "attention_scores"):
+            if data[name] is None:
+                del data[name]
         return data
 
 
 Progress = Callable[[str], None]
+
+_CLASH = (
+    "the model has a width of {seq_len}, the sequence length: its (batch, {seq_len}, width) activations may be "
+    "counted as attention scores; explain at another --seq-len to tell them apart"
+)
 
 
 def explain_batch(
@@ -98,9 +111,13 @@ def explain_batch(
     say("predicting the levers (fake-tensor simulations calibrated on the measured step)")
     _predict(session, combo, levers, points, batch_size, limits)
     add_strategy_lever(levers, report.distributed, report, limits)
+    budget_limits = (report.budget_bytes, limits.max_batch_size, limits.batch_multiple)
+    lever = attention_lever(report.attention_scores, levers[0], report.line, batch_size, budget_limits)
+    if lever is not None:
+        levers.append(lever)
     levers = ranked(levers)
     if verify:
-        _verify(session, levers, limits, say)
+        _verify(session, levers, limits, say, combo.seq_len)
     report.levers = [lever.to_dict() for lever in levers]
     return report
 
@@ -159,6 +176,10 @@ def _report(
     section = distributed_section(session, explained)
     if section is not None:
         notes = [*notes, residual_note(section)]
+    peak = int(explained.peak_bytes or 0)
+    attention = attention_section(info.get("attention_scores"), dict(info.get("categories", {})), peak)
+    if attention is not None and attention["width_clash"]:
+        notes = [*notes, _CLASH.format(seq_len=combo.seq_len)]
     return ExplainReport(
         script=str(session.script),
         device=device.to_dict(),
@@ -168,7 +189,7 @@ def _report(
         batch_size=batch_size,
         fits=verdict.fits,
         kind=verdict.kind,
-        peak_bytes=int(explained.peak_bytes or 0),
+        peak_bytes=peak,
         budget_bytes=device.budget_bytes,
         categories=dict(info.get("categories", {})),
         residual_bytes=int(info.get("residual_bytes", 0)),
@@ -181,6 +202,8 @@ def _report(
         outside_budget=dict(info.get("outside_budget", {})),
         notes=notes + list(info.get("notes", [])),
         distributed=section,
+        seq_len=combo.seq_len,
+        attention_scores=attention,
     )
 
 
@@ -209,7 +232,7 @@ def _predict(
         NamedScenario(
             lever.name,
             lever.scenario,
-            _own_points(session, lever, batch_size, limits) if lever.kind == "precision" else (),
+            _own_points(session, combo, lever, batch_size, limits) if lever.kind == "precision" else (),
         )
         for lever in levers
         if lever.applicable and lever.scenario is not None
@@ -240,18 +263,20 @@ def _predict(
     apply_predictions(levers, {s["name"]: s for s in info.get("scenarios", [])}, batch_size)
 
 
-def _own_points(session: Session, lever: Lever, batch_size: int, limits: Limits) -> Points:
+def _own_points(session: Session, now: Combo, lever: Lever, batch_size: int, limits: Limits) -> Points:
     """A lever that changes the kernels (precision: oneDNN's bf16 GEMMs instead of MKL's fp32 ones) changes
     the buffers libraries keep outside PyTorch's allocator: measure its step at the explained batch size
     once, so that its prediction is calibrated on its own kernels."""
     assert lever.scenario is not None
     scenario = lever.scenario
-    combo = Combo(scenario.precision, scenario.optimizer, scenario.recompute)
+    combo = Combo(scenario.precision, scenario.optimizer, scenario.recompute).at(now.seq_len)
     outcome = measure(session, combo, batch_size, scenario.transforms, (limits.steps, limits.max_steps))
     return ((batch_size, int(outcome.peak_bytes)),) if outcome.fits and outcome.peak_bytes else ()
 
 
-def _verify(session: Session, levers: list[Lever], limits: Limits, say: Progress) -> None:
+def _verify(
+    session: Session, levers: list[Lever], limits: Limits, say: Progress, seq_len: int | None
+) -> None:
     from autobatch.errors import ScriptError
 
     now = levers[0]
@@ -259,7 +284,7 @@ def _verify(session: Session, levers: list[Lever], limits: Limits, say: Progress
         if not lever.applicable or lever.scenario is None:
             continue
         scenario = lever.scenario
-        combo = Combo(scenario.precision, scenario.optimizer, scenario.recompute)
+        combo = Combo(scenario.precision, scenario.optimizer, scenario.recompute).at(seq_len)
         prior = (
             Affine(lever.static_bytes, lever.bytes_per_sample)
             if lever.static_bytes is not None and lever.bytes_per_sample

@@ -22,13 +22,20 @@ The categories of a measured run (bytes, at the peak) are::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
 from autobatch.explain.pure.records import TENSOR_CATEGORIES, Transforms
-from autobatch.explain.worker.modules import ModuleRecorder, add_flops, table_rows
+from autobatch.explain.worker.modules import (
+    ModuleRecorder,
+    add_flops,
+    attention_layers,
+    table_rows,
+    width_clash,
+)
 from autobatch.explain.worker.tracker import MemoryTracker, tensor_leaves
 from autobatch.explain.worker.transforms import Applied, apply_to_model, trim_batch
 from autobatch.step.contract import UserScript
@@ -39,13 +46,20 @@ class Instrument:
     """Wraps ``build_model``/``make_batch``/``compute_loss`` and hooks one run's steps.
 
     ``tracker``: the memory tracker to feed (None: only apply the transforms); ``modules``: also
-    attribute outputs, saved tensors and FLOPs to modules (the per-module table).
+    attribute outputs, saved tensors and FLOPs to modules (the per-module table); ``seq_len``: the
+    length the batches carry, whose ``(.., L, L)`` saved tensors the modules single out (:meth:`attention`).
     """
 
     def __init__(
-        self, transforms: Transforms, tracker: MemoryTracker | None, *, modules: bool = True
+        self,
+        transforms: Transforms,
+        tracker: MemoryTracker | None,
+        *,
+        modules: bool = True,
+        seq_len: int | None = None,
     ) -> None:
         self.transforms = transforms
+        self.seq_len = seq_len
         self.applied = Applied()
         self.tracker = tracker
         self.record_modules = modules
@@ -78,9 +92,12 @@ class Instrument:
 
         return build_model
 
-    def _wrap_batch(self, make: Callable[[int], Any]) -> Callable[[int], Any]:
-        def make_batch(batch_size: int) -> Any:
-            batch = make(batch_size)
+    def _wrap_batch(self, make: Callable[..., Any]) -> Callable[..., Any]:
+        # functools.wraps: the wrapper has make_batch's signature (``__wrapped__``), so that whether it takes
+        # a length, and the error when it does not, are the script's own (UserScript.batch)
+        @functools.wraps(make)
+        def make_batch(batch_size: int, *seq_len: int) -> Any:
+            batch = make(batch_size, *seq_len)
             return trim_batch(batch, self._vocab) if self._vocab else batch
 
         return make_batch
@@ -123,7 +140,7 @@ class Instrument:
         tracker.register_model(model)
         tracker.tag(tensor_leaves(batch), "inputs", only_provisional=False)
         if self.record_modules:
-            self.recorder = ModuleRecorder(model, tracker)
+            self.recorder = ModuleRecorder(model, tracker, self.seq_len)
 
         def on_grad(param: torch.Tensor) -> None:
             if param.grad is not None:
@@ -178,6 +195,21 @@ class Instrument:
         except Exception as exc:  # noqa: BLE001 - FLOPs are extra information, never fatal
             return f"FLOPs not counted: {type(exc).__name__}: {exc}"
         return None
+
+    def attention(self) -> dict[str, Any] | None:
+        """The saved ``(.., L, L)`` tensors of the last forward (None without a length or a module table):
+        ``seq_len``, ``saved_bytes`` (all of them), ``peak_bytes`` (those alive at the peak), ``layers``
+        ([{name, bytes}], per module, the innermost one running when each was saved) and ``width_clash``."""
+        if self.seq_len is None or self.recorder is None or self.model is None or self.tracker is None:
+            return None
+        layers = attention_layers(self.recorder.stats)
+        return {
+            "seq_len": self.seq_len,
+            "saved_bytes": sum(layer["bytes"] for layer in layers),
+            "peak_bytes": self.tracker.peak.marked,
+            "layers": layers,
+            "width_clash": width_clash(self.model, self.seq_len),
+        }
 
     def categories(self, baseline: int, peak: int, runtime_overhead: int = 0) -> tuple[dict[str, int], int]:
         """The categories at the peak and the residual (``peak - sum(categories)``)."""

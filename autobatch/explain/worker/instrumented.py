@@ -51,7 +51,8 @@ def explain_step(
     ``around``: a context the step runs in, given the tracker)."""
     if request.device == "cpu":
         warm_up({request.precision}, {request.optimizer}, {request.optimizer: request.optimizer_kwargs})
-    instrument = Instrument(options.transforms, MemoryTracker() if options.instrument else None)
+    tracker = MemoryTracker() if options.instrument else None
+    instrument = Instrument(options.transforms, tracker, seq_len=request.seq_len)
     start = time.perf_counter() if start is None else start
     context = around(instrument.tracker) if around is not None else contextlib.nullcontext()
     with applied_during_step(options.transforms, instrument.applied), instrument, context:
@@ -91,4 +92,7 @@ def _breakdown(request: ProbeRequest, instrument: Instrument, outcome: ProbeOutc
         modules=instrument.modules(),
         notes=notes,
     )
+    attention = instrument.attention()
+    if attention is not None:
+        info["attention_scores"] = attention
     return info

@@ -9,6 +9,9 @@ model's totals and each byte appears once:
 ``output_elements``, ``output_bytes``   what the module's forward returned (every call of one forward)
 ``saved_bytes``   tensors autograd saved for backward while this module was the innermost one running,
                   each storage once, parameters, the batch and autocast's weight copies excluded
+``attention_bytes``   of ``saved_bytes``, the tensors whose last two dimensions are both the sequence
+                  length ``L`` (``explain --seq-len L``): materialised attention scores or probabilities,
+                  ``(batch, heads, L, L)``, and masks of ``(L, L)``, the ``L²`` term of the step's memory
 ``flops``         forward floating-point operations of the module's own code, as PyTorch's
                   ``FlopCounterMode`` counts them: 2 per multiply-add for matrix products and
                   convolutions (a Linear M->N on a batch B: 2*B*M*N), element-wise operations not
@@ -42,6 +45,7 @@ class ModuleStats:
     output_elements: int = 0
     output_bytes: int = 0
     saved_bytes: int = 0
+    attention_bytes: int = 0
     flops: int = 0
     calls: int = 0
 
@@ -62,10 +66,14 @@ class ModuleStats:
 
 
 class ModuleRecorder:
-    """Forward hooks on every module plus a saved-tensors pack hook, attributing to the innermost module."""
+    """Forward hooks on every module plus a saved-tensors pack hook, attributing to the innermost module
+    (``seq_len``: also single out the saved ``(.., L, L)`` tensors, :func:`is_square_in`)."""
 
-    def __init__(self, model: torch.nn.Module, tracker: MemoryTracker | None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, tracker: MemoryTracker | None, seq_len: int | None = None
+    ) -> None:
         self.tracker = tracker
+        self.seq_len = seq_len
         self.stats: dict[str, ModuleStats] = {}
         self._stack: list[str] = []
         self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storages counted this forward
@@ -106,6 +114,7 @@ class ModuleRecorder:
         """Start a new forward: the figures describe the last forward recorded."""
         for stats in self.stats.values():
             stats.output_elements = stats.output_bytes = stats.saved_bytes = stats.calls = 0
+            stats.attention_bytes = 0
         self._seen = WeakIdKeyDictionary()
         self._stack.clear()
         self.active = True
@@ -127,8 +136,12 @@ class ModuleRecorder:
             if category in ("parameters", "buffers", "inputs", "autocast_copies"):
                 return tensor
             self.tracker.tag([tensor], "activations")
-        owner = self._stack[-1] if self._stack else OUTSIDE
-        self.stats[owner].saved_bytes += storage.nbytes()
+        owner = self.stats[self._stack[-1] if self._stack else OUTSIDE]
+        owner.saved_bytes += storage.nbytes()
+        if self.seq_len is not None and is_square_in(tensor, self.seq_len):
+            owner.attention_bytes += storage.nbytes()
+            if self.tracker is not None:
+                self.tracker.mark(tensor)
         return tensor
 
     def add_static(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
@@ -148,6 +161,24 @@ class ModuleRecorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+def is_square_in(tensor: torch.Tensor, seq_len: int) -> bool:
+    """Whether the tensor's last two dimensions are both ``seq_len``: attention scores or probabilities
+    ``(batch, heads, L, L)`` (or ``(batch x heads, L, L)``), and ``(L, L)`` masks. A ``(batch, L, width)``
+    activation looks the same when the width is ``L`` (:func:`width_clash` tells)."""
+    return tensor.dim() >= 2 and tensor.shape[-1] == seq_len and tensor.shape[-2] == seq_len
+
+
+def width_clash(model: torch.nn.Module, seq_len: int) -> bool:
+    """Whether some parameter's last dimension (a Linear's input width, an embedding's or a norm's width) is
+    ``seq_len``: then a ``(batch, L, width)`` activation can be taken for attention scores."""
+    return any(param.shape[-1] == seq_len for param in model.parameters() if param.dim() >= 1)
+
+
+def attention_layers(stats: dict[str, ModuleStats]) -> list[dict[str, Any]]:
+    """The modules that saved ``(.., L, L)`` tensors, and how many bytes, in the model's order."""
+    return [{"name": s.label, "bytes": s.attention_bytes} for s in stats.values() if s.attention_bytes]
 
 
 def add_flops(stats: dict[str, ModuleStats], model: torch.nn.Module, run: Callable[[], Any]) -> None:

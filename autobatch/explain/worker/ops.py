@@ -10,7 +10,7 @@ and peak are exactly a probe's), instrumented by :class:`Instrument` unless the 
 it is a plain probe with the levers' model changes). Its outcome carries the breakdown in ``info``.
 
 ``estimate``: no real step; fake-tensor simulations of each scenario, searched for their maximum
-(:mod:`autobatch.explain.pure.maxima`). Its outcome's ``info`` holds ``target``, ``offset``, the
+(:mod:`autobatch.explain.pure.maxima`), at the request's sequence length (one operation per length). Its outcome's ``info`` holds ``target``, ``offset``, the
 ``scenarios``' estimates, and ``simulated`` or ``baseline_bytes`` as the offset was found.
 """
 
@@ -64,6 +64,7 @@ def estimate_operation(request: ProbeRequest, script: UserScript, options: Estim
             recompute_classes=request.recompute_classes,
             rank=rank_of(options.strategy, options.world_size, script, request.recompute_classes),
             check_batch_size=request.check_batch_size,
+            seq_len=request.seq_len,
         )
 
     info: dict[str, Any] = {"target": options.target}

@@ -59,9 +59,11 @@ def simulate(
     steps: int = 2,
     rank: FakeRank | None = None,
     check_batch_size: bool = True,
+    seq_len: int | None = None,
 ) -> SimResult:
     """Run ``steps`` full steps under fake tensors and report the peak (see the module docstring;
-    ``rank``: one rank of a distributed strategy in a fake process group, :mod:`.ranks`)."""
+    ``rank``: one rank of a distributed strategy in a fake process group, :mod:`.ranks`; ``seq_len``:
+    ``make_batch(batch_size, seq_len)``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     started = time.perf_counter()
@@ -79,6 +81,7 @@ def simulate(
         optimizer_kwargs=kwargs,
         recompute_classes=recompute_classes,
         check_batch_size=check_batch_size,
+        seq_len=seq_len,
     )
     try:
         with (

@@ -17,9 +17,10 @@ refined as the step reveals what it is:
                       of the optimizer step
 
 At every new high-water mark of the live tensor bytes it keeps a copy of the per-category totals, so
-the breakdown it reports is the one at the peak; a storage that was alive at the peak and is identified
-later (optimizer state being created when the peak happened, say) is moved to its category in that
-copy too. An :mod:`allocator model <autobatch.explain.worker.allocators>`
+the breakdown it reports is the one at the peak (with the bytes of the storages :meth:`MemoryTracker.mark`
+singled out, whatever their category: explain's materialised attention scores); a storage that was alive
+at the peak and is identified later (optimizer state being created when the peak happened, say) is moved
+to its category in that copy too. An :mod:`allocator model <autobatch.explain.worker.allocators>`
 turns the same stream into the device's figure (a CPU process's data memory, the CUDA caching
 allocator's reserved segments). Allocations that happen inside a kernel without going through the
 dispatcher (library workspaces, oneDNN and MKL buffers) are not seen: a measured run reports them
@@ -61,6 +62,7 @@ class _Entry:
     phase: str
     seq: int
     ref: Any = None
+    marked: bool = False
 
 
 @dataclass
@@ -72,6 +74,7 @@ class PeakSnapshot:
     phase: str = ""
     step: int = 0
     seq: int = 0  # storages tracked up to this one were alive at the peak if they are alive now
+    marked: int = 0  # bytes of marked storages (MemoryTracker.mark) alive at the peak
 
 
 class MemoryTracker(TorchDispatchMode):
@@ -89,6 +92,7 @@ class MemoryTracker(TorchDispatchMode):
         self._live: set[_Entry] = set()
         self.live: dict[str, int] = dict.fromkeys(TENSOR_CATEGORIES, 0)
         self.tensor_bytes = 0
+        self.marked_bytes = 0  # live bytes of the marked storages
         self.peak = PeakSnapshot(categories=dict(self.live))
         self.step_peaks: list[int] = []
         #: The device's peak (allocator units) in the forward and backward of step 2 on, when the
@@ -140,10 +144,15 @@ class MemoryTracker(TorchDispatchMode):
         self.live[category] += nbytes
         self.tensor_bytes += nbytes
         if self.tensor_bytes > self.peak.tensor_bytes:
-            self.peak = PeakSnapshot(self.tensor_bytes, dict(self.live), self.phase, self.step, self._seq)
+            self._snapshot(self._seq)
         if self.step_peaks:
             self.step_peaks[-1] = max(self.step_peaks[-1], self.tensor_bytes)
         self._note_rising()
+
+    def _snapshot(self, seq: int) -> None:
+        self.peak = PeakSnapshot(
+            self.tensor_bytes, dict(self.live), self.phase, self.step, seq, self.marked_bytes
+        )
 
     def _note_rising(self) -> None:
         if self.step >= 2 and self.phase in ("forward", "backward"):
@@ -161,8 +170,10 @@ class MemoryTracker(TorchDispatchMode):
             self._live.add(entry)
             self.live[entry.category] += nbytes
             self.tensor_bytes += nbytes
+            if entry.marked:
+                self.marked_bytes += nbytes
             if self.tensor_bytes > self.peak.tensor_bytes:
-                self.peak = PeakSnapshot(self.tensor_bytes, dict(self.live), self.phase, self.step, entry.seq)
+                self._snapshot(entry.seq)
             if self.step_peaks:
                 self.step_peaks[-1] = max(self.step_peaks[-1], self.tensor_bytes)
             self._note_rising()
@@ -173,6 +184,8 @@ class MemoryTracker(TorchDispatchMode):
         self._live.discard(entry)
         self.live[entry.category] -= entry.nbytes
         self.tensor_bytes -= entry.nbytes
+        if entry.marked:
+            self.marked_bytes -= entry.nbytes
         self.allocator.free(entry.handle)
 
     def tag_storage(self, storage: torch.UntypedStorage, category: str) -> None:
@@ -200,6 +213,22 @@ class MemoryTracker(TorchDispatchMode):
             self._move(entry, category)
             moved += entry.nbytes
         return moved
+
+    def mark(self, tensor: torch.Tensor) -> int:
+        """Single out these tracked storages (whatever their category): the peak reports how many of their
+        bytes were alive at it (``peak.marked``); returns the bytes newly marked."""
+        marked = 0
+        for storage in storages_of(tensor):
+            entry = self._entries.get(storage)
+            if entry is None or entry.marked:
+                continue
+            entry.marked = True
+            if entry in self._live:
+                marked += entry.nbytes
+                self.marked_bytes += entry.nbytes
+                if entry.seq <= self.peak.seq:  # alive now and tracked before the peak: alive at it
+                    self.peak.marked += entry.nbytes
+        return marked
 
     @property
     def seq(self) -> int:
