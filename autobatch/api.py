@@ -134,7 +134,8 @@ def check(
     batch_size: int,
     precision: str | None = None,
     optimizer: str | None = None,
-    recompute: bool = False,
+    recompute: bool | str = False,
+    compile: bool = False,
     steps: int | None = None,
     build_model: Callable[[], Any] | None = None,
     make_batch: Callable[..., Any] | None = None,
@@ -147,7 +148,8 @@ def check(
     """One isolated probe of ``steps`` steps (default: the ``confirm_steps`` setting) at ``batch_size``.
 
     ``precision`` and ``optimizer`` default to the first of the ``precisions`` and ``optimizers``
-    settings. Running out of memory is an answer (``fits`` false), not an error. The step and the
+    settings; ``recompute`` is a bool (off or full) or a level (``"selective"``, ``"6/12"``), ``compile``
+    runs the model under ``torch.compile``. Running out of memory is an answer (``fits`` false), not an error. The step and the
     settings are given as to :func:`tune`; the device's lock is held as for a tune.
     """
     from autobatch.service.check import check as run_check
@@ -159,7 +161,13 @@ def check(
     loaded = _settings("check", config, script, settings)
     with _spec(script, loaded, (build_model, make_batch, compute_loss)) as spec:
         return run_check(
-            loaded, batch_size, _hooks(on_probe, runner), recompute=recompute, steps=steps, spec=spec
+            loaded,
+            batch_size,
+            _hooks(on_probe, runner),
+            recompute=recompute,
+            compile=compile,
+            steps=steps,
+            spec=spec,
         )
 
 

@@ -14,7 +14,8 @@
     ├── DeviceError                (exit 7)  the device cannot be used (no driver, no GPU, ...)
     └── LeakError                  (exit 8)  the step's peak grows at every step: no batch holds for a job
 
-``autobatch check`` exits with 5 when the batch runs out of memory (an answer, not an error).
+``autobatch check`` exits with 5 when the batch runs out of memory (an answer, not an error), and so does
+``autobatch lengths --fail-on-overflow`` when a batch of the data would.
 An interrupted run exits with 130 (SIGINT) or 143 (SIGTERM).
 Every error carries a ``hint``: what to do about it.
 """
@@ -82,6 +83,11 @@ class ScriptError(AutobatchError):
     """The training script raised an exception that is not an out-of-memory error."""
 
     exit_code = EXIT_SCRIPT
+
+
+class CompileFailed(ScriptError):
+    """``torch.compile`` failed on the model (a combination with compile): an answer for that combination
+    ("does not compile"), the other combinations go on; from ``check --compile``, exit 3 as a script error."""
 
 
 class NothingFitsError(AutobatchError):

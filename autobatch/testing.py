@@ -264,7 +264,8 @@ class FakeRunner:
 
     ``curve`` gives the peak of a probe of the real step: one curve for every combination, or a function
     of ``(precision, optimizer, recompute)``; ``lengths``, when given, the curve of a request at a sequence
-    length (``seq_len``) instead. A probe fits iff its peak is within the request's budget;
+    length (``seq_len``) instead; ``levels``, the curve of a recomputation level and compile
+    (``recompute_counts``: the blocks the inspection reports; ``compile_error``: a compiled probe fails so). A probe fits iff its peak is within the request's budget;
     ``steps_seconds`` is each step's time (throughput = batch / seconds). It answers the ``inspect``
     operation as a CPU device with ``available_bytes`` and ``baseline_bytes``, the ``explain`` operation
     with a breakdown that adds up to the peak, and the ``estimate`` operation from the same curves.
@@ -273,6 +274,10 @@ class FakeRunner:
 
     curve: Curve | Callable[[str, str, bool], Curve]
     lengths: Callable[[int], Curve] | None = None
+    levels: Callable[[str, bool], Curve] | None = None
+    recompute_counts: dict[str, int] = field(default_factory=dict)
+    compile_error: str | None = None  # what a compiled probe fails with (None: it compiles)
+    level_seconds: Callable[[str], float] | None = None  # a level's step time (None: step_seconds)
     available_bytes: int = 16 << 30
     baseline_bytes: int = 300 << 20
     param_shapes: tuple[tuple[int, ...], ...] = ((1024, 1024), (1024,))
@@ -309,6 +314,7 @@ class FakeRunner:
             "param_shapes": [list(s) for s in self.param_shapes],
             "param_count": sum(math.prod(s) for s in self.param_shapes),
             "recompute_blocks": list(self.recompute_blocks),
+            "recompute_counts": dict(self.recompute_counts),
             "unsupported_precisions": dict(self.unsupported_precisions),
         }
 
@@ -316,10 +322,22 @@ class FakeRunner:
         curve = self.curve_for(request.precision, request.optimizer, request.recompute)
         if self.lengths is not None and request.seq_len is not None:
             curve = self.lengths(request.seq_len)
+        if self.levels is not None:
+            curve = self.levels(request.recompute_level if request.recompute else "off", request.compile)
+        if request.compile and self.compile_error is not None:
+            return ProbeOutcome(
+                kind="error",
+                error_type="CompileError",
+                error_message=self.compile_error,
+                info={"compile_error": True},
+            )
         batch, steps = request.batch_size, request.min_steps
         if curve(batch) > request.budget_bytes:
             return ProbeOutcome(kind="oom", batch_size=batch, steps=1, reason="fake: over the budget")
         peak = int(curve.measure(batch))
+        seconds = self.step_seconds
+        if self.level_seconds is not None:
+            seconds = self.level_seconds(request.recompute_level if request.recompute else "off")
         params = 4 * sum(math.prod(s) for s in self.param_shapes)
         return ProbeOutcome(
             kind="fits",
@@ -329,8 +347,8 @@ class FakeRunner:
             baseline_bytes=self.baseline_bytes,
             budget_bytes=request.budget_bytes,
             steps=steps,
-            step_seconds=[self.step_seconds] * steps,
-            samples_per_second=batch / self.step_seconds,
+            step_seconds=[seconds] * steps,
+            samples_per_second=batch / seconds,
             param_bytes=params,
             grad_bytes=params,
             optimizer_state_bytes=2 * params if request.optimizer.startswith("adam") else 0,

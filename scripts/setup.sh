@@ -18,11 +18,11 @@ if [ "${1:-}" = "--dev" ]; then
   if ! python -c "import deepspeed" 2>/dev/null; then
     DS_BUILD_OPS=0 pip install -q --no-build-isolation deepspeed 2>&1 | grep -v '^WARNING: Location' || true
   fi
-  # The consumer tests load emitted files with these libraries and run the integrations: a dev setup
-  # without one of them is broken, not a reason to skip tests.
+  # The consumer tests load emitted files with these libraries, run the integrations and read saved data
+  # sets (datasets): a dev setup without one of them is broken, not a reason to skip tests.
   python - <<'PY'
 import importlib, sys
-names = ("transformers", "lightning", "accelerate", "deepspeed", "jsonargparse", "dotenv", "hjson", "cloudpickle", "jsonschema")
+names = ("transformers", "lightning", "accelerate", "deepspeed", "jsonargparse", "dotenv", "hjson", "cloudpickle", "jsonschema", "datasets")
 missing = []
 for name in names:
     try:

@@ -19,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: Set by .ci/run: the consumer libraries are part of the test environment, so none may be skipped.
 REQUIRE = "AUTOBATCH_REQUIRE_CONSUMERS"
-#: Import names of the libraries that load emitted files or host the integrations (the consumers extra).
-CONSUMERS = ("transformers", "lightning", "accelerate", "deepspeed", "jsonargparse", "dotenv", "hjson")
+#: Import names of the libraries that load emitted files, host the integrations or read the data `autobatch
+#: lengths` takes (the consumers extra).
+CONSUMERS = ("transformers", "lightning", "accelerate", "deepspeed", "jsonargparse", "dotenv", "hjson", "datasets")  # fmt: skip
 _counts = {"ran": 0, "skipped": 0}
 
 

@@ -48,6 +48,6 @@ def test_a_skipping_consumer_test_fails_when_consumers_are_required(tmp_path: Pa
 def test_ci_requires_the_consumers_and_setup_checks_them() -> None:
     assert "export AUTOBATCH_REQUIRE_CONSUMERS=1" in (ROOT / ".ci" / "run").read_text()
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    for name in ("transformers", "lightning", "accelerate", "deepspeed", "jsonargparse", "dotenv"):
+    for name in "transformers lightning accelerate deepspeed jsonargparse dotenv datasets".split():
         assert f'"{name}"' in setup, name
     assert "note: deepspeed did not install" not in setup  # it used to carry on, and its tests skipped

@@ -34,6 +34,16 @@ def default_folder() -> Path:
     return Path(platformdirs.user_cache_dir("autobatch")) / "probes"
 
 
+def inductor_folder() -> str:
+    """Where compiled probes keep inductor's caches, shared by every probe and tune of this user
+    (``AUTOBATCH_INDUCTOR_CACHE`` when set, else ``<user cache>/autobatch/inductor``)."""
+    import platformdirs
+
+    return os.environ.get("AUTOBATCH_INDUCTOR_CACHE") or str(
+        Path(platformdirs.user_cache_dir("autobatch")) / "inductor"
+    )
+
+
 class CacheFolder:
     """The folder of the probe journals and stored results (``path`` None: the user cache folder)."""
 

@@ -27,28 +27,44 @@ from pathlib import Path
 from typing import Any, Optional
 
 from autobatch.cache.folder import CacheFolder
+from autobatch.core.levels import FULL, OFF
 from autobatch.records.protocol import KINDS, ProbeOutcome, ProbeRequest
 
-#: A probe's combination as the journal keys it: precision, optimizer, recompute, sequence length (or None).
-Combination = tuple[str, str, bool, Optional[int]]
+#: A probe's combination as the journal keys it: precision, optimizer, recomputation level, compile, sequence
+#: length (or None).
+Combination = tuple[str, str, str, bool, Optional[int]]
 #: Outcome kinds the journal keeps.
 JOURNALED = ("fits", "oom", "crash", "timeout")
 
 
 def request_key(request: ProbeRequest) -> str:
-    """What identifies a probe within one fingerprint."""
-    return json.dumps(
-        [
-            request.precision,
-            request.optimizer,
-            request.recompute,
-            request.batch_size,
-            request.min_steps,
-            request.max_steps,
-            # a sequence length only when one was asked for: the keys of one-shape probes stay as they were
-            *([request.seq_len] if request.seq_len is not None else []),
-        ]
+    """What identifies a probe within one fingerprint: precision, optimizer, recompute, batch, steps, and then,
+    only when one differs from its default (so that the keys of earlier probes stay as they were), a table of
+    the sequence length, the partial or selective recomputation level and compile."""
+    level = request.recompute_level if request.recompute else OFF
+    extras = {
+        "seq_len": request.seq_len,
+        "level": level if level not in (OFF, FULL) else None,
+        "compile": True if request.compile else None,
+    }
+    extras = {k: v for k, v in extras.items() if v is not None}
+    key = [request.precision, request.optimizer, request.recompute, request.batch_size]
+    return json.dumps([*key, request.min_steps, request.max_steps, *([extras] if extras else [])])
+
+
+def parsed_key(key: str) -> tuple[Combination, int, tuple[int, int]]:
+    """(combination, batch, steps) of a request key."""
+    precision, optimizer, recompute, batch, *rest = json.loads(key)
+    extras = rest[2] if len(rest) > 2 and isinstance(rest[2], dict) else {}
+    level = extras.get("level") or (FULL if recompute else OFF)
+    combination = (
+        str(precision),
+        str(optimizer),
+        str(level),
+        bool(extras.get("compile")),
+        extras.get("seq_len"),
     )
+    return combination, int(batch), (int(rest[0]), int(rest[1]))
 
 
 class Damaged(ValueError):
@@ -117,24 +133,16 @@ class ProbeJournal:
         return outcome
 
     def outcomes(self) -> list[tuple[Combination, ProbeOutcome]]:
-        """Every recorded outcome with its combination ``(precision, optimizer, recompute, seq_len)``, in file
-        order (``seq_len`` None: make_batch's one shape)."""
+        """Every recorded outcome with its :data:`Combination`, in file order."""
         self._refresh()
-        out: list[tuple[Combination, ProbeOutcome]] = []
-        for key, data in self._outcomes.items():
-            precision, optimizer, recompute, _batch, *steps = json.loads(key)
-            tokens = int(steps[2]) if len(steps) > 2 else None
-            combination = (str(precision), str(optimizer), bool(recompute), tokens)
-            out.append((combination, ProbeOutcome.from_dict(data)))
-        return out
+        return [(parsed_key(key)[0], ProbeOutcome.from_dict(data)) for key, data in self._outcomes.items()]
 
     def answers(
         self,
-        combination: tuple[str, str, bool],
+        combination: Combination,
         lengths: Collection[tuple[int, int]],
         timeout: float,
         stop_above: int | None = None,
-        seq_len: int | None = None,
     ) -> list[ProbeOutcome]:
         """What :meth:`get` would serve for one combination at these probe lengths ``(min_steps,
         max_steps)``, this timeout and this stop line, at every batch recorded, in file order, marked
@@ -142,11 +150,8 @@ class ProbeJournal:
         self._refresh()
         out: list[ProbeOutcome] = []
         for key, data in self._outcomes.items():
-            precision, optimizer, recompute, _batch, *steps = json.loads(key)
-            tokens = steps.pop() if len(steps) > 2 else None
-            if [precision, optimizer, recompute] != list(combination) or tuple(steps) not in lengths:
-                continue
-            if tokens != seq_len:
+            found, _batch, steps = parsed_key(key)
+            if found != combination or steps not in lengths:
                 continue
             if _too_short(data, timeout) or _unsettled(data, stop_above):
                 continue

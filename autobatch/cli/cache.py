@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from autobatch.cache.journal import parsed_key
 from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
 from autobatch.cli.progress import Output
@@ -162,10 +163,11 @@ def _show_journal(data: dict[str, Any]) -> None:
     table = Table()
     for column in ("precision", "optimizer", "recompute", "batch", "steps", "kind", "peak"):
         table.add_column(column)
-    for key, outcome in sorted(data.get("probes", {}).items(), key=lambda item: json.loads(item[0])):
-        precision, optimizer, recompute, batch, low, high = json.loads(key)
+    for key, outcome in sorted(data.get("probes", {}).items(), key=lambda item: str(parsed_key(item[0]))):
+        (precision, optimizer, level, compiled, seq_len), batch, (low, high) = parsed_key(key)
+        extra = (" +compile" if compiled else "") + (f" at {seq_len}" if seq_len else "")
         table.add_row(
-            precision, optimizer, "on" if recompute else "off", str(batch), f"{low}-{high}", outcome.get("kind"),
+            precision, optimizer, level + extra, str(batch), f"{low}-{high}", outcome.get("kind"),
             format_bytes(outcome.get("peak_bytes")) if outcome.get("peak_bytes") else "-",
         )  # fmt: skip
     console.print(table)

@@ -41,6 +41,8 @@ def check(
     precision: opt.OnePrecision = None,
     optimizer: opt.OneOptimizer = None,
     one_recompute: opt.OneRecompute = False,
+    one_level: opt.OneLevel = None,
+    one_compile: opt.OneCompile = False,
     recompute_class: opt.RecomputeClass = None,
     timeout: opt.Timeout = None,
     batch_env: opt.BatchEnv = None,
@@ -58,7 +60,6 @@ def check(
     quiet: opt.Quiet = False,
 ) -> None:
     """Run one isolated probe: does this batch fit? Peak memory and step time."""
-    from autobatch.core.space import Combo
     from autobatch.service.check import check as run_check
 
     settings = opt.load(locals())
@@ -66,13 +67,16 @@ def check(
     devices: list[DeviceInfo] = []
     try:
         report = run_check(
-            settings, batch_size, out.hooks(on_device=devices.append), recompute=one_recompute, steps=n_steps
+            settings,
+            batch_size,
+            out.hooks(on_device=devices.append),
+            recompute=one_level or one_recompute,
+            compile=one_compile,
+            steps=n_steps,
         )
     finally:
         out.close()
-    _print(
-        report, Combo(report.precision, report.optimizer, report.recompute, report.seq_len), devices[0], out
-    )
+    _print(report, report.combo, devices[0], out)
     if as_json:
         stdout_write(report.to_json())
     if not report.fits:

@@ -55,6 +55,7 @@ def estimate(
     precision: opt.Precisions = None,
     optimizer: opt.Optimizers = None,
     recompute: opt.Recompute = None,
+    recompute_level: opt.RecomputeLevel = None,
     recompute_class: opt.RecomputeClass = None,
     batch_multiple: opt.BatchMultiple = None,
     max_batch_size: opt.MaxBatchSize = None,

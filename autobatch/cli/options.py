@@ -101,12 +101,29 @@ Plot = Annotated[
 Precisions = Annotated[Optional[list[str]], _setting("--precision", "precisions", "-p")]
 Optimizers = Annotated[Optional[list[str]], _setting("--optimizer", "optimizers", "-o")]
 Recompute = Annotated[Optional[bool], _setting("--recompute/--no-recompute", "recompute")]
+#: Recomputation levels to search (tune, estimate): off, full, selective, K/N, partial; overrides --recompute.
+RecomputeLevel = Annotated[
+    Optional[list[str]],
+    typer.Option("--recompute-level", help="Recomputation level to search (repeatable): off, full, selective, "
+    "K/N (K of the N blocks), partial (the K the plan needs)."),
+]  # fmt: skip
+Compile = Annotated[Optional[bool], _setting("--compile/--no-compile", "compile")]
 #: One combination (check, explain): the first precision and optimizer of the settings unless given.
 OnePrecision = Annotated[
     Optional[str], typer.Option("--precision", "-p", help="Precision (default: the first in settings).")
 ]
 OneOptimizer = Annotated[
     Optional[str], typer.Option("--optimizer", "-o", help="Optimizer (default: the first in settings).")
+]
+#: One level (check, explain): overrides --recompute.
+OneLevel = Annotated[
+    Optional[str],
+    typer.Option(
+        "--recompute-level", help="Recomputation level: off, full, selective or K/N (K of the N blocks)."
+    ),
+]
+OneCompile = Annotated[
+    bool, typer.Option("--compile/--no-compile", help="torch.compile the model in the probe.")
 ]
 OneRecompute = Annotated[
     bool, typer.Option("--recompute/--no-recompute", help="Wrap repeated blocks in activation checkpointing.")
@@ -156,6 +173,7 @@ SETTING_OF: dict[str, str] = {
     "optimizer": "optimizers",
     "recompute_class": "recompute_classes",
     "variant": "variants",
+    "recompute_level": "recompute",
     "output": "result",
 }
 
@@ -174,7 +192,9 @@ def overrides(params: dict[str, Any]) -> dict[str, Any]:
             continue
         if name in ("precisions", "optimizers") and isinstance(value, str):
             value = [value]
-        elif name == "recompute":
+        elif name == "recompute" and isinstance(value, bool):
+            value = [value]
+        elif name == "compile":
             value = [bool(value)]
         out[name] = value
     return out

@@ -13,7 +13,7 @@ from rich.table import Table
 from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
 from autobatch.cli.progress import Output, unwrapped_console
-from autobatch.core.space import block_labels
+from autobatch.core.space import block_labels, combo_key, ident_of
 from autobatch.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ def tune(
     precision: opt.Precisions = None,
     optimizer: opt.Optimizers = None,
     recompute: opt.Recompute = None,
+    recompute_level: opt.RecomputeLevel = None,
+    compile: opt.Compile = None,
     recompute_class: opt.RecomputeClass = None,
     batch_multiple: opt.BatchMultiple = None,
     max_batch_size: opt.MaxBatchSize = None,
@@ -153,7 +155,7 @@ def summary_line(result: TuneResult, path: str) -> str:
     if ch is None:
         return f"autobatch: no combination chosen ({how}); result in {path}"
     return (
-        f"autobatch: {ch.precision}/{ch.optimizer}/{'recompute' if ch.recompute else 'no-recompute'} "
+        f"autobatch: {combo_key(*ch.ident)} "
         f"micro-batch {ch.micro_batch_size} x accumulation {ch.accumulation_steps} x world {ch.world_size} = "
         f"global {ch.global_batch_size} ({how}); result in {path}"
     )
@@ -190,11 +192,7 @@ def print_table(result: TuneResult) -> None:
             justify="right" if column in ("max batch", peak, "of budget", "samples/s", "probes") else "left",
         )
     for c in result.combinations:
-        chosen = result.chosen is not None and (c.precision, c.optimizer, c.recompute) == (
-            result.chosen.precision,
-            result.chosen.optimizer,
-            result.chosen.recompute,
-        )
+        chosen = result.chosen is not None and c.ident == result.chosen.ident
         note = c.reason or ("" if c.status in ("exact",) else c.status)
         if c.recompute and c.recompute_blocks:  # what "on" wrapped
             wrapped = ", ".join(block_labels(c.recompute_blocks, c.recompute_blocks))
@@ -202,7 +200,7 @@ def print_table(result: TuneResult) -> None:
         table.add_row(
             c.precision,
             c.optimizer,
-            "on" if c.recompute else "off",
+            c.ident[2] + (" +compile" if c.compile else ""),
             _max_cell(c),
             format_bytes(c.peak_bytes) if c.peak_bytes else "-",
             f"{c.peak_bytes / budget:.0%}" if c.peak_bytes and budget else "-",
@@ -227,12 +225,12 @@ def print_lengths(result: TuneResult) -> None:
     for column in [*map(str, columns), "token budget", "L² share", "fit error"]:
         table.add_column(column, justify="right")
     for surface in lengths.surfaces:
-        key = (surface["precision"], surface["optimizer"], surface["recompute"])
-        rows = {r.seq_len: r for r in lengths.maxima if (r.precision, r.optimizer, r.recompute) == key}
+        key = ident_of(surface)
+        rows = {r.seq_len: r for r in lengths.maxima if r.ident == key}
         error, share = surface.get("fit_error"), surface.get("attention_share")
         table.add_row(
-            *map(str, key[:2]),
-            "on" if key[2] else "off",
+            *key[:2],
+            key[2] + (" +compile" if key[3] else ""),
             *(_length_cell(rows.get(n)) for n in columns),
             f"{surface['token_budget']:,}" if surface.get("token_budget") else "-",
             f"{share:.0%}" if share is not None else "-",
@@ -266,7 +264,8 @@ def print_chosen(result: TuneResult) -> None:
     unwrapped = not console.is_terminal  # a log: one line each, however long
     console.print(
         f"[bold green]chosen[/] ({result.objective}): {ch.precision} / {ch.optimizer} / recompute "
-        f"{'on' if ch.recompute else 'off'}: micro-batch {ch.micro_batch_size} x accumulation "
+        f"{ {'full': 'on'}.get(ch.ident[2], ch.ident[2]) }{' / torch.compile' if ch.compile else ''}: "
+        f"micro-batch {ch.micro_batch_size} x accumulation "
         f"{ch.accumulation_steps} x world {ch.world_size} = global {ch.global_batch_size}"
         + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else "")
         + (f", at {ch.seq_len} tokens per sample" if ch.seq_len else ""),

@@ -39,6 +39,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autobatch.core.levels import OFF, less_work
 from autobatch.core.plan import plan_accumulation
 
 __all__ = [
@@ -82,24 +83,31 @@ class Contender:
     index: int  # the user's order
     precision: str
     optimizer: str
-    recompute: bool
+    level: str  # recomputation level (autobatch.core.levels)
     max_batch_size: int
     micro_batch_size: int  # planned
     accumulation_steps: int
+    compile: bool = False
 
 
 def dominated(contenders: Sequence[Contender]) -> dict[int, int]:
-    """Combinations with recomputation that cannot win: ``{index: the twin without recomputation}``.
+    """Combinations with recomputation that cannot win: ``{index: a twin that recomputes less}``.
 
-    The twin (same precision and optimizer, no recomputation) fits the recomputing one's micro-batch,
-    so it can run the same plan with strictly less work per step.
+    The twin (same precision, optimizer and compile; a level that recomputes strictly a part of this one's
+    work, :func:`autobatch.core.levels.less_work`: ``off`` first) fits the recomputing one's micro-batch, so
+    it can run the same plan with strictly less work per step.
     """
-    twins = {(c.precision, c.optimizer): c for c in contenders if not c.recompute}
     out: dict[int, int] = {}
     for c in contenders:
-        twin = twins.get((c.precision, c.optimizer))
-        if c.recompute and twin is not None and _twin_runs(twin.max_batch_size, c.micro_batch_size):
-            out[c.index] = twin.index
+        twins = [
+            t
+            for t in contenders
+            if (t.precision, t.optimizer, t.compile) == (c.precision, c.optimizer, c.compile)
+            and less_work(t.level, c.level)
+            and _twin_runs(t.max_batch_size, c.micro_batch_size)
+        ]
+        if twins:  # the one that recomputes least: off before any level, then by the user's order
+            out[c.index] = min(twins, key=lambda t: (t.level != OFF, t.index)).index
     return out
 
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autobatch.core.levels import share
 from autobatch.core.model import Affine
-from autobatch.core.space import optimizer_state_bytes
+from autobatch.core.space import Combo, optimizer_state_bytes
 
 #: Typical activation-slope ratios against 32-true without recomputation (used until measured).
 SLOPE_RATIOS: dict[tuple[str, bool], float] = {
@@ -41,21 +42,27 @@ SLOPE_RATIOS: dict[tuple[str, bool], float] = {
 }
 
 
+#: How a combination recomputes and compiles: (recomputation level, compile). Lines at the same mode and
+#: precision share their slope; another mode or precision scales it by a ratio.
+Mode = tuple[str, bool]
+
+
 @dataclass(frozen=True)
 class Learned:
     """A measured combination's fitted line."""
 
     precision: str
     optimizer: str
-    recompute: bool
+    mode: Mode
     intercept: float
     slope: float
     of_readings: bool = False  # the line follows the rising phase's readings (:class:`~.model.Affine`)
 
     @classmethod
-    def of(cls, precision: str, optimizer: str, recompute: bool, line: Affine) -> Learned:
+    def of(cls, combo: Combo, line: Affine) -> Learned:
         """The line a combination's search reported."""
-        return cls(precision, optimizer, recompute, line.intercept, line.slope, line.of_readings)
+        mode = (combo.recompute_level, combo.compile)
+        return cls(combo.precision, combo.optimizer, mode, line.intercept, line.slope, line.of_readings)
 
 
 @dataclass(frozen=True)
@@ -82,16 +89,15 @@ def _static(precision: str, optimizer: str, shapes: list[tuple[int, ...]]) -> fl
     return params_and_grads + autocast_copies + optimizer_state_bytes(optimizer, shapes, elem)
 
 
-def predict(
-    precision: str, optimizer: str, recompute: bool, learned: list[Learned], shapes: list[tuple[int, ...]]
-) -> Prediction | None:
-    """Predict the line of (precision, optimizer, recompute) from measured lines; None without any."""
+def predict(combo: Combo, learned: list[Learned], shapes: list[tuple[int, ...]]) -> Prediction | None:
+    """Predict the line of ``combo`` from measured lines; None without any."""
     if not learned:
         return None
-    target = (precision, recompute)
+    precision, optimizer = combo.precision, combo.optimizer
+    target: Setting = (precision, (combo.recompute_level, combo.compile))
 
     def rank(item: Learned) -> tuple[int, int]:
-        same_setting = (item.precision, item.recompute) == target
+        same_setting = (item.precision, item.mode) == target
         same_optimizer = item.optimizer == optimizer
         return (0 if same_setting else 1, 0 if same_optimizer else 1)
 
@@ -106,7 +112,7 @@ def predict(
         - _static(base.precision, base.optimizer, shapes)
         + _static(precision, optimizer, shapes)
     )
-    if (base.precision, base.recompute) == target:
+    if (base.precision, base.mode) == target:
         return Prediction(
             intercept, base.slope, f"{base.precision}/{base.optimizer} slope", of_readings=base.of_readings
         )
@@ -125,31 +131,49 @@ def predict(
     )
 
 
-def _factors(base: Learned, target: tuple[str, bool], learned: list[Learned]) -> list[tuple[float, str]]:
-    """The slope ratios from ``base``'s setting to ``target``: the precision's, then recomputation's, each
+#: (precision, mode): what a slope depends on.
+Setting = tuple[str, Mode]
+
+
+def _factors(base: Learned, target: Setting, learned: list[Learned]) -> list[tuple[float, str]]:
+    """The slope ratios from ``base``'s setting to ``target``: the precision's, then the mode's, each
     measured when another pair of lines differs by just that (on this model, not a typical one)."""
-    slopes = {(item.precision, item.recompute): item.slope for item in learned if item.slope > 0}
-    (precision, recompute), out = target, []
-    steps = [((base.precision, base.recompute), (precision, base.recompute))]
-    steps.append(((precision, base.recompute), (precision, recompute)))
+    slopes = {(item.precision, item.mode): item.slope for item in learned if item.slope > 0}
+    precisions, modes = {p for p, _ in slopes}, {m for _, m in slopes}
+    (precision, mode), out = target, []
+    steps = [
+        ((base.precision, base.mode), (precision, base.mode)),
+        ((precision, base.mode), (precision, mode)),
+    ]
     for source, goal in steps:
         if source == goal:
             continue
         measured = [
             slopes[(goal[0], other)] / slopes[(source[0], other)]
-            for other in (False, True)
+            for other in modes
             if source[1] == goal[1] and (goal[0], other) in slopes and (source[0], other) in slopes
         ] + [
             slopes[(other, goal[1])] / slopes[(other, source[1])]
-            for other in {p for p, _ in slopes}
+            for other in precisions
             if source[0] == goal[0] and (other, goal[1]) in slopes and (other, source[1]) in slopes
         ]
         if measured:
             out.append((measured[0], "measured"))
         else:
-            # a script's argument variant (script:NAME) has no typical ratio: its own slope, until measured
-            out.append((SLOPE_RATIOS.get(goal, 1.0) / SLOPE_RATIOS.get(source, 1.0), "typical"))
+            out.append((_typical(goal) / _typical(source), "typical"))
     return out
+
+
+def _typical(setting: Setting) -> float:
+    """The typical slope ratio of a setting against 32-true without recomputation (:data:`SLOPE_RATIOS`):
+    a partial level between off and full by its share, selective halfway (geometrically), compile as without
+    (its own effect is measured, never guessed); 1.0 for a precision of a script's own (script:NAME)."""
+    precision, (level, _compile) = setting
+    off, full = SLOPE_RATIOS.get((precision, False), 1.0), SLOPE_RATIOS.get((precision, True), 1.0)
+    part = share(level)
+    if part is not None:
+        return off + part * (full - off)
+    return (off * full) ** 0.5
 
 
 def _numel(shape: tuple[int, ...]) -> int:

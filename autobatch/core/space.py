@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, get_args
+
+from autobatch.core.levels import FULL, OFF, key_word, parse_level
 
 Precision = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
 OptimizerName = Literal[
@@ -51,27 +53,69 @@ class Combo:
 
     precision: str
     optimizer: str
-    recompute: bool
+    recompute: bool  # anything recomputed (``level`` says how much)
     seq_len: int | None = None  # tokens per sample (None: make_batch's one shape)
+    level: str = ""  # the recomputation level (autobatch.core.levels); empty: full when recompute, else off
+    compile: bool = False  # torch.compile in the probe
+
+    def __post_init__(self) -> None:
+        if not self.level:  # Combo(p, o, True) is the full level, as before levels
+            object.__setattr__(self, "level", FULL if self.recompute else OFF)
+
+    @property
+    def recompute_level(self) -> str:
+        return self.level
+
+    @property
+    def ident(self) -> Ident:
+        """What tells combinations apart at one length: precision, optimizer, level, compile."""
+        return (self.precision, self.optimizer, self.recompute_level, self.compile)
 
     @property
     def key(self) -> str:
-        key = f"{self.precision}/{self.optimizer}/{'recompute' if self.recompute else 'no-recompute'}"
+        key = combo_key(self.precision, self.optimizer, self.recompute_level, self.compile)
         return key if self.seq_len is None else f"{key} at {self.seq_len} tokens"
 
     def at(self, seq_len: int | None) -> Combo:
         """The same combination at another sequence length."""
-        return Combo(self.precision, self.optimizer, self.recompute, seq_len)
+        return replace(self, seq_len=seq_len)
+
+    def with_level(self, level: str) -> Combo:
+        """The same combination at another recomputation level."""
+        return replace(self, recompute=level != OFF, level=level)
 
     def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "precision": self.precision,
-            "optimizer": self.optimizer,
-            "recompute": self.recompute,
-        }
+        out: dict[str, object] = {"precision": self.precision, "optimizer": self.optimizer}
+        out.update(recompute=self.recompute, recompute_level=self.recompute_level)
+        if self.compile:
+            out["compile"] = True
         if self.seq_len is not None:
             out["seq_len"] = self.seq_len
         return out
+
+
+#: A combination's identity at one length: (precision, optimizer, recomputation level, compile).
+Ident = tuple[str, str, str, bool]
+
+
+def combo_key(precision: str, optimizer: str, level: str, compile: bool = False) -> str:
+    """``32-true/adamw/recompute``, ``bf16-mixed/adamw/recompute-6of12+compile``: a combination as tables,
+    notes and progress lines name it."""
+    return f"{precision}/{optimizer}/{key_word(level)}" + ("+compile" if compile else "")
+
+
+def ident_of(item: object) -> Ident:
+    """The identity of anything that names a combination (a Combo, a result's entry, the chosen one, or their
+    dicts): its ``recompute_level`` when it has one (results written before levels: from ``recompute``)."""
+    names = ("precision", "optimizer", "recompute", "recompute_level", "compile")
+    values = item if isinstance(item, Mapping) else {name: getattr(item, name, None) for name in names}
+    level = values.get("recompute_level") or (FULL if values.get("recompute") else OFF)
+    return (
+        str(values.get("precision")),
+        str(values.get("optimizer")),
+        str(level),
+        bool(values.get("compile")),
+    )
 
 
 #: The one combination of a script run as it is (autobatch.step.as_is): its precision, optimizer and
@@ -111,10 +155,19 @@ def script_note(variants: dict[str, list[str]]) -> str:
 def combinations(
     precisions: list[str] | tuple[str, ...],
     optimizers: list[str] | tuple[str, ...],
-    recompute: list[bool] | tuple[bool, ...],
+    recompute: list[str] | tuple[str, ...] | list[bool] | tuple[bool, ...],
+    compile: list[bool] | tuple[bool, ...] = (False,),
 ) -> list[Combo]:
-    """Every combination, in the order the user listed precisions, then optimizers, then recompute."""
-    return [Combo(p, o, r) for p in precisions for o in optimizers for r in recompute]
+    """Every combination, in the order the user listed precisions, then optimizers, then compile, then
+    recomputation levels (booleans: off and full)."""
+    levels = [parse_level(r) for r in recompute]
+    return [
+        Combo(p, o, level != OFF, level=level, compile=c)
+        for p in precisions
+        for o in optimizers
+        for c in compile
+        for level in levels
+    ]
 
 
 def block_labels(blocks: Iterable[str], counts: Mapping[str, int]) -> list[str]:

@@ -40,6 +40,7 @@ from autobatch.emit.common import (
     EmitOptions,
     arithmetic,
     check_device,
+    lever_caveats,
     make_options,
     require_chosen,
     script_own,
@@ -119,7 +120,9 @@ def caveats(result: TuneResult, fmt: str, options: EmitOptions) -> list[str]:
             return [f"a partial result: {reason}"]
         return [] if not spec.needs_choice else ["nothing fits: no configuration to emit"]
     own = [SCRIPT_OWN] if script_own(result.chosen) and spec.needs_choice and fmt != "args" else []
-    return own + spec.caveats(result, options)
+    launcher = fmt in ("deepspeed", "hf", "lightning", "accelerate") and not own
+    levers = lever_caveats(result.chosen, compile_set=fmt == "hf") if launcher else []
+    return own + spec.caveats(result, options) + levers
 
 
 def emit(

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 
+from autobatch.core.levels import SELECTIVE, fraction
+from autobatch.core.space import ident_of
 from autobatch.core.units import format_bytes
 from autobatch.errors import UsageError
 from autobatch.records.liveness import RESUME_HINT, unfinished
@@ -121,17 +123,39 @@ def token_budget(result: TuneResult) -> int | None:
     chosen = result.chosen
     if result.lengths is None or chosen is None:
         return None
-    key = (chosen.precision, chosen.optimizer, chosen.recompute)
     for surface in result.lengths.surfaces:
-        if (surface["precision"], surface["optimizer"], surface["recompute"]) == key:
+        if ident_of(surface) == chosen.ident:
             return surface.get("token_budget")
     return None
 
 
 def describe_choice(chosen: Chosen) -> str:
-    return (
-        f"{chosen.precision}, optimizer {chosen.optimizer}, recompute {'on' if chosen.recompute else 'off'}"
+    level = chosen.ident[2]
+    return f"{chosen.precision}, optimizer {chosen.optimizer}, recompute {level}" + (
+        ", torch.compile" if chosen.compile else ""
     )
+
+
+def lever_caveats(chosen: Chosen, compile_set: bool = False) -> list[str]:
+    """What a launcher file cannot set of a recomputation level between off and full, or of compile
+    (``compile_set``: the format sets compile itself)."""
+    level, notes = chosen.ident[2], []
+    if fraction(level) is not None:
+        k, n = fraction(level)  # type: ignore[misc]
+        notes.append(
+            f"recompute {level}: the maximum was measured with the first {k} of the model's {n} repeated blocks "
+            "checkpointed (torch.utils.checkpoint); checkpointing every block also fits, with more recomputation"
+        )
+    elif level == SELECTIVE:
+        notes.append(
+            "recompute selective: the maximum was measured with every repeated block checkpointed under a policy "
+            "that keeps matmul and attention outputs (torch.utils.checkpoint.create_selective_checkpoint_contexts)"
+        )
+    if chosen.compile and not compile_set:
+        notes.append(
+            "compile: the maximum was measured under torch.compile(model); compile yours the same way"
+        )
+    return notes
 
 
 def provenance(result: TuneResult, options: EmitOptions, what: str) -> list[str]:

@@ -11,6 +11,8 @@ Variables (values are plain tokens, so no quoting is needed; booleans are 1 or 0
 ``AUTOBATCH_PRECISION``                    Lightning-style name: 32-true, bf16-mixed, ...
 ``AUTOBATCH_OPTIMIZER``                    autobatch's optimizer name: adamw, sgd-momentum, ...
 ``AUTOBATCH_RECOMPUTE_ACTIVATIONS``        1 to checkpoint the repeated blocks, else 0
+``AUTOBATCH_RECOMPUTE_LEVEL``              how much: off, full, selective, or K/N (the first K of N blocks)
+``AUTOBATCH_TORCH_COMPILE``                1 when the maximum was measured under torch.compile, else 0
 ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` the same accumulation, where ``Accelerator()`` reads it
 ``AUTOBATCH_COMMAND``                      a script tuned as it is: the job's command line, the plan
                                            filled in (:mod:`autobatch.emit.args`); ``eval "$AUTOBATCH_COMMAND"``
@@ -53,6 +55,8 @@ ENV_NAMES: tuple[str, ...] = (
     "AUTOBATCH_PRECISION",
     "AUTOBATCH_OPTIMIZER",
     "AUTOBATCH_RECOMPUTE_ACTIVATIONS",
+    "AUTOBATCH_RECOMPUTE_LEVEL",
+    "AUTOBATCH_TORCH_COMPILE",
     "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
     "AUTOBATCH_COMMAND",
     "AUTOBATCH_PLAN_SEQ_LEN",
@@ -72,13 +76,16 @@ def variables(result: TuneResult) -> dict[str, str]:
         "AUTOBATCH_PRECISION": chosen.precision,
         "AUTOBATCH_OPTIMIZER": chosen.optimizer,
         "AUTOBATCH_RECOMPUTE_ACTIVATIONS": int(chosen.recompute),
+        "AUTOBATCH_RECOMPUTE_LEVEL": chosen.ident[2],
+        "AUTOBATCH_TORCH_COMPILE": int(chosen.compile),
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": chosen.accumulation_steps,
         "AUTOBATCH_COMMAND": command_text(result),
         "AUTOBATCH_PLAN_SEQ_LEN": chosen.seq_len,
         "AUTOBATCH_TOKEN_BUDGET": token_budget(result),
     }
     if script_own(chosen):
-        for name in ("AUTOBATCH_PRECISION", "AUTOBATCH_OPTIMIZER", "AUTOBATCH_RECOMPUTE_ACTIVATIONS"):
+        own = ("AUTOBATCH_PRECISION", "AUTOBATCH_OPTIMIZER", "AUTOBATCH_RECOMPUTE_ACTIVATIONS")
+        for name in (*own, "AUTOBATCH_RECOMPUTE_LEVEL", "AUTOBATCH_TORCH_COMPILE"):
             del values[name]
     return {name: str(value) for name, value in values.items() if value is not None}
 

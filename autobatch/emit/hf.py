@@ -77,7 +77,9 @@ def training_arguments(result: TuneResult, options: EmitOptions) -> dict[str, An
         args["optim"] = optim
         if optim_args:
             args["optim_args"] = optim_args
-        args[checkpointing_key(options.transformers_version)] = chosen.recompute
+        args[checkpointing_key(options.transformers_version)] = chosen.recompute  # every layer: see caveats
+        if chosen.compile:
+            args["torch_compile"] = True
     if on_cpu(result):
         args["use_cpu"] = True
     args.update(strategy.hf_fields(result, chosen))

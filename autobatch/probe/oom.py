@@ -221,7 +221,7 @@ def explain_exception(
 ) -> Verdict:
     """Classify an exception and its chain: the first link that is an OOM decides, else ``"error"``."""
     first: Verdict | None = None
-    for link in _chain(exc):
+    for link in exception_chain(exc):
         verdict = explain_message(
             type(link).__name__,
             _message(link),
@@ -247,7 +247,7 @@ def classify_exception(
     return explain_exception(exc, used_bytes=used_bytes, budget_bytes=budget_bytes).kind
 
 
-def _chain(exc: BaseException, limit: int = 64) -> Iterator[BaseException]:
+def exception_chain(exc: BaseException, limit: int = 64) -> Iterator[BaseException]:
     """The exception, then its causes, contexts and group members, breadth first, each once."""
     seen: set[int] = set()
     queue: list[BaseException] = [exc]
@@ -300,6 +300,7 @@ __all__ = [
     "classify_exception",
     "classify_message",
     "explain_exception",
+    "exception_chain",
     "explain_message",
     "match_rule",
     "near_budget",

@@ -18,6 +18,7 @@ from autobatch.devices.budget import margin_reason
 from autobatch.devices.cuda.budget import CudaStepStats, judge_step
 from autobatch.errors import AutobatchError
 from autobatch.probe import progress
+from autobatch.probe.compile_errors import note_compile_failure
 from autobatch.probe.oom import classify_exception
 from autobatch.probe.ops import register
 from autobatch.records.failures import describe_failure
@@ -62,6 +63,8 @@ def measure_steps(
         recompute_classes=request.recompute_classes,
         check_batch_size=request.check_batch_size,
         seq_len=request.seq_len,
+        recompute_level=request.recompute_level,
+        compile=request.compile,
     )
     peak_now, synchronize, finish = _device_hooks(request, outcome)
     peak_now = progress.reporting(peak_now, request, report)
@@ -85,9 +88,10 @@ def measure_steps(
         describe_failure(outcome, exc)
     except BaseException as exc:  # noqa: BLE001 - everything the script raises becomes data
         used = _safe(peak_now)
-        describe_failure(
-            outcome, exc, kind=classify_exception(exc, used_bytes=used, budget_bytes=request.budget_bytes)
-        )
+        kind = classify_exception(exc, used_bytes=used, budget_bytes=request.budget_bytes)
+        describe_failure(outcome, exc, kind=kind)
+        if kind == "error" and request.compile:
+            note_compile_failure(outcome, exc)  # "does not compile" is an answer, not the script's error
     finally:
         outcome.peak_bytes = _safe(peak_now)
         outcome.cpu_wait = load()
@@ -110,7 +114,8 @@ def _read_report(outcome: ProbeOutcome, report: StepReport) -> None:
     outcome.first_backward_peak_bytes = report.first_backward_peak
     outcome.recompute_blocks = list(report.recompute_blocks)
     outcome.batch_shapes = list(report.batch_shapes)
-    timed = report.step_seconds[1:]
+    outcome.compile_seconds = report.compile_seconds
+    timed = report.step_seconds[1:]  # the first step warms up (and compiles: step_seconds leave that out)
     if outcome.kind == "fits" and timed and sum(timed) > 0:
         outcome.samples_per_second = outcome.batch_size * len(timed) / sum(timed)
 

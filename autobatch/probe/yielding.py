@@ -101,6 +101,7 @@ def start_server(
     """The probe server a session probes through: the CPU allocator pinned, CUDA devices as the job sees them,
     its threads yielding once the CPU is busy; ``warn`` hears how probes start when it is not the plain case
     (:func:`autobatch.probe.warming.describe`)."""
+    from autobatch.cache.folder import inductor_folder
     from autobatch.devices.cpu import MALLOC_ENV
     from autobatch.devices.visible import PROBE_ENV
     from autobatch.probe.client import IMPORT_GRACE
@@ -109,7 +110,7 @@ def start_server(
     client = ProbeClient(
         spec.to_init(),
         script_args,
-        env={**MALLOC_ENV, **PROBE_ENV},
+        env={**MALLOC_ENV, **PROBE_ENV, "AUTOBATCH_INDUCTOR_CACHE": inductor_folder()},
         op_modules=op_modules,
         start_timeout=timeout + IMPORT_GRACE,  # importing the script counts like a probe
     )

@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autobatch.core.space import Combo
+
 
 @dataclass
 class CheckResult:
@@ -42,6 +44,15 @@ class CheckResult:
     wall_seconds: float = 0.0
     #: Tokens per sample the probe's make_batch was asked for (None: its one shape)
     seq_len: int | None = None
+    recompute_level: str | None = None  # off, full, selective or K/N (autobatch.core.levels)
+    compile: bool = False
+    compile_seconds: float | None = None
+
+    @property
+    def combo(self) -> Combo:
+        """The combination the probe ran."""
+        level = self.recompute_level or ("full" if self.recompute else "off")
+        return Combo(self.precision, self.optimizer, self.recompute, self.seq_len, level, self.compile)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

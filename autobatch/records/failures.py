@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from autobatch.core.units import format_bytes
-from autobatch.errors import AutobatchError, ContractError, ProbeFailure, ScriptError, UsageError
+from autobatch.errors import (
+    AutobatchError,
+    CompileFailed,
+    ContractError,
+    ProbeFailure,
+    ScriptError,
+    UsageError,
+)
 from autobatch.records.protocol import ProbeOutcome
 
 #: Separates an error's message from its hint inside ``ProbeOutcome.error_message``.
@@ -84,6 +91,14 @@ def raise_for(outcome: ProbeOutcome, what: str) -> None:
         message, _, hint = (outcome.error_message or "").partition(HINT_MARK)
         kind = ContractError if outcome.contract else ProbeFailure
         raise kind(message, hint=hint or None, detail=detail or None)
+    if outcome.info.get("compile_error"):
+        message = (outcome.error_message or "").partition(HINT_MARK)[0]
+        raise CompileFailed(
+            f"does not compile: {message}",
+            hint="torch.compile could not compile the model; search without --compile, or fix what the message "
+            "names (rerun with --verbose for the compiler's traceback)",
+            detail=detail or None,
+        )
     if outcome.kind in ("crash", "timeout"):
         hint = (
             "the probe did not finish in time. A probe that hangs before its first step (importing the script, "

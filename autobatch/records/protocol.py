@@ -4,7 +4,9 @@ An outcome's ``kind`` is one of:
 
 ``fits``     every step completed within the budget (and, on CUDA, without allocator retries)
 ``oom``      the probe ran out of memory (classified in one place: ``autobatch.probe.oom``)
-``error``    the training script raised something that is not an OOM: reported with its traceback
+``error``    the training script raised something that is not an OOM: reported with its traceback (with
+             ``compile``, a model that does not compile is an ``error`` whose ``error_type`` is ``CompileError``:
+             an answer about the combination, classified in ``autobatch.probe.compile_errors``)
 ``timeout``  the probe did not finish within its timeout and was killed
 ``crash``    the probe process died without reporting (a signal, an abort, an illegal access)
 """
@@ -45,6 +47,12 @@ class ProbeRequest:
     fresh_offset_bytes: list[int] = field(default_factory=list)
     # Tokens per sample, passed to make_batch(batch_size, seq_len) (None: make_batch(batch_size), one shape)
     seq_len: int | None = None
+    # With recompute: how much is recomputed, "full", "selective" or "K/N" (K of the model's N blocks, 1 <= K < N;
+    # autobatch.step.recompute); ignored without recompute
+    recompute_level: str = "full"
+    # torch.compile the model in the probe (autobatch.step.compiling); a model that does not compile is an
+    # "error" outcome with error_type "CompileError" and info["compile_error"] (autobatch.probe.compile_errors)
+    compile: bool = False
 
     def offset_for(self, rank: int = 0) -> int:
         """The fresh-process offset of ``rank`` (0 when none was measured)."""
@@ -103,6 +111,9 @@ class ProbeOutcome:
     omp_wait_policy: str | None = None
     # the distinct shapes of the batches make_batch returned, one per step, when they differed (empty: one shape)
     batch_shapes: list[str] = field(default_factory=list)
+    # with compile: the seconds the compiler took (first step, recompilations), left out of step_seconds and of
+    # samples_per_second; None: not compiled
+    compile_seconds: float | None = None
 
     @property
     def fits(self) -> bool:

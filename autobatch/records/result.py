@@ -60,6 +60,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autobatch.core.levels import FULL, OFF
+from autobatch.core.space import Combo, Ident, combo_key, ident_of
 from autobatch.errors import ProbeFailure
 from autobatch.records.schema import SCHEMA_VERSION
 
@@ -121,10 +123,25 @@ class ComboResult:
     recompute_blocks: dict[str, int] = field(default_factory=dict)  # {"Block": 12}: what recomputation wraps
     trace: list[ProbeRecord] = field(default_factory=list)
     seq_len: int | None = None  # tokens per sample its probes ran at (None: make_batch's one shape)
+    #: The recomputation level (autobatch.core.levels: off, full, selective, K/N); None in results written
+    #: before levels (``recompute`` then says off or full)
+    recompute_level: str | None = None
+    compile: bool = False  # torch.compile in its probes
+    compile_seconds: float | None = None  # the compile's own time in its last compiled probe
+
+    @classmethod
+    def of(cls, combo: Combo, **fields: Any) -> ComboResult:
+        """The entry of one combination (its precision, optimizer, level, compile and length)."""
+        names = {"recompute_level": combo.recompute_level, "compile": combo.compile, "seq_len": combo.seq_len}
+        return cls(combo.precision, combo.optimizer, combo.recompute, **{**names, **fields})
+
+    @property
+    def ident(self) -> Ident:
+        return ident_of(self)
 
     @property
     def key(self) -> str:
-        return f"{self.precision}/{self.optimizer}/{'recompute' if self.recompute else 'no-recompute'}"
+        return combo_key(*self.ident)
 
 
 @dataclass
@@ -148,6 +165,12 @@ class Chosen:
     nproc_per_node: int = 1
     num_nodes: int = 1
     seq_len: int | None = None  # the length the plan is for (None: make_batch's one shape)
+    recompute_level: str | None = None  # as ComboResult's
+    compile: bool = False
+
+    @property
+    def ident(self) -> Ident:
+        return ident_of(self)
 
     @classmethod
     def of(cls, entry: ComboResult, plan: Plan, **extra: Any) -> Chosen:
@@ -156,6 +179,8 @@ class Chosen:
             precision=entry.precision,
             optimizer=entry.optimizer,
             recompute=entry.recompute,
+            recompute_level=entry.recompute_level,
+            compile=entry.compile,
             micro_batch_size=plan.micro_batch_size,
             accumulation_steps=plan.accumulation_steps,
             world_size=plan.world_size,
@@ -216,13 +241,21 @@ class TuneResult:
         for name in _ABSENT_WHEN_NONE:
             if data.get(name) is None:
                 data.pop(name, None)
-        if data.get("chosen") and data["chosen"].get("seq_len") is None:
-            data["chosen"].pop("seq_len")
-        for combo in data["combinations"] + (data["lengths"]["maxima"] if data.get("lengths") else []):
-            for name in ("recompute_blocks", "seq_len"):
-                if not combo.get(name):
+        for combo in [
+            data["chosen"] or {},
+            *data["combinations"],
+            *(data.get("lengths") or {}).get("maxima", []),
+        ]:
+            for name in (
+                "recompute_blocks",
+                "seq_len",
+                "compile",
+                "compile_seconds",
+                "recompute_level",
+            ):  # when set
+                if name in combo and not combo.get(name):
                     combo.pop(name, None)
-            for record in combo["trace"]:
+            for record in combo.get("trace", []):
                 if record.get("started_at") is None:
                     record.pop("started_at", None)
         return data
@@ -255,11 +288,12 @@ class TuneResult:
         check_result(data, path)
         return cls.from_dict(data)
 
-    def combo(self, precision: str, optimizer: str, recompute: bool) -> ComboResult | None:
-        for c in self.combinations:
-            if (c.precision, c.optimizer, c.recompute) == (precision, optimizer, recompute):
-                return c
-        return None
+    def combo(
+        self, precision: str, optimizer: str, recompute: bool | str, compile: bool = False
+    ) -> ComboResult | None:
+        """The entry of one combination (``recompute``: a level, or a bool for off and full)."""
+        level = recompute if isinstance(recompute, str) else FULL if recompute else OFF
+        return next((c for c in self.combinations if c.ident == (precision, optimizer, level, compile)), None)
 
 
 def _combo(data: dict[str, Any]) -> ComboResult:
@@ -281,10 +315,7 @@ def limited_failure(result: TuneResult) -> ProbeFailure | None:
     limited = [c for c in result.combinations if c.status.endswith("-limited")]
     if not limited:
         return None
-    lines = [
-        f"{c.precision}/{c.optimizer}/{'recompute' if c.recompute else 'no-recompute'}: {c.reason}"
-        for c in limited
-    ]
+    lines = [f"{c.key}: {c.reason}" for c in limited]
     return ProbeFailure(
         f"{len(limited)} combination(s) ended on a crash or timeout, not on memory:\n  " + "\n  ".join(lines),
         hint="run `autobatch check SCRIPT --batch-size N --verbose` at that batch to see the probe's log; a timeout "

@@ -59,4 +59,7 @@ def check_result(combo: Combo, outcome: ProbeOutcome, info: DeviceInfo) -> Check
         failed_rank=outcome.failed_rank,
         wall_seconds=outcome.wall_seconds,
         seq_len=combo.seq_len,
+        recompute_level=combo.recompute_level,
+        compile=combo.compile,
+        compile_seconds=outcome.compile_seconds,
     )

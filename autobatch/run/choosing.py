@@ -66,10 +66,11 @@ class Choosing:
                 i,
                 c.precision,
                 c.optimizer,
-                c.recompute,
+                c.recompute_level,
                 self.result.combinations[i].max_batch_size or 0,
                 plans[i].micro_batch_size,
                 plans[i].accumulation_steps,
+                c.compile,
             )
             for i, c in enumerate(combos)
             if i in plans
@@ -77,11 +78,11 @@ class Choosing:
         dropped = dominated(contenders)
         for index, twin in dropped.items():
             self.result.notes.append(
-                f"{combos[index].key}: not chosen: {combos[twin].key} fits the same micro-batch without "
+                f"{combos[index].key}: not chosen: {combos[twin].key} fits the same micro-batch with less "
                 "recomputation, which only adds work"
             )
         entries = [
-            Entry(c.index, combo_key(combos[c.index]), c.micro_batch_size)
+            Entry(c.index, combos[c.index].ident, c.micro_batch_size)
             for c in contenders
             if c.index not in dropped
         ]
@@ -120,7 +121,3 @@ class Choosing:
         if note:
             self.result.notes.append(note)
         return outcome.samples_per_second
-
-
-def combo_key(combo: Combo | ComboResult) -> tuple[str, str, bool]:
-    return (combo.precision, combo.optimizer, combo.recompute)

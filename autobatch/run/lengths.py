@@ -20,13 +20,13 @@ from autobatch.core import lengths as surfaces
 from autobatch.core.lengths import Line
 from autobatch.core.model import Affine
 from autobatch.core.reuse import Prediction
-from autobatch.core.space import Combo
+from autobatch.core.space import Combo, Ident
 from autobatch.records.result import ComboResult, Lengths, TuneResult
 
 #: The statuses whose maximum a surface may be fitted to (and a token budget taken from).
 ANSWERED = ("exact", "capped")
 
-Key = tuple[str, str, bool]
+Key = Ident
 
 
 def plan_lengths(seq_lens: tuple[int, ...], plan_seq_len: int | None) -> tuple[tuple[int, ...], int | None]:
@@ -88,7 +88,7 @@ class LengthSearch:
         order = surfaces.search_order(table.seq_lens, self.plan)[1:]
         for combo, entry in zip(combos, self.result.combinations):
             for seq_len in order:
-                row = ComboResult(combo.precision, combo.optimizer, combo.recompute, seq_len=seq_len)
+                row = ComboResult.of(combo.at(seq_len))
                 row.recompute_blocks = dict(entry.recompute_blocks)
                 table.maxima.append(row)
                 if entry.status not in ANSWERED:
@@ -129,9 +129,7 @@ class LengthSearch:
             return []  # one length: no surface to answer another from
         rows = []
         for seq_len in surfaces.between(table.seq_lens):
-            row = ComboResult(
-                combo.precision, combo.optimizer, combo.recompute, status="predicted", seq_len=seq_len
-            )
+            row = ComboResult.of(combo.at(seq_len), status="predicted")
             row.max_batch_size = surface.max_batch(seq_len, table.line_bytes, table.batch_multiple) or None
             row.reason = (
                 f"predicted from the surface fitted at {', '.join(map(str, sorted(measured)))} tokens"
@@ -141,4 +139,4 @@ class LengthSearch:
 
 
 def _key(item: Combo | ComboResult) -> Key:
-    return (item.precision, item.optimizer, item.recompute)
+    return item.ident

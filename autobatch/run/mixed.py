@@ -127,8 +127,4 @@ def _model_entry(result: TuneResult, target: Target) -> dict[str, Any]:
 
 
 def _same(entry: ComboResult, chosen: Chosen) -> bool:
-    return (entry.precision, entry.optimizer, entry.recompute) == (
-        chosen.precision,
-        chosen.optimizer,
-        chosen.recompute,
-    )
+    return entry.ident == chosen.ident

@@ -18,7 +18,7 @@ class TuneOptions:
 
     precisions: tuple[str, ...]
     optimizers: tuple[str, ...]
-    recompute: tuple[bool, ...]
+    recompute: tuple[str, ...]  # levels (autobatch.core.levels)
     limits: Limits
     global_batch_size: int | None
     world_size: int
@@ -26,6 +26,7 @@ class TuneOptions:
     objective: str
     exact_all: bool
     strict: bool = False  # a peak that depends on the data ends the tune (else a warning)
+    compile: tuple[bool, ...] = (False,)
     seq_lens: tuple[int, ...] = ()  # lengths searched, ascending (the plan's among them); empty: one shape
     plan_seq_len: int | None = None
 
@@ -37,6 +38,7 @@ class TuneOptions:
             precisions=search.precisions,
             optimizers=search.optimizers,
             recompute=search.recompute,
+            compile=search.compile,
             limits=settings.limits(),
             global_batch_size=plan.global_batch_size,
             world_size=world_size,

@@ -43,7 +43,7 @@ class StrategyPriors:
         return cls(session, outcomes) if outcomes else None
 
     def single_process(self, combo: Combo) -> list[ProbeOutcome]:
-        key = (combo.precision, combo.optimizer, combo.recompute, combo.seq_len)
+        key = (*combo.ident, combo.seq_len)
         return [o for k, o in self.outcomes if k == key]
 
     def predict(self, combo: Combo) -> Prediction | None:

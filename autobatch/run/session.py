@@ -265,6 +265,8 @@ class Session:
             nproc_per_node=self.nproc_per_node if op in RANKED_OPS else 1,
             fresh_offset_bytes=list(self.fresh_offsets),
             seq_len=combo.seq_len,
+            recompute_level=combo.recompute_level if combo.recompute else "full",
+            compile=combo.compile,
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:
@@ -282,9 +284,8 @@ class Session:
         if not self.use_cache or self.refresh:
             return []
         assert self.device is not None
-        combination = (combo.precision, combo.optimizer, combo.recompute)
         answers = self.journal.answers(
-            combination, lengths, self.timeout, self.device.margin_line, seq_len=combo.seq_len
+            (*combo.ident, combo.seq_len), lengths, self.timeout, self.device.margin_line
         )
         for outcome in answers:
             apply_margin(outcome, self.device)

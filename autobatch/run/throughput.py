@@ -24,7 +24,7 @@ from autobatch.devices.budget import DeviceInfo
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.result import TuneResult
 
-Key = tuple[str, str, bool]  # precision, optimizer, recompute
+Key = tuple[str, str, str, bool]  # precision, optimizer, recomputation level, compile
 
 
 @dataclass(frozen=True)

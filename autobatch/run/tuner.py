@@ -16,20 +16,22 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from autobatch.core import reuse
 from autobatch.core.choice import reach_beyond
+from autobatch.core.levels import OFF, PARTIAL
 from autobatch.core.maximum import StaticMemory, find_maximum, floor_bytes, reason
 from autobatch.core.model import Affine
 from autobatch.core.plan import knee
 from autobatch.core.rank_prior import per_rank
 from autobatch.core.search import Observation
-from autobatch.core.space import Combo, combinations, script_combos, script_note
+from autobatch.core.space import Combo, Ident, combinations, script_combos, script_note
 from autobatch.core.units import format_bytes
-from autobatch.errors import ContractError, NothingFitsError, ScriptError
+from autobatch.errors import CompileFailed, ContractError, NothingFitsError, ScriptError
 from autobatch.records.failures import with_larger_oom
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.readings import measured_static, observation
 from autobatch.records.result import ComboResult, ProbeRecord, TuneResult, limited_failure
 from autobatch.records.version import __version__
-from autobatch.run.choosing import Choosing, combo_key
+from autobatch.run import levels
+from autobatch.run.choosing import Choosing
 from autobatch.run.lengths import LengthSearch
 from autobatch.run.options import TuneOptions
 from autobatch.run.rank_priors import StrategyPriors
@@ -67,6 +69,8 @@ class Tuner(Choosing):
         self.cross = StrategyPriors.of(session)  # a strategy's priors from the single-process probes
         self.started = time.perf_counter()
         self.learned: list[reuse.Learned] = []
+        self.lines: dict[Ident, Affine] = {}  # each combination's line at the plan's length
+        self.level_priors: dict[Ident, reuse.Prediction | None] = {}  # partial levels: from off and full
         self.step_times = StepTimes()
         device = session.device
         self.watch = Watch(device.budget_bytes, strict=options.strict, warn=session.warn)  # leaks, data
@@ -103,19 +107,21 @@ class Tuner(Choosing):
     def run(self) -> TuneResult:
         device = self.session.device
         assert device is not None
-        combos = combinations(self.options.precisions, self.options.optimizers, self.options.recompute)
+        opts = self.options
+        combos = combinations(opts.precisions, opts.optimizers, opts.recompute, opts.compile)
         if self.session.as_is:  # its precision, optimizer and recomputation are the script's own
             combos = script_combos(variants := self.session.spec.options.get("variants") or {})
             self.result.notes.append(script_note(variants))
         combos = [combo.at(self.options.plan_seq_len) for combo in combos]
         for combo in combos:
-            entry = ComboResult(combo.precision, combo.optimizer, combo.recompute, seq_len=combo.seq_len)
+            entry = ComboResult.of(combo)
             if combo.recompute:
                 entry.recompute_blocks = dict(device.recompute_counts)  # what its probes wrap
             self.result.combinations.append(entry)
-        for combo, entry in zip(combos, self.result.combinations):
+        for index, entry in enumerate(self.result.combinations):
+            combo = combos[index] = self._resolved(combos[index], entry)  # a partial level: its K, now
             twin = self._twin_reach(combo)  # under throughput, recomputation must outplan its twin
-            skip = self._skip_reason(combo, twin)
+            skip = entry.reason if entry.status == "skipped" else self._skip_reason(combo, twin)
             if skip:
                 entry.status, entry.reason = "skipped", skip
                 continue
@@ -140,6 +146,25 @@ class Tuner(Choosing):
 
     # -- per combination ------------------------------------------------------------------------
 
+    def _resolved(self, combo: Combo, entry: ComboResult) -> Combo:
+        """``combo``, its ``partial`` level resolved to the K the plan needs (autobatch.run.levels)."""
+        device = self.session.device
+        assert device is not None
+        if combo.recompute_level != PARTIAL or not device.recompute_blocks:
+            return combo
+        maxima = {
+            c.ident: c.max_batch_size for c in self.result.combinations if c.status in ("exact", "capped")
+        }
+        blocks = sum(device.recompute_counts.values())
+        line = device.budget_bytes - device.margin_bytes
+        partial = levels.resolve(combo, self.lines, maxima, blocks, self.options, line)
+        if partial.combo is None:
+            entry.status, entry.reason = "skipped", partial.skip
+            return combo
+        entry.recompute_level = partial.combo.recompute_level
+        self.level_priors[partial.combo.ident] = partial.prior
+        return partial.combo
+
     def _skip_reason(self, combo: Combo, twin: Twin | None) -> str | None:
         device = self.session.device
         assert device is not None
@@ -156,6 +181,15 @@ class Tuner(Choosing):
         return None
 
     def _search(self, combo: Combo, entry: ComboResult, twin: Twin | None = None) -> None:
+        """One combination's exact maximum; a model that does not compile is that combination's answer (the
+        others go on)."""
+        try:
+            self._find(combo, entry, twin)
+        except CompileFailed as exc:
+            entry.status, entry.reason = "uncompiled", exc.message
+            self.result.notes.append(f"{combo.key}: {exc.message}")
+
+    def _find(self, combo: Combo, entry: ComboResult, twin: Twin | None = None) -> None:
         device = self.session.device
         assert device is not None
         limits = self.options.limits
@@ -164,10 +198,13 @@ class Tuner(Choosing):
         def probe(batch: int, steps: tuple[int, int], purpose: str) -> Observation:
             try:
                 outcome = self.session.probe(combo, batch, min_steps=steps[0], max_steps=steps[1])
+            except CompileFailed:
+                raise
             except (ScriptError, ContractError) as exc:  # half the answer when a larger batch did not fit
                 raise with_larger_oom(exc, batch, outcomes.values(), limits.batch_multiple) from None
             if purpose != "confirm" or outcome.fits:
                 outcomes[batch] = outcome
+            entry.compile_seconds = outcome.compile_seconds or entry.compile_seconds
             self._record(entry, outcome, purpose)
             return observation(outcome, state_bytes=analytic.optimizer_state)
 
@@ -218,7 +255,8 @@ class Tuner(Choosing):
         if self.lengths is not None:
             self.lengths.learn(combo, model)
         if combo.seq_len == self.options.plan_seq_len:  # other lengths are the surface's, not the grid's
-            self.learned.append(reuse.Learned.of(combo.precision, combo.optimizer, combo.recompute, model))
+            self.lines[combo.ident] = model
+            self.learned.append(reuse.Learned.of(combo, model))
 
     def _journaled(
         self, combo: Combo, entry: ComboResult, outcomes: dict[int, ProbeOutcome]
@@ -237,9 +275,7 @@ class Tuner(Choosing):
         opts, limits = self.options, self.options.limits
         if not combo.recompute or opts.objective != "throughput" or opts.exact_all:
             return None
-        twin = {combo_key(c): c for c in self.result.combinations}.get(
-            (combo.precision, combo.optimizer, False)
-        )
+        twin = {c.ident: c for c in self.result.combinations}.get(combo.with_level(OFF).ident)
         if twin is None or twin.status not in ("exact", "capped") or not twin.max_batch_size:
             return None
         plan = (opts.global_batch_size, opts.world_size, limits.batch_multiple, limits.max_batch_size)
@@ -265,7 +301,7 @@ class Tuner(Choosing):
         return best + self.options.limits.batch_multiple if best else None
 
     def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
-        self.step_times.add((entry.precision, entry.optimizer, entry.recompute), outcome)
+        self.step_times.add(entry.ident, outcome)
         entry.trace.append(ProbeRecord.of(outcome, purpose))
         entry.probes = len(entry.trace)
         self._update()
@@ -275,10 +311,10 @@ class Tuner(Choosing):
         device = self.session.device
         assert device is not None
         length = self.lengths.prior(combo) if self.lengths is not None else None
-        if length is not None:
-            return length
+        if length is not None or combo.ident in self.level_priors:
+            return length or self.level_priors[combo.ident]
         shapes = [tuple(s) for s in device.param_shapes]
-        grid = reuse.predict(combo.precision, combo.optimizer, combo.recompute, self.learned, shapes)
+        grid = reuse.predict(combo, self.learned, shapes)
         if self.cross is None or (grid is not None and grid.slope_known):
             return grid  # a line measured under this strategy beats one moved from a single process
         prior = self.cross.predict(combo)

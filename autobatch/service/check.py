@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from autobatch.core.levels import PARTIAL, parse_level
 from autobatch.core.space import Combo
 from autobatch.errors import UsageError
 from autobatch.service.hooks import Hooks
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from autobatch.step.spec import ScriptSpec
 
 
-def combination(settings: Settings, recompute: bool) -> Combo:
+def combination(settings: Settings, recompute: bool | str, compile: bool = False) -> Combo:
     """The one combination ``check`` and ``explain`` run: the first precision and optimizer of the settings, at
     the one sequence length given (none: make_batch's one shape)."""
     lengths = settings.search.seq_lens
@@ -33,7 +34,14 @@ def combination(settings: Settings, recompute: bool) -> Combo:
             hint="give one --seq-len (tune searches several)",
         )
     seq_len = lengths[0] if lengths else None
-    return Combo(settings.search.precisions[0], settings.search.optimizers[0], bool(recompute), seq_len)
+    try:
+        level = parse_level(recompute)
+    except ValueError as exc:
+        raise UsageError(f"--recompute-level: {exc}", hint="give off, full, selective or K/N") from None
+    if level == PARTIAL:
+        raise UsageError("--recompute-level partial is chosen by a tune", hint="give K/N, such as 6/12")
+    precision, optimizer = settings.search.precisions[0], settings.search.optimizers[0]
+    return Combo(precision, optimizer, level != "off", seq_len, level, compile)
 
 
 def check(
@@ -41,7 +49,8 @@ def check(
     batch_size: int,
     hooks: Hooks | None = None,
     *,
-    recompute: bool = False,
+    recompute: bool | str = False,
+    compile: bool = False,
     steps: int | None = None,
     spec: ScriptSpec | None = None,
 ) -> CheckResult:
@@ -51,7 +60,7 @@ def check(
     from autobatch.run.check import check_batch
 
     hooks = hooks or Hooks()
-    combo = combination(settings, recompute)
+    combo = combination(settings, recompute, compile)
     settings = script_strategy(settings, spec)
     with open_session(settings, hooks, spec=spec, cache=False) as session:
         if session.as_is:  # its precision, optimizer and recomputation are the script's own

@@ -154,10 +154,17 @@ class SearchSettings:
         f"Optimizers to search, in order of preference: {', '.join(OPTIMIZERS)}.",
         flag="--optimizer", choices=OPTIMIZERS, item="optimizer names", nonempty=True,
     )  # fmt: skip
-    recompute: tuple[bool, ...] = setting(
-        (False, True), "bools", 'a bool, a list of bools, or "both"',
-        "Activation recomputation (checkpointing the repeated blocks) to search: false, true or both.",
-        flag="--recompute/--no-recompute", example="both",
+    recompute: tuple[str, ...] = setting(
+        ("off", "full", "selective", "partial"), "levels", "a list of levels, a bool, or \"both\"",
+        "Activation recomputation levels to search: off, full (every repeated block checkpointed), selective "
+        "(matmul and attention outputs kept, the rest recomputed), K/N (K of the N blocks), partial (the K the "
+        "plan needs); true is full, false is off, both is off and full.",
+        flag="--recompute/--no-recompute, --recompute-level", example=["off", "full"],
+    )  # fmt: skip
+    compile: tuple[bool, ...] = setting(
+        (False,), "bools", 'a bool, a list of bools, or "both"', "torch.compile the model in each probe: false, "
+        "true, or both (searched as a dimension; compile time is reported apart from step time).",
+        flag="--compile/--no-compile",
     )  # fmt: skip
     recompute_classes: tuple[str, ...] = setting(
         (), "strs", "a list of class names",

@@ -16,6 +16,7 @@ from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
+from autobatch.core.levels import FULL, OFF, PARTIAL, parse_level
 from autobatch.core.space import OPTIMIZERS
 from autobatch.core.units import parse_size
 
@@ -187,6 +188,22 @@ def _ints(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[int, ...]:
     return values
 
 
+def _levels(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[str, ...]:
+    """Recomputation levels (:mod:`autobatch.core.levels`): booleans as before (``both``: off and full), level
+    words, ``K/N``; in the order given, ``partial`` last (it is chosen from ``off`` and ``full``)."""
+    what = meta["type"]
+    if isinstance(raw, str) and raw.strip().lower() == "both":
+        return (OFF, FULL)
+    items = [raw] if isinstance(raw, bool) else _parse_list(raw, True, what)
+    try:
+        levels = list(dict.fromkeys(parse_level(item) for item in items))
+    except ValueError:
+        raise expected(what, raw) from None
+    if not levels:
+        raise expected(what, raw)
+    return tuple(sorted(levels, key=lambda level: level == PARTIAL))
+
+
 def _bools(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[bool, ...]:
     what = meta["type"]
     if isinstance(raw, str) and raw.strip().lower() == "both":
@@ -223,6 +240,7 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any], Any, bool], Any]] = {
     "args": _args,
     "strs": _strs,
     "bools": _bools,
+    "levels": _levels,
     "ints": _ints,
     "kwargs": _kwargs,
 }

@@ -5,6 +5,6 @@ step (:mod:`~autobatch.step.spec`), the user's code imported (:mod:`~autobatch.s
 looked up as three functions (:mod:`~autobatch.step.contract`); the adapters that make those functions
 from a Hugging Face config (:mod:`~autobatch.step.hf`) or a LightningModule
 (:mod:`~autobatch.step.lightning`, :mod:`~autobatch.step.lightning_yaml`). How it runs: the optimizer
-by name, precision, recomputation, distributed wrapping and the step loop (imported only inside probe
-processes: they import torch).
+by name, precision, recomputation and its levels, distributed wrapping, compilation and the step loop
+(imported only inside probe processes: they import torch).
 """

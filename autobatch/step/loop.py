@@ -14,6 +14,7 @@ the loss by a fixed factor (:class:`FixedScale`: GradScaler's inf checks read va
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from autobatch.core.steady import enough_steps
+from autobatch.step.compiling import CompileClock, compile_model, mark_batch_dynamic
 from autobatch.step.contract import UserScript, check_batch, check_finite_loss, check_loss, check_model
 from autobatch.step.optimizers import build_optimizer, optimizer_state_bytes
 from autobatch.step.recompute import wrap_recompute
@@ -45,6 +47,8 @@ class StepConfig:
     recompute_classes: tuple[str, ...] = ()  # empty: the script's RECOMPUTE_CLASSES, else detected
     check_batch_size: bool = True  # see autobatch.step.contract.check_batch
     seq_len: int | None = None  # make_batch(batch_size, seq_len); None: make_batch(batch_size)
+    recompute_level: str = "full"  # with recompute: "full", "selective" or "K/N" (autobatch.step.recompute)
+    compile: bool = False  # torch.compile the model (autobatch.step.compiling); never under fake tensors
 
 
 @dataclass
@@ -66,6 +70,10 @@ class StepReport:
     stopped_above: bool = False
     #: With a batch per step: the distinct shapes of the batches, in order, when there was more than one.
     batch_shapes: list[str] = field(default_factory=list)
+    #: With ``compile``: the seconds spent compiling (importing the compiler and wrapping the model, then
+    #: Dynamo's compilations at the first step and at any recompilation); ``step_seconds`` leave them out.
+    #: None: not compiled.
+    compile_seconds: float | None = None
 
 
 class FixedScale:
@@ -160,16 +168,17 @@ def build_step(
     fake: bool = False,
     wrap: Wrap | None = None,
 ) -> Step:
-    """Build the model (recomputation, precision, device, ``wrap``), the optimizer and the batch.
+    """Build the model (recomputation, precision, device, ``wrap``, then ``torch.compile``), the optimizer
+    and the batch.
 
-    ``report`` gets the parameters and the recomputed blocks; ``fake``: see the module docstring;
-    ``wrap``: a distributed strategy's wrapper (:mod:`autobatch.step.wrapping`).
+    ``report`` gets the parameters and the recomputed blocks; ``fake``: see the module docstring (a fake
+    step is never compiled); ``wrap``: a distributed strategy's wrapper (:mod:`autobatch.step.wrapping`).
     """
     device = torch.device(config.device)
     model = check_model(script.build_model())
     if config.recompute:
         classes = config.recompute_classes or script.recompute_classes
-        report.recompute_blocks = wrap_recompute(model, classes)
+        report.recompute_blocks = wrap_recompute(model, classes, config.recompute_level)
     bf16_true = config.precision == "bf16-true"
     if fake and bf16_true:
         cast_floating(model, torch.bfloat16)
@@ -178,6 +187,10 @@ def build_step(
     model.train()
     if wrap is not None:
         model = wrap(model)
+    if config.compile and not fake:
+        started = time.perf_counter()
+        model = compile_model(model)  # imports Dynamo and inductor: part of the compile's cost
+        report.compile_seconds = time.perf_counter() - started
     params = [p for p in model.parameters() if p.requires_grad]
     report.param_count = sum(p.numel() for p in params)
     report.param_bytes = sum(local_bytes(p) for p in model.parameters())
@@ -185,17 +198,21 @@ def build_step(
     scaler: torch.amp.GradScaler | FixedScale | None = None
     if config.precision == "16-mixed":
         scaler = FixedScale() if fake else torch.amp.GradScaler(device.type)
-    batch = draw_batch(script, config)
+    batch = draw_batch(script, config, compiling=config.compile and not fake)
     return Step(model, params, optimizer, batch, script.compute_loss, config.precision, device.type, scaler)
 
 
-def draw_batch(script: UserScript, config: StepConfig) -> Any:
-    """``make_batch`` at the config's batch size, checked and moved to the device (cast for ``bf16-true``)."""
+def draw_batch(script: UserScript, config: StepConfig, *, compiling: bool = False) -> Any:
+    """``make_batch`` at the config's batch size, checked and moved to the device (cast for ``bf16-true``);
+    ``compiling``: its tensors' first dimension marked dynamic (:func:`~autobatch.step.compiling.mark_batch_dynamic`)."""
     batch = script.batch(config.batch_size, config.seq_len)
     check_batch(batch, config.batch_size, check_size=config.check_batch_size, seq_len=config.seq_len)
-    return move(
+    moved = move(
         batch, torch.device(config.device), torch.bfloat16 if config.precision == "bf16-true" else None
     )
+    if compiling:
+        mark_batch_dynamic(moved)
+    return moved
 
 
 def shapes_of(batch: Any) -> str:
@@ -261,32 +278,70 @@ def run_steps(
         synchronize()
         report.first_backward_peak = peak_now()
 
-    for index in range(1, max_steps + 1):
-        if batch_per_step and index > 1:
-            step.batch = None  # never two batches at once
-            step.batch = draw_batch(script, config)
-            _note_shapes(shapes, shapes_of(step.batch), report)
-        synchronize()
-        start = time.perf_counter()
-        one_step(step, first_backward if index == 1 else None)
-        if index == 1:
-            report.grad_bytes = step.grad_bytes
-        synchronize()
-        report.step_seconds.append(time.perf_counter() - start)
-        report.step_peaks.append(peak_now())
-        report.steps = index
-        why = enough_steps(
-            report.step_peaks,
-            min_steps=min_steps,
-            max_steps=max_steps,
-            tolerance=grow_tolerance,
-            stop_above=stop_above,
-        )
-        if why is not None:
-            report.stopped_above = why == "above"
-            break
+    with _timing_compiles(config, report) as clock:
+        for index in range(1, max_steps + 1):
+            if batch_per_step and index > 1:
+                step.batch = None  # never two batches at once
+                step.batch = draw_batch(script, config, compiling=config.compile)
+                _note_shapes(shapes, shapes_of(step.batch), report)
+            report.step_seconds.append(
+                _timed(step, first_backward if index == 1 else None, synchronize, clock)
+            )
+            if index == 1:
+                report.grad_bytes = step.grad_bytes
+            report.step_peaks.append(peak_now())
+            report.steps = index
+            why = enough_steps(
+                report.step_peaks,
+                min_steps=min_steps,
+                max_steps=max_steps,
+                tolerance=grow_tolerance,
+                stop_above=stop_above,
+            )
+            if why is not None:
+                report.stopped_above = why == "above"
+                break
     report.optimizer_state_bytes = optimizer_state_bytes(step.optimizer)
     return report
+
+
+def _timed(
+    step: Step,
+    after_backward: Callable[[], None] | None,
+    synchronize: Callable[[], None],
+    clock: CompileClock | None,
+) -> float:
+    """One step's seconds, less the compiling done inside it (``clock``)."""
+    synchronize()
+    compiled = clock.seconds if clock is not None else 0.0
+    start = time.perf_counter()
+    one_step(step, after_backward)
+    synchronize()
+    elapsed = time.perf_counter() - start
+    return elapsed - (clock.seconds - compiled) if clock is not None else elapsed
+
+
+@contextlib.contextmanager
+def _timing_compiles(config: StepConfig, report: StepReport) -> Iterator[CompileClock | None]:
+    """With ``config.compile``, a :class:`CompileClock` whose total is added to ``report.compile_seconds``
+    however the steps end (a compile that fails took time too); without it, None."""
+    if not config.compile:
+        yield None
+        return
+    with CompileClock() as clock:
+        try:
+            yield clock
+        finally:
+            spent = clock.seconds if clock.available else _first_step_excess(report.step_seconds)
+            report.compile_seconds = (report.compile_seconds or 0.0) + spent
+
+
+def _first_step_excess(seconds: list[float]) -> float:
+    """Without Dynamo's callbacks: the first step's time over the median of the later ones (all of it alone)."""
+    if not seconds:
+        return 0.0
+    later = seconds[1:]
+    return max(0.0, seconds[0] - (statistics.median(later) if later else 0.0))
 
 
 def _note_shapes(seen: list[str], shapes: str, report: StepReport) -> None:

@@ -122,7 +122,7 @@ def test_answers_are_one_combinations_fits_and_ooms_at_the_asked_lengths_in_orde
     journal.record(longer, fits(20))
     timing = ProbeRequest(24, "32-true", "adamw", False, "cpu", 1 << 30, 30, 30, 60.0)
     journal.record(timing, fits(24))  # a length not asked for
-    combination = ("32-true", "adamw", False)
+    combination = ("32-true", "adamw", "off", False, None)
     answers = opened(tmp_path).answers(combination, {(3, 8), (12, 12)}, 90.0)
     expected = [(33, "fits"), (8, "fits"), (40, "oom"), (50, "crash"), (20, "fits")]
     assert [(a.batch_size, a.kind) for a in answers] == expected
@@ -146,6 +146,6 @@ def test_a_probe_stopped_at_a_search_line_answers_only_requests_whose_line_its_p
     assert served is not None and served.kind == "oom" and served.stopped_above_bytes == line
     assert again.get(request(9)) is None  # check: every step, the cap's verdict
     assert again.get(replace(request(9), stop_above_bytes=line + 2)) is None  # a smaller margin
-    combination = ("32-true", "adamw", False)
+    combination = ("32-true", "adamw", "off", False, None)
     assert [a.batch_size for a in again.answers(combination, {(3, 8)}, 60.0, line)] == [9]
     assert again.answers(combination, {(3, 8)}, 60.0, None) == []

@@ -107,7 +107,7 @@ def test_validate_ok_prints_a_summary_to_stderr(tmp_path: Path) -> None:
     assert code == 0 and out == ""
     assert err.startswith("ok: autobatch.toml")
     for piece in ["script train.py --size small", "device cpu, memory 2.00 GiB, headroom 0.1",
-                  "= 4 combination(s)", "global batch 256", "emit deepspeed, env=job.env"]:  # fmt: skip
+                  "= 8 combination(s)", "global batch 256", "emit deepspeed, env=job.env"]:  # fmt: skip
         assert piece in err, piece
 
 

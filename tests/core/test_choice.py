@@ -23,9 +23,19 @@ from autobatch.core.choice import (
 
 
 def contender(
-    index: int, recompute: bool, max_batch: int, micro: int, precision: str = "32-true"
+    index: int, recompute: bool | str, max_batch: int, micro: int, precision: str = "32-true"
 ) -> Contender:
-    return Contender(index, precision, "adamw", recompute, max_batch, micro, 1)
+    level = recompute if isinstance(recompute, str) else "full" if recompute else "off"
+    return Contender(index, precision, "adamw", level, max_batch, micro, 1)
+
+
+def test_a_level_is_dropped_for_one_that_recomputes_less_and_fits_its_micro_batch() -> None:
+    # off fits 40; the plan needs 48: off cannot run it, 4/12 (max 50), selective (55) and full (80) can.
+    levels = [contender(0, "off", 40, 40), contender(1, "4/12", 50, 48), contender(2, "selective", 55, 48)]
+    levels += [contender(3, "full", 80, 48), contender(4, "8/12", 60, 48)]
+    dropped = dominated(levels)
+    assert dropped == {3: 1, 4: 1}  # full and 8/12 for 4/12 (off is too small); selective vs 4/12: timed
+    assert 2 not in dropped and 1 not in dropped
 
 
 def test_recompute_is_dropped_when_its_twin_fits_the_micro_batch() -> None:

@@ -6,7 +6,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autobatch.core.reuse import SLOPE_RATIOS, Learned, predict
+from autobatch.core import reuse
+from autobatch.core.reuse import SLOPE_RATIOS
+from autobatch.core.space import Combo
+
+
+def Learned(precision: str, optimizer: str, recompute: bool, intercept: float, slope: float) -> reuse.Learned:  # noqa: N802
+    """A measured line at recomputation off or full (the levels between are in test_levels.py)."""
+    return reuse.Learned(precision, optimizer, ("full" if recompute else "off", False), intercept, slope)
+
+
+def predict(precision: str, optimizer: str, recompute: bool, learned, shapes):
+    return reuse.predict(Combo(precision, optimizer, recompute), learned, shapes)
+
 
 # One 1000 x 1000 matrix and a 1000-vector: 1,001,000 parameters.
 SHAPES: list[tuple[int, ...]] = [(1000, 1000), (1000,)]

@@ -300,6 +300,7 @@ def test_env_values_and_booleans() -> None:
         "AUTOBATCH_MICRO_BATCH_SIZE": "12", "AUTOBATCH_ACCUMULATION_STEPS": "5", "AUTOBATCH_PLAN_WORLD_SIZE": "4",
         "AUTOBATCH_PLAN_GLOBAL_BATCH_SIZE": "240", "AUTOBATCH_REQUESTED_GLOBAL_BATCH_SIZE": "240",
         "AUTOBATCH_PRECISION": "16-mixed", "AUTOBATCH_OPTIMIZER": "adam", "AUTOBATCH_RECOMPUTE_ACTIVATIONS": "1",
+        "AUTOBATCH_RECOMPUTE_LEVEL": "full", "AUTOBATCH_TORCH_COMPILE": "0",
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "5",
     }  # fmt: skip
     # AUTOBATCH_COMMAND: a script tuned as it is (test_emit_args.py); the last two: lengths were searched

@@ -64,7 +64,7 @@ def test_defaults_without_any_layer(tmp_path: Path) -> None:
     assert s.source_files == ()
     assert (s.device.device, s.device.memory, s.device.headroom) == ("auto", None, 0.10)
     assert s.search.precisions == ("32-true", "bf16-mixed") and s.search.optimizers == ("adamw",)
-    assert s.search.recompute == (False, True) and s.search.max_batch_size == 65536
+    assert s.search.recompute == ("off", "full", "selective", "partial") and s.search.max_batch_size == 65536
     assert (s.probe.steps, s.probe.max_steps, s.probe.confirm_steps, s.probe.timeout) == (3, 8, 10, 300.0)
     assert s.plan.objective == "throughput" and s.plan.world_size is None
     assert s.output.result == "autobatch-result.json" and s.output.emit == ()
@@ -116,7 +116,7 @@ PRECEDENCE = [
     ("device", "device", "cpu", "cuda", "cuda:1", ("cpu", "cuda", "cuda:1")),
     ("precisions", "search", ["bf16-mixed"], "16-mixed,bf16-true", ["32-true"],
      (("bf16-mixed",), ("16-mixed", "bf16-true"), ("32-true",))),
-    ("recompute", "search", True, "both", [False], ((True,), (False, True), (False,))),
+    ("recompute", "search", True, "both", [False], (("full",), ("off", "full"), ("off",))),
     ("cache", "probe", False, "yes", False, (False, True, False)),
     ("emit", "output", ["json"], "env,hf=hf.json", ["deepspeed"], (("json",), ("env", "hf=hf.json"), ("deepspeed",))),
 ]  # fmt: skip
@@ -166,7 +166,7 @@ def test_environment_parsing_and_ignored_names(tmp_path: Path) -> None:
     }
     s = load(tmp_path, env=env)
     assert s.script.script_args == ("--name", "two words", "-v")
-    assert s.search.optimizers == ("sgd", "adamw") and s.search.recompute == (False, True)
+    assert s.search.optimizers == ("sgd", "adamw") and s.search.recompute == ("off", "full")
     assert s.search.exact_all is True
     assert dict(s.search.optimizer_kwargs["adamw"]) == {"lr": 0.001, "foreach": False}
     assert s.plan.global_batch_size == 256 and s.plan.world_size is None and s.device.headroom == 0.10
@@ -226,7 +226,7 @@ FILE_PROBLEMS = [
      'found "fp8", "bf16-mix" (did you mean "bf16-mixed"?)'),
     ("[search]\nprecisions = []\n", "autobatch.toml: search.precisions: expected a list of precisions (at least one), found []"),
     ("[search]\noptimizers = ['adamx']\n", 'found "adamx" (did you mean "adam"?)'),
-    ("[search]\nrecompute = 'maybe'\n", 'autobatch.toml: search.recompute: expected a bool, a list of bools, or "both", found "maybe"'),
+    ("[search]\nrecompute = 'maybe'\n", 'autobatch.toml: search.recompute: expected a list of levels, a bool, or "both", found "maybe"'),
     ("[search.optimizer_kwargs]\nadamw = 3\n", "autobatch.toml: search.optimizer_kwargs: expected a table per optimizer name, found {adamw = 3}"),
     ("[search.optimizer_kwargs.adamx]\nlr = 1\n", 'search.optimizer_kwargs: expected optimizer names from sgd, '),
     ("[device]\ndevice = 'gpu'\n", 'autobatch.toml: device.device: expected auto, cpu, cuda or cuda:N, found "gpu"'),
@@ -362,7 +362,7 @@ def test_starter_file_examples_are_valid_settings(tmp_path: Path) -> None:
     for info in FIELDS:
         if info.example is not None and info.name != "recompute":
             assert s.get(info.name) != info.default, info.name
-    assert s.search.recompute == (False, True)  # its example is "both"
+    assert s.search.recompute == ("off", "full", "selective", "partial")  # the default: no example
     assert s.device.memory == 2 * GiB and dict(s.search.optimizer_kwargs["adamw"]) == {"lr": 3e-4}
 
 

@@ -274,10 +274,8 @@ def _tune_legend(budget: float, scale: float, unit: str) -> list[Any]:
 def _tune_breakdown(bar: Any, result: TuneResult, budget: float, scale: float, unit: str) -> None:
     """The chosen combination's peak (else the first with one): baseline, static parts, per-sample rest."""
     chosen = result.chosen
-    same = (chosen.precision, chosen.optimizer, chosen.recompute) if chosen else None
-    picked = next(
-        (c for c in result.combinations if c.trace and (c.precision, c.optimizer, c.recompute) == same), None
-    )
+    same = chosen.ident if chosen else None
+    picked = next((c for c in result.combinations if c.trace and c.ident == same), None)
     picked = picked or next((c for c in result.combinations if c.peak_bytes), None)
     if picked is None or not picked.peak_bytes:
         return

@@ -1,0 +1,71 @@
+"""The partial recomputation level of a tune: which K of the N blocks, chosen once ``off`` and ``full`` are
+measured, and the prior its search starts from.
+
+The grid lists ``partial`` last among the levels of each precision, optimizer and compile
+(:func:`autobatch.settings.values`), so that when its turn comes the lines of ``off`` and ``full`` are known.
+Memory falls about linearly in the blocks checkpointed, so those two lines predict every ``K/N``
+(:func:`autobatch.core.levels.partial_line`). The K is the fewest blocks whose predicted maximum reaches the
+micro-batch that plans fewer accumulation steps than ``off`` can (:func:`autobatch.core.choice.reach_beyond`), or
+the middle K when no plan binds. Only that K is searched, from the predicted line: at most three probes,
+its confirmation included, when the prediction holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autobatch.core.choice import reach_beyond
+from autobatch.core.levels import FULL, OFF, partial_for, partial_line
+from autobatch.core.model import Affine
+from autobatch.core.reuse import Prediction
+from autobatch.core.space import Combo, Ident
+from autobatch.run.options import TuneOptions
+
+
+@dataclass(frozen=True)
+class Partial:
+    """The resolved partial level: its combination and prior, or why there is none (``skip``)."""
+
+    combo: Combo | None = None
+    prior: Prediction | None = None
+    skip: str | None = None
+
+
+def resolve(
+    combo: Combo,
+    lines: dict[Ident, Affine],
+    maxima: dict[Ident, int | None],
+    blocks: int,
+    options: TuneOptions,
+    line_bytes: float,
+) -> Partial:
+    """The ``K/N`` level the partial combination ``combo`` stands for (see the module docstring)."""
+    off, full = (combo.with_level(level).ident for level in (OFF, FULL))
+    if blocks < 2:
+        return Partial(skip=f"{blocks} repeated block(s): no level lies between off and full")
+    if off not in lines or full not in lines:
+        missing = " and ".join(level for level, key in ((OFF, off), (FULL, full)) if key not in lines)
+        return Partial(skip=f"the partial level is chosen from the lines of off and full; {missing} has none")
+    off_max = maxima.get(off)
+    limits = options.limits
+    target = None
+    if off_max and options.global_batch_size is not None:
+        plan = (options.global_batch_size, options.world_size, limits.batch_multiple, limits.max_batch_size)
+        target = reach_beyond(off_max, *plan)
+    low, high = (lines[off].intercept, lines[off].slope), (lines[full].intercept, lines[full].slope)
+    k = partial_for(low, high, blocks, target, line_bytes)
+    if k is None:
+        return Partial(skip=f"no level between off and full reaches micro-batch {target}: only full may")
+    intercept, slope = partial_line(low, high, k, blocks)
+    why = (
+        f"micro-batch {target}, which plans fewer accumulation steps"
+        if target
+        else "the middle K: no plan binds"
+    )
+    prior = Prediction(
+        intercept,
+        slope,
+        f"the line {k}/{blocks} of the way from off to full ({why})",
+        of_readings=lines[off].of_readings,
+    )
+    return Partial(combo.with_level(f"{k}/{blocks}"), prior)
