@@ -15,7 +15,8 @@ one cap, every command a fresh ``autobatch`` (no cache), run from a folder of it
 
 Prints the tables and writes them, headed by the command, the date and the autobatch version, as the
 attention's block of ``docs/measurements/lengths.md``; each command's JSON goes to
-``docs/measurements/data/lengths/``. About 10 minutes on 2 cores::
+``docs/measurements/data/lengths/``; ``--from DIR`` renders the JSON an earlier run left in DIR. About 20
+minutes on 2 busy cores (load 3-6)::
 
     python scripts/lengths_bench.py
     python scripts/lengths_bench.py --attention sdpa --no-checks     # one attention, the tunes alone
