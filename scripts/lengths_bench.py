@@ -13,8 +13,8 @@ one cap, every command a fresh ``autobatch`` (no cache), run from a folder of it
 3. the length no tune searched, 384: the surface's maximum there
    (:meth:`autobatch.core.lengths.Surface.max_batch`) against a tune at ``--seq-len 384`` alone.
 
-Prints the tables and writes them, headed by the command, the date and the autobatch version, as the
-attention's block of ``docs/measurements/lengths.md``; each command's JSON goes to
+Prints the tables and writes them, headed by the command, the date and the autobatch version, as a block
+of ``docs/measurements/lengths.md`` (one for both attentions, one per attention run alone); each command's JSON goes to
 ``docs/measurements/data/lengths/``; ``--from DIR`` renders the JSON an earlier run left in DIR. About 20
 minutes on 2 busy cores (load 3-6)::
 
