@@ -1,0 +1,78 @@
+"""Sequence length as a dimension, end to end: the real command on a tiny decoder at three lengths.
+
+``examples/transformer_lengths.py`` shrunk by its flags, on the CPU device under 512 MiB. With eager
+attention (the ``(batch, heads, L, L)`` softmax kept for backward) one tune searches 64, 128 and 256 tokens:
+the plan's length as any tune, each further one from the surface in at most three probes; ``check
+--seq-len`` confirms every maximum and refuses the next batch. With ``F.scaled_dot_product_attention`` the
+same tune (at the shortest and the longest length) fits a surface whose quadratic term is near zero next
+to eager's. Confirmations and checks run the probes' 3 steps, to keep the test near a minute.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import EXAMPLES, run_cli
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = str(EXAMPLES / "transformer_lengths.py")
+LENGTHS = (64, 128, 256)
+TINY = ("--vocab", "256", "--width", "32", "--depth", "2", "--heads", "2", "--max-len", "256")
+#: Run from a folder of the test's own, so that no autobatch.toml adds to them.
+COMMON = ("--device", "cpu", "--memory", "512MiB", "--precision", "32-true", "--optimizer", "adamw")
+#: Confirmations and checks of 3 steps (the probes' own): the tiny model's peak is flat from the second step.
+STEPS = "3"
+EXIT_OOM = 5
+
+
+def tune(tmp_path: Path, attention: str, lengths: tuple[int, ...] = LENGTHS) -> dict[str, Any]:
+    out = tmp_path / f"{attention}.json"
+    seq_lens = [arg for n in lengths for arg in ("--seq-len", str(n))]
+    proc = run_cli(
+        "tune", SCRIPT, *COMMON, "--no-recompute", *seq_lens, "--confirm-steps", STEPS, "--no-cache",
+        "--output", str(out), "--", "--attention", attention, *TINY, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads(out.read_text())["lengths"]
+    assert table["seq_lens"] == list(lengths) and table["plan_seq_len"] == max(lengths)
+    return table
+
+
+def check(tmp_path: Path, batch: int, seq_len: int) -> tuple[int, dict[str, Any]]:
+    proc = run_cli(
+        "check", SCRIPT, *COMMON, "--no-recompute", "--batch-size", str(batch), "--seq-len", str(seq_len),
+        "--steps", STEPS, "--json", "--", "--attention", "eager", *TINY, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode in (0, EXIT_OOM), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_three_lengths_searched_checked_and_the_quadratic_term_only_where_attention_keeps_it(
+    tmp_path: Path,
+) -> None:
+    eager = tune(tmp_path, "eager")
+    rows = {row["seq_len"]: row for row in eager["maxima"] if row["status"] != "predicted"}
+    assert sorted(rows) == list(LENGTHS)
+    assert all(row["status"] == "exact" for row in rows.values()), rows
+    maxima = [rows[n]["max_batch_size"] for n in LENGTHS]
+    assert maxima == sorted(maxima, reverse=True) and maxima[-1] < maxima[0], maxima
+    for seq_len in LENGTHS[:-1]:  # the further lengths, searched from the surface
+        assert rows[seq_len]["probes"] <= 3, (seq_len, rows[seq_len]["probes"])
+    for seq_len, maximum in zip(LENGTHS, maxima):
+        code, report = check(tmp_path, maximum, seq_len)
+        assert code == 0 and report["seq_len"] == seq_len, (seq_len, maximum, report["reason"])
+        code, report = check(tmp_path, maximum + 1, seq_len)
+        assert code == EXIT_OOM or report["within_margin"], (seq_len, maximum + 1, report["peak_bytes"])
+
+    sdpa = tune(tmp_path, "sdpa", (LENGTHS[0], LENGTHS[-1]))  # two lengths fit b and c
+    (eager_surface,), (sdpa_surface,) = eager["surfaces"], sdpa["surfaces"]
+    quadratic = eager_surface["surface"]["bytes_per_token_squared"]
+    assert quadratic > 0, eager_surface
+    assert sdpa_surface["surface"]["bytes_per_token_squared"] <= 0.1 * quadratic, (
+        eager_surface,
+        sdpa_surface,
+    )
