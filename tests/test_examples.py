@@ -30,7 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 SCRIPTS = ROOT / "tests" / "scripts"
 
-EXAMPLE_PATHS = [EXAMPLES / "mlp.py", EXAMPLES / "cnn.py", EXAMPLES / "gpt.py"]
+EXAMPLE_PATHS = [
+    EXAMPLES / "mlp.py",
+    EXAMPLES / "cnn.py",
+    EXAMPLES / "gpt.py",
+    EXAMPLES / "transformer_lengths.py",
+]
 # Fixtures that train normally at small batches (each one's failure mode needs a larger batch or an env var).
 VALID_FIXTURES = [
     SCRIPTS / name
@@ -222,6 +227,7 @@ def test_examples_train_when_run_directly(path: Path) -> None:
         "mlp": ["--width", "64"],
         "cnn": ["--image-size", "16"],
         "gpt": ["--seq-len", "16", "--depth", "1"],
+        "transformer_lengths": ["--depth", "2"],
     }
     done = subprocess.run(
         [sys.executable, str(path), *small[path.stem]],

@@ -45,15 +45,25 @@ class LengthSearch:
     ):
         self.result = result
         self.plan = plan
+        self.line_bytes = line_bytes
         self.lines: dict[Key, dict[int, tuple[Line, bool]]] = {}  # (line, of_readings) per length
         result.lengths = Lengths(list(seq_lens), plan, line_bytes, multiple)
 
-    def learn(self, combo: Combo, model: Affine | None) -> None:
-        """Keep one search's line (at ``combo.seq_len``)."""
+    def learn(self, combo: Combo, model: Affine | None, exact: int | None = None) -> None:
+        """Keep one search's line at ``combo.seq_len``. With the ``exact`` maximum there, the line is drawn
+        through the boundary (halfway between the maximum and the next batch) from the plan's intercept: the
+        static memory does not change with the length, and a search that ends on a fit and a miss the next
+        batch up has measured the miss only where the probe stopped at the line, so their secant can be far
+        too shallow (seen: half the slope), while the maximum is exact."""
         if model is None or combo.seq_len is None:
             return
+        known = self.lines.setdefault(_key(combo), {})
+        plan = known.get(self.plan)
+        intercept = model.intercept if plan is None or combo.seq_len == self.plan else plan[0].intercept
         line = Line(combo.seq_len, model.intercept, model.slope)
-        self.lines.setdefault(_key(combo), {})[combo.seq_len] = (line, model.of_readings)
+        if exact and self.line_bytes > intercept:
+            line = Line(combo.seq_len, intercept, (self.line_bytes - intercept) / (exact + 0.5))
+        known[combo.seq_len] = (line, model.of_readings)
 
     def prior(self, combo: Combo) -> Prediction | None:
         """The line the surface predicts at a length other than the plan's (None at the plan's: the grid's

@@ -253,7 +253,7 @@ class Tuner(Choosing):
             return
         entry.bytes_per_sample = model.slope
         if self.lengths is not None:
-            self.lengths.learn(combo, model)
+            self.lengths.learn(combo, model, entry.max_batch_size if entry.status == "exact" else None)
         if combo.seq_len == self.options.plan_seq_len:  # other lengths are the surface's, not the grid's
             self.lines[combo.ident] = model
             self.learned.append(reuse.Learned.of(combo, model))

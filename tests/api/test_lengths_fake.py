@@ -134,3 +134,20 @@ def test_a_script_run_as_it_is_must_take_its_length_in_its_arguments() -> None:
     Path("train.py").write_text("import sys\nprint(sys.argv)\n")
     with pytest.raises(UsageError, match=r"no \{seq_len\} in its arguments"):
         autobatch.tune("train.py", **ONE, seq_lens=[128], script_args=["--bs", "{batch}"], runner=surface())
+
+
+def test_a_length_whose_secant_is_too_shallow_is_drawn_through_its_maximum() -> None:
+    """Seen on a real tune: at 256 tokens the search ended on a fit at 80 and a miss at 81 whose peak was only
+    where the probe stopped at the line; their secant had half the slope. The maximum was exact."""
+    from autobatch.core.model import Affine
+    from autobatch.core.space import Combo
+    from autobatch.records.result import TuneResult
+    from autobatch.run.lengths import LengthSearch
+
+    result = TuneResult("s", [], {}, "throughput", [])
+    search = LengthSearch(result, (128, 256, 512), 512, LINE, 1)
+    combo = Combo("32-true", "adamw", False)
+    search.learn(combo.at(512), Affine(A, 20_000.0 * 512 + C * 512**2), exact=31)
+    search.learn(combo.at(256), Affine(613_330_944, 4_358_144), exact=80)  # the shallow secant
+    line = search.lines[combo.ident][256][0]
+    assert line.intercept == A and A + line.slope * 80 <= LINE < A + line.slope * 81
