@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from autobatch.core.space import ident_of
 from autobatch.core.units import format_bytes
 from autobatch.explain.pure.records import CATEGORIES, CATEGORY_HELP
 
@@ -169,7 +170,7 @@ def print_estimate(console: Console, result: Any, title: str) -> None:
         table.add_row(
             c.precision,
             c.optimizer,
-            "on" if c.recompute else "off",
+            c.ident[2],
             str(c.max_batch_size) if c.max_batch_size is not None else "-",
             format_bytes(c.peak_bytes),
             format_bytes(static),
@@ -193,13 +194,13 @@ def print_estimate_lengths(console: Console, result: Any) -> None:
     for column in [*map(str, columns), "token budget", share_column]:
         table.add_column(column, justify="right")
     for surface in lengths.surfaces:
-        key = (surface["precision"], surface["optimizer"], surface["recompute"])
-        rows = {r.seq_len: r for r in lengths.maxima if (r.precision, r.optimizer, r.recompute) == key}
+        key = ident_of(surface)
+        rows = {r.seq_len: r for r in lengths.maxima if r.ident == key}
         share = surface.get("attention_share")
         table.add_row(
             str(key[0]),
             str(key[1]),
-            "on" if key[2] else "off",
+            key[2],
             *(_length_cell(rows.get(n)) for n in columns),
             f"{surface['token_budget']:,}" if surface.get("token_budget") else "-",
             f"{share:.0%}" if share is not None else "-",

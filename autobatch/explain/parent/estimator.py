@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from autobatch.core.levels import PARTIAL
 from autobatch.core.space import Combo, combinations
 from autobatch.core.units import format_bytes
 from autobatch.devices.cpu import MALLOC_ENV, MEMORY_DEFINITION
@@ -109,7 +110,7 @@ def estimate_combinations(
         raise not_measured_by("estimate", "simulates autobatch's own step under fake tensors")
     say = progress or (lambda _text: None)
     search = settings.search
-    combos = combinations(search.precisions, search.optimizers, search.recompute)
+    combos = combinations(search.precisions, search.optimizers, search.recompute)  # compile: not simulated
     entries, scenarios = _scenarios(combos, target)
     device = _device(target)
     options = EstimateOptions(
@@ -154,14 +155,18 @@ def _scenarios(
     entries: list[ComboResult | None] = []
     scenarios: list[NamedScenario] = []
     for combo in combos:
+        skip = None
         if target.card is not None and not target.card.bf16 and combo.precision.startswith("bf16"):
-            entry = ComboResult(combo.precision, combo.optimizer, combo.recompute, status="skipped")
-            entry.reason = f"{target.card.name} has no native bfloat16"
-            entries.append(entry)
+            skip = f"{target.card.name} has no native bfloat16"
+        elif combo.recompute_level == PARTIAL:
+            skip = "partial is the K a tune chooses from the measured off and full; name a level: --recompute-level 6/12"
+        if skip is not None:
+            entries.append(ComboResult.of(combo, status="skipped", reason=skip))
             continue
         entries.append(None)
+        level = combo.recompute_level if combo.recompute else "full"
         scenarios.append(
-            NamedScenario(combo.key, Scenario(combo.precision, combo.optimizer, combo.recompute))
+            NamedScenario(combo.key, Scenario(combo.precision, combo.optimizer, combo.recompute, level=level))
         )
     return entries, scenarios
 

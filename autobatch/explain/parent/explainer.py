@@ -105,6 +105,7 @@ def explain_batch(
         combo,
         unsupported=device.unsupported_precisions,
         recompute_blocks=block_labels(device.recompute_blocks, device.recompute_counts),  # "Block x 12"
+        blocks=sum(device.recompute_counts.values()),
         has_embedding=any(m.get("type") == "Embedding" for m in report.modules),
         vocab_trim=vocab_trim,
     )

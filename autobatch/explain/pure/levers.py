@@ -74,8 +74,10 @@ def plan_levers(
     recompute_blocks: list[str],
     has_embedding: bool,
     vocab_trim: float,
+    blocks: int = 0,
 ) -> list[Lever]:
-    """Every lever for this combination, the ones that cannot apply with their reason."""
+    """Every lever for this combination, the ones that cannot apply with their reason (``blocks``: how many
+    repeated blocks recomputation wraps, for the levels between off and full)."""
     return [
         Lever("now", "now", f"{now.key} as measured", Scenario(now.precision, now.optimizer, now.recompute)),
         _bf16(now, unsupported),
@@ -90,6 +92,7 @@ def plan_levers(
             if optimizer != now.optimizer
         ),
         _recompute(now, recompute_blocks),
+        *_levels(now, recompute_blocks, blocks),
         Lever("accumulation", "accumulation", "gradient accumulation over micro-batches"),
         Lever(
             "in-place activations",
@@ -133,6 +136,29 @@ def _recompute(now: Combo, blocks: list[str]) -> Lever:
             "no repeated blocks to wrap (name them with --recompute-class)",
         )
     return lever
+
+
+def _levels(now: Combo, labels: list[str], blocks: int) -> list[Lever]:
+    """Recomputation between off and full (autobatch.core.levels): half the blocks, and the selective
+    policy; simulated like full recomputation, at their level."""
+    if now.recompute or blocks < 2 or not labels:
+        return []  # already recomputing, or nothing between off and full
+    half = f"{blocks // 2}/{blocks}"
+    what = ", ".join(labels)
+    return [
+        Lever(
+            f"recompute {half}",
+            "recompute",
+            f"activation checkpointing of the first {blocks // 2} of {what}",
+            Scenario(now.precision, now.optimizer, True, level=half),
+        ),
+        Lever(
+            "recompute selective",
+            "recompute",
+            f"selective checkpointing of {what}: matmul and attention outputs kept, the rest recomputed",
+            Scenario(now.precision, now.optimizer, True, level="selective"),
+        ),
+    ]
 
 
 def _vocab(now: Combo, has_embedding: bool, vocab_trim: float) -> Lever:

@@ -271,7 +271,9 @@ def to_combo_result(found: dict[str, Any]) -> ComboResult:
     from autobatch.records.result import ComboResult, ProbeRecord
 
     scenario = found["scenario"]
-    entry = ComboResult(str(scenario["precision"]), str(scenario["optimizer"]), bool(scenario["recompute"]))
+    recompute = bool(scenario["recompute"])
+    entry = ComboResult(str(scenario["precision"]), str(scenario["optimizer"]), recompute)
+    entry.recompute_level = str(scenario.get("level") or "full") if recompute else "off"
     entry.probes = len(found.get("trace", []))
     entry.trace = [
         ProbeRecord(

@@ -76,6 +76,7 @@ class Scenario:
     optimizer: str
     recompute: bool
     transforms: Transforms = Transforms()
+    level: str = "full"  # with recompute: full, selective or K/N (autobatch.core.levels)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "transforms": self.transforms.to_dict()}
@@ -87,4 +88,5 @@ class Scenario:
             str(data["optimizer"]),
             bool(data["recompute"]),
             Transforms.from_dict(data.get("transforms")),
+            str(data.get("level") or "full"),
         )

@@ -82,6 +82,7 @@ def simulate(
         recompute_classes=recompute_classes,
         check_batch_size=check_batch_size,
         seq_len=seq_len,
+        recompute_level=scenario.level,
     )
     try:
         with (
