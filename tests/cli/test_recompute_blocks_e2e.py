@@ -23,7 +23,15 @@ COMMON = ("--device", "cpu", "--memory", "1GiB", "--precision", "32-true", "--op
 
 def test_recomputing_the_blocks_more_than_doubles_a_maximum_check_confirms(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
-    tune = run_cli("tune", DECODER, *COMMON, "--exact-all", "--no-cache", "--output", str(out), cwd=tmp_path)
+    levels = (
+        "--recompute-level",
+        "off",
+        "--recompute-level",
+        "full",
+    )  # the levels between: test_levels_e2e.py
+    tune = run_cli(
+        "tune", DECODER, *COMMON, *levels, "--exact-all", "--no-cache", "--output", str(out), cwd=tmp_path
+    )
     assert tune.returncode == 0, tune.stderr
     combos = {c["recompute"]: c for c in json.loads(out.read_text())["combinations"]}
     off, on = combos[False], combos[True]

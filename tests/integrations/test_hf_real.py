@@ -41,7 +41,7 @@ def check_hf(tmp_path: Path, batch: int, *args: str) -> dict:
 )
 def test_tune_hf_finds_exact_maxima_that_check_confirms(tmp_path: Path, model: str, source: object) -> None:
     args = source(tmp_path / model)  # type: ignore[operator]
-    result = tune_hf(tmp_path, *args)  # recompute searched both ways (the default)
+    result = tune_hf(tmp_path, *args, "--recompute-level", "off", "--recompute-level", "full")
     combos = {c["recompute"]: c for c in result["combinations"]}
     assert {c["status"] for c in combos.values()} == {"exact"}, combos
     plain, recomputed = combos[False]["max_batch_size"], combos[True]["max_batch_size"]
