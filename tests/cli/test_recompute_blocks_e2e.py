@@ -28,7 +28,7 @@ def test_recomputing_the_blocks_more_than_doubles_a_maximum_check_confirms(tmp_p
         "off",
         "--recompute-level",
         "full",
-    )  # the levels between: test_levels_e2e.py
+    )  # the levels between: docs/levers.md
     tune = run_cli(
         "tune", DECODER, *COMMON, *levels, "--exact-all", "--no-cache", "--output", str(out), cwd=tmp_path
     )
