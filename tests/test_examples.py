@@ -35,6 +35,7 @@ EXAMPLE_PATHS = [
     EXAMPLES / "cnn.py",
     EXAMPLES / "gpt.py",
     EXAMPLES / "transformer_lengths.py",
+    EXAMPLES / "text_classifier.py",
 ]
 # Fixtures that train normally at small batches (each one's failure mode needs a larger batch or an env var).
 VALID_FIXTURES = [
@@ -171,6 +172,7 @@ def test_recomputing_the_blocks_gives_the_same_loss_and_gradients(path: Path) ->
     batch = module.make_batch(2)
     losses = []
     for model in (plain, wrapped):
+        torch.manual_seed(1)  # the same dropout masks for both (the recomputed forward restores the RNG state)
         loss = module.compute_loss(model, batch)
         loss.backward()
         losses.append(loss.detach())
@@ -198,6 +200,18 @@ def test_script_arguments_shape_the_examples() -> None:
     model = gpt.build_model()
     assert len(model.blocks) == 1
     assert gpt.make_batch(2)["input_ids"].shape == (2, 16)
+
+
+def test_the_classifier_masks_its_padding_and_batches_the_longest_texts() -> None:
+    classifier = load_script(EXAMPLES / "text_classifier.py", ["--depth", "2", "--texts", "64"])
+    assert int(classifier.LENGTHS.min()) < classifier.ARGS.max_len  # the data has padding
+    ids, labels = classifier.make_batch(3)
+    assert ids.shape == (3, 32) and labels.shape == (3,) and bool((ids != 0).all())  # the worst case
+    model = classifier.build_model().eval()
+    short = classifier.IDS[:2]
+    trimmed = short[:, : int(classifier.LENGTHS[:2].max())]
+    # padding changes nothing: the padded texts and the same texts cut at their batch's longest agree
+    torch.testing.assert_close(model(short), model(trimmed), rtol=1e-4, atol=1e-5)
 
 
 def test_examples_ignore_arguments_they_do_not_own() -> None:
@@ -228,6 +242,7 @@ def test_examples_train_when_run_directly(path: Path) -> None:
         "cnn": ["--image-size", "16"],
         "gpt": ["--seq-len", "16", "--depth", "1"],
         "transformer_lengths": ["--depth", "2"],
+        "text_classifier": ["--depth", "2"],
     }
     done = subprocess.run(
         [sys.executable, str(path), *small[path.stem]],

@@ -40,12 +40,13 @@ JOURNALED = ("fits", "oom", "crash", "timeout")
 def request_key(request: ProbeRequest) -> str:
     """What identifies a probe within one fingerprint: precision, optimizer, recompute, batch, steps, and then,
     only when one differs from its default (so that the keys of earlier probes stay as they were), a table of
-    the sequence length, the partial or selective recomputation level and compile."""
+    the sequence length, the partial or selective recomputation level, compile, and a timing probe's mark."""
     level = request.recompute_level if request.recompute else OFF
     extras = {
         "seq_len": request.seq_len,
         "level": level if level not in (OFF, FULL) else None,
         "compile": True if request.compile else None,
+        "timing": True if request.timing else None,
     }
     extras = {k: v for k, v in extras.items() if v is not None}
     key = [request.precision, request.optimizer, request.recompute, request.batch_size]

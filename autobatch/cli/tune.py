@@ -169,6 +169,22 @@ def _max_cell(c: ComboResult) -> str:
     return f"≥{c.max_batch_size}" if c.status == "pruned" else str(c.max_batch_size)
 
 
+def _note(c: ComboResult) -> str:
+    """A combination's note: what its level wraps, its compile time, why it stopped short of exact."""
+    note = c.reason or ("" if c.status in ("exact",) else c.status)
+    if c.compile_seconds:
+        note = f"compiled in {c.compile_seconds:.1f} s, apart from the step time" + (
+            f"; {note}" if note else ""
+        )
+    if c.recompute and c.recompute_blocks:  # what the level wrapped
+        wrapped = ", ".join(block_labels(c.recompute_blocks, c.recompute_blocks))
+        part = fraction(c.ident[2])
+        how = f"the first {part[0]} of {wrapped}" if part else wrapped
+        how += " (matmul and attention outputs kept)" if c.ident[2] == SELECTIVE else ""
+        note = f"recomputes {how}" + (f"; {note}" if note else "")
+    return note
+
+
 def print_table(result: TuneResult) -> None:
     budget = result.device.get("budget_bytes") or 0
     dist = result.distributed
@@ -177,31 +193,17 @@ def print_table(result: TuneResult) -> None:
         title=f"autobatch: {result.script} on {result.device.get('name')}{ranks} (budget {format_bytes(budget)})"
     )
     peak = "peak (worst rank)" if dist else "peak"
-    for column in (
-        "precision",
-        "optimizer",
-        "recompute",
-        "max batch",
-        peak,
-        "of budget",
-        "samples/s",
-        "probes",
-        "note",
-    ):
+    planned = result.chosen is not None and result.chosen.requested_global_batch_size is not None
+    timed = any(c.global_batch_seconds for c in result.combinations)
+    columns = ["precision", "optimizer", "recompute", "max batch", peak, "of budget", "samples/s"]
+    columns += (["plan"] if planned else []) + (["s / global batch"] if timed else []) + ["probes", "note"]
+    for column in columns:
         table.add_column(
-            column,
-            justify="right" if column in ("max batch", peak, "of budget", "samples/s", "probes") else "left",
+            column, justify="left" if column in ("precision", "optimizer", "recompute", "note") else "right"
         )
     for c in result.combinations:
         chosen = result.chosen is not None and c.ident == result.chosen.ident
-        note = c.reason or ("" if c.status in ("exact",) else c.status)
-        if c.recompute and c.recompute_blocks:  # what the level wrapped
-            wrapped = ", ".join(block_labels(c.recompute_blocks, c.recompute_blocks))
-            part = fraction(c.ident[2])
-            how = f"the first {part[0]} of {wrapped}" if part else wrapped
-            how += " (matmul and attention outputs kept)" if c.ident[2] == SELECTIVE else ""
-            note = f"recomputes {how}" + (f"; {note}" if note else "")
-        table.add_row(
+        cells = [
             c.precision,
             c.optimizer,
             c.ident[2] + (" +compile" if c.compile else ""),
@@ -209,10 +211,11 @@ def print_table(result: TuneResult) -> None:
             format_bytes(c.peak_bytes) if c.peak_bytes else "-",
             f"{c.peak_bytes / budget:.0%}" if c.peak_bytes and budget else "-",
             f"{c.samples_per_second:,.1f}" if c.samples_per_second else "-",
-            str(c.probes),
-            escape(note or ""),
-            style="bold" if chosen else None,
-        )
+        ]
+        cells += [f"{c.plan[0]} x {c.plan[1]}" if c.plan else "-"] if planned else []
+        cells += [f"{c.global_batch_seconds:.3f}" if c.global_batch_seconds else "-"] if timed else []
+        cells += [str(c.probes), escape(_note(c))]
+        table.add_row(*cells, style="bold" if chosen else None)
     # In a log (not a terminal) no cell is wrapped: the table is as wide as its content.
     (console if console.is_terminal else unwrapped_console()).print(table)
 

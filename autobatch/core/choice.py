@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from autobatch.core.levels import OFF, less_work
+from autobatch.core.levels import less_work, work_rank
 from autobatch.core.plan import plan_accumulation
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "decide",
     "dominated",
     "needs_more",
+    "preference",
     "reach_beyond",
     "quiet",
 ]
@@ -106,8 +108,8 @@ def dominated(contenders: Sequence[Contender]) -> dict[int, int]:
             and less_work(t.level, c.level)
             and _twin_runs(t.max_batch_size, c.micro_batch_size)
         ]
-        if twins:  # the one that recomputes least: off before any level, then by the user's order
-            out[c.index] = min(twins, key=lambda t: (t.level != OFF, t.index)).index
+        if twins:  # the one that recomputes least (off before any level), then by the user's order
+            out[c.index] = min(twins, key=lambda t: (work_rank(t.level), t.index)).index
     return out
 
 
@@ -143,7 +145,8 @@ def reach_beyond(
 
 @dataclass(frozen=True)
 class Timing:
-    """The timed steps of one contender at its planned micro-batch (a probe's first step excluded)."""
+    """The timed steps of one contender at its planned micro-batch (a probe's first step excluded), and what
+    its plan makes of them: ``accumulation_steps`` forwards and backwards, one update per global batch."""
 
     index: int
     micro_batch_size: int
@@ -153,6 +156,9 @@ class Timing:
     probe_seconds: tuple[float, ...] = ()
     #: per probe, how long its threads waited for a core over its wall time (None: not measured)
     waits: tuple[float | None, ...] = ()
+    accumulation_steps: int = 1
+    #: per probe, the median of its steps' update (optimizer step, zero_grad; empty: not measured)
+    update_seconds: tuple[float, ...] = ()
 
     @property
     def alone(self) -> bool:
@@ -188,10 +194,25 @@ class Timing:
         return min((s for s in self.step_seconds if s > 0), default=0.0)
 
     @property
+    def update_time(self) -> float:
+        """The update's part of :attr:`step_time` (0: not measured)."""
+        if not self.update_seconds:
+            return 0.0
+        return min(statistics.fmean(self.update_seconds), self.step_time)
+
+    @property
+    def global_time(self) -> float:
+        """Seconds per global batch under the plan: every micro-batch's forward and backward, one update
+        (the job's loop: a probe updates after every step, a job that accumulates once per global batch)."""
+        update = self.update_time
+        return self.accumulation_steps * (self.step_time - update) + update
+
+    @property
     def rate(self) -> float:
-        """Samples per second over the world at :attr:`step_time` (0 without a timed step)."""
-        cost = self.step_time
-        return self.micro_batch_size * self.world_size / cost if cost > 0 else 0.0
+        """Samples per second over the world at :attr:`global_time` (0 without a timed step)."""
+        cost = self.global_time
+        samples = self.micro_batch_size * self.accumulation_steps * self.world_size
+        return samples / cost if cost > 0 else 0.0
 
     @property
     def rse(self) -> float:
@@ -288,13 +309,17 @@ def needs_more(timings: Sequence[Timing], rse_bound: float = RSE_BOUND) -> list[
     return sorted(t.index for t in reach if t.rse > rse_bound and not _equivalent(t, best))
 
 
-def decide(timings: Sequence[Timing]) -> Decision | None:
-    """The fastest contender, ties within the noise going to the user's order (None without one)."""
+def decide(timings: Sequence[Timing], order: Mapping[int, Any] | None = None) -> Decision | None:
+    """The fastest contender, ties within the noise going to the first in ``order`` (a sort key per index:
+    :func:`preference`; without it, the user's order). None without a timed contender."""
     measured = [t for t in timings if t.rate > 0]
     if not measured:
         return None
+    rank = order or {}
     best = max(measured, key=lambda t: (t.rate, -t.index))
-    winner = min((t for t in measured if t is best or _tied(t, best)), key=lambda t: t.index)
+    winner = min(
+        (t for t in measured if t is best or _tied(t, best)), key=lambda t: rank.get(t.index, t.index)
+    )
     others = [t for t in measured if t is not winner]
     if not others:
         return Decision(winner.index, None, None, False, winner.rse)
@@ -302,6 +327,19 @@ def decide(timings: Sequence[Timing]) -> Decision | None:
     margin = winner.rate / runner.rate - 1 if runner.rate > 0 else None
     busy = winner.busy or runner.busy
     return Decision(winner.index, runner.index, margin, _tied(winner, runner), winner.rse, busy)
+
+
+def preference(contenders: Sequence[Contender]) -> dict[int, tuple[int, float, int]]:
+    """Who wins a tie: the user's order of precision, optimizer and compile, and within one such group the
+    least recomputation (:func:`autobatch.core.levels.work_rank`: recomputation that buys no measurable
+    throughput is not worth its wrapper in the job), then the user's order."""
+    first: dict[tuple[str, str, bool], int] = {}
+    for c in sorted(contenders, key=lambda c: c.index):
+        first.setdefault((c.precision, c.optimizer, c.compile), c.index)
+    return {
+        c.index: (first[(c.precision, c.optimizer, c.compile)], work_rank(c.level), c.index)
+        for c in contenders
+    }
 
 
 def quiet(wait: float | None) -> bool:

@@ -36,6 +36,7 @@ __all__ = [
     "parse_level",
     "partial_for",
     "partial_line",
+    "work_rank",
 ]
 
 OFF, FULL, SELECTIVE, PARTIAL = "off", "full", "selective", "partial"
@@ -101,6 +102,15 @@ def share(level: str) -> float | None:
         return 1.0
     found = fraction(level)
     return found[0] / found[1] if found else None
+
+
+def work_rank(level: str) -> float:
+    """An order of the levels by recomputation, for ties: ``off``, then ``K/N`` by its share, then
+    ``selective`` (it touches every block), then ``full``."""
+    if level == SELECTIVE:
+        return 1.5
+    found = share(level)
+    return 2.0 if level == FULL else (found if found is not None else 3.0)
 
 
 def less_work(cheaper: str, dearer: str) -> bool:

@@ -285,6 +285,8 @@ def combine(request: ProbeRequest, ranks: list[Rank], failure: Rank | None, wall
     steps = min(len(o.step_peaks) for o in outcomes)
     out.step_peaks = [max(o.step_peaks[i] for o in outcomes) for i in range(steps)]
     out.step_seconds = [max(o.step_seconds[i] for o in outcomes) for i in range(steps)]
+    if all(len(o.update_seconds) >= steps for o in outcomes):
+        out.update_seconds = [max(o.update_seconds[i] for o in outcomes) for i in range(steps)]
     out.steps = min(o.steps for o in outcomes)
     rates = [o.samples_per_second for o in outcomes if o.samples_per_second]
     out.samples_per_second = min(rates) if len(rates) == world else None  # per rank: the slowest's

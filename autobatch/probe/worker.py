@@ -107,6 +107,7 @@ def _read_report(outcome: ProbeOutcome, report: StepReport) -> None:
     outcome.steps = report.steps
     outcome.step_peaks = report.step_peaks
     outcome.step_seconds = report.step_seconds
+    outcome.update_seconds = report.update_seconds
     outcome.param_count = report.param_count
     outcome.param_bytes = report.param_bytes
     outcome.grad_bytes = report.grad_bytes
@@ -165,7 +166,9 @@ def _device_hooks(
         # Counted as the job's fresh process would count it (autobatch.probe.fresh): this forked process holds
         # ``offset`` less than that one at the same step, so its cap is that much lower and its readings higher.
         offset = request.offset_for()
-        cpu.apply_cap(request.budget_bytes - offset)
+        # A timing probe measures the step as the job's allocator runs it; its cap leaves room for that heap.
+        outcome.job_allocator = request.timing and cpu.job_allocator()
+        cpu.apply_cap(request.budget_bytes - offset + (cpu.TIMING_ROOM if outcome.job_allocator else 0))
         _start_thread_pool()
         vm0 = cpu.read_status()
         outcome.baseline_bytes = vm0.data + offset

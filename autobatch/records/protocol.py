@@ -53,6 +53,10 @@ class ProbeRequest:
     # torch.compile the model in the probe (autobatch.step.compiling); a model that does not compile is an
     # "error" outcome with error_type "CompileError" and info["compile_error"] (autobatch.probe.compile_errors)
     compile: bool = False
+    #: A timing probe: it measures step times for the throughput choice, not a maximum. On the CPU device it
+    #: runs under the job's allocator (:func:`autobatch.devices.cpu.job_allocator`) with room for the heap
+    #: that allocator keeps (:data:`autobatch.devices.cpu.TIMING_ROOM`), so its peak says nothing of the cap.
+    timing: bool = False
 
     def offset_for(self, rank: int = 0) -> int:
         """The fresh-process offset of ``rank`` (0 when none was measured)."""
@@ -79,6 +83,9 @@ class ProbeOutcome:
     budget_bytes: int | None = None
     steps: int = 0
     step_seconds: list[float] = field(default_factory=list)
+    #: per step, the seconds of its update (optimizer step, zero_grad), part of ``step_seconds``
+    update_seconds: list[float] = field(default_factory=list)
+    job_allocator: bool = False  # CPU: its steps ran under the job's allocator (a timing probe)
     samples_per_second: float | None = None
     param_count: int = 0
     param_bytes: int = 0

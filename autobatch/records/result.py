@@ -27,7 +27,10 @@ is published as ``autobatch/result.schema.json``; :meth:`TuneResult.load` checks
                       peak_bytes, steps, seconds, samples_per_second, cached, purpose: search |
                       confirm | throughput, started_at: seconds since the epoch, when it ran;
                       ``rank_peak_bytes``: every rank's peak under a distributed strategy,
-                      ``peak_bytes`` then being the largest)
+                      ``peak_bytes`` then being the largest), ``plan`` ([micro-batch, accumulation steps]
+                      of its plan, when it has a maximum), ``global_batch_seconds`` (throughput: measured
+                      seconds per global batch under that plan, every micro-batch's forward and backward
+                      and one update; ``samples_per_second`` is then the plan's rate)
 ``chosen``            null, or {"precision", "optimizer", "recompute", "micro_batch_size",
                       "accumulation_steps", "world_size", "global_batch_size",
                       "requested_global_batch_size", "exact", "note", "strategy" ("none" | "ddp" |
@@ -128,6 +131,9 @@ class ComboResult:
     recompute_level: str | None = None
     compile: bool = False  # torch.compile in its probes
     compile_seconds: float | None = None  # the compile's own time in its last compiled probe
+    plan: list[int] | None = None  # [micro-batch, accumulation steps] of its plan (None: not planned)
+    #: Throughput: measured seconds per global batch under ``plan`` (autobatch.core.choice.Timing.global_time)
+    global_batch_seconds: float | None = None
 
     @classmethod
     def of(cls, combo: Combo, **fields: Any) -> ComboResult:
@@ -252,6 +258,8 @@ class TuneResult:
                 "compile",
                 "compile_seconds",
                 "recompute_level",
+                "plan",
+                "global_batch_seconds",
             ):  # when set
                 if name in combo and not combo.get(name):
                     combo.pop(name, None)

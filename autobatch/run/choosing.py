@@ -8,7 +8,7 @@ are timed at their planned micro-batch, interleaved, until the rates decide (:mo
 
 from __future__ import annotations
 
-from autobatch.core.choice import Contender, Decision, dominated
+from autobatch.core.choice import Contender, Decision, dominated, preference
 from autobatch.core.plan import Candidate, Plan, choose, plan_accumulation
 from autobatch.core.space import Combo
 from autobatch.core.world import strategy_fields
@@ -43,6 +43,7 @@ class Choosing:
                 entry.max_batch_size, opts.global_batch_size, opts.world_size, opts.limits.batch_multiple
             )
             plans[index] = plan
+            entry.plan = [plan.micro_batch_size, plan.accumulation_steps]
             candidates.append(Candidate(index, entry.max_batch_size, entry.samples_per_second, plan))
         decision = self._settle(combos, plans) if opts.objective == "throughput" else None
         winner = decision.winner if decision is not None else choose(candidates, opts.objective)
@@ -82,7 +83,7 @@ class Choosing:
                 "recomputation, which only adds work"
             )
         entries = [
-            Entry(c.index, combos[c.index].ident, c.micro_batch_size)
+            Entry(c.index, combos[c.index].ident, c.micro_batch_size, c.accumulation_steps)
             for c in contenders
             if c.index not in dropped
         ]
@@ -92,11 +93,15 @@ class Choosing:
                 combos[e.index], self.result.combinations[e.index], e.micro_batch_size, again=True
             )
 
-        decision = settle(entries, self.step_times, time_once, self.options.world_size)
+        world = self.options.world_size
+        order = preference(contenders)
+        decision = settle(entries, self.step_times, time_once, world, order=order)
         for e in entries:
-            timing = self.step_times.timing(e.index, e.key, e.micro_batch_size, 1)
-            if timing.rate > 0:
-                self.result.combinations[e.index].samples_per_second = round(timing.rate, 3)
+            timing = self.step_times.timing(e.index, e.key, e.micro_batch_size, 1, e.accumulation_steps)
+            if timing.rate > 0:  # per rank, as every probe's rate: the world's is world times it
+                entry = self.result.combinations[e.index]
+                entry.samples_per_second = round(timing.rate, 3)
+                entry.global_batch_seconds = round(timing.global_time, 4)
         return decision
 
     def _throughput_at(
@@ -112,7 +117,13 @@ class Choosing:
         # A timing probe asks for step times, not a verdict: its steps count even when its peak comes
         # within the margin (it ran them all); what it says of the maximum becomes a note.
         outcome = self.session.probe(
-            combo, micro, min_steps=limits.max_steps, max_steps=limits.max_steps, strict=False, fresh=again
+            combo,
+            micro,
+            min_steps=limits.max_steps,
+            max_steps=limits.max_steps,
+            strict=False,
+            fresh=again,
+            timing=True,
         )
         self._record(entry, outcome, "throughput")
         if outcome.fits:

@@ -5,18 +5,21 @@ The grid lists ``partial`` last among the levels of each precision, optimizer an
 (:func:`autobatch.settings.values`), so that when its turn comes the lines of ``off`` and ``full`` are known.
 Memory falls about linearly in the blocks checkpointed, so those two lines predict every ``K/N``
 (:func:`autobatch.core.levels.partial_line`). The K is the fewest blocks whose predicted maximum reaches the
-micro-batch that plans fewer accumulation steps than ``off`` can (:func:`autobatch.core.choice.reach_beyond`), or
-the middle K when no plan binds. Only that K is searched, from the predicted line: at most three probes,
-its confirmation included, when the prediction holds.
+micro-batch of ``full``'s plan (the fewest accumulation steps any level reaches), or the middle K when no plan
+binds (no global batch). At that micro-batch the partial level does strictly less work than ``full``, which the
+choice then drops (:func:`autobatch.core.choice.dominated`): what is timed is the least recomputation that
+reaches the plan against ``off`` accumulating more steps. Only that K is searched, from the predicted line: at
+most three probes, its confirmation included, when the prediction holds.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from autobatch.core.choice import reach_beyond
 from autobatch.core.levels import FULL, OFF, partial_for, partial_line
 from autobatch.core.model import Affine
+from autobatch.core.plan import plan_accumulation
 from autobatch.core.reuse import Prediction
 from autobatch.core.space import Combo, Ident
 from autobatch.run.options import TuneOptions
@@ -47,21 +50,20 @@ def resolve(
         missing = " and ".join(level for level, key in ((OFF, off), (FULL, full)) if key not in lines)
         return Partial(skip=f"the partial level is chosen from the lines of off and full; {missing} has none")
     off_max = maxima.get(off)
-    limits = options.limits
     target = None
     if off_max and options.global_batch_size is not None:
-        plan = (options.global_batch_size, options.world_size, limits.batch_multiple, limits.max_batch_size)
-        target = reach_beyond(off_max, *plan)
+        target = _full_plans(lines[full], maxima.get(full), options, line_bytes)
+        if target <= off_max:
+            return Partial(
+                skip=f"off already runs micro-batch {target}, the one full recomputation plans: no level "
+                "between them plans fewer accumulation steps"
+            )
     low, high = (lines[off].intercept, lines[off].slope), (lines[full].intercept, lines[full].slope)
     k = partial_for(low, high, blocks, target, line_bytes)
     if k is None:
         return Partial(skip=f"no level between off and full reaches micro-batch {target}: only full may")
     intercept, slope = partial_line(low, high, k, blocks)
-    why = (
-        f"micro-batch {target}, which plans fewer accumulation steps"
-        if target
-        else "the middle K: no plan binds"
-    )
+    why = f"micro-batch {target}, full recomputation's plan" if target else "the middle K: no plan binds"
     prior = Prediction(
         intercept,
         slope,
@@ -69,3 +71,14 @@ def resolve(
         of_readings=lines[off].of_readings,
     )
     return Partial(combo.with_level(f"{k}/{blocks}"), prior)
+
+
+def _full_plans(full: Affine, maximum: int | None, options: TuneOptions, line_bytes: float) -> int:
+    """The micro-batch of ``full``'s plan: from its maximum, or from its line when it has none."""
+    limits = options.limits
+    if not maximum:
+        reach = (line_bytes - full.intercept) / full.slope if full.slope > 0 else limits.max_batch_size
+        maximum = max(1, min(limits.max_batch_size, math.floor(reach)))
+    return plan_accumulation(
+        maximum, options.global_batch_size, options.world_size, limits.batch_multiple
+    ).micro_batch_size

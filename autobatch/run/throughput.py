@@ -13,10 +13,11 @@ and their spread between probes is the error (:attr:`~autobatch.core.choice.Timi
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from autobatch.core.choice import EQUIVALENT, MAX_ROUNDS, TIMING_SECONDS, Decision, Timing, decide, needs_more
 from autobatch.core.units import format_bytes
@@ -35,6 +36,7 @@ class Timed:
     steps: tuple[float, ...]
     wait: Optional[float]
     policy: Optional[str]
+    updates: tuple[float, ...] = ()  # each timed step's update (optimizer step, zero_grad)
 
 
 @dataclass
@@ -43,16 +45,23 @@ class StepTimes:
 
     Only probes run under the latest probe's OpenMP wait policy count: after the probe server restarted with
     threads that sleep while they wait (:mod:`autobatch.probe.yielding`), the steps timed before are not
-    comparable, and a contender timed only then is timed again."""
+    comparable, and a contender timed only then is timed again. ``timing_only`` (the CPU device): only the
+    timing probes' steps count, which ran under the job's allocator (:func:`autobatch.devices.cpu.job_allocator`);
+    the search's ran under the pinned one, which can take twice the job's time at one batch and not at another."""
 
     probes: dict[tuple[Key, int], list[Timed]] = field(default_factory=dict)
     policy: Optional[str] = None  # the latest probe's
+    timing_only: bool = False
 
-    def add(self, key: Key, outcome: ProbeOutcome) -> None:
+    def add(self, key: Key, outcome: ProbeOutcome, timing: bool = False) -> None:
+        """Keep a fitting probe's steps (``timing``: a timing probe's)."""
+        if self.timing_only and not timing:
+            return
         if not outcome.cached:  # one replayed from the journal ran under another run's policy
             self.policy = outcome.omp_wait_policy
         if outcome.fits and len(outcome.step_seconds) > 1:
-            timed = Timed(tuple(outcome.step_seconds[1:]), outcome.cpu_wait, outcome.omp_wait_policy)
+            updates = tuple(outcome.update_seconds[1 : len(outcome.step_seconds)])
+            timed = Timed(tuple(outcome.step_seconds[1:]), outcome.cpu_wait, outcome.omp_wait_policy, updates)
             self.probes.setdefault((key, outcome.batch_size), []).append(timed)
 
     def of(self, key: Key, batch: int) -> list[Timed]:
@@ -62,12 +71,21 @@ class StepTimes:
     def get(self, key: Key, batch: int) -> tuple[float, ...]:
         return tuple(s for t in self.of(key, batch) for s in t.steps)
 
-    def timing(self, index: int, key: Key, batch: int, world_size: int) -> Timing:
-        """The :class:`~autobatch.core.choice.Timing` of ``key`` at ``batch``: its steps, each probe's fastest
-        and how long each waited for a core."""
+    def timing(
+        self, index: int, key: Key, batch: int, world_size: int, accumulation_steps: int = 1
+    ) -> Timing:
+        """The :class:`~autobatch.core.choice.Timing` of ``key`` at ``batch`` under a plan of
+        ``accumulation_steps``: its steps, each probe's fastest, how long each waited for a core, and each
+        one's median update."""
         probes = self.of(key, batch)
         fastest = tuple(min(t.steps) for t in probes)
-        return Timing(index, batch, world_size, self.get(key, batch), fastest, tuple(t.wait for t in probes))
+        updates = tuple(statistics.median(t.updates) for t in probes if t.updates)
+        if len(updates) != len(probes):
+            updates = ()  # not measured by every probe (a script run as it is): the step is the unit
+        waits = tuple(t.wait for t in probes)
+        return Timing(
+            index, batch, world_size, self.get(key, batch), fastest, waits, accumulation_steps, updates
+        )
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,7 @@ class Entry:
     index: int
     key: Key
     micro_batch_size: int
+    accumulation_steps: int = 1
 
 
 def settle(
@@ -87,14 +106,19 @@ def settle(
     *,
     cap_seconds: float = TIMING_SECONDS,
     rounds: int = MAX_ROUNDS,
+    order: Mapping[int, Any] | None = None,
 ) -> Decision | None:
     """Time the contenders (none: None) until :func:`~autobatch.core.choice.needs_more` names none (or the cap), then
     :func:`~autobatch.core.choice.decide`. ``time_once(entry)`` runs one timing probe (which adds to
-    ``times``); a contender with no steps at its micro-batch is timed once whatever the cap."""
+    ``times``); a contender with no steps at its micro-batch is timed once whatever the cap. Ties go to the
+    first in ``order`` (:func:`~autobatch.core.choice.preference`)."""
     by_index = {e.index: e for e in entries}
 
     def timings() -> list[Timing]:
-        return [times.timing(e.index, e.key, e.micro_batch_size, world_size) for e in entries]
+        return [
+            times.timing(e.index, e.key, e.micro_batch_size, world_size, e.accumulation_steps)
+            for e in entries
+        ]
 
     if len(entries) == 1:  # nothing to compare: no timing
         only = timings()[0]
@@ -110,7 +134,11 @@ def settle(
             break
         for index in todo if round_ % 2 else reversed(todo):  # the first-timed went first: now last
             time_once(by_index[index])
-    return decide(timings())
+    return decide(timings(), order)
+
+
+#: Who wins a tie (:func:`autobatch.core.choice.preference`).
+TIE_ORDER = "the earlier in your order, and of one precision and optimizer the less recomputation"
 
 
 def margin_of_choice(result: TuneResult, decision: Decision) -> None:
@@ -119,22 +147,18 @@ def margin_of_choice(result: TuneResult, decision: Decision) -> None:
     chosen = result.chosen
     if chosen is None or decision.runner_up is None:
         return
-    runner = result.combinations[decision.runner_up]
-    chosen.runner_up = (
-        f"{runner.precision}/{runner.optimizer}/{'recompute' if runner.recompute else 'no-recompute'}"
-    )
+    chosen.runner_up = result.combinations[decision.runner_up].key
     chosen.margin = None if decision.margin is None else round(decision.margin, 4)
     error = f"{decision.rse:.1%} relative error of the fastest step time"
     if decision.busy:
         chosen.decided_by = (
             f"the machine was busy while timing (every probe of {chosen.runner_up} or of the winner waited for a "
-            "core, their rates are the load's): the earlier in your order; time again on a quiet machine"
+            f"core, their rates are the load's): {TIE_ORDER}; time again on a quiet machine"
         )
     elif decision.tie:
         chosen.decided_by = (
             f"tie within the noise (95 % interval of the timings, Student's t for few probes) or within "
-            f"{EQUIVALENT:.0%} with {chosen.runner_up}:"
-            f" the earlier in your order ({error})"
+            f"{EQUIVALENT:.0%} with {chosen.runner_up}: {TIE_ORDER} ({error})"
         )
     else:
         chosen.decided_by = f"{(decision.margin or 0):+.1%} samples/s over {chosen.runner_up} ({error})"
@@ -145,8 +169,8 @@ def edge_note(key: str, maximum: int | None, outcome: ProbeOutcome, device: Devi
     in its fresh process (None otherwise). Timing probes ask for step times, not a verdict (the tuner runs
     them without the margin rule, and their steps count); the maximum stands on the search's evidence,
     and the result says what this probe saw."""
-    if device is None or outcome.batch_size != maximum:
-        return None
+    if device is None or outcome.batch_size != maximum or outcome.job_allocator:
+        return None  # under the job's allocator, with room for its heap, a peak says nothing of the cap
     if outcome.fits and not device.too_close(outcome.peak_bytes):
         return None
     seen = (

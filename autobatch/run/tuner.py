@@ -71,8 +71,10 @@ class Tuner(Choosing):
         self.learned: list[reuse.Learned] = []
         self.lines: dict[Ident, Affine] = {}  # each combination's line at the plan's length
         self.level_priors: dict[Ident, reuse.Prediction | None] = {}  # partial levels: from off and full
-        self.step_times = StepTimes()
         device = session.device
+        self.step_times = StepTimes(
+            timing_only=device.type == "cpu"
+        )  # the search's ran under the pinned allocator
         self.watch = Watch(device.budget_bytes, strict=options.strict, warn=session.warn)  # leaks, data
         self.result = TuneResult(
             script=str(session.script),
@@ -301,7 +303,7 @@ class Tuner(Choosing):
         return best + self.options.limits.batch_multiple if best else None
 
     def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
-        self.step_times.add(entry.ident, outcome)
+        self.step_times.add(entry.ident, outcome, timing=purpose == "throughput")
         entry.trace.append(ProbeRecord.of(outcome, purpose))
         entry.probes = len(entry.trace)
         self._update()

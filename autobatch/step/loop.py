@@ -58,6 +58,9 @@ class StepReport:
     steps: int = 0
     step_peaks: list[int] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
+    #: Per step, the seconds of its update (the optimizer's step, the scaler's, ``zero_grad``), part of
+    #: ``step_seconds``: a job that accumulates runs it once per global batch, not once per micro-batch.
+    update_seconds: list[float] = field(default_factory=list)
     param_bytes: int = 0
     grad_bytes: int = 0
     optimizer_state_bytes: int = 0
@@ -226,10 +229,14 @@ def shapes_of(batch: Any) -> str:
     return ""
 
 
-def one_step(step: Step, after_backward: Callable[[], None] | None = None) -> None:
+def one_step(
+    step: Step,
+    after_backward: Callable[[], None] | None = None,
+    before_update: Callable[[], None] | None = None,
+) -> None:
     """Forward and loss under the precision's autocast, backward (scaled for ``16-mixed``),
     ``optimizer.step()``, ``zero_grad(set_to_none=True)``; ``after_backward`` runs between the
-    backward and the optimizer step."""
+    backward and the optimizer step, then ``before_update`` (which starts the update's clock)."""
     with autocast_for(step.precision, step.device_type):
         loss = step.compute_loss(step.model, step.batch)
     loss = check_loss(loss)
@@ -241,6 +248,8 @@ def one_step(step: Step, after_backward: Callable[[], None] | None = None) -> No
     step.grad_bytes = sum(local_bytes(p.grad) for p in step.params if p.grad is not None)
     if after_backward is not None:
         after_backward()
+    if before_update is not None:
+        before_update()
     if scaler is not None:
         scaler.step(step.optimizer)
         scaler.update()
@@ -284,9 +293,9 @@ def run_steps(
                 step.batch = None  # never two batches at once
                 step.batch = draw_batch(script, config, compiling=config.compile)
                 _note_shapes(shapes, shapes_of(step.batch), report)
-            report.step_seconds.append(
-                _timed(step, first_backward if index == 1 else None, synchronize, clock)
-            )
+            seconds, update = _timed(step, first_backward if index == 1 else None, synchronize, clock)
+            report.step_seconds.append(seconds)
+            report.update_seconds.append(update)
             if index == 1:
                 report.grad_bytes = step.grad_bytes
             report.step_peaks.append(peak_now())
@@ -310,15 +319,23 @@ def _timed(
     after_backward: Callable[[], None] | None,
     synchronize: Callable[[], None],
     clock: CompileClock | None,
-) -> float:
-    """One step's seconds, less the compiling done inside it (``clock``)."""
+) -> tuple[float, float]:
+    """One step's seconds, less the compiling done inside it (``clock``), and its update's seconds (from the
+    backward's end to ``zero_grad``'s)."""
     synchronize()
     compiled = clock.seconds if clock is not None else 0.0
+    marks: list[float] = []
+
+    def before_update() -> None:
+        synchronize()
+        marks.append(time.perf_counter())
+
     start = time.perf_counter()
-    one_step(step, after_backward)
+    one_step(step, after_backward, before_update)
     synchronize()
-    elapsed = time.perf_counter() - start
-    return elapsed - (clock.seconds - compiled) if clock is not None else elapsed
+    end = time.perf_counter()
+    elapsed = end - start - (clock.seconds - compiled if clock is not None else 0.0)
+    return elapsed, end - marks[0]
 
 
 @contextlib.contextmanager

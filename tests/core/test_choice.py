@@ -18,6 +18,7 @@ from autobatch.core.choice import (
     decide,
     dominated,
     needs_more,
+    preference,
     quiet,
 )
 
@@ -66,6 +67,37 @@ def test_within_the_noise_the_users_order_wins() -> None:
     decision = decide([timing(0, 1.03, 0.3, 6), timing(1, 1.0, 0.3, 6)])
     assert decision is not None and decision.winner == 0 and decision.tie
     assert decision.runner_up == 1 and decision.margin is not None and decision.margin < 0
+
+
+def test_a_plan_that_accumulates_pays_its_update_once_per_global_batch() -> None:
+    # A probe's step is forward, backward and update (0.2 of 1.0 s); a job that accumulates 4 micro-batches
+    # runs 4 forwards and backwards and one update: 4 x 0.8 + 0.2 = 3.4 s per global batch of 4 x 16.
+    probes = (1.0, 1.0)
+    plan = Timing(0, 16, 1, (1.0,) * 6, probes, accumulation_steps=4, update_seconds=(0.2, 0.2))
+    assert abs(plan.global_time - 3.4) < 1e-9 and abs(plan.rate - 64 / 3.4) < 1e-9
+    unmeasured = Timing(0, 16, 1, (1.0,) * 6, probes, accumulation_steps=4)  # a script run as it is
+    assert abs(unmeasured.global_time - 4.0) < 1e-9
+    # against one micro-batch of 64 at 3.5 s per step: the accumulating plan is faster, as in the job
+    one = Timing(1, 64, 1, (3.5,) * 6, (3.5, 3.5), update_seconds=(0.2, 0.2))
+    decision = decide([plan, one])
+    assert decision is not None and decision.winner == 0
+
+
+def test_a_tie_goes_to_the_least_recomputation_of_a_precision_and_optimizer() -> None:
+    # The user's order lists full before 4/12 (the default grid: off, full, selective, partial); tied, the
+    # level that recomputes less wins; another precision listed first still wins a tie against both.
+    levels = [contender(0, "off", 8, 4), contender(1, "full", 40, 16), contender(2, "4/12", 20, 16)]
+    order = preference(levels)
+    assert sorted(order, key=order.__getitem__) == [0, 2, 1]
+    tied = [timing(1, 1.0, 0.0, 6, micro=16), timing(2, 1.01, 0.0, 6, micro=16)]
+    decision = decide(tied, order)
+    assert decision is not None and decision.winner == 2 and decision.tie
+    other = [
+        contender(0, "off", 8, 4, "bf16-mixed"),
+        contender(1, "full", 40, 16),
+        contender(2, "4/12", 20, 16),
+    ]
+    assert min(preference(other), key=preference(other).__getitem__) == 0
 
 
 def probed(index: int, mean: float, spread: float) -> Timing:

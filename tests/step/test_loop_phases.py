@@ -109,3 +109,21 @@ def test_a_fit_reports_the_static_memory_it_measured() -> None:
     miss = ProbeOutcome(kind="oom", batch_size=9, steps=1, baseline_bytes=298, param_bytes=96)
     assert observation(miss).static_bytes is None
     assert observation(ProbeOutcome(kind="fits", batch_size=8, steps=3, peak_bytes=1)).static_bytes is None
+
+
+def test_each_step_times_its_update_apart_inside_the_step() -> None:
+    # A model whose parameters are many and whose forward is one element: the update (AdamW over a million
+    # values) is most of the step, and it is timed inside it.
+    script = UserScript(
+        Path("<wide>"),
+        ModuleType("wide"),
+        lambda: torch.nn.Linear(1024, 1024),
+        lambda batch_size: torch.randn(batch_size, 1024),
+        lambda model, batch: model(batch).sum(),
+    )
+    report = StepReport()
+    config = StepConfig(1, "32-true", "adamw")
+    kw = {"peak_now": lambda: 0, "synchronize": lambda: None, "grow_tolerance": 0}
+    run_steps(script, config, report, min_steps=3, max_steps=3, **kw)  # type: ignore[arg-type]
+    assert len(report.update_seconds) == len(report.step_seconds) == 3
+    assert all(0 < u < s for u, s in zip(report.update_seconds, report.step_seconds))
