@@ -9,7 +9,7 @@ Importing ``autobatch`` does not import torch.
 
 from __future__ import annotations
 
-from autobatch.api import ProbeEvent, check, tune
+from autobatch.api import ProbeEvent, apply_recompute, check, tune
 from autobatch.core.plan import Plan, choose, knee, plan_accumulation
 from autobatch.core.search import Affine, Observation, SearchResult, probe_bound, search_max_batch
 from autobatch.errors import (
@@ -46,6 +46,7 @@ __all__ = [
     "TuneResult",
     "UsageError",
     "__version__",
+    "apply_recompute",
     "check",
     "choose",
     "knee",

@@ -45,7 +45,7 @@ import os
 import sys
 import tempfile
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,11 +291,25 @@ def _hooks(on_probe: Callable[[ProbeEvent], None] | None, runner: ProbeRunner | 
     )
 
 
+def apply_recompute(model: Any, level: str = "full", classes: Sequence[str] = ()) -> tuple[str, ...]:
+    """Checkpoint ``model``'s repeated blocks at a recomputation level as the probes did, so that the job
+    runs what was measured: ``result.chosen.recompute_level`` (``"full"``, ``"selective"``, or ``"6/24"``: the
+    first 6 of 24 blocks; ``"off"`` does nothing). ``classes``: the block classes' names (default: the
+    script's ``RECOMPUTE_CLASSES`` are not known here, so those autobatch detects). Returns the classes
+    wrapped; raises :class:`~autobatch.errors.NoBlocksError` when a ``K/N`` level's N is not the model's
+    count of blocks."""
+    if level == "off":
+        return ()
+    from autobatch.step.recompute import wrap_recompute
+
+    return wrap_recompute(model, tuple(classes), level)
+
+
 def _log_chosen(result: TuneResult) -> None:
     if result.chosen is not None:
         c = result.chosen
         logger.info(
             "chosen: %s/%s/recompute %s: micro-batch %d x accumulation %d x world %d = global %d",
-            c.precision, c.optimizer, "on" if c.recompute else "off",
+            c.precision, c.optimizer, c.ident[2],
             c.micro_batch_size, c.accumulation_steps, c.world_size, c.global_batch_size,
         )  # fmt: skip

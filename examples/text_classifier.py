@@ -12,18 +12,18 @@ every sample at the longest length.
 
 What that makes of its memory and time, which is what the example is for:
 
-* Each sample is short, so a step of a few samples runs little work per operation, and a micro-batch of
-  four does not use the CPU (or a GPU) as well as one of sixteen: accumulating small micro-batches costs
-  time, not only steps.
-* Each block keeps its attention weights (heads x length x length per sample) and its MLP's activations
-  for the backward, so the blocks hold most of a sample's memory: checkpointing every block more than
-  triples the largest batch, and checkpointing the first K of them moves it about linearly in K.
+* Each sample is short and the model narrow, so a step of a few samples runs little work per operation,
+  and a micro-batch of six does not use the CPU (or a GPU) as well as one of twelve: accumulating small
+  micro-batches costs time, not only steps.
+* Each block keeps its attention weights (heads x length x length per sample), its dropout masks and its
+  MLP's activations for the backward, so the blocks hold most of a sample's memory: checkpointing every
+  block multiplies the largest batch, and checkpointing the first K of them moves it about linearly in K.
 
-So under a global batch that fits without recomputation only as four micro-batches, checkpointing a few of
-the blocks runs it in one step, faster than accumulating and faster than checkpointing them all::
+So under a global batch a little above what fits without recomputation, checkpointing a few of the blocks
+runs it in one step, faster than accumulating two half batches and faster than checkpointing them all::
 
-    autobatch tune examples/text_classifier.py --device cpu --memory 640MiB --objective throughput \\
-        --global-batch-size 16
+    autobatch tune examples/text_classifier.py --device cpu --memory 420MiB --objective throughput \\
+        --global-batch-size 12
 
 Running this file directly (``python examples/text_classifier.py``) trains a few steps, which autobatch
 never does.
@@ -45,9 +45,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="text classifier example for autobatch", allow_abbrev=False)
     parser.add_argument("--vocab", type=int, default=8192, help="vocabulary size")
     parser.add_argument("--max-len", type=int, default=32, help="the longest text, in tokens")
-    parser.add_argument("--width", type=int, default=128, help="embedding width")
+    parser.add_argument("--width", type=int, default=64, help="embedding width")
     parser.add_argument("--depth", type=int, default=24, help="number of transformer blocks")
-    parser.add_argument("--heads", type=int, default=8, help="attention heads per block")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads per block")
     parser.add_argument("--classes", type=int, default=4, help="number of labels")
     parser.add_argument("--dropout", type=float, default=0.1, help="dropout of attention weights and outputs")
     parser.add_argument("--texts", type=int, default=4096, help="texts in the (random) dataset")

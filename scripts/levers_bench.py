@@ -1,7 +1,7 @@
 """Recomputation levels and compile, measured: which level a global batch just above off's maximum needs, and
 what each plan costs per global batch, side by side.
 
-On ``examples/text_classifier.py`` (CPU device, 480 MiB, 32-true, AdamW), every command a fresh ``autobatch``
+On ``examples/text_classifier.py`` (CPU device, 420 MiB, 32-true, AdamW), every command a fresh ``autobatch``
 run from a folder of its own (no ``autobatch.toml`` adds to it):
 
 1. ``tune --objective max-batch --exact-all`` at off, full and selective: each level's exact maximum;
@@ -18,8 +18,8 @@ run from a folder of its own (no ``autobatch.toml`` adds to it):
 4. compile, on ``examples/mlp.py`` and ``examples/gpt.py`` made small under 640 MiB: a tune with compile both
    (an empty inductor cache): maxima, probes, compile seconds, seconds per step.
 
-Timings run with ``OMP_WAIT_POLICY=PASSIVE`` (on a shared machine, spinning threads make a step's time the
-neighbours'). Prints the tables and writes them, headed by the command, the date and the autobatch version,
+The job's loops run under OpenMP's default wait policy, as a job and the tune's probes on a quiet machine do:
+run it on a quiet machine (the page records the load average). Prints the tables and writes them, headed by the command, the date and the autobatch version,
 as a block of ``docs/measurements/levers.md``; each command's JSON goes to ``docs/measurements/data/levers/``.
 About 15 minutes on 2 cores::
 
@@ -58,7 +58,7 @@ INTRO = (
     "`examples/mlp.py` and `examples/gpt.py`."
 )
 SCRIPT = "examples/text_classifier.py"
-OPTIONS = ("--device", "cpu", "--memory", "480MiB", "--precision", "32-true", "--optimizer", "adamw")
+OPTIONS = ("--device", "cpu", "--memory", "420MiB", "--precision", "32-true", "--optimizer", "adamw")
 COMPILE_OPTIONS = ("--device", "cpu", "--memory", "640MiB", "-p", "32-true", "-o", "adamw", "--no-recompute")
 #: (script, batch multiple, its arguments) of the compile part: small enough to compile in seconds.
 COMPILED = (
@@ -69,7 +69,6 @@ COMPILED = (
     ),
     ("examples/gpt.py", "8", ("--", "--depth", "2", "--width", "64", "--seq-len", "32", "--vocab", "512")),
 )
-TIMING_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 @dataclass
@@ -113,9 +112,7 @@ class Commands:
     def check(
         self, name: str, script: str, *options: str, env: dict[str, str] | None = None
     ) -> dict[str, Any]:
-        return self.run(
-            name, ["check", str(ROOT / script), "--json", *options], {**TIMING_ENV, **(env or {})}
-        )
+        return self.run(name, ["check", str(ROOT / script), "--json", *options], env)
 
 
 def levels(*names: str) -> list[str]:
@@ -162,7 +159,8 @@ def run_job(plan: Plan, batches: int, probes_allocator: bool) -> float:
 
     args = [plan.level, str(plan.micro), str(plan.accumulation), str(batches)]
     env = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV}
-    env.update({**(MALLOC_ENV if probes_allocator else {}), **TIMING_ENV})
+    env.pop("OMP_WAIT_POLICY", None)  # as the job and the tune's probes on a quiet machine: OpenMP's default
+    env.update(MALLOC_ENV if probes_allocator else {})
     done = subprocess.run(
         [sys.executable, __file__, "--job", *args], env=env, capture_output=True, text=True, check=True
     )
@@ -187,7 +185,7 @@ def compile_part(commands: Commands) -> list[dict[str, Any]]:
             "AUTOBATCH_COMPILE": "both",
             "AUTOBATCH_INDUCTOR_CACHE": str(commands.folder / f"inductor-{name}"),
         }
-        options = (*COMPILE_OPTIONS, "--batch-multiple", multiple, "--objective", "max-batch", "--no-cache")
+        options = (*COMPILE_OPTIONS, "--batch-multiple", multiple, "--objective", "max-batch", "--exact-all", "--no-cache")
         started = time.perf_counter()
         data = commands.tune(f"compile-{name}", script, *options, *arguments, env=env)
         part: dict[str, Any] = {"script": script, "seconds": time.perf_counter() - started, "combos": {}}

@@ -172,7 +172,9 @@ def test_recomputing_the_blocks_gives_the_same_loss_and_gradients(path: Path) ->
     batch = module.make_batch(2)
     losses = []
     for model in (plain, wrapped):
-        torch.manual_seed(1)  # the same dropout masks for both (the recomputed forward restores the RNG state)
+        torch.manual_seed(
+            1
+        )  # the same dropout masks for both (the recomputed forward restores the RNG state)
         loss = module.compute_loss(model, batch)
         loss.backward()
         losses.append(loss.detach())

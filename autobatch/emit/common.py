@@ -144,12 +144,14 @@ def lever_caveats(chosen: Chosen, compile_set: bool = False) -> list[str]:
         k, n = fraction(level)  # type: ignore[misc]
         notes.append(
             f"recompute {level}: the maximum was measured with the first {k} of the model's {n} repeated blocks "
-            "checkpointed (torch.utils.checkpoint); checkpointing every block also fits, with more recomputation"
+            "checkpointed (torch.utils.checkpoint; autobatch.apply_recompute(model, level) does the same in your "
+            "job); checkpointing every block also fits, with more recomputation"
         )
     elif level == SELECTIVE:
         notes.append(
             "recompute selective: the maximum was measured with every repeated block checkpointed under a policy "
-            "that keeps matmul and attention outputs (torch.utils.checkpoint.create_selective_checkpoint_contexts)"
+            "that keeps matmul and attention outputs (torch.utils.checkpoint.create_selective_checkpoint_contexts; "
+            "autobatch.apply_recompute(model, 'selective') does the same in your job)"
         )
     if chosen.compile and not compile_set:
         notes.append(

@@ -32,6 +32,7 @@ class Partial:
     combo: Combo | None = None
     prior: Prediction | None = None
     skip: str | None = None
+    target: int | None = None  # the micro-batch it is for (None: no plan binds)
 
 
 def resolve(
@@ -41,8 +42,10 @@ def resolve(
     blocks: int,
     options: TuneOptions,
     line_bytes: float,
+    at_least: int = 1,
 ) -> Partial:
-    """The ``K/N`` level the partial combination ``combo`` stands for (see the module docstring)."""
+    """The ``K/N`` level the partial combination ``combo`` stands for (see the module docstring), K at least
+    ``at_least`` (the neighbour of a K whose measured maximum fell short of the prediction)."""
     off, full = (combo.with_level(level).ident for level in (OFF, FULL))
     if blocks < 2:
         return Partial(skip=f"{blocks} repeated block(s): no level lies between off and full")
@@ -60,17 +63,20 @@ def resolve(
             )
     low, high = (lines[off].intercept, lines[off].slope), (lines[full].intercept, lines[full].slope)
     k = partial_for(low, high, blocks, target, line_bytes)
+    k = None if k is None or max(k, at_least) >= blocks else max(k, at_least)
     if k is None:
         return Partial(skip=f"no level between off and full reaches micro-batch {target}: only full may")
     intercept, slope = partial_line(low, high, k, blocks)
     why = f"micro-batch {target}, full recomputation's plan" if target else "the middle K: no plan binds"
+    if at_least > 1:
+        why += f"; {at_least - 1}/{blocks} measured short of it"
     prior = Prediction(
         intercept,
         slope,
         f"the line {k}/{blocks} of the way from off to full ({why})",
         of_readings=lines[off].of_readings,
     )
-    return Partial(combo.with_level(f"{k}/{blocks}"), prior)
+    return Partial(combo.with_level(f"{k}/{blocks}"), prior, target=target)
 
 
 def _full_plans(full: Affine, maximum: int | None, options: TuneOptions, line_bytes: float) -> int:

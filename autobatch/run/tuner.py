@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from autobatch.core import reuse
 from autobatch.core.choice import reach_beyond
-from autobatch.core.levels import OFF, PARTIAL
+from autobatch.core.levels import OFF, PARTIAL, fraction
 from autobatch.core.maximum import StaticMemory, find_maximum, floor_bytes, reason
 from autobatch.core.model import Affine
 from autobatch.core.plan import knee
@@ -71,6 +71,7 @@ class Tuner(Choosing):
         self.learned: list[reuse.Learned] = []
         self.lines: dict[Ident, Affine] = {}  # each combination's line at the plan's length
         self.level_priors: dict[Ident, reuse.Prediction | None] = {}  # partial levels: from off and full
+        self.partials: dict[Ident, tuple[Combo, levels.Partial]] = {}  # a resolved K/N: its partial and how
         device = session.device
         self.step_times = StepTimes(
             timing_only=device.type == "cpu"
@@ -128,6 +129,10 @@ class Tuner(Choosing):
                 entry.status, entry.reason = "skipped", skip
                 continue
             self._search(combo, entry, twin)
+            neighbour = self._neighbour(combo, entry)
+            if neighbour is not None:  # searched in its turn, after this one
+                combos.append(neighbour[0])
+                self.result.combinations.append(neighbour[1])
             self._update()
         self._plan_and_choose(combos)
         if self.lengths is not None:  # the plan is made: now the other lengths
@@ -148,8 +153,8 @@ class Tuner(Choosing):
 
     # -- per combination ------------------------------------------------------------------------
 
-    def _resolved(self, combo: Combo, entry: ComboResult) -> Combo:
-        """``combo``, its ``partial`` level resolved to the K the plan needs (autobatch.run.levels)."""
+    def _resolved(self, combo: Combo, entry: ComboResult, at_least: int = 1) -> Combo:
+        """``combo``, its ``partial`` level resolved to the K the plan needs, ``at_least`` (autobatch.run.levels)."""
         device = self.session.device
         assert device is not None
         if combo.recompute_level != PARTIAL or not device.recompute_blocks:
@@ -159,13 +164,31 @@ class Tuner(Choosing):
         }
         blocks = sum(device.recompute_counts.values())
         line = device.budget_bytes - device.margin_bytes
-        partial = levels.resolve(combo, self.lines, maxima, blocks, self.options, line)
+        partial = levels.resolve(combo, self.lines, maxima, blocks, self.options, line, at_least)
         if partial.combo is None:
             entry.status, entry.reason = "skipped", partial.skip
             return combo
         entry.recompute_level = partial.combo.recompute_level
         self.level_priors[partial.combo.ident] = partial.prior
+        self.partials[partial.combo.ident] = (combo, partial)
         return partial.combo
+
+    def _neighbour(self, combo: Combo, entry: ComboResult) -> tuple[Combo, ComboResult] | None:
+        """The next K, when the partial level the lines predicted fell short of the micro-batch it was for: the
+        prediction's neighbour, one block more, in a row of its own (None: it held, or there is no next K)."""
+        found = self.partials.get(combo.ident)
+        target = found[1].target if found is not None else None
+        if found is None or target is None:
+            return None
+        if entry.status not in ("pruned", "infeasible") and (entry.max_batch_size or 0) >= target:
+            return None
+        partial = found[0]
+        k, _ = fraction(combo.recompute_level) or (0, 0)
+        neighbour = ComboResult.of(partial, recompute_blocks=dict(entry.recompute_blocks))
+        found_combo = self._resolved(partial, neighbour, at_least=k + 1)
+        if found_combo.recompute_level == PARTIAL:  # no K left between it and full
+            return None
+        return found_combo, neighbour
 
     def _skip_reason(self, combo: Combo, twin: Twin | None) -> str | None:
         device = self.session.device

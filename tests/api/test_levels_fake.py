@@ -127,3 +127,57 @@ def test_a_model_that_does_not_compile_is_that_combinations_answer() -> None:
     assert compiled.compile and compiled.status == "uncompiled"
     assert compiled.reason is not None and compiled.reason.startswith("does not compile: backend 'inductor'")
     assert result.chosen is not None and not result.chosen.compile
+
+
+def test_apply_recompute_gives_the_job_the_level_the_probes_measured() -> None:
+    import torch
+
+    from autobatch.errors import NoBlocksError
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.linear(x))
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*(Block() for _ in range(4)))
+
+    x = torch.randn(3, 8)
+    plain, partial = model(), model()
+    assert autobatch.apply_recompute(partial, "2/4") == ("Block",)
+    assert autobatch.apply_recompute(model(), "off") == ()
+    torch.testing.assert_close(plain(x), partial(x))
+    with pytest.raises(NoBlocksError, match="2 of 3 blocks"):
+        autobatch.apply_recompute(model(), "2/3")
+
+
+def test_a_partial_level_that_falls_short_of_its_prediction_gives_way_to_its_neighbour() -> None:
+    # Each checkpointed block saves less than the lines of off and full promise (a block's recompute transient
+    # sits at the peak): the predicted K misses the plan's micro-batch, and K + 1, its neighbour, is searched.
+    def short(level: str, compiled: bool = False) -> affine:  # type: ignore[valid-type]
+        if "/" not in level:
+            return curve(level)
+        k, n = map(int, level.split("/"))
+        return affine(A, S * (1 - 0.6 * k / n + 0.06))
+
+    off_max = true_max(curve("off"), LINE, 65536)
+    assert off_max is not None
+    goal = off_max * 6 // 5
+    fake = FakeRunner(
+        affine(A, S),
+        levels=short,
+        recompute_counts={"Block": 12},
+        level_seconds=lambda level: 0.01 * cost(level),
+    )
+    result = autobatch.tune(**STEP, **ONE, global_batch_size=goal, objective="throughput", runner=fake)
+    rows = {c.recompute_level: c for c in result.combinations}
+    assert list(rows) == ["off", "full", "selective", "4/12", "5/12"]  # the neighbour in a row of its own
+    assert rows["4/12"].status == "pruned" and rows["4/12"].trace[-1].batch_size == goal
+    neighbour = rows["5/12"]
+    assert neighbour.status == "exact" and neighbour.max_batch_size == true_max(short("5/12"), LINE, 65536)
+    assert neighbour.max_batch_size >= goal  # type: ignore[operator]
+    assert result.chosen is not None and result.chosen.recompute_level == "5/12"
