@@ -185,7 +185,15 @@ def compile_part(commands: Commands) -> list[dict[str, Any]]:
             "AUTOBATCH_COMPILE": "both",
             "AUTOBATCH_INDUCTOR_CACHE": str(commands.folder / f"inductor-{name}"),
         }
-        options = (*COMPILE_OPTIONS, "--batch-multiple", multiple, "--objective", "max-batch", "--exact-all", "--no-cache")
+        options = (
+            *COMPILE_OPTIONS,
+            "--batch-multiple",
+            multiple,
+            "--objective",
+            "max-batch",
+            "--exact-all",
+            "--no-cache",
+        )
         started = time.perf_counter()
         data = commands.tune(f"compile-{name}", script, *options, *arguments, env=env)
         part: dict[str, Any] = {"script": script, "seconds": time.perf_counter() - started, "combos": {}}
