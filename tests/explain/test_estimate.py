@@ -164,7 +164,15 @@ def test_estimate_command_cpu_and_card(tiny: Path) -> None:
     assert len(data["combinations"]) == 4  # 1 precision x 2 optimizers x recompute off/on
     for combo in data["combinations"]:
         # left out when empty: what recomputation wrapped, the length (no --seq-len)
-        assert names - {"recompute_blocks", "seq_len", "compile", "compile_seconds"} <= set(combo)
+        optional = {
+            "recompute_blocks",
+            "seq_len",
+            "compile",
+            "compile_seconds",
+            "plan",
+            "global_batch_seconds",
+        }
+        assert names - optional <= set(combo)
         assert combo["status"] == "exact" and combo["max_batch_size"] > 16
         assert combo["peak_bytes"] <= data["device"]["budget_bytes"]
     by_key = {(c["optimizer"], c["recompute"]): c for c in data["combinations"]}
