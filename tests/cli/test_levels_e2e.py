@@ -38,7 +38,7 @@ COMMON = ("--device", "cpu", "--memory", "420MiB", "--precision", "32-true", "--
 QUICK = ("--confirm-steps", "5", "--max-batch-size", "24")
 #: examples/mlp.py made small, under a small cap: a compiled tune of a few probes of a few seconds each.
 MLP_ARGS = ("--", "--width", "64", "--depth", "2", "--tokens", "64", "--in-features", "64")
-MLP_OPTIONS = ("--device", "cpu", "--memory", "640MiB", "-p", "32-true", "-o", "adamw", "--no-recompute")
+MLP_OPTIONS = ("--device", "cpu", "--memory", "512MiB", "-p", "32-true", "-o", "adamw", "--no-recompute")
 #: examples/gpt.py made small: two blocks of width 64 over 32 tokens.
 GPT_ARGS = ("--", "--depth", "2", "--width", "64", "--seq-len", "32", "--vocab", "512")
 
