@@ -22,8 +22,8 @@ What that makes of its memory and time, which is what the example is for:
 So under a global batch a little above what fits without recomputation, checkpointing a few of the blocks
 runs it in one step, faster than accumulating two half batches and faster than checkpointing them all::
 
-    autobatch tune examples/text_classifier.py --device cpu --memory 420MiB --objective throughput \\
-        --global-batch-size 12
+    autobatch tune examples/text_classifier.py --device cpu --memory 420MiB -p 32-true -o adamw \\
+        --objective throughput --global-batch-size 12
 
 Running this file directly (``python examples/text_classifier.py``) trains a few steps, which autobatch
 never does.

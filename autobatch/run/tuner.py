@@ -71,11 +71,10 @@ class Tuner(Choosing):
         self.learned: list[reuse.Learned] = []
         self.lines: dict[Ident, Affine] = {}  # each combination's line at the plan's length
         self.level_priors: dict[Ident, reuse.Prediction | None] = {}  # partial levels: from off and full
-        self.partials: dict[Ident, tuple[Combo, levels.Partial]] = {}  # a resolved K/N: its partial and how
+        self.targets: dict[Ident, int | None] = {}  # a resolved K/N: the micro-batch it was chosen for
         device = session.device
-        self.step_times = StepTimes(
-            timing_only=device.type == "cpu"
-        )  # the search's ran under the pinned allocator
+        # On the CPU only timing probes' steps count: the search's ran under the pinned allocator.
+        self.step_times = StepTimes(timing_only=device.type == "cpu")
         self.watch = Watch(device.budget_bytes, strict=options.strict, warn=session.warn)  # leaks, data
         self.result = TuneResult(
             script=str(session.script),
@@ -170,19 +169,18 @@ class Tuner(Choosing):
             return combo
         entry.recompute_level = partial.combo.recompute_level
         self.level_priors[partial.combo.ident] = partial.prior
-        self.partials[partial.combo.ident] = (combo, partial)
+        self.targets[partial.combo.ident] = partial.target
         return partial.combo
 
     def _neighbour(self, combo: Combo, entry: ComboResult) -> tuple[Combo, ComboResult] | None:
         """The next K, when the partial level the lines predicted fell short of the micro-batch it was for: the
         prediction's neighbour, one block more, in a row of its own (None: it held, or there is no next K)."""
-        found = self.partials.get(combo.ident)
-        target = found[1].target if found is not None else None
-        if found is None or target is None:
+        target = self.targets.get(combo.ident)
+        if target is None:
             return None
         if entry.status not in ("pruned", "infeasible") and (entry.max_batch_size or 0) >= target:
             return None
-        partial = found[0]
+        partial = combo.with_level(PARTIAL)
         k, _ = fraction(combo.recompute_level) or (0, 0)
         neighbour = ComboResult.of(partial, recompute_blocks=dict(entry.recompute_blocks))
         found_combo = self._resolved(partial, neighbour, at_least=k + 1)

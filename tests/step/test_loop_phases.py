@@ -15,14 +15,19 @@ from autobatch.step.contract import UserScript
 from autobatch.step.loop import StepConfig, StepReport, run_steps
 
 
-def test_the_first_backward_is_read_before_the_optimizer_state_exists() -> None:
-    script = UserScript(
-        Path("<tiny>"),
-        ModuleType("tiny"),
-        lambda: torch.nn.Linear(8, 8),
-        lambda batch_size: torch.randn(batch_size, 8),
+def _linear(width: int) -> UserScript:
+    """A script of one Linear layer of ``width`` features, whose loss is the sum of its outputs."""
+    return UserScript(
+        Path(f"<linear {width}>"),
+        ModuleType("linear"),
+        lambda: torch.nn.Linear(width, width),
+        lambda batch_size: torch.randn(batch_size, width),
         lambda model, batch: model(batch).sum(),
     )
+
+
+def test_the_first_backward_is_read_before_the_optimizer_state_exists() -> None:
+    script = _linear(8)
     reads = itertools.count(100)
     states: list[int] = []
     report = StepReport()
@@ -114,13 +119,7 @@ def test_a_fit_reports_the_static_memory_it_measured() -> None:
 def test_each_step_times_its_update_apart_inside_the_step() -> None:
     # A model whose parameters are many and whose forward is one element: the update (AdamW over a million
     # values) is most of the step, and it is timed inside it.
-    script = UserScript(
-        Path("<wide>"),
-        ModuleType("wide"),
-        lambda: torch.nn.Linear(1024, 1024),
-        lambda batch_size: torch.randn(batch_size, 1024),
-        lambda model, batch: model(batch).sum(),
-    )
+    script = _linear(1024)
     report = StepReport()
     config = StepConfig(1, "32-true", "adamw")
     kw = {"peak_now": lambda: 0, "synchronize": lambda: None, "grow_tolerance": 0}
