@@ -1,19 +1,35 @@
 """Shared fixtures: every test gets its own probe cache and its own folder of device locks, and no
 fresh-process measurement unless it asks for one. Under
 ``AUTOBATCH_REQUIRE_CONSUMERS=1`` (CI sets it in ``.ci/run``) a consumer library that is missing fails
-the run instead of skipping its tests."""
+the run instead of skipping its tests.
+
+Two guards keep the suite's split and its parallel run honest:
+
+* a test not marked ``slow`` that starts a probe server fails (``AUTOBATCH_NO_PROBE_SERVER``, read by
+  :class:`autobatch.probe.client.ProbeClient`), so ``pytest -m "not slow"`` stays the quick loop;
+* under pytest-xdist, a test marked ``exclusive`` (it times steps or reads how long our threads waited for
+  a core) runs while no other worker runs a test: every test holds a shared lock on one file for its run,
+  an exclusive test holds it exclusively, and a turnstile lets a waiting exclusive test in before new shared
+  ones.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+# Messages name temporary paths (longer under xdist's per-worker folders): wide enough that no phrase a test
+# looks for is wrapped. Set before autobatch.cli's console reads it, at its import.
+os.environ["COLUMNS"] = "400"
 # Helpers shared by the tests (support.py) are imported by name from every folder under tests/.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -47,13 +63,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()
     consumer = item.get_closest_marker("consumers") is not None
-    if report.when == "call" and consumer and not report.skipped:
+    if report.skipped and (consumer or _names_a_consumer(report)) and _required():
+        report.outcome = "failed"
+        report.longrepr = f"skipped under {REQUIRE}=1 (a consumer test must run): {report.longrepr}"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Counted where the reports arrive: in the one process, or in xdist's controller (a worker's counts
+    would never reach the summary)."""
+    consumer = "consumers" in report.keywords
+    if report.when == "call" and consumer and report.passed:
         _counts["ran"] += 1
-    if report.skipped and (consumer or _names_a_consumer(report)):
+    elif report.skipped and (consumer or _names_a_consumer(report)):
         _counts["skipped"] += 1
-        if _required():
-            report.outcome = "failed"
-            report.longrepr = f"skipped under {REQUIRE}=1 (a consumer test must run): {report.longrepr}"
+    elif report.failed and "a consumer test must run" in str(report.longrepr):
+        _counts["skipped"] += 1
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
@@ -80,3 +104,55 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     # tests that are about it turn it back on (tests/probe/test_fresh.py, tests/cli/test_fresh_process_e2e.py,
     # the catalogue's case); the rest compare like with like without it.
     monkeypatch.setenv("AUTOBATCH_FRESH_BASELINE", "false")
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_probe_server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("slow") is None:
+        monkeypatch.setenv(
+            "AUTOBATCH_NO_PROBE_SERVER", f"{request.node.nodeid} is not marked slow: mark it @pytest.mark.slow"
+        )
+
+
+def _lock_path(config: pytest.Config) -> Path | None:
+    """The run's lock file, shared by its xdist workers (None outside xdist: one process runs one test)."""
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is None:
+        return None
+    return Path(worker_input["autobatch_lock_dir"])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:  # xdist's controller, once per worker
+    folder = getattr(node.config, "_autobatch_lock_dir", None)
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="autobatch-xdist-")
+        node.config._autobatch_lock_dir = folder
+    node.workerinput["autobatch_lock_dir"] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = getattr(config, "_autobatch_lock_dir", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    folder = _lock_path(item.config)
+    if folder is None:
+        yield
+        return
+    exclusive = item.get_closest_marker("exclusive") is not None
+    with open(folder / "turnstile", "a+") as turnstile, open(folder / "tests", "a+") as tests:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(tests, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(tests, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)

@@ -29,6 +29,11 @@ SERVER_GRACE = 30.0
 IMPORT_GRACE = 60.0
 
 
+#: When set, starting a probe server is refused with its value as the reason: the test suite sets it for tests
+#: not marked ``slow``, so that the quick run cannot start one by accident.
+NO_SERVER_ENV = "AUTOBATCH_NO_PROBE_SERVER"
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -68,6 +73,9 @@ class ProbeClient:
         self._start()
 
     def _start(self) -> None:
+        forbidden = os.environ.get(NO_SERVER_ENV)
+        if forbidden:
+            raise RuntimeError(f"a probe server may not start here ({NO_SERVER_ENV}): {forbidden}")
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "autobatch.probe.server", json.dumps(self._init)],
             stdin=subprocess.PIPE,

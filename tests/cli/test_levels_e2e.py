@@ -110,6 +110,7 @@ def maxima(folder: Path, env: dict[str, str]) -> dict[str, dict]:
     return combos
 
 
+@pytest.mark.exclusive  # the throughput choice times steps
 def test_partial_level_runs_a_global_batch_just_above_off_in_one_micro_batch(
     folder: Path, env: dict[str, str], maxima: dict[str, dict]
 ) -> None:

@@ -8,8 +8,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from autobatch.core.choice import quiet
 from autobatch.devices import cpu
+
+#: How long our threads wait for a core: no other test may run beside these.
+pytestmark = pytest.mark.exclusive
 
 BUSY = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end:\n    pass\n"
 

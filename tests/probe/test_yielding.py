@@ -19,7 +19,8 @@ from autobatch.probe.yielding import STALLED_WAIT, YieldingRunner, stalled
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.run.session import Session
 
-pytestmark = pytest.mark.slow  # every test starts a probe server
+# every test starts a probe server, and spins neighbours on every core (no other test may run beside it)
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 COMBO = Combo("32-true", "adamw", False)
 SPIN = "import time\nend = time.monotonic() + 20\nwhile time.monotonic() < end:\n    pass\n"
