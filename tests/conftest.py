@@ -107,10 +107,13 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 
 @pytest.fixture(autouse=True)
-def _fast_tests_start_no_probe_server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+def _fast_tests_start_no_probe_server(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if request.node.get_closest_marker("slow") is None:
         monkeypatch.setenv(
-            "AUTOBATCH_NO_PROBE_SERVER", f"{request.node.nodeid} is not marked slow: mark it @pytest.mark.slow"
+            "AUTOBATCH_NO_PROBE_SERVER",
+            f"{request.node.nodeid} is not marked slow: mark it @pytest.mark.slow",
         )
 
 
