@@ -39,13 +39,13 @@ def test_a_generator_that_first_steps_late_is_waited_for(tmp_path) -> None:
 
 
 def test_a_late_unfreeze_is_noted_and_seen_with_longer_probes(tmp_path) -> None:
-    frozen = _tune("finetune_unfreeze.py", tmp_path=tmp_path, args=("--unfreeze-after", "5"))
+    frozen = _tune("finetune_unfreeze.py", tmp_path=tmp_path, args=("--unfreeze-after", "12"))
     assert frozen.returncode == 0, frozen.stderr[-3000:]
     data = json.loads(frozen.stdout)
     (note,) = [n for n in data["notes"] if "frozen parameters" in n]
     assert "--steps" in note and "frozen parameters" in " ".join(frozen.stderr.split())
 
-    seen = _tune("finetune_unfreeze.py", "--steps", "8", tmp_path=tmp_path, args=("--unfreeze-after", "5"))
+    seen = _tune("finetune_unfreeze.py", "--steps", "14", tmp_path=tmp_path, args=("--unfreeze-after", "12"))
     assert seen.returncode == 0, seen.stderr[-3000:]
     longer = json.loads(seen.stdout)
     assert not [n for n in longer["notes"] if "frozen parameters" in n], longer["notes"]
