@@ -27,6 +27,7 @@ from typing import Any
 
 from autobatch.core.units import format_bytes
 from autobatch.errors import ContractError
+from autobatch.probe.progress import OPTION, write_step
 from autobatch.records.protocol import ProbeRequest
 
 #: Steps of the first optimizer a probe waits for the others' first steps (``max_steps``, when larger).
@@ -49,6 +50,8 @@ class LateMemory:
         )
         self.backwards = 0  # backward passes since the last optimizer step
         self.unseen: list[str] = []  # optimizers still waited for when the wait ended
+        self.counted = 0  # steps that counted so far
+        self.progress = request.options.get(OPTION)  # the live line's file (the CLI's, on a terminal)
 
     def install(self) -> None:
         from torch.optim import Optimizer
@@ -75,6 +78,10 @@ class LateMemory:
         """A backward pass ended: the error that stops the probe when it has waited enough for a step."""
         self.backwards += 1
         batch = self.request.batch_size
+        if self.progress and self.backwards > 1:
+            write_step(
+                str(self.progress), self.counted, f"{self.backwards} backward passes, waiting for a step"
+            )
         if not self._alive() and self.backwards >= NO_OPTIMIZER_BACKWARDS:
             return ContractError(
                 f"no torch.optim optimizer: the script ran {self.backwards} backward passes at batch {batch} and "
@@ -100,6 +107,13 @@ class LateMemory:
         """Where the steps that count start (an index into the peaks of the ``counted`` steps so far), or None
         while an optimizer the script built has not stepped and the wait is not over."""
         waiting = self._waiting()
+        self.counted = counted
+        if self.progress:
+            write_step(
+                str(self.progress),
+                counted,
+                f"waiting for the first step of {', '.join(waiting)}" if waiting else "",
+            )
         if waiting and counted < max(WAIT_STEPS, self.request.max_steps):
             return None
         if waiting:

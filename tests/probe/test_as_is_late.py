@@ -14,6 +14,7 @@ from autobatch.probe.as_is_late import (
     LateMemory,
     frozen_parameters,
 )
+from autobatch.probe.progress import OPTION, read_progress
 from autobatch.records.protocol import ProbeRequest
 
 
@@ -80,3 +81,26 @@ def test_frozen_parameters_in_the_optimizer_and_in_the_scripts_modules(late) -> 
     assert len(frozen_parameters([optimizer], None)) == 2  # without frames: the optimizer's own
     (note,) = late.notes(sys._getframe())
     assert "frozen parameters" in note and f"{8 * 8 + 8 + 2 * 2 + 2:,}" in note
+
+
+def test_the_live_line_hears_what_the_probe_waits_for(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(torch.optim.Optimizer, "__init__", torch.optim.Optimizer.__init__)
+    path = str(tmp_path / "step")
+    late = LateMemory(
+        ProbeRequest(
+            8, "script", "script", False, "cpu", 1 << 30, 3, 8, 60.0, op="as_is", options={OPTION: path}
+        )
+    )
+    late.install()
+    critic, generator = (
+        torch.optim.Adam(nn.Linear(4, 1).parameters()),
+        torch.optim.Adam(nn.Linear(4, 4).parameters()),
+    )
+    late.step(critic, 0)
+    late.counted_from(1)
+    assert read_progress(path) == (1, "waiting for the first step of Adam (optimizer 2 of 2 built)")
+    late.backward(), late.backward()
+    assert read_progress(path) == (1, "2 backward passes, waiting for a step")
+    late.step(generator, 1)
+    late.counted_from(2)
+    assert read_progress(path) == (2, "")
