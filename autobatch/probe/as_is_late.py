@@ -45,9 +45,8 @@ class LateMemory:
         self.request = request
         self.built: list[weakref.ref[Any]] = []  # every torch.optim.Optimizer the script built, in order
         self.stepped: set[int] = set()  # id() of those that stepped
-        self.since = (
-            0  # steps that counted before the latest first step of an optimizer (the steps count after)
-        )
+        # steps that counted before the latest first step of an optimizer (the steps that count come after)
+        self.since = 0
         self.backwards = 0  # backward passes since the last optimizer step
         self.unseen: list[str] = []  # optimizers still waited for when the wait ended
         self.counted = 0  # steps that counted so far
@@ -149,7 +148,7 @@ class LateMemory:
         return [o for o in (ref() for ref in self.built) if o is not None]
 
     def _waiting(self) -> list[str]:
-        """The optimizers built that have not stepped (their class and place: ``Adam (the 2nd built)``)."""
+        """The optimizers built that have not stepped (their class and place: ``Adam (optimizer 2 of 2 built)``)."""
         alive = [(n, ref()) for n, ref in enumerate(self.built, 1)]
         return [
             f"{type(o).__name__} (optimizer {n} of {len(alive)} built)"
