@@ -182,22 +182,24 @@ class LiveProbe:
             pass
 
     def text(self) -> str:
-        from autobatch.probe.progress import read_step
+        from autobatch.probe.progress import read_progress
 
         with self._lock:
             request, started = self.request, self.started
         if request is None:
             return ""
         elapsed = time.monotonic() - started
-        if request.op != "probe":
+        if request.op not in PROBES:
             return f"{request.op}: building the model on {request.device}, {elapsed:.1f} s"
         steps = (
             f"{request.min_steps}"
             if request.min_steps == request.max_steps
             else f"{request.min_steps}-{request.max_steps}"
         )
-        done = read_step(self.path)
+        done, waiting = read_progress(self.path)
         where = f"step {min((done or 0) + 1, request.max_steps)} of {steps}"
+        if waiting:  # a script run as it is: its steps count once every optimizer has stepped
+            where = f"step {(done or 0) + 1}, {waiting}"
         key = (
             f"{request.precision}/{request.optimizer}/{'recompute' if request.recompute else 'no-recompute'}"
         )
@@ -205,6 +207,10 @@ class LiveProbe:
 
     def __rich__(self) -> RenderableType:
         return Text(self.text(), style="cyan")
+
+
+#: The operations the live line follows step by step (a script run as it is: its own steps).
+PROBES = ("probe", "as_is")
 
 
 class WatchedRunner:
@@ -217,7 +223,7 @@ class WatchedRunner:
     def run(self, request: ProbeRequest) -> ProbeOutcome:
         from autobatch.probe.progress import OPTION
 
-        if request.op == "probe":
+        if request.op in PROBES:
             request = replace(request, options={**request.options, OPTION: self.display.path})
         self.display.begin(request)
         try:

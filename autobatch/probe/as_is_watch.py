@@ -21,6 +21,9 @@ What the script does instead is the answer:
 * it ends, or raises its own error, before the steps were enough: the script's error (before its first
   step: with its exit code; after k steps: not enough data at this batch, which says nothing of memory);
 * no optimizer step comes before the probe's timeout runs out: "no optimizer step seen".
+
+Memory that arrives after the first steps (another optimizer's first step, frozen parameters), and backward
+passes without a step, are :mod:`autobatch.probe.as_is_late`'s.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any, Callable
 from autobatch.core.space import variant_of
 from autobatch.core.steady import enough_steps, growth_tolerance
 from autobatch.errors import ContractError
+from autobatch.probe.as_is_late import LateMemory
 from autobatch.probe.oom import classify_exception
 from autobatch.probe.worker import _device_hooks, _read_report, _stopped_at_line
 from autobatch.records.failures import NOTHING_OF_MEMORY, describe_failure
@@ -97,7 +101,8 @@ class StepWatch:
         self.optimizers: dict[int, Any] = {}
         self.last = time.perf_counter()
         self.tolerance = growth_tolerance(request.budget_bytes)
-        self.backwards = BackwardCount()
+        self.late = LateMemory(request)  # optimizers built and stepped, backward passes, frozen parameters
+        self.backwards = BackwardCount(self._backward)
 
     def install(self) -> None:
         from torch.optim.optimizer import (
@@ -108,6 +113,7 @@ class StepWatch:
         register_optimizer_step_pre_hook(self._before)
         register_optimizer_step_post_hook(self._after)
         OomWatch(self).install()
+        self.late.install()
         self.backwards.install()
         deadline = self.request.timeout * NO_STEP_SHARE
         if deadline > 0:
@@ -148,6 +154,7 @@ class StepWatch:
 
     def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.optimizers[id(optimizer)] = optimizer
+        self.late.step(optimizer, self.report.steps)
         if id(optimizer) != self.first or self.reported:
             return
         self.synchronize()
@@ -157,17 +164,23 @@ class StepWatch:
         self.backwards.lap(len(self.optimizers))
         self.report.step_peaks.append(self.peak_now())
         self.report.steps = len(self.report.step_peaks)
+        since = self.late.counted_from(self.report.steps)  # None: an optimizer built has not stepped yet
         why = enough_steps(
-            self.report.step_peaks,
+            self.report.step_peaks[since or 0 :],
             min_steps=self.request.min_steps,
             max_steps=self.request.max_steps,
             tolerance=self.tolerance,
             stop_above=self.request.stop_above_bytes,
         )
-        if why is not None:
+        if why == "above" or (why is not None and since is not None):
             self.report.stopped_above = why == "above"
             self.reported = True
             self.emit(self._measured())
+
+    def _backward(self) -> None:
+        error = self.late.backward()
+        if error is not None and not self.reported:
+            self.emit(self._failed(error))
 
     def _no_step(self, signum: int, frame: FrameType | None) -> None:
         if self.report.steps or self.reported:
@@ -238,11 +251,14 @@ class StepWatch:
             _stopped_at_line(outcome, self.report.steps, self.request)
         _read_report(outcome, self.report)
         micro = accumulation(self.backwards.laps)
+        notes = self.late.notes(sys._getframe())  # memory the probe could not see
         if micro > 1:  # the script accumulates gradients itself: each step is that many micro-batches
             outcome.info["micro_batches_per_step"] = micro
-            outcome.info["script_notes"] = [accumulation_note(micro)]
+            notes.insert(0, accumulation_note(micro))
             if outcome.samples_per_second is not None:
                 outcome.samples_per_second *= micro
+        if notes:
+            outcome.info["script_notes"] = notes
         children = _children()
         if children and self.request.device == "cpu":
             outcome.info["child_processes"] = children
@@ -254,9 +270,10 @@ class BackwardCount:
     """Counts the backward passes of the probe (``torch.autograd.backward``, which ``Tensor.backward``
     calls) between the steps that count: more than one per step is the script's own gradient accumulation."""
 
-    def __init__(self) -> None:
+    def __init__(self, after: Callable[[], None]) -> None:
         self.count = 0
         self.laps: list[int] = []  # backward passes before each counted step; -1: another optimizer stepped
+        self.after = after  # called after each backward pass
 
     def install(self) -> None:
         import torch.autograd
@@ -265,7 +282,9 @@ class BackwardCount:
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.count += 1
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            self.after()
+            return result
 
         torch.autograd.backward = counted  # type: ignore[assignment]
 

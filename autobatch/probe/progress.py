@@ -3,7 +3,8 @@
 Only when the request asks for it (``options["progress_file"]``, set by the CLI's live display on a
 terminal): the probe process then writes the number of the step it finished, as ASCII digits, into
 that file after each step, with bare ``os`` calls (a few bytes, no buffer: nothing that moves the
-peak it measures). Nothing else of the probe changes.
+peak it measures); a probe of a script run as it is follows the digits with what it waits for
+(``12 waiting for Adam's first step``). Nothing else of the probe changes.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ def reporting(peak_now: Callable[[], int], request: ProbeRequest, report: Any) -
     return peak_and_progress
 
 
-def write_step(path: str, step: int) -> None:
+def write_step(path: str, step: int, waiting: str = "") -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, b"%d" % step)
+            os.write(fd, b"%d %s" % (step, waiting.encode()) if waiting else b"%d" % step)
         finally:
             os.close(fd)
     except OSError:
@@ -43,9 +44,14 @@ def write_step(path: str, step: int) -> None:
 
 def read_step(path: str) -> int | None:
     """The last step the probe finished (None: none yet, or no file)."""
+    return read_progress(path)[0]
+
+
+def read_progress(path: str) -> tuple[int | None, str]:
+    """The last step the probe finished (None: none yet, or no file), and what it waits for ("": nothing)."""
     try:
         with open(path, "rb") as handle:
-            text = handle.read(32)
-        return int(text) if text.strip() else None
+            step, _, waiting = handle.read(300).decode(errors="replace").partition(" ")
+        return (int(step) if step.strip() else None), waiting
     except (OSError, ValueError):
-        return None
+        return None, ""

@@ -58,6 +58,23 @@ def test_the_live_line_names_the_combination_batch_step_and_time() -> None:
         display.stop()
 
 
+def test_the_live_line_of_a_script_run_as_it_is_says_what_its_probe_waits_for() -> None:
+    from dataclasses import replace
+
+    display = LiveProbe()
+    try:
+        with display._lock:
+            display.request, display.started = replace(request(), op="as_is"), 0.0
+        assert "batch 96: step 1 of 3-8" in display.text()
+        Path(display.path).write_text("11 waiting for the first step of Adam (optimizer 2 of 2 built)")
+        assert (
+            "batch 96: step 12, waiting for the first step of Adam (optimizer 2 of 2 built), "
+            in display.text()
+        )
+    finally:
+        display.stop()
+
+
 def test_the_watched_runner_asks_probes_for_their_steps_and_passes_answers_through() -> None:
     inner = FakeRunner(affine(100, 1))
     display = LiveProbe()
