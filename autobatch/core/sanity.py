@@ -18,12 +18,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autobatch.core.steady import Reading
 from autobatch.core.units import format_bytes
 
 #: Kinds that are not an answer about memory.
 NOT_MEMORY = ("crash", "timeout")
 #: Fitting batches this far apart whose peaks barely differ are suspicious.
 FLAT_RATIO = 4
+#: Fitting batches this far apart whose peaks and step times do not move at all never reached the step.
+IGNORED_RATIO = 8
+#: A step time that grows by less than this factor over :data:`IGNORED_RATIO` x the batch did not move (a
+#: step's fixed costs can hide a small batch's work, not a batch eight times larger).
+STILL_TIME = 1.5
 
 Point = tuple[int, str, "int | None"]
 
@@ -86,4 +92,33 @@ def flat_peaks(points: Sequence[Point], budget_bytes: int) -> str | None:
         f"peaks did not grow with the batch ({format_bytes(p_small)} at batch {small}, {format_bytes(p_large)} "
         f"at batch {large}): does make_batch use its batch_size? If it does, the optimizer step sets the peak "
         "over this range and the maximum stands"
+    )
+
+
+def batch_ignored(readings: Sequence[Reading], threshold_bytes: int) -> str | None:
+    """What shows that the batch never reached the step (None: it did, or the probes cannot tell): the
+    smallest and the largest fitting batch, at least :data:`IGNORED_RATIO` x apart, whose peaks (and forward and
+    backward phase's peaks, when measured) differ by less than ``threshold_bytes`` and whose step times differ
+    by less than :data:`STILL_TIME` x. Without step times at both, it cannot tell."""
+    fits = sorted(
+        (r for r in readings if r.kind == "fits" and r.peak_bytes is not None), key=lambda r: r.batch_size
+    )
+    if len(fits) < 2:
+        return None
+    small, large = fits[0], fits[-1]
+    if large.batch_size < IGNORED_RATIO * small.batch_size or not (small.step_seconds and large.step_seconds):
+        return None
+    assert small.peak_bytes is not None and large.peak_bytes is not None
+    if abs(large.peak_bytes - small.peak_bytes) >= threshold_bytes:
+        return None
+    if small.phase_bytes is not None and large.phase_bytes is not None:
+        if abs(large.phase_bytes - small.phase_bytes) >= threshold_bytes:
+            return None
+    if large.step_seconds >= STILL_TIME * small.step_seconds:
+        return None
+    return (
+        f"peaks and step times did not move from batch {small.batch_size} to batch {large.batch_size} "
+        f"({large.batch_size // small.batch_size:,}x the samples): {format_bytes(small.peak_bytes)} and "
+        f"{small.step_seconds:.3f} s a step at batch {small.batch_size}, {format_bytes(large.peak_bytes)} and "
+        f"{large.step_seconds:.3f} s at batch {large.batch_size}"
     )

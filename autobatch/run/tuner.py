@@ -24,7 +24,14 @@ from autobatch.core.rank_prior import per_rank
 from autobatch.core.search import Observation
 from autobatch.core.space import Combo, Ident, combinations, script_combos, script_note
 from autobatch.core.units import format_bytes
-from autobatch.errors import CompileFailed, ContractError, NothingFitsError, ScriptError
+from autobatch.errors import (
+    AutobatchError,
+    CompileFailed,
+    ContractError,
+    NoBlocksError,
+    NothingFitsError,
+    ScriptError,
+)
 from autobatch.records.failures import with_larger_oom
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.readings import measured_static, observation
@@ -38,6 +45,7 @@ from autobatch.run.rank_priors import StrategyPriors
 from autobatch.run.session import Session
 from autobatch.run.throughput import StepTimes
 from autobatch.run.trust import Watch
+from autobatch.step.as_is import batch_way
 
 if TYPE_CHECKING:
     pass
@@ -75,7 +83,10 @@ class Tuner(Choosing):
         device = session.device
         # On the CPU only timing probes' steps count: the search's ran under the pinned allocator.
         self.step_times = StepTimes(timing_only=device.type == "cpu")
-        self.watch = Watch(device.budget_bytes, strict=options.strict, warn=session.warn)  # leaks, data
+        way = batch_way(session.script_args, session.spec.options.get("batch_env")) if session.as_is else None
+        self.watch = Watch(
+            device.budget_bytes, strict=options.strict, warn=session.warn, batch_way=way
+        )  # leaks, data
         self.result = TuneResult(
             script=str(session.script),
             script_args=list(session.script_args),
@@ -142,12 +153,7 @@ class Tuner(Choosing):
         if self.result.chosen is None and failure is not None:
             raise failure
         if self.result.chosen is None:
-            raise NothingFitsError(
-                "no combination fits even the smallest batch within the budget of "
-                f"{format_bytes(device.budget_bytes)}",
-                hint="see each combination's reason (static memory vs budget); try bf16, a lighter optimizer, "
-                "recomputation, or more --memory",
-            )
+            raise nothing_fits(self.result, device.budget_bytes)
         return self.result
 
     # -- per combination ------------------------------------------------------------------------
@@ -195,7 +201,7 @@ class Tuner(Choosing):
         if unsupported:
             return unsupported
         if combo.recompute and not device.recompute_blocks:
-            return "no repeated blocks to recompute (name them with --recompute-class or RECOMPUTE_CLASSES)"
+            return f"{NO_BLOCKS} (name them with --recompute-class or RECOMPUTE_CLASSES)"
         if twin is not None and twin.reach is None:
             return (
                 f"cannot win: {twin.result.key} already plans the largest micro-batch this one could, and "
@@ -258,6 +264,7 @@ class Tuner(Choosing):
             baseline_bytes=device.baseline_bytes,
             batch_multiple=limits.batch_multiple,
             twin=twin.result.key if twin is not None else None,
+            seq_len=combo.seq_len,
         )
         self.result.notes.extend(f"{combo.key}: {note}" for note in answer.notes)
         self.watch.answer(combo.key, entry, self.result.notes)
@@ -357,3 +364,38 @@ class Tuner(Choosing):
         self.result.wall_seconds = round(time.perf_counter() - self.started, 3)
         if self.on_update:
             self.on_update(self.result)
+
+
+#: How the tuner skips a combination that recomputes a model without repeated blocks (:meth:`Tuner._skip_reason`).
+NO_BLOCKS = "no repeated blocks to recompute"
+
+
+def nothing_fits(result: TuneResult, budget_bytes: int) -> AutobatchError:
+    """The error of a tune that chose nothing, naming what stopped it: recomputation asked of a model with no
+    repeated blocks (every combination skipped, no probe: a broken contract, exit 3), a sequence length at
+    which not one sample fits beside static memory, else static memory against the budget (exit 4)."""
+    entries = result.combinations
+    if entries and all(e.status == "skipped" and NO_BLOCKS in (e.reason or "") for e in entries):
+        levels = ", ".join(dict.fromkeys(e.recompute_level or "full" for e in entries))
+        return NoBlocksError(
+            f"recomputation ({levels}) asked for, but the model has no repeated blocks to wrap, and every "
+            "combination asked recomputes: nothing was probed",
+            hint="name the block classes with --recompute-class (or RECOMPUTE_CLASSES in the script), or search "
+            "without recomputation: --recompute-level off",
+        )
+    searched = [e for e in entries if e.status == "infeasible"]
+    long = [e for e in searched if e.seq_len is not None and "tokens per sample" in (e.reason or "")]
+    if searched and len(long) == len(searched):
+        length = max(e.seq_len or 0 for e in long)
+        return NothingFitsError(
+            f"no combination fits one sample of {length:,} tokens (--seq-len {length}) within the budget of "
+            f"{format_bytes(budget_bytes)}: {long[0].key}: {long[0].reason}",
+            hint="static memory leaves room, the length does not: tune at the lengths the job runs (a shorter "
+            "--seq-len), or give it more --memory",
+        )
+    first = f": {searched[0].key}: {searched[0].reason}" if searched and searched[0].reason else ""
+    return NothingFitsError(
+        f"no combination fits even the smallest batch within the budget of {format_bytes(budget_bytes)}{first}",
+        hint="see each combination's reason (static memory vs budget); try bf16, a lighter optimizer, "
+        "recomputation, or more --memory",
+    )

@@ -159,6 +159,22 @@ def substitute(
     return out if seq_len is None else [arg.replace(SEQ_LEN_PLACEHOLDER, str(seq_len)) for arg in out]
 
 
+def batch_way(args: Sequence[str], batch_env: str | None) -> str:
+    """How the batch size reaches a script run as it is, in the words of its command line: the arguments that
+    hold ``{batch}`` (with the option before it), or the environment variable."""
+    words = [
+        " ".join(args[max(0, i - 1) : i + 1])
+        if i and args[i - 1].startswith("-") and arg == PLACEHOLDER
+        else arg
+        for i, arg in enumerate(args)
+        if PLACEHOLDER in arg
+    ]
+    ways = [f"`{w}` in its arguments" for w in words]
+    if batch_env:
+        ways.append(f"the environment variable {batch_env}")
+    return " and ".join(ways) or f"the environment variable {BATCH_ENV}"
+
+
 def has_placeholder(args: Sequence[str]) -> bool:
     return any(PLACEHOLDER in arg for arg in args)
 
