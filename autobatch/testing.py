@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autobatch.core.search import Observation
+from autobatch.devices.cpu import TIMING_ROOM
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 __all__ = [
@@ -284,6 +285,9 @@ class FakeRunner:
     recompute_blocks: tuple[str, ...] = ("Block",)
     unsupported_precisions: dict[str, str] = field(default_factory=dict)
     step_seconds: float = 0.01
+    #: What glibc's default allocator (a timing probe's, the job's) holds beyond the curve: a timing probe runs
+    #: out of memory when the curve plus it passes the budget plus the room it is given (0: it never does).
+    job_heap_bytes: int = 0
     torch_version: str = "fake"
     requests: list[ProbeRequest] = field(default_factory=list)
     closed: bool = False
@@ -334,6 +338,17 @@ class FakeRunner:
         batch, steps = request.batch_size, request.min_steps
         if curve(batch) > request.budget_bytes:
             return ProbeOutcome(kind="oom", batch_size=batch, steps=1, reason="fake: over the budget")
+        job_allocator = request.timing and not request.pinned_allocator and self.job_heap_bytes > 0
+        if job_allocator and curve(batch) + self.job_heap_bytes > request.budget_bytes + TIMING_ROOM:
+            peak = int(curve(batch)) + self.job_heap_bytes
+            return ProbeOutcome(
+                kind="oom",
+                batch_size=batch,
+                steps=1,
+                peak_bytes=peak,
+                job_allocator=True,
+                reason="fake: heap",
+            )
         peak = int(curve.measure(batch))
         seconds = self.step_seconds
         if self.level_seconds is not None:
@@ -348,6 +363,7 @@ class FakeRunner:
             budget_bytes=request.budget_bytes,
             steps=steps,
             step_seconds=[seconds] * steps,
+            job_allocator=job_allocator,
             samples_per_second=batch / seconds,
             param_bytes=params,
             grad_bytes=params,

@@ -31,7 +31,8 @@ def command(result: TuneResult) -> list[str] | None:
         return None
     chosen = result.chosen
     batch_env = result.as_is.get("batch_env")
-    env = [f"{batch_env}={chosen.micro_batch_size}"] if batch_env else []
+    env = [f"{name}={value}" for name, value in chosen.environment.items()]  # what the answer holds under
+    env += [f"{batch_env}={chosen.micro_batch_size}"] if batch_env else []
     variant = variant_of(chosen.precision)
     extra = (result.as_is.get("variants") or {}).get(variant, []) if variant else []
     args = substitute(

@@ -173,6 +173,9 @@ class Chosen:
     seq_len: int | None = None  # the length the plan is for (None: make_batch's one shape)
     recompute_level: str | None = None  # as ComboResult's
     compile: bool = False
+    #: Environment the answer holds under, which the job must set too (the CPU device: the probes' pinned
+    #: allocator, when glibc's defaults ran out of memory at the plan's micro-batch); empty: none.
+    environment: dict[str, str] = field(default_factory=dict)
 
     @property
     def ident(self) -> Ident:
@@ -260,6 +263,7 @@ class TuneResult:
                 "recompute_level",
                 "plan",
                 "global_batch_seconds",
+                "environment",
             ):  # when set
                 if name in combo and not combo.get(name):
                     combo.pop(name, None)
