@@ -25,10 +25,12 @@ from autobatch.core.units import format_bytes
 NOT_MEMORY = ("crash", "timeout")
 #: Fitting batches this far apart whose peaks barely differ are suspicious.
 FLAT_RATIO = 4
-#: Fitting batches this far apart whose peaks and step times do not move at all never reached the step.
-IGNORED_RATIO = 8
-#: A step time that grows by less than this factor over :data:`IGNORED_RATIO` x the batch did not move (a
-#: step's fixed costs can hide a small batch's work, not a batch eight times larger).
+#: Fitting batches this far apart whose peaks and step times do not move at all never reached the step. Three
+#: orders of magnitude: a small model's step at batch 8 and at 256 can both be its fixed costs (a 256-wide
+#: linear layer: the same peak and step time here), at 8 and 8192 it cannot; the search spans such a range
+#: only when it extrapolates flat peaks to the largest batch it may try.
+IGNORED_RATIO = 1024
+#: A step time that grows by less than this factor over :data:`IGNORED_RATIO` x the batch did not move.
 STILL_TIME = 1.5
 
 Point = tuple[int, str, "int | None"]

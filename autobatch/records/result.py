@@ -176,6 +176,19 @@ class Chosen:
     #: Environment the answer holds under, which the job must set too (the CPU device: the probes' pinned
     #: allocator, when glibc's defaults ran out of memory at the plan's micro-batch); empty: none.
     environment: dict[str, str] = field(default_factory=dict)
+    #: A script run as it is that accumulates gradients of its own: the micro-batches per optimizer step it
+    #: runs by itself (``accumulation_steps`` counts them, times what ``{accum}`` gives it); None: it does not.
+    script_accumulation: int | None = None
+
+    @property
+    def accumulation_words(self) -> str:
+        """``accumulation_steps`` and, when the script accumulates of its own, who does what of it."""
+        own = self.script_accumulation
+        if not own:
+            return str(self.accumulation_steps)
+        given = self.accumulation_steps // own
+        rest = f" x {given} through {{accum}}" if given > 1 else ""
+        return f"{self.accumulation_steps} (the script's own {own}{rest})"
 
     @property
     def ident(self) -> Ident:
@@ -264,6 +277,7 @@ class TuneResult:
                 "plan",
                 "global_batch_seconds",
                 "environment",
+                "script_accumulation",
             ):  # when set
                 if name in combo and not combo.get(name):
                     combo.pop(name, None)

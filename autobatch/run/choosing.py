@@ -9,7 +9,7 @@ are timed at their planned micro-batch, interleaved, until the rates decide (:mo
 from __future__ import annotations
 
 from autobatch.core.choice import Contender, Decision, dominated, preference
-from autobatch.core.plan import Candidate, Plan, choose, plan_accumulation
+from autobatch.core.plan import Candidate, Plan, choose, plan_accumulation, plan_with_script_accumulation
 from autobatch.core.space import Combo
 from autobatch.core.units import format_bytes
 from autobatch.core.world import strategy_fields
@@ -19,6 +19,7 @@ from autobatch.records.result import Chosen, ComboResult, TuneResult
 from autobatch.run.options import TuneOptions
 from autobatch.run.session import Session
 from autobatch.run.throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
+from autobatch.step.as_is import ACCUM_PLACEHOLDER
 
 
 class Choosing:
@@ -29,6 +30,7 @@ class Choosing:
     options: TuneOptions
     session: Session
     step_times: StepTimes
+    script_accumulation: int  # a script run as it is: micro-batches per optimizer step of its own (else 1)
 
     def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
         raise NotImplementedError  # the tuner's
@@ -41,9 +43,7 @@ class Choosing:
             if entry.max_batch_size is None or entry.status not in ("exact", "capped"):
                 candidates.append(Candidate(index, None, None, None))
                 continue
-            plan = plan_accumulation(
-                entry.max_batch_size, opts.global_batch_size, opts.world_size, opts.limits.batch_multiple
-            )
+            plan = self._plan(entry.max_batch_size)
             plans[index] = plan
             entry.plan = [plan.micro_batch_size, plan.accumulation_steps]
             candidates.append(Candidate(index, entry.max_batch_size, entry.samples_per_second, plan))
@@ -58,6 +58,8 @@ class Choosing:
             plan,
             **strategy_fields(self.session.strategy, self.session.nproc_per_node, plan.world_size),
         )
+        if self.script_accumulation > 1:
+            self.result.chosen.script_accumulation = self.script_accumulation
         if self.step_times.pinned:  # the answer holds under the probes' allocator only: the job runs it
             self.result.chosen.environment = dict(MALLOC_ENV)
         if opts.objective == "throughput" and decision is None and len(plans) > 1:
@@ -67,6 +69,24 @@ class Choosing:
             )
         if decision is not None:
             margin_of_choice(self.result, decision)
+
+    def _plan(self, max_batch_size: int) -> Plan:
+        """A combination's accumulation plan; a script run as it is that accumulates of its own is given the
+        accumulation that, times its own, reaches the global batch (:func:`plan_with_script_accumulation`)."""
+        opts = self.options
+        if self.script_accumulation > 1:
+            settable = any(ACCUM_PLACEHOLDER in arg for arg in self.session.script_args)
+            return plan_with_script_accumulation(
+                max_batch_size,
+                opts.global_batch_size,
+                opts.world_size,
+                opts.limits.batch_multiple,
+                self.script_accumulation,
+                settable,
+            )
+        return plan_accumulation(
+            max_batch_size, opts.global_batch_size, opts.world_size, opts.limits.batch_multiple
+        )
 
     def _settle(self, combos: list[Combo], plans: dict[int, Plan]) -> Decision | None:
         """The throughput choice (:mod:`autobatch.core.choice`): drop what recomputation cannot win,

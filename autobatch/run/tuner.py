@@ -80,6 +80,7 @@ class Tuner(Choosing):
         self.lines: dict[Ident, Affine] = {}  # each combination's line at the plan's length
         self.level_priors: dict[Ident, reuse.Prediction | None] = {}  # partial levels: from off and full
         self.targets: dict[Ident, int | None] = {}  # a resolved K/N: the micro-batch it was chosen for
+        self.script_accumulation = 1  # a script run as it is: micro-batches per optimizer step of its own
         device = session.device
         # On the CPU only timing probes' steps count: the search's ran under the pinned allocator.
         self.step_times = StepTimes(timing_only=device.type == "cpu")
@@ -332,6 +333,9 @@ class Tuner(Choosing):
 
     def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
         self.step_times.add(entry.ident, outcome, timing=purpose == "throughput")
+        own = outcome.info.get("micro_batches_per_step")  # a script run as it is that accumulates of its own
+        if outcome.fits and own:
+            self.script_accumulation = int(own)
         entry.trace.append(ProbeRecord.of(outcome, purpose))
         entry.probes = len(entry.trace)
         self._update()

@@ -127,7 +127,8 @@ def accumulation_note(micro: int) -> str:
     return (
         f"the script runs {micro} backward passes per optimizer step (gradient accumulation of its own): samples "
         f"per second count {micro} micro-batches a step, each optimizer step sees {micro} x the micro-batch, and "
-        "the plan's accumulation multiplies the script's"
+        "the plan counts them: micro-batch x accumulation (the script's own, times what {accum} gives it) x world "
+        "= global"
     )
 
 

@@ -11,7 +11,7 @@ import json
 import pytest
 from support import SCRIPTS, run_cli
 
-from autobatch.errors import EXIT_NOTHING_FITS, EXIT_SCRIPT
+from autobatch.errors import EXIT_NOTHING_FITS, EXIT_SCRIPT, EXIT_USAGE
 
 pytestmark = pytest.mark.slow
 
@@ -61,3 +61,36 @@ def test_a_script_whose_later_batches_are_longer_is_told_in_its_own_words(tmp_pa
     err = " ".join(proc.stderr.split())
     assert "the peak depends on the data" in err, err
     assert "the script's first batches must be its worst case" in err and "make_batch" not in err
+
+
+def test_a_script_that_accumulates_itself_is_planned_with_its_own_accumulation(tmp_path) -> None:
+    # accumulates.py runs 4 backward passes per optimizer step: 512 a micro-batch reach 2048 by themselves
+    proc = run_cli(
+        "tune", str(SCRIPTS / "as_is" / "accumulates.py"), *CPU, "--global-batch-size", "2048", "--json",
+        "--output", str(tmp_path / "r.json"), "--emit", f"args={tmp_path / 'run.sh'}", "--", "--batch-size", "{batch}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    chosen = json.loads(proc.stdout)["chosen"]
+    assert (chosen["micro_batch_size"], chosen["accumulation_steps"], chosen["global_batch_size"]) == (
+        512,
+        4,
+        2048,
+    )
+    assert chosen["script_accumulation"] == 4
+    err = " ".join(proc.stderr.split())
+    assert "micro-batch 512 x accumulation 4 (the script's own 4) x world 1 = global 2048" in err, err
+    line = (tmp_path / "run.sh").read_text().splitlines()[-1]
+    assert line.endswith("accumulates.py --batch-size 512"), line
+
+
+def test_a_global_batch_the_scripts_own_accumulation_cannot_reach_is_refused_with_the_arithmetic(
+    tmp_path,
+) -> None:
+    proc = run_cli(
+        "tune", str(SCRIPTS / "as_is" / "accumulates.py"), *CPU, "--global-batch-size", "2048",
+        "--max-batch-size", "256", "--output", str(tmp_path / "r.json"), "--", "--batch-size", "{batch}",
+    )  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "global batch 2048 = micro-batch x 4 (the script's own accumulation" in err, err
+    assert "needs micro-batch 512, above the maximum 256" in err and "{accum}" in err
