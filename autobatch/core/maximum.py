@@ -296,11 +296,13 @@ def reason(
     if left > static.total and left > budget_bytes // 4:  # static memory is not what fails: the batch is
         at = f" at {seq_len:,} tokens per sample" if seq_len is not None else ""
         sample = (
-            f"{batch_multiple} sample(s) of {seq_len:,} tokens" if seq_len is not None else "its activations"
+            f"a batch of {batch_multiple} sample(s) of {seq_len:,} tokens"
+            if seq_len is not None
+            else "the batch"
         )
         return (
             f"batch {batch_multiple} does not fit{at}: {static_text}{process} leave {format_bytes(left)} of the "
-            f"budget of {format_bytes(budget_bytes)}, and {sample} need more"
+            f"budget of {format_bytes(budget_bytes)}, and {sample} needs more"
         )
     return (
         f"batch {batch_multiple} does not fit: {static_text} against a budget of {format_bytes(budget_bytes)}"
