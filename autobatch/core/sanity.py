@@ -82,8 +82,13 @@ def flat_bytes(budget_bytes: int) -> int:
     return max(2 << 20, budget_bytes // 500)
 
 
-def flat_peaks(points: Sequence[Point], budget_bytes: int) -> str | None:
-    """A warning when the peaks of fitting probes do not grow over a :data:`FLAT_RATIO` x range."""
+#: What the flat-peaks warning asks of a three-function script.
+MAKE_BATCH_QUESTION = "does make_batch use its batch_size?"
+
+
+def flat_peaks(points: Sequence[Point], budget_bytes: int, question: str = MAKE_BATCH_QUESTION) -> str | None:
+    """A warning when the peaks of fitting probes do not grow over a :data:`FLAT_RATIO` x range; ``question``
+    asks whether the batch reaches the step (a script run as it is: in its own words)."""
     fits = sorted((b, peak) for b, kind, peak in points if kind == "fits" and peak is not None)
     if len(fits) < 2:
         return None
@@ -92,8 +97,8 @@ def flat_peaks(points: Sequence[Point], budget_bytes: int) -> str | None:
         return None
     return (
         f"peaks did not grow with the batch ({format_bytes(p_small)} at batch {small}, {format_bytes(p_large)} "
-        f"at batch {large}): does make_batch use its batch_size? If it does, the optimizer step sets the peak "
-        "over this range and the maximum stands"
+        f"at batch {large}): {question} If it does, the optimizer step sets the peak over this range and the "
+        "maximum stands"
     )
 
 

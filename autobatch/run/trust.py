@@ -81,7 +81,12 @@ class Watch:
         ignored = sanity.batch_ignored(self.readings[key], self.threshold)
         if ignored is not None:
             raise self._ignored(key, ignored)
-        flat = sanity.flat_peaks(points, self.budget_bytes)
+        question = (
+            f"does the script use the batch size it is given ({self.batch_way})?"
+            if self.batch_way is not None
+            else sanity.MAKE_BATCH_QUESTION
+        )
+        flat = sanity.flat_peaks(points, self.budget_bytes, question)
         if flat:
             notes.append(f"{key}: warning: {flat}")
         dependence = data_dependence(self.readings[key], self.threshold, self.tolerance, self.as_is)
