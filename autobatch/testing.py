@@ -285,9 +285,7 @@ class FakeRunner:
     recompute_blocks: tuple[str, ...] = ("Block",)
     unsupported_precisions: dict[str, str] = field(default_factory=dict)
     step_seconds: float = 0.01
-    #: What glibc's default allocator (a timing probe's, the job's) holds beyond the curve: a timing probe runs
-    #: out of memory when the curve plus it passes the budget plus the room it is given (0: it never does).
-    job_heap_bytes: int = 0
+    job_heap_bytes: int = 0  # what the job's allocator adds in a timing probe: above the room, it runs out
     torch_version: str = "fake"
     requests: list[ProbeRequest] = field(default_factory=list)
     closed: bool = False
@@ -339,16 +337,11 @@ class FakeRunner:
         if curve(batch) > request.budget_bytes:
             return ProbeOutcome(kind="oom", batch_size=batch, steps=1, reason="fake: over the budget")
         job_allocator = request.timing and not request.pinned_allocator and self.job_heap_bytes > 0
-        if job_allocator and curve(batch) + self.job_heap_bytes > request.budget_bytes + TIMING_ROOM:
-            peak = int(curve(batch)) + self.job_heap_bytes
-            return ProbeOutcome(
-                kind="oom",
-                batch_size=batch,
-                steps=1,
-                peak_bytes=peak,
-                job_allocator=True,
-                reason="fake: heap",
-            )
+        if (
+            job_allocator
+            and (heap := int(curve(batch)) + self.job_heap_bytes) > request.budget_bytes + TIMING_ROOM
+        ):
+            return ProbeOutcome(kind="oom", batch_size=batch, steps=1, peak_bytes=heap, job_allocator=True)
         peak = int(curve.measure(batch))
         seconds = self.step_seconds
         if self.level_seconds is not None:
