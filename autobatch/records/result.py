@@ -350,7 +350,7 @@ def limited_failure(result: TuneResult) -> ProbeFailure | None:
     )
 
 
-#: How the tuner skips a combination that recomputes a model without repeated blocks (:meth:`autobatch.run.tuner.Tuner._skip_reason`).
+#: How the tuner skips a combination that recomputes a model without repeated blocks.
 NO_BLOCKS = "no repeated blocks to recompute"
 
 

@@ -67,6 +67,7 @@ def test_a_script_that_accumulates_itself_is_planned_with_its_own_accumulation(t
     # accumulates.py runs 4 backward passes per optimizer step: 512 a micro-batch reach 2048 by themselves
     proc = run_cli(
         "tune", str(SCRIPTS / "as_is" / "accumulates.py"), *CPU, "--global-batch-size", "2048", "--json",
+        "--max-batch-size", "4096",
         "--output", str(tmp_path / "r.json"), "--emit", f"args={tmp_path / 'run.sh'}", "--", "--batch-size", "{batch}",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
