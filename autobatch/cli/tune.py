@@ -157,7 +157,7 @@ def summary_line(result: TuneResult, path: str) -> str:
         return f"autobatch: no combination chosen ({how}); result in {path}"
     return (
         f"autobatch: {combo_key(*ch.ident)} "
-        f"micro-batch {ch.micro_batch_size} x accumulation {ch.accumulation_steps} x world {ch.world_size} = "
+        f"micro-batch {ch.micro_batch_size} x accumulation {ch.accumulation_words} x world {ch.world_size} = "
         f"global {ch.global_batch_size} ({how}); result in {path}"
     )
 
@@ -273,7 +273,7 @@ def print_chosen(result: TuneResult) -> None:
         f"[bold green]chosen[/] ({result.objective}): {ch.precision} / {ch.optimizer} / recompute "
         f"{ {'full': 'on'}.get(ch.ident[2], ch.ident[2]) }{' / torch.compile' if ch.compile else ''}: "
         f"micro-batch {ch.micro_batch_size} x accumulation "
-        f"{ch.accumulation_steps} x world {ch.world_size} = global {ch.global_batch_size}"
+        f"{ch.accumulation_words} x world {ch.world_size} = global {ch.global_batch_size}"
         + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else "")
         + (f", at {ch.seq_len} tokens per sample" if ch.seq_len else ""),
         soft_wrap=unwrapped,

@@ -270,12 +270,16 @@ def _at_edge(a: Timing, b: Timing) -> bool:
     """Within the equivalence band by less than the noise: whether it is in or out is the noise's call (the
     root tune on a quiet machine: sgd 6.5-10.5 % faster than adamw in four runs, 4.9 % in the fifth, a tie
     that went to adamw)."""
-    gap = abs(a.rate - b.rate) / max(a.rate, b.rate)
+    fastest = max(a.rate, b.rate)
+    if fastest <= 0:  # neither has a timed step: nothing to be at the edge of
+        return False
+    gap = abs(a.rate - b.rate) / fastest
     return EQUIVALENT - gap <= NOISE_Z * math.hypot(a.rse, b.rse)
 
 
 def needs_more(timings: Sequence[Timing], rse_bound: float = RSE_BOUND) -> list[int]:
-    """The contenders to time again, in the user's order: first every one that one probe alone timed (its
+    """The contenders to time again, in the user's order: first every one without a timed step (its timing
+    probe ran out of memory, or its steps stopped counting); then every one that one probe alone timed (its
     steps cannot show the load between probes, so its reach is unknown), unless no thread of that probe
     waited for a core; then, when some were timed quietly, those only timed on a busy machine (the load
     may have passed; when none was, more probes beside it settle nothing); then, when one is tied with
@@ -285,6 +289,9 @@ def needs_more(timings: Sequence[Timing], rse_bound: float = RSE_BOUND) -> list[
     timed)."""
     if len(timings) < 2:
         return []
+    untimed = sorted(t.index for t in timings if t.rate <= 0)
+    if untimed:  # no timed step (its timing probe ran out of memory, or its steps no longer count): time it
+        return untimed
     once = sorted(t.index for t in timings if t.alone)
     if once:  # one probe's steady steps say nothing of the load between probes: no one is out of reach yet
         return once

@@ -265,9 +265,11 @@ def reason(
     baseline_bytes: int | None,
     batch_multiple: int,
     twin: str | None = None,
+    seq_len: int | None = None,
 ) -> str | None:
     """Why a combination has no exact maximum (None when it has one). ``twin``: the combination without
-    recomputation that a pruned one with it could not outplan."""
+    recomputation that a pruned one with it could not outplan; ``seq_len``: the tokens per sample its probes
+    ran at (when static memory leaves room, what did not fit is one batch at that length)."""
     if maximum.status == "pruned":
         why = (
             f"cannot win: batch {maximum.upper_bound} does not fit, so it plans no micro-batch that {twin} "
@@ -286,10 +288,24 @@ def reason(
         if baseline_bytes
         else ""
     )
+    static_text = (
+        f"parameters {format_bytes(static.parameters)} + gradients {format_bytes(static.gradients)} + optimizer "
+        f"state {format_bytes(static.optimizer_state)} = {format_bytes(static.total)} of static memory"
+    )
+    left = budget_bytes - static.total - (baseline_bytes or 0)
+    if left > static.total and left > budget_bytes // 4:  # static memory is not what fails: the batch is
+        at = f" at {seq_len:,} tokens per sample" if seq_len is not None else ""
+        sample = (
+            f"a batch of {batch_multiple} sample(s) of {seq_len:,} tokens"
+            if seq_len is not None
+            else "the batch"
+        )
+        return (
+            f"batch {batch_multiple} does not fit{at}: {static_text}{process} leave {format_bytes(left)} of the "
+            f"budget of {format_bytes(budget_bytes)}, and {sample} needs more"
+        )
     return (
-        f"batch {batch_multiple} does not fit: parameters {format_bytes(static.parameters)} + gradients "
-        f"{format_bytes(static.gradients)} + optimizer state {format_bytes(static.optimizer_state)} = "
-        f"{format_bytes(static.total)} of static memory against a budget of {format_bytes(budget_bytes)}"
+        f"batch {batch_multiple} does not fit: {static_text} against a budget of {format_bytes(budget_bytes)}"
         + process
     )
 

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autobatch.core.space import OBJECTIVES
+from autobatch.errors import UsageError
 
-__all__ = ["Candidate", "Plan", "choose", "knee", "plan_accumulation"]
+__all__ = ["Candidate", "Plan", "choose", "knee", "plan_accumulation", "plan_with_script_accumulation"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,53 @@ def plan_accumulation(
             f"{alt_m} x {fewest} steps x {w} device(s) = {alt} ({_percent(alt, g)}) would need {fewest}"
         )
     return Plan(m, s, w, effective, g, deviation == 0, "; ".join(notes) or None)
+
+
+def plan_with_script_accumulation(
+    max_micro_batch: int,
+    global_batch_size: int | None,
+    world_size: int,
+    batch_multiple: int,
+    own: int,
+    settable: bool,
+) -> Plan:
+    """The plan of a script run as it is that accumulates ``own`` micro-batches per optimizer step of its own
+    (its backward passes per step), so that micro-batch x accumulation x world is the global batch asked for.
+
+    The plan's ``accumulation_steps`` counts every micro-batch of an optimizer step: ``own`` times what the plan
+    gives the script through ``{accum}`` when its arguments have one (``settable``: the script then accumulates
+    ``own`` times that), ``own`` itself when they have none (nothing else can reach the script). A global batch
+    no such split reaches is refused with the arithmetic (:class:`~autobatch.errors.UsageError`)."""
+    if global_batch_size is None:
+        m = max_micro_batch
+        return Plan(m, own, world_size, m * own * world_size, None, True, None)
+    g, w = global_batch_size, world_size
+    if settable and g % own == 0:
+        inner = plan_accumulation(max_micro_batch, g // own, w, batch_multiple)
+        s = inner.accumulation_steps
+        return Plan(
+            inner.micro_batch_size, s * own, w, inner.global_batch_size * own, g, inner.exact, inner.note
+        )
+    micro, rest = divmod(g, own * w)
+    if not rest and micro <= max_micro_batch:
+        return Plan(micro, own, w, g, g, True, None)
+    why = (
+        f"needs micro-batch {micro}, above the maximum {max_micro_batch}"
+        if not rest
+        else f"is not a multiple of {own} x {w} = {own * w}"
+    )
+    largest = own * w * max_micro_batch
+    raise UsageError(
+        f"global batch {g} = micro-batch x {own} (the script's own accumulation: {own} backward passes per optimizer "
+        f"step) x world {w} {why}",
+        hint=(
+            f"ask for a global batch that is a multiple of {own * w} up to {largest} (--global-batch-size), "
+            "or let the plan set the script's accumulation: put {accum} where the script takes it in its "
+            "arguments (-- ... --accumulate {accum}), which each probe runs at 1"
+            if not settable
+            else f"ask for a global batch that is a multiple of {own} (--global-batch-size)"
+        ),
+    )
 
 
 def _percent(effective: int, requested: int) -> str:

@@ -18,12 +18,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autobatch.core.steady import Reading
 from autobatch.core.units import format_bytes
 
 #: Kinds that are not an answer about memory.
 NOT_MEMORY = ("crash", "timeout")
 #: Fitting batches this far apart whose peaks barely differ are suspicious.
 FLAT_RATIO = 4
+#: Fitting batches this far apart whose peaks and step times do not move at all never reached the step. Three
+#: orders of magnitude: a small model's step at batch 8 and at 256 can both be its fixed costs (a 256-wide
+#: linear layer: the same peak and step time here), at 8 and 8192 it cannot; the search spans such a range
+#: only when it extrapolates flat peaks to the largest batch it may try.
+IGNORED_RATIO = 1024
+#: A step time that grows by less than this factor over :data:`IGNORED_RATIO` x the batch did not move.
+STILL_TIME = 1.5
 
 Point = tuple[int, str, "int | None"]
 
@@ -74,8 +82,13 @@ def flat_bytes(budget_bytes: int) -> int:
     return max(2 << 20, budget_bytes // 500)
 
 
-def flat_peaks(points: Sequence[Point], budget_bytes: int) -> str | None:
-    """A warning when the peaks of fitting probes do not grow over a :data:`FLAT_RATIO` x range."""
+#: What the flat-peaks warning asks of a three-function script.
+MAKE_BATCH_QUESTION = "does make_batch use its batch_size?"
+
+
+def flat_peaks(points: Sequence[Point], budget_bytes: int, question: str = MAKE_BATCH_QUESTION) -> str | None:
+    """A warning when the peaks of fitting probes do not grow over a :data:`FLAT_RATIO` x range; ``question``
+    asks whether the batch reaches the step (a script run as it is: in its own words)."""
     fits = sorted((b, peak) for b, kind, peak in points if kind == "fits" and peak is not None)
     if len(fits) < 2:
         return None
@@ -84,6 +97,35 @@ def flat_peaks(points: Sequence[Point], budget_bytes: int) -> str | None:
         return None
     return (
         f"peaks did not grow with the batch ({format_bytes(p_small)} at batch {small}, {format_bytes(p_large)} "
-        f"at batch {large}): does make_batch use its batch_size? If it does, the optimizer step sets the peak "
-        "over this range and the maximum stands"
+        f"at batch {large}): {question} If it does, the optimizer step sets the peak over this range and the "
+        "maximum stands"
+    )
+
+
+def batch_ignored(readings: Sequence[Reading], threshold_bytes: int) -> str | None:
+    """What shows that the batch never reached the step (None: it did, or the probes cannot tell): the
+    smallest and the largest fitting batch, at least :data:`IGNORED_RATIO` x apart, whose peaks (and forward and
+    backward phase's peaks, when measured) differ by less than ``threshold_bytes`` and whose step times differ
+    by less than :data:`STILL_TIME` x. Without step times at both, it cannot tell."""
+    fits = sorted(
+        (r for r in readings if r.kind == "fits" and r.peak_bytes is not None), key=lambda r: r.batch_size
+    )
+    if len(fits) < 2:
+        return None
+    small, large = fits[0], fits[-1]
+    if large.batch_size < IGNORED_RATIO * small.batch_size or not (small.step_seconds and large.step_seconds):
+        return None
+    assert small.peak_bytes is not None and large.peak_bytes is not None
+    if abs(large.peak_bytes - small.peak_bytes) >= threshold_bytes:
+        return None
+    if small.phase_bytes is not None and large.phase_bytes is not None:
+        if abs(large.phase_bytes - small.phase_bytes) >= threshold_bytes:
+            return None
+    if large.step_seconds >= STILL_TIME * small.step_seconds:
+        return None
+    return (
+        f"peaks and step times did not move from batch {small.batch_size} to batch {large.batch_size} "
+        f"({large.batch_size // small.batch_size:,}x the samples): {format_bytes(small.peak_bytes)} and "
+        f"{small.step_seconds:.3f} s a step at batch {small.batch_size}, {format_bytes(large.peak_bytes)} and "
+        f"{large.step_seconds:.3f} s at batch {large.batch_size}"
     )

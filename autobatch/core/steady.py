@@ -80,6 +80,8 @@ class Reading:
     peak_bytes: int | None
     step_peaks: tuple[int, ...] = ()
     batch_shapes: tuple[str, ...] = ()
+    step_seconds: float | None = None  # the median of its timed steps (its first left out; None: not timed)
+    phase_bytes: int | None = None  # the forward and backward phase's peak, when the first backward ended
 
 
 @dataclass(frozen=True)
@@ -141,14 +143,20 @@ def lower_peak(readings: Sequence[Reading], threshold: int) -> tuple[Reading, Re
     return None
 
 
-def data_dependence(readings: Sequence[Reading], threshold: int, tolerance: int) -> str | None:
-    """What shows that one combination's peak depends on the data (see the module docstring), or None."""
+def data_dependence(
+    readings: Sequence[Reading], threshold: int, tolerance: int, as_is: bool = False
+) -> str | None:
+    """What shows that one combination's peak depends on the data (see the module docstring), or None.
+    ``as_is``: the script runs as it is, and its own loader draws the batches (no ``make_batch`` to name)."""
     evidence: list[str] = []
     shaped = next((r for r in readings if len(r.batch_shapes) > 1), None)
     if shaped is not None:
-        evidence.append(
-            f"make_batch({shaped.batch_size}) returned batches of different shapes ({' then '.join(shaped.batch_shapes)})"
+        who = (
+            f"at batch {shaped.batch_size} the script's batches had"
+            if as_is
+            else (f"make_batch({shaped.batch_size}) returned batches of")
         )
+        evidence.append(f"{who} different shapes ({' then '.join(shaped.batch_shapes)})")
     for r in readings:
         rise = step_rise(r.step_peaks, threshold)
         if rise is not None and find_leak(r.step_peaks, tolerance) is None:
@@ -167,8 +175,13 @@ def data_dependence(readings: Sequence[Reading], threshold: int, tolerance: int)
         )
     if not evidence:
         return None
+    fix = (
+        "the script's first batches must be its worst case (sort its data longest first, or pad every batch to "
+        "the longest sequence, the largest image the job sees)"
+        if as_is
+        else "make_batch must return the worst case (the longest sequence, the largest image) at every call"
+    )
     return (
         f"the peak depends on the data: {'; '.join(evidence)}. The maximum holds for the batches the probes "
-        "drew, not for every batch of the job: make_batch must return the worst case (the longest sequence, "
-        "the largest image) at every call"
+        f"drew, not for every batch of the job: {fix}"
     )

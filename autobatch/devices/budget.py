@@ -231,6 +231,11 @@ def apply_margin(outcome: ProbeOutcome, device: DeviceInfo) -> bool:
 def margin_reason(margin_bytes: int, peak_bytes: int | None, budget_bytes: int, why: str) -> str:
     """Why a probe that fitted the budget by less than the margin counts as out of memory (after the probe,
     :func:`apply_margin`; or when a search probe stopped at the margin's line, :mod:`autobatch.probe.worker`)."""
+    if peak_bytes is not None and peak_bytes > budget_bytes:  # past the budget: no margin is left to speak of
+        return (
+            f"peaked {format_bytes(peak_bytes)}, {format_bytes(peak_bytes - budget_bytes)} above the budget of "
+            f"{format_bytes(budget_bytes)}: it does not fit"
+        )
     return (
         f"fitted by less than the {format_bytes(margin_bytes)} margin (peak {format_bytes(peak_bytes)} of "
         f"{format_bytes(budget_bytes)}): {why}"

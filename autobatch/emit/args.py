@@ -31,12 +31,12 @@ def command(result: TuneResult) -> list[str] | None:
         return None
     chosen = result.chosen
     batch_env = result.as_is.get("batch_env")
-    env = [f"{batch_env}={chosen.micro_batch_size}"] if batch_env else []
+    env = [f"{name}={value}" for name, value in chosen.environment.items()]  # what the answer holds under
+    env += [f"{batch_env}={chosen.micro_batch_size}"] if batch_env else []
     variant = variant_of(chosen.precision)
     extra = (result.as_is.get("variants") or {}).get(variant, []) if variant else []
-    args = substitute(
-        [*result.script_args, *extra], chosen.micro_batch_size, chosen.accumulation_steps, chosen.seq_len
-    )
+    given = chosen.accumulation_steps // (chosen.script_accumulation or 1)  # the rest is the script's own
+    args = substitute([*result.script_args, *extra], chosen.micro_batch_size, given, chosen.seq_len)
     return [*env, *launcher(chosen), result.script, *args]
 
 
@@ -75,7 +75,7 @@ def render_args(result: TuneResult, options: EmitOptions) -> str:
 
 def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
     chosen = require_chosen(result)
-    if result.as_is is None or chosen.accumulation_steps == 1:
+    if result.as_is is None or chosen.accumulation_steps == (chosen.script_accumulation or 1):
         return []
     if any(ACCUM_PLACEHOLDER in arg for arg in result.script_args):
         return []

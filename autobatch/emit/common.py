@@ -107,7 +107,7 @@ def script_own(chosen: Chosen) -> bool:
 def arithmetic(chosen: Chosen) -> str:
     """The batch arithmetic, nanoGPT-style: ``micro-batch 12 x accumulation 5 x world 8 = global 480``."""
     text = (
-        f"micro-batch {chosen.micro_batch_size} x accumulation {chosen.accumulation_steps} "
+        f"micro-batch {chosen.micro_batch_size} x accumulation {chosen.accumulation_words} "
         f"x world {chosen.world_size} = global {chosen.global_batch_size}"
     )
     if chosen.seq_len is not None:  # the plan is for the job's length (autobatch.run.lengths)

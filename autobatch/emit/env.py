@@ -20,6 +20,9 @@ Variables (values are plain tokens, so no quoting is needed; booleans are 1 or 0
 ``AUTOBATCH_TOKEN_BUDGET``                 tuned over sequence lengths: the most tokens per micro-batch
                                            (batch x length) that fit at every searched length, for
                                            ``max_tokens`` samplers and packing
+``MALLOC_ARENA_MAX``,                      the CPU device, when glibc's default allocator ran out of
+``MALLOC_MMAP_THRESHOLD_``                 memory at the plan's micro-batch: the allocator the probes
+                                           ran, which the answer holds under (the job must run it too)
 =========================================  ==============================================
 
 A script tuned as it is keeps its own precision, optimizer and recomputation: the three variables that
@@ -61,6 +64,8 @@ ENV_NAMES: tuple[str, ...] = (
     "AUTOBATCH_COMMAND",
     "AUTOBATCH_PLAN_SEQ_LEN",
     "AUTOBATCH_TOKEN_BUDGET",
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
 )
 
 
@@ -83,6 +88,7 @@ def variables(result: TuneResult) -> dict[str, str]:
         "AUTOBATCH_PLAN_SEQ_LEN": chosen.seq_len,
         "AUTOBATCH_TOKEN_BUDGET": token_budget(result),
     }
+    values.update(chosen.environment)  # what the answer holds under (the CPU device's pinned allocator)
     if script_own(chosen):
         own = ("AUTOBATCH_PRECISION", "AUTOBATCH_OPTIMIZER", "AUTOBATCH_RECOMPUTE_ACTIVATIONS")
         for name in (*own, "AUTOBATCH_RECOMPUTE_LEVEL", "AUTOBATCH_TORCH_COMPILE"):

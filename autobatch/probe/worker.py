@@ -167,7 +167,7 @@ def _device_hooks(
         # ``offset`` less than that one at the same step, so its cap is that much lower and its readings higher.
         offset = request.offset_for()
         # A timing probe measures the step as the job's allocator runs it; its cap leaves room for that heap.
-        outcome.job_allocator = request.timing and cpu.job_allocator()
+        outcome.job_allocator = request.timing and not request.pinned_allocator and cpu.job_allocator()
         cpu.apply_cap(request.budget_bytes - offset + (cpu.TIMING_ROOM if outcome.job_allocator else 0))
         _start_thread_pool()
         vm0 = cpu.read_status()

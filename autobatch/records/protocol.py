@@ -57,6 +57,10 @@ class ProbeRequest:
     #: runs under the job's allocator (:func:`autobatch.devices.cpu.job_allocator`) with room for the heap
     #: that allocator keeps (:data:`autobatch.devices.cpu.TIMING_ROOM`), so its peak says nothing of the cap.
     timing: bool = False
+    #: A timing probe under the probes' pinned allocator (:data:`autobatch.devices.cpu.MALLOC_ENV`) instead of
+    #: the job's: asked once a timing probe under the job's allocator ran out of memory (the job must then run
+    #: with the pinned allocator, and every contender is timed under it).
+    pinned_allocator: bool = False
 
     def offset_for(self, rank: int = 0) -> int:
         """The fresh-process offset of ``rank`` (0 when none was measured)."""

@@ -57,11 +57,19 @@ def measured_static(outcomes: Iterable[ProbeOutcome]) -> StaticMemory | None:
 
 
 def reading(outcome: ProbeOutcome) -> Reading:
-    """What :mod:`autobatch.core.steady` reads of an outcome: its peak net of the probe process's own memory
-    before building (which moves from run to run), its steps' peaks and its batches' shapes."""
+    """What :mod:`autobatch.core.steady` and :mod:`autobatch.core.sanity` read of an outcome: its peak net of the
+    probe process's own memory before building (which moves from run to run), its steps' peaks, its batches'
+    shapes, its median step time and its forward and backward phase's peak."""
     peak = outcome.peak_bytes
     if peak is not None and outcome.baseline_bytes is not None:
         peak -= outcome.baseline_bytes
+    timed = sorted(outcome.step_seconds[1:])
     return Reading(
-        outcome.batch_size, outcome.kind, peak, tuple(outcome.step_peaks), tuple(outcome.batch_shapes)
+        outcome.batch_size,
+        outcome.kind,
+        peak,
+        tuple(outcome.step_peaks),
+        tuple(outcome.batch_shapes),
+        step_seconds=timed[len(timed) // 2] if timed else None,
+        phase_bytes=outcome.first_backward_peak_bytes,
     )

@@ -65,7 +65,8 @@ from typing import TYPE_CHECKING, Any
 
 from autobatch.core.levels import FULL, OFF
 from autobatch.core.space import Combo, Ident, combo_key, ident_of
-from autobatch.errors import ProbeFailure
+from autobatch.core.units import format_bytes
+from autobatch.errors import AutobatchError, NoBlocksError, NothingFitsError, ProbeFailure
 from autobatch.records.schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:
@@ -173,6 +174,22 @@ class Chosen:
     seq_len: int | None = None  # the length the plan is for (None: make_batch's one shape)
     recompute_level: str | None = None  # as ComboResult's
     compile: bool = False
+    #: Environment the answer holds under, which the job must set too (the CPU device: the probes' pinned
+    #: allocator, when glibc's defaults ran out of memory at the plan's micro-batch); empty: none.
+    environment: dict[str, str] = field(default_factory=dict)
+    #: A script run as it is that accumulates gradients of its own: the micro-batches per optimizer step it
+    #: runs by itself (``accumulation_steps`` counts them, times what ``{accum}`` gives it); None: it does not.
+    script_accumulation: int | None = None
+
+    @property
+    def accumulation_words(self) -> str:
+        """``accumulation_steps`` and, when the script accumulates of its own, who does what of it."""
+        own = self.script_accumulation
+        if not own:
+            return str(self.accumulation_steps)
+        given = self.accumulation_steps // own
+        rest = f" x {given} through {{accum}}" if given > 1 else ""
+        return f"{self.accumulation_steps} (the script's own {own}{rest})"
 
     @property
     def ident(self) -> Ident:
@@ -260,6 +277,8 @@ class TuneResult:
                 "recompute_level",
                 "plan",
                 "global_batch_seconds",
+                "environment",
+                "script_accumulation",
             ):  # when set
                 if name in combo and not combo.get(name):
                     combo.pop(name, None)
@@ -328,4 +347,39 @@ def limited_failure(result: TuneResult) -> ProbeFailure | None:
         f"{len(limited)} combination(s) ended on a crash or timeout, not on memory:\n  " + "\n  ".join(lines),
         hint="run `autobatch check SCRIPT --batch-size N --verbose` at that batch to see the probe's log; a timeout "
         "needs a larger --timeout, a crash is a bug in the script or a native library (not memory)",
+    )
+
+
+#: How the tuner skips a combination that recomputes a model without repeated blocks.
+NO_BLOCKS = "no repeated blocks to recompute"
+
+
+def nothing_fits(result: TuneResult, budget_bytes: int) -> AutobatchError:
+    """The error of a tune that chose nothing, naming what stopped it: recomputation asked of a model with no
+    repeated blocks (every combination skipped, no probe: a broken contract, exit 3), a sequence length at
+    which not one sample fits beside static memory, else static memory against the budget (exit 4)."""
+    entries = result.combinations
+    if entries and all(e.status == "skipped" and NO_BLOCKS in (e.reason or "") for e in entries):
+        levels = ", ".join(dict.fromkeys(e.recompute_level or "full" for e in entries))
+        return NoBlocksError(
+            f"recomputation ({levels}) asked for, but the model has no repeated blocks to wrap, and every "
+            "combination asked recomputes: nothing was probed",
+            hint="name the block classes with --recompute-class (or RECOMPUTE_CLASSES in the script), or search "
+            "without recomputation: --recompute-level off",
+        )
+    searched = [e for e in entries if e.status == "infeasible"]
+    long = [e for e in searched if e.seq_len is not None and "tokens per sample" in (e.reason or "")]
+    if searched and len(long) == len(searched):
+        length = max(e.seq_len or 0 for e in long)
+        return NothingFitsError(
+            f"no combination fits one sample of {length:,} tokens (--seq-len {length}) within the budget of "
+            f"{format_bytes(budget_bytes)}: {long[0].key}: {long[0].reason}",
+            hint="static memory leaves room, the length does not: tune at the lengths the job runs (a shorter "
+            "--seq-len), or give it more --memory",
+        )
+    first = f": {searched[0].key}: {searched[0].reason}" if searched and searched[0].reason else ""
+    return NothingFitsError(
+        f"no combination fits even the smallest batch within the budget of {format_bytes(budget_bytes)}{first}",
+        hint="see each combination's reason (static memory vs budget); try bf16, a lighter optimizer, "
+        "recomputation, or more --memory",
     )

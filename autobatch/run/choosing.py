@@ -9,14 +9,17 @@ are timed at their planned micro-batch, interleaved, until the rates decide (:mo
 from __future__ import annotations
 
 from autobatch.core.choice import Contender, Decision, dominated, preference
-from autobatch.core.plan import Candidate, Plan, choose, plan_accumulation
+from autobatch.core.plan import Candidate, Plan, choose, plan_accumulation, plan_with_script_accumulation
 from autobatch.core.space import Combo
+from autobatch.core.units import format_bytes
 from autobatch.core.world import strategy_fields
+from autobatch.devices.cpu import MALLOC_ENV, TIMING_ROOM
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.result import Chosen, ComboResult, TuneResult
 from autobatch.run.options import TuneOptions
 from autobatch.run.session import Session
 from autobatch.run.throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
+from autobatch.step.as_is import ACCUM_PLACEHOLDER
 
 
 class Choosing:
@@ -27,6 +30,7 @@ class Choosing:
     options: TuneOptions
     session: Session
     step_times: StepTimes
+    script_accumulation: int  # a script run as it is: micro-batches per optimizer step of its own (else 1)
 
     def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
         raise NotImplementedError  # the tuner's
@@ -39,9 +43,7 @@ class Choosing:
             if entry.max_batch_size is None or entry.status not in ("exact", "capped"):
                 candidates.append(Candidate(index, None, None, None))
                 continue
-            plan = plan_accumulation(
-                entry.max_batch_size, opts.global_batch_size, opts.world_size, opts.limits.batch_multiple
-            )
+            plan = self._plan(entry.max_batch_size)
             plans[index] = plan
             entry.plan = [plan.micro_batch_size, plan.accumulation_steps]
             candidates.append(Candidate(index, entry.max_batch_size, entry.samples_per_second, plan))
@@ -56,8 +58,35 @@ class Choosing:
             plan,
             **strategy_fields(self.session.strategy, self.session.nproc_per_node, plan.world_size),
         )
+        if self.script_accumulation > 1:
+            self.result.chosen.script_accumulation = self.script_accumulation
+        if self.step_times.pinned:  # the answer holds under the probes' allocator only: the job runs it
+            self.result.chosen.environment = dict(MALLOC_ENV)
+        if opts.objective == "throughput" and decision is None and len(plans) > 1:
+            self.result.notes.append(
+                f"chosen without a time: no contender's timing probe ran its steps, so the largest maximum "
+                f"({entry.key}) was chosen"
+            )
         if decision is not None:
             margin_of_choice(self.result, decision)
+
+    def _plan(self, max_batch_size: int) -> Plan:
+        """A combination's accumulation plan; a script run as it is that accumulates of its own is given the
+        accumulation that, times its own, reaches the global batch (:func:`plan_with_script_accumulation`)."""
+        opts = self.options
+        if self.script_accumulation > 1:
+            settable = any(ACCUM_PLACEHOLDER in arg for arg in self.session.script_args)
+            return plan_with_script_accumulation(
+                max_batch_size,
+                opts.global_batch_size,
+                opts.world_size,
+                opts.limits.batch_multiple,
+                self.script_accumulation,
+                settable,
+            )
+        return plan_accumulation(
+            max_batch_size, opts.global_batch_size, opts.world_size, opts.limits.batch_multiple
+        )
 
     def _settle(self, combos: list[Combo], plans: dict[int, Plan]) -> Decision | None:
         """The throughput choice (:mod:`autobatch.core.choice`): drop what recomputation cannot win,
@@ -104,6 +133,21 @@ class Choosing:
                 entry.global_batch_seconds = round(timing.global_time, 4)
         return decision
 
+    def _pin_allocator(self, combo: Combo, outcome: ProbeOutcome) -> None:
+        """A timing probe under glibc's default allocator (the job's) ran out of memory with room for its heap:
+        the maximum holds under the probes' pinned allocator only. From now on the job runs it (the plan's
+        command and ``env`` carry it: :attr:`~autobatch.records.result.Chosen.environment`), and every contender
+        is timed under it (the steps timed under the job's allocator stop counting)."""
+        self.step_times.pinned = True
+        settings = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
+        peak = f" (peak {format_bytes(outcome.peak_bytes)})" if outcome.peak_bytes else ""
+        self.result.notes.append(
+            f"{combo.key}: at micro-batch {outcome.batch_size} a timing probe under glibc's default allocator, as a "
+            f"job runs it, ran out of memory{peak} with {format_bytes(TIMING_ROOM)} of room above the budget: the "
+            f"maxima hold under the allocator the probes ran ({settings}), so the plan's command and the env "
+            "format set it, and the contenders were timed under it"
+        )
+
     def _throughput_at(
         self, combo: Combo, entry: ComboResult, micro: int, again: bool = False
     ) -> float | None:
@@ -124,8 +168,12 @@ class Choosing:
             strict=False,
             fresh=again,
             timing=True,
+            pinned_allocator=self.step_times.pinned,
         )
         self._record(entry, outcome, "throughput")
+        if outcome.kind == "oom" and outcome.job_allocator:  # the job's allocator needs more than the budget
+            self._pin_allocator(combo, outcome)
+            return self._throughput_at(combo, entry, micro, again=True)
         if outcome.fits:
             entry.samples_per_second = outcome.samples_per_second
         note = edge_note(combo.key, entry.max_batch_size, outcome, self.session.device)

@@ -37,6 +37,7 @@ class Timed:
     wait: Optional[float]
     policy: Optional[str]
     updates: tuple[float, ...] = ()  # each timed step's update (optimizer step, zero_grad)
+    job_allocator: bool = False  # CPU: timed under the job's allocator (else the probes' pinned one)
 
 
 @dataclass
@@ -47,11 +48,15 @@ class StepTimes:
     threads that sleep while they wait (:mod:`autobatch.probe.yielding`), the steps timed before are not
     comparable, and a contender timed only then is timed again. ``timing_only`` (the CPU device): only the
     timing probes' steps count, which ran under the job's allocator (:func:`autobatch.devices.cpu.job_allocator`);
-    the search's ran under the pinned one, which can take twice the job's time at one batch and not at another."""
+    the search's ran under the pinned one, which can take twice the job's time at one batch and not at another.
+    Once the job must run the pinned allocator (:attr:`pinned`), only the timing probes run under it count."""
 
     probes: dict[tuple[Key, int], list[Timed]] = field(default_factory=dict)
     policy: Optional[str] = None  # the latest probe's
     timing_only: bool = False
+    #: The job runs the probes' pinned allocator (a timing probe under glibc's defaults ran out of memory):
+    #: only steps timed under it count from then on.
+    pinned: bool = False
 
     def add(self, key: Key, outcome: ProbeOutcome, timing: bool = False) -> None:
         """Keep a fitting probe's steps (``timing``: a timing probe's)."""
@@ -61,12 +66,23 @@ class StepTimes:
             self.policy = outcome.omp_wait_policy
         if outcome.fits and len(outcome.step_seconds) > 1:
             updates = tuple(outcome.update_seconds[1 : len(outcome.step_seconds)])
-            timed = Timed(tuple(outcome.step_seconds[1:]), outcome.cpu_wait, outcome.omp_wait_policy, updates)
+            timed = Timed(
+                tuple(outcome.step_seconds[1:]),
+                outcome.cpu_wait,
+                outcome.omp_wait_policy,
+                updates,
+                outcome.job_allocator,
+            )
             self.probes.setdefault((key, outcome.batch_size), []).append(timed)
 
     def of(self, key: Key, batch: int) -> list[Timed]:
-        """The probes of ``key`` at ``batch`` that ran under the current policy."""
-        return [t for t in self.probes.get((key, batch), ()) if t.policy == self.policy]
+        """The probes of ``key`` at ``batch`` that ran under the current policy (and, once the job runs the
+        pinned allocator, under it)."""
+        return [
+            t
+            for t in self.probes.get((key, batch), ())
+            if t.policy == self.policy and not (self.pinned and t.job_allocator)
+        ]
 
     def get(self, key: Key, batch: int) -> tuple[float, ...]:
         return tuple(s for t in self.of(key, batch) for s in t.steps)

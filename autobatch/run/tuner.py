@@ -23,12 +23,22 @@ from autobatch.core.plan import knee
 from autobatch.core.rank_prior import per_rank
 from autobatch.core.search import Observation
 from autobatch.core.space import Combo, Ident, combinations, script_combos, script_note
-from autobatch.core.units import format_bytes
-from autobatch.errors import CompileFailed, ContractError, NothingFitsError, ScriptError
+from autobatch.errors import (
+    CompileFailed,
+    ContractError,
+    ScriptError,
+)
 from autobatch.records.failures import with_larger_oom
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.readings import measured_static, observation
-from autobatch.records.result import ComboResult, ProbeRecord, TuneResult, limited_failure
+from autobatch.records.result import (
+    NO_BLOCKS,
+    ComboResult,
+    ProbeRecord,
+    TuneResult,
+    limited_failure,
+    nothing_fits,
+)
 from autobatch.records.version import __version__
 from autobatch.run import levels
 from autobatch.run.choosing import Choosing
@@ -38,6 +48,7 @@ from autobatch.run.rank_priors import StrategyPriors
 from autobatch.run.session import Session
 from autobatch.run.throughput import StepTimes
 from autobatch.run.trust import Watch
+from autobatch.step.as_is import batch_way
 
 if TYPE_CHECKING:
     pass
@@ -72,10 +83,14 @@ class Tuner(Choosing):
         self.lines: dict[Ident, Affine] = {}  # each combination's line at the plan's length
         self.level_priors: dict[Ident, reuse.Prediction | None] = {}  # partial levels: from off and full
         self.targets: dict[Ident, int | None] = {}  # a resolved K/N: the micro-batch it was chosen for
+        self.script_accumulation = 1  # a script run as it is: micro-batches per optimizer step of its own
         device = session.device
         # On the CPU only timing probes' steps count: the search's ran under the pinned allocator.
         self.step_times = StepTimes(timing_only=device.type == "cpu")
-        self.watch = Watch(device.budget_bytes, strict=options.strict, warn=session.warn)  # leaks, data
+        way = batch_way(session.script_args, session.spec.options.get("batch_env")) if session.as_is else None
+        self.watch = Watch(
+            device.budget_bytes, strict=options.strict, warn=session.warn, batch_way=way
+        )  # leaks, data
         self.result = TuneResult(
             script=str(session.script),
             script_args=list(session.script_args),
@@ -142,12 +157,7 @@ class Tuner(Choosing):
         if self.result.chosen is None and failure is not None:
             raise failure
         if self.result.chosen is None:
-            raise NothingFitsError(
-                "no combination fits even the smallest batch within the budget of "
-                f"{format_bytes(device.budget_bytes)}",
-                hint="see each combination's reason (static memory vs budget); try bf16, a lighter optimizer, "
-                "recomputation, or more --memory",
-            )
+            raise nothing_fits(self.result, device.budget_bytes)
         return self.result
 
     # -- per combination ------------------------------------------------------------------------
@@ -195,7 +205,7 @@ class Tuner(Choosing):
         if unsupported:
             return unsupported
         if combo.recompute and not device.recompute_blocks:
-            return "no repeated blocks to recompute (name them with --recompute-class or RECOMPUTE_CLASSES)"
+            return f"{NO_BLOCKS} (name them with --recompute-class or RECOMPUTE_CLASSES)"
         if twin is not None and twin.reach is None:
             return (
                 f"cannot win: {twin.result.key} already plans the largest micro-batch this one could, and "
@@ -258,6 +268,7 @@ class Tuner(Choosing):
             baseline_bytes=device.baseline_bytes,
             batch_multiple=limits.batch_multiple,
             twin=twin.result.key if twin is not None else None,
+            seq_len=combo.seq_len,
         )
         self.result.notes.extend(f"{combo.key}: {note}" for note in answer.notes)
         self.watch.answer(combo.key, entry, self.result.notes)
@@ -325,6 +336,9 @@ class Tuner(Choosing):
 
     def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
         self.step_times.add(entry.ident, outcome, timing=purpose == "throughput")
+        own = outcome.info.get("micro_batches_per_step")  # a script run as it is that accumulates of its own
+        if outcome.fits and own:
+            self.script_accumulation = int(own)
         entry.trace.append(ProbeRecord.of(outcome, purpose))
         entry.probes = len(entry.trace)
         self._update()

@@ -127,7 +127,8 @@ def accumulation_note(micro: int) -> str:
     return (
         f"the script runs {micro} backward passes per optimizer step (gradient accumulation of its own): samples "
         f"per second count {micro} micro-batches a step, each optimizer step sees {micro} x the micro-batch, and "
-        "the plan's accumulation multiplies the script's"
+        "the plan counts them: micro-batch x accumulation (the script's own, times what {accum} gives it) x world "
+        "= global"
     )
 
 
@@ -157,6 +158,22 @@ def substitute(
         for arg in args
     ]
     return out if seq_len is None else [arg.replace(SEQ_LEN_PLACEHOLDER, str(seq_len)) for arg in out]
+
+
+def batch_way(args: Sequence[str], batch_env: str | None) -> str:
+    """How the batch size reaches a script run as it is, in the words of its command line: the arguments that
+    hold ``{batch}`` (with the option before it), or the environment variable."""
+    words = [
+        " ".join(args[max(0, i - 1) : i + 1])
+        if i and args[i - 1].startswith("-") and arg == PLACEHOLDER
+        else arg
+        for i, arg in enumerate(args)
+        if PLACEHOLDER in arg
+    ]
+    ways = [f"`{w}` in its arguments" for w in words]
+    if batch_env:
+        ways.append(f"the environment variable {batch_env}")
+    return " and ".join(ways) or f"the environment variable {BATCH_ENV}"
 
 
 def has_placeholder(args: Sequence[str]) -> bool:

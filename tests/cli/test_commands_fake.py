@@ -152,3 +152,22 @@ def test_a_script_error_is_reported_with_exit_3(fake: FakeRunner, monkeypatch: p
     assert code == EXIT_SCRIPT
     assert "the training script raised ValueError" in err and "bad batch" in err
     assert json.loads(Path("autobatch-result.json").read_text())["status"] == "failed"
+
+
+def test_timing_probes_that_run_out_under_the_jobs_allocator_are_timed_under_the_pinned_one(
+    fake: FakeRunner,
+) -> None:
+    """Every timing probe at the maximum runs out under glibc's defaults: the choice is made under the pinned
+    allocator, and the plan carries it (it crashed on a division by zero)."""
+    fake.curve = slower_with_recompute
+    fake.job_heap_bytes = 400 * MiB  # more than the room a timing probe has above the budget
+    code, data, err = tune("-p", "32-true", "-o", "sgd", "--recompute-level", "off", "--global-batch-size", "4096",
+                           "--emit", "env")  # fmt: skip
+    assert code == 0, err
+    chosen = data["chosen"]
+    assert chosen["environment"] == {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    assert any("ran out of memory" in n and "MALLOC_ARENA_MAX=1" in n for n in data["notes"]), data["notes"]
+    timing = [r for r in fake.requests if r.timing]
+    assert any(r.pinned_allocator for r in timing) and any(not r.pinned_allocator for r in timing)
+    env = Path("autobatch.env").read_text()
+    assert "export MALLOC_ARENA_MAX=1" in env and "export MALLOC_MMAP_THRESHOLD_=65536" in env

@@ -256,3 +256,15 @@ def test_after_a_calibration_that_did_not_fit_the_first_fit_redraws_the_slope() 
     calls = [b for b, _, _ in probe.calls]
     assert calls[0] == 70 and calls[1] == 40  # the calibration missed; the measured slope's boundary
     assert calls[2:] == [63, 64]
+
+
+def test_infeasible_at_a_length_names_the_length_when_static_memory_leaves_room() -> None:
+    answer = find_maximum(FakeStepProbe(affine(1.5 * GiB, MiB), GiB), budget_bytes=GiB, limits=LIMITS)
+    static = StaticMemory.analytic("32-true", "adamw", [(1024, 1024)], 1024 * 1024)
+    text = reason(
+        answer, static, budget_bytes=GiB, baseline_bytes=200 * MiB, batch_multiple=1, seq_len=10**12
+    )
+    assert text is not None and "at 1,000,000,000,000 tokens per sample" in text
+    assert (
+        "a batch of 1 sample(s) of 1,000,000,000,000 tokens needs more" in text and "leave 808.00 MiB" in text
+    )

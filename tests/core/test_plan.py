@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autobatch.core.plan import Candidate, Plan, choose, knee, plan_accumulation
+from autobatch.core.plan import (
+    Candidate,
+    Plan,
+    choose,
+    knee,
+    plan_accumulation,
+    plan_with_script_accumulation,
+)
+from autobatch.errors import UsageError
 
 
 def test_no_global_batch_uses_the_maximum() -> None:
@@ -149,3 +157,39 @@ def test_infeasible_never_wins() -> None:
     assert choose([], "throughput") is None
     with pytest.raises(ValueError):
         choose([cand(0, 4)], "fastest")
+
+
+def test_a_script_that_accumulates_itself_is_given_micro_batches_that_reach_the_global_batch() -> None:
+    plan = plan_with_script_accumulation(3000, 2048, 1, 1, own=4, settable=False)
+    assert (plan.micro_batch_size, plan.accumulation_steps, plan.global_batch_size, plan.exact) == (
+        512,
+        4,
+        2048,
+        True,
+    )
+    # through {accum}: the plan gives the script 2, which accumulates 4 of its own each
+    plan = plan_with_script_accumulation(256, 2048, 1, 1, own=4, settable=True)
+    assert (plan.micro_batch_size, plan.accumulation_steps, plan.global_batch_size) == (256, 8, 2048)
+    # no global batch asked: the maximum, and what the script makes of it
+    plan = plan_with_script_accumulation(300, None, 2, 1, own=4, settable=False)
+    assert (plan.micro_batch_size, plan.accumulation_steps, plan.global_batch_size) == (300, 4, 2400)
+
+
+@pytest.mark.parametrize(
+    ("max_micro", "global_batch", "settable", "words"),
+    [
+        (256, 2048, False, "needs micro-batch 512, above the maximum 256"),
+        (3000, 2050, False, "is not a multiple of 4 x 1 = 4"),
+        (3000, 2050, True, "is not a multiple of 4 x 1 = 4"),
+    ],
+)
+def test_a_global_batch_its_own_accumulation_cannot_reach_is_refused(
+    max_micro: int, global_batch: int, settable: bool, words: str
+) -> None:
+    with pytest.raises(UsageError) as caught:
+        plan_with_script_accumulation(max_micro, global_batch, 1, 1, own=4, settable=settable)
+    assert (
+        words in caught.value.message
+        and f"global batch {global_batch} = micro-batch x 4" in caught.value.message
+    )
+    assert ("{accum}" in (caught.value.hint or "")) is not settable

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from autobatch.core.sanity import flat_peaks, limited_by
+from autobatch.core.sanity import batch_ignored, flat_peaks, limited_by
+from autobatch.core.steady import Reading
 
 MiB = 1 << 20
 
@@ -32,3 +33,29 @@ def test_flat_peaks_over_a_wide_range_warn() -> None:
     assert flat_peaks(growing, budget) is None
     narrow = [(1085, "fits", 989 * MiB), (2014, "fits", 986 * MiB)]  # the optimizer step's plateau
     assert flat_peaks(narrow, budget) is None
+
+
+def _fit(batch: int, peak: int, seconds: float | None, phase: int | None = None) -> Reading:
+    return Reading(batch, "fits", peak, step_seconds=seconds, phase_bytes=phase)
+
+
+def test_peaks_and_step_times_that_never_move_mean_the_batch_never_reached_the_step() -> None:
+    readings = [_fit(8, 314 * MiB, 0.15), _fit(249, 314 * MiB, 0.09), _fit(65536, 314 * MiB, 0.07)]
+    found = batch_ignored(readings, 4 * MiB)
+    assert found is not None and "batch 8 to batch 65536" in found and "8,192x" in found
+
+
+def test_a_parameter_heavy_model_whose_optimizer_sets_a_flat_peak_is_not_called_one() -> None:
+    # the optimizer step sets the peak; the forward and backward phase and the step time still grow
+    phase_grows = [_fit(1, 986 * MiB, 0.30, 700 * MiB), _fit(2014, 989 * MiB, 0.33, 960 * MiB)]
+    assert batch_ignored(phase_grows, 4 * MiB) is None
+    time_grows = [_fit(1, 986 * MiB, 0.05), _fit(2014, 989 * MiB, 2.4)]
+    assert batch_ignored(time_grows, 4 * MiB) is None
+
+
+def test_a_narrow_range_or_untimed_probes_cannot_tell() -> None:
+    assert (
+        batch_ignored([_fit(8, MiB, 0.3), _fit(256, MiB, 0.3)], 4 * MiB) is None
+    )  # a small model: its fixed costs
+    assert batch_ignored([_fit(8, MiB, None), _fit(65536, MiB, 0.1)], 4 * MiB) is None
+    assert batch_ignored([_fit(8, MiB, 0.1), _fit(65536, 40 * MiB, 0.1)], 4 * MiB) is None

@@ -155,3 +155,13 @@ def test_batches_of_different_shapes_depend_on_the_data() -> None:
     text = data_dependence([shaped], MARGIN, TOLERANCE) or ""
     assert "make_batch(8) returned batches of different shapes ((8, 162, 80) (8, 162) then (8, 219" in text
     assert data_dependence([Reading(8, "fits", 20 * MiB, (1, 2, 2), ("(8, 3)",))], MARGIN, TOLERANCE) is None
+
+
+def test_a_script_run_as_it_is_is_told_of_its_batches_not_of_make_batch() -> None:
+    shaped = [Reading(8, "fits", 100 * MiB, batch_shapes=("8x32", "8x512"))]
+    lenient = data_dependence(shaped, 4 * MiB, 1 * MiB)
+    as_is = data_dependence(shaped, 4 * MiB, 1 * MiB, as_is=True)
+    assert lenient is not None and "make_batch(8) returned" in lenient
+    assert as_is is not None and "make_batch" not in as_is
+    assert "at batch 8 the script's batches had different shapes" in as_is
+    assert "the script's first batches must be its worst case" in as_is

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from autobatch.cache.keys import key_settings
-from autobatch.errors import EXIT_LEAK, EXIT_SCRIPT, DataDependentError, LeakError
+from autobatch.errors import EXIT_LEAK, EXIT_SCRIPT, ContractError, DataDependentError, LeakError
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.result import ComboResult, ProbeRecord
 from autobatch.run.trust import Watch
@@ -91,3 +91,28 @@ def test_a_strict_tune_is_cached_apart_and_a_lenient_one_as_before() -> None:
     lenient = key_settings(load_settings(overrides={"device": "cpu"}), 1)
     strict = key_settings(load_settings(overrides={"device": "cpu", "strict": True}), 1)
     assert "strict" not in lenient and strict == {**lenient, "strict": True}
+
+
+def test_a_script_run_as_it_is_is_asked_about_its_own_batch_not_make_batch() -> None:
+    way = "`--batch-size {batch}` in its arguments"
+    watch = Watch(BUDGET, strict=False, warn=lambda _m: None, batch_way=way)
+    probes = [outcome(8, [320 * MiB] * 3), outcome(64, [320 * MiB] * 3)]
+    for probe in probes:
+        watch.probe(KEY, probe)
+    notes: list[str] = []
+    watch.answer(KEY, entry(*probes), notes)
+    assert len(notes) == 1 and "make_batch" not in notes[0]
+    assert f"does the script use the batch size it is given ({way})?" in notes[0]
+
+
+def test_a_batch_that_never_reached_the_step_is_the_contract_error_naming_the_placeholder() -> None:
+    way = "`--batch-size {batch}` in its arguments"
+    watch = Watch(BUDGET, strict=False, warn=lambda _m: None, batch_way=way)
+    probes = [outcome(8, [314 * MiB] * 3), outcome(65536, [314 * MiB] * 10)]
+    for probe in probes:
+        probe.step_seconds = [0.2, 0.15, 0.15]
+        watch.probe(KEY, probe)
+    with pytest.raises(ContractError) as raised:
+        watch.answer(KEY, entry(*probes), [])
+    assert raised.value.exit_code == EXIT_SCRIPT
+    assert "never reached the script's step" in raised.value.message and way in (raised.value.hint or "")
