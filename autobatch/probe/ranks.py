@@ -43,8 +43,8 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
+from autobatch.probe.lineage import die_with_parent
 from autobatch.probe.ops import write_report
-from autobatch.probe.server import die_with_parent
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.step.contract import UserScript
 
