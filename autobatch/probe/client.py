@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autobatch.errors import ProbeFailure
+from autobatch.probe.lineage import has_exited
 from autobatch.records.failures import server_error
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
@@ -36,15 +37,11 @@ STOP_GRACE = 5.0
 def _exited(pid: int, timeout: float) -> bool:
     """Wait up to ``timeout`` seconds for the child ``pid`` to exit, without reaping it."""
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-        except ChildProcessError:  # already reaped
-            return True
+    while not has_exited(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
+    return True
 
 
 def _signal_name(number: int) -> str:

@@ -109,35 +109,43 @@ def end_descendants_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def has_exited(pid: int) -> bool:
+    """Whether the child ``pid`` has exited (or was reaped already); it is left for its parent to reap."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
 def read_until_exit(fd: int, pid: int, deadline: float | None) -> tuple[bytes, int | None]:
     """What child ``pid`` wrote on the pipe ``fd`` until it exited: ``(bytes, wait status)``, the child reaped;
     or, when the ``time.perf_counter()`` ``deadline`` passes first, ``(bytes so far, None)`` with the child still
     running. Never waits for end of file (see the module docstring)."""
-    exit_fd = _pidfd(pid)
+    exited = exit_fd(pid)
     chunks: list[bytes] = []
     pipe_open = True
     try:
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
-                chunks.append(_drain(fd) if pipe_open else b"")
+                chunks.append(drain(fd) if pipe_open else b"")
                 return b"".join(chunks), status
             remaining = None if deadline is None else deadline - time.perf_counter()
             if remaining is not None and remaining <= 0:
                 return b"".join(chunks), None
-            watched = ([fd] if pipe_open else []) + ([exit_fd] if exit_fd is not None else [])
-            wait = remaining if exit_fd is not None else min(POLL, remaining or POLL)
+            watched = ([fd] if pipe_open else []) + ([exited] if exited is not None else [])
+            wait = remaining if exited is not None else min(POLL, remaining or POLL)
             ready, _, _ = select.select(watched, [], [], wait)
             if fd in ready:
                 chunk = os.read(fd, 1 << 16)
                 chunks.append(chunk)
                 pipe_open = bool(chunk)
     finally:
-        if exit_fd is not None:
-            os.close(exit_fd)
+        if exited is not None:
+            os.close(exited)
 
 
-def _pidfd(pid: int) -> int | None:
+def exit_fd(pid: int) -> int | None:
     """A file descriptor that becomes readable when ``pid`` exits (Linux 5.3+), or None."""
     try:
         return os.pidfd_open(pid)  # type: ignore[attr-defined,no-any-return]
@@ -145,7 +153,7 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _drain(fd: int) -> bytes:
+def drain(fd: int) -> bytes:
     """What is left in the pipe ``fd``, without waiting for more (a descendant may hold its write end open)."""
     os.set_blocking(fd, False)
     chunks: list[bytes] = []
