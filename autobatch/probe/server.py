@@ -71,6 +71,7 @@ def main() -> None:
     # stdin at import (input(), sys.stdin.read()) gets end-of-file instead of eating the protocol or
     # hanging the tune.
     requests = os.fdopen(os.dup(0), "r")
+    _protocol_fds.extend((proto.fileno(), requests.fileno()))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -104,6 +105,21 @@ def main() -> None:
         request = ProbeRequest.from_dict(message["request"])
         outcome = _fork_probe(request, init)
         _send(proto, {"id": message.get("id"), "outcome": outcome.to_dict()})
+
+
+#: The server's ends of the protocol's pipes. A child closes them first thing (:func:`_leave_protocol`): a
+#: process the script forks would inherit them, and the client would neither see end of file on the
+#: server's death nor a broken pipe on its next request while that process lives.
+_protocol_fds: list[int] = []
+
+
+def _leave_protocol() -> None:
+    """In a child just forked from the server: close the server's ends of the protocol's pipes."""
+    for fd in _protocol_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _load(init: dict[str, Any]) -> dict[str, Any]:
@@ -154,6 +170,7 @@ def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
+        _leave_protocol()
         code = 0
         try:
             die_with_parent()
@@ -220,6 +237,7 @@ def _fork_probe(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
     pid = os.fork()
     if pid == 0:  # the probe process
         os.close(read_fd)
+        _leave_protocol()
         _child(request, init, write_fd, log_path)
     os.close(write_fd)
     data, status = read_until_exit(read_fd, pid, started + request.timeout)
