@@ -58,6 +58,21 @@ def preload() -> None:
             pass
 
 
+#: The server's ends of the protocol's pipes. A child closes them first thing (:func:`_leave_protocol`): a
+#: process the script forks would inherit them, and the client would neither see end of file on the
+#: server's death nor a broken pipe on its next request while that process lives.
+_protocol_fds: list[int] = []
+
+
+def _leave_protocol() -> None:
+    """In a child just forked from the server: close the server's ends of the protocol's pipes."""
+    for fd in _protocol_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def main() -> None:
     init = json.loads(sys.argv[1])
     parent = os.getppid()
@@ -105,21 +120,6 @@ def main() -> None:
         request = ProbeRequest.from_dict(message["request"])
         outcome = _fork_probe(request, init)
         _send(proto, {"id": message.get("id"), "outcome": outcome.to_dict()})
-
-
-#: The server's ends of the protocol's pipes. A child closes them first thing (:func:`_leave_protocol`): a
-#: process the script forks would inherit them, and the client would neither see end of file on the
-#: server's death nor a broken pipe on its next request while that process lives.
-_protocol_fds: list[int] = []
-
-
-def _leave_protocol() -> None:
-    """In a child just forked from the server: close the server's ends of the protocol's pipes."""
-    for fd in _protocol_fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def _load(init: dict[str, Any]) -> dict[str, Any]:
