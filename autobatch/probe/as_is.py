@@ -60,8 +60,8 @@ def run_rank(
     """One rank of a script run as it is on several: ``torchrun``'s environment, the script, one report on
     ``fd`` (a fit as soon as its steps are enough: the script goes on stepping with its peers until the
     coordinator stops every rank; any other outcome ends the rank). Never returns."""
+    from autobatch.probe.lineage import die_with_parent
     from autobatch.probe.ranks import rank_device, torchrun_env
-    from autobatch.probe.server import die_with_parent
 
     rank, port, _ = where
     code = 0

@@ -1,8 +1,10 @@
 """The parent side of the probe server: start it, send probes, and leave no process behind.
 
-The server runs in its own process group (``start_new_session``) with every probe forked inside it,
-so :meth:`ProbeClient.close` ends them all with one ``killpg``. ``PR_SET_PDEATHSIG`` in the server
-and in each probe covers the case where this process is killed outright.
+The server runs in a session and process group of its own (``start_new_session``) with every probe forked
+inside it. :meth:`ProbeClient.close` sends it SIGTERM, on which it kills every process below it, those the
+script moved to a session of their own included (:mod:`autobatch.probe.lineage`), then ``killpg`` ends
+whatever is left in its group. ``PR_SET_PDEATHSIG`` in the server (SIGTERM, the same clean-up) and in each
+probe covers the case where this process is killed outright.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autobatch.errors import ProbeFailure
+from autobatch.probe.lineage import has_exited
 from autobatch.records.failures import server_error
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
@@ -27,6 +30,18 @@ from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 SERVER_GRACE = 30.0
 #: Seconds the server's start-up may take beyond the probe timeout: importing Python and torch.
 IMPORT_GRACE = 60.0
+#: Seconds the server gets to end the processes below it on SIGTERM before its group is killed.
+STOP_GRACE = 5.0
+
+
+def _exited(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for the child ``pid`` to exit, without reaping it."""
+    deadline = time.monotonic() + timeout
+    while not has_exited(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 #: When set, starting a probe server is refused with its value as the reason: the test suite sets it for tests
@@ -154,8 +169,15 @@ class ProbeClient:
         except OSError:
             pass
         # Nothing in the server is left to save (its log is written as it goes, every probe has answered
-        # or is to be stopped): killed at once, its interpreter's exit (about 0.2 s with torch loaded) is
-        # not waited for.
+        # or is to be stopped): on SIGTERM it kills every process below it and leaves at once (os._exit,
+        # not its interpreter's exit). Then anything left in its group is killed, before the server is
+        # reaped (while it is unreaped, its group's id cannot be reused).
+        if proc.returncode is None:  # not reaped yet: the pid is still the server's
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
+            except OSError:
+                pass
+            _exited(proc.pid, STOP_GRACE)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

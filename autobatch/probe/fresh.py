@@ -38,8 +38,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from autobatch.probe.lineage import die_with_parent, read_until_exit
 from autobatch.probe.ops import register, write_report
-from autobatch.probe.server import die_with_parent
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 if TYPE_CHECKING:
@@ -129,11 +129,8 @@ def _forked_as_is(request: ProbeRequest, script: Any) -> ProbeOutcome:
         os.close(read_fd)
         _as_is_steps(request, script, write_fd, 0)
     os.close(write_fd)
-    data = b""
-    while chunk := os.read(read_fd, 1 << 16):
-        data += chunk
+    data, _ = read_until_exit(read_fd, pid, None)  # the server's timeout bounds it
     os.close(read_fd)
-    os.waitpid(pid, 0)
     if not data:
         return ProbeOutcome(kind="crash", reason="the forked run of the script ended without a report")
     return ProbeOutcome.from_dict(json.loads(data)["outcome"])

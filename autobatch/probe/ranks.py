@@ -43,8 +43,8 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
+from autobatch.probe.lineage import POLL, die_with_parent, drain, exit_fd, has_exited
 from autobatch.probe.ops import write_report
-from autobatch.probe.server import die_with_parent
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.step.contract import UserScript
 
@@ -68,6 +68,7 @@ class Rank:
     outcome: ProbeOutcome | None = None
     open: bool = True
     info: dict[str, Any] = field(default_factory=dict)
+    exit_fd: int | None = None  # readable once the rank has exited (while watched; None: polled)
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -167,10 +168,24 @@ def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
 
 
 def watch(ranks: list[Rank], deadline: float) -> Rank | None:
-    """Read every rank's report until all fitted (None) or one did not (that rank, its outcome set)."""
+    """Read every rank's report until all fitted (None) or one did not (that rank, its outcome set). A rank
+    that exits is read then, not at its pipe's end of file, which a process it started may hold off
+    (:mod:`autobatch.probe.lineage`)."""
+    for rank in ranks:
+        rank.exit_fd = exit_fd(rank.pid)
+    try:
+        return _watch(ranks, deadline)
+    finally:
+        for rank in ranks:
+            if rank.exit_fd is not None:
+                os.close(rank.exit_fd)
+                rank.exit_fd = None
+
+
+def _watch(ranks: list[Rank], deadline: float) -> Rank | None:
     while any(r.outcome is None for r in ranks):
         remaining = deadline - time.perf_counter()
-        waiting = [r for r in ranks if r.outcome is None and r.open]
+        waiting = [r for r in ranks if r.outcome is None and r.pid]
         if remaining <= 0 or not waiting:
             late = next(r for r in ranks if r.outcome is None)
             late.outcome = ProbeOutcome(
@@ -178,9 +193,17 @@ def watch(ranks: list[Rank], deadline: float) -> Rank | None:
                 reason=f"rank {late.rank} did not report within the probe's time; every rank was stopped",
             )
             return late
-        ready, _, _ = select.select([r.fd for r in waiting], [], [], remaining)
-        for rank in (r for r in waiting if r.fd in ready):
-            failed = _read(rank)
+        exits = [r.exit_fd for r in waiting if r.exit_fd is not None]
+        pipes = [r.fd for r in waiting if r.open]
+        wait = remaining if len(exits) == len(waiting) else min(remaining, POLL)
+        ready, _, _ = select.select(pipes + exits, [], [], wait)
+        for rank in waiting:
+            if rank.open and rank.fd in ready:
+                failed = _read(rank)
+            elif rank.exit_fd in ready or (rank.exit_fd is None and has_exited(rank.pid)):
+                failed = _exited(rank)
+            else:
+                continue
             if failed is not None:
                 return _first_cause(ranks, failed)
     return None
@@ -213,18 +236,38 @@ def _read(rank: Rank) -> Rank | None:
     """Read what a rank wrote; the rank when its report is a failure (or it died without one)."""
     chunk = os.read(rank.fd, 1 << 16)
     if chunk:
-        rank.buffer += chunk
-        line, newline, _ = rank.buffer.partition(b"\n")
-        if not newline:
-            return None
-        report = json.loads(line)
-        rank.info = report.get("rank_info", {})
-        rank.outcome = ProbeOutcome.from_dict(report["outcome"])
-        return None if rank.outcome.fits else rank
+        return _take(rank, chunk)
     rank.open = False
-    if rank.outcome is not None:
+    return None if rank.outcome is not None else _died(rank)
+
+
+def _exited(rank: Rank) -> Rank | None:
+    """The rank exited: its report, read from what is left in its pipe; else it died without one."""
+    if rank.open:
+        failed = _take(rank, drain(rank.fd))
+        if rank.outcome is not None:
+            return failed
+    return _died(rank)
+
+
+def _take(rank: Rank, chunk: bytes) -> Rank | None:
+    """Add ``chunk`` to what the rank wrote; the rank when its whole report is a failure."""
+    rank.buffer += chunk
+    line, newline, _ = rank.buffer.partition(b"\n")
+    if not newline:
         return None
-    _, status = os.waitpid(rank.pid, 0)
+    report = json.loads(line)
+    rank.info = report.get("rank_info", {})
+    rank.outcome = ProbeOutcome.from_dict(report["outcome"])
+    return None if rank.outcome.fits else rank
+
+
+def _died(rank: Rank) -> Rank:
+    """Reap a rank that ended without a report: a crash, named with its status."""
+    try:
+        _, status = os.waitpid(rank.pid, 0)
+    except ChildProcessError:  # reaped elsewhere (a discarded Popen's clean-up): its status is lost
+        status = 0
     rank.pid = 0
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)

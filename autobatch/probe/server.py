@@ -17,42 +17,31 @@ then runs the request through :func:`autobatch.probe.ops.dispatch`.
 Isolation: every probe runs in a process forked from this one, whose allocator state no earlier
 probe touched; the server itself never runs a tensor operation or the user's code (a forked child of a
 process that started OpenMP threads or initialised CUDA is not safe). Each probe child asks the kernel
-to kill it if the server dies (``PR_SET_PDEATHSIG``), as the server does for the client. The server is
-the subreaper of everything its probes start (``PR_SET_CHILD_SUBREAPER``): a process the script starts,
-even in a session of its own, is reparented to the server when its probe ends, and the server kills it
-then, so nothing the script started outlives its probe; the client kills the whole process group on exit.
+to kill it if the server dies (``PR_SET_PDEATHSIG``). Nothing the script starts outlives its probe, nor
+holds its answer back (:mod:`autobatch.probe.lineage`): the server reads a probe's outcome until the probe
+exits (not until its pipe's end of file, which a forked descendant can keep away), it is the subreaper of
+everything its probes start, and it kills all of it when the probe ends; on SIGTERM (the client's stop, or
+the kernel's when the client dies) it kills everything below it, then exits.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import sys
 import time
 import traceback
 from typing import Any
 
+from autobatch.probe.lineage import (
+    become_subreaper,
+    die_with_parent,
+    end_descendants,
+    end_descendants_on_sigterm,
+    read_until_exit,
+)
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
-
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def _prctl(option: int, value: int) -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: no-op
-        pass
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent exits (no-op elsewhere)."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
 
 #: Modules a probe imports lazily (building any optimizer imports torch._dynamo: about 2 s). Importing
 #: them here, once, keeps that cost out of every probe; importing runs no tensor operation.
@@ -69,10 +58,26 @@ def preload() -> None:
             pass
 
 
+#: The server's ends of the protocol's pipes. A child closes them first thing (:func:`_leave_protocol`): a
+#: process the script forks would inherit them, and the client would neither see end of file on the
+#: server's death nor a broken pipe on its next request while that process lives.
+_protocol_fds: list[int] = []
+
+
+def _leave_protocol() -> None:
+    """In a child just forked from the server: close the server's ends of the protocol's pipes."""
+    for fd in _protocol_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def main() -> None:
     init = json.loads(sys.argv[1])
     parent = os.getppid()
-    die_with_parent()
+    end_descendants_on_sigterm()
+    die_with_parent(signal.SIGTERM)  # the handler ends the probes and what they started, then the server
     if os.getppid() != parent:  # the client died before we asked
         os._exit(1)
     proto = os.fdopen(os.dup(1), "w", buffering=1)
@@ -81,13 +86,14 @@ def main() -> None:
     # stdin at import (input(), sys.stdin.read()) gets end-of-file instead of eating the protocol or
     # hanging the tune.
     requests = os.fdopen(os.dup(0), "r")
+    _protocol_fds.extend((proto.fileno(), requests.fileno()))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the server
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides when we stop
 
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    become_subreaper()
     started = time.perf_counter()
     try:
         start = _load(init)
@@ -164,9 +170,11 @@ def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
+        _leave_protocol()
         code = 0
         try:
             die_with_parent()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             from autobatch.step.contract import load_script
 
             load_script(init["script"], init.get("script_args", []))
@@ -177,10 +185,9 @@ def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
             os.write(write_fd, json.dumps(answer).encode())
             os._exit(code)
     os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        data = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    _kill_orphans()
+    data, status = read_until_exit(read_fd, pid, None)
+    os.close(read_fd)
+    end_descendants()  # what importing the script started (a helper, a pool) ends with this process
     if not data:
         return {"type": "crash", "message": f"importing the script ended the process (status {status})"}
     return json.loads(data)  # type: ignore[no-any-return]
@@ -230,16 +237,17 @@ def _fork_probe(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
     pid = os.fork()
     if pid == 0:  # the probe process
         os.close(read_fd)
+        _leave_protocol()
         _child(request, init, write_fd, log_path)
     os.close(write_fd)
-    data, timed_out = _collect(read_fd, started + request.timeout)
-    if timed_out:
+    data, status = read_until_exit(read_fd, pid, started + request.timeout)
+    if status is None:  # timed out
         os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    _kill_orphans()  # whatever the script started, in its own session too, was reparented here
+        os.waitpid(pid, 0)
+    end_descendants()  # whatever the script started, in a session of its own too, was reparented here
     os.close(read_fd)
     wall = time.perf_counter() - started
-    if timed_out:
+    if status is None:
         return ProbeOutcome(
             kind="timeout",
             batch_size=request.batch_size,
@@ -248,22 +256,6 @@ def _fork_probe(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
             reason=f"no answer within {request.timeout:g} s; the probe was killed",
         )
     return _answer(request, data, status, wall, log_path)
-
-
-def _collect(fd: int, deadline: float) -> tuple[bytes, bool]:
-    """Read the child's answer until it closes the pipe or the deadline passes: (bytes, timed out)."""
-    chunks: list[bytes] = []
-    while True:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            return b"".join(chunks), True
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return b"".join(chunks), False
-        chunks.append(chunk)
 
 
 def _answer(request: ProbeRequest, data: bytes, status: int, wall: float, log_path: str) -> ProbeOutcome:
@@ -295,19 +287,6 @@ def _answer(request: ProbeRequest, data: bytes, status: int, wall: float, log_pa
     return outcome
 
 
-def _kill_orphans() -> None:
-    """Kill and reap every process left below the server (it runs no other child between probes)."""
-    import psutil
-
-    left = psutil.Process().children(recursive=True)
-    for process in left:
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=5)
-
-
 def _child(request: ProbeRequest, init: dict[str, Any], write_fd: int, log_path: str) -> None:
     from autobatch.probe import ops
 
@@ -315,6 +294,7 @@ def _child(request: ProbeRequest, init: dict[str, Any], write_fd: int, log_path:
     try:
         die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's handler is the server's
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(log, 1)
         os.dup2(log, 2)

@@ -33,13 +33,15 @@ def _probe_processes(client: ProbeClient) -> list[psutil.Process]:
     return psutil.Process(client.pid).children(recursive=True)
 
 
-@pytest.mark.parametrize("fault", ["oom", "crash", "error"])
+@pytest.mark.parametrize("fault", ["oom", "crash", "helper-crash", "error"])
 def test_a_failure_on_rank_1_ends_every_rank_promptly_and_names_it(fault: str) -> None:
     with ProbeClient(SCRIPTS / "rank_fault.py", [fault], env=dict(MALLOC_ENV)) as client:
         started = time.perf_counter()
         outcome = client.run(_request("ddp"))
         seconds = time.perf_counter() - started
-        assert outcome.kind == {"oom": "oom", "crash": "crash", "error": "error"}[fault], outcome
+        assert (
+            outcome.kind == {"oom": "oom", "crash": "crash", "helper-crash": "crash", "error": "error"}[fault]
+        ), outcome
         assert outcome.failed_rank == 1
         assert outcome.reason is not None and outcome.reason.startswith("rank 1 of 2")
         assert seconds < TIMEOUT / 4, f"rank 0 was left waiting: {seconds:.1f} s"

@@ -1,12 +1,15 @@
 """A small model whose rank 1 alone fails, by the first script argument: ``oom`` (allocates far beyond
-any cap), ``crash`` (dies by SIGKILL mid-step) or ``error`` (raises); rank 0 goes on into the
+any cap), ``crash`` (dies by SIGKILL mid-step), ``helper-crash`` (starts a ``multiprocessing`` helper, which
+inherits the rank's report pipe, then dies by SIGKILL) or ``error`` (raises); rank 0 goes on into the
 collectives and would wait there forever if nobody stopped it."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -28,6 +31,9 @@ def compute_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
         if FAULT == "oom":
             torch.empty(1 << 40, dtype=torch.uint8).fill_(1)  # 1 TiB: beyond any cap
         elif FAULT == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif FAULT == "helper-crash":
+            multiprocessing.Process(target=time.sleep, args=(600,), daemon=True).start()
             os.kill(os.getpid(), signal.SIGKILL)
         else:
             raise ValueError("rank 1 refuses")

@@ -1,0 +1,167 @@
+"""How the probe layer's processes end, and everything the user's script starts with them.
+
+A script may start processes of its own: a ``multiprocessing`` prefetcher or logger (forked: it inherits every
+file descriptor of the probe, the report pipe included), a ``DataLoader`` worker, a log shipper in a session of
+its own (``start_new_session=True``), a watchdog left behind by a shell (a double fork). None of them may outlive
+its probe, and none may decide when a probe's report is read:
+
+* **Reports are read until the process exits, not until end of file** (:func:`read_until_exit`). A forked
+  descendant holds a copy of the pipe's write end for as long as it lives, so the reader watches the process
+  itself (a pidfd, or ``waitpid`` polled where there is none) and takes what is in the pipe once it has exited.
+* **The probe server is the subreaper of its probes' descendants** (:func:`become_subreaper`): a process whose
+  parent exits is reparented to the server, not to init, whatever session or process group it moved to, so
+  the server's tree holds every process a probe started. After each probe, and when the server is told to
+  stop (SIGTERM, sent by the client, or by the kernel when the client dies: ``die_with_parent(SIGTERM)``),
+  :func:`end_descendants` kills that whole tree. The server and every probe share one session and process
+  group (the client starts the server with ``start_new_session``): what was not moved out of it is also ended by
+  the client's ``killpg``, the backstop for a server that no longer answers.
+
+Linux only (``prctl``, pidfds); elsewhere the prctl calls are no-ops and the reader polls ``waitpid``.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from types import FrameType
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+#: Seconds between checks that a process has exited, where the kernel offers no pidfd to wait on.
+POLL = 0.05
+#: Seconds :func:`end_descendants` keeps killing and reaping before it gives up on a process.
+END_GRACE = 5.0
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: no-op
+        pass
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent exits (no-op elsewhere)."""
+    _prctl(PR_SET_PDEATHSIG, sig)
+
+
+def become_subreaper() -> None:
+    """Make this process the one its descendants' orphans are reparented to (no-op elsewhere)."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def end_descendants(grace: float = END_GRACE) -> None:
+    """SIGKILL every process below this one and reap the ones reparented here, until none is left (or ``grace``
+    seconds passed). A process forked while its parent is killed is reparented to this subreaper and caught by
+    the next round."""
+    import psutil
+
+    me = psutil.Process()
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            left = [p for p in me.children(recursive=True) if _running(p)]
+        except psutil.Error:
+            left = []
+        for process in left:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        _reap_children()
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
+
+
+def _running(process: object) -> bool:
+    import psutil
+
+    assert isinstance(process, psutil.Process)
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _reap_children() -> None:
+    """Collect every child of this process that has exited (the zombies reparented to it included)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def end_descendants_on_sigterm() -> None:
+    """On SIGTERM, end every process below this one, then exit (status 143): how the probe server stops."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        end_descendants()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def has_exited(pid: int) -> bool:
+    """Whether the child ``pid`` has exited (or was reaped already); it is left for its parent to reap."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def read_until_exit(fd: int, pid: int, deadline: float | None) -> tuple[bytes, int | None]:
+    """What child ``pid`` wrote on the pipe ``fd`` until it exited: ``(bytes, wait status)``, the child reaped;
+    or, when the ``time.perf_counter()`` ``deadline`` passes first, ``(bytes so far, None)`` with the child still
+    running. Never waits for end of file (see the module docstring)."""
+    exited = exit_fd(pid)
+    chunks: list[bytes] = []
+    pipe_open = True
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                chunks.append(drain(fd) if pipe_open else b"")
+                return b"".join(chunks), status
+            remaining = None if deadline is None else deadline - time.perf_counter()
+            if remaining is not None and remaining <= 0:
+                return b"".join(chunks), None
+            watched = ([fd] if pipe_open else []) + ([exited] if exited is not None else [])
+            wait = remaining if exited is not None else min(POLL, remaining or POLL)
+            ready, _, _ = select.select(watched, [], [], wait)
+            if fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                chunks.append(chunk)
+                pipe_open = bool(chunk)
+    finally:
+        if exited is not None:
+            os.close(exited)
+
+
+def exit_fd(pid: int) -> int | None:
+    """A file descriptor that becomes readable when ``pid`` exits (Linux 5.3+), or None."""
+    try:
+        return os.pidfd_open(pid)  # type: ignore[attr-defined,no-any-return]
+    except (AttributeError, OSError):
+        return None
+
+
+def drain(fd: int) -> bytes:
+    """What is left in the pipe ``fd``, without waiting for more (a descendant may hold its write end open)."""
+    os.set_blocking(fd, False)
+    chunks: list[bytes] = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    finally:
+        os.set_blocking(fd, True)
+    return b"".join(chunks)
