@@ -1,4 +1,4 @@
-"""The source files a training script's memory depends on: the script and the local modules it imports.
+"""The files a training script's memory depends on: the script, the local modules it imports, the files it reads.
 
 "Local" means what the probe server imports from the script's folder or the working folder (both are
 on its ``sys.path``, the script's folder first, as :func:`autobatch.step.contract.load_script` and
@@ -11,15 +11,26 @@ fingerprint (docs/clusters.md says so).
 
 Paths are reported relative to the script's folder (or the working folder), so that the same sources
 checked out elsewhere have the same fingerprint.
+
+What a script reads when it runs (a JSON config passed as an argument, a data file) cannot be read from its
+source: a probe reports each file it opened (:mod:`autobatch.probe.files`), relative to the working folder or
+absolute, and :func:`file_fingerprint` fingerprints it the way the sources are (sha256 of its bytes; a file
+above :data:`HASHED_BYTES`, a data set, by its size and modification time). A result or a probe that depends
+on them is reused only while every one is unchanged (:func:`changed_files`); a file that cannot be
+fingerprinted (gone, not a regular file, unreadable) has none, and keeps its result out of the cache.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import stat
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+#: Files up to this size are fingerprinted by their bytes; larger ones by their size and modification time.
+HASHED_BYTES = 256 << 20
 #: Folders whose files are installed packages, never the user's own sources.
 _INSTALLED_MARKERS = ("site-packages", "dist-packages")
 
@@ -52,6 +63,30 @@ def source_digests(script: str | Path, cwd: str | Path | None = None) -> dict[st
             continue
         out[_relative(path, roots)] = hashlib.sha256(data).hexdigest()
     return out
+
+
+def file_fingerprint(path: str | Path, cwd: str | Path | None = None) -> str | None:
+    """``sha256:<hex>`` of a file's bytes, or ``stat:<size>:<mtime ns>`` above :data:`HASHED_BYTES`; None when it
+    cannot be fingerprinted (gone, not a regular file, unreadable). A relative path is under ``cwd``."""
+    where = Path(cwd or Path.cwd()) / path
+    try:
+        info = where.stat()
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if info.st_size > HASHED_BYTES:
+            return f"stat:{info.st_size}:{info.st_mtime_ns}"
+        hasher = hashlib.sha256()
+        with open(where, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                hasher.update(block)
+        return f"sha256:{hasher.hexdigest()}"
+    except OSError:
+        return None
+
+
+def changed_files(read: Mapping[str, str | None], cwd: str | Path | None = None) -> list[str]:
+    """The files of ``read`` (path -> fingerprint then) whose fingerprint is not the same now, or none."""
+    return [path for path, then in read.items() if then is None or file_fingerprint(path, cwd) != then]
 
 
 def _roots(script: Path, cwd: str | Path | None) -> list[Path]:

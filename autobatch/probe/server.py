@@ -34,6 +34,7 @@ import time
 import traceback
 from typing import Any
 
+from autobatch.probe.files import SCRATCH_ENV, remove_root, scratch_root
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 PR_SET_PDEATHSIG = 1
@@ -226,10 +227,12 @@ def _fork_probe(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
     log_path = (
         os.path.join(log_dir, f"probe-{os.getpid()}-{time.monotonic_ns()}.log") if log_dir else os.devnull
     )
+    scratch = scratch_root()  # the probe's scratch folders (autobatch.probe.files), removed once it ended
     started = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # the probe process
         os.close(read_fd)
+        os.environ[SCRATCH_ENV] = scratch
         _child(request, init, write_fd, log_path)
     os.close(write_fd)
     data, timed_out = _collect(read_fd, started + request.timeout)
@@ -237,6 +240,7 @@ def _fork_probe(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     _kill_orphans()  # whatever the script started, in its own session too, was reparented here
+    remove_root(scratch)
     os.close(read_fd)
     wall = time.perf_counter() - started
     if timed_out:

@@ -25,6 +25,7 @@ from autobatch.core.search import Observation
 from autobatch.core.space import Combo, Ident, combinations, script_combos, script_note
 from autobatch.core.units import format_bytes
 from autobatch.errors import CompileFailed, ContractError, NothingFitsError, ScriptError
+from autobatch.probe.files import written_note
 from autobatch.records.failures import with_larger_oom
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.readings import measured_static, observation
@@ -136,6 +137,8 @@ class Tuner(Choosing):
         self._plan_and_choose(combos)
         if self.lengths is not None:  # the plan is made: now the other lengths
             self.lengths.run(combos, self._search)
+        if note := written_note(self.session.files_written):
+            self.result.notes.append(note)
         self.result.status = "complete"
         self._update()
         failure = limited_failure(self.result)
@@ -355,5 +358,6 @@ class Tuner(Choosing):
             1 for c in {id(r): r for r in rows}.values() for p in c.trace if not p.cached
         )
         self.result.wall_seconds = round(time.perf_counter() - self.started, 3)
+        self.result.script_files = self.session.script_files()
         if self.on_update:
             self.on_update(self.result)
