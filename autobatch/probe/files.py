@@ -34,6 +34,8 @@ from autobatch.records.protocol import ProbeOutcome
 #: The folder the probe server makes for each probe: scratch folders are made inside it, and it is removed
 #: with them when the probe ends.
 SCRATCH_ENV = "AUTOBATCH_SCRATCH_ROOT"
+#: The user's working folder, for the processes a probe starts from its scratch folder (a fresh process).
+WORKING_ENV = "AUTOBATCH_WORKING_FOLDER"
 #: Folders whose files are never the script's own inputs or outputs.
 _SYSTEM = ("/proc", "/sys", "/dev")
 _INSTALLED_MARKERS = ("site-packages", "dist-packages")
@@ -58,11 +60,11 @@ _TWO_PATHS = {"os.rename": ("move", "replace"), "os.link": (None, "create"), "os
 class ScriptFiles:
     """The watch on one probe's files: the working folder, its scratch twin, what was read and written."""
 
-    def __init__(self, outcome: ProbeOutcome, script: Path, user: Path, scratch: Path) -> None:
+    def __init__(self, outcome: ProbeOutcome, script: Path | None, user: Path, scratch: Path) -> None:
         self.outcome = outcome
         self.user = user  # the working folder the tune was started in
         self.scratch = scratch
-        self.protected = [user, script.parent.resolve()]
+        self.protected = [user, *([script.resolve().parent] if script is not None else [])]
         self.written: set[str] = set()
         self.read: set[str] = set()
         self.own: set[Path] = set()  # files the script wrote outside the scratch folder
@@ -112,14 +114,15 @@ class ScriptFiles:
                 self._note_write(self._shown(real))
             raise PermissionError(
                 13,
-                "autobatch: a probe does not write into your folders (a tune leaves your files as they were): "
-                f"{real} was written by an absolute path, which cannot be redirected; write relative to the "
-                "working folder (the probe's writes then go to a scratch folder), or to a folder of its own",
+                f"autobatch: a probe does not write into your folders (a tune leaves your files as they were), and "
+                f"{real} is reached by a path other than one relative to the working folder, which cannot be "
+                "redirected to the probe's scratch folder; write relative to the working folder, or to a folder "
+                "that is neither it nor the script's",
                 str(path),
             )
         self.own.add(real)
-        if not bytecode and not _under(real, Path(tempfile.gettempdir()).resolve()):
-            self._note_write(str(real))
+        if not bytecode and not _under(real, *_caches()):
+            self._note_write(str(real))  # not redirected: listed
 
     def reading(self, path: Any) -> None:
         where = self._absolute(path)
@@ -134,6 +137,15 @@ class ScriptFiles:
         if shown not in self.read:
             self.read.add(shown)
             self.outcome.files_read[shown] = None  # the tuner fingerprints it
+
+    def report(self, outcome: ProbeOutcome) -> ProbeOutcome:
+        """``outcome`` with what this watch saw (when it listed on another outcome)."""
+        if outcome is not self.outcome:
+            outcome.files_read.update(self.outcome.files_read)
+            outcome.files_written.extend(
+                p for p in self.outcome.files_written if p not in outcome.files_written
+            )
+        return outcome
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -184,10 +196,13 @@ class ScriptFiles:
             # a link the write replaces or removes (rename, remove) is the scratch folder's own: left as it is
 
 
-def install(outcome: ProbeOutcome, script: Path) -> ScriptFiles:
+def install(outcome: ProbeOutcome, script: Path | None) -> ScriptFiles:
     """Run the rest of this probe from a scratch folder that mirrors the working folder, watched (see the
-    module docstring); the process's working folder changes to it."""
-    user = Path.cwd().resolve()
+    module docstring): the process's working folder changes to it, and what the script reads and writes is
+    listed on ``outcome``. ``script``: the script's file (its folder is protected too), None for a step that
+    is not a file."""
+    user = Path(os.environ.get(WORKING_ENV) or Path.cwd()).resolve()
+    os.environ[WORKING_ENV] = str(user)
     root = os.environ.get(SCRATCH_ENV)
     scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=root if root and os.path.isdir(root) else None))
     for entry in os.listdir(user):
@@ -198,6 +213,14 @@ def install(outcome: ProbeOutcome, script: Path) -> ScriptFiles:
     sys.addaudithook(files.audit)
     _wrap_torch_save(files)
     return files
+
+
+def install_for(init: dict[str, Any]) -> ScriptFiles:
+    """:func:`install` for a probe of the step the probe server's ``init`` names; what it sees is copied onto
+    the probe's outcome by :meth:`ScriptFiles.report`."""
+    script = init["script"]
+    target = Path(str(script.get("target") if isinstance(script, dict) else script))
+    return install(ProbeOutcome(kind="fits"), target if target.suffix == ".py" and target.is_file() else None)
 
 
 def _wrap_torch_save(files: ScriptFiles) -> None:
@@ -254,3 +277,9 @@ def _truncates(mode: Any, flags: Any) -> bool:
 
 def _under(path: Path, *folders: Path) -> bool:
     return any(path == folder or folder in path.parents for folder in folders)
+
+
+def _caches() -> list[Path]:
+    """The temporary folder and the user's cache folder: libraries' caches (compilers', downloads')."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return [Path(tempfile.gettempdir()).resolve(), Path(home).resolve()]

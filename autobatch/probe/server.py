@@ -34,7 +34,7 @@ import time
 import traceback
 from typing import Any
 
-from autobatch.probe.files import SCRATCH_ENV, remove_root, scratch_root
+from autobatch.probe.files import SCRATCH_ENV, install_for, remove_root, scratch_root
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 PR_SET_PDEATHSIG = 1
@@ -162,14 +162,17 @@ def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
         error = compile_error(init["script"]["target"])
         return None if error is None else _startup_error(error)
     read_fd, write_fd = os.pipe()
+    scratch = scratch_root()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
+        os.environ[SCRATCH_ENV] = scratch
         code = 0
         try:
             die_with_parent()
             from autobatch.step.contract import load_script
 
+            install_for(init)  # what the script does at import touches none of the user's files
             load_script(init["script"], init.get("script_args", []))
             answer: dict[str, Any] | None = None
         except BaseException as exc:  # noqa: BLE001
@@ -182,6 +185,7 @@ def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
         data = pipe.read()
     _, status = os.waitpid(pid, 0)
     _kill_orphans()
+    remove_root(scratch)
     if not data:
         return {"type": "crash", "message": f"importing the script ended the process (status {status})"}
     return json.loads(data)  # type: ignore[no-any-return]
@@ -349,11 +353,12 @@ def _run_request(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
 
         as_is = AsIsScript.from_spec(init["script"], init.get("script_args", []))
         return dispatch(request, as_is)  # type: ignore[arg-type]
+    files = install_for(init)  # from a scratch folder, as a script run as it is (autobatch.probe.files)
     try:
         script = load_script(init["script"], init.get("script_args", []))
     except BaseException as exc:  # noqa: BLE001 - the script's error, as data
-        return describe_failure(ProbeOutcome(kind="error", batch_size=request.batch_size), exc)
-    return dispatch(request, script)
+        return files.report(describe_failure(ProbeOutcome(kind="error", batch_size=request.batch_size), exc))
+    return files.report(dispatch(request, script))
 
 
 def _tail(path: str, limit: int = 4000) -> str | None:
