@@ -54,6 +54,7 @@ _CHANGES = {
     "os.link": "create",
     "os.symlink": "create",
 }
+_WATCHED = frozenset({"open", *_CHANGES})
 _TWO_PATHS = {"os.rename": ("move", "replace"), "os.link": (None, "create"), "os.symlink": (None, "create")}
 
 
@@ -68,6 +69,7 @@ class ScriptFiles:
         self.written: set[str] = set()
         self.read: set[str] = set()
         self.own: set[Path] = set()  # files the script wrote outside the scratch folder
+        self.looked_at: set[str] = set()  # paths opened for reading so far
         self.busy = False  # copying on write: the hook's own file operations are not the script's
         self.skipped = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
         self.skipped += [Path(__file__).resolve().parent.parent, *(Path(p) for p in _SYSTEM)]
@@ -76,7 +78,7 @@ class ScriptFiles:
     # -- the hook -------------------------------------------------------------------------------
 
     def audit(self, event: str, args: tuple[Any, ...]) -> None:
-        if self.busy:
+        if event not in _WATCHED or self.busy:
             return
         if event == "open":
             path, mode, flags = args
@@ -125,9 +127,13 @@ class ScriptFiles:
             self._note_write(str(real))  # not redirected: listed
 
     def reading(self, path: Any) -> None:
-        where = self._absolute(path)
-        if where is None:
+        try:
+            where = os.path.abspath(os.fsdecode(os.fspath(path)))
+        except TypeError:
             return
+        if where in self.looked_at:  # a data loader opens its files again and again: decided once
+            return
+        self.looked_at.add(where)
         real = Path(os.path.realpath(where))
         if _under(real, self.scratch) or real in self.own or "__pycache__" in real.parts:
             return  # the script's own files
