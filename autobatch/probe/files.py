@@ -34,8 +34,10 @@ from autobatch.records.protocol import ProbeOutcome
 #: The folder the probe server makes for each probe: scratch folders are made inside it, and it is removed
 #: with them when the probe ends.
 SCRATCH_ENV = "AUTOBATCH_SCRATCH_ROOT"
-#: The user's working folder, for the processes a probe starts from its scratch folder (a fresh process).
+#: The user's working folder, and the probe's scratch folder, for the processes a probe starts (its ranks, a
+#: fresh process).
 WORKING_ENV = "AUTOBATCH_WORKING_FOLDER"
+SHARED_ENV = "AUTOBATCH_SCRATCH_FOLDER"
 #: Folders whose files are never the script's own inputs or outputs.
 _SYSTEM = ("/proc", "/sys", "/dev")
 _INSTALLED_MARKERS = ("site-packages", "dist-packages")
@@ -190,15 +192,18 @@ class ScriptFiles:
                     return
                 continue
             target = Path(os.path.realpath(current))
-            if target.is_dir() and (not last or how in ("rmtree", "modify")):
-                current.unlink()
-                current.mkdir()
-                for entry in os.listdir(target):
-                    (current / entry).symlink_to(target / entry)
-            elif last and target.is_file() and how in ("truncate", "modify"):
-                current.unlink()
-                if how == "modify":
-                    shutil.copy2(target, current)
+            try:  # another rank of the probe may be copying the same link
+                if target.is_dir() and (not last or how in ("rmtree", "modify")):
+                    current.unlink()
+                    current.mkdir()
+                    for entry in os.listdir(target):
+                        (current / entry).symlink_to(target / entry)
+                elif last and target.is_file() and how in ("truncate", "modify"):
+                    current.unlink()
+                    if how == "modify":
+                        shutil.copy2(target, current)
+            except (FileExistsError, FileNotFoundError):
+                continue
             # a link the write replaces or removes (rename, remove) is the scratch folder's own: left as it is
 
 
@@ -207,18 +212,28 @@ def install(outcome: ProbeOutcome, script: Path | None) -> ScriptFiles:
     module docstring): the process's working folder changes to it, and what the script reads and writes is
     listed on ``outcome``. ``script``: the script's file (its folder is protected too), None for a step that
     is not a file."""
-    user = Path(os.environ.get(WORKING_ENV) or Path.cwd()).resolve()
-    os.environ[WORKING_ENV] = str(user)
-    root = os.environ.get(SCRATCH_ENV)
-    scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=root if root and os.path.isdir(root) else None))
-    for entry in os.listdir(user):
-        (scratch / entry).symlink_to(user / entry)
-    files = ScriptFiles(outcome, script, user, scratch.resolve())
+    user, scratch = scratch_folder()
+    files = ScriptFiles(outcome, script, user, scratch)
     os.chdir(scratch)
     os.environ["PWD"] = str(scratch)
     sys.addaudithook(files.audit)
     _wrap_torch_save(files)
     return files
+
+
+def scratch_folder() -> tuple[Path, Path]:
+    """(the working folder, the probe's scratch folder): made on the first call of a probe, which the processes
+    it starts then share (the ranks of a probe, a fresh process), as the job's processes share its folder."""
+    user = Path(os.environ.get(WORKING_ENV) or Path.cwd()).resolve()
+    shared = os.environ.get(SHARED_ENV)
+    if shared and os.path.isdir(shared):
+        return user, Path(shared)
+    root = os.environ.get(SCRATCH_ENV)
+    scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=root if root and os.path.isdir(root) else None))
+    for entry in os.listdir(user):
+        (scratch / entry).symlink_to(user / entry)
+    os.environ.update({WORKING_ENV: str(user), SHARED_ENV: str(scratch.resolve())})
+    return user, scratch.resolve()
 
 
 def install_for(init: dict[str, Any]) -> ScriptFiles:
