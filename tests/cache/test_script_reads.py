@@ -1,7 +1,7 @@
 """The files a script reads decide whether its stored result and its journaled probes are reused.
 
 The probes here are a fake runner's that report reading ``config.json`` (the real probe's report is
-autobatch.probe.files', exercised in tests/probe/test_files.py and tests/cli/test_as_is_files_e2e.py).
+autobatch.probe.files', exercised in tests/probe/test_script_files.py and tests/cli/test_as_is_files_e2e.py).
 """
 
 from __future__ import annotations
