@@ -28,6 +28,10 @@ import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autobatch.records.protocol import ProbeOutcome
 
 #: Files up to this size are fingerprinted by their bytes; larger ones by their size and modification time.
 HASHED_BYTES = 256 << 20
@@ -87,6 +91,38 @@ def file_fingerprint(path: str | Path, cwd: str | Path | None = None) -> str | N
 def changed_files(read: Mapping[str, str | None], cwd: str | Path | None = None) -> list[str]:
     """The files of ``read`` (path -> fingerprint then) whose fingerprint is not the same now, or none."""
     return [path for path, then in read.items() if then is None or file_fingerprint(path, cwd) != then]
+
+
+class FilesSeen:
+    """The files a session's probes read (path -> fingerprint when first seen) and tried to write; each file is
+    fingerprinted once a session (:func:`file_fingerprint`), as it is now."""
+
+    def __init__(self) -> None:
+        self.read: dict[str, str | None] = {}
+        self.written: list[str] = []
+        self._now: dict[str, str | None] = {}
+
+    def take(self, outcome: ProbeOutcome) -> None:
+        """Keep a probe's files; one run now gets their fingerprints (a journaled one carries its own)."""
+        for path, then in outcome.files_read.items():
+            outcome.files_read[path] = then if outcome.cached else self.now(path)
+            self.read.setdefault(path, outcome.files_read[path])
+        self.written.extend(p for p in outcome.files_written if p not in self.written)
+
+    def unchanged(self, outcome: ProbeOutcome) -> bool:
+        """Whether every file a journaled probe read is as it was then (one without a fingerprint never is)."""
+        return all(then is not None and self.now(p) == then for p, then in outcome.files_read.items())
+
+    def now(self, path: str) -> str | None:
+        if path not in self._now:
+            self._now[path] = file_fingerprint(path)
+        return self._now[path]
+
+    def to_result(self) -> dict[str, Any] | None:
+        """The result's ``script_files`` (None: nothing seen)."""
+        if not (self.read or self.written):
+            return None
+        return {"read": dict(self.read), "written": list(self.written)}
 
 
 def _roots(script: Path, cwd: str | Path | None) -> list[Path]:

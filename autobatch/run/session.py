@@ -15,11 +15,12 @@ import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from autobatch.cache import CacheFolder, ProbeJournal, fingerprint
-from autobatch.cache.sources import file_fingerprint, source_digests
+from autobatch.cache.sources import FilesSeen, source_digests
 from autobatch.core.space import Combo
 from autobatch.devices.budget import DeviceInfo, apply_margin
 from autobatch.errors import UsageError
@@ -106,12 +107,12 @@ class Session:
         self.warnings: list[str] = []
         self.fresh_baseline = fresh_baseline  # CPU: the job's fresh process measured, counted in every probe
         self.fresh_offsets: list[int] = []  # per rank (autobatch.probe.fresh)
-        #: The script's files (autobatch.probe.files) in the probes this session answered with: what they read,
-        #: with its fingerprint when it was first seen, and what they tried to write
-        self.files_read: dict[str, str | None] = {}
-        self.files_written: list[str] = []
-        self._fingerprints: dict[str, str | None] = {}  # the files as they are now, read once a session
         self._held = ExitStack()
+
+    @cached_property
+    def files(self) -> FilesSeen:
+        """The script's files in the probes this session answered with (:mod:`autobatch.probe.files`)."""
+        return FilesSeen()
 
     @property
     def as_is(self) -> bool:
@@ -292,9 +293,9 @@ class Session:
         answers = self.journal.answers(
             (*combo.ident, combo.seq_len), lengths, self.timeout, self.device.margin_line
         )
-        answers = [outcome for outcome in answers if self._reads_hold(outcome)]
+        answers = [outcome for outcome in answers if self.files.unchanged(outcome)]
         for outcome in answers:
-            self._files(outcome)
+            self.files.take(outcome)
             apply_margin(outcome, self.device)
             self.cache_hits += 1
             if self.on_probe:
@@ -323,7 +324,7 @@ class Session:
         if strict:
             request = replace(request, stop_above_bytes=self.device.margin_line)
         outcome = self.journal.get(request) if self.use_cache and not (self.refresh or fresh) else None
-        if outcome is not None and not self._reads_hold(outcome):
+        if outcome is not None and not self.files.unchanged(outcome):
             outcome = None  # a file it read changed since: measured again
         cached = outcome is not None
         if outcome is None:
@@ -332,10 +333,10 @@ class Session:
             outcome = self._run_retrying(request)
             outcome.started_at = started
             self.probes_run += 1
-            self._files(outcome)
+            self.files.take(outcome)
             self.journal.record(request, outcome)
         else:
-            self._files(outcome)
+            self.files.take(outcome)
             self.cache_hits += 1
         if strict:
             apply_margin(outcome, self.device)
@@ -350,32 +351,6 @@ class Session:
                 with_last_lines(outcome)
             raise_for(outcome, what=f"{combo.key} at batch {batch_size}")
         return outcome
-
-    def script_files(self) -> dict[str, Any] | None:
-        """What the probes' script read (path -> fingerprint) and tried to write; None when nothing is known."""
-        if not (self.files_read or self.files_written):
-            return None
-        return {"read": dict(self.files_read), "written": list(self.files_written)}
-
-    def _files(self, outcome: ProbeOutcome) -> None:
-        """Fingerprint what a probe run now read (a journaled one carries its fingerprints), and keep both lists."""
-        for path, then in outcome.files_read.items():
-            now = then if outcome.cached else self._fingerprint(path)
-            outcome.files_read[path] = now
-            self.files_read.setdefault(path, now)
-        self.files_written.extend(p for p in outcome.files_written if p not in self.files_written)
-
-    def _reads_hold(self, outcome: ProbeOutcome) -> bool:
-        """Whether every file a journaled probe read is as it was then (one that could not be fingerprinted
-        never is)."""
-        return all(
-            then is not None and self._fingerprint(p) == then for p, then in outcome.files_read.items()
-        )
-
-    def _fingerprint(self, path: str) -> str | None:
-        if path not in self._fingerprints:
-            self._fingerprints[path] = file_fingerprint(path)
-        return self._fingerprints[path]
 
     def _check_script_unchanged(self) -> None:
         """The probe server imported the script once: an edit since then would make later probes measure a
