@@ -6,7 +6,9 @@ when it was made, how much memory other processes held on the device then (CUDA,
 the CPU), and the complete :class:`autobatch.records.result.TuneResult`. Only complete results are stored.
 
 A stored result is served only when its inputs are the current ones (same key, and the stored inputs
-equal, so a hash collision cannot serve a wrong answer) and the device is not busier than it was
+equal, so a hash collision cannot serve a wrong answer), every file its script read is as it was then (the
+result's ``script_files``, fingerprinted by :mod:`autobatch.cache.sources`: a script's config, its data; a
+result with a file that could not be fingerprinted is never stored), and the device is not busier than it was
 (:func:`busier`): memory other processes hold is subtracted from the budget, so more of it would make
 the stored maxima too large. A served result's file is touched, so ``cache clear --older-than`` counts
 from its last use. A file that cannot be read as a stored result is moved aside with a warning.
@@ -23,6 +25,7 @@ from typing import Any
 
 from autobatch.cache.folder import CacheFolder
 from autobatch.cache.keys import TuneInputs
+from autobatch.cache.sources import changed_files
 from autobatch.records.result import TuneResult
 
 SUFFIX = ".result.json"
@@ -51,6 +54,7 @@ class ResultStore:
 
     def __init__(self, folder: CacheFolder) -> None:
         self.folder = folder
+        self.changed: list[str] = []  # the files the script read that changed since the last result asked for
 
     def path(self, key: str) -> Path:
         return self.folder.path / f"{key}{SUFFIX}"
@@ -63,7 +67,8 @@ class ResultStore:
         stored = self.read(path)
         if stored is None or stored.inputs != json.loads(json.dumps(inputs.to_dict())):
             return None
-        if busier(device_used_bytes, stored.device_used_bytes):
+        self.changed = changed_files(read_files(stored.result))
+        if self.changed or busier(device_used_bytes, stored.device_used_bytes):
             return None
         try:
             os.utime(path)
@@ -104,6 +109,8 @@ class ResultStore:
         """Store a complete result (a no-op for other statuses, or when the folder cannot be written)."""
         if not inputs.cacheable or result.status != "complete" or not self.folder.writable:
             return None
+        if unfingerprinted(result):
+            return None
         from autobatch.records.files import write_atomic
 
         key = inputs.key()
@@ -121,6 +128,16 @@ class ResultStore:
         except OSError as exc:
             self.folder.unwritable(exc)
             return None
+
+
+def read_files(result: TuneResult) -> dict[str, str | None]:
+    """What the result's script read: path -> fingerprint (None: none could be taken)."""
+    return dict((result.script_files or {}).get("read") or {})
+
+
+def unfingerprinted(result: TuneResult) -> list[str]:
+    """The files the script read that could not be fingerprinted: the result cannot be kept."""
+    return [path for path, then in read_files(result).items() if then is None]
 
 
 def served(stored: StoredResult, script: str, script_args: list[str]) -> TuneResult:

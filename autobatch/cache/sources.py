@@ -1,4 +1,4 @@
-"""The source files a training script's memory depends on: the script and the local modules it imports.
+"""The files a training script's memory depends on: the script, the local modules it imports, the files it reads.
 
 "Local" means what the probe server imports from the script's folder or the working folder (both are
 on its ``sys.path``, the script's folder first, as :func:`autobatch.step.contract.load_script` and
@@ -11,15 +11,30 @@ fingerprint (docs/clusters.md says so).
 
 Paths are reported relative to the script's folder (or the working folder), so that the same sources
 checked out elsewhere have the same fingerprint.
+
+What a script reads when it runs (a JSON config passed as an argument, a data file) cannot be read from its
+source: a probe reports each file it opened (:mod:`autobatch.probe.files`), relative to the working folder or
+absolute, and :func:`file_fingerprint` fingerprints it the way the sources are (sha256 of its bytes; a file
+above :data:`HASHED_BYTES`, a data set, by its size and modification time). A result or a probe that depends
+on them is reused only while every one is unchanged (:func:`changed_files`); a file that cannot be
+fingerprinted (gone, not a regular file, unreadable) has none, and keeps its result out of the cache.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import stat
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from autobatch.records.protocol import ProbeOutcome
+
+#: Files up to this size are fingerprinted by their bytes; larger ones by their size and modification time.
+HASHED_BYTES = 256 << 20
 #: Folders whose files are installed packages, never the user's own sources.
 _INSTALLED_MARKERS = ("site-packages", "dist-packages")
 
@@ -52,6 +67,62 @@ def source_digests(script: str | Path, cwd: str | Path | None = None) -> dict[st
             continue
         out[_relative(path, roots)] = hashlib.sha256(data).hexdigest()
     return out
+
+
+def file_fingerprint(path: str | Path, cwd: str | Path | None = None) -> str | None:
+    """``sha256:<hex>`` of a file's bytes, or ``stat:<size>:<mtime ns>`` above :data:`HASHED_BYTES`; None when it
+    cannot be fingerprinted (gone, not a regular file, unreadable). A relative path is under ``cwd``."""
+    where = Path(cwd or Path.cwd()) / path
+    try:
+        info = where.stat()
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if info.st_size > HASHED_BYTES:
+            return f"stat:{info.st_size}:{info.st_mtime_ns}"
+        hasher = hashlib.sha256()
+        with open(where, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                hasher.update(block)
+        return f"sha256:{hasher.hexdigest()}"
+    except OSError:
+        return None
+
+
+def changed_files(read: Mapping[str, str | None], cwd: str | Path | None = None) -> list[str]:
+    """The files of ``read`` (path -> fingerprint then) whose fingerprint is not the same now, or none."""
+    return [path for path, then in read.items() if then is None or file_fingerprint(path, cwd) != then]
+
+
+class FilesSeen:
+    """The files a session's probes read (path -> fingerprint when first seen) and tried to write; each file is
+    fingerprinted once a session (:func:`file_fingerprint`), as it is now."""
+
+    def __init__(self) -> None:
+        self.read: dict[str, str | None] = {}
+        self.written: list[str] = []
+        self._now: dict[str, str | None] = {}
+
+    def take(self, outcome: ProbeOutcome) -> None:
+        """Keep a probe's files; one run now gets their fingerprints (a journaled one carries its own)."""
+        for path, then in outcome.files_read.items():
+            outcome.files_read[path] = then if outcome.cached else self.now(path)
+            self.read.setdefault(path, outcome.files_read[path])
+        self.written.extend(p for p in outcome.files_written if p not in self.written)
+
+    def unchanged(self, outcome: ProbeOutcome) -> bool:
+        """Whether every file a journaled probe read is as it was then (one without a fingerprint never is)."""
+        return all(then is not None and self.now(p) == then for p, then in outcome.files_read.items())
+
+    def now(self, path: str) -> str | None:
+        if path not in self._now:
+            self._now[path] = file_fingerprint(path)
+        return self._now[path]
+
+    def to_result(self) -> dict[str, Any] | None:
+        """The result's ``script_files`` (None: nothing seen)."""
+        if not (self.read or self.written):
+            return None
+        return {"read": dict(self.read), "written": list(self.written)}
 
 
 def _roots(script: Path, cwd: str | Path | None) -> list[Path]:

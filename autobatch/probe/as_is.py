@@ -22,6 +22,7 @@ from functools import partial
 
 from autobatch.probe import ops
 from autobatch.probe.as_is_watch import run_script
+from autobatch.probe.files import scratch_folder
 from autobatch.probe.ops import register
 from autobatch.probe.worker import device_facts
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
@@ -50,6 +51,7 @@ def run_on_ranks(request: ProbeRequest, script: AsIsScript) -> ProbeOutcome:
     # no rank stops at the search's line on its own (its peers would wait for it in a collective), and
     # a rank that never steps says so before the coordinator's deadline
     ranked = replace(request, stop_above_bytes=None, timeout=request.timeout * RANK_TIME_SHARE)
+    scratch_folder()  # one for the probe's ranks, as the job's ranks share one working folder
     body = partial(run_rank, ranked, script)
     return run_ranks(ranked, script, None, body=body)  # type: ignore[arg-type]
 

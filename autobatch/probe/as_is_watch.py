@@ -40,6 +40,7 @@ from typing import Any, Callable
 from autobatch.core.space import variant_of
 from autobatch.core.steady import enough_steps, growth_tolerance
 from autobatch.errors import ContractError
+from autobatch.probe import files
 from autobatch.probe.as_is_late import LateMemory
 from autobatch.probe.oom import classify_exception
 from autobatch.probe.worker import _device_hooks, _read_report, _stopped_at_line
@@ -65,6 +66,7 @@ def run_script(
     os.environ.update(script.environment(request.batch_size))
     sys.argv = script.argv(request.batch_size, variant_of(request.precision), request.seq_len)
     sys.path.insert(0, str(script.path.parent))
+    files.install(outcome, script.path)  # from a scratch folder: the user's files stay as they were
     peak_now, synchronize, finish = _device_hooks(request, outcome)
     outcome.setup_seconds = time.perf_counter() - start
     watch = StepWatch(request, outcome, peak_now, synchronize, finish, emit)

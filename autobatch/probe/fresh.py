@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from autobatch.probe.files import install_for
 from autobatch.probe.lineage import die_with_parent, read_until_exit
 from autobatch.probe.ops import register, write_report
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
@@ -227,6 +228,7 @@ def main() -> None:
         _as_is_steps(
             request, AsIsScript.from_spec(start["script"], start["script_args"]), start["report_fd"], own
         )
+    install_for(start)  # the job's fresh process, from a scratch folder as every probe
     script = load_script(start["script"], start["script_args"])
 
     measure = settled(worker.measure_steps, own)

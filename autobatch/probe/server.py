@@ -34,6 +34,7 @@ import time
 import traceback
 from typing import Any
 
+from autobatch.probe.files import SCRATCH_ENV, install_for, remove_root, scratch_root
 from autobatch.probe.lineage import (
     become_subreaper,
     die_with_parent,
@@ -167,16 +168,19 @@ def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
         error = compile_error(init["script"]["target"])
         return None if error is None else _startup_error(error)
     read_fd, write_fd = os.pipe()
+    scratch = scratch_root()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
         _leave_protocol()
+        os.environ[SCRATCH_ENV] = scratch
         code = 0
         try:
             die_with_parent()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             from autobatch.step.contract import load_script
 
+            install_for(init)  # what the script does at import touches none of the user's files
             load_script(init["script"], init.get("script_args", []))
             answer: dict[str, Any] | None = None
         except BaseException as exc:  # noqa: BLE001
@@ -188,6 +192,7 @@ def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
     data, status = read_until_exit(read_fd, pid, None)
     os.close(read_fd)
     end_descendants()  # what importing the script started (a helper, a pool) ends with this process
+    remove_root(scratch)
     if not data:
         return {"type": "crash", "message": f"importing the script ended the process (status {status})"}
     return json.loads(data)  # type: ignore[no-any-return]
@@ -233,11 +238,13 @@ def _fork_probe(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
     log_path = (
         os.path.join(log_dir, f"probe-{os.getpid()}-{time.monotonic_ns()}.log") if log_dir else os.devnull
     )
+    scratch = scratch_root()  # the probe's scratch folders (autobatch.probe.files), removed once it ended
     started = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # the probe process
         os.close(read_fd)
         _leave_protocol()
+        os.environ[SCRATCH_ENV] = scratch
         _child(request, init, write_fd, log_path)
     os.close(write_fd)
     data, status = read_until_exit(read_fd, pid, started + request.timeout)
@@ -245,6 +252,7 @@ def _fork_probe(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     end_descendants()  # whatever the script started, in a session of its own too, was reparented here
+    remove_root(scratch)
     os.close(read_fd)
     wall = time.perf_counter() - started
     if status is None:
@@ -325,11 +333,12 @@ def _run_request(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
 
         as_is = AsIsScript.from_spec(init["script"], init.get("script_args", []))
         return dispatch(request, as_is)  # type: ignore[arg-type]
+    files = install_for(init)  # from a scratch folder, as a script run as it is (autobatch.probe.files)
     try:
         script = load_script(init["script"], init.get("script_args", []))
     except BaseException as exc:  # noqa: BLE001 - the script's error, as data
-        return describe_failure(ProbeOutcome(kind="error", batch_size=request.batch_size), exc)
-    return dispatch(request, script)
+        return files.report(describe_failure(ProbeOutcome(kind="error", batch_size=request.batch_size), exc))
+    return files.report(dispatch(request, script))
 
 
 def _tail(path: str, limit: int = 4000) -> str | None:

@@ -125,6 +125,11 @@ class ProbeOutcome:
     # with compile: the seconds the compiler took (first step, recompilations), left out of step_seconds and of
     # samples_per_second; None: not compiled
     compile_seconds: float | None = None
+    # a script's files (autobatch.probe.files): path -> fingerprint of every file it read (the probe reports None,
+    # the session fills it in: autobatch.cache.sources.file_fingerprint), and every path it tried to write, in
+    # order; relative to the working folder when inside it, else absolute
+    files_read: dict[str, str | None] = field(default_factory=dict)
+    files_written: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:

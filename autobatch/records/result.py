@@ -50,6 +50,10 @@ is published as ``autobatch/result.schema.json``; :meth:`TuneResult.load` checks
                       {"intercept_bytes", "bytes_per_token", "bytes_per_token_squared", "fitted_from"},
                       "fit_error", "attention_share", "token_budget")}; ``combinations`` and ``chosen`` then
                       carry the plan's ``seq_len`` (see :mod:`autobatch.run.lengths`)
+``script_files``      present only when the probes saw the script's files (:mod:`autobatch.probe.files`): {"read":
+                      {path: fingerprint ("sha256:..." or "stat:SIZE:MTIME_NS"), null when it could not be
+                      fingerprinted}, "written": [every path the script tried to write, in order]}; a path is
+                      relative to the working folder when inside it, else absolute
 ``devices``           present only when one job spans several GPU models: one entry per model
                       ({"model", "device", "indices", "budget_bytes", "budget", "served_from_cache",
                       "probes", "max_batch_sizes"}); ``combinations`` then hold the smallest maximum
@@ -75,7 +79,15 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "Chosen", "ComboResult", "ProbeRecord", "TuneResult"]
 #: Fields added after the first release that are left out of the document while unset.
-_ABSENT_WHEN_NONE = ("cache", "devices", "pid", "host", "as_is", "lengths")  # written by a tune only
+_ABSENT_WHEN_NONE = (
+    "cache",
+    "devices",
+    "pid",
+    "host",
+    "as_is",
+    "lengths",
+    "script_files",
+)  # written by a tune only
 
 
 @dataclass
@@ -258,6 +270,7 @@ class TuneResult:
     devices: list[dict[str, Any]] | None = None
     as_is: dict[str, Any] | None = None
     lengths: Lengths | None = None
+    script_files: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

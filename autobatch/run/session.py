@@ -15,11 +15,12 @@ import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from autobatch.cache import CacheFolder, ProbeJournal, fingerprint
-from autobatch.cache.sources import source_digests
+from autobatch.cache.sources import FilesSeen, source_digests
 from autobatch.core.space import Combo
 from autobatch.devices.budget import DeviceInfo, apply_margin
 from autobatch.errors import UsageError
@@ -107,6 +108,11 @@ class Session:
         self.fresh_baseline = fresh_baseline  # CPU: the job's fresh process measured, counted in every probe
         self.fresh_offsets: list[int] = []  # per rank (autobatch.probe.fresh)
         self._held = ExitStack()
+
+    @cached_property
+    def files(self) -> FilesSeen:
+        """The script's files in the probes this session answered with (:mod:`autobatch.probe.files`)."""
+        return FilesSeen()
 
     @property
     def as_is(self) -> bool:
@@ -287,7 +293,9 @@ class Session:
         answers = self.journal.answers(
             (*combo.ident, combo.seq_len), lengths, self.timeout, self.device.margin_line
         )
+        answers = [outcome for outcome in answers if self.files.unchanged(outcome)]
         for outcome in answers:
+            self.files.take(outcome)
             apply_margin(outcome, self.device)
             self.cache_hits += 1
             if self.on_probe:
@@ -322,6 +330,8 @@ class Session:
         if strict:
             request = replace(request, stop_above_bytes=self.device.margin_line)
         outcome = self.journal.get(request) if self.use_cache and not (self.refresh or fresh) else None
+        if outcome is not None and not self.files.unchanged(outcome):
+            outcome = None  # a file it read changed since: measured again
         cached = outcome is not None
         if outcome is None:
             self._check_script_unchanged()
@@ -329,8 +339,10 @@ class Session:
             outcome = self._run_retrying(request)
             outcome.started_at = started
             self.probes_run += 1
+            self.files.take(outcome)
             self.journal.record(request, outcome)
         else:
+            self.files.take(outcome)
             self.cache_hits += 1
         if strict:
             apply_margin(outcome, self.device)

@@ -28,6 +28,7 @@ from autobatch.errors import (
     ContractError,
     ScriptError,
 )
+from autobatch.probe.files import written_note
 from autobatch.records.failures import with_larger_oom
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.readings import measured_static, observation
@@ -151,6 +152,8 @@ class Tuner(Choosing):
         self._plan_and_choose(combos)
         if self.lengths is not None:  # the plan is made: now the other lengths
             self.lengths.run(combos, self._search)
+        if note := written_note(self.session.files.written):
+            self.result.notes.append(note)
         self.result.status = "complete"
         self._update()
         failure = limited_failure(self.result)
@@ -369,5 +372,6 @@ class Tuner(Choosing):
             1 for c in {id(r): r for r in rows}.values() for p in c.trace if not p.cached
         )
         self.result.wall_seconds = round(time.perf_counter() - self.started, 3)
+        self.result.script_files = self.session.files.to_result()
         if self.on_update:
             self.on_update(self.result)

@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autobatch.cache import CacheFolder, ResultStore, tune_inputs
-from autobatch.cache.results import served
+from autobatch.cache.results import served, unfingerprinted
 from autobatch.service.sessions import device_lock, open_session
 
 if TYPE_CHECKING:
@@ -89,6 +89,11 @@ def tune_target(
     hit = store.get(inputs, target.used_bytes) if store is not None and reuse else None
     if hit is not None:
         return _serve(hit, settings, spec, hooks, warnings)
+    if store is not None and store.changed:
+        hooks.on_status(
+            f"measuring again: {', '.join(store.changed)} changed since the cache's result for this tune was made "
+            "(the script reads it)"
+        )
     with ExitStack() as held:
         if store is not None and reuse and inputs.cacheable and folder.writable:
             # Identical tunes on other devices of this model (other nodes sharing the cache, a job
@@ -115,6 +120,12 @@ def tune_target(
         _add_warnings(result, warnings)
         if store is not None and not inputs.cacheable:
             result.notes.append(f"result not kept in the cache: {inputs.why_not}")
+        elif store is not None and (unknown := unfingerprinted(result)):
+            result.notes.append(
+                f"result not kept in the cache: the script reads {', '.join(unknown)}, which could not be "
+                "fingerprinted (gone after the probe, not a regular file, or unreadable), so a stored answer could "
+                "not tell when it changes"
+            )
         elif store is not None and store.put(inputs, result, used):
             result.notes.append(f"result kept in the cache as {inputs.key()}")
     return result

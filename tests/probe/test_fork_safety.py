@@ -50,8 +50,10 @@ QUICK = ("--device", "cpu", "--memory", "540MiB", "-p", "32-true", "-o", "adamw"
 
 
 def test_a_script_that_runs_code_at_import_is_tuned_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    (tmp_path / "train.py").write_text(SCRIPT)
-    helpers = tmp_path / "helpers.txt"
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(SCRIPT)
+    helpers = tmp_path / "helpers.txt"  # outside the job's folder, which probes do not write into
     env = {"HELPERS": str(helpers)}
     proc = run_cli(
         "tune",
@@ -61,7 +63,7 @@ def test_a_script_that_runs_code_at_import_is_tuned_and_leaves_nothing_behind(tm
         "--timeout",
         "60",
         "--json",
-        cwd=tmp_path,
+        cwd=job,
         env=env,
         timeout=400,
     )
@@ -69,7 +71,7 @@ def test_a_script_that_runs_code_at_import_is_tuned_and_leaves_nothing_behind(tm
     (combo,) = json.loads(proc.stdout)["combinations"]
     top = combo["max_batch_size"]
     assert combo["status"] == "exact" and top > 8, combo
-    check = run_cli("check", "train.py", *QUICK, "-b", str(top), cwd=tmp_path, env=env, timeout=200)
+    check = run_cli("check", "train.py", *QUICK, "-b", str(top), cwd=job, env=env, timeout=200)
     assert check.returncode == 0, check.stderr  # the maximum holds in a check of its own
 
     started = [int(line) for line in helpers.read_text().split()]

@@ -288,7 +288,8 @@ def all_faults(base: Path) -> list[FaultRun]:
             f,
             str(BAD / "killed_once.py"),
             extra=("--max-batch-size", "64"),
-            env={"KILLED_ONCE_MARKER": str(f / "marker")},
+            # the marker outside the run's folder, which a probe does not write into (autobatch.probe.files)
+            env={"KILLED_ONCE_MARKER": str(f.with_name(f"{f.name}.marker"))},
         )
     )
     f = folder("probe segfaults")

@@ -1,0 +1,306 @@
+"""The script's files in a probe: what it reads (for the cache's key) and where what it writes goes.
+
+A probe runs the user's script from a scratch folder, never from the folder the tune was started in (the
+user's working folder): the scratch folder holds a symbolic link to each entry of the working folder, so
+relative reads work as in the job, and a write through one of them is made copy-on-write first (a linked file
+is replaced by a copy, or by nothing when the write truncates it; a linked folder by a real folder of links), so
+it lands in the scratch folder. A write that would reach the working folder or the script's folder any other
+way (an absolute path) is refused: :class:`PermissionError` naming the path. The probe server removes the
+scratch folder once the probe has ended (:data:`SCRATCH_ENV` names the folder it makes for each probe).
+
+Python's audit hooks (:func:`sys.addaudithook`) see every ``open`` with its mode or flags, and the calls that
+make, move, remove or truncate files; ``torch.save`` writes in C++ (no ``open`` event), so it is wrapped to
+run the same check on a path it is given. What the hooks see is reported on the outcome as data
+(:attr:`~autobatch.records.protocol.ProbeOutcome.files_read` and ``files_written``: paths relative to the
+working folder, or absolute outside it): the tuner fingerprints the files read (:mod:`autobatch.cache.sources`)
+and lists what the script tried to write. Reads of the Python installation, of installed packages, of
+autobatch and of ``/proc``, ``/sys`` and ``/dev`` are not the script's inputs and are not reported; nor are
+files the script wrote itself, nor Python's bytecode caches. Not seen: files opened by other processes
+(``DataLoader`` workers are, since they are forked with the hook) and writes of C code other than
+``torch.save`` to files that already exist in the working folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from autobatch.records.protocol import ProbeOutcome
+
+#: The folder the probe server makes for each probe: scratch folders are made inside it, and it is removed
+#: with them when the probe ends.
+SCRATCH_ENV = "AUTOBATCH_SCRATCH_ROOT"
+#: The user's working folder, and the probe's scratch folder, for the processes a probe starts (its ranks, a
+#: fresh process).
+WORKING_ENV = "AUTOBATCH_WORKING_FOLDER"
+SHARED_ENV = "AUTOBATCH_SCRATCH_FOLDER"
+#: Folders whose files are never the script's own inputs or outputs.
+_SYSTEM = ("/proc", "/sys", "/dev")
+_INSTALLED_MARKERS = ("site-packages", "dist-packages")
+#: Flags of ``os.open`` (and ``open``'s) that write.
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+#: Audit events that change the file system at their first argument (the second too: :data:`_TWO_PATHS`).
+_CHANGES = {
+    "os.mkdir": "mkdir",
+    "os.rmdir": "remove",
+    "os.remove": "remove",
+    "os.truncate": "modify",
+    "os.chmod": "modify",
+    "os.utime": "modify",
+    "shutil.rmtree": "rmtree",
+    "os.rename": "move",
+    "os.link": "create",
+    "os.symlink": "create",
+}
+_WATCHED = frozenset({"open", *_CHANGES})
+_TWO_PATHS = {"os.rename": ("move", "replace"), "os.link": (None, "create"), "os.symlink": (None, "create")}
+
+
+class ScriptFiles:
+    """The watch on one probe's files: the working folder, its scratch twin, what was read and written."""
+
+    def __init__(self, outcome: ProbeOutcome, script: Path | None, user: Path, scratch: Path) -> None:
+        self.outcome = outcome
+        self.user = user  # the working folder the tune was started in
+        self.scratch = scratch
+        self.protected = [user, *([script.resolve().parent] if script is not None else [])]
+        self.written: set[str] = set()
+        self.read: set[str] = set()
+        self.own: set[Path] = set()  # files the script wrote outside the scratch folder
+        self.looked_at: set[str] = set()  # paths opened for reading so far
+        self.busy = False  # copying on write: the hook's own file operations are not the script's
+        self.skipped = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
+        self.skipped += [Path(__file__).resolve().parent.parent, *(Path(p) for p in _SYSTEM)]
+        self.skipped = [p for p in self.skipped if p != Path("/")]
+
+    # -- the hook -------------------------------------------------------------------------------
+
+    def audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if event not in _WATCHED or self.busy:
+            return
+        if event == "open":
+            path, mode, flags = args
+            if isinstance(path, (str, bytes, os.PathLike)):
+                if _writes(mode, flags):
+                    self.writing(path, "truncate" if _truncates(mode, flags) else "modify")
+                else:
+                    self.reading(path)
+        elif event in _CHANGES:
+            first, second = _TWO_PATHS.get(event, (_CHANGES[event], None))
+            if first is not None and _is_path(args[0]):
+                self.writing(args[0], first)
+            if second is not None and _is_path(args[1]):
+                self.writing(args[1], second)
+
+    def writing(self, path: Any, how: str) -> None:
+        """Before a write to ``path``: make it land in the scratch folder, or refuse it."""
+        where = self._absolute(path)
+        if where is None or _under(where, *(Path(p) for p in _SYSTEM)):
+            return
+        bytecode = "__pycache__" in where.parts
+        if _under(where, self.scratch):
+            inside = where.relative_to(self.scratch)
+            if not bytecode and inside.parts:
+                self._note_write(inside.as_posix())
+                self.busy = True
+                try:
+                    self._copy_on_write(inside, how)
+                finally:
+                    self.busy = False
+            return
+        real = Path(os.path.realpath(where))
+        if any(_under(real, folder) for folder in self.protected):
+            if not bytecode:
+                self._note_write(self._shown(real))
+            raise PermissionError(
+                13,
+                f"autobatch: a probe does not write into your folders (a tune leaves your files as they were), and "
+                f"{real} is reached by a path other than one relative to the working folder, which cannot be "
+                "redirected to the probe's scratch folder; write relative to the working folder, or to a folder "
+                "that is neither it nor the script's",
+                str(path),
+            )
+        self.own.add(real)
+        if not bytecode and not _under(real, *_caches()):
+            self._note_write(str(real))  # not redirected: listed
+
+    def reading(self, path: Any) -> None:
+        try:
+            where = os.path.abspath(os.fsdecode(os.fspath(path)))
+        except TypeError:
+            return
+        if where in self.looked_at:  # a data loader opens its files again and again: decided once
+            return
+        self.looked_at.add(where)
+        real = Path(os.path.realpath(where))
+        if _under(real, self.scratch) or real in self.own or "__pycache__" in real.parts:
+            return  # the script's own files
+        if not any(_under(real, folder) for folder in self.protected) and self._not_an_input(real):
+            return
+        shown = self._shown(real)
+        if shown not in self.read:
+            self.read.add(shown)
+            self.outcome.files_read[shown] = None  # the tuner fingerprints it
+
+    def report(self, outcome: ProbeOutcome) -> ProbeOutcome:
+        """``outcome`` with what this watch saw (when it listed on another outcome)."""
+        if outcome is not self.outcome:
+            outcome.files_read.update(self.outcome.files_read)
+            outcome.files_written.extend(
+                p for p in self.outcome.files_written if p not in outcome.files_written
+            )
+        return outcome
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _not_an_input(self, real: Path) -> bool:
+        """Python's, installed packages', autobatch's, the system's, or in the temporary folder (libraries'
+        caches, such as compilers')."""
+        if set(real.parts) & set(_INSTALLED_MARKERS):
+            return True
+        return any(_under(real, folder) for folder in [*self.skipped, Path(tempfile.gettempdir()).resolve()])
+
+    def _absolute(self, path: Any) -> Path | None:
+        try:
+            text = os.fsdecode(os.fspath(path))
+        except TypeError:
+            return None
+        return Path(os.path.abspath(text))  # lexical: a link along the path is the point
+
+    def _shown(self, real: Path) -> str:
+        """A path as the outcome reports it: relative to the working folder inside it, else absolute."""
+        return real.relative_to(self.user).as_posix() if _under(real, self.user) else str(real)
+
+    def _note_write(self, shown: str) -> None:
+        if shown not in self.written:
+            self.written.add(shown)
+            self.outcome.files_written.append(shown)
+
+    def _copy_on_write(self, inside: Path, how: str) -> None:
+        """Replace the links along ``inside`` (relative to the scratch folder) that the write would follow."""
+        current = self.scratch
+        parts = inside.parts
+        for index, part in enumerate(parts):
+            current = current / part
+            last = index == len(parts) - 1
+            if not current.is_symlink():
+                if not current.exists():
+                    return
+                continue
+            target = Path(os.path.realpath(current))
+            try:  # another rank of the probe may be copying the same link
+                if target.is_dir() and (not last or how in ("rmtree", "modify")):
+                    current.unlink()
+                    current.mkdir()
+                    for entry in os.listdir(target):
+                        (current / entry).symlink_to(target / entry)
+                elif last and target.is_file() and how in ("truncate", "modify"):
+                    current.unlink()
+                    if how == "modify":
+                        shutil.copy2(target, current)
+            except (FileExistsError, FileNotFoundError):
+                continue
+            # a link the write replaces or removes (rename, remove) is the scratch folder's own: left as it is
+
+
+def install(outcome: ProbeOutcome, script: Path | None) -> ScriptFiles:
+    """Run the rest of this probe from a scratch folder that mirrors the working folder, watched (see the
+    module docstring): the process's working folder changes to it, and what the script reads and writes is
+    listed on ``outcome``. ``script``: the script's file (its folder is protected too), None for a step that
+    is not a file."""
+    user, scratch = scratch_folder()
+    files = ScriptFiles(outcome, script, user, scratch)
+    os.chdir(scratch)
+    os.environ["PWD"] = str(scratch)
+    sys.addaudithook(files.audit)
+    _wrap_torch_save(files)
+    return files
+
+
+def scratch_folder() -> tuple[Path, Path]:
+    """(the working folder, the probe's scratch folder): made on the first call of a probe, which the processes
+    it starts then share (the ranks of a probe, a fresh process), as the job's processes share its folder."""
+    user = Path(os.environ.get(WORKING_ENV) or Path.cwd()).resolve()
+    shared = os.environ.get(SHARED_ENV)
+    if shared and os.path.isdir(shared):
+        return user, Path(shared)
+    root = os.environ.get(SCRATCH_ENV)
+    scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=root if root and os.path.isdir(root) else None))
+    for entry in os.listdir(user):
+        (scratch / entry).symlink_to(user / entry)
+    os.environ.update({WORKING_ENV: str(user), SHARED_ENV: str(scratch.resolve())})
+    return user, scratch.resolve()
+
+
+def install_for(init: dict[str, Any]) -> ScriptFiles:
+    """:func:`install` for a probe of the step the probe server's ``init`` names; what it sees is copied onto
+    the probe's outcome by :meth:`ScriptFiles.report`."""
+    script = init["script"]
+    target = Path(str(script.get("target") if isinstance(script, dict) else script))
+    return install(ProbeOutcome(kind="fits"), target if target.suffix == ".py" and target.is_file() else None)
+
+
+def _wrap_torch_save(files: ScriptFiles) -> None:
+    """``torch.save`` to a path opens it in C++, where no audit event fires: the same check, first."""
+    import torch
+    import torch.serialization
+
+    original: Callable[..., Any] = torch.serialization.save
+
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(f, (str, bytes, os.PathLike)):
+            files.writing(f, "truncate")
+        return original(obj, f, *args, **kwargs)
+
+    torch.save = torch.serialization.save = save  # type: ignore[assignment]
+
+
+def scratch_root() -> str:
+    """A new folder for one probe's scratch folders (the probe server removes it: :func:`remove_root`)."""
+    return tempfile.mkdtemp(prefix="autobatch-probe-")
+
+
+def remove_root(root: str) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def written_note(written: list[str], shown: int = 8) -> str | None:
+    """The note that lists what the script tried to write (None: nothing)."""
+    if not written:
+        return None
+    more = f" and {len(written) - shown} more" if len(written) > shown else ""
+    return (
+        f"the script wrote {', '.join(written[:shown])}{more} during the probes: writes into the working folder "
+        "went to a scratch folder, removed after each probe, and one by an absolute path into it or into the "
+        "script's folder is refused, so your files there are as they were"
+    )
+
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, (str, bytes, os.PathLike))
+
+
+def _writes(mode: Any, flags: Any) -> bool:
+    if isinstance(mode, str):
+        return any(c in mode for c in "wax+")
+    return isinstance(flags, int) and bool(flags & _WRITE_FLAGS)
+
+
+def _truncates(mode: Any, flags: Any) -> bool:
+    if isinstance(mode, str):
+        return "w" in mode
+    return isinstance(flags, int) and bool(flags & os.O_TRUNC)
+
+
+def _under(path: Path, *folders: Path) -> bool:
+    return any(path == folder or folder in path.parents for folder in folders)
+
+
+def _caches() -> list[Path]:
+    """The temporary folder and the user's cache folder: libraries' caches (compilers', downloads')."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return [Path(tempfile.gettempdir()).resolve(), Path(home).resolve()]

@@ -1,0 +1,111 @@
+"""The files a script reads decide whether its stored result and its journaled probes are reused.
+
+The probes here are a fake runner's that report reading ``config.json`` (the real probe's report is
+autobatch.probe.files', exercised in tests/probe/test_script_files.py and tests/cli/test_as_is_files_e2e.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import autobatch
+from autobatch.cache.sources import HASHED_BYTES, changed_files, file_fingerprint
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.settings import FIELDS
+from autobatch.testing import FakeRunner, affine
+
+MiB = 1 << 20
+ONE = {
+    "device": "cpu",
+    "memory": "1GiB",
+    "precisions": ["32-true"],
+    "optimizers": ["adamw"],
+    "recompute": False,
+}
+
+
+def build_model() -> str:
+    return "model"
+
+
+def make_batch(batch_size: int) -> list[int]:
+    return [batch_size]
+
+
+def compute_loss(model: str, batch: list[int]) -> int:
+    return batch[0]
+
+
+STEP = {"build_model": build_model, "make_batch": make_batch, "compute_loss": compute_loss}
+
+
+@dataclass
+class ReadsConfig(FakeRunner):
+    """Every probe reads config.json (and ``also``) and writes ckpt_last.pt, as a real probe reports it."""
+
+    also: str | None = None
+
+    def run(self, request: ProbeRequest) -> ProbeOutcome:
+        outcome = super().run(request)
+        if request.op == "probe":
+            outcome.files_read = {"config.json": None, **({self.also: None} if self.also else {})}
+            outcome.files_written = ["ckpt_last.pt"]
+        return outcome
+
+
+@pytest.fixture(autouse=True)
+def _clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for info in FIELDS:
+        if info.env not in ("AUTOBATCH_CACHE_DIR", "AUTOBATCH_LOCK_DIR"):  # the test's own (conftest)
+            monkeypatch.delenv(info.env, raising=False)
+
+
+def _tune(**extra: object) -> autobatch.TuneResult:
+    return autobatch.tune(**STEP, **ONE, runner=ReadsConfig(affine(400 * MiB, 1.7 * MiB), **extra))  # type: ignore[arg-type]
+
+
+def test_an_edited_file_the_script_reads_is_measured_again(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"width": 64}')
+    first = _tune()
+    assert first.script_files == {
+        "read": {"config.json": file_fingerprint(config)},
+        "written": ["ckpt_last.pt"],
+    }
+    assert first.probes > 0 and any("the script wrote ckpt_last.pt" in note for note in first.notes)
+
+    again = _tune()
+    assert again.cache is not None and again.cache["served"] and again.script_files == first.script_files
+
+    config.write_text('{"width": 2048}')
+    edited = _tune()
+    assert (
+        edited.cache is None and edited.probes == first.probes
+    )  # the journal's probes are not reused either
+    assert edited.script_files is not None
+    assert edited.script_files["read"]["config.json"] == file_fingerprint(config)
+
+
+def test_a_file_that_cannot_be_fingerprinted_keeps_the_result_out_of_the_cache(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    first = _tune(also="gone.json")  # read by the probes, gone since
+    assert first.script_files is not None and first.script_files["read"]["gone.json"] is None
+    assert any("not kept in the cache: the script reads gone.json" in note for note in first.notes)
+    again = _tune(also="gone.json")
+    assert again.cache is None and again.probes == first.probes
+
+
+def test_fingerprints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.json").write_text("{}")
+    fingerprint = file_fingerprint("a.json", tmp_path)
+    assert fingerprint is not None and fingerprint.startswith("sha256:")
+    assert file_fingerprint("missing.json", tmp_path) is None and file_fingerprint(tmp_path) is None
+    assert changed_files({"a.json": fingerprint}, tmp_path) == []
+    (tmp_path / "a.json").write_text("{ }")
+    assert changed_files({"a.json": fingerprint, "b": None}, tmp_path) == ["a.json", "b"]
+    monkeypatch.setattr("autobatch.cache.sources.HASHED_BYTES", 1)  # a data set: its size and time
+    assert str(file_fingerprint("a.json", tmp_path)).startswith("stat:3:") and HASHED_BYTES > 1

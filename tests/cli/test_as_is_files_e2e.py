@@ -1,0 +1,108 @@
+"""The files a script run as it is reads and writes, through the real command on the CPU device.
+
+A tune keys its stored result on the files the script reads (a JSON config passed as an argument), and leaves
+the folder it runs in as it was: what the script writes there during probes lands in a scratch folder, and the
+result lists it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from support import SCRIPTS, run_cli
+
+from autobatch.errors import EXIT_NOTHING_FITS
+
+pytestmark = pytest.mark.slow
+
+AS_IS = SCRIPTS / "as_is"
+CPU = ("--device", "cpu", "--memory", "512MiB")
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every entry under ``folder`` (relative path) -> sha256 of a file's bytes, "dir" for a folder."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        out[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _tune(folder: Path, script: str, *args: str, env: dict[str, str]):
+    output = Path(env["AUTOBATCH_CACHE_DIR"]).parent / "result.json"  # the result file: outside the folder
+    return run_cli(
+        "tune",
+        script,
+        *CPU,
+        "--max-batch-size",
+        "512",
+        "--output",
+        str(output),
+        "--json",
+        "--",
+        *args,
+        cwd=folder,
+        env=env,
+    )
+
+
+def test_an_edited_config_is_measured_again_not_served(tmp_path) -> None:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    shutil.copy(AS_IS / "config_width.py", folder / "train.py")
+    config = folder / "config.json"
+    config.write_text(json.dumps({"width": 64}))
+    env = {"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")}
+    args = ("--config", "config.json", "--batch-size", "{batch}")
+
+    first = _tune(folder, "train.py", *args, env=env)
+    assert first.returncode == 0, first.stderr
+    narrow = json.loads(first.stdout)
+    assert "config.json" in narrow["script_files"]["read"]
+    assert "result kept in the cache" in first.stderr
+
+    config.write_text(
+        json.dumps({"width": 4096})
+    )  # parameters and AdamW state: 4 x 64 MiB, more than is left
+    second = _tune(folder, "train.py", *args, env=env)
+    assert "served from the cache:" not in second.stderr
+    assert "measuring again: config.json changed" in second.stderr
+    assert second.returncode == EXIT_NOTHING_FITS, second.stderr
+    assert "no combination fits" in second.stderr
+
+    config.write_text(json.dumps({"width": 64}))  # as it was: the stored answer holds again
+    third = _tune(folder, "train.py", *args, env=env)
+    assert third.returncode == 0, third.stderr
+    served = json.loads(third.stdout)
+    assert served["cache"]["served"] is True
+    assert served["combinations"][0]["max_batch_size"] == narrow["combinations"][0]["max_batch_size"]
+
+
+def test_a_tune_leaves_the_run_folder_as_it_was(tmp_path) -> None:
+    folder = tmp_path / "run"
+    (folder / "data").mkdir(parents=True)
+    (folder / "runs" / "earlier").mkdir(parents=True)
+    shutil.copy(AS_IS / "writes_run_files.py", folder / "train.py")
+    (folder / "data" / "train.csv").write_text(
+        "".join(f"{i % 7},{i % 5},{i % 3},{i % 2}\n" for i in range(64))
+    )
+    (folder / "ckpt_last.pt").write_bytes(b"the real checkpoint of a week of training")
+    (folder / "train_log.csv").write_text("0,1,0.5\n")
+    (folder / "runs" / "earlier" / "events.txt").write_text("step 1\n")
+    before = _snapshot(folder)
+
+    proc = _tune(
+        folder, "train.py", "--batch-size", "{batch}", env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "c")}
+    )
+
+    assert proc.returncode == 0, proc.stderr
+    assert _snapshot(folder) == before
+    written = json.loads(proc.stdout)["script_files"]["written"]
+    assert {"ckpt_last.pt", "train_log.csv"} <= set(written)
+    assert any(path.startswith("runs/") for path in written)
+    assert "ckpt_last.pt" in proc.stderr
+    assert "data/train.csv" in json.loads(proc.stdout)["script_files"]["read"]
