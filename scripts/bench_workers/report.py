@@ -136,6 +136,12 @@ def table(result: WorkloadResult) -> list[str]:
             )
             + " |"
         )
+    if result.fresh is not None:
+        lines += [
+            "",
+            "autobatch's answer and the next batch in the job's fresh process (no autobatch code, 10 steps, "
+            f"`tests/harness/fresh_process.py`): {_fresh_text(result.fresh)}",
+        ]
     traces = [line for row in result.rows for line in row.trace]
     if traces:
         lines += [
