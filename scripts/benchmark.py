@@ -387,7 +387,7 @@ def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
             "more): the same room for the workload, as on a GPU, where imports do not count; the wall-time targets "
             f"compare against Lightning's binsearch {EQUAL_ROOM} when it ran, since under the same cap it may not "
             "get to search at all",
-            "- probes: autobatch's probes (its 10-step confirmation included); Lightning: trials; accelerate: "
+            "- probes: autobatch's probes (its confirmation included); Lightning: trials; accelerate: "
             "calls of the function (restarts + 1); wall: the whole process, imports included",
         ],
     )
