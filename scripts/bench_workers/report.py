@@ -61,6 +61,7 @@ class WorkloadResult:
     levels: list[tuple[str, str, int, int]] = field(default_factory=list)  # level, status, search, timing
     check_peaks: list[list[int]] = field(default_factory=list)  # each fitting 10-step check's step peaks
     raw: dict[str, Any] = field(default_factory=dict)  # each run's JSON (tunes) or record (comparators)
+    fresh: dict[str, Any] | None = None  # autobatch's answer in the job's fresh process (runs.fresh_check)
 
     def row(self, method: str) -> Row | None:
         return next((r for r in self.rows if r.method == method), None)
