@@ -201,7 +201,7 @@ INTRO = (
     "confirm) makes on synthetic memory curves, and whether its answer is the true maximum: fake probes, "
     "no torch, seconds (`python scripts/probe_counts.py`). Each line: the curve, the probes it took "
     "(its confirmation included), whether the answer was exact, and the batches probed in order (`(6+)`: a "
-    "10-step probe). Two curves follow real tunes of `scripts/workloads/param_heavy.py` (CPU, 1 GiB). The "
+    "probe of confirmation length, six steps at least and up to ten while its peak grows). Two curves follow real tunes of `scripts/workloads/param_heavy.py` (CPU, 1 GiB). The "
     "sections turn on what a real probe reports: the rising phase's peak, then the static memory too."
 )
 
