@@ -198,9 +198,10 @@ class FakeProbe:
 class FakeStepProbe:
     """A :data:`~autobatch.core.maximum.ProbeCall` over a synthetic curve, for the per-combination search.
 
-    A probe of ``(min_steps, max_steps)`` runs ``min_steps`` steps and fits iff ``curve(b) <= budget``,
-    unless ``fails_long(batch, purpose)`` says that a probe of at least ``long_steps`` steps fails there
-    (a boundary that flickers, memory that creeps over steps, a confirmation that never holds).
+    A probe of ``(min_steps, max_steps)`` runs ``min_steps`` steps (its peak holds still from there) and fits
+    iff ``curve(b) <= budget``, unless ``fails_long(batch, purpose)`` says that a probe allowed at least
+    ``long_steps`` steps fails there (a boundary that flickers, memory that creeps over steps, so that a real
+    probe keeps stepping until it crosses; a confirmation that never holds).
     ``phases``: report the rising phase's peak apart (``Observation.rising_bytes``, from
     :meth:`Curve.rising`), as a real probe does; a probe that does not fit reports it too when its first
     step's forward and backward (the rising phase less ``state_bytes`` of optimizer state) fitted.
@@ -222,7 +223,9 @@ class FakeStepProbe:
         self.calls.append((batch_size, steps, purpose))
         ran = steps[0]
         too_long = (
-            ran >= self.long_steps and self.fails_long is not None and self.fails_long(batch_size, purpose)
+            steps[1] >= self.long_steps
+            and self.fails_long is not None
+            and self.fails_long(batch_size, purpose)
         )
         rising = self.curve.rising(batch_size) if self.phases else None
         if self.curve(batch_size) > self.budget_bytes or too_long:

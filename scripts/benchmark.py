@@ -6,6 +6,8 @@ autobatch's budget, memory x (1 - headroom), counting the whole process's VmData
 the same pinned glibc allocator (MALLOC_ARENA_MAX=1, MALLOC_MMAP_THRESHOLD_=65536):
 
 * ``autobatch tune`` on one combination (32-true, adamw, no recompute), and on the full default grid;
+* ``autobatch-levels``: on a workload of repeated blocks, the default recomputation levels at 32-true/adamw
+  under a global batch just above off's maximum, and each level's probes once off and full are known;
 * Lightning's ``Tuner.scale_batch_size`` in ``binsearch`` and ``power`` mode (bench_workers.lightning_tuner);
 * accelerate's ``find_executable_batch_size(starting_batch_size=4096)`` (bench_workers.accelerate_finder);
 
@@ -18,11 +20,16 @@ files define at run time, and the table reports the measured true maximum, not a
 
 Usage (from the repository root, with the virtual environment active)::
 
-    python scripts/benchmark.py            # all workloads, about 20 minutes on 2 cores
+    python scripts/benchmark.py            # all ten workloads, about 30 minutes on 2 quiet cores
     python scripts/benchmark.py --quick    # a subset
     python scripts/benchmark.py --workloads quadratic --methods autobatch,accelerate --output b.md
 
-Tables and the summary against issue 14's targets are printed and written, headed by the command, the
+``--rounds N`` runs autobatch and Lightning's binsearch N times each, alternately, and the wall ratio takes
+their medians; ``--data DIR`` keeps the raw results (every run's JSON, the checks' step peaks) as JSON.
+Every tune takes a device lock of the benchmark's own, so that another user's tune on the machine is no
+wait inside its wall.
+
+Tables and the summaries against issue 14's and issue 33's targets are printed and written, headed by the command, the
 date and the autobatch version, as the run's block of ``docs/measurements/benchmark.md`` (``--output``
 for another page; the rest of the page is kept). Lightning and accelerate are benchmark extras, not autobatch's
 runtime dependencies.
@@ -31,6 +38,7 @@ runtime dependencies.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -61,10 +69,24 @@ WORKLOADS = (
     # optimizer step's) over most batch sizes before the forward and backward pass overtakes it.
     runs.Workload("param_heavy", ROOT / "scripts" / "workloads" / "param_heavy.py", memory=1 << 30),
     runs.Workload("flat_rising", ROOT / "scripts" / "workloads" / "flat_rising.py", memory=1 << 30),
+    # Issue 33's: steps that cost (an LSTM; a small ViT, a patch convolution and six encoder layers), and the
+    # example of the recomputation levels (24 blocks; autobatch-levels searches off, full, selective, partial).
+    runs.Workload("lstm", ROOT / "examples" / "lstm.py", memory=640 * MiB),
+    runs.Workload("vit_small", ROOT / "tests" / "scripts" / "vit_small.py", memory=768 * MiB),
+    runs.Workload("text_classifier", ROOT / "examples" / "text_classifier.py", memory=420 * MiB, levels=True),
 )
 QUICK = ("later_step_trap", "quadratic")
 EQUAL_ROOM = "(equal room)"
-METHODS = ("autobatch", "autobatch-grid", "lightning-binsearch", "lightning-power", "accelerate")
+METHODS = (
+    "autobatch",
+    "autobatch-grid",
+    "autobatch-levels",
+    "lightning-binsearch",
+    "lightning-power",
+    "accelerate",
+)
+#: The methods run again, alternately, in every further round (--rounds): the wall ratio's two sides.
+PAIRED = ("autobatch", "lightning-binsearch")
 
 
 def log(message: str) -> None:
@@ -82,9 +104,42 @@ def trace_text(combo: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def levels_row(setup: runs.Setup, result: report.WorkloadResult) -> report.Row:
+    """The default recomputation levels at 32-true/adamw under a global batch just above off's maximum (the
+    smallest even one: two plans to choose between), and each level's probes once off and full are known."""
+    single = result.row("autobatch")
+    top = single.found if single and single.answered else None
+    row = report.Row("autobatch-levels")
+    if top is None:
+        row.status, row.note = "error", "needs the autobatch row's maximum (run the autobatch method first)"
+        return row
+    target = top + 1 if (top + 1) % 2 == 0 else top + 2
+    flags = ("--precision", "32-true", "--optimizer", "adamw", "--global-batch-size", str(target))
+    run = runs.tune(setup, single=False, flags=flags, name="levels")
+    row.wall, result.raw["tune-levels"] = run.wall, run.data
+    if run.data is None:
+        row.status, row.note = "error", run.error or "no result"
+        return row
+    combos = run.data["combinations"]
+    row.found = next((c["max_batch_size"] for c in combos if c["recompute_level"] == "off"), None)
+    for c in combos:
+        purposes = [p.get("purpose") for p in c.get("trace", [])]
+        timing = purposes.count("throughput")
+        result.levels.append((c["recompute_level"], c["status"], len(purposes) - timing, timing))
+    searched = [c for c in combos if c["status"] != "skipped"]
+    row.probes = sum(c["probes"] for c in searched) / len(searched) if searched else None
+    row.probes_note = f"per searched combination, global batch {target}"
+    row.note = "; ".join(
+        f"{level}: {status} in {search} + {timing} timing" for level, status, search, timing in result.levels
+    )
+    row.trace = [f"autobatch-levels {c['recompute_level']}: {trace_text(c)}" for c in combos]
+    return row
+
+
 def autobatch_row(setup: runs.Setup, single: bool, result: report.WorkloadResult) -> report.Row:
     method = "autobatch" if single else "autobatch-grid"
     run = runs.tune(setup, single=single)
+    result.raw[f"tune-{'single' if single else 'grid'}"] = run.data
     row = report.Row(method, wall=run.wall)
     if run.data is None:
         row.status, row.note = "error", run.error or "no result"
@@ -132,11 +187,14 @@ def autobatch_row(setup: runs.Setup, single: bool, result: report.WorkloadResult
     return row
 
 
-def worker_row(setup: runs.Setup, method: str, label: str, options: dict[str, Any]) -> report.Row:
+def worker_row(
+    setup: runs.Setup, method: str, label: str, options: dict[str, Any], result: report.WorkloadResult
+) -> report.Row:
     module = "accelerate_finder" if method == "accelerate" else "lightning_tuner"
     run = runs.worker(setup, module, options)
     row = report.Row(label, wall=run.wall)
     record = run.data
+    result.raw[label] = record
     if record is None:
         row.status, row.note = "crash", run.error or "no record"
         return row
@@ -190,19 +248,31 @@ def bench_workload(workload: runs.Workload, args: argparse.Namespace, scratch: P
         )
         for suffix, ref in variants if args.equal_room else variants[:1]:
             label = method + suffix
+            if method == "autobatch-levels" and not workload.levels:
+                continue
             log(f"{workload.name}: {label}")
-            if method.startswith("autobatch"):
-                row = autobatch_row(setup, method == "autobatch", result)
-            else:
-                options = comparator_options(method, args, scratch)
-                row = worker_row(
-                    setup, method, label, {**options, "reference_bytes": ref} if ref else options
-                )
-            log(f"{workload.name}: {label} -> {row.found} ({row.status}) in {row.wall:.1f} s")
+            row = method_row(setup, method, label, ref, args, result)
+            log(f"{workload.name}: {label} -> {row.found} ({row.status}) in {(row.wall or 0):.1f} s")
             result.rows.append(row)
+    for round_ in range(2, args.rounds + 1):  # the wall ratio's two sides again, alternately
+        for row in [r for r in result.rows if r.method in PAIRED]:
+            log(f"{workload.name}: {row.method}, round {round_}")
+            again = method_row(setup, row.method, row.method, None, args, result)
+            if again.wall is not None:
+                row.walls.append(again.wall)
 
-    verify(result, args.check_with)
-    log(f"{workload.name}: true maximum {result.truth} ({result.truth_note})")
+    if args.truth:
+        verify(result, args.check_with)
+        log(f"{workload.name}: true maximum {result.truth} ({result.truth_note})")
+    else:
+        result.truth_note = "not bisected (--no-truth)"
+    mine = result.row("autobatch")
+    if args.fresh_check and mine is not None and mine.answered:
+        log(f"{workload.name}: autobatch's {mine.found} in the job's fresh process")
+        try:
+            result.fresh = runs.fresh_check(setup, mine.found)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - the harness's failure is a finding, not the run's end
+            result.fresh = {"error": str(exc)}
     if not args.no_overhead and result.truth:
         log(f"{workload.name}: probe overhead")
         try:
@@ -210,6 +280,24 @@ def bench_workload(workload: runs.Workload, args: argparse.Namespace, scratch: P
         except RuntimeError as exc:
             result.truth_note += f"; overhead measurement failed: {exc}"
     return result
+
+
+def method_row(
+    setup: runs.Setup,
+    method: str,
+    label: str,
+    reference: int | None,
+    args: argparse.Namespace,
+    result: report.WorkloadResult,
+) -> report.Row:
+    """One method's run on the workload, as a row of its table."""
+    if method == "autobatch-levels":
+        return levels_row(setup, result)
+    if method.startswith("autobatch"):
+        return autobatch_row(setup, method == "autobatch", result)
+    options = comparator_options(method, args, setup.scratch)
+    options = {**options, "reference_bytes": reference} if reference else options
+    return worker_row(setup, method, label, options, result)
 
 
 def verify(result: report.WorkloadResult, mode: str) -> None:
@@ -243,6 +331,7 @@ def verify(result: report.WorkloadResult, mode: str) -> None:
                 + ", ".join(map(str, sorted(checker.marginal)))
             )
         result.truth_note += f"; {checker.seconds:.0f} s in all"
+        result.check_peaks = checker.step_peaks
         if result.truth is not None:
             result.ties = {
                 b for b in checker.marginal if b > result.truth and all(checker.cap_history.get(b, [False]))
@@ -258,6 +347,27 @@ def verify(result: report.WorkloadResult, mode: str) -> None:
             "; `autobatch check`'s exit status disagreed with its JSON verdict: "
             + ", ".join(checker.status_mismatches)
         )
+
+
+def save_data(folder: Path, results: list[report.WorkloadResult], figures: dict[str, Any]) -> None:
+    """The raw results: per workload its runs' JSON, the true maximum and its checks; the summary's figures."""
+    for r in results:
+        record = {
+            "cap_bytes": r.setup.memory,
+            "true_max": r.truth,
+            "truth_note": r.truth_note,
+            "rows": [
+                {k: v for k, v in vars(row).items() if k not in ("trace",)} | {"trace": row.trace}
+                for row in r.rows
+            ],
+            "check_step_peaks": r.check_peaks,
+            "fresh_check": r.fresh,
+            "runs": r.raw,
+        }
+        measurements.write_data(
+            folder / f"{r.setup.workload.name}.json", json.dumps(record, indent=1, default=str) + "\n"
+        )
+    measurements.write_data(folder / "summary.json", json.dumps(figures, indent=1, default=str) + "\n")
 
 
 def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
@@ -277,7 +387,7 @@ def header(argv: list[str], loads: tuple[float, float]) -> list[str]:
             "more): the same room for the workload, as on a GPU, where imports do not count; the wall-time targets "
             f"compare against Lightning's binsearch {EQUAL_ROOM} when it ran, since under the same cap it may not "
             "get to search at all",
-            "- probes: autobatch's probes (its 10-step confirmation included); Lightning: trials; accelerate: "
+            "- probes: autobatch's probes (its confirmation included); Lightning: trials; accelerate: "
             "calls of the function (restarts + 1); wall: the whole process, imports included",
         ],
     )
@@ -314,6 +424,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "or one `autobatch check` command each (cli)",
     )
     parser.add_argument("--no-overhead", action="store_true", help="skip the probe-overhead measurement")
+    parser.add_argument(
+        "--no-truth",
+        dest="truth",
+        action="store_false",
+        help="skip the true maximum's bisection with forked 10-step checks and the holds? checks (the fresh-process "
+        "check of autobatch's answer stays)",
+    )
+    parser.add_argument(
+        "--no-fresh-check",
+        dest="fresh_check",
+        action="store_false",
+        help="skip the independent check of autobatch's answer (and the next batch) in the job's fresh process",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help=f"run {' and '.join(PAIRED)} this many times each, alternately (the wall ratio takes the medians)",
+    )
+    parser.add_argument(
+        "--data", type=Path, help="a folder for the raw results (every tune's JSON, the comparators' records)"
+    )
     parser.add_argument(
         "--output", type=Path, default=PAGE, help="the page the run is written to (its block of the page)"
     )
@@ -362,9 +494,13 @@ def main(argv: list[str] | None = None) -> int:
             result = bench_workload(workload, args, folder)
             results.append(result)
             print("\n".join(report.table(result)), flush=True)
-    lines, _figures = report.summary(results)
+    lines, figures = report.summary(results)
+    more, figures["probes_and_wall"] = report.probes_summary(results)
+    lines += more
     elapsed = time.perf_counter() - started
     lines.append(f"Whole benchmark: {elapsed / 60:.1f} min.")
+    if args.data is not None:
+        save_data(args.data, results, figures)
     print("\n".join(lines), flush=True)
     document = (
         ["## Latest run", ""]

@@ -148,7 +148,7 @@ def count(
     probe = _probe(curve, budget, phases, static)
     answer = find_maximum(probe, budget_bytes=budget, limits=LIMITS, prediction=prediction, floor_bytes=floor)
     exact = answer.max_batch_size == _truth(curve, budget)
-    calls = [f"{b}{'(10)' if steps[0] >= LIMITS.confirm_steps else ''}" for b, steps, _ in probe.calls]
+    calls = [f"{b}{'(6+)' if steps == LIMITS.confirm else ''}" for b, steps, _ in probe.calls]
     return answer.probes, exact, calls, answer.model
 
 
@@ -190,7 +190,7 @@ def grid4() -> None:
         assert answer.max_batch_size == _truth(curve, GiB) and answer.model is not None
         learned.append(Learned.of(Combo(precision, "adamw", recompute), answer.model))
         counts.append(answer.probes)
-        calls = " ".join(f"{b}{'(10)' if st[0] >= LIMITS.confirm_steps else ''}" for b, st, _ in probe.calls)
+        calls = " ".join(f"{b}{'(6+)' if st == LIMITS.confirm else ''}" for b, st, _ in probe.calls)
         print(f"  {precision}/{'rc' if recompute else 'no-rc':5s} {answer.probes:3d} probes  {calls}")
     print(f"  grid: {sum(counts)} probes, {sum(counts) / len(counts):.2f} per combination")
 
@@ -200,8 +200,8 @@ INTRO = (
     "How many probes the per-combination procedure (`autobatch/core/maximum.py`: calibrate, search, "
     "confirm) makes on synthetic memory curves, and whether its answer is the true maximum: fake probes, "
     "no torch, seconds (`python scripts/probe_counts.py`). Each line: the curve, the probes it took "
-    "(its confirmation included), whether the answer was exact, and the batches probed in order (`(10)`: a "
-    "10-step probe). Two curves follow real tunes of `scripts/workloads/param_heavy.py` (CPU, 1 GiB). The "
+    "(its confirmation included), whether the answer was exact, and the batches probed in order (`(6+)`: a "
+    "probe of confirmation length, six steps at least and up to ten while its peak grows). Two curves follow real tunes of `scripts/workloads/param_heavy.py` (CPU, 1 GiB). The "
     "sections turn on what a real probe reports: the rising phase's peak, then the static memory too."
 )
 

@@ -30,8 +30,8 @@ DOUBT = 0.25
 #: peak differs by up to ~0.5 MiB between a 3-step probe and a 10-step one, a sample or two).
 MIN_SPREAD = 0.75
 #: An end-game probe runs as long as a confirmation when, should it fit, it is the maximum with at least
-#: this probability (a 10-step fit costs about three 3-step ones on the CPU; a non-fit ends at its first
-#: out-of-memory step either way).
+#: this probability (a fit of confirmation length, six to ten steps, costs two or three 3-step ones on the
+#: CPU; a non-fit ends at its first out-of-memory step either way).
 FINAL = 0.2
 #: The end game plans over :data:`WIDTH` candidates around the boundary; it leaves the step to the model's
 #: own rule when more than this share of the distribution lies outside them.

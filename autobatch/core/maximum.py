@@ -11,7 +11,8 @@ of the grid and ``explain --verify`` runs for every lever; it talks to a :data:`
 2. **Search** (:func:`autobatch.core.search.search_max_batch`), starting at the scout candidate when
    nothing is known, with the floor of memory known not to grow with the batch.
 3. **Confirm.** The number a user gets must hold in their job, and feasibility can flicker right at
-   the boundary: the maximum is confirmed by a probe of ``confirm_steps`` steps. A search probe that
+   the boundary: the maximum is confirmed by a longer probe (:attr:`Limits.confirm`: six steps at least,
+   then up to ``confirm_steps`` while its peak still grows). A search probe that
    already ran that long needs none: one next to a known non-fit, and one at the batch the model
    predicts to be the maximum (so that on an affine curve the whole procedure is four probes: the
    scout, the proportional guess, the predicted maximum at confirmation length, its neighbour). When the confirmation fails, that batch
@@ -29,6 +30,7 @@ from autobatch.core.model import Affine
 from autobatch.core.reuse import Prediction
 from autobatch.core.search import Observation, SearchStatus, search_max_batch
 from autobatch.core.space import optimizer_state_bytes
+from autobatch.core.steady import CONFIRM_STEPS_AT_LEAST
 from autobatch.core.units import format_bytes
 
 #: Where the calibration probe goes, as a fraction of the boundary a guessed slope predicts (measured
@@ -60,7 +62,14 @@ class Limits:
 
     @property
     def confirm(self) -> tuple[int, int]:
-        return (self.confirm_steps, self.confirm_steps)
+        """A confirmation's steps: the leak rule's six at least, then up to ``confirm_steps`` while the peak
+        still grows. Once a step's peak holds still, the steps after it repeat it (the optimizer state exists
+        from the first step, and a step keeps nothing across steps); a leak grows at every step and runs on."""
+        return (min(CONFIRM_STEPS_AT_LEAST, self.confirm_steps), self.confirm_steps)
+
+    def confirms(self, observation: Observation) -> bool:
+        """Whether a fit ran as long as a confirmation (at least its least steps; 0: unknown)."""
+        return observation.fits and observation.steps >= self.confirm[0]
 
 
 @dataclass(frozen=True)
@@ -142,7 +151,7 @@ class _Run:
     def learn(self, observation: Observation) -> None:
         if not observation.fits:
             self.misses.add(observation.batch_size)
-        elif observation.steps >= self.limits.confirm_steps:
+        elif self.limits.confirms(observation):
             self.confirmed.add(observation.batch_size)
 
     def search_probe(self, batch: int) -> Observation:
@@ -190,7 +199,7 @@ def find_maximum(
             start=SCOUT_CANDIDATES * limits.batch_multiple,
             floor_bytes=floor_bytes,
             final_probe=run.final_probe,
-            long_steps=limits.confirm_steps,
+            long_steps=limits.confirm[0],
         )
         known = [*known, *result.trace]
         best = result.max_batch_size
@@ -201,7 +210,8 @@ def find_maximum(
             done = confirmation.fits
             if not done:
                 notes.append(
-                    f"batch {best} fitted {limits.steps}+ steps but not {limits.confirm_steps}; searched below it"
+                    f"batch {best} fitted {limits.steps}+ steps but not its confirmation (up to "
+                    f"{limits.confirm_steps}); searched below it"
                 )
                 known.append(Observation(best, fits=False, kind=confirmation.kind))
         if done:

@@ -266,7 +266,8 @@ class ProbeSettings:
         minimum=3, at_least="steps",
     )  # fmt: skip
     confirm_steps: int = setting(
-        10, "int", "an integer >= steps", "Steps of the longer probe that confirms each final maximum.",
+        10, "int", "an integer >= steps", "Most steps of the longer probe that confirms each final maximum: "
+        "six at least (what the leak check reads), then on while its peak still grows.",
         minimum=3, at_least="steps",
     )  # fmt: skip
     timeout: float = setting(

@@ -30,6 +30,12 @@ class Row:
     note: str = ""
     trace: list[str] = field(default_factory=list)  # the batch sizes tried, in order
     verdicts: list[tuple[int, bool]] = field(default_factory=list)  # autobatch: its probes at 32-true/adamw
+    walls: list[float] = field(default_factory=list)  # further rounds' walls (--rounds)
+
+    @property
+    def median_wall(self) -> float | None:
+        walls = [w for w in (self.wall, *self.walls) if w is not None]
+        return statistics.median(walls) if walls else None
 
     @property
     def answered(self) -> bool:
@@ -52,6 +58,10 @@ class WorkloadResult:
     grid_timing: int = (
         0  # of grid_probes, those that timed the throughput choice (no search, no confirmation)
     )
+    levels: list[tuple[str, str, int, int]] = field(default_factory=list)  # level, status, search, timing
+    check_peaks: list[list[int]] = field(default_factory=list)  # each fitting 10-step check's step peaks
+    raw: dict[str, Any] = field(default_factory=dict)  # each run's JSON (tunes) or record (comparators)
+    fresh: dict[str, Any] | None = None  # autobatch's answer in the job's fresh process (runs.fresh_check)
 
     def row(self, method: str) -> Row | None:
         return next((r for r in self.rows if r.method == method), None)
@@ -119,13 +129,20 @@ def table(result: WorkloadResult) -> list[str]:
                     _versus(row, result.truth, result.ties),
                     _holds(row),
                     probes + (f" {row.probes_note}" if row.probes_note else ""),
-                    _num(row.wall),
+                    _num(row.wall)
+                    + (f" (rounds: {', '.join(_num(w) for w in row.walls)})" if row.walls else ""),
                     "-" if row.baseline_bytes is None else f"{row.baseline_bytes / MiB:.0f} MiB",
                     _cell(note),
                 ]
             )
             + " |"
         )
+    if result.fresh is not None:
+        lines += [
+            "",
+            "autobatch's answer and the next batch in the job's fresh process (no autobatch code, 10 steps, "
+            f"`tests/harness/fresh_process.py`): {_fresh_text(result.fresh)}",
+        ]
     traces = [line for row in result.rows for line in row.trace]
     if traces:
         lines += [
@@ -252,3 +269,112 @@ def _exact(result: WorkloadResult) -> bool | None:
     if row is None or result.truth is None:
         return None
     return row.answered and (row.found == result.truth or row.found in result.ties)
+
+
+def _last_growth(peaks: list[int], tolerance: int) -> int:
+    """The last step whose peak rose by more than ``tolerance`` over the step before it (1: none did)."""
+    return max((i + 1 for i in range(1, len(peaks)) if peaks[i] - peaks[i - 1] > tolerance), default=1)
+
+
+def probes_summary(results: list[WorkloadResult]) -> tuple[list[str], dict[str, Any]]:
+    """Issue 33's probe and wall targets, measured: Markdown lines and the figures as data."""
+    from autobatch.core.steady import growth_tolerance
+
+    lines = ["## Probes and wall against issue 33's targets", ""]
+    figures: dict[str, Any] = {}
+    single = {r.setup.workload.name: r.row("autobatch") for r in results}
+    counts = {
+        k: int(row.probes) for k, row in single.items() if row and row.answered and row.probes is not None
+    }
+    figures["probes_single"] = counts
+    spread: dict[int, list[str]] = {}
+    for name, n in counts.items():
+        spread.setdefault(n, []).append(name)
+    median = statistics.median(counts.values()) if counts else None
+    worst = max(counts.values()) if counts else None
+    met = None if median is None or worst is None else median <= 4 and worst <= 6
+    lines.append(
+        f"- probes per combination (one combination, confirmation included): median <= 4, none over 6: "
+        f"**{_verdict(met)}** (median {_num(median)}, most {_num(worst, 0)}; distribution: "
+        + "; ".join(f"{n} probes: {', '.join(names)}" for n, names in sorted(spread.items()))
+        + ")"
+    )
+
+    levels = [(r.setup.workload.name, lv) for r in results for lv in r.levels]
+    later = [(name, lv) for name, lv in levels if lv[0] not in ("off", "full") and lv[1] != "skipped"]
+    figures["levels"] = {
+        f"{name} {lv[0]}": {"status": lv[1], "search": lv[2], "timing": lv[3]} for name, lv in levels
+    }
+    ok = all(search + timing <= 3 for _, (_, _, search, timing) in later) if later else None
+    lines.append(
+        "- the levels between off and full at most 3 probes each once off and full are known (search, "
+        f"confirmation and timing): **{_verdict(ok)}** ("
+        + ", ".join(f"{name} {lv[0]} {lv[2]} + {lv[3]} timing ({lv[1]})" for name, lv in later)
+        + ")"
+    )
+
+    ratios: dict[str, tuple[float, str]] = {}
+    for r in results:
+        mine, theirs = r.row("autobatch"), r.row("lightning-binsearch")
+        if mine and theirs and mine.median_wall and theirs.median_wall:
+            why = f"Lightning {theirs.status}" if theirs.status != "ok" else ""
+            if not why and (theirs.found or 0) <= 1:  # its imports left no room for a search
+                why = "Lightning found 1"
+            ratios[r.setup.workload.name] = (mine.median_wall / theirs.median_wall, why)
+    figures["wall_ratio"] = {k: x for k, (x, _) in ratios.items()}
+    searched = {k: x for k, (x, why) in ratios.items() if not why}
+    lines.append(
+        "- one combination's wall at most 0.5x Lightning binsearch's, side by side (where Lightning searched): "
+        f"**{_verdict(all(x <= 0.5 for x in searched.values()) if searched else None)}** ("
+        + ", ".join(
+            f"{k} {x:.2f}x" + (f" ({why}: not counted)" if why else "") for k, (x, why) in ratios.items()
+        )
+        + ")"
+    )
+
+    fresh = {r.setup.workload.name: r.fresh for r in results if r.fresh is not None}
+    figures["fresh_check"] = fresh
+    within = all(f.get("within") for f in fresh.values()) if fresh else None
+    lines.append(
+        "- no maximum further than the CPU margin from an independent check in the job's fresh process (no "
+        "autobatch code; the answer fits 10 steps, the next batch does not or fits by less than the margin): "
+        f"**{_verdict(within)}** (" + ", ".join(f"{k} {_fresh_text(f)}" for k, f in fresh.items()) + ")"
+    )
+    forked = {}
+    for r in results:
+        row = r.row("autobatch")
+        if row is not None and row.answered and r.truth is not None:
+            diff = row.found - r.truth  # type: ignore[operator]
+            tie = row.found in r.ties
+            forked[r.setup.workload.name] = "equal" if not diff else "margin tie" if tie else f"{diff:+d}"
+    figures["against_forked_checks"] = forked
+    lines.append(
+        "- against the true maximum of the forked 10-step checks (forked from a probe server: not the job's "
+        "fresh process, whose offset tune counts, so tune answers below them by the offset): "
+        + ", ".join(f"{k} {v}" for k, v in forked.items())
+    )
+
+    settled: dict[str, int] = {}
+    for r in results:
+        tolerance = growth_tolerance(r.setup.budget)
+        for peaks in r.check_peaks:
+            step = _last_growth(peaks, tolerance)
+            settled[r.setup.workload.name] = max(settled.get(r.setup.workload.name, 1), step)
+    figures["last_growth_step"] = settled
+    checks = sum(len(r.check_peaks) for r in results)
+    lines.append(
+        f"- the last step whose peak rose by more than the growth tolerance (max(1 MiB, budget / 1000)), over "
+        f"the {checks} fitting 10-step checks (a confirmation runs 6 steps at least, then on while its peak "
+        "grows): " + ", ".join(f"{k} step {v}" for k, v in settled.items())
+    )
+    return lines + [""], figures
+
+
+def _fresh_text(fresh: dict[str, Any]) -> str:
+    if "error" in fresh:
+        return f"check failed: {fresh['error']}"
+    parts = []
+    for batch, trial in sorted(fresh["trials"].items(), key=lambda item: int(item[0])):
+        peak = trial.get("peak_bytes")
+        parts.append(f"{batch} {trial['kind']}" + (f" {peak / MiB:.1f} MiB" if peak else ""))
+    return f"{'within' if fresh['within'] else '**outside**'} ({', '.join(parts)})"

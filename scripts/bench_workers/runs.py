@@ -37,6 +37,7 @@ class Workload:
     script: Path
     args: tuple[str, ...] = ()
     memory: int = 1 << 30  # the capacity given to autobatch as --memory (bytes)
+    levels: bool = False  # repeated blocks worth the recomputation levels (the autobatch-levels method)
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,11 @@ class Run:
     error: str | None = None
 
 
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def _env(extra: dict[str, str] | None = None, lock_dir: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOBATCH_")}
     env.update(NO_COLOR="1", COLUMNS="200", **(extra or {}))
+    if lock_dir is not None:  # the benchmark's own device lock: another user's tune is no wait in its wall
+        env["AUTOBATCH_LOCK_DIR"] = str(lock_dir)
     return env
 
 
@@ -90,16 +93,18 @@ def autobatch_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "autobatch", *args]
 
 
-def tune(setup: Setup, *, single: bool) -> Run:
-    """``autobatch tune`` on the workload: one combination (32-true/adamw/no-recompute) or the default grid."""
+def tune(setup: Setup, *, single: bool, flags: tuple[str, ...] = (), name: str = "") -> Run:
+    """``autobatch tune`` on the workload: one combination (32-true/adamw/no-recompute), the default grid, or
+    with ``flags`` of its own (``name`` its output's)."""
     w = setup.workload
-    flags = ["--precision", "32-true", "--optimizer", "adamw", "--no-recompute"] if single else []
-    out = setup.scratch / ("tune-single.json" if single else "tune-grid.json")
+    single_flags = ["--precision", "32-true", "--optimizer", "adamw", "--no-recompute"]
+    chosen = list(flags) if flags else single_flags if single else []
+    out = setup.scratch / f"tune-{name or ('single' if single else 'grid')}.json"
     cmd = autobatch_cmd(
-        "tune", str(w.script), *setup.cap_flags(), *flags, "--no-cache", "--json", "--output", str(out)
+        "tune", str(w.script), *setup.cap_flags(), *chosen, "--no-cache", "--json", "--output", str(out)
     )
     cmd += ["--", *w.args] if w.args else []
-    run, stdout, stderr = _run(cmd, setup.scratch, setup.timeout, _env())
+    run, stdout, stderr = _run(cmd, setup.scratch, setup.timeout, _env(lock_dir=setup.scratch))
     if run.returncode == 0:
         run.data = json.loads(stdout)
     elif run.error is None:
@@ -123,6 +128,7 @@ class Checker:
     status_mismatches: list[str] = field(default_factory=list)
     marginal: set[int] = field(default_factory=set)  # fitted the cap, by less than the margin
     cap_history: dict[int, list[bool]] = field(default_factory=dict)  # every verdict of the cap alone
+    step_peaks: list[list[int]] = field(default_factory=list)  # each fitting check's peak after every step
     seconds: float = 0.0
     _client: Any = None
 
@@ -171,6 +177,8 @@ class Checker:
         # reliably in another process: it counts as no fit, as in tune's own search.
         device = DeviceInfo("cpu", "cpu", self.setup.budget, self.setup.budget, 0.0, "VmData")
         self.cap_history.setdefault(batch_size, []).append(outcome.kind == "fits")
+        if outcome.kind == "fits" and outcome.step_peaks:
+            self.step_peaks.append(list(outcome.step_peaks))
         if apply_margin(outcome, device):
             self.marginal.add(batch_size)
         return bool(outcome.kind == "fits")
@@ -183,7 +191,9 @@ class Checker:
             "--steps", str(CHECK_STEPS), "--json",
         )  # fmt: skip
         cmd += ["--", *w.args] if w.args else []
-        run, stdout, stderr = _run(cmd, self.setup.scratch, self.setup.timeout, _env())
+        run, stdout, stderr = _run(
+            cmd, self.setup.scratch, self.setup.timeout, _env(lock_dir=self.setup.scratch)
+        )
         try:
             verdict = json.loads(stdout) if run.returncode in (0, 5) else {}
         except ValueError:
@@ -362,3 +372,23 @@ def probe_overhead(setup: Setup, batch_size: int, repeats: int = 3) -> Overhead:
                 }
             )
         return Overhead(batch_size, server_start, client.import_seconds, build_cold, probes)
+
+
+def fresh_check(setup: Setup, batch_size: int) -> dict[str, Any]:
+    """autobatch's answer against the job's own fresh process, with no autobatch code: a fresh ``python`` under
+    ``RLIMIT_DATA`` at the budget, 10 AdamW steps (``tests/harness/fresh_process.py``), at the answer and at
+    the next batch. ``within``: the answer fits, and the next batch does not, or fits by less than the CPU
+    margin (tune's own criterion): the answer is no further than the margin from the fresh process's."""
+    sys.path.insert(0, str(SCRIPTS_DIR.parent / "tests"))
+    from harness.fresh_process import run_trial
+
+    from autobatch.devices.budget import margin_bytes
+
+    w, line = setup.workload, setup.budget - margin_bytes("cpu", setup.budget)
+    trials = {}
+    for batch in (batch_size, batch_size + 1):
+        trial = run_trial(w.script, list(w.args), batch, setup.budget, CHECK_STEPS, timeout=setup.timeout)
+        trials[batch] = {"kind": trial.kind, "steps": trial.steps, "peak_bytes": trial.peak_estimate}
+    at, above = trials[batch_size], trials[batch_size + 1]
+    above_fits = above["kind"] == "fits" and (above["peak_bytes"] or 0) <= line
+    return {"trials": trials, "within": at["kind"] == "fits" and not above_fits}

@@ -61,7 +61,8 @@ def test_tune_finds_the_exact_maximum_of_each_combination(fake: FakeRunner) -> N
         confirming = [
             p for p in entry["trace"] if p["batch_size"] == entry["max_batch_size"] and p["kind"] == "fits"
         ]
-        assert max(p["steps"] for p in confirming) >= 10, "the maximum is confirmed by a 10-step probe"
+        # A confirmation runs six steps at least, then up to 10 while its peak grows (the fake's holds still).
+        assert max(p["steps"] for p in confirming) >= 6, "the maximum is confirmed by a longer probe"
     assert result["status"] == "complete" and result["chosen"]
     assert Path("autobatch-result.json").is_file()
     assert fake.closed

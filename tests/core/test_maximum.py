@@ -17,7 +17,7 @@ from autobatch.core.maximum import (
     reason,
 )
 from autobatch.core.reuse import Prediction
-from autobatch.core.search import probe_bound
+from autobatch.core.search import Observation, probe_bound
 from autobatch.testing import Curve, FakeStepProbe, affine, plateau, quadratic, staircase, true_max
 
 GiB, MiB = 2**30, 2**20
@@ -34,7 +34,7 @@ CURVES = {
 
 def confirmed(probe: FakeStepProbe, batch: int) -> bool:
     """Whether a probe of confirmation length fitted at ``batch``."""
-    return any(b == batch and steps[0] >= LIMITS.confirm_steps for b, steps, _ in probe.calls) and (
+    return any(b == batch and steps == LIMITS.confirm for b, steps, _ in probe.calls) and (
         probe.curve(batch) <= probe.budget_bytes
     )
 
@@ -212,6 +212,38 @@ def test_phases_wrong_or_right_the_answer_is_exact_and_confirmed(
     assert answer.probes <= probe_bound(LIMITS.max_batch_size) + CONFIRM_ROUNDS
 
 
+def test_a_confirmation_runs_six_steps_then_stops_once_its_peak_holds_still() -> None:
+    """The leak rule reads six steps; after them a confirmation stops at the first step whose peak held still
+    (up to ``confirm_steps``). Before: ten steps every time, the better part of an expensive model's tune."""
+    assert LIMITS.confirm == (6, 10)
+    assert Limits(max_batch_size=64, batch_multiple=1, steps=3, max_steps=3, confirm_steps=4).confirm == (
+        4,
+        4,
+    )
+    probe = FakeStepProbe(CURVES["affine"], GiB)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
+    assert [(b, steps) for b, steps, _ in probe.calls] == [
+        (8, (3, 8)),
+        (26, (3, 8)),
+        (482, (6, 10)),
+        (483, (6, 10)),
+    ]
+    assert answer.max_batch_size == 482 and answer.probes == 4
+
+
+def test_a_journaled_fit_of_six_steps_next_to_a_miss_needs_no_confirmation() -> None:
+    """A fit that ran as long as a confirmation's least steps is confirmed: its peak held still by then (a
+    probe stops stepping only so), so it is not run again (before: a separate confirmation of ten steps)."""
+    curve = CURVES["affine"]
+    known = [
+        Observation(482, fits=True, peak_bytes=curve(482), steps=6),
+        Observation(483, fits=False, kind="oom", steps=2),
+    ]
+    probe = FakeStepProbe(curve, GiB)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS, known=known)
+    assert (answer.max_batch_size, answer.status, probe.calls) == (482, "exact", [])
+
+
 def test_a_calibration_that_does_not_fit_takes_the_measured_slope_it_was_scaled_from() -> None:
     """The MLP example's grid, measured: recomputation saved nothing there, the typical 0.6x guess put the
     boundary at 53 and the calibration at 42 ran out of memory; with the guessed slope kept, three misses
@@ -222,7 +254,7 @@ def test_a_calibration_that_does_not_fit_takes_the_measured_slope_it_was_scaled_
     probe = FakeStepProbe(curve, line)
     answer = find_maximum(probe, budget_bytes=line, limits=LIMITS, prediction=guess)
     assert answer.max_batch_size == true_max(curve, line, LIMITS.max_batch_size) == 32
-    assert [(b, steps[0]) for b, steps, _ in probe.calls][:2] == [(42, 3), (32, 10)]
+    assert [(b, steps) for b, steps, _ in probe.calls][:2] == [(42, (3, 8)), (32, (6, 10))]
     assert [b for b, _, _ in probe.calls] == [42, 32, 33]
 
 
