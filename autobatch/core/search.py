@@ -75,8 +75,11 @@ __all__ = [
 KINDS: tuple[str, ...] = ("fits", "oom", "crash", "timeout")
 SearchStatus = Literal["exact", "capped", "infeasible", "pruned", "incomplete"]
 
-#: How many probes the model may cost beyond the doubling-then-bisection schedule.
-SLACK = 2
+#: How many probes the model may cost beyond the doubling-then-bisection schedule. With 2, a model a few
+#: samples high near the boundary spent its slack on misses one candidate apart and the search fell back to
+#: bisecting the whole bracket from its fitting end (a line whose fits read up to 3 samples low and whose
+#: misses stop at the line: 8, 117, 92, 91, then 49, 70, 80, 85, 88, 89, 90; with 3: 8, 117, 92, 91, 90).
+SLACK = 3
 #: A bracket this many times wider than its fitting end (after the model overshot) is split at its
 #: geometric middle: an extrapolation errs by a factor there, not by an amount.
 GEOMETRIC_RATIO = 32
