@@ -33,6 +33,13 @@ def tune_args(script: Path, *script_args: str) -> list[str]:
     return [str(script), *QUICK, *ONE, "--", *script_args]
 
 
+def run_folder(tmp_path: Path) -> Path:
+    """The folder the tune runs in; the pid file lives beside it, since a probe may not write into it."""
+    folder = tmp_path / "run"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 def helper_pids(pid_file: Path) -> list[int]:
     """Every helper the script started (a line per import or run: prefetcher, shipper, watchdog)."""
     return [int(pid) for pid in pid_file.read_text().split()]
@@ -85,7 +92,9 @@ def test_helpers_started_by_the_script_change_neither_the_answer_nor_outlive_the
 ) -> None:
     pid_file = tmp_path / "helpers.pid"
     try:
-        proc = run_cli("tune", *tune_args(script, "--pid-file", str(pid_file)), cwd=tmp_path, timeout=400)
+        proc = run_cli(
+            "tune", *tune_args(script, "--pid-file", str(pid_file)), cwd=run_folder(tmp_path), timeout=400
+        )
         ended = time.time()
         assert proc.returncode == 0, proc.stderr
         (combo,) = json.loads(proc.stdout)["combinations"]
@@ -95,7 +104,7 @@ def test_helpers_started_by_the_script_change_neither_the_answer_nor_outlive_the
         assert survivors(pid_file, ended) == []
     finally:
         end(pid_file)
-    alone = run_cli("tune", *tune_args(script, "--no-helpers"), cwd=tmp_path, timeout=400)
+    alone = run_cli("tune", *tune_args(script, "--no-helpers"), cwd=run_folder(tmp_path), timeout=400)
     assert alone.returncode == 0, alone.stderr
     (without,) = json.loads(alone.stdout)["combinations"]
     assert combo["status"] == without["status"] == "exact"
@@ -122,7 +131,7 @@ def test_an_interrupted_tune_leaves_no_process_of_the_script(
     env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
     try:
         proc = subprocess.Popen(
-            argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            argv, cwd=run_folder(tmp_path), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         deadline = time.monotonic() + 120
         while not (pid_file.exists() and pid_file.read_text().endswith("\n")) and time.monotonic() < deadline:
@@ -146,7 +155,7 @@ def test_a_server_killed_under_a_helper_is_noticed_at_once(tmp_path: Path) -> No
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "PYTHONPATH": str(ROOT)}
     try:
         proc = subprocess.Popen(
-            argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            argv, cwd=run_folder(tmp_path), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         deadline = time.monotonic() + 120
         while not (pid_file.exists() and pid_file.read_text().endswith("\n")) and time.monotonic() < deadline:
