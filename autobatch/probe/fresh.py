@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from autobatch.probe.ops import register, write_report
@@ -139,7 +140,9 @@ def _forked_as_is(request: ProbeRequest, script: Any) -> ProbeOutcome:
     return ProbeOutcome.from_dict(json.loads(data)["outcome"])
 
 
-def _as_is_steps(request: ProbeRequest, script: Any, fd: int, own_import_bytes: int) -> None:
+def _as_is_steps(
+    request: ProbeRequest, script: Any, fd: int, own_import_bytes: int, *, fresh: bool = False
+) -> None:
     """Run a script as it is until its steps are enough; one report line on ``fd`` with the data memory then
     (the script's objects live on in its globals, so both processes are read at the same point: after the
     last step, the step's own memory freed); never returns."""
@@ -151,7 +154,7 @@ def _as_is_steps(request: ProbeRequest, script: Any, fd: int, own_import_bytes: 
         os._exit(0)
 
     die_with_parent()
-    report(run_script(request, script, report))
+    report(run_script(request, script, report, pool_first=not fresh))
 
 
 def _run_fresh(request: ProbeRequest, options: FreshOptions) -> list[ProbeOutcome]:
@@ -227,12 +230,13 @@ def main() -> None:
     own = _data_bytes() - before
     request = ProbeRequest.from_dict(start["request"])
     if isinstance(start["script"], dict) and start["script"].get("kind") == "as_is":
-        _as_is_steps(
-            request, AsIsScript.from_spec(start["script"], start["script_args"]), start["report_fd"], own
-        )
+        script = AsIsScript.from_spec(start["script"], start["script_args"])
+        _as_is_steps(request, script, start["report_fd"], own, fresh=True)
     script = load_script(start["script"], start["script_args"])
 
-    measure = settled(worker.measure_steps, own)
+    measure = settled(
+        partial(worker.measure_steps, pool_first=False), own
+    )  # the pool starts as the job's does
     if request.strategy == "none" or request.nproc_per_node < 2:
         write_report(start["report_fd"], measure(request, script, started))
         os._exit(0)

@@ -44,10 +44,15 @@ def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
 
 
 def measure_steps(
-    request: ProbeRequest, script: UserScript, start: float, *, wrap: Wrap | None = None
+    request: ProbeRequest,
+    script: UserScript,
+    start: float,
+    *,
+    wrap: Wrap | None = None,
+    pool_first: bool = True,
 ) -> ProbeOutcome:
     """Apply the budget, run the steps, measure: the probe proper (explain wraps the script first;
-    ``wrap``: a distributed strategy's model wrapper, on one rank)."""
+    ``wrap``: a distributed strategy's model wrapper, on one rank; ``pool_first``: :func:`_device_hooks`)."""
     from autobatch.step.loop import StepConfig, StepReport, run_steps
 
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
@@ -66,7 +71,7 @@ def measure_steps(
         recompute_level=request.recompute_level,
         compile=request.compile,
     )
-    peak_now, synchronize, finish = _device_hooks(request, outcome)
+    peak_now, synchronize, finish = _device_hooks(request, outcome, pool_first=pool_first)
     peak_now = progress.reporting(peak_now, request, report)
     outcome.setup_seconds = time.perf_counter() - start
     load = _load_meter(request)
@@ -155,9 +160,14 @@ def _start_thread_pool() -> None:
 
 
 def _device_hooks(
-    request: ProbeRequest, outcome: ProbeOutcome
+    request: ProbeRequest, outcome: ProbeOutcome, *, pool_first: bool = True
 ) -> tuple[Callable[[], int], Callable[[], None], Callable[[ProbeOutcome], None]]:
-    """Apply the budget for this device; return (peak so far, synchronize, finish)."""
+    """Apply the budget for this device; return (peak so far, synchronize, finish).
+
+    On the CPU a probe starts torch's thread pool first (``pool_first``), so that its stacks count in the
+    baseline; the job's fresh process (:mod:`autobatch.probe.fresh`) does not: a job starts it at its first
+    parallel operation, after building its optimizer imported ``torch._dynamo``, and a pool started after
+    that import leaves the process about 15 MiB fuller than one started before it."""
     import torch
 
     if request.device == "cpu":
@@ -169,7 +179,8 @@ def _device_hooks(
         # A timing probe measures the step as the job's allocator runs it; its cap leaves room for that heap.
         outcome.job_allocator = request.timing and cpu.job_allocator()
         cpu.apply_cap(request.budget_bytes - offset + (cpu.TIMING_ROOM if outcome.job_allocator else 0))
-        _start_thread_pool()
+        if pool_first:
+            _start_thread_pool()
         vm0 = cpu.read_status()
         outcome.baseline_bytes = vm0.data + offset
         peak = lambda: cpu.peak_data_bytes(vm0, cpu.read_status()) + offset  # noqa: E731
