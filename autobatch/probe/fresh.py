@@ -230,8 +230,8 @@ def main() -> None:
     own = _data_bytes() - before
     request = ProbeRequest.from_dict(start["request"])
     if isinstance(start["script"], dict) and start["script"].get("kind") == "as_is":
-        script = AsIsScript.from_spec(start["script"], start["script_args"])
-        _as_is_steps(request, script, start["report_fd"], own, fresh=True)
+        as_is = AsIsScript.from_spec(start["script"], start["script_args"])
+        _as_is_steps(request, as_is, start["report_fd"], own, fresh=True)
     script = load_script(start["script"], start["script_args"])
 
     measure = settled(
