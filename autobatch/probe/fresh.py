@@ -234,9 +234,8 @@ def main() -> None:
         _as_is_steps(request, as_is, start["report_fd"], own, fresh=True)
     script = load_script(start["script"], start["script_args"])
 
-    measure = settled(
-        partial(worker.measure_steps, pool_first=False), own
-    )  # the pool starts as the job's does
+    # torch's thread pool starts as the job's does, at the first parallel operation (worker._device_hooks)
+    measure = settled(partial(worker.measure_steps, pool_first=False), own)
     if request.strategy == "none" or request.nproc_per_node < 2:
         write_report(start["report_fd"], measure(request, script, started))
         os._exit(0)
