@@ -12,7 +12,8 @@ So once per session on the CPU device the operation ``fresh_baseline`` compares 
 forked like every other, it starts the job's processes as the job starts them: one ``python`` process, or
 ``nproc_per_node`` rank processes with the environment ``torchrun`` gives (``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), each importing torch and then the script, and runs the
-request's steps there; then it runs the same steps forked. Each process reads its data memory once the steps
+request's steps there, torch's thread pool started by the steps as the job's is (not ahead of them, as a probe
+starts it: that leaves a process about 15 MiB leaner); then it runs the same steps forked. Each process reads its data memory once the steps
 are over and their objects gone (the model, the optimizer, the batches): what remains is the process itself,
 its imports, the lazy ones included, and its heap. Not the peaks: a fresh process's first step imports
 ``torch._dynamo``, whose transient peak is above a small batch's own and is long over when a large batch
