@@ -51,21 +51,17 @@ _OOM_TYPES: tuple[type[BaseException], ...] = (RuntimeError, MemoryError)
 
 
 def run_script(
-    request: ProbeRequest,
-    script: AsIsScript,
-    emit: Callable[[ProbeOutcome], None],
-    *,
-    pool_first: bool = True,
+    request: ProbeRequest, script: AsIsScript, emit: Callable[[ProbeOutcome], None]
 ) -> ProbeOutcome:
     """The script as ``__main__`` under the request's budget, watched (:class:`StepWatch`); ``emit`` writes
-    an outcome the hooks reach inside the script's loop (``pool_first``: :func:`_device_hooks`)."""
+    an outcome the hooks reach inside the script's loop."""
     start = time.perf_counter()
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
     outcome.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
     os.environ.update(script.environment(request.batch_size))
     sys.argv = script.argv(request.batch_size, variant_of(request.precision), request.seq_len)
     sys.path.insert(0, str(script.path.parent))
-    peak_now, synchronize, finish = _device_hooks(request, outcome, pool_first=pool_first)
+    peak_now, synchronize, finish = _device_hooks(request, outcome)
     outcome.setup_seconds = time.perf_counter() - start
     watch = StepWatch(request, outcome, peak_now, synchronize, finish, emit)
     watch.install()

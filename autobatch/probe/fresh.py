@@ -12,9 +12,9 @@ So once per session on the CPU device the operation ``fresh_baseline`` compares 
 forked like every other, it starts the job's processes as the job starts them: one ``python`` process, or
 ``nproc_per_node`` rank processes with the environment ``torchrun`` gives (``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), each importing torch and then the script, and runs the
-request's steps there, torch's thread pool started by the steps as the job's is (not ahead of them, as a probe
-starts it: that leaves a process about 15 MiB leaner); then it runs the same steps forked. Each process reads its data memory once the steps
-are over and their objects gone (the model, the optimizer, the batches): what remains is the process itself,
+request's steps there; then it runs the same steps forked (torch's thread pool starts in the first step in
+both, as in the job: :func:`autobatch.probe.worker._device_hooks`). Each process reads its data memory once the
+steps are over and their objects gone (the model, the optimizer, the batches): what remains is the process itself,
 its imports, the lazy ones included, and its heap. Not the peaks: a fresh process's first step imports
 ``torch._dynamo``, whose transient peak is above a small batch's own and is long over when a large batch
 peaks. A fresh process imports autobatch's own modules too, which the job does not: it reads how much data
@@ -37,7 +37,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from autobatch.probe.ops import register, write_report
@@ -141,9 +140,7 @@ def _forked_as_is(request: ProbeRequest, script: Any) -> ProbeOutcome:
     return ProbeOutcome.from_dict(json.loads(data)["outcome"])
 
 
-def _as_is_steps(
-    request: ProbeRequest, script: Any, fd: int, own_import_bytes: int, *, fresh: bool = False
-) -> None:
+def _as_is_steps(request: ProbeRequest, script: Any, fd: int, own_import_bytes: int) -> None:
     """Run a script as it is until its steps are enough; one report line on ``fd`` with the data memory then
     (the script's objects live on in its globals, so both processes are read at the same point: after the
     last step, the step's own memory freed); never returns."""
@@ -155,7 +152,7 @@ def _as_is_steps(
         os._exit(0)
 
     die_with_parent()
-    report(run_script(request, script, report, pool_first=not fresh))
+    report(run_script(request, script, report))
 
 
 def _run_fresh(request: ProbeRequest, options: FreshOptions) -> list[ProbeOutcome]:
@@ -231,12 +228,12 @@ def main() -> None:
     own = _data_bytes() - before
     request = ProbeRequest.from_dict(start["request"])
     if isinstance(start["script"], dict) and start["script"].get("kind") == "as_is":
-        as_is = AsIsScript.from_spec(start["script"], start["script_args"])
-        _as_is_steps(request, as_is, start["report_fd"], own, fresh=True)
+        _as_is_steps(
+            request, AsIsScript.from_spec(start["script"], start["script_args"]), start["report_fd"], own
+        )
     script = load_script(start["script"], start["script_args"])
 
-    # torch's thread pool starts as the job's does, at the first parallel operation (worker._device_hooks)
-    measure = settled(partial(worker.measure_steps, pool_first=False), own)
+    measure = settled(worker.measure_steps, own)
     if request.strategy == "none" or request.nproc_per_node < 2:
         write_report(start["report_fd"], measure(request, script, started))
         os._exit(0)

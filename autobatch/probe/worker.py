@@ -44,15 +44,10 @@ def run_probe(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
 
 
 def measure_steps(
-    request: ProbeRequest,
-    script: UserScript,
-    start: float,
-    *,
-    wrap: Wrap | None = None,
-    pool_first: bool = True,
+    request: ProbeRequest, script: UserScript, start: float, *, wrap: Wrap | None = None
 ) -> ProbeOutcome:
     """Apply the budget, run the steps, measure: the probe proper (explain wraps the script first;
-    ``wrap``: a distributed strategy's model wrapper, on one rank; ``pool_first``: :func:`_device_hooks`)."""
+    ``wrap``: a distributed strategy's model wrapper, on one rank)."""
     from autobatch.step.loop import StepConfig, StepReport, run_steps
 
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
@@ -71,7 +66,7 @@ def measure_steps(
         recompute_level=request.recompute_level,
         compile=request.compile,
     )
-    peak_now, synchronize, finish = _device_hooks(request, outcome, pool_first=pool_first)
+    peak_now, synchronize, finish = _device_hooks(request, outcome)
     peak_now = progress.reporting(peak_now, request, report)
     outcome.setup_seconds = time.perf_counter() - start
     load = _load_meter(request)
@@ -152,22 +147,10 @@ def _load_meter(request: ProbeRequest) -> Callable[[], float | None]:
     return lambda: cpu.waiting_share(start, cpu.read_run_wait())
 
 
-def _start_thread_pool() -> None:
-    """Start torch's intra-op thread pool, so that its stacks count in a baseline, not mid-step."""
-    import torch
-
-    torch.ones(512, 512) @ torch.ones(512, 512)
-
-
 def _device_hooks(
-    request: ProbeRequest, outcome: ProbeOutcome, *, pool_first: bool = True
+    request: ProbeRequest, outcome: ProbeOutcome
 ) -> tuple[Callable[[], int], Callable[[], None], Callable[[ProbeOutcome], None]]:
-    """Apply the budget for this device; return (peak so far, synchronize, finish).
-
-    On the CPU a probe starts torch's thread pool first (``pool_first``), so that its stacks count in the
-    baseline; the job's fresh process (:mod:`autobatch.probe.fresh`) does not: a job starts it at its first
-    parallel operation, after building its optimizer imported ``torch._dynamo``, and a pool started after
-    that import leaves the process about 15 MiB fuller than one started before it."""
+    """Apply the budget for this device; return (peak so far, synchronize, finish)."""
     import torch
 
     if request.device == "cpu":
@@ -179,8 +162,8 @@ def _device_hooks(
         # A timing probe measures the step as the job's allocator runs it; its cap leaves room for that heap.
         outcome.job_allocator = request.timing and cpu.job_allocator()
         cpu.apply_cap(request.budget_bytes - offset + (cpu.TIMING_ROOM if outcome.job_allocator else 0))
-        if pool_first:
-            _start_thread_pool()
+        # torch's thread pool is left to start in the first step, as the job's does: started ahead of it (a small
+        # product), a process holds 10-30 MiB less after a step than one whose first parallel work is the step
         vm0 = cpu.read_status()
         outcome.baseline_bytes = vm0.data + offset
         peak = lambda: cpu.peak_data_bytes(vm0, cpu.read_status()) + offset  # noqa: E731
@@ -268,7 +251,6 @@ def device_facts(device_name: str, *, precisions: tuple[str, ...] = ()) -> dict[
         info["cuda_available"] = bool(torch.cuda.is_available())
         info["available_bytes"] = cpu.available_bytes()
         info["total_bytes"] = cpu.total_bytes()
-        _start_thread_pool()  # the baseline as a probe measures it (about 10 MiB of thread stacks here)
         info["baseline_bytes"] = cpu.read_status().data
         for precision in precisions:
             try:

@@ -108,10 +108,9 @@ def test_requests_carry_an_offset_per_rank() -> None:
 
 @pytest.mark.slow
 def test_the_fresh_process_holds_what_the_jobs_own_process_holds_after_its_steps() -> None:
-    # A job starts torch's thread pool at its first step, after building its optimizer imported torch._dynamo;
-    # a pool started before that import left the process about 15 MiB leaner here (vit_small, AdamW, batch 2:
-    # settled 314 MiB against the job's 329), and the offset that much short: maxima ran out of memory in the
-    # job's first steps.
+    # A job starts torch's thread pool in its first step; a process that started it ahead (a small product, as
+    # probes did) held about 15 MiB less after the steps (vit_small, AdamW, batch 2: 314 MiB against the job's
+    # 329), and the offset was that much short: maxima ran out of memory in the job's second step.
     from harness.fresh_process import run_trial
     from support import SCRIPTS
 
