@@ -12,8 +12,9 @@ So once per session on the CPU device the operation ``fresh_baseline`` compares 
 forked like every other, it starts the job's processes as the job starts them: one ``python`` process, or
 ``nproc_per_node`` rank processes with the environment ``torchrun`` gives (``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), each importing torch and then the script, and runs the
-request's steps there; then it runs the same steps forked. Each process reads its data memory once the steps
-are over and their objects gone (the model, the optimizer, the batches): what remains is the process itself,
+request's steps there; then it runs the same steps forked (torch's thread pool starts in the first step in
+both, as in the job: :func:`autobatch.probe.worker._device_hooks`). Each process reads its data memory once the
+steps are over and their objects gone (the model, the optimizer, the batches): what remains is the process itself,
 its imports, the lazy ones included, and its heap. Not the peaks: a fresh process's first step imports
 ``torch._dynamo``, whose transient peak is above a small batch's own and is long over when a large batch
 peaks. A fresh process imports autobatch's own modules too, which the job does not: it reads how much data

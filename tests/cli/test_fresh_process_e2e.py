@@ -56,3 +56,11 @@ def test_a_ddp_maximum_holds_in_fresh_rank_processes(tmp_path: Path) -> None:
     maximum, budget, device = _tune(tmp_path, script, "512MiB", "--strategy", "ddp", "--nproc-per-node", "2")
     assert len(device["fresh_process"]["offset_bytes"]) == 2  # type: ignore[index]
     assert fits_ddp(script, [], math.floor(0.98 * maximum), budget, world=2)
+
+
+def test_a_maximum_near_a_small_cap_holds_in_the_jobs_first_steps(tmp_path: Path) -> None:
+    # 768 MiB: the ViT's answer ran out of memory in the job's second step (222, then 213 with the offset read
+    # right), as long as the probes started torch's thread pool ahead of the steps and the job did not
+    script = SCRIPTS / "vit_small.py"
+    maximum, budget, _device = _tune(tmp_path, script, "768MiB")
+    assert fits(script, [], maximum, budget), "the answer does not hold 10 steps in the job's fresh process"
