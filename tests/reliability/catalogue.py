@@ -100,12 +100,12 @@ def marked_failed(name: str) -> Callable[[Path], list[str]]:
 
 
 def nothing_left(pid_file: str) -> Callable[[Path], list[str]]:
-    """No process whose pid the script wrote to ``pid_file`` (one a line, in the case's folder) is alive."""
+    """No process whose pid the script wrote to ``pid_file`` (one a line; ``{tmp}``: the case's folder) is alive."""
 
     def check(folder: Path) -> list[str]:
         import psutil
 
-        started = [int(line) for line in (folder / pid_file).read_text().split()]
+        started = [int(line) for line in Path(pid_file.replace("{tmp}", str(folder))).read_text().split()]
         alive = [
             p for p in started if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
         ]
@@ -231,7 +231,7 @@ CASES: tuple[Case, ...] = (
          never=("argparse",)),
     Case("a helper in its own session started at import (server)",
          tune("{bad}/starts_helper_at_import.py", "--max-batch-size", "16", "--no-cache"), 0, ("chosen",), "server",
-         after=nothing_left("helpers.txt")),
+         env={"HELPERS_PID_FILE": "{tmp}-helpers.txt"}, after=nothing_left("{tmp}-helpers.txt")),
     Case("only batch 1 fits, and BatchNorm fails there (server)",
          tune("{bad}/batchnorm_at_one.py", "--memory", "750MiB", "--no-cache"), EXIT_SCRIPT,
          ("Expected more than 1 value per channel when training", "batch 2 ran out of memory",
@@ -307,7 +307,8 @@ def _run_case(case: Case, folder: Path) -> Ran:
     argv = prepare(case, folder)
     started = time.perf_counter()
     if case.mode in ("cli", "server"):
-        env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "PYTHONPATH": str(ROOT), **case.env}
+        case_env = {k: v.replace("{tmp}", str(folder)) for k, v in case.env.items()}
+        env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "PYTHONPATH": str(ROOT), **case_env}
         env.setdefault("AUTOBATCH_CACHE_DIR", str(folder / "cache"))
         done = subprocess.run(
             [sys.executable, "-m", "autobatch", *argv], cwd=folder, env=env, capture_output=True, text=True,

@@ -1,7 +1,9 @@
 """Fixture for the bad-input catalogue (tests/reliability/catalogue.py): the script starts a helper process in
-its own session at import (a log shipper, say) and writes its pid to helpers.txt in the working folder. Before
-the probe server reaped what its probes start, the helper outlived the tune, once for every import."""
+its own session at import (a log shipper, say) and writes its pid to the file HELPERS_PID_FILE names (outside
+the working folder, which probes do not write into). Before the probe server reaped what its probes start, the
+helper outlived the tune, once for every import."""
 
+import os
 import subprocess
 import sys
 
@@ -10,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-with open("helpers.txt", "a") as pids:
+with open(os.environ.get("HELPERS_PID_FILE", "helpers.txt"), "a") as pids:
     pids.write(f"{helper.pid}\n")
 
 
