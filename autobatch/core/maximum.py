@@ -64,8 +64,10 @@ class Limits:
     def confirm(self) -> tuple[int, int]:
         """A confirmation's steps: the leak rule's six at least, then up to ``confirm_steps`` while the peak
         still grows. Once a step's peak holds still, the steps after it repeat it (the optimizer state exists
-        from the first step, and a step keeps nothing across steps); a leak grows at every step and runs on."""
-        return (min(CONFIRM_STEPS_AT_LEAST, self.confirm_steps), self.confirm_steps)
+        from the first step, and a step keeps nothing across steps); a leak grows at every step and runs on.
+        Never fewer than a search probe's ``steps``: what a user asked every probe to see (a script that
+        unfreezes after N steps, tuned with ``--steps`` above N), its confirmation sees too."""
+        return (max(self.steps, min(CONFIRM_STEPS_AT_LEAST, self.confirm_steps)), self.confirm_steps)
 
     def confirms(self, observation: Observation) -> bool:
         """Whether a fit ran as long as a confirmation (at least its least steps; 0: unknown)."""

@@ -300,3 +300,16 @@ def test_infeasible_at_a_length_names_the_length_when_static_memory_leaves_room(
     assert (
         "a batch of 1 sample(s) of 1,000,000,000,000 tokens needs more" in text and "leave 808.00 MiB" in text
     )
+
+
+def test_a_confirmation_is_never_shorter_than_a_search_probe() -> None:
+    """Six steps at least, then on while the peak grows; but a user who asked every probe for 14 steps (to see
+    an unfreeze after 12) gets a confirmation of 14 at least."""
+    assert Limits(max_batch_size=64, batch_multiple=1, steps=3, max_steps=8, confirm_steps=10).confirm == (
+        6,
+        10,
+    )
+    assert Limits(max_batch_size=64, batch_multiple=1, steps=14, max_steps=14, confirm_steps=14).confirm == (
+        14,
+        14,
+    )
