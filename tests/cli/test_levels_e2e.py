@@ -141,7 +141,10 @@ def test_partial_level_runs_a_global_batch_just_above_off_in_one_micro_batch(
     assert any(note.startswith("32-true/adamw/recompute: not chosen") for note in notes), notes
     partial = combos[level]
     searched = [t for t in partial["trace"] if t["purpose"] != "throughput"]
-    assert 1 <= len(searched) <= 3, partial["trace"]
+    # 3 was the goal; since probes let torch's thread pool start in the first step as the job does, a step's
+    # peak moves by a few MiB with the batch (measured: 392.1 MiB at 6, 389.7 at 8), and one more probe
+    # can be spent at the boundary (issue 33's probe counts, open)
+    assert 1 <= len(searched) <= 4, partial["trace"]
     assert partial["status"] == "exact" and partial["max_batch_size"] >= target, partial
     _holds(folder, level, partial["max_batch_size"], env)
 
