@@ -136,3 +136,29 @@ def cpu_session(script: Path, memory: int = 2 << 30, **kw: Any) -> Any:
         cache=False,
         **kw,
     )
+
+
+#: One combination on the CPU device, as the Python API takes it (tests with a fake runner).
+ONE_COMBINATION = {
+    "device": "cpu",
+    "memory": "1GiB",
+    "precisions": ["32-true"],
+    "optimizers": ["adamw"],
+    "recompute": False,
+}
+
+
+def _fake_model() -> str:
+    return "model"
+
+
+def _fake_batch(batch_size: int) -> list[int]:
+    return [batch_size]
+
+
+def _fake_loss(model: str, batch: list[int]) -> int:
+    return batch[0]
+
+
+#: A step for the API with a fake runner: nothing of it runs a tensor.
+FAKE_STEP = {"build_model": _fake_model, "make_batch": _fake_batch, "compute_loss": _fake_loss}

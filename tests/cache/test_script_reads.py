@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support import FAKE_STEP, ONE_COMBINATION
 
 import autobatch
 from autobatch.cache.sources import HASHED_BYTES, changed_files, file_fingerprint
@@ -18,28 +19,6 @@ from autobatch.settings import FIELDS
 from autobatch.testing import FakeRunner, affine
 
 MiB = 1 << 20
-ONE = {
-    "device": "cpu",
-    "memory": "1GiB",
-    "precisions": ["32-true"],
-    "optimizers": ["adamw"],
-    "recompute": False,
-}
-
-
-def build_model() -> str:
-    return "model"
-
-
-def make_batch(batch_size: int) -> list[int]:
-    return [batch_size]
-
-
-def compute_loss(model: str, batch: list[int]) -> int:
-    return batch[0]
-
-
-STEP = {"build_model": build_model, "make_batch": make_batch, "compute_loss": compute_loss}
 
 
 @dataclass
@@ -65,7 +44,9 @@ def _clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _tune(**extra: object) -> autobatch.TuneResult:
-    return autobatch.tune(**STEP, **ONE, runner=ReadsConfig(affine(400 * MiB, 1.7 * MiB), **extra))  # type: ignore[arg-type]
+    return autobatch.tune(
+        **FAKE_STEP, **ONE_COMBINATION, runner=ReadsConfig(affine(400 * MiB, 1.7 * MiB), **extra)
+    )  # type: ignore[arg-type]
 
 
 def test_an_edited_file_the_script_reads_is_measured_again(tmp_path: Path) -> None:

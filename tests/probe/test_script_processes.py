@@ -40,6 +40,20 @@ def run_folder(tmp_path: Path) -> Path:
     return folder
 
 
+def start_tune(
+    argv: list[str], env: dict[str, str], tmp_path: Path, pid_file: Path
+) -> subprocess.Popen[bytes]:
+    """The tune in the background, once the script has started its helpers (their pids are in ``pid_file``)."""
+    proc = subprocess.Popen(
+        argv, cwd=run_folder(tmp_path), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 120
+    while not (pid_file.exists() and pid_file.read_text().endswith("\n")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pid_file.exists(), "the script never started its helpers"
+    return proc
+
+
 def helper_pids(pid_file: Path) -> list[int]:
     """Every helper the script started (a line per import or run: prefetcher, shipper, watchdog)."""
     return [int(pid) for pid in pid_file.read_text().split()]
@@ -130,13 +144,7 @@ def test_an_interrupted_tune_leaves_no_process_of_the_script(
     argv = [sys.executable, "-m", "autobatch", "tune", *tune_args(script, "--pid-file", str(pid_file), *slow)]
     env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
     try:
-        proc = subprocess.Popen(
-            argv, cwd=run_folder(tmp_path), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        deadline = time.monotonic() + 120
-        while not (pid_file.exists() and pid_file.read_text().endswith("\n")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert pid_file.exists(), "the script never started its helpers"
+        proc = start_tune(argv, env, tmp_path, pid_file)
         time.sleep(1)  # inside the probe (as is: in its slow steps)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)  # promptly, and no helper holds the tune's stderr open
@@ -154,13 +162,7 @@ def test_a_server_killed_under_a_helper_is_noticed_at_once(tmp_path: Path) -> No
     argv = [sys.executable, "-m", "autobatch", "tune", *args]
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "PYTHONPATH": str(ROOT)}
     try:
-        proc = subprocess.Popen(
-            argv, cwd=run_folder(tmp_path), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        deadline = time.monotonic() + 120
-        while not (pid_file.exists() and pid_file.read_text().endswith("\n")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert pid_file.exists(), "the script never started its helpers"
+        proc = start_tune(argv, env, tmp_path, pid_file)
         (server,) = psutil.Process(proc.pid).children()
         server.kill()
         _, stderr = proc.communicate(timeout=120)
