@@ -129,6 +129,11 @@ class Maximum:
         return len(self.attempts)
 
 
+class _ShortFitsRefuted(Exception):
+    """A batch did not fit at or below one that fitted a shorter probe: the search restarts, trusting only
+    probes as long as a confirmation (:attr:`_Run.long`)."""
+
+
 @dataclass
 class _Run:
     """The probes of one procedure, and what they proved."""
@@ -138,7 +143,12 @@ class _Run:
     attempts: list[Attempt] = field(default_factory=list)
     misses: set[int] = field(default_factory=set)  # did not fit, confirmations included
     confirmed: set[int] = field(default_factory=set)  # fitted a probe as long as a confirmation
+    fitted: set[int] = field(default_factory=set)  # fitted a probe of any length
     known: Sequence[Observation] = ()  # measured before this run (not attempts): what they proved counts
+    #: Set by the first miss at or below a batch that fitted (a failed confirmation, a boundary that
+    #: flickers, memory that grows past the search's steps): from then on every probe runs as long as a
+    #: confirmation, and only such fits count.
+    long: bool = False
 
     def __post_init__(self) -> None:
         for observation in self.known:
@@ -151,21 +161,39 @@ class _Run:
         return observation
 
     def learn(self, observation: Observation) -> None:
-        if not observation.fits:
-            self.misses.add(observation.batch_size)
-        elif self.limits.confirms(observation):
-            self.confirmed.add(observation.batch_size)
+        if observation.fits:
+            self.fitted.add(observation.batch_size)
+            if self.limits.confirms(observation):
+                self.confirmed.add(observation.batch_size)
+            return
+        self.misses.add(observation.batch_size)
+        self.long = self.long or any(b >= observation.batch_size for b in self.fitted)
+
+    def evidence(self) -> list[Observation]:
+        """What the next search starts from: every observation, or, once :attr:`long`, the misses and the
+        fits as long as a confirmation."""
+        seen = [*self.known, *(a.observation for a in self.attempts)]
+        return [o for o in seen if not self.long or not o.fits or self.limits.confirms(o)]
 
     def search_probe(self, batch: int) -> Observation:
         # Next to a known non-fit, a fit is the answer: run it as long as the confirmation, so that it
         # needs none (an out-of-memory step comes early, so a miss costs little more).
         near_miss = batch + self.limits.batch_multiple in self.misses
-        return self(batch, self.limits.confirm if near_miss else self.limits.search_steps, "search")
+        return self._searching(
+            batch, self.limits.confirm if near_miss or self.long else self.limits.search_steps
+        )
 
     def final_probe(self, batch: int) -> Observation:
         # The model predicts this batch to be the maximum: probe it as long as a confirmation, so that a
         # right prediction needs no separate one (a wrong one costs the extra steps, never an answer).
-        return self(batch, self.limits.confirm, "search")
+        return self._searching(batch, self.limits.confirm)
+
+    def _searching(self, batch: int, steps: tuple[int, int]) -> Observation:
+        was_long = self.long
+        observation = self(batch, steps, "search")
+        if self.long and not was_long:
+            raise _ShortFitsRefuted
+        return observation
 
 
 def find_maximum(
@@ -186,36 +214,40 @@ def find_maximum(
     ``pruned``): the combination cannot beat the best maximum so far. ``known``: earlier answers.
     """
     run = _Run(probe, limits, known=known)
-    prior, calibration = calibrate(prediction, run.search_probe, budget_bytes, limits, prune_at_or_below)
-    known = [*known, *calibration]
+    try:
+        prior, _ = calibrate(prediction, run.search_probe, budget_bytes, limits, prune_at_or_below)
+    except _ShortFitsRefuted:
+        prior = None
     notes: list[str] = []
+    result = None
     for _round in range(CONFIRM_ROUNDS + 1):
-        result = search_max_batch(
-            run.search_probe,
-            budget_bytes=budget_bytes,
-            max_batch_size=limits.max_batch_size,
-            batch_multiple=limits.batch_multiple,
-            prior=prior,
-            known=known,
-            prune_at_or_below=prune_at_or_below,
-            start=SCOUT_CANDIDATES * limits.batch_multiple,
-            floor_bytes=floor_bytes,
-            final_probe=run.final_probe,
-            long_steps=limits.confirm[0],
-        )
-        known = [*known, *result.trace]
+        try:
+            result = search_max_batch(
+                run.search_probe,
+                budget_bytes=budget_bytes,
+                max_batch_size=limits.max_batch_size,
+                batch_multiple=limits.batch_multiple,
+                prior=prior,
+                known=run.evidence(),
+                prune_at_or_below=prune_at_or_below,
+                start=SCOUT_CANDIDATES * limits.batch_multiple,
+                floor_bytes=floor_bytes,
+                final_probe=run.final_probe,
+                long_steps=limits.confirm[0],
+            )
+        except _ShortFitsRefuted:
+            notes.append(_refuted(run))
+            continue
         best = result.max_batch_size
         done = best is None or result.status == "pruned" or best in run.confirmed
         if not done and _round < CONFIRM_ROUNDS:
             assert best is not None
-            confirmation = run(best, limits.confirm, "confirm")
-            done = confirmation.fits
+            done = run(best, limits.confirm, "confirm").fits
             if not done:
                 notes.append(
                     f"batch {best} fitted {limits.steps}+ steps but not its confirmation (up to "
-                    f"{limits.confirm_steps}); searched below it"
+                    f"{limits.confirm_steps}); searched below it, every probe as long as a confirmation"
                 )
-                known.append(Observation(best, fits=False, kind=confirmation.kind))
         if done:
             return Maximum(
                 best, result.status, result.upper_bound, result.model, tuple(run.attempts), tuple(notes)
@@ -228,7 +260,18 @@ def find_maximum(
         if held
         else f"the maximum's confirmation failed {CONFIRM_ROUNDS} times; none held"
     )
-    return Maximum(held, "incomplete", upper, result.model, tuple(run.attempts), tuple(notes))
+    model = result.model if result is not None else None
+    return Maximum(held, "incomplete", upper, model, tuple(run.attempts), tuple(notes))
+
+
+def _refuted(run: _Run) -> str:
+    miss = run.attempts[-1].observation.batch_size
+    above = min(b for b in run.fitted if b >= miss)
+    return (
+        f"batch {miss} did not fit a probe of {run.attempts[-1].observation.steps or 'its'} steps after batch "
+        f"{above} fitted a shorter one (memory that grows past the search's steps, or a boundary that flickers): "
+        "searched again, every probe as long as a confirmation"
+    )
 
 
 def calibrate(

@@ -122,6 +122,10 @@ class ProbeRecord:
         )
 
 
+#: The statuses of a combination with a maximum (see :attr:`ComboResult.answered`).
+ANSWERED = ("exact", "capped", "incomplete")
+
+
 @dataclass
 class ComboResult:
     precision: str
@@ -161,6 +165,13 @@ class ComboResult:
     @property
     def key(self) -> str:
         return combo_key(*self.ident)
+
+    @property
+    def answered(self) -> bool:
+        """Whether it has a maximum to plan: searched to the end (``exact``, ``capped``), or ``incomplete``
+        with a batch whose confirmation held below every batch that did not fit (a boundary that flickers
+        from probe to probe: the largest batch known to hold, never one whose confirmation failed)."""
+        return self.max_batch_size is not None and self.status in ANSWERED
 
 
 @dataclass
@@ -379,6 +390,14 @@ def nothing_fits(result: TuneResult, budget_bytes: int) -> AutobatchError:
             "combination asked recomputes: nothing was probed",
             hint="name the block classes with --recompute-class (or RECOMPUTE_CLASSES in the script), or search "
             "without recomputation: --recompute-level off",
+        )
+    unheld = [e for e in entries if e.status == "incomplete"]
+    if unheld and all(e.status in ("incomplete", "skipped") for e in entries):
+        return NothingFitsError(
+            f"no batch held a probe as long as a confirmation within the budget of {format_bytes(budget_bytes)}, "
+            f"though shorter probes fitted: {unheld[0].key}: {unheld[0].reason}",
+            hint="memory grows over the steps (a leak, a cache that fills) or the boundary flickers: "
+            "`autobatch check -b N --steps 20` shows each step's peak; give it more --memory",
         )
     searched = [e for e in entries if e.status == "infeasible"]
     long = [e for e in searched if e.seq_len is not None and "tokens per sample" in (e.reason or "")]

@@ -40,7 +40,7 @@ class Choosing:
         candidates: list[Candidate] = []
         plans: dict[int, Plan] = {}
         for index, entry in enumerate(self.result.combinations):
-            if entry.max_batch_size is None or entry.status not in ("exact", "capped"):
+            if not entry.answered or entry.max_batch_size is None:
                 candidates.append(Candidate(index, None, None, None))
                 continue
             plan = self._plan(entry.max_batch_size)

@@ -23,9 +23,6 @@ from autobatch.core.reuse import Prediction
 from autobatch.core.space import Combo, Ident
 from autobatch.records.result import ComboResult, Lengths, TuneResult
 
-#: The statuses whose maximum a surface may be fitted to (and a token budget taken from).
-ANSWERED = ("exact", "capped")
-
 Key = Ident
 
 
@@ -101,7 +98,7 @@ class LengthSearch:
                 row = ComboResult.of(combo.at(seq_len))
                 row.recompute_blocks = dict(entry.recompute_blocks)
                 table.maxima.append(row)
-                if entry.status not in ANSWERED:
+                if not entry.answered:
                     row.status = "skipped"
                     row.reason = f"not searched: {entry.status} at the plan's {self.plan} tokens"
                     continue
@@ -116,7 +113,7 @@ class LengthSearch:
         table.maxima = [row for row in table.maxima if row.status != "predicted"]
         for combo in combos:
             rows = [r for r in table.maxima if _key(r) == _key(combo)]
-            measured = {r.seq_len: r.max_batch_size for r in rows if r.status in ANSWERED and r.seq_len}
+            measured = {r.seq_len: r.max_batch_size for r in rows if r.answered and r.seq_len}
             surface = surfaces.fit(line for line, _ in self.lines.get(_key(combo), {}).values())
             entry: dict[str, object] = {**combo.at(None).to_dict(), "surface": None, "fit_error": None}
             entry["token_budget"] = surfaces.token_budget({k: v for k, v in measured.items() if v})

@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from autobatch.devices.selection import Target
     from autobatch.settings import Settings
 
-_FEASIBLE = ("exact", "capped")
-
 
 def merge_models(
     results: list[TuneResult], targets: list[Target], settings: Settings, world: int, world_source: str
@@ -76,11 +74,12 @@ def merge_models(
 
 def _merge_combo(combos: list[ComboResult], targets: list[Target]) -> tuple[ComboResult, int]:
     """The job's view of one combination across models, and the index of the model that binds it."""
-    infeasible = [i for i, c in enumerate(combos) if c.status not in _FEASIBLE or c.max_batch_size is None]
+    infeasible = [i for i, c in enumerate(combos) if not c.answered]
     if infeasible:
         which = infeasible[0]
         entry = copy.deepcopy(combos[which])
-        entry.max_batch_size = None if entry.status not in _FEASIBLE else entry.max_batch_size
+        if not entry.answered:
+            entry.max_batch_size = None
         entry.reason = f"{targets[which].model}: {entry.reason or entry.status}"
     else:
         which = min(range(len(combos)), key=lambda i: (combos[i].max_batch_size or 0, i))
@@ -98,7 +97,7 @@ def _plan_and_choose(merged: TuneResult, settings: Settings, world: int) -> None
     candidates: list[Candidate] = []
     plans = {}
     for index, entry in enumerate(merged.combinations):
-        if entry.max_batch_size is None or entry.status not in _FEASIBLE:
+        if not entry.answered or entry.max_batch_size is None:
             candidates.append(Candidate(index, None, None, None))
             continue
         plan = plan_accumulation(

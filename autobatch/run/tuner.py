@@ -171,9 +171,7 @@ class Tuner(Choosing):
         assert device is not None
         if combo.recompute_level != PARTIAL or not device.recompute_blocks:
             return combo
-        maxima = {
-            c.ident: c.max_batch_size for c in self.result.combinations if c.status in ("exact", "capped")
-        }
+        maxima = {c.ident: c.max_batch_size for c in self.result.combinations if c.answered}
         blocks = sum(device.recompute_counts.values())
         line = device.budget_bytes - device.margin_bytes
         partial = levels.resolve(combo, self.lines, maxima, blocks, self.options, line, at_least)
@@ -313,7 +311,7 @@ class Tuner(Choosing):
         if not combo.recompute or opts.objective != "throughput" or opts.exact_all:
             return None
         twin = {c.ident: c for c in self.result.combinations}.get(combo.with_level(OFF).ident)
-        if twin is None or twin.status not in ("exact", "capped") or not twin.max_batch_size:
+        if twin is None or not twin.answered or not twin.max_batch_size:
             return None
         plan = (opts.global_batch_size, opts.world_size, limits.batch_multiple, limits.max_batch_size)
         return Twin(twin, reach_beyond(twin.max_batch_size, *plan))
@@ -328,11 +326,7 @@ class Tuner(Choosing):
         ):
             return None
         best = max(
-            (
-                c.max_batch_size
-                for c in self.result.combinations
-                if c.status in ("exact", "capped") and c.max_batch_size
-            ),
+            (c.max_batch_size for c in self.result.combinations if c.answered and c.max_batch_size),
             default=None,
         )
         return best + self.options.limits.batch_multiple if best else None

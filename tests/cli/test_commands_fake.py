@@ -172,3 +172,28 @@ def test_timing_probes_that_run_out_under_the_jobs_allocator_are_timed_under_the
     assert any(r.pinned_allocator for r in timing) and any(not r.pinned_allocator for r in timing)
     env = Path("autobatch.env").read_text()
     assert "export MALLOC_ARENA_MAX=1" in env and "export MALLOC_MMAP_THRESHOLD_=65536" in env
+
+
+def test_memory_that_grows_past_the_search_steps_gets_the_batch_that_holds_a_confirmation(
+    fake: FakeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short probes fit far above the batch at which a probe as long as a confirmation still fits (memory that
+    grows over the steps, or a boundary that flickers): the tune answers that batch. It walked down one
+    batch per confirmation and exited 4, "nothing fits even the smallest batch"."""
+    from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+
+    holds = (expected_max(BASE) or 0) // 3
+    short = fake._probe
+
+    def growing(request: ProbeRequest) -> ProbeOutcome:
+        if request.min_steps >= 6 and request.batch_size > holds:  # a confirmation's length
+            return ProbeOutcome(kind="oom", batch_size=request.batch_size, steps=5, reason="fake: grew")
+        return short(request)
+
+    monkeypatch.setattr(fake, "_probe", growing)
+    code, data, err = tune("-p", "32-true", "--no-recompute")
+    assert code == 0, err
+    (entry,) = data["combinations"]  # type: ignore[misc]
+    assert entry["max_batch_size"] == holds and entry["status"] == "exact", entry
+    assert data["chosen"]["micro_batch_size"] == holds  # type: ignore[index]
+    assert any("not its confirmation" in n for n in data["notes"]), data["notes"]  # type: ignore[union-attr]
