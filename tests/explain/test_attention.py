@@ -14,6 +14,7 @@ import torch
 from rich.console import Console
 
 from autobatch.core.space import Combo
+from autobatch.core.steady import StepRule
 from autobatch.errors import ContractError
 from autobatch.explain.output.render import print_attention, print_estimate_lengths
 from autobatch.explain.parent.estimate_lengths import add_lengths, rows_at
@@ -61,11 +62,9 @@ def _run(script: UserScript, batch: int, seq_len: int | None) -> Instrument:
             instrument.wrap(script),
             StepConfig(batch, "32-true", "adamw", seq_len=seq_len),
             StepReport(),
-            min_steps=2,
-            max_steps=2,
+            StepRule(2, 2, 0),
             peak_now=lambda: 0,
             synchronize=lambda: None,
-            grow_tolerance=0,
         )
     return instrument
 

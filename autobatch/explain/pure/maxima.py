@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from autobatch.core.search import Affine, Observation, SearchResult, search_max_batch
+from autobatch.core.search import Affine, Guidance, Observation, SearchResult, search_max_batch
 from autobatch.explain.pure.records import Scenario
 
 if TYPE_CHECKING:
@@ -171,8 +171,8 @@ def estimate_scenario(
             budget_bytes=budget_bytes,
             max_batch_size=max_batch_size,
             batch_multiple=batch_multiple,
-            prior=prior,
             known=seeds,
+            guidance=Guidance(prior=prior),
         )
     except SimulationError as exc:
         out.status, out.error = "error", str(exc)
