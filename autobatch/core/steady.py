@@ -39,7 +39,7 @@ SETTLED_STEP = 3
 #: Growths at every step from :data:`SETTLED_STEP` on that name a leak (so a probe of six steps at least).
 LEAK_GROWTHS = 4
 #: The fewest steps the leak rule reads (the sixth step's growth is its fourth): a confirmation runs them at
-#: least, then stops at the first step whose peak holds still (:func:`enough_steps`), up to ``confirm_steps``.
+#: least, then stops at the first step whose peak holds still (:class:`StepRule`), up to ``confirm_steps``.
 CONFIRM_STEPS_AT_LEAST = SETTLED_STEP + LEAK_GROWTHS - 1
 #: The least growth tolerance (the step loop's "still growing"), and the budget's share above it.
 TOLERANCE_FLOOR = 1 << 20
