@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from autobatch.api import ProbeEvent, apply_recompute, check, tune
 from autobatch.core.plan import Plan, choose, knee, plan_accumulation
-from autobatch.core.search import Affine, Observation, SearchResult, probe_bound, search_max_batch
+from autobatch.core.search import Affine, Guidance, Observation, SearchResult, probe_bound, search_max_batch
 from autobatch.errors import (
     AutobatchError,
     ConfigError,
@@ -35,6 +35,7 @@ __all__ = [
     "ConfigError",
     "ContractError",
     "DeviceError",
+    "Guidance",
     "NothingFitsError",
     "Observation",
     "Plan",

@@ -128,15 +128,15 @@ def tune(
         )
 
 
+#: The keywords of :func:`check` that shape its one probe rather than name a setting (``recompute``,
+#: ``compile`` and ``steps`` are settings of a tune's search too: here they mean the checked probe's own).
+CHECK_KEYWORDS = ("precision", "optimizer", "recompute", "compile", "steps")
+
+
 def check(
     script: Any = None,
     *,
     batch_size: int,
-    precision: str | None = None,
-    optimizer: str | None = None,
-    recompute: bool | str = False,
-    compile: bool = False,
-    steps: int | None = None,
     build_model: Callable[[], Any] | None = None,
     make_batch: Callable[..., Any] | None = None,
     compute_loss: Callable[[Any, Any], Any] | None = None,
@@ -147,26 +147,29 @@ def check(
 ) -> CheckResult:
     """One isolated probe of ``steps`` steps (default: the ``confirm_steps`` setting) at ``batch_size``.
 
-    ``precision`` and ``optimizer`` default to the first of the ``precisions`` and ``optimizers``
-    settings; ``recompute`` is a bool (off or full) or a level (``"selective"``, ``"6/12"``), ``compile``
-    runs the model under ``torch.compile``. Running out of memory is an answer (``fits`` false), not an error. The step and the
-    settings are given as to :func:`tune`; the device's lock is held as for a tune.
+    The probe's shape is given by keywords taken out of ``settings`` before the rest are read as settings
+    (:data:`CHECK_KEYWORDS`): ``precision`` and ``optimizer`` (default: the first of the ``precisions`` and
+    ``optimizers`` settings); ``recompute``, a bool (off or full) or a level (``"selective"``, ``"6/12"``);
+    ``compile``, True to run the model under ``torch.compile``; ``steps``, the probe's steps. Running out of
+    memory is an answer (``fits`` false), not an error. The step and the settings are given as to
+    :func:`tune`; the device's lock is held as for a tune.
     """
     from autobatch.service.check import check as run_check
 
-    if precision is not None:
-        settings["precisions"] = [precision]
-    if optimizer is not None:
-        settings["optimizers"] = [optimizer]
+    shape = {name: settings.pop(name) for name in CHECK_KEYWORDS if name in settings}
+    if shape.get("precision") is not None:
+        settings["precisions"] = [shape["precision"]]
+    if shape.get("optimizer") is not None:
+        settings["optimizers"] = [shape["optimizer"]]
     loaded = _settings("check", config, script, settings)
     with _spec(script, loaded, (build_model, make_batch, compute_loss)) as spec:
         return run_check(
             loaded,
             batch_size,
             _hooks(on_probe, runner),
-            recompute=recompute,
-            compile=compile,
-            steps=steps,
+            recompute=shape.get("recompute", False),
+            compile=shape.get("compile", False),
+            steps=shape.get("steps"),
             spec=spec,
         )
 

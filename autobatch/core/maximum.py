@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from autobatch.core.model import Affine
 from autobatch.core.reuse import Prediction
-from autobatch.core.search import Observation, SearchStatus, search_max_batch
+from autobatch.core.search import Guidance, Observation, SearchStatus, search_max_batch
 from autobatch.core.space import optimizer_state_bytes
 from autobatch.core.steady import CONFIRM_STEPS_AT_LEAST
 from autobatch.core.units import format_bytes
@@ -227,13 +227,15 @@ def find_maximum(
                 budget_bytes=budget_bytes,
                 max_batch_size=limits.max_batch_size,
                 batch_multiple=limits.batch_multiple,
-                prior=prior,
                 known=run.evidence(),
                 prune_at_or_below=prune_at_or_below,
-                start=SCOUT_CANDIDATES * limits.batch_multiple,
-                floor_bytes=floor_bytes,
-                final_probe=run.final_probe,
-                long_steps=limits.confirm[0],
+                guidance=Guidance(
+                    prior=prior,
+                    start=SCOUT_CANDIDATES * limits.batch_multiple,
+                    floor_bytes=floor_bytes,
+                    final_probe=run.final_probe,
+                    long_steps=limits.confirm[0],
+                ),
             )
         except _ShortFitsRefuted:
             notes.append(_refuted(run))

@@ -63,6 +63,7 @@ __all__ = [
     "KINDS",
     "SLACK",
     "Affine",
+    "Guidance",
     "Observation",
     "ProbeFn",
     "SearchResult",
@@ -151,40 +152,55 @@ def probe_bound(max_batch_size: int, batch_multiple: int = 1) -> int:
     return 2 * _ceil_log2(n) + 1 + SLACK
 
 
+@dataclass(frozen=True)
+class Guidance:
+    """What tells :func:`search_max_batch` where and how to probe, never what the answer is: with any
+    guidance (or none) the search finds the same exact maximum within :func:`probe_bound` probes; good
+    guidance finds it in fewer.
+
+    ``prior`` predicts the peak curve (e.g. from another combination). ``start``: the first batch when
+    nothing is known and there is no prior (default: the smallest candidate, which on real devices says
+    little about the per-sample cost; a first probe anywhere keeps the bound). ``floor_bytes``: memory
+    known not to scale with the batch; the guess after the first fit scales what lies above it (a bound of
+    an affine curve's maximum), or until a miss, above the fit's own :attr:`Observation.static_bytes`
+    (nearer, no bound). ``final_probe``: how to probe a candidate the model predicts to be the maximum
+    itself (say, as long as a confirmation, so that a right prediction needs no separate one; default the
+    search's ``probe``; the end game's too). ``long_steps``: a fit of at least this many steps needs no
+    confirmation (:mod:`autobatch.core.endgame`).
+    """
+
+    prior: Affine | None = None
+    start: int | None = None
+    floor_bytes: int = 0
+    final_probe: ProbeFn | None = None
+    long_steps: int | None = None
+
+
 def search_max_batch(
     probe: ProbeFn,
     *,
     budget_bytes: int,
     max_batch_size: int,
     batch_multiple: int = 1,
-    prior: Affine | None = None,
     known: Iterable[Observation] = (),
     prune_at_or_below: int | None = None,
     max_probes: int | None = None,
-    start: int | None = None,
-    floor_bytes: int = 0,
-    final_probe: ProbeFn | None = None,
-    long_steps: int | None = None,
+    guidance: Guidance = Guidance(),
 ) -> SearchResult:
     """Find the largest multiple of ``batch_multiple`` (<= ``max_batch_size``) that fits.
 
     ``probe(b)`` runs batch ``b`` and returns an :class:`Observation`. ``known`` observations
-    (a cache, an earlier run) count as probed and may be at any batch size. ``prior`` predicts the
-    peak curve (e.g. from another combination). ``prune_at_or_below``: stop ("pruned") as soon as
-    a batch at or below it is known not to fit, and probe the largest candidate at or below it
-    early to find out; pass the best maximum so far to skip combinations that cannot reach it, or
-    that maximum + 1 to skip those that can at best tie. ``max_probes``: stop ("incomplete") after
-    that many new probes. ``start``: the first batch when nothing is known and there is no prior
-    (default: the smallest candidate, which on real devices says little about the per-sample cost;
-    a first probe anywhere keeps the bound). ``floor_bytes``: memory known not to scale with the batch;
-    the guess after the first fit scales what lies above it (a bound of an affine curve's maximum), or
-    until a miss, above the fit's own :attr:`Observation.static_bytes` (nearer, no bound). ``final_probe``: how to probe a candidate the model predicts to be the maximum itself (say, as long
-    as a confirmation, so that a right prediction needs no separate one; default ``probe``; the end
-    game's too). ``long_steps``: a fit of at least this many steps needs no confirmation
-    (:mod:`autobatch.core.endgame`). At most :func:`probe_bound` probes are made.
+    (a cache, an earlier run) count as probed and may be at any batch size. ``prune_at_or_below``: stop
+    ("pruned") as soon as a batch at or below it is known not to fit, and probe the largest candidate at
+    or below it early to find out; pass the best maximum so far to skip combinations that cannot reach
+    it, or that maximum + 1 to skip those that can at best tie. ``max_probes``: stop ("incomplete") after
+    that many new probes. ``guidance`` (:class:`Guidance`: a prior, the first batch, the floor of static
+    memory, how to probe a predicted maximum) changes which batches are probed, never the answer. At most
+    :func:`probe_bound` probes are made.
     """
     _check_inputs(budget_bytes, max_batch_size, batch_multiple, prune_at_or_below, max_probes)
     m, n, known_obs = batch_multiple, max_batch_size // batch_multiple, tuple(known)
+    prior, final_probe, long_steps = guidance.prior, guidance.final_probe, guidance.long_steps
     trace: list[Observation] = []
     primed = prior.of_readings if prior is not None else None
     debt, remaining = 0, None  # type: int, int | None
@@ -204,9 +220,9 @@ def search_max_batch(
         now = state.remaining()
         debt = debt if remaining is None else max(0, debt + 1 - (remaining - now))
         remaining = now
-        guide = (prior, budget_bytes, prune_at_or_below, not distrust, floor_bytes)
+        guide = (prior, budget_bytes, prune_at_or_below, not distrust, guidance.floor_bytes)
         guided = state.guided(*guide) if debt < SLACK else None
-        index, expect_fit, final = guided or state.unguided(start)
+        index, expect_fit, final = guided or state.unguided(guidance.start)
         batch = (index + 1) * m
         obs = _checked((final_probe if final and final_probe is not None else probe)(batch), batch)
         trace.append(obs)

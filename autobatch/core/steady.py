@@ -39,7 +39,7 @@ SETTLED_STEP = 3
 #: Growths at every step from :data:`SETTLED_STEP` on that name a leak (so a probe of six steps at least).
 LEAK_GROWTHS = 4
 #: The fewest steps the leak rule reads (the sixth step's growth is its fourth): a confirmation runs them at
-#: least, then stops at the first step whose peak holds still (:func:`enough_steps`), up to ``confirm_steps``.
+#: least, then stops at the first step whose peak holds still (:class:`StepRule`), up to ``confirm_steps``.
 CONFIRM_STEPS_AT_LEAST = SETTLED_STEP + LEAK_GROWTHS - 1
 #: The least growth tolerance (the step loop's "still growing"), and the budget's share above it.
 TOLERANCE_FLOOR = 1 << 20
@@ -51,26 +51,37 @@ def growth_tolerance(budget_bytes: int) -> int:
     return max(TOLERANCE_FLOOR, budget_bytes // TOLERANCE_SHARE)
 
 
-def enough_steps(
-    step_peaks: Sequence[int],
-    *,
-    min_steps: int,
-    max_steps: int,
-    tolerance: int,
-    stop_above: int | None = None,
-) -> str | None:
-    """Why a probe stops stepping after these steps' peaks, or None to keep stepping: ``"above"`` (the last
-    peak crossed ``stop_above``, which settles a search's question: a high-water mark only rises),
-    ``"steady"`` (at least ``min_steps``, and two, and the peak grew by at most ``tolerance``), ``"max"``.
-    The one rule of every probe's steps (autobatch's own loop and a script run as it is)."""
-    steps = len(step_peaks)
-    if steps == 0:
-        return None
-    if stop_above is not None and step_peaks[-1] > stop_above:
-        return "above"
-    if steps >= max(min_steps, 2) and step_peaks[-1] - step_peaks[-2] <= tolerance:
-        return "steady"
-    return "max" if steps >= max_steps else None
+@dataclass(frozen=True)
+class StepRule:
+    """When a probe stops stepping: after ``min_steps`` at least (and two) once the peak grew by at most
+    ``tolerance`` (:func:`growth_tolerance`), after ``max_steps`` at most, or as soon as a peak crosses
+    ``stop_above`` (None: never). The one rule of every probe's steps (autobatch's own loop and a script run
+    as it is)."""
+
+    min_steps: int
+    max_steps: int
+    tolerance: int
+    stop_above: int | None = None
+
+    @classmethod
+    def under(
+        cls, budget_bytes: int, min_steps: int, max_steps: int, stop_above: int | None = None
+    ) -> StepRule:
+        """The rule of a probe under this budget (its tolerance: :func:`growth_tolerance`)."""
+        return cls(min_steps, max_steps, growth_tolerance(budget_bytes), stop_above)
+
+    def why_stop(self, step_peaks: Sequence[int]) -> str | None:
+        """Why a probe stops stepping after these steps' peaks, or None to keep stepping: ``"above"`` (the
+        last peak crossed ``stop_above``, which settles a search's question: a high-water mark only rises),
+        ``"steady"`` (at least ``min_steps``, and two, and the peak grew by at most ``tolerance``), ``"max"``."""
+        steps = len(step_peaks)
+        if steps == 0:
+            return None
+        if self.stop_above is not None and step_peaks[-1] > self.stop_above:
+            return "above"
+        if steps >= max(self.min_steps, 2) and step_peaks[-1] - step_peaks[-2] <= self.tolerance:
+            return "steady"
+        return "max" if steps >= self.max_steps else None
 
 
 @dataclass(frozen=True)

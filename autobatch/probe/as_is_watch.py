@@ -5,7 +5,7 @@ is the script and its arguments with ``{batch}`` replaced, the batch size is in 
 ``batch_env``), the budget is applied by the same device hooks as autobatch's own probes, and the script runs
 as ``__main__`` (:func:`runpy.run_path`). Every ``torch.optim.Optimizer`` step in the process fires a hook
 (``register_optimizer_step_post_hook``) that reads the peak and the time since the last step; once the steps
-say enough (:func:`autobatch.core.steady.enough_steps`, the rule of every probe), the hook writes the outcome
+say enough (:class:`autobatch.core.steady.StepRule`, the rule of every probe), the hook writes the outcome
 and ends the process (:func:`autobatch.probe.ops.report_and_exit`). The steps counted are those of the first
 optimizer that steps (a GAN's second optimizer does not count twice). The first step's pre-hook reads the
 forward and backward phase alone (its peak and the gradients); a step given a closure runs that phase inside
@@ -38,7 +38,7 @@ from types import FrameType
 from typing import Any, Callable
 
 from autobatch.core.space import variant_of
-from autobatch.core.steady import enough_steps, growth_tolerance
+from autobatch.core.steady import StepRule
 from autobatch.errors import ContractError
 from autobatch.probe import files
 from autobatch.probe.as_is_late import LateMemory
@@ -102,7 +102,9 @@ class StepWatch:
         self.first: int | None = None  # id() of the optimizer whose steps count
         self.optimizers: dict[int, Any] = {}
         self.last = time.perf_counter()
-        self.tolerance = growth_tolerance(request.budget_bytes)
+        self.rule = StepRule.under(
+            request.budget_bytes, request.min_steps, request.max_steps, request.stop_above_bytes
+        )
         self.late = LateMemory(request)  # optimizers built and stepped, backward passes, frozen parameters
         self.backwards = BackwardCount(self._backward)
 
@@ -167,13 +169,7 @@ class StepWatch:
         self.report.step_peaks.append(self.peak_now())
         self.report.steps = len(self.report.step_peaks)
         since = self.late.counted_from(self.report.steps)  # None: an optimizer built has not stepped yet
-        why = enough_steps(
-            self.report.step_peaks[since or 0 :],
-            min_steps=self.request.min_steps,
-            max_steps=self.request.max_steps,
-            tolerance=self.tolerance,
-            stop_above=self.request.stop_above_bytes,
-        )
+        why = self.rule.why_stop(self.report.step_peaks[since or 0 :])
         if why == "above" or (why is not None and since is not None):
             self.report.stopped_above = why == "above"
             self.reported = True

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from autobatch.core.steady import growth_tolerance
+from autobatch.core.steady import StepRule
 from autobatch.core.units import format_bytes
 from autobatch.devices.budget import margin_reason
 from autobatch.devices.cuda.budget import CudaStepStats, judge_step
@@ -75,13 +75,12 @@ def measure_steps(
             script,
             config,
             report,
-            min_steps=request.min_steps,
-            max_steps=request.max_steps,
+            StepRule.under(
+                request.budget_bytes, request.min_steps, request.max_steps, request.stop_above_bytes
+            ),
             peak_now=peak_now,
             synchronize=synchronize,
-            grow_tolerance=growth_tolerance(request.budget_bytes),
             wrap=wrap,
-            stop_above=request.stop_above_bytes,
             batch_per_step=request.op == "probe",  # explain's breakdown tags the one batch it saw built
         )
     except AutobatchError as exc:

@@ -159,21 +159,8 @@ def _relate(values: dict[str, Any], given: dict[str, _Given], cwd: Path, problem
 
 def _read_file(path: Path, shown: str, given: dict[str, _Given], problems: list[str]) -> None:
     """Read one TOML file into ``given``, collecting syntax errors and unknown sections and keys."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        problems.append(f"{shown}: no such config file")
-        return
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.append(f"{shown}: cannot read the config file ({exc})")
-        return
-    except tomllib.TOMLDecodeError as exc:
-        line = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
-        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
-        at = f"line {line.group(1)}, column {line.group(2)}: " if line else ""
-        problems.append(f"{shown}: {at}not valid TOML: {message}")
-        return
-    for section, table in data.items():
+    data = _parse_toml(path, shown, problems)
+    for section, table in (data or {}).items():
         cls = GROUPS.get(section)
         if not isinstance(table, dict):
             owner = BY_NAME.get(section)
@@ -189,22 +176,42 @@ def _read_file(path: Path, shown: str, given: dict[str, _Given], problems: list[
         for key, raw in table.items():
             if key in names:
                 given[key] = _Given(raw, f"{shown}: {section}.{key}", shown, False, path.parent)
-                continue
-            owner = BY_NAME.get(key)
-            if (section, key) in MOVED:
-                hint = MOVED[(section, key)]
-            elif owner is not None:
-                hint = f"{show(key)} belongs in [{owner.group}]"
             else:
-                near = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-                anywhere = difflib.get_close_matches(key, list(BY_NAME), n=1, cutoff=0.6)
-                if near:
-                    hint = f"did you mean {show(near[0])}?"
-                elif anywhere:
-                    hint = f"did you mean {show(anywhere[0])} in [{BY_NAME[anywhere[0]].group}]?"
-                else:
-                    hint = f"keys of [{section}]: {', '.join(names)}"
-            problems.append(f"{shown}: {section}.{key}: unknown key; {hint}")
+                problems.append(
+                    f"{shown}: {section}.{key}: unknown key; {_unknown_key_hint(section, key, names)}"
+                )
+
+
+def _parse_toml(path: Path, shown: str, problems: list[str]) -> dict[str, Any] | None:
+    """The file's tables, or None with the reason in ``problems`` (missing, unreadable, not TOML)."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problems.append(f"{shown}: no such config file")
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"{shown}: cannot read the config file ({exc})")
+    except tomllib.TOMLDecodeError as exc:
+        line = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        at = f"line {line.group(1)}, column {line.group(2)}: " if line else ""
+        problems.append(f"{shown}: {at}not valid TOML: {message}")
+    return None
+
+
+def _unknown_key_hint(section: str, key: str, names: list[str]) -> str:
+    """What to write instead of an unknown key of ``[section]``: where it moved or belongs, or the nearest name."""
+    owner = BY_NAME.get(key)
+    if (section, key) in MOVED:
+        return MOVED[(section, key)]
+    if owner is not None:
+        return f"{show(key)} belongs in [{owner.group}]"
+    near = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    if near:
+        return f"did you mean {show(near[0])}?"
+    anywhere = difflib.get_close_matches(key, list(BY_NAME), n=1, cutoff=0.6)
+    if anywhere:
+        return f"did you mean {show(anywhere[0])} in [{BY_NAME[anywhere[0]].group}]?"
+    return f"keys of [{section}]: {', '.join(names)}"
 
 
 #: Keys that moved, and what to write instead.

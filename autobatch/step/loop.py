@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from autobatch.core.steady import enough_steps
+from autobatch.core.steady import StepRule
 from autobatch.step.compiling import CompileClock, compile_model, mark_batch_dynamic
 from autobatch.step.contract import UserScript, check_batch, check_finite_loss, check_loss, check_model
 from autobatch.step.optimizers import build_optimizer, optimizer_state_bytes
@@ -262,21 +262,19 @@ def run_steps(
     script: UserScript,
     config: StepConfig,
     report: StepReport,
+    rule: StepRule,
     *,
-    min_steps: int,
-    max_steps: int,
     peak_now: Callable[[], int],
     synchronize: Callable[[], None],
-    grow_tolerance: int,
     wrap: Wrap | None = None,
-    stop_above: int | None = None,
     batch_per_step: bool = False,
 ) -> StepReport:
-    """Build, then step until the peak stops growing (at least ``min_steps``, at most ``max_steps``).
+    """Build, then step until ``rule`` says enough (:class:`~autobatch.core.steady.StepRule`: the peak stops
+    growing after its least steps, its most steps, or a peak above its ``stop_above`` line).
 
     ``report`` is filled in as the loop goes, so a caller that catches an OOM still sees how far it got.
-    ``stop_above``: a peak above this line settles the caller's question (a high-water mark only rises),
-    so the loop stops at the step that crossed it (``report.stopped_above``). ``batch_per_step``: every step
+    A peak above ``rule.stop_above`` settles the caller's question (a high-water mark only rises), so the
+    loop stops at the step that crossed it (``report.stopped_above``). ``batch_per_step``: every step
     gets a fresh ``make_batch``, as the job's steps do (the previous batch dropped first, and the drawing
     left out of the step's time); the distinct shapes go to ``report.batch_shapes`` when they differ.
     """
@@ -288,7 +286,7 @@ def run_steps(
         report.first_backward_peak = peak_now()
 
     with _timing_compiles(config, report) as clock:
-        for index in range(1, max_steps + 1):
+        for index in range(1, rule.max_steps + 1):
             if batch_per_step and index > 1:
                 step.batch = None  # never two batches at once
                 step.batch = draw_batch(script, config, compiling=config.compile)
@@ -300,13 +298,7 @@ def run_steps(
                 report.grad_bytes = step.grad_bytes
             report.step_peaks.append(peak_now())
             report.steps = index
-            why = enough_steps(
-                report.step_peaks,
-                min_steps=min_steps,
-                max_steps=max_steps,
-                tolerance=grow_tolerance,
-                stop_above=stop_above,
-            )
+            why = rule.why_stop(report.step_peaks)
             if why is not None:
                 report.stopped_above = why == "above"
                 break

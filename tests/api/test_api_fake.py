@@ -121,6 +121,31 @@ def test_check_returns_what_check_json_prints(monkeypatch: pytest.MonkeyPatch) -
     assert code == 0 and json.loads(out).keys() == report.to_dict().keys()
 
 
+def test_check_keywords_shape_its_probe_and_the_rest_are_settings() -> None:
+    # precision, optimizer, recompute, compile and steps are check()'s own (steps and recompute also name
+    # settings of a tune's search: here they shape the one probe); every other keyword is a setting.
+    runner = FakeRunner(CURVE)
+    report = autobatch.check(
+        **STEP, batch_size=64, precision="bf16", optimizer="sgd", recompute="selective", compile=True, steps=7,
+        device="cpu", memory="1GiB", confirm_steps=9, runner=runner,
+    )  # fmt: skip
+    assert (report.precision, report.optimizer, report.recompute_level, report.compile) == (
+        "bf16-mixed",
+        "sgd",
+        "selective",
+        True,
+    )
+    assert report.steps == 7 and report.recompute
+    assert (
+        autobatch.check(
+            **STEP, batch_size=64, device="cpu", memory="1GiB", confirm_steps=9, runner=runner
+        ).steps
+        == 9
+    )
+    with pytest.raises(TypeError, match="did you mean 'precisions'"):
+        autobatch.check(**STEP, batch_size=64, precisionz="bf16", runner=runner)
+
+
 def test_the_step_may_be_a_path_a_reference_a_module_or_an_object(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("# the fake runner never imports it\n")
     runner = FakeRunner(CURVE)

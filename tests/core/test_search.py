@@ -16,7 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autobatch.core.model import LIKELY_SHORT
-from autobatch.core.search import SLACK, Affine, Observation, SearchResult, probe_bound, search_max_batch
+from autobatch.core.search import (
+    SLACK,
+    Affine,
+    Guidance,
+    Observation,
+    SearchResult,
+    probe_bound,
+    search_max_batch,
+)
 from autobatch.testing import Curve, FakeProbe, affine, noisy, plateau, quadratic, staircase, true_max
 
 BUDGET = 2**30
@@ -59,6 +67,15 @@ def scenarios(draw: st.DrawFn, families: tuple[str, ...] = FAMILIES) -> tuple[Cu
     )
 
 
+GUIDANCE = {"prior", "start", "floor_bytes", "final_probe", "long_steps"}
+
+
+def guided(kwargs: dict[str, object]) -> dict[str, object]:
+    """The search's keywords, with those of its :class:`Guidance` gathered into one."""
+    guidance = Guidance(**{k: v for k, v in kwargs.items() if k in GUIDANCE})  # type: ignore[arg-type]
+    return {**{k: v for k, v in kwargs.items() if k not in GUIDANCE}, "guidance": guidance}
+
+
 def check(
     curve: Curve,
     max_batch: int,
@@ -71,7 +88,7 @@ def check(
     """Run the search and assert what must hold for every curve."""
     probe = FakeProbe(curve, BUDGET, report_peaks=report_peaks, static_bytes=static_bytes)
     result = search_max_batch(
-        probe, budget_bytes=BUDGET, max_batch_size=max_batch, batch_multiple=multiple, **kwargs
+        probe, budget_bytes=BUDGET, max_batch_size=max_batch, batch_multiple=multiple, **guided(kwargs)
     )  # type: ignore[arg-type]
     expected = true_max(curve, BUDGET, max_batch, multiple)
     assert result.max_batch_size == expected
@@ -213,7 +230,7 @@ def tried(
     max_batch_size: int = 1000, *, report_peaks: bool = True, **kwargs: object
 ) -> tuple[list[int], SearchResult]:
     probe = FakeProbe(LINE, 1000, report_peaks=report_peaks)
-    result = search_max_batch(probe, budget_bytes=1000, max_batch_size=max_batch_size, **kwargs)  # type: ignore[arg-type]
+    result = search_max_batch(probe, budget_bytes=1000, max_batch_size=max_batch_size, **guided(kwargs))  # type: ignore[arg-type]
     return probe.calls, result
 
 
@@ -410,7 +427,7 @@ def test_before_any_fit_a_miss_at_the_line_is_the_point_a_prior_s_slope_goes_thr
         return Observation(batch, fits=False, peak_bytes=peak if stopped else None)
 
     prior = Affine(300 * MiB - 1.5 * MiB, 1.76 * MiB)
-    result = search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=8192, prior=prior)
+    result = search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=8192, guidance=Guidance(prior=prior))
     assert [o.batch_size for o in result.trace] == [expected + 1, expected]
     assert (result.max_batch_size, result.status) == (expected, "exact")
 
@@ -536,7 +553,9 @@ class RisingProbe:
 def test_exact_on_plateaus_whatever_the_rising_phase_reads(scenario: tuple[Curve, int], error: float) -> None:
     curve, max_batch = scenario
     probe = RisingProbe(curve, error)
-    result = search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=max_batch, start=8)
+    result = search_max_batch(
+        probe, budget_bytes=BUDGET, max_batch_size=max_batch, guidance=Guidance(start=8)
+    )
     assert result.max_batch_size == true_max(curve, BUDGET, max_batch)
     assert len(set(probe.calls)) == len(probe.calls)
     assert result.probes <= probe_bound(max_batch)
@@ -545,7 +564,7 @@ def test_exact_on_plateaus_whatever_the_rising_phase_reads(scenario: tuple[Curve
 def test_a_plateau_with_its_rising_phase_takes_four_probes() -> None:
     curve = plateau(900 * MiB, 100 * MiB, 0.5 * MiB)
     probe = RisingProbe(curve, 1.0)
-    result = search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=65536, start=8)
+    result = search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=65536, guidance=Guidance(start=8))
     top = true_max(curve, BUDGET, 65536)
     assert result.max_batch_size == top
     assert probe.calls == [
@@ -560,7 +579,9 @@ def test_a_plateau_with_its_rising_phase_takes_four_probes() -> None:
 
 def test_a_far_overshoot_is_split_at_the_geometric_middle() -> None:
     probe = FakeProbe(quadratic(300 * MiB, 0.2 * MiB, 0.002 * MiB), BUDGET)
-    search_max_batch(probe, budget_bytes=BUDGET, max_batch_size=65536, start=8, max_probes=4)
+    search_max_batch(
+        probe, budget_bytes=BUDGET, max_batch_size=65536, max_probes=4, guidance=Guidance(start=8)
+    )
     # The line through 8 and 27 overshoots 5x: next sqrt(27 * 2683), not (27 + 2683) / 2.
     assert probe.calls == [8, 27, 2683, 269]
 
@@ -610,8 +631,8 @@ def test_a_peak_that_rises_faster_than_the_rising_reading_is_modelled_by_its_own
         return Observation(b, True, peak_bytes=total, rising_bytes=reading, steps=steps)
 
     result = search_max_batch(
-        probe, budget_bytes=line, max_batch_size=65536, batch_multiple=1, start=8,
-        floor_bytes=300 * MiB, final_probe=lambda b: probe(b, 10), long_steps=10,
+        probe, budget_bytes=line, max_batch_size=65536, batch_multiple=1,
+        guidance=Guidance(start=8, floor_bytes=300 * MiB, final_probe=lambda b: probe(b, 10), long_steps=10),
     )  # fmt: skip
     assert result.max_batch_size == 32 and len(result.trace) <= 4, result.trace
     flat = [(8, int(879.32 * MiB), int(689.31 * MiB)), (24, int(884.71 * MiB), int(698.57 * MiB))]
@@ -638,7 +659,12 @@ def test_one_fit_under_a_prior_is_read_as_the_prior_was_drawn() -> None:
 
         prior = Affine(320 * MiB, 1.08 * MiB, of_readings=of_readings)
         search_max_batch(
-            probe, budget_bytes=line, max_batch_size=4096, prior=prior, known=[fit], max_probes=1
+            probe,
+            budget_bytes=line,
+            max_batch_size=4096,
+            known=[fit],
+            max_probes=1,
+            guidance=Guidance(prior=prior),
         )
         return calls[0]
 
@@ -688,8 +714,8 @@ def test_the_first_candidate_over_a_one_candidate_interval_runs_as_long_as_a_con
 
     known = [probe(8), probe(34)]
     result = search_max_batch(
-        probe, budget_bytes=line, max_batch_size=65536, known=known, final_probe=lambda b: probe(b, 10),
-        long_steps=10,
+        probe, budget_bytes=line, max_batch_size=65536, known=known,
+        guidance=Guidance(final_probe=lambda b: probe(b, 10), long_steps=10),
     )  # fmt: skip
     assert [(o.batch_size, o.fits, o.steps) for o in result.trace] == [(42, True, 10), (43, False, 1)]
     assert result.max_batch_size == 42 and result.status == "exact"
@@ -716,7 +742,9 @@ def test_a_miss_the_model_cannot_read_makes_it_step_aside_instead_of_creeping() 
 
     known = [probe(39)]
     calls.clear()
-    result = search_max_batch(probe, budget_bytes=line, max_batch_size=4096, prior=prior, known=known)
+    result = search_max_batch(
+        probe, budget_bytes=line, max_batch_size=4096, known=known, guidance=Guidance(prior=prior)
+    )
     assert result.max_batch_size == 40 and result.status == "exact"
     assert len(calls) <= 4, calls
 
@@ -744,7 +772,11 @@ def test_fits_too_close_to_show_a_slope_are_read_through_the_prior_s_slope() -> 
         Observation(2944, True, int(411.0 * MiB), steps=10, rising_bytes=int(404.64 * MiB)),
     ]
     result = search_max_batch(
-        probe, budget_bytes=line, max_batch_size=65536, prior=prior, known=known, long_steps=10
+        probe,
+        budget_bytes=line,
+        max_batch_size=65536,
+        known=known,
+        guidance=Guidance(prior=prior, long_steps=10),
     )
     assert result.max_batch_size == 2946 and result.status == "exact"
     assert max(calls) < 2960 and len(calls) <= 5, calls

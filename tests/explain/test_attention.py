@@ -14,6 +14,7 @@ import torch
 from rich.console import Console
 
 from autobatch.core.space import Combo
+from autobatch.core.steady import StepRule
 from autobatch.errors import ContractError
 from autobatch.explain.output.render import print_attention, print_estimate_lengths
 from autobatch.explain.parent.estimate_lengths import add_lengths, rows_at
@@ -22,7 +23,7 @@ from autobatch.explain.pure.levers import Lever
 from autobatch.explain.pure.records import Scenario, Transforms
 from autobatch.explain.worker.breakdown import Instrument
 from autobatch.explain.worker.modules import is_square_in
-from autobatch.explain.worker.simulate import simulate
+from autobatch.explain.worker.simulate import StepOptions, simulate
 from autobatch.explain.worker.tracker import MemoryTracker
 from autobatch.records.result import ComboResult, TuneResult
 from autobatch.step.contract import UserScript, load_script
@@ -61,11 +62,9 @@ def _run(script: UserScript, batch: int, seq_len: int | None) -> Instrument:
             instrument.wrap(script),
             StepConfig(batch, "32-true", "adamw", seq_len=seq_len),
             StepReport(),
-            min_steps=2,
-            max_steps=2,
+            StepRule(2, 2, 0),
             peak_now=lambda: 0,
             synchronize=lambda: None,
-            grow_tolerance=0,
         )
     return instrument
 
@@ -117,7 +116,7 @@ def test_a_simulation_runs_at_the_length(lm: Any) -> None:
     scenario = Scenario("32-true", "adamw", False)
 
     def peak(attention: str, seq_len: int) -> int:
-        result = simulate(lm(attention), scenario, 4, target="exact", seq_len=seq_len)
+        result = simulate(lm(attention), scenario, 4, target="exact", options=StepOptions(seq_len=seq_len))
         assert result.ok, result.error
         return result.tensor_peak
 

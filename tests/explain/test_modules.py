@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from autobatch.core.space import optimizer_state_bytes
+from autobatch.core.steady import StepRule
 from autobatch.explain.pure.records import Scenario, Transforms
 from autobatch.explain.worker.breakdown import Instrument
 from autobatch.explain.worker.simulate import simulate
@@ -38,11 +39,9 @@ def _instrumented(script: UserScript, batch_size: int, optimizer: str = "sgd", s
             instrument.wrap(script),
             StepConfig(batch_size, "32-true", optimizer),
             StepReport(),
-            min_steps=steps,
-            max_steps=steps,
+            StepRule(steps, steps, 0),
             peak_now=lambda: 0,
             synchronize=lambda: None,
-            grow_tolerance=0,
         )
     assert instrument.count_flops("32-true", "cpu") is None
     return instrument

@@ -46,6 +46,7 @@ class InProcessRunner:
             ):  # memory is not measured: this process holds what the tests imported
                 outcome.info["baseline_bytes"] = BASELINE
             return outcome
+        from autobatch.core.steady import StepRule
         from autobatch.step.loop import StepConfig, StepReport, run_steps
 
         config = StepConfig(
@@ -58,8 +59,8 @@ class InProcessRunner:
         outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
         peak = CURVE(request.batch_size)
         try:
-            run_steps(self.script, config, StepReport(), min_steps=1, max_steps=1, peak_now=lambda: peak,
-                      synchronize=lambda: None, grow_tolerance=MiB)  # fmt: skip
+            run_steps(self.script, config, StepReport(), StepRule(1, 1, MiB), peak_now=lambda: peak,
+                      synchronize=lambda: None)  # fmt: skip
         except BaseException as exc:  # noqa: BLE001 - as the probe process does
             return describe_failure(outcome, exc)
         if peak > request.budget_bytes:

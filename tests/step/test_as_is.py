@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support import SCRIPTS, run_main
 
-from autobatch.core.steady import enough_steps
+from autobatch.core.steady import StepRule
 from autobatch.errors import EXIT_USAGE, UsageError
 from autobatch.step.as_is import (
     BATCH_ENV,
@@ -118,8 +118,8 @@ def test_no_way_to_pass_the_batch_exits_2_with_both_ways(tmp_path) -> None:
         ([100, 950], "above"),
     ],
 )
-def test_enough_steps(peaks: list[int], expected: str | None) -> None:
-    assert enough_steps(peaks, min_steps=3, max_steps=4, tolerance=10, stop_above=900) == expected
+def test_step_rule(peaks: list[int], expected: str | None) -> None:
+    assert StepRule(min_steps=3, max_steps=4, tolerance=10, stop_above=900).why_stop(peaks) == expected
 
 
 # -- argument variants (--variant NAME=ARGS) --------------------------------------------------------------

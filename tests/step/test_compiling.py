@@ -16,6 +16,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from autobatch.core.steady import StepRule
 from autobatch.probe.compile_errors import COMPILE_ERROR, note_compile_failure
 from autobatch.probe.oom import classify_exception
 from autobatch.records.protocol import ProbeOutcome
@@ -52,11 +53,9 @@ def _run(script: UserScript, config: StepConfig, steps: int = 3) -> StepReport:
         script,
         config,
         StepReport(),
-        min_steps=steps,
-        max_steps=steps,
+        StepRule(steps, steps, 0),
         peak_now=lambda: 0,
         synchronize=lambda: None,
-        grow_tolerance=0,
         batch_per_step=True,
     )
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autobatch.core.steady import StepRule
 from autobatch.errors import NoBlocksError
 from autobatch.explain.worker.tracker import MemoryTracker
 from autobatch.step.contract import UserScript
@@ -175,11 +176,9 @@ def _step_peak(recompute: bool, level: str = "full") -> int:
             SCRIPT,
             config,
             StepReport(),
-            min_steps=1,
-            max_steps=1,
+            StepRule(1, 1, 0),
             peak_now=lambda: tracker.peak.tensor_bytes,
             synchronize=lambda: None,
-            grow_tolerance=0,
         )
     assert report.recompute_blocks == (("Block",) if recompute else ())
     return tracker.peak.tensor_bytes

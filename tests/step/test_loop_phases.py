@@ -9,6 +9,7 @@ from types import ModuleType
 
 import torch
 
+from autobatch.core.steady import StepRule
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.readings import observation, rising_peak
 from autobatch.step.contract import UserScript
@@ -49,11 +50,9 @@ def test_the_first_backward_is_read_before_the_optimizer_state_exists() -> None:
             script,
             StepConfig(4, "32-true", "adamw"),
             report,
-            min_steps=3,
-            max_steps=3,
+            StepRule(3, 3, 0),
             peak_now=peak_now,
             synchronize=lambda: None,
-            grow_tolerance=0,
         )
     finally:
         torch.optim.AdamW.step = original  # type: ignore[method-assign]
@@ -122,7 +121,6 @@ def test_each_step_times_its_update_apart_inside_the_step() -> None:
     script = _linear(1024)
     report = StepReport()
     config = StepConfig(1, "32-true", "adamw")
-    kw = {"peak_now": lambda: 0, "synchronize": lambda: None, "grow_tolerance": 0}
-    run_steps(script, config, report, min_steps=3, max_steps=3, **kw)  # type: ignore[arg-type]
+    run_steps(script, config, report, StepRule(3, 3, 0), peak_now=lambda: 0, synchronize=lambda: None)
     assert len(report.update_seconds) == len(report.step_seconds) == 3
     assert all(0 < u < s for u, s in zip(report.update_seconds, report.step_seconds))

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from autobatch.core.search import Affine, Observation, SearchResult, search_max_batch
+from autobatch.core.search import Observation, SearchResult, search_max_batch
 from autobatch.explain.pure.records import Scenario
 
 if TYPE_CHECKING:
@@ -132,7 +132,6 @@ def estimate_scenario(
     budget_bytes: int,
     max_batch_size: int,
     batch_multiple: int = 1,
-    prior: Affine | None = None,
     report_at: tuple[int, ...] = (),
 ) -> ScenarioEstimate:
     """Search the scenario's maximum over simulations; see the module docstring."""
@@ -165,13 +164,12 @@ def estimate_scenario(
     try:
         for b in report_at:
             out.points[str(b)] = predicted(b)
-        seeds = _seed(probe, budget_bytes, max_batch_size, batch_multiple) if prior is None else []
+        seeds = _seed(probe, budget_bytes, max_batch_size, batch_multiple)
         result = search_max_batch(
             probe,
             budget_bytes=budget_bytes,
             max_batch_size=max_batch_size,
             batch_multiple=batch_multiple,
-            prior=prior,
             known=seeds,
         )
     except SimulationError as exc:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autobatch.errors import ContractError, NoBlocksError
@@ -48,29 +48,37 @@ from autobatch.step.optimizers import optimizer_state_bytes
 FOREACH = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor", "rmsprop", "adagrad")
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """How the script's step is built beyond the scenario, as a probe of the same request builds it (the
+    fields of :class:`~autobatch.step.loop.StepConfig` of those names; ``seq_len``:
+    ``make_batch(batch_size, seq_len)``)."""
+
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    recompute_classes: tuple[str, ...] = ()
+    check_batch_size: bool = True
+    seq_len: int | None = None
+
+
 def simulate(
     script: UserScript,
     scenario: Scenario,
     batch_size: int,
     *,
     target: str,
-    optimizer_kwargs: dict[str, Any] | None = None,
-    recompute_classes: tuple[str, ...] = (),
+    options: StepOptions = StepOptions(),
     steps: int = 2,
     rank: FakeRank | None = None,
-    check_batch_size: bool = True,
-    seq_len: int | None = None,
 ) -> SimResult:
     """Run ``steps`` full steps under fake tensors and report the peak (see the module docstring;
-    ``rank``: one rank of a distributed strategy in a fake process group, :mod:`.ranks`; ``seq_len``:
-    ``make_batch(batch_size, seq_len)``)."""
+    ``rank``: one rank of a distributed strategy in a fake process group, :mod:`.ranks`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     started = time.perf_counter()
     result = SimResult(batch_size)
     tracker = MemoryTracker(make_allocator(target), fake_scalars=True)
     instrument = Instrument(scenario.transforms, tracker, modules=False)
-    kwargs = dict(optimizer_kwargs or {})
+    kwargs = dict(options.optimizer_kwargs)
     if target == "cuda" and scenario.optimizer in FOREACH:
         kwargs.setdefault("foreach", True)
     config = StepConfig(
@@ -79,9 +87,9 @@ def simulate(
         scenario.optimizer,
         scenario.recompute,
         optimizer_kwargs=kwargs,
-        recompute_classes=recompute_classes,
-        check_batch_size=check_batch_size,
-        seq_len=seq_len,
+        recompute_classes=options.recompute_classes,
+        check_batch_size=options.check_batch_size,
+        seq_len=options.seq_len,
         recompute_level=scenario.level,
     )
     try:
