@@ -313,6 +313,6 @@ def _log_chosen(result: TuneResult) -> None:
         c = result.chosen
         logger.info(
             "chosen: %s/%s/recompute %s: micro-batch %d x accumulation %d x world %d = global %d",
-            c.precision, c.optimizer, c.ident[2],
+            c.precision, c.optimizer, c.ident.level,
             c.micro_batch_size, c.accumulation_steps, c.world_size, c.global_batch_size,
         )  # fmt: skip

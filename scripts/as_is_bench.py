@@ -105,7 +105,7 @@ def fixed_costs(budget: int, batch: int, steps: int, samples: int) -> tuple[Prob
     from autobatch.devices.visible import PROBE_ENV
     from autobatch.probe.client import ProbeClient
     from autobatch.records.protocol import ProbeRequest
-    from autobatch.run.locks import DeviceLock
+    from autobatch.run.locks import RunLock
     from autobatch.step.spec import ScriptSpec
 
     env = {**MALLOC_ENV, **PROBE_ENV}
@@ -120,7 +120,7 @@ def fixed_costs(budget: int, batch: int, steps: int, samples: int) -> tuple[Prob
     target = resolve_targets("cpu", MEMORY)[0]  # its lock: no tune's probes on this host meanwhile
     plain, twin = Probes(), Probes()
     with (
-        DeviceLock(
+        RunLock.device(
             target.lock_key, target.label, command="python scripts/as_is_bench.py (fixed-cost probes)"
         ),
         ProbeClient(plain_spec.to_init(), list(PLAIN_ARGS), env=env) as plain_client,

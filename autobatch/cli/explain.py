@@ -73,7 +73,7 @@ def explain(
         check_plot_path(plot)
 
     from autobatch.service.check import combination
-    from autobatch.service.check import explain as run_explain
+    from autobatch.service.explain import explain as run_explain
 
     console.print(f"[bold]autobatch explain[/] {escape(script_path)}: starting the probe server")
     devices: list[DeviceInfo] = []

@@ -14,7 +14,7 @@ from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
 from autobatch.cli.progress import Output, unwrapped_console
 from autobatch.core.levels import SELECTIVE, fraction
-from autobatch.core.space import block_labels, combo_key, ident_of
+from autobatch.core.space import block_labels, ident_of
 from autobatch.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def summary_line(result: TuneResult, path: str) -> str:
     if ch is None:
         return f"autobatch: no combination chosen ({how}); result in {path}"
     return (
-        f"autobatch: {combo_key(*ch.ident)} "
+        f"autobatch: {ch.ident.name} "
         f"micro-batch {ch.micro_batch_size} x accumulation {ch.accumulation_words} x world {ch.world_size} = "
         f"global {ch.global_batch_size} ({how}); result in {path}"
     )
@@ -178,9 +178,9 @@ def _note(c: ComboResult) -> str:
         )
     if c.recompute and c.recompute_blocks:  # what the level wrapped
         wrapped = ", ".join(block_labels(c.recompute_blocks, c.recompute_blocks))
-        part = fraction(c.ident[2])
+        part = fraction(c.ident.level)
         how = f"the first {part[0]} of {wrapped}" if part else wrapped
-        how += " (matmul and attention outputs kept)" if c.ident[2] == SELECTIVE else ""
+        how += " (matmul and attention outputs kept)" if c.ident.level == SELECTIVE else ""
         note = f"recomputes {how}" + (f"; {note}" if note else "")
     return note
 
@@ -206,7 +206,7 @@ def print_table(result: TuneResult) -> None:
         cells = [
             c.precision,
             c.optimizer,
-            c.ident[2] + (" +compile" if c.compile else ""),
+            c.ident.level + (" +compile" if c.compile else ""),
             _max_cell(c),
             format_bytes(c.peak_bytes) if c.peak_bytes else "-",
             f"{c.peak_bytes / budget:.0%}" if c.peak_bytes and budget else "-",
@@ -232,12 +232,13 @@ def print_lengths(result: TuneResult) -> None:
     for column in [*map(str, columns), "token budget", "L² share", "fit error"]:
         table.add_column(column, justify="right")
     for surface in lengths.surfaces:
-        key = ident_of(surface)
-        rows = {r.seq_len: r for r in lengths.maxima if r.ident == key}
+        ident = ident_of(surface)
+        rows = {r.seq_len: r for r in lengths.maxima if r.ident == ident}
         error, share = surface.get("fit_error"), surface.get("attention_share")
         table.add_row(
-            *key[:2],
-            key[2] + (" +compile" if key[3] else ""),
+            ident.precision,
+            ident.optimizer,
+            ident.level + (" +compile" if ident.compile else ""),
             *(_length_cell(rows.get(n)) for n in columns),
             f"{surface['token_budget']:,}" if surface.get("token_budget") else "-",
             f"{share:.0%}" if share is not None else "-",
@@ -271,7 +272,7 @@ def print_chosen(result: TuneResult) -> None:
     unwrapped = not console.is_terminal  # a log: one line each, however long
     console.print(
         f"[bold green]chosen[/] ({result.objective}): {ch.precision} / {ch.optimizer} / recompute "
-        f"{ {'full': 'on'}.get(ch.ident[2], ch.ident[2]) }{' / torch.compile' if ch.compile else ''}: "
+        f"{ {'full': 'on'}.get(ch.ident.level, ch.ident.level) }{' / torch.compile' if ch.compile else ''}: "
         f"micro-batch {ch.micro_batch_size} x accumulation "
         f"{ch.accumulation_words} x world {ch.world_size} = global {ch.global_batch_size}"
         + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else "")

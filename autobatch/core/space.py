@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 from autobatch.core.levels import FULL, OFF, key_word, parse_level
 
@@ -69,11 +69,11 @@ class Combo:
     @property
     def ident(self) -> Ident:
         """What tells combinations apart at one length: precision, optimizer, level, compile."""
-        return (self.precision, self.optimizer, self.recompute_level, self.compile)
+        return Ident(self.precision, self.optimizer, self.recompute_level, self.compile)
 
     @property
     def key(self) -> str:
-        key = combo_key(self.precision, self.optimizer, self.recompute_level, self.compile)
+        key = self.ident.name
         return key if self.seq_len is None else f"{key} at {self.seq_len} tokens"
 
     def at(self, seq_len: int | None) -> Combo:
@@ -94,8 +94,19 @@ class Combo:
         return out
 
 
-#: A combination's identity at one length: (precision, optimizer, recomputation level, compile).
-Ident = tuple[str, str, str, bool]
+class Ident(NamedTuple):
+    """A combination's identity at one length. A tuple still: it compares and hashes as
+    ``(precision, optimizer, level, compile)``."""
+
+    precision: str
+    optimizer: str
+    level: str  # the recomputation level (autobatch.core.levels)
+    compile: bool
+
+    @property
+    def name(self) -> str:
+        """How tables, notes and progress lines name the combination (:func:`combo_key`)."""
+        return combo_key(self.precision, self.optimizer, self.level, self.compile)
 
 
 def combo_key(precision: str, optimizer: str, level: str, compile: bool = False) -> str:
@@ -110,11 +121,8 @@ def ident_of(item: object) -> Ident:
     names = ("precision", "optimizer", "recompute", "recompute_level", "compile")
     values = item if isinstance(item, Mapping) else {name: getattr(item, name, None) for name in names}
     level = values.get("recompute_level") or (FULL if values.get("recompute") else OFF)
-    return (
-        str(values.get("precision")),
-        str(values.get("optimizer")),
-        str(level),
-        bool(values.get("compile")),
+    return Ident(
+        str(values.get("precision")), str(values.get("optimizer")), str(level), bool(values.get("compile"))
     )
 
 

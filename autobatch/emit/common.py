@@ -130,7 +130,7 @@ def token_budget(result: TuneResult) -> int | None:
 
 
 def describe_choice(chosen: Chosen) -> str:
-    level = chosen.ident[2]
+    level = chosen.ident.level
     return f"{chosen.precision}, optimizer {chosen.optimizer}, recompute {level}" + (
         ", torch.compile" if chosen.compile else ""
     )
@@ -139,7 +139,7 @@ def describe_choice(chosen: Chosen) -> str:
 def lever_caveats(chosen: Chosen, compile_set: bool = False) -> list[str]:
     """What a launcher file cannot set of a recomputation level between off and full, or of compile
     (``compile_set``: the format sets compile itself)."""
-    level, notes = chosen.ident[2], []
+    level, notes = chosen.ident.level, []
     if fraction(level) is not None:
         k, n = fraction(level)  # type: ignore[misc]
         notes.append(

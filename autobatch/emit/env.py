@@ -81,7 +81,7 @@ def variables(result: TuneResult) -> dict[str, str]:
         "AUTOBATCH_PRECISION": chosen.precision,
         "AUTOBATCH_OPTIMIZER": chosen.optimizer,
         "AUTOBATCH_RECOMPUTE_ACTIVATIONS": int(chosen.recompute),
-        "AUTOBATCH_RECOMPUTE_LEVEL": chosen.ident[2],
+        "AUTOBATCH_RECOMPUTE_LEVEL": chosen.ident.level,
         "AUTOBATCH_TORCH_COMPILE": int(chosen.compile),
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": chosen.accumulation_steps,
         "AUTOBATCH_COMMAND": command_text(result),

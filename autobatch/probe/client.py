@@ -19,12 +19,20 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
+from autobatch.cache.folder import inductor_folder
+from autobatch.devices.cpu import MALLOC_ENV
+from autobatch.devices.visible import PROBE_ENV
 from autobatch.errors import ProbeFailure
 from autobatch.probe.lineage import has_exited
+from autobatch.probe.warming import describe
+from autobatch.probe.yielding import YieldingRunner
 from autobatch.records.failures import server_error
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+
+if TYPE_CHECKING:
+    from autobatch.step.spec import ScriptSpec
 
 #: Extra seconds the client waits beyond a probe's own timeout before it gives up on the server.
 SERVER_GRACE = 30.0
@@ -224,3 +232,26 @@ class ProbeClient:
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return json.loads(line)
+
+
+def start_server(
+    spec: ScriptSpec,
+    script_args: list[str],
+    op_modules: tuple[str, ...],
+    timeout: float,
+    warn: Callable[[str], None],
+) -> YieldingRunner:
+    """The probe server a session probes through: the CPU allocator pinned, CUDA devices as the job sees them,
+    its threads yielding once the CPU is busy; ``warn`` hears how probes start when it is not the plain case
+    (:func:`autobatch.probe.warming.describe`)."""
+    client = ProbeClient(
+        spec.to_init(),
+        script_args,
+        env={**MALLOC_ENV, **PROBE_ENV, "AUTOBATCH_INDUCTOR_CACHE": inductor_folder()},
+        op_modules=op_modules,
+        start_timeout=timeout + IMPORT_GRACE,  # importing the script counts like a probe
+    )
+    cold = describe(client.start)
+    if cold is not None:
+        warn(cold)
+    return YieldingRunner(client, warn)

@@ -22,13 +22,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from autobatch.probe.client import ProbeClient
-from autobatch.records.protocol import ProbeOutcome, ProbeRequest
-
-if TYPE_CHECKING:
-    from autobatch.step.spec import ScriptSpec
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
 
 #: What the restarted server's probes inherit: OpenMP threads that sleep while they wait.
 YIELDING_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -39,6 +35,13 @@ STALLED_WAIT = 0.25
 USER_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
+class Reopening(ProbeRunner, Protocol):
+    """A probe server that starts again with more environment (:class:`autobatch.probe.client.ProbeClient`,
+    which starts this runner and so is not imported here)."""
+
+    def reopen(self, env: dict[str, str]) -> None: ...
+
+
 class YieldingRunner:
     """The probe server's runner, restarted once with :data:`YIELDING_ENV` after a probe that stalled, before
     the next operation (a command whose last probe stalled does not pay for a restart it would not use).
@@ -47,7 +50,7 @@ class YieldingRunner:
 
     def __init__(
         self,
-        client: ProbeClient,
+        client: Reopening,
         on_switch: Callable[[str], None],
         environ: Mapping[str, str] = os.environ,
     ) -> None:
@@ -89,32 +92,3 @@ def switch_note(request: ProbeRequest, outcome: ProbeOutcome) -> str:
         "slower here); memory is the same, step times are slower than a quiet machine's and are compared only "
         "with each other; set OMP_WAIT_POLICY yourself to keep your own"
     )
-
-
-def start_server(
-    spec: ScriptSpec,
-    script_args: list[str],
-    op_modules: tuple[str, ...],
-    timeout: float,
-    warn: Callable[[str], None],
-) -> YieldingRunner:
-    """The probe server a session probes through: the CPU allocator pinned, CUDA devices as the job sees them,
-    its threads yielding once the CPU is busy; ``warn`` hears how probes start when it is not the plain case
-    (:func:`autobatch.probe.warming.describe`)."""
-    from autobatch.cache.folder import inductor_folder
-    from autobatch.devices.cpu import MALLOC_ENV
-    from autobatch.devices.visible import PROBE_ENV
-    from autobatch.probe.client import IMPORT_GRACE
-    from autobatch.probe.warming import describe
-
-    client = ProbeClient(
-        spec.to_init(),
-        script_args,
-        env={**MALLOC_ENV, **PROBE_ENV, "AUTOBATCH_INDUCTOR_CACHE": inductor_folder()},
-        op_modules=op_modules,
-        start_timeout=timeout + IMPORT_GRACE,  # importing the script counts like a probe
-    )
-    cold = describe(client.start)
-    if cold is not None:
-        warn(cold)
-    return YieldingRunner(client, warn)

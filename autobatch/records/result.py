@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autobatch.core.levels import FULL, OFF
-from autobatch.core.space import Combo, Ident, combo_key, ident_of
+from autobatch.core.space import Combo, Ident, ident_of
 from autobatch.core.units import format_bytes
 from autobatch.errors import AutobatchError, NoBlocksError, NothingFitsError, ProbeFailure
 from autobatch.records.schema import SCHEMA_VERSION
@@ -164,7 +164,7 @@ class ComboResult:
 
     @property
     def key(self) -> str:
-        return combo_key(*self.ident)
+        return self.ident.name
 
     @property
     def answered(self) -> bool:
@@ -344,7 +344,9 @@ class TuneResult:
     ) -> ComboResult | None:
         """The entry of one combination (``recompute``: a level, or a bool for off and full)."""
         level = recompute if isinstance(recompute, str) else FULL if recompute else OFF
-        return next((c for c in self.combinations if c.ident == (precision, optimizer, level, compile)), None)
+        return next(
+            (c for c in self.combinations if c.ident == Ident(precision, optimizer, level, compile)), None
+        )
 
 
 def _combo(data: dict[str, Any]) -> ComboResult:

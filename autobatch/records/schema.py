@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from autobatch.core.space import combo_key, ident_of
+from autobatch.core.space import ident_of
 from autobatch.errors import UsageError
 
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "result.schema.json"
@@ -79,7 +79,7 @@ def _chosen_problems(chosen: dict[str, Any], combinations: list[dict[str, Any]])
             f"chosen.global_batch_size: expected micro_batch_size x accumulation_steps x world_size = "
             f"{product}, found {chosen['global_batch_size']}"
         )
-    name = combo_key(*ident_of(chosen))
+    name = ident_of(chosen).name
     same = [c for c in combinations if ident_of(c) == ident_of(chosen)]
     if not same:  # a result made by hand may hold only its choice: no maximum to check it against
         return problems

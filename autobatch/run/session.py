@@ -192,7 +192,7 @@ class Session:
         if self.lock is not None:
             self._held.enter_context(self.lock)
         if self.runner is None:
-            from autobatch.probe.yielding import start_server
+            from autobatch.probe.client import start_server
 
             self.runner = start_server(self.spec, self.script_args, self.op_modules, self.timeout, self.warn)
         else:

@@ -1,13 +1,14 @@
-"""``check`` and ``explain`` behind every face: one batch size on one device, under the device's lock.
+"""``check`` behind every face: one batch size on one device, under the device's lock.
 
-Both open their session through :func:`autobatch.service.sessions.open_session` (the same device, budget
-and lock as a tune), tell the face the device (:attr:`Hooks.on_device`), and refuse a precision the
-device cannot run before the probe.
+It opens its session through :func:`autobatch.service.sessions.open_session` (the same device, budget and
+lock as a tune), tells the face the device (:attr:`Hooks.on_device`), and refuses a precision the device
+cannot run before the probe; :mod:`autobatch.service.explain` does the same through :func:`combination`
+and :func:`started`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from autobatch.core.levels import PARTIAL, parse_level
 from autobatch.core.space import Combo
@@ -16,7 +17,6 @@ from autobatch.service.hooks import Hooks
 from autobatch.service.sessions import open_session, script_strategy
 
 if TYPE_CHECKING:
-    from autobatch.explain.parent.explainer import ExplainReport
     from autobatch.records.check import CheckResult
     from autobatch.run.session import Session
     from autobatch.settings import Settings
@@ -65,46 +65,12 @@ def check(
     with open_session(settings, hooks, spec=spec, cache=False) as session:
         if session.as_is:  # its precision, optimizer and recomputation are the script's own
             combo = SCRIPT_COMBO.at(combo.seq_len)
-        _started(session, combo, hooks)
+        started(session, combo, hooks)
         return check_batch(session, combo, batch_size, steps or settings.probe.confirm_steps)
 
 
-def explain(
-    settings: Settings,
-    batch_size: int,
-    hooks: Hooks | None = None,
-    *,
-    recompute: bool = False,
-    vocab_trim: float = 0.5,
-    verify: bool = False,
-    progress: Callable[[str], None] | None = None,
-    spec: ScriptSpec | None = None,
-) -> ExplainReport:
-    """Where the peak of ``batch_size`` goes and what each lever would buy; ``verify`` measures each
-    lever's maximum."""
-    from autobatch.explain.parent.explainer import explain_batch
-    from autobatch.explain.pure.options import OP_MODULES
-    from autobatch.step.as_is import not_measured_by
-    from autobatch.step.spec import spec_from_settings
-
-    hooks = hooks or Hooks()
-    combo = combination(settings, recompute)
-    if (spec or spec_from_settings(settings)).kind == "as_is":
-        raise not_measured_by("explain", "breaks a peak down by running autobatch's own step on its parts")
-    with open_session(settings, hooks, spec=spec, op_modules=OP_MODULES) as session:
-        _started(session, combo, hooks)
-        return explain_batch(
-            session,
-            combo,
-            batch_size,
-            settings.limits(),
-            vocab_trim=vocab_trim,
-            verify=verify,
-            progress=progress or hooks.on_status,
-        )
-
-
-def _started(session: Session, combo: Combo, hooks: Hooks) -> None:
+def started(session: Session, combo: Combo, hooks: Hooks) -> None:
+    """Tell the face the started session's device, and refuse a precision the device cannot run."""
     info = session.device
     assert info is not None, "open_session() starts the session"
     hooks.on_device(info)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from autobatch.core.lengths import Surface
 from autobatch.core.overflow import Overflow, overflow
-from autobatch.core.space import combo_key, ident_of
+from autobatch.core.space import ident_of
 from autobatch.errors import UsageError
 from autobatch.records.data_lengths import DataLengths, read_lengths
 
@@ -91,7 +91,7 @@ def read_plan(result: str | Path) -> Plan:
     chosen, table = loaded.chosen, loaded.lengths
     ident = ident_of(chosen)
     entry = next((s for s in table.surfaces if ident_of(s) == ident), None)
-    name = combo_key(*ident)
+    name = ident.name
     if entry is None or not entry.get("surface"):
         raise UsageError(f"{result} has no memory surface for the chosen {name}", hint=FIX)
     surface = _surface(entry["surface"], result)
@@ -102,15 +102,14 @@ def read_plan(result: str | Path) -> Plan:
             "tell the memory per token from the attention's memory per pair of tokens",
             hint=FIX,
         )
-    precision, optimizer, level, compile = ident
     return Plan(
         combination={
             "key": name,
-            "precision": precision,
-            "optimizer": optimizer,
+            "precision": ident.precision,
+            "optimizer": ident.optimizer,
             "recompute": chosen.recompute,
-            "recompute_level": level,
-            "compile": compile,
+            "recompute_level": ident.level,
+            "compile": ident.compile,
         },  # fmt: skip
         micro_batch_size=chosen.micro_batch_size,
         surface=surface,

@@ -7,7 +7,7 @@ model), and tunes each with :func:`tune_target`:
 
 1. the tune's inputs and key (:mod:`autobatch.cache.keys`); a stored result for them is served at
    once, without a probe server, unless ``refresh`` (``tune --refresh``) or the device is busier now;
-2. otherwise two locks are taken (:class:`autobatch.run.locks.DeviceLock`), waiting for another run if
+2. otherwise two locks are taken (:meth:`autobatch.run.locks.RunLock.device`), waiting for another run if
    need be, and the store is asked again after each (the run waited for may have just stored the
    answer): first the tune's key, in the cache folder (identical tunes on other devices of the model,
    on other nodes sharing the cache, in a job array, compute once), then the device's (no two runs

@@ -1,7 +1,7 @@
 """The one place a probe session is made from settings, for ``tune``, ``check`` and ``explain`` alike.
 
 A session probes one device through a probe server (or the fake runner a test names in the hooks) and,
-while open, holds that device's lock (:class:`autobatch.run.locks.DeviceLock`): one tuner per device,
+while open, holds that device's lock (:meth:`autobatch.run.locks.RunLock.device`): one tuner per device,
 whichever face started it. A tune takes the lock itself, before it asks the result cache again
 (:mod:`autobatch.service.per_device`), and passes ``lock=False``.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autobatch.errors import UsageError
-from autobatch.run.locks import DeviceLock
+from autobatch.run.locks import RunLock
 from autobatch.run.session import Session
 
 if TYPE_CHECKING:
@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 def device_lock(
     settings: Settings, key: str, label: str, hooks: Hooks, folder: str | Path | None = None
-) -> DeviceLock:
+) -> RunLock:
     """A lock named ``key`` (a device's, or a tune's in the cache folder), waiting as the settings say."""
-    return DeviceLock(
+    return RunLock.device(
         key,
         label,
         folder=settings.probe.lock_dir if folder is None else folder,

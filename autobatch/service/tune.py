@@ -5,7 +5,7 @@ calibration step of a cluster job run this one function, so they obey the same r
    else the world a strategy implies, else the launcher's and SLURM's variables) and the global batch
    checked against it, before any probe.
 2. The result file checked before any probe (a folder, a parent that is a file, a read-only folder),
-   then held for the whole run (:class:`~autobatch.run.locks.OutputLock`: a second run writing the same
+   then held for the whole run (:meth:`~autobatch.run.locks.RunLock.result_file`: a second run writing the same
    file waits for this one, saying for whom) and marked as this run's at once (``running``, nothing
    measured): from then on it never shows an earlier run's answer.
 3. Every device the ``device`` setting names: the stored result when nothing that decides memory changed,
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from autobatch.emit import refuse_fallback
 from autobatch.errors import AutobatchError, NothingFitsError, UsageError
-from autobatch.run.locks import OutputLock
+from autobatch.run.locks import RunLock
 from autobatch.service.hooks import Hooks
 from autobatch.service.per_device import tune_devices
 from autobatch.service.saving import ResultSaver, preflight, started_result
@@ -68,8 +68,8 @@ def tune(
     if saver is not None:
         preflight(saver.path)
     held = (
-        OutputLock(saver.path, timeout=settings.probe.lock_timeout, on_wait=hooks.on_wait,
-                   on_warning=hooks.on_warning)
+        RunLock.result_file(saver.path, timeout=settings.probe.lock_timeout, on_wait=hooks.on_wait,
+                            on_warning=hooks.on_warning)
         if saver is not None else nullcontext()
     )  # fmt: skip
     with held:  # one run per result file, for the whole run: it writes the file and the configs

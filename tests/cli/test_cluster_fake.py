@@ -213,11 +213,11 @@ def test_every_command_accepts_verbose_and_quiet_after_its_name() -> None:
 
 def test_the_lock_makes_a_second_run_wait_and_say_for_whom(fake: FakeRunner) -> None:
     from autobatch.devices.selection import cpu_target
-    from autobatch.run.locks import DeviceLock
+    from autobatch.run.locks import RunLock
     from autobatch.settings import load_settings
 
     target = cpu_target(1 << 30)
-    lock = DeviceLock(
+    lock = RunLock.device(
         target.lock_key,
         target.label,
         folder=load_settings().probe.lock_dir,

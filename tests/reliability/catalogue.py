@@ -120,8 +120,9 @@ def nothing_left(pid_file: str) -> Callable[[Path], list[str]]:
 def another_run_writes(folder: Path) -> Iterator[object]:
     """Another process holds the lock of ``{tmp}/r.json``, as a run writing it does."""
     code = (
-        "import sys, time\nfrom autobatch.run.locks import OutputLock\n"
-        "OutputLock(sys.argv[1], command='autobatch tune other.py').acquire()\nprint('held', flush=True)\ntime.sleep(600)"
+        "import sys, time\nfrom autobatch.run.locks import RunLock\n"
+        "lock = RunLock.result_file(sys.argv[1], command='autobatch tune other.py')\n"
+        "lock.acquire()\nprint('held', flush=True)\ntime.sleep(600)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(

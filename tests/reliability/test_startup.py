@@ -24,7 +24,7 @@ def test_the_start_up_wait_is_the_timeout_plus_the_import_grace(
         seen.update(kwargs)
         raise Started
 
-    monkeypatch.setattr("autobatch.probe.yielding.ProbeClient", client)
+    monkeypatch.setattr("autobatch.probe.client.ProbeClient", client)
     script = tmp_path / "train.py"
     script.write_text("# not imported\n")
     session = Session(script=script, script_args=(), device="cpu", memory=None, headroom=0.1, timeout=7.0)

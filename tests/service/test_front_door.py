@@ -60,8 +60,8 @@ FLAGS = (
 HOLD = textwrap.dedent(
     """
     import sys, time
-    from autobatch.run.locks import DeviceLock
-    lock = DeviceLock(sys.argv[2], "cpu (test)", folder=sys.argv[1], command="another tune")
+    from autobatch.run.locks import RunLock
+    lock = RunLock.device(sys.argv[2], "cpu (test)", folder=sys.argv[1], command="another tune")
     lock.acquire()
     print("held", flush=True)
     time.sleep(float(sys.argv[3]))

@@ -101,9 +101,9 @@ def test_a_run_marks_its_file_as_its_own_from_the_start(fake: FakeRunner) -> Non
 
 HOLD = """
 import sys, time
-from autobatch.run.locks import OutputLock
+from autobatch.run.locks import RunLock
 
-lock = OutputLock(sys.argv[1], command="autobatch tune other.py")
+lock = RunLock.result_file(sys.argv[1], command="autobatch tune other.py")
 lock.acquire()
 print("held", flush=True)
 time.sleep(float(sys.argv[2]))

@@ -170,7 +170,7 @@ def print_estimate(console: Console, result: Any, title: str) -> None:
         table.add_row(
             c.precision,
             c.optimizer,
-            c.ident[2],
+            c.ident.level,
             str(c.max_batch_size) if c.max_batch_size is not None else "-",
             format_bytes(c.peak_bytes),
             format_bytes(static),
@@ -194,13 +194,13 @@ def print_estimate_lengths(console: Console, result: Any) -> None:
     for column in [*map(str, columns), "token budget", share_column]:
         table.add_column(column, justify="right")
     for surface in lengths.surfaces:
-        key = ident_of(surface)
-        rows = {r.seq_len: r for r in lengths.maxima if r.ident == key}
+        ident = ident_of(surface)
+        rows = {r.seq_len: r for r in lengths.maxima if r.ident == ident}
         share = surface.get("attention_share")
         table.add_row(
-            str(key[0]),
-            str(key[1]),
-            key[2],
+            ident.precision,
+            ident.optimizer,
+            ident.level,
             *(_length_cell(rows.get(n)) for n in columns),
             f"{surface['token_budget']:,}" if surface.get("token_budget") else "-",
             f"{share:.0%}" if share is not None else "-",
