@@ -5,7 +5,8 @@ such as :class:`autobatch.testing.FakeRunner`), inspects the model and the devic
 :meth:`Session.probe` runs one probe of the real step (the journal's answer when it has one, the device's
 margin applied), :meth:`Session.run` any other operation. What it wires lives elsewhere: the device, budgets
 and margin in :mod:`autobatch.devices.budget`, the journal in :mod:`autobatch.cache`, outcomes as errors in
-:mod:`autobatch.records.failures`. A ``lock`` (:class:`autobatch.run.locks.DeviceLock`) is held from start to close.
+:mod:`autobatch.records.failures`. A session reads the run's settings whole; what it is plugged into (runner,
+callbacks, a :class:`autobatch.run.locks.DeviceLock` held from start to close) comes in one :class:`SessionWiring`.
 """
 
 from __future__ import annotations
