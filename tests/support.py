@@ -120,22 +120,24 @@ def wire_fake_runner(
     return runner
 
 
-def cpu_session(script: Path, memory: int = 2 << 30, **kw: Any) -> Any:
-    """A session on the CPU device with the real probe server, no journal, no headroom and no fresh-process
-    measurement unless asked (start it)."""
-    from autobatch.run.session import Session
+def session_settings(
+    device: str = "cpu", memory: int | None = None, headroom: float = 0.1, **probe: Any
+) -> Any:
+    """Settings for a session a test builds itself: the ``[device]`` section, and ``[probe]`` fields."""
+    from autobatch.settings import DeviceSettings, ProbeSettings, Settings
 
-    kw.setdefault("fresh_baseline", False)
-    return Session(
-        script=script,
-        script_args=(),
-        device="cpu",
-        memory=memory,
-        headroom=0.0,
-        timeout=120,
-        cache=False,
-        **kw,
-    )
+    device_settings = DeviceSettings(device=device, memory=memory, headroom=headroom)
+    return Settings(device=device_settings, probe=ProbeSettings(**probe))
+
+
+def cpu_session(script: Path, memory: int = 2 << 30) -> Any:
+    """A session on the CPU device with the real probe server, no journal, no headroom and no fresh-process
+    measurement (start it)."""
+    from autobatch.run.session import Session
+    from autobatch.step.spec import ScriptSpec
+
+    settings = session_settings(memory=memory, headroom=0.0, timeout=120, cache=False, fresh_baseline=False)
+    return Session(settings, spec=ScriptSpec.file(script))
 
 
 #: One combination on the CPU device, as the Python API takes it (tests with a fake runner).

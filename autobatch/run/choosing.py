@@ -56,7 +56,9 @@ class Choosing:
         self.result.chosen = Chosen.of(
             entry,
             plan,
-            **strategy_fields(self.session.strategy, self.session.nproc_per_node, plan.world_size),
+            **strategy_fields(
+                self.session.settings.distributed.strategy, self.session.ranks, plan.world_size
+            ),
         )
         if self.script_accumulation > 1:
             self.result.chosen.script_accumulation = self.script_accumulation
@@ -75,7 +77,7 @@ class Choosing:
         accumulation that, times its own, reaches the global batch (:func:`plan_with_script_accumulation`)."""
         opts = self.options
         if self.script_accumulation > 1:
-            settable = any(ACCUM_PLACEHOLDER in arg for arg in self.session.script_args)
+            settable = any(ACCUM_PLACEHOLDER in arg for arg in self.session.settings.script.script_args)
             return plan_with_script_accumulation(
                 max_batch_size,
                 opts.global_batch_size,

@@ -11,7 +11,7 @@ started itself: a runner of the caller's (a fake one, an in-process one) measure
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autobatch.core.space import Combo
 from autobatch.core.units import format_bytes
@@ -21,25 +21,26 @@ from autobatch.records.failures import raise_for
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
 from autobatch.step.spec import ScriptSpec
 
+if TYPE_CHECKING:
+    from autobatch.settings import Settings
+
 
 class Session(Protocol):
-    """What inspecting needs of :class:`autobatch.run.session.Session` (which imports this module)."""
+    """What inspecting needs of :class:`autobatch.run.session.Session`, which imports this module (the
+    structure check reads imports under TYPE_CHECKING too, so the real type would be a cycle)."""
 
+    settings: Settings
     spec: ScriptSpec
-    script_args: list[str]
-    requested_device: str
-    asked_device: str | None
-    memory: int | None
-    headroom: float
-    timeout: float
-    recompute_classes: tuple[str, ...]
-    nproc_per_node: int
+    ranks: int
     runner: ProbeRunner | None
+    own_server: bool
     blocks: tuple[str, ...]
     device: DeviceInfo | None
-    fresh_baseline: bool
     fresh_offsets: list[int]
-    seq_len: int | None
+    plan_seq_len: int | None
+
+    @property
+    def requested_device(self) -> str: ...
 
     @property
     def as_is(self) -> bool: ...
@@ -76,16 +77,19 @@ def inspect_device(session: Session) -> DeviceInfo:
     in ``session.fresh_offsets``)."""
     device, info = _resolve(session)
     session.blocks = tuple(info.get("recompute_blocks", ()))  # what recomputation and FSDP wrap
-    memory = session.memory
-    if memory is None and device == "cpu" and session.nproc_per_node > 1 and info.get("available_bytes"):
-        memory = int(info["available_bytes"]) // session.nproc_per_node  # the ranks share the machine
-    found = device_info(device, info, memory=memory, headroom=session.headroom)
-    found.requested = session.asked_device or session.requested_device
+    asked = session.settings.device
+    memory = asked.memory
+    if memory is None and device == "cpu" and session.ranks > 1 and info.get("available_bytes"):
+        memory = int(info["available_bytes"]) // session.ranks  # the ranks share the machine
+    found = device_info(device, info, memory=memory, headroom=asked.headroom)
+    found.requested = asked.device  # "auto" stays "auto" when a target was picked for it
     if found.fell_back:
         found.notes.insert(0, FALLBACK_NOTE.format(torch=session.torch_version))
     session.device = found
-    ranks_as_is = session.as_is and session.nproc_per_node > 1  # a script's own ranks: not yet measured
-    if found.type == "cpu" and session.fresh_baseline and not ranks_as_is:
+    ranks_as_is = session.as_is and session.ranks > 1  # a script's own ranks: not yet measured
+    # a runner of the caller's (a fake one, an in-process one) measures what it measures
+    fresh = session.settings.probe.fresh_baseline and session.own_server
+    if found.type == "cpu" and fresh and not ranks_as_is:
         _measure_fresh_offsets(session, found)
     return found
 
@@ -114,8 +118,8 @@ def _inspect(session: Session, device: str) -> dict[str, Any]:
         budget_bytes=0,
         min_steps=0,
         max_steps=0,
-        timeout=session.timeout,
-        recompute_classes=session.recompute_classes,
+        timeout=session.settings.probe.timeout,
+        recompute_classes=session.settings.search.recompute_classes,
         op="as_is_inspect" if session.as_is else "inspect",
     )
     outcome = session.run(request, what="building the model")
@@ -129,9 +133,9 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
     from autobatch.probe.fresh import FreshOptions
 
     assert session.runner is not None
-    options = FreshOptions(session.spec.to_init(), session.script_args).to_dict()
+    options = FreshOptions(session.spec.to_init(), list(session.settings.script.script_args)).to_dict()
     request = session.request(
-        FRESH_COMBO.at(session.seq_len), FRESH_BATCH, steps=(3, 3), op="fresh_baseline", options=options
+        FRESH_COMBO.at(session.plan_seq_len), FRESH_BATCH, steps=(3, 3), op="fresh_baseline", options=options
     )
     outcome = session.runner.run(request)
     # a broken contract (make_batch takes no length, say) fails every probe too: report it now, not as a warning

@@ -36,9 +36,13 @@ class StrategyPriors:
     @classmethod
     def of(cls, session: Session) -> StrategyPriors | None:
         """The priors of a started session with a strategy and a cache; None when there is nothing to read."""
-        if session.strategy == "none" or not session.use_cache or not session.single_fingerprint:
+        if (
+            session.settings.distributed.strategy == "none"
+            or not session.use_cache
+            or not session.single_fingerprint
+        ):
             return None
-        folder = CacheFolder(session.cache_dir, warn=session.warn)
+        folder = CacheFolder(session.settings.probe.cache_dir, warn=session.warn)
         outcomes = ProbeJournal.open(folder, session.single_fingerprint).outcomes()
         return cls(session, outcomes) if outcomes else None
 
@@ -65,7 +69,9 @@ class StrategyPriors:
             unblocked=int(max(device.param_count - sum(blocks), 0) * elem),  # no blocks: the root holds all
         )
         runtime = GLOO_RANK_BYTES if device.type == "cpu" else 0
-        return strategy_prior(single, self.session.strategy, self.session.nproc_per_node, state, runtime)
+        return strategy_prior(
+            single, self.session.settings.distributed.strategy, self.session.ranks, state, runtime
+        )
 
     def describe(self, combo: Combo, prior: Prediction, budget_bytes: int) -> str:
         """The progress line and note of a prior: where it puts the first probe and where it came from."""

@@ -5,16 +5,16 @@ such as :class:`autobatch.testing.FakeRunner`), inspects the model and the devic
 :meth:`Session.probe` runs one probe of the real step (the journal's answer when it has one, the device's
 margin applied), :meth:`Session.run` any other operation. What it wires lives elsewhere: the device, budgets
 and margin in :mod:`autobatch.devices.budget`, the journal in :mod:`autobatch.cache`, outcomes as errors in
-:mod:`autobatch.records.failures`. A ``lock`` (:class:`autobatch.run.locks.DeviceLock`) is held from start to close.
+:mod:`autobatch.records.failures`. A session reads the run's settings whole; what it is plugged into (runner,
+callbacks, a :class:`autobatch.run.locks.RunLock` held from start to close) comes in one :class:`SessionWiring`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -29,12 +29,14 @@ from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
 from autobatch.records.version import MEASURED_BY
 from autobatch.run.inspection import inspect_device
 from autobatch.run.lengths import plan_lengths
+from autobatch.settings.values import plain
 from autobatch.step.as_is import finder_warning
 from autobatch.step.scriptpath import script_digest
 from autobatch.step.spec import ScriptSpec, spec_from_settings
 
 if TYPE_CHECKING:
-    from autobatch.settings import Settings
+    from autobatch.devices.selection import Target
+    from autobatch.settings import DistributedSettings, Settings
 
 #: Called after every probe with the combination, the outcome and whether it came from the journal.
 OnProbe = Callable[[Combo, ProbeOutcome, bool], None]
@@ -42,72 +44,73 @@ OnProbe = Callable[[Combo, ProbeOutcome, bool], None]
 WrapRunner = Callable[[ProbeRunner], ProbeRunner]
 
 
-class Session:
-    """Open with :meth:`start`; always :meth:`close` (or use it as a context manager)."""
+@dataclass(frozen=True)
+class SessionWiring:
+    """What a session is plugged into: every field optional, ``SessionWiring()`` probes through the real
+    server, shows nothing and takes no lock (:func:`autobatch.service.sessions.open_session` builds it from
+    a face's hooks)."""
 
-    #: The plan's sequence length: what operations of no combination (the fresh-process measure) run at.
-    seq_len: int | None = None
+    runner: ProbeRunner | None = None  # a runner of the caller's (a fake one); None: start the probe server
+    on_probe: OnProbe | None = None  # after every probe (see OnProbe)
+    on_warning: Callable[[str], None] | None = None  # each new warning, as it is kept
+    wrap_runner: WrapRunner | None = None  # wraps the runner once, at start
+    lock: AbstractContextManager[Any] | None = None  # held from start to close (a device's lock)
+
+
+class Session:
+    """Open with :meth:`start`; always :meth:`close` (or use it as a context manager).
+
+    Built from the run's settings, read where they are needed (``session.settings.probe.timeout``), never
+    copied: ``spec`` replaces the settings' script (callables or an object from the API), ``target`` is the
+    device probed (default: the device setting as it is, with no identity), ``cache`` overrides the
+    ``cache`` setting, ``refresh`` measures again (and records) instead of answering from the journal, and
+    ``op_modules`` register further probe operations (:mod:`autobatch.probe.ops`).
+    """
 
     def __init__(
         self,
+        settings: Settings,
         *,
-        script: str | Path | ScriptSpec,
-        script_args: tuple[str, ...] | list[str],
-        device: str,
-        memory: int | None,
-        headroom: float,
-        timeout: float,
-        optimizer_kwargs: dict[str, dict[str, Any]] | None = None,
-        recompute_classes: tuple[str, ...] = (),
-        cache: bool = True,
-        cache_dir: str | None = None,
-        on_probe: OnProbe | None = None,
-        runner: ProbeRunner | None = None,
-        op_modules: tuple[str, ...] = (),
-        check_batch_size: bool = True,
-        strategy: str = "none",
-        nproc_per_node: int = 1,
+        spec: ScriptSpec | None = None,
+        target: Target | None = None,
+        wiring: SessionWiring | None = None,
+        cache: bool | None = None,
         refresh: bool = False,
-        identity: Mapping[str, Any] | None = None,
-        lock: AbstractContextManager[Any] | None = None,
-        wrap_runner: WrapRunner | None = None,
-        on_warning: Callable[[str], None] | None = None,
-        fresh_baseline: bool = True,
+        op_modules: tuple[str, ...] = (),
     ) -> None:
+        self.settings = settings
         #: Where the step comes from; ``script`` is its path (a plain script) or its label (any other spec).
-        self.spec = script if isinstance(script, ScriptSpec) else ScriptSpec.file(script)
-        self.script: str | Path = Path(self.spec.target) if self.spec.is_file else self.spec.label
-        self.strategy = strategy  # "none", "ddp" or "fsdp": every probe on nproc_per_node ranks
-        self.nproc_per_node = _ranks(strategy, nproc_per_node)
+        self.spec = spec or spec_from_settings(settings)
+        self.target = target
+        self.wiring = wiring or SessionWiring()
+        self.use_cache = settings.probe.cache if cache is None else cache
+        self.refresh = refresh
+        self.op_modules = op_modules
+        #: Rank processes of each probe: 1 without a strategy, nproc_per_node with one.
+        self.ranks = _ranks(settings.distributed)
+        #: The plan's sequence length: what operations of no combination (the fresh-process measure) run at.
+        self.plan_seq_len = plan_lengths(settings.search.seq_lens, settings.plan.seq_len)[1]
+        self.runner = self.wiring.runner
+        self.own_server = False  # the session started the probe server (a runner of the caller's: not)
         self.blocks: tuple[str, ...] = ()
-        self.script_args = list(script_args)
-        self.requested_device = device
-        self.asked_device: str | None = None  # the device setting, when it named another (auto)
-        self.memory = memory
-        self.headroom = headroom
-        self.timeout = timeout
-        self.optimizer_kwargs = optimizer_kwargs or {}
-        self.recompute_classes = tuple(recompute_classes)
-        self.use_cache = cache
-        self.cache_dir = cache_dir
-        self.on_probe = on_probe
-        self.runner = runner
-        self.op_modules = op_modules  # modules registering probe operations (see autobatch.probe.ops)
-        self.check_batch_size = check_batch_size
         self.device: DeviceInfo | None = None
         self.journal = ProbeJournal(None)
         self.fingerprint = self.single_fingerprint = ""
         self.cache_hits = self.probes_run = 0
         self._script_digest: str | None = None
-        self.refresh = refresh  # measure again (and record), never answer from the journal
-        self.identity = dict(identity or {})
-        self.lock = lock
-        self.wrap_runner = wrap_runner
-        self.on_warning = on_warning
         self.warnings: list[str] = []
-        self.fresh_baseline = fresh_baseline  # CPU: the job's fresh process measured, counted in every probe
         self.fresh_offsets: list[int] = []  # per rank (autobatch.probe.fresh)
         self._held = ExitStack()
+
+    @property
+    def script(self) -> str | Path:
+        """The step's script path (a plain script), or its spec's label (any other spec)."""
+        return Path(self.spec.target) if self.spec.is_file else self.spec.label
+
+    @property
+    def requested_device(self) -> str:
+        """The device probed as asked: the target's, else the device setting's (``auto`` resolved at start)."""
+        return self.target.device if self.target is not None else self.settings.device.device
 
     @cached_property
     def files(self) -> FilesSeen:
@@ -118,45 +121,6 @@ class Session:
     def as_is(self) -> bool:
         """The script runs as it is: its own step, one combination (:mod:`autobatch.step.as_is`)."""
         return self.spec.kind == "as_is"
-
-    @classmethod
-    def from_settings(
-        cls,
-        settings: Settings,
-        *,
-        cache: bool | None = None,
-        on_probe: OnProbe | None = None,
-        runner: ProbeRunner | None = None,
-        op_modules: tuple[str, ...] = (),
-        device: str | None = None,
-        spec: ScriptSpec | None = None,
-        **extra: Any,
-    ) -> Session:
-        """The session resolved settings describe; ``cache`` overrides the setting, ``op_modules`` add probe
-        operations, ``device`` picks one device of the setting, ``spec`` replaces the settings' script."""
-        session = cls(
-            script=spec or spec_from_settings(settings),
-            script_args=settings.script.script_args,
-            device=device or settings.device.device,
-            memory=settings.device.memory,
-            headroom=settings.device.headroom,
-            timeout=settings.probe.timeout,
-            optimizer_kwargs={k: dict(v) for k, v in settings.search.optimizer_kwargs.items()},
-            recompute_classes=settings.search.recompute_classes,
-            cache=settings.probe.cache if cache is None else cache,
-            cache_dir=settings.probe.cache_dir,
-            on_probe=on_probe,
-            runner=runner,
-            op_modules=op_modules,
-            check_batch_size=settings.script.check_batch_size,
-            strategy=settings.distributed.strategy,
-            nproc_per_node=settings.distributed.nproc_per_node,
-            fresh_baseline=settings.probe.fresh_baseline,
-            **extra,
-        )
-        session.asked_device = settings.device.device  # "auto" stays "auto" when a target was picked for it
-        session.seq_len = plan_lengths(settings.search.seq_lens, settings.plan.seq_len)[1]
-        return session
 
     def __enter__(self) -> Session:
         self.start()
@@ -180,8 +144,8 @@ class Session:
         """A problem the run survives: kept for the result's notes and shown by the caller."""
         if message not in self.warnings:
             self.warnings.append(message)
-            if self.on_warning is not None:
-                self.on_warning(message)
+            if self.wiring.on_warning is not None:
+                self.wiring.on_warning(message)
 
     def start(self) -> DeviceInfo:
         """Open the runner, inspect the model and the device, open the journal."""
@@ -189,16 +153,17 @@ class Session:
         if self.as_is and (finder := finder_warning(self.spec.target)):
             self.warn(finder)
         self._script_digest = script_digest(Path(self.spec.target)) if self.spec.is_file else None
-        if self.lock is not None:
-            self._held.enter_context(self.lock)
+        if self.wiring.lock is not None:
+            self._held.enter_context(self.wiring.lock)
         if self.runner is None:
             from autobatch.probe.client import start_server
 
-            self.runner = start_server(self.spec, self.script_args, self.op_modules, self.timeout, self.warn)
-        else:
-            self.fresh_baseline = False  # a runner of the caller's measures what it measures
-        if self.wrap_runner is not None:
-            self.runner, self.wrap_runner = self.wrap_runner(self.runner), None
+            script_args = list(self.settings.script.script_args)
+            timeout = self.settings.probe.timeout
+            self.runner = start_server(self.spec, script_args, self.op_modules, timeout, self.warn)
+            self.own_server = True
+        if self.wiring.wrap_runner is not None:
+            self.runner = self.wiring.wrap_runner(self.runner)
         self.device = inspect_device(self)
         self._open_journal()
         return self.device
@@ -210,9 +175,11 @@ class Session:
             if self.spec.is_file
             else {"spec": hashlib.sha256(self.spec.content()).hexdigest()}
         )
+        script_args, search = list(self.settings.script.script_args), self.settings.search
+        identity = dict(self.target.identity) if self.target is not None else {}
         device = (self.device.name, self.device.budget_bytes)
-        parts = [self.script_args, MEASURED_BY, self.torch_version or "", *device, self.optimizer_kwargs]
-        parts += [self.recompute_classes, self.identity]
+        parts = [script_args, MEASURED_BY, self.torch_version or "", *device, plain(search.optimizer_kwargs)]
+        parts += [search.recompute_classes, identity]
         if self.fresh_offsets:  # counted as the job's fresh process: other figures than a forked one's
             parts.append("fresh process")
         if self.as_is:  # how the batch reaches the script
@@ -220,20 +187,21 @@ class Session:
         # a strategy's probes are other measurements; single-process fingerprints stay as they were, and the
         # strategy's first probe is predicted from them (autobatch.run.rank_priors)
         self.single_fingerprint = fingerprint(sources, parts)
-        strategy = (self.strategy, self.nproc_per_node) if self.strategy != "none" else ()
-        self.fingerprint = fingerprint(sources, [*parts, *strategy])
+        strategy = self.settings.distributed.strategy
+        ranked = (strategy, self.ranks) if strategy != "none" else ()
+        self.fingerprint = fingerprint(sources, [*parts, *ranked])
         if self.use_cache:
             meta = {
                 "script": str(self.script),
-                "script_args": self.script_args,
+                "script_args": script_args,
                 "device": self.device.name,
-                "identity": self.identity,
+                "identity": identity,
                 "budget_bytes": self.device.budget_bytes,
                 "torch": self.torch_version,
                 "autobatch": MEASURED_BY,
             }
             self.journal = ProbeJournal.open(
-                CacheFolder(self.cache_dir, warn=self.warn), self.fingerprint, meta
+                CacheFolder(self.settings.probe.cache_dir, warn=self.warn), self.fingerprint, meta
             )
 
     # -- operations ----------------------------------------------------------------------------
@@ -251,6 +219,7 @@ class Session:
     ) -> ProbeRequest:
         """The request for one operation on this session's device (``budget_bytes``: the budget's by default)."""
         assert self.device is not None
+        ranked = op in RANKED_OPS
         return ProbeRequest(
             batch_size=batch_size,
             precision=combo.precision,
@@ -260,15 +229,15 @@ class Session:
             budget_bytes=self.device.budget_bytes if budget_bytes is None else budget_bytes,
             min_steps=steps[0],
             max_steps=steps[1],
-            timeout=self.timeout if timeout is None else timeout,
-            optimizer_kwargs=dict(self.optimizer_kwargs.get(combo.optimizer, {})),
-            recompute_classes=self.recompute_classes,
+            timeout=self.settings.probe.timeout if timeout is None else timeout,
+            optimizer_kwargs=dict(self.settings.search.optimizer_kwargs.get(combo.optimizer, {})),
+            recompute_classes=self.settings.search.recompute_classes,
             op="as_is" if self.as_is and op == "probe" else op,  # the script's own step (probe.as_is)
             options=dict(options or {}),
             process_limit_bytes=self.device.process_limit_bytes,
-            check_batch_size=self.check_batch_size,
-            strategy=self.strategy if op in RANKED_OPS else "none",
-            nproc_per_node=self.nproc_per_node if op in RANKED_OPS else 1,
+            check_batch_size=self.settings.script.check_batch_size,
+            strategy=self.settings.distributed.strategy if ranked else "none",
+            nproc_per_node=self.ranks if ranked else 1,
             fresh_offset_bytes=list(self.fresh_offsets),
             seq_len=combo.seq_len,
             recompute_level=combo.recompute_level if combo.recompute else "full",
@@ -291,15 +260,15 @@ class Session:
             return []
         assert self.device is not None
         answers = self.journal.answers(
-            (*combo.ident, combo.seq_len), lengths, self.timeout, self.device.margin_line
+            (*combo.ident, combo.seq_len), lengths, self.settings.probe.timeout, self.device.margin_line
         )
         answers = [outcome for outcome in answers if self.files.unchanged(outcome)]
         for outcome in answers:
             self.files.take(outcome)
             apply_margin(outcome, self.device)
             self.cache_hits += 1
-            if self.on_probe:
-                self.on_probe(combo, outcome, True)
+            if self.wiring.on_probe:
+                self.wiring.on_probe(combo, outcome, True)
         return answers
 
     def probe(
@@ -350,8 +319,8 @@ class Session:
             self.warn(str(outcome.info["note"]))  # processes the script started: not counted
         for note in outcome.info.get("script_notes", []):  # what a script run as it is does of its own
             self.warn(str(note))
-        if self.on_probe:
-            self.on_probe(combo, outcome, cached)
+        if self.wiring.on_probe:
+            self.wiring.on_probe(combo, outcome, cached)
         if outcome.kind == "error":
             if self.as_is:
                 with_last_lines(outcome)
@@ -390,13 +359,14 @@ RANKED_OPS = (
 RETRIED = ("crash", "timeout")
 
 
-def _ranks(strategy: str, nproc_per_node: int) -> int:
+def _ranks(distributed: DistributedSettings) -> int:
     """The rank processes of each probe: one without a strategy, at least two with one."""
-    if strategy == "none":
+    if distributed.strategy == "none":
         return 1
-    if nproc_per_node < 2:
+    if distributed.nproc_per_node < 2:
         raise UsageError(
-            f"strategy {strategy} measures every rank, but nproc_per_node is {nproc_per_node}",
+            f"strategy {distributed.strategy} measures every rank, but nproc_per_node is "
+            f"{distributed.nproc_per_node}",
             hint="pass --nproc-per-node 2 (or more), or --strategy none",
         )
-    return nproc_per_node
+    return distributed.nproc_per_node

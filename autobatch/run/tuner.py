@@ -88,13 +88,17 @@ class Tuner(Choosing):
         device = session.device
         # On the CPU only timing probes' steps count: the search's ran under the pinned allocator.
         self.step_times = StepTimes(timing_only=device.type == "cpu")
-        way = batch_way(session.script_args, session.spec.options.get("batch_env")) if session.as_is else None
+        way = (
+            batch_way(session.settings.script.script_args, session.spec.options.get("batch_env"))
+            if session.as_is
+            else None
+        )
         self.watch = Watch(
             device.budget_bytes, strict=options.strict, warn=session.warn, batch_way=way
         )  # leaks, data
         self.result = TuneResult(
             script=str(session.script),
-            script_args=list(session.script_args),
+            script_args=list(session.settings.script.script_args),
             device=device.to_dict(),
             objective=options.objective,
             combinations=[],
@@ -106,10 +110,10 @@ class Tuner(Choosing):
             pid=os.getpid(),
             host=socket.gethostname(),
         )
-        if session.strategy != "none":
+        if session.settings.distributed.strategy != "none":
             self.result.distributed = {
-                "strategy": session.strategy,
-                "nproc_per_node": session.nproc_per_node,
+                "strategy": session.settings.distributed.strategy,
+                "nproc_per_node": session.ranks,
                 "blocks": list(session.blocks),
             }
         if session.as_is:  # the plan's command line is filled in from it (autobatch.emit.args)
@@ -244,7 +248,9 @@ class Tuner(Choosing):
 
         shapes = [tuple(s) for s in device.param_shapes]
         analytic = StaticMemory.analytic(combo.precision, combo.optimizer, shapes, device.param_count)
-        analytic = per_rank(analytic, self.session.strategy, self.session.nproc_per_node)  # FSDP shards it
+        analytic = per_rank(
+            analytic, self.session.settings.distributed.strategy, self.session.ranks
+        )  # FSDP shards it
         known = [
             observation(o, state_bytes=analytic.optimizer_state)
             for o in self._journaled(combo, entry, outcomes)

@@ -9,11 +9,11 @@ whichever face started it. A tune takes the lock itself, before it asks the resu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autobatch.errors import UsageError
 from autobatch.run.locks import RunLock
-from autobatch.run.session import Session
+from autobatch.run.session import Session, SessionWiring
 
 if TYPE_CHECKING:
     from autobatch.devices.selection import Target
@@ -43,28 +43,29 @@ def open_session(
     spec: ScriptSpec | None = None,
     target: Target | None = None,
     lock: bool = True,
-    **options: Any,
+    cache: bool | None = None,
+    refresh: bool = False,
+    op_modules: tuple[str, ...] = (),
 ) -> Session:
-    """A session on ``target`` (default: the first device the ``device`` setting names), unstarted.
+    """A session on ``target`` (default: the first device the ``device`` setting names), unstarted, wired to
+    ``hooks`` (the one place a face's hooks become a :class:`SessionWiring`).
 
-    ``spec`` replaces the settings' script (callables or an object from the API); ``options`` are
-    :class:`Session`'s (``cache``, ``refresh``, ``op_modules``).
+    ``spec`` replaces the settings' script (callables or an object from the API); ``cache``, ``refresh`` and
+    ``op_modules`` are :class:`Session`'s.
     """
     if target is None:
         from autobatch.devices.selection import resolve_targets
 
         target = resolve_targets(settings.device.device, settings.device.memory)[0]
-    return Session.from_settings(
-        settings,
-        spec=spec,
-        on_probe=hooks.on_probe,
+    wiring = SessionWiring(
         runner=hooks.runner_factory() if hooks.runner_factory is not None else None,
-        device=target.device,
-        identity=target.identity,
-        lock=device_lock(settings, target.lock_key, target.label, hooks) if lock else None,
-        wrap_runner=hooks.wrap_runner,
+        on_probe=hooks.on_probe,
         on_warning=hooks.on_warning,
-        **options,
+        wrap_runner=hooks.wrap_runner,
+        lock=device_lock(settings, target.lock_key, target.label, hooks) if lock else None,
+    )
+    return Session(
+        settings, spec=spec, target=target, wiring=wiring, cache=cache, refresh=refresh, op_modules=op_modules
     )
 
 

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 from fake_nvml import A, B, FakeDevice, FakeNvml, GiB, MiB, proc
+from support import session_settings
 
 from autobatch.core.space import Combo
 from autobatch.devices.budget import device_info
@@ -22,6 +23,7 @@ from autobatch.devices.cuda.budget import CudaSnapshot, CudaStepStats, cuda_budg
 from autobatch.probe.worker import _device_hooks, cuda_verdict
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.run.session import Session
+from autobatch.step.spec import ScriptSpec
 
 LIMIT = 70 * GiB
 
@@ -149,9 +151,7 @@ def test_worker_without_nvml_has_no_process_figure_and_judges_the_rest(fake_cuda
 
 
 def test_session_puts_the_cuda_process_limit_into_every_request(tmp_path):
-    session = Session(
-        script=tmp_path / "train.py", script_args=(), device="cuda:0", memory=None, headroom=0.1, timeout=60
-    )
+    session = Session(session_settings("cuda:0", timeout=60), spec=ScriptSpec.file(tmp_path / "train.py"))
     snapshot = CudaSnapshot(0, "A100", 80 * GiB, free_bytes=70 * GiB, context_bytes=500 * MiB)
     budget = cuda_budget(snapshot, memory=None, headroom=0.1)
     session.device = device_info("cuda:0", {"snapshot": snapshot.to_dict()}, memory=None, headroom=0.1)
@@ -167,9 +167,8 @@ def test_session_puts_the_cuda_process_limit_into_every_request(tmp_path):
 
 
 def test_cpu_requests_carry_no_process_limit(tmp_path):
-    session = Session(
-        script=tmp_path / "train.py", script_args=(), device="cpu", memory=2 * GiB, headroom=0.1, timeout=60
-    )
+    settings = session_settings("cpu", memory=2 * GiB, timeout=60)
+    session = Session(settings, spec=ScriptSpec.file(tmp_path / "train.py"))
     session.device = device_info(
         "cpu", {"available_bytes": 8 * GiB, "baseline_bytes": 300 * MiB}, memory=2 * GiB, headroom=0.1
     )

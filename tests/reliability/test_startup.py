@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import session_settings
 
 from autobatch.probe.client import IMPORT_GRACE
 from autobatch.run.session import Session
+from autobatch.step.spec import ScriptSpec
 
 
 class Started(Exception):
@@ -27,7 +29,7 @@ def test_the_start_up_wait_is_the_timeout_plus_the_import_grace(
     monkeypatch.setattr("autobatch.probe.client.ProbeClient", client)
     script = tmp_path / "train.py"
     script.write_text("# not imported\n")
-    session = Session(script=script, script_args=(), device="cpu", memory=None, headroom=0.1, timeout=7.0)
+    session = Session(session_settings(timeout=7.0), spec=ScriptSpec.file(script))
     with pytest.raises(Started):
         session.start()
     assert seen["start_timeout"] == 7.0 + IMPORT_GRACE

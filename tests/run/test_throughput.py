@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from support import run_main, wire_fake_runner
+from support import run_main, session_settings, wire_fake_runner
 
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.testing import FakeRunner, affine
@@ -223,14 +223,15 @@ def test_a_timing_probe_again_is_measured_again_not_read_from_the_journal(tmp_pa
     from autobatch.cache import CacheFolder, ProbeJournal
     from autobatch.core.space import Combo
     from autobatch.devices.budget import device_info
-    from autobatch.run.session import Session
+    from autobatch.run.session import Session, SessionWiring
+    from autobatch.step.spec import ScriptSpec
     from autobatch.testing import FakeRunner, affine
 
     runner = FakeRunner(affine(300 << 20, 1 << 20))
+    settings = session_settings(memory=1 << 30, timeout=60)
     session = Session(
-        script=tmp_path / "train.py", script_args=(), device="cpu", memory=1 << 30, headroom=0.1, timeout=60,
-        runner=runner,
-    )  # fmt: skip
+        settings, spec=ScriptSpec.file(tmp_path / "train.py"), wiring=SessionWiring(runner=runner)
+    )
     session.device = device_info("cpu", {"available_bytes": 8 << 30, "baseline_bytes": 300 << 20}, memory=1 << 30, headroom=0.1)  # fmt: skip
     session.journal = ProbeJournal.open(CacheFolder(tmp_path / "cache"), "k", {"script": "train.py"})
     combo = Combo("32-true", "adamw", False)

@@ -244,7 +244,7 @@ def _predict(
         target="cpu" if device.type == "cpu" else "cuda",
         max_batch_size=limits.max_batch_size,
         batch_multiple=limits.batch_multiple,
-        optimizer_kwargs={k: dict(v) for k, v in session.optimizer_kwargs.items()},
+        optimizer_kwargs={k: dict(v) for k, v in session.settings.search.optimizer_kwargs.items()},
         calibrate=Calibration(now, tuple(points)),
         report_at=(batch_size,),
         **estimate_fields(session),
@@ -256,7 +256,7 @@ def _predict(
         op=ESTIMATE,
         options=options.to_dict(),
         budget_bytes=0,
-        timeout=session.timeout * max(1, len(scenarios)),
+        timeout=session.settings.probe.timeout * max(1, len(scenarios)),
     )
     outcome = session.run(request, what="predicting the levers")
     raise_for(outcome, what="predicting the levers")

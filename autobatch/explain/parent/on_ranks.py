@@ -29,7 +29,7 @@ RESIDUAL_NOTE = (
 
 def distributed_section(session: Session, outcome: ProbeOutcome) -> dict[str, Any] | None:
     """The report's ``distributed`` section from the explained outcome (None without a strategy)."""
-    if session.strategy == "none":
+    if session.settings.distributed.strategy == "none":
         return None
     info = outcome.info
     ranks = list(info.get("ranks", []))
@@ -38,8 +38,8 @@ def distributed_section(session: Session, outcome: ProbeOutcome) -> dict[str, An
     if shown is None:
         shown = outcome.failed_rank if outcome.failed_rank is not None else worst_rank(ranks)
     return {
-        "strategy": session.strategy,
-        "nproc_per_node": session.nproc_per_node,
+        "strategy": session.settings.distributed.strategy,
+        "nproc_per_node": session.ranks,
         "shown_rank": int(shown),
         "rank_peak_bytes": peaks,
         "ranks": ranks,
@@ -54,9 +54,9 @@ def residual_note(section: dict[str, Any]) -> str:
 
 def estimate_fields(session: Session) -> dict[str, Any]:
     """``EstimateOptions`` fields that make the levers' simulations one rank of the strategy."""
-    if session.strategy == "none":
+    if session.settings.distributed.strategy == "none":
         return {}
-    return {"strategy": session.strategy, "world_size": session.nproc_per_node}
+    return {"strategy": session.settings.distributed.strategy, "world_size": session.ranks}
 
 
 def add_strategy_lever(
