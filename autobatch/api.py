@@ -1,41 +1,9 @@
 """The Python API: ``autobatch.tune()`` and ``autobatch.check()`` from your own code or a notebook.
 
-They run the CLI's isolated probes (a probe server; every probe a fresh process) and return the
-objects ``--json`` documents: a :class:`~autobatch.records.result.TuneResult` (``tune --json``) and a
-:class:`~autobatch.records.check.CheckResult` (``check --json``)::
-
-    import autobatch
-
-    def build_model(): ...
-    def make_batch(batch_size): ...
-    def compute_loss(model, batch): ...
-
-    result = autobatch.tune(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss,
-                            device="cpu", memory="2GiB", global_batch_size=256)
-    result.chosen.micro_batch_size
-
-**The step** (the first argument, or keywords): a script's path; ``"package.module:attribute"`` (an
-importable object or module holding the three functions; ``"package.module"`` for the module itself);
-a module object (an importable one by name, ``__main__`` by value); any object with the three
-functions (by value); or ``build_model=``, ``make_batch=``, ``compute_loss=`` themselves. Objects and
-callables reach the probe server by value through cloudpickle, so functions and classes defined in a
-notebook or in ``__main__`` work; what they use from importable modules is imported there by name
-(the caller's ``sys.path`` is passed on). ``compute_loss`` may be left out for a transformers model
-whose batches carry labels. With no step given, the ``script``, ``hf`` or ``lightning`` setting names it.
-
-**Settings**: every ``autobatch.toml`` key, by its name, as a keyword argument (``device="cpu"``,
-``memory="2GiB"``, ``precisions=["bf16"]``, ``global_batch_size=512``, ``hf="config.json"``, ...).
-Layers: defaults < ``config=FILE`` (read only when given: a notebook does not pick up a stray
-``./autobatch.toml``) < ``AUTOBATCH_*`` environment variables < keyword arguments.
-
-**Output**: nothing on stdout. Each probe goes to ``on_probe(event)`` (a :class:`ProbeEvent`) when
-given, else to the ``autobatch`` logger at INFO; warnings (``device="auto"`` found no GPU) to it at
-WARNING. The result file is written only when ``result=PATH`` is given (or set in the config file or
-the environment); ``emit=[...]`` writes launcher configs, their caveats logged at INFO.
-
-**Errors** are the CLI's (:mod:`autobatch.errors`): a :class:`~autobatch.errors.NothingFitsError`
-carries the complete result as ``.result``. ``runner=`` takes a fake probe runner
-(:class:`autobatch.testing.FakeRunner`) for tests, as httpx takes a transport.
+They run the CLI's isolated probes (a probe server; every probe a fresh process) and return the objects
+``--json`` documents: a :class:`~autobatch.records.result.TuneResult` and a
+:class:`~autobatch.records.check.CheckResult`. The step, the settings keywords, the output and the errors
+are described in docs/python-api.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """A throughput choice that noise cannot flip: what is certain first, then timings until they decide.
 
-Pure decisions over measured step times; the tuner runs the timing probes (interleaving the
-contenders, so that a neighbour's burst of load hits them all alike) and asks this module, after each
-round, whom to time again and, at the end, who won and by how much.
-
-* **Certain without measuring.** At equal micro-batch and accumulation, activation recomputation only
-  adds work (the checkpointed forward runs twice). A combination with recomputation is therefore never
-  preferred to the same precision and optimizer without it when that one fits the micro-batch:
-  :func:`dominated` drops it before any timing.
-* **A statistic load cannot inflate.** Another process on the machine only ever adds time to a step
-  (it takes the core away, it never lends a faster one), so a contender's step cost is the mean over
-  its probes of each probe's *fastest* timed step, not the mean step: the mean follows the load of the
-  moment (the root tune once measured 41 samples/s against 14 for the same micro-batch), the fastest
-  step of a probe barely moves. Its relative standard error is the spread of those per-probe minima
-  over ``sqrt(probes)`` (a single probe: the spread of its fastest half of steps).
-* **Enough steps.** :func:`needs_more` names every contender one probe alone timed (one probe cannot
-  show the machine between probes), unless no thread of that probe waited for a core (run-queue time
-  under :data:`QUIET_WAIT` of its wall time: nothing took a core from its steps, so its fastest step is
-  the step's own cost); then those still in contention whose error is above the bound; the tuner times
-  them again until none is, or its time cap is spent.
-* **A busy machine decides nothing.** A contender every one of whose probes waited for a core longer than
-  that (a neighbour that keeps one of two cores busy: about 0.9 of the wall time, and every step of the
-  root tune ten times slower) has no rate to compare: it ties with everyone, so the user's order decides
-  and the result says the machine was busy (the root tune under one busy core chose recomputation at
-  micro-batch 32 in two runs of five, at 13.5-13.9 samples/s, and no recomputation at 16 in the other
-  three, at 7.8-14.2; a quiet machine measures 140-156 and prefers sgd without recomputation).
-* **Ties.** Two rates within :data:`NOISE_Z` combined standard errors of each other (Student's t quantile
-  when the errors rest on few probes: three probes that agree by chance prove little), or within
-  :data:`EQUIVALENT` (a practical-equivalence band: a few per cent of throughput is not worth trusting
-  one measurement over the user's preference), are a tie; ties go to the user's order (the lower
-  index). :func:`decide` reports the winner's margin over the runner-up and whether it was a tie.
+Pure decisions over measured step times. The tuner runs the timing probes and asks this module which
+combinations are :func:`dominated` before any timing, after each round whom to time again
+(:func:`needs_more`), and at the end who won and by how much (:func:`decide`). The rules (the fastest step
+per probe as the statistic, a quiet probe, a busy machine, ties) are explained in docs/how-a-tune-works.md
+("A throughput choice that holds").
 """
 
 from __future__ import annotations

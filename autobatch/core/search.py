@@ -1,52 +1,10 @@
 """The exact largest batch size that fits, found in a handful of probes.
 
-:func:`search_max_batch` is a pure function over a probe callable ("does batch b fit?"). The
-answer is decided by feasibility alone; a model of peak memory against batch size only
-*proposes* where to probe, so a wrong model costs probes, never correctness.
-
-Candidates are the multiples of ``batch_multiple`` up to ``max_batch_size``; the search works on
-their indices ``0..n-1`` and keeps a bracket ``lo < hi``: ``lo`` the largest index known to fit
-(-1 if none), ``hi`` the smallest index known not to fit (``n`` while none is known). It stops when
-``hi == lo + 1``. Every probe is strictly inside the bracket, so no candidate is probed twice.
-
-**Model-guided steps.** From the fitting probes' peaks (and a ``prior``), :func:`_predict` gives
-an interval where the maximum probably lies: a secant extrapolated to the budget, widened by the
-model's own evidence of error (a parabola through the last three points, residuals, how much the
-newest point surprised the previous fit). Two secants compete and the narrower honest interval
-wins: through the two largest points (tends to the tangent: right for convex curves and for
-slopes that change with the batch) or through the smallest and the largest (widest base: right
-for noisy or quantised peaks). The step probes the largest candidate the interval says fits, else
-the smallest it says does not, provided that probe, if the model is right, cuts the remaining
-work at least as much as a fallback step would. With exact data the interval is a point, which
-gives the ideal sequences: 4 probes for an affine curve without a prior (the scout; the proportional
-guess that what lies above the scout's static memory scales with the batch, just under the maximum;
-the predicted maximum; its neighbour) and 2 with an accurate prior. A model
-whose "fits" was refuted is ignored until a new fitting point changes it.
-
-**Two phases.** A step's peak is the larger of two curves: forward and backward (activations grow
-with the batch) and the optimizer step (parameters, gradients, state and the step's temporaries: flat).
-Where every fit also reports the first (``Observation.rising_bytes``) and the peak does not keep pace
-with it, the model is fitted to it, so a flat total peak no longer hides the slope; otherwise to the
-peaks. Either way a non-fit next to a fit adds a point above the budget (its reading, or the peak it
-reached before it stopped at the line), which turns the next extrapolation into an interpolation
-(:func:`autobatch.core.model.model_points`). A miss that the model said fits and that adds no point
-makes the search distrust the model until the next fit (else it creeps down a candidate a probe).
-
-**Fallback steps.** Doubling from ``lo`` while no non-fit is known, bisection once bracketed. After the
-model overshot a bracket more than :data:`GEOMETRIC_RATIO` times its fitting end, its geometric middle
-(counted as a model-guided step, so the bound below holds).
-
-**Worst case.** Let ``L = ceil(log2 n)`` and define the remaining work ``R``: 0 when done;
-``ceil(log2(hi - lo))`` once bracketed; ``2L - floor(log2(lo + 1))`` while growing; ``2L + 1``
-before anything fits. No probe raises ``R`` and every fallback step lowers it by at least 1. The
-search keeps a debt ``D = max(0, D + 1 - drop in R)`` per probe and takes a model-guided step only
-while ``D < SLACK``; so ``probes <= R_start + SLACK <= 2L + 1 + SLACK`` (:func:`probe_bound`),
-whatever the curve, the noise or the prior: at most ``SLACK`` probes more than doubling then
-bisection needs in its worst case.
-
-Feasibility is assumed monotone. Observations that contradict it (a fit above a non-fit, as a
-device that flickers at the boundary produces) are resolved on the safe side: only fits below the
-smallest non-fit count.
+:func:`search_max_batch` is a pure function over a probe callable ("does batch b fit?"): the answer is
+decided by feasibility alone, and a model of peak memory against batch size only proposes where to probe,
+so a wrong model costs probes, never correctness. :func:`probe_bound` is its worst case. The bracket, the
+model-guided and fallback steps and the bound are explained in docs/how-a-tune-works.md ("The search,
+precisely").
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """Whether the step's peak is the batch size's alone: a leak, and a peak that depends on the data. Pure.
 
-A probe's step peaks are high-water marks after each step (they only rise). Once the optimizer state exists
-(its first ``step()`` makes it, so the second step is the first to run beside it), a step that keeps no
-tensor across steps and sees batches of one shape peaks where the step before it did: from the third step
-on (:data:`SETTLED_STEP`) its peak holds still. Measured on the CPU device under 1 GiB: over 131 probes of
-the examples (mlp, cnn, gpt, lstm at 32-true and bf16-mixed with adamw and sgd; quadratic), no step from the
-third on raised the peak by more than 0.9 MiB (gpt; the others 0.2 MiB), and none at every step. So, from
-the third step:
-
-* **A leak** (:func:`find_leak`): the peak grew by more than the growth tolerance (the step loop's own
-  "still growing": ``max(1 MiB, budget / 1000)``) at *every* step from the third through the last, over at
-  least :data:`LEAK_GROWTHS` steps. Something keeps each step's tensors (a global list that
-  ``compute_loss`` appends to): the job runs out of memory after enough steps at any batch size, so no
-  maximum is an answer. Data that varies cannot pass for it: a growth at every step needs each step's batch
-  to be the largest so far, four times running.
-* **A peak that depends on the data** (:func:`data_dependence`), any of:
-
-  - the batches ``make_batch`` returned at one batch size had different shapes (the step loop draws one
-    batch per step, as the job does, and records the shapes when they differ);
-  - a step from the third on raised the peak by more than the margin (``threshold``; the CPU margin
-    ``max(3 MiB, budget / 1000)``) without the growth of a leak;
-  - a fitting probe peaked lower, by more than the margin, than a fitting probe at the same or a smaller
-    batch (peaks net of the probe process's own memory before the model, which moves from run to run).
-
-  The maximum then holds for the batches the probes drew, not for the job's: ``make_batch`` must return
-  the worst case at every call.
+From the third step of a probe on (:data:`SETTLED_STEP`) a step that keeps nothing across steps peaks
+where the step before it did. :func:`find_leak` reads growth at every step from there as a leak;
+:func:`data_dependence` names batches of different shapes, a step that moved the peak by more than the
+margin, or a fit that peaked below a smaller one. The rules and the measurements behind them:
+docs/how-a-tune-works.md ("A peak that is the batch's alone").
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """Emitters: the tune result as the config files launchers already read.
 
-Each format module has a pure ``render_<fmt>(result, options) -> str`` and a ``caveats(result,
-options) -> list[str]`` (what the file cannot say, or where the consumer differs from the measured
-step). :func:`emit` renders every requested file first, so that a rendering error writes nothing,
-then writes each atomically (:func:`autobatch.records.files.write_atomic`).
-
-=============  ==============================  ==================================================
-format         default file                    consumer
-=============  ==============================  ==================================================
-deepspeed      ``ds_config.json``              ``deepspeed.initialize(config=...)``
-hf             ``hf_training_args.json``       ``HfArgumentParser(TrainingArguments)``
-lightning      ``lightning_overlay.yaml``      ``LightningCLI --config``
-accelerate     ``accelerate_config.yaml``      ``accelerate launch --config_file``
-env            ``autobatch.env``               ``source`` / python-dotenv
-args           ``autobatch-command.sh``        ``sh`` (a script tuned as it is: its command line)
-json           ``autobatch-result.json``       ``TuneResult.load``
-toml           ``autobatch-result.toml``       any TOML reader
-=============  ==============================  ==================================================
-
-Launcher configs (every format but json and toml) are refused for a result measured on the CPU
-unless the CPU was asked for (``--device cpu``) or ``allow_cpu`` is set
-(:func:`~autobatch.emit.common.check_device`).
-
-Files whose format allows comments (YAML, TOML, env) start with where they came from and the batch
-arithmetic ("micro-batch 12 x accumulation 5 x world 8 = global 480 (requested 480)"); the JSON
-consumers reject unknown keys, so those files carry only the settings.
+Each format module has a pure ``render_<fmt>(result, options) -> str`` and a ``caveats(result, options)
+-> list[str]`` (what the file cannot say). :func:`emit` renders every requested file first, so that a
+rendering error writes nothing, then writes each atomically. Launcher configs of a CPU result are refused
+unless the CPU was asked for (:func:`~autobatch.emit.common.check_device`). The formats, their default
+files and consumers: docs/clusters.md ("Launcher configs").
 """
 
 from __future__ import annotations

@@ -1,34 +1,10 @@
 """DeepSpeed config JSON: the batch triple, the precision sections and the optimizer.
 
-Where each number lands (``deepspeed.runtime.config.DeepSpeedConfig`` reads them):
-
-* ``train_micro_batch_size_per_gpu`` = micro-batch, ``gradient_accumulation_steps`` = accumulation,
-  ``train_batch_size`` = micro x accumulation x world (DeepSpeed asserts exactly this product
-  against its data-parallel world size, so the file is consistent for the planned world only).
-* ``bf16.enabled`` / ``fp16.enabled``: both always written, so a base config's ``"auto"`` or a
-  stale setting cannot survive. ``bf16-mixed`` and ``bf16-true`` enable bf16 (DeepSpeed has no
-  autocast-only or pure-bf16 switch here; Lightning's DeepSpeed strategy maps both the same way);
-  ``16-mixed`` enables fp16 with dynamic loss scaling (``loss_scale: 0``, initial scale 2^16, as
-  torch's GradScaler); ``32-true`` enables neither.
-* ``optimizer``, only when asked for (``EmitOptions.deepspeed_optimizer``, ``--deepspeed-optimizer``)
-  or when the base config has an optimizer section: otherwise DeepSpeed, the HF Trainer and
-  Lightning use the optimizer the training code builds, at its learning rate (a section without a
-  learning rate would make them train at DeepSpeed's default). ``optimizer.type``: adam -> ``Adam`` with ``adam_w_mode: false`` (DeepSpeed's Adam is AdamW
-  unless told otherwise), adamw / adamw-fused -> ``AdamW``, adagrad -> ``Adagrad`` (DeepSpeed's
-  own names); sgd / sgd-momentum -> ``SGD`` (momentum 0.9 for the latter), rmsprop -> ``RMSprop``,
-  adafactor -> ``Adafactor``: names DeepSpeed does not know are looked up in ``torch.optim``, case
-  and all, and as ZeRO accepts only its tested optimizers, ``zero_allow_untested_optimizer: true``
-  comes with them. No learning rate is written: that stays the user's.
-
-Activation recomputation has no switch in the DeepSpeed config (its ``activation_checkpointing``
-section only tunes ``deepspeed.checkpointing`` calls the model makes), so it is left out and noted.
-JSON has no comments and DeepSpeed's config models reject unknown keys, so the provenance and the
-arithmetic are not in this file; :func:`caveats` returns them for the command to print.
-
-With a base config (``EmitOptions.deepspeed_base``), only the keys above change; everything else,
-the ZeRO section included, is kept. A base ``"auto"`` batch value is replaced by the number. A
-base optimizer of the same type keeps its params; one of another type is replaced, keeping only
-``lr`` and ``weight_decay``. A base without an optimizer section gets none unless asked for.
+:func:`render_deepspeed` writes ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps`` and
+``train_batch_size``, the bf16/fp16 sections, and an ``optimizer`` section only when asked for or when the
+base config has one; with a base config only those keys change. JSON has no comments, so the provenance and
+what the file cannot say come back from :func:`caveats`. Where each number lands: docs/clusters.md ("The
+DeepSpeed config").
 """
 
 from __future__ import annotations

@@ -1,36 +1,8 @@
 """A shell file of ``export NAME=value`` lines, read by ``source`` (bash, sh) and by python-dotenv.
 
-Variables (values are plain tokens, so no quoting is needed; booleans are 1 or 0):
-
-=========================================  ==============================================
-``AUTOBATCH_MICRO_BATCH_SIZE``             micro-batch per process
-``AUTOBATCH_ACCUMULATION_STEPS``           gradient-accumulation steps
-``AUTOBATCH_PLAN_WORLD_SIZE``              data-parallel processes the plan is for
-``AUTOBATCH_PLAN_GLOBAL_BATCH_SIZE``       micro x accumulation x world (what training gets)
-``AUTOBATCH_REQUESTED_GLOBAL_BATCH_SIZE``  the global batch asked for (absent if none was)
-``AUTOBATCH_PRECISION``                    Lightning-style name: 32-true, bf16-mixed, ...
-``AUTOBATCH_OPTIMIZER``                    autobatch's optimizer name: adamw, sgd-momentum, ...
-``AUTOBATCH_RECOMPUTE_ACTIVATIONS``        1 to checkpoint the repeated blocks, else 0
-``AUTOBATCH_RECOMPUTE_LEVEL``              how much: off, full, selective, or K/N (the first K of N blocks)
-``AUTOBATCH_TORCH_COMPILE``                1 when the maximum was measured under torch.compile, else 0
-``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` the same accumulation, where ``Accelerator()`` reads it
-``AUTOBATCH_COMMAND``                      a script tuned as it is: the job's command line, the plan
-                                           filled in (:mod:`autobatch.emit.args`); ``eval "$AUTOBATCH_COMMAND"``
-``AUTOBATCH_PLAN_SEQ_LEN``                 tuned over sequence lengths: the length the plan is for
-``AUTOBATCH_TOKEN_BUDGET``                 tuned over sequence lengths: the most tokens per micro-batch
-                                           (batch x length) that fit at every searched length, for
-                                           ``max_tokens`` samplers and packing
-``MALLOC_ARENA_MAX``,                      the CPU device, when glibc's default allocator ran out of
-``MALLOC_MMAP_THRESHOLD_``                 memory at the plan's micro-batch: the allocator the probes
-                                           ran, which the answer holds under (the job must run it too)
-=========================================  ==============================================
-
-A script tuned as it is keeps its own precision, optimizer and recomputation: the three variables that
-name them are left out.
-
-The names stay apart from the settings' ``AUTOBATCH_<FIELD>`` variables (``AUTOBATCH_WORLD_SIZE``,
-``AUTOBATCH_GLOBAL_BATCH_SIZE``, ``AUTOBATCH_RECOMPUTE``, ...), so sourcing this file never changes
-what the next ``autobatch tune`` in the same shell searches.
+Renders the plan as ``AUTOBATCH_*`` variables (micro-batch, accumulation, world, precision, ...), named
+apart from the settings' own ``AUTOBATCH_<FIELD>`` variables so that sourcing the file never changes what
+the next tune searches. Every variable is listed in docs/clusters.md ("The env file").
 """
 
 from __future__ import annotations

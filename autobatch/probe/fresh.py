@@ -1,31 +1,11 @@
 """The job's processes are fresh; probes are forked: on the CPU device, the difference, measured once per run.
 
-Under ``RLIMIT_DATA`` a process's own baseline counts against its cap. A probe process is forked from the
-probe server, which has imported torch and what every probe needs and handed its free heap back
-(:func:`autobatch.probe.server._tidy_heap`); the job's process (``python train.py``, or a rank that
-``torchrun`` starts) imports torch and the script itself and pays its lazy imports (building any optimizer
-imports ``torch._dynamo``: about 70 MiB) and its heap's fragments on the way. The two differ by a few MiB in
-one process and by more on a distributed rank, and a maximum measured in a forked process can be above
-what the job fits (the difference decides a few percent of a CPU maximum near the cap).
-
-So once per session on the CPU device the operation ``fresh_baseline`` compares them. In a probe process
-forked like every other, it starts the job's processes as the job starts them: one ``python`` process, or
-``nproc_per_node`` rank processes with the environment ``torchrun`` gives (``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), each importing torch and then the script, and runs the
-request's steps there; then it runs the same steps forked (torch's thread pool starts in the first step in
-both, as in the job: :func:`autobatch.probe.worker._device_hooks`). Each process reads its data memory once the
-steps are over and their objects gone (the model, the optimizer, the batches): what remains is the process itself,
-its imports, the lazy ones included, and its heap. Not the peaks: a fresh process's first step imports
-``torch._dynamo``, whose transient peak is above a small batch's own and is long over when a large batch
-peaks. A fresh process imports autobatch's own modules too, which the job does not: it reads how much data
-memory they took (between importing torch and the script) and leaves it out. Per rank, the *offset* is::
-
-    offset = fresh process after the steps - autobatch's own imports - forked process after the steps
-
-Every later probe of the session carries it (:attr:`autobatch.records.protocol.ProbeRequest.fresh_offset_bytes`):
-its cap is lowered by it and its readings raised by it (:func:`autobatch.probe.worker.measure_steps`), so a
-peak is what the job's fresh process would reach: the batch's tensors allocate the same way in both (every
-block of 64 KiB or more is a mapping of its own under the pinned allocator).
+The ``fresh_baseline`` operation starts the job's processes as the job starts them (one ``python``
+process, or ranks with the environment ``torchrun`` gives), runs the request's steps there and in a forked
+process, and reads each one's data memory once the steps' objects are gone. The per-rank *offset* (fresh,
+less autobatch's own imports, less forked) lowers every later probe's cap and raises its readings
+(:attr:`autobatch.records.protocol.ProbeRequest.fresh_offset_bytes`). Why and how: docs/how-a-tune-works.md
+("Budget", the job's process).
 """
 
 from __future__ import annotations

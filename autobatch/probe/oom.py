@@ -1,37 +1,10 @@
 """Decide, in one place, whether a failed probe ran out of memory or the training script is broken.
 
 A probe that runs out of memory is an *answer* (this batch does not fit); any other exception is the
-*script's error*, reported with its traceback and never counted as an OOM. Out-of-memory has many
-faces, so the decision is a table of rules over the exception's type names and message:
-
-definite (always ``"oom"``)
-    ``torch.OutOfMemoryError`` (= ``torch.cuda.OutOfMemoryError``, also raised for HIP/MPS/XPU),
-    Python's ``MemoryError``, ``torch.AcceleratorError`` carrying an out-of-memory code
-    (``CUDA error: out of memory``, ``cudaErrorMemoryAllocation``), any "CUDA/HIP/XPU/MPS ... out of
-    memory" text, ``*_STATUS_ALLOC_FAILED`` of cuBLAS/cuSOLVER/cuSPARSE/cuDNN (and cuFFT/cuRAND's
-    equivalents), ``DefaultCPUAllocator: can't allocate memory`` (or ``not enough memory``),
-    ``std::bad_alloc``, and ``Cannot allocate memory`` (errno 12, ``ENOMEM``: what the OS says when
-    ``RLIMIT_DATA`` refuses a mapping).
-ambiguous (``"oom"`` only near the budget)
-    oneDNN's ``could not create a primitive`` and ``could not execute a primitive`` (a CPU kernel,
-    bf16 matmuls and convolutions among them, whose scratchpad cannot be allocated under the cap,
-    but also an unsupported configuration), cuDNN's
-    ``CUDNN_STATUS_NOT_SUPPORTED`` (also a hard size limit of some kernels),
-    ``CUDNN_STATUS_INTERNAL_ERROR``, ``Unable to find a valid cuDNN algorithm`` / ``... was unable to
-    find an engine`` (every algorithm's workspace failed to allocate, or none supports the shapes) and
-    ``CUBLAS_STATUS_NOT_INITIALIZED`` (``cublasCreate`` on a full device). The probe knows its own
-    usage: the failure is an OOM when ``used_bytes >= NEAR_BUDGET_FRACTION * budget_bytes``, and the
-    script's error otherwise, or when either figure is unknown.
-
-Message rules do not apply to the exception types a script raises for its own reasons
-(``ValueError``, ``TypeError``, ``KeyError``, ... see :data:`SCRIPT_ERROR_TYPES`): a ``ValueError``
-whose text mentions memory is still the script's error. Type names are compared as strings over the
-whole MRO, so this module never imports torch.
-
-Chains count: an OOM wrapped in another exception (``raise X from oom``, or an exception raised
-while an OOM was being handled, or one member of an ``ExceptionGroup``) is still an OOM, because
-the batch did not fit; :func:`classify_exception` walks ``__cause__``, ``__context__`` (even when
-suppressed by ``from None``) and group members.
+*script's error*. :func:`classify_exception` applies a table of rules over the exception chain's type
+names and messages (definite OOMs, ambiguous ones that count only near the budget, the script's own
+exception types), without importing torch. The rules are listed in docs/reliability.md ("Out of memory,
+or the script's error").
 """
 
 from __future__ import annotations
@@ -46,8 +19,7 @@ Classification = Literal["oom", "error"]
 #: An ambiguous failure (oneDNN, cuDNN) is an OOM when the probe had used at least this fraction of
 #: its budget. The failed request itself is not known for these messages, and it can be large (a
 #: convolution's scratchpad or workspace), so the threshold leaves room for a request of up to a fifth
-#: of the budget. Measured here: a oneDNN ``could not create a primitive`` under ``RLIMIT_DATA``
-#: happened at 100% of the cap.
+#: of the budget (docs/measurements/in-the-code.md).
 NEAR_BUDGET_FRACTION: float = 0.8
 
 #: Exception types that a script raises for its own reasons: never an OOM by their message alone

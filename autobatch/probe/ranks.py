@@ -1,33 +1,10 @@
 """A distributed probe: N fresh rank processes in one process group, measured on every rank.
 
-The probe process the server forked for a request with ``strategy`` ``ddp`` or ``fsdp`` becomes the
-*coordinator*: it forks ``nproc_per_node`` rank processes, watches them and answers with one
-:class:`ProbeOutcome` for the whole group. Each rank initialises the process group (``gloo`` on the
-CPU, ``nccl`` on CUDA, rank ``r`` on ``cuda:r``), applies the budget to itself, builds and wraps the
-model (:mod:`autobatch.step.wrapping`), runs the full steps on its own ``make_batch(micro_batch)``
-and reports its own outcome. The probe fits only if every rank fits.
-
-Why fork, not ``torch.multiprocessing.spawn`` or the elastic launcher: the coordinator is a fresh fork
-of the probe server, which has imported torch and the script but never run a tensor operation, so
-forking it is what the server already does for single probes: every rank starts with an allocator
-no earlier probe touched, pays no import (a spawned rank would re-import torch and the script, seconds
-per probe) and starts from the same address space as a single-process probe, so per-rank peaks
-compare with single-process ones. What the elastic launcher adds (restarts, membership changes,
-re-rendezvous) is what a probe must not do. The process group itself is PyTorch's own:
-:func:`torch.distributed.init_process_group` over a :class:`torch.distributed.TCPStore`.
-
-Rendezvous port: the coordinator binds a listening socket on port 0 (the kernel picks a free port) and
-hands that *open* socket to rank 0's ``TCPStore`` (``master_listen_fd``), so the port stays reserved
-from the moment it is chosen: two probes or two tunes on one machine never collide (the close-then-
-reuse of ``torch.distributed.elastic.utils.distributed.get_free_port`` can race).
-
-No rank left waiting: a rank reports as soon as its steps end (a line on its own pipe), then waits to
-be stopped. At the first report that is not a fit, at a rank that dies without reporting, or at the
-deadline, the coordinator SIGKILLs every rank: the one abort that works for every backend and in every
-state (a rank blocked inside a gloo or NCCL collective cannot run Python to abort its group), and that
-frees a dead probe's device memory with the process. The outcome names the rank and what happened.
-Every rank also dies with the coordinator (``PR_SET_PDEATHSIG``), which dies with the server, so
-Ctrl-C and SIGTERM end a distributed probe as they end a single one.
+The probe process the server forked for a ``ddp`` or ``fsdp`` request becomes the *coordinator*: it forks
+``nproc_per_node`` ranks, hands rank 0 an open rendezvous socket, watches them and answers with one
+:class:`ProbeOutcome` for the group (the probe fits only if every rank fits); at the first rank that does
+not fit, dies or times out it kills them all. Why fork, the port, and the abort: docs/distributed.md
+("Inside a distributed probe").
 """
 
 from __future__ import annotations

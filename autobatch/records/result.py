@@ -1,63 +1,9 @@
 """The result of a tune: a public, versioned JSON document (``tune --json`` and the result file).
 
-Schema (``schema_version`` 1); fields are only ever added, never renamed or removed. The JSON Schema
-is published as ``autobatch/result.schema.json``; :meth:`TuneResult.load` checks a file against it
-(:mod:`autobatch.records.schema`) and refuses, naming each field, what it does not match:
-
-``status``            "running" | "complete" | "interrupted" | "failed" (see :mod:`autobatch.records.liveness`: a
-                      "running" file whose ``pid`` on ``host`` is gone was killed outright)
-``pid``, ``host``     the tune's process and machine (to tell a live run from one killed by SIGKILL)
-``script``, ``script_args``, ``torch_version``, ``autobatch_version``, ``created``
-``device``            {"type", "name", "requested" (the --device asked for: "auto", "cpu", "cuda:0"),
-                      "capacity_bytes", "budget_bytes", "headroom", "memory_definition",
-                      "baseline_bytes", "process_limit_bytes" (CUDA: what NVML may see the probe process
-                      hold; null on the CPU), "others_bytes" (CUDA: memory other processes held on the
-                      GPU when the tune started; null on the CPU), "fresh_process" (CPU: the job's fresh
-                      process against a forked probe, per rank: "fresh_peak_bytes", "forked_peak_bytes",
-                      "own_import_bytes", "offset_bytes", at "batch_size"; absent when not measured)}
-``objective``         "throughput" | "max-batch"
-``combinations``      list of :class:`ComboResult` objects: ``precision``, ``optimizer``, ``recompute``,
-                      ``status`` ("exact" | "capped" | "infeasible" | "skipped" | "pruned" | "error"),
-                      ``max_batch_size`` (null when infeasible/skipped), ``peak_bytes`` (measured at the
-                      maximum), ``samples_per_second`` (at the planned micro-batch, else at the maximum),
-                      ``probes`` (how many probes this combination cost), ``reason``, ``static_bytes``,
-                      ``bytes_per_sample``, ``knee_batch_size``, ``recompute_blocks`` (recomputation on:
-                      the block classes its probes wrap and how many of each, {"Block": 12}; absent when off
-                      or not known, as in results written before it), ``trace`` (every probe: batch_size, kind,
-                      peak_bytes, steps, seconds, samples_per_second, cached, purpose: search |
-                      confirm | throughput, started_at: seconds since the epoch, when it ran;
-                      ``rank_peak_bytes``: every rank's peak under a distributed strategy,
-                      ``peak_bytes`` then being the largest), ``plan`` ([micro-batch, accumulation steps]
-                      of its plan, when it has a maximum), ``global_batch_seconds`` (throughput: measured
-                      seconds per global batch under that plan, every micro-batch's forward and backward
-                      and one update; ``samples_per_second`` is then the plan's rate)
-``chosen``            null, or {"precision", "optimizer", "recompute", "micro_batch_size",
-                      "accumulation_steps", "world_size", "global_batch_size",
-                      "requested_global_batch_size", "exact", "note", "strategy" ("none" | "ddp" |
-                      "fsdp"), "nproc_per_node", "num_nodes"}
-``distributed``       {} for one process, else {"strategy", "nproc_per_node"}: how every probe ran
-``probes``            total probes run (cache hits excluded), ``probe_overhead_seconds``, ``wall_seconds``
-``notes``             list of strings: decisions and warnings worth reading
-``cache``             present only when the result was served from the cache: {"key", "served": true,
-                      "made"} (``autobatch cache show KEY`` shows what it was computed from)
-``as_is``             present only when the script ran as it is: {"batch_env": the variable that carried the
-                      batch besides AUTOBATCH_BATCH_SIZE, or null}; ``script_args`` then hold the
-                      ``{batch}`` (and ``{accum}``) placeholders the plan's command line fills in
-``lengths``           present only when sequence lengths were searched (``--seq-len``): {"seq_lens" (searched,
-                      ascending), "plan_seq_len", "line_bytes" (the budget less the margin), "batch_multiple",
-                      "maxima" (an entry per combination and length, as ``combinations`` with its ``seq_len``;
-                      status "predicted": from the surface, no probe), "surfaces" (per combination: "surface"
-                      {"intercept_bytes", "bytes_per_token", "bytes_per_token_squared", "fitted_from"},
-                      "fit_error", "attention_share", "token_budget")}; ``combinations`` and ``chosen`` then
-                      carry the plan's ``seq_len`` (see :mod:`autobatch.run.lengths`)
-``script_files``      present only when the probes saw the script's files (:mod:`autobatch.probe.files`): {"read":
-                      {path: fingerprint ("sha256:..." or "stat:SIZE:MTIME_NS"), null when it could not be
-                      fingerprinted}, "written": [every path the script tried to write, in order]}; a path is
-                      relative to the working folder when inside it, else absolute
-``devices``           present only when one job spans several GPU models: one entry per model
-                      ({"model", "device", "indices", "budget_bytes", "budget", "served_from_cache",
-                      "probes", "max_batch_sizes"}); ``combinations`` then hold the smallest maximum
-                      over the models and ``device`` is the model that binds the chosen combination
+Holds the record classes (:class:`TuneResult`, :class:`ComboResult`, :class:`Chosen`, :class:`ProbeRecord`), their
+JSON form and :meth:`TuneResult.load`, which checks a file against the published JSON Schema
+(:mod:`autobatch.records.schema`). Fields are only ever added, never renamed or removed. Every field is
+described in docs/result-file.md.
 """
 
 from __future__ import annotations

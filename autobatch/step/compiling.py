@@ -1,35 +1,10 @@
 """``torch.compile`` inside a probe: the model compiled as the job would compile it, timed apart.
 
-Where: the model is compiled last, after recomputation, the precision's cast, the move to the device and a
-distributed strategy's wrapper: PyTorch's guidance is to compile the ``DistributedDataParallel``-wrapped model
-(so that Dynamo's DDPOptimizer splits the graph at the gradient buckets), and FSDP2's ``fully_shard`` works
-in place on the module that is then compiled. The optimizer is built on the same parameters either way.
-The model is compiled whole, with ``torch.compile``'s defaults (the ``inductor`` backend, graph breaks
-allowed: the job's model need not trace in one graph); on the CPU device inductor generates C++ (a
-working C++ compiler is needed: ``g++`` by default, ``CXX`` to change it). A fake-tensor simulation does not
-compile.
-
-Batch sizes: every tensor of the batch gets its first dimension marked dynamic
-(:func:`torch._dynamo.maybe_mark_dynamic`), so the graph is traced for a symbolic batch and one compiled
-graph serves every batch size of a combination. ``maybe_``, not ``mark_dynamic``: a model whose code
-specialises the batch (``if x.shape[0] == 8``) compiles a static graph, as in the job, instead of
-failing with a constraint violation that no job would see. Each probe is a fresh process, so what is shared
-between its probes is the on-disk cache: inductor's FX graph cache and AOTAutograd's cache (both on), in
-:func:`inductor_cache_dir`, so a combination compiles cold once and its later probes mostly load (measured
-through the probe server on a small ``examples/mlp.py``, two busy cores: 34-44 s cold, 5-7 s warm).
-
-Time: the report's ``compile_seconds`` is the time :func:`compile_model` takes (importing Dynamo and
-inductor, a few seconds in a fresh process) plus what :class:`CompileClock` adds up of the time Dynamo
-reports compiling (its start and end callbacks, which also cover a backward compiled lazily at the first
-backward, inductor's C++ builds and the per-process checks of the CPU's vector ISA). Each step's time is its
-wall time less the compiling inside it, so a recompilation at a later step (a batch of another shape) is not
-counted as step time either; the worker's throughput already leaves the first step out. With a torch whose
-Dynamo has no callbacks, the compiling is estimated as the first step's time over the median of the later
-steps'.
-
-Memory: on the CPU device the probe's peak is its process's data memory, and the compiler works in that
-process (Dynamo's and inductor's Python objects), as it does in the job's: a compiled probe's peak includes
-it.
+Compiles the model last (after recomputation, the precision's cast, the move to the device and a
+distributed wrapper) with ``torch.compile``'s defaults, marks the batch dimension dynamic so one graph
+serves every batch size, shares inductor's on-disk caches between probes (:func:`inductor_cache_dir`) and
+reports the compile time apart from the step time (:class:`CompileClock`). Where, why and what it costs:
+docs/levers.md ("Compile in a probe").
 """
 
 from __future__ import annotations

@@ -1,47 +1,10 @@
 """Activation recomputation: wrap the model's repeated blocks in non-reentrant checkpointing.
 
-Blocks are the classes the user names (``--recompute-class`` or ``RECOMPUTE_CLASSES`` in the script), or,
-detected, the outermost repeated children of the model's ``nn.ModuleList`` and ``nn.Sequential``
-containers holding the most parameters:
-
-* a class is *repeated* when two or more children of such containers, holding parameters, are of it;
-* a block is an instance of a repeated class inside no instance of a repeated class (a class that lives
-  inside another repeated class is not a block), a container's child;
-* of the classes with two such instances or more, the one whose instances hold the most parameters is
-  wrapped (ties: more instances, then the first found, outermost first).
-
-Why not the most repeated class, as before: a decoder of 12 ``Block`` modules in a ``ModuleList``, each
-keeping its MLP in an ``nn.Sequential(Linear, GELU, Linear)``, holds 24 ``Linear`` layers in containers.
-Checkpointing a single ``Linear`` saves nothing (it keeps its input either way): recomputation wrapped
-the Linears and found the maximum it found without (``tests/scripts/decoder.py`` under a 1 GiB cap on
-the CPU: 14 against 14), where wrapping the blocks fits 33-34.
-Why the most parameters: a stem or a head kept in a ``Sequential`` of two layers is repeated and
-outermost too. A child that is a plain ``nn.Sequential``, ``nn.ModuleList`` or ``nn.ModuleDict`` is never
-a block (wrapped by its class name, every container of the model would be): detection looks inside it.
-
-Levels (``level``, used only when recomputation is on): how much of the model is recomputed.
-
-``full``       every block is checkpointed: only its input is kept for backward (what ``--recompute`` did).
-``K/N``        of the model's ``N`` blocks (it must hold exactly ``N``), the first ``K`` in the model's
-               module order (for blocks in a ``ModuleList`` or ``Sequential``, the order its forward runs
-               them) are checkpointed; the rest keep their activations. The first, not every n-th (torchtitan's
-               ``selective_ac_option = "2"``) nor evenly spaced: the saving is the same ``K`` blocks' worth
-               either way, but backward runs the blocks last to first, so with the first ``K`` checkpointed
-               their recomputation happens after the kept blocks' activations were freed, whereas a
-               checkpointed last block recomputes its activations at the top of the peak. Measured on
-               ``tests/scripts/decoder.py`` with a light head (64-word vocabulary), batch 8, at 6/12: the first
-               six peak at 234.1 MiB, the last six or every second block at 240.2 MiB (one block's
-               recomputation more); with its 4096 words the head's own backward peak hides the difference.
-               Megatron-LM's ``--recompute-method block`` makes the same choice. Any ``K`` is expressible.
-``selective``  every block is checkpointed with a per-op policy (PyTorch's selective activation checkpointing,
-               :func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`): the outputs of matmul-like
-               and attention ops (:data:`SAVED_OPS`) are saved (``MUST_SAVE``), everything else (norms,
-               activations, softmax, casts, elementwise) is recomputed (``PREFER_RECOMPUTE``); torchtitan's
-               op-level policy (``_save_list``), without its collectives. Backward recomputes only the cheap
-               ops; memory lies between no recomputation and ``full``.
-
-A level string that is malformed here is a programming error (:class:`ValueError`): user input is parsed and
-named before it reaches the step.
+Finds the blocks (the classes the user names, else the detected outermost repeated children holding the
+most parameters) and applies a level: ``full``, the first ``K`` of ``N`` blocks, or ``selective`` (a per-op
+policy that saves :data:`SAVED_OPS`). A malformed level string here is a programming error
+(:class:`ValueError`): user input is parsed and named before it reaches the step. How blocks are detected:
+docs/script.md ("Recomputation"); the levels, why the first ``K`` and their measured peaks: docs/levers.md.
 """
 
 from __future__ import annotations

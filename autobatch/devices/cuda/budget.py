@@ -1,37 +1,9 @@
 """The CUDA budget and the verdict on a step: pure arithmetic over figures read elsewhere.
 
-Definition: on CUDA, a probe's memory is what PyTorch's caching allocator *reserves*
-(``max_memory_reserved``: segments, fragmentation included). The budget is::
-
-    budget = (capacity - other processes - CUDA context) x (1 - headroom)
-
-enforced with ``torch.cuda.set_per_process_memory_fraction(budget / total)``, which caps reserved
-memory and raises a real ``torch.OutOfMemoryError`` past it. That cap counts neither the CUDA context
-(about 300-600 MiB, growing as kernels load lazily; it also holds cuBLAS/cuDNN handles) nor memory
-other processes hold, so both are subtracted first:
-
-* **capacity** is the device's total memory, or ``--memory`` to calibrate for a smaller card. A
-  calibrated card is taken to be dedicated: other processes on *this* GPU are not subtracted from it,
-  but it must fit in what this GPU has available (``memory <= total - other processes``), else
-  :func:`cuda_budget` raises :class:`DeviceError` (it does not clamp: a clamped budget would answer for
-  a card the user did not ask about).
-* **other processes**: the larger of NVML's per-process figures for every PID that is not ours and
-  the device-level figure ``total - free - reserved by us - our context`` (which also sees driver
-  reservations, display servers and processes NVML hides).
-* **CUDA context**: this process's NVML usage minus what PyTorch reserved, measured at probe start;
-  when NVML cannot see our PID (containers have their own PID namespace; NVML reports host PIDs) it
-  is estimated as :data:`DEFAULT_CONTEXT_BYTES` (512 MiB). Growth after the snapshot (lazy kernel
-  loading) is what the headroom absorbs.
-
-A step does not fit when the allocator had to flush its cache to satisfy it
-(``num_alloc_retries > 0``), when it raised an OOM that something caught (``num_ooms > 0``, e.g.
-cuDNN falling back to a slower algorithm for want of workspace), when reserved memory passed the
-budget, or when the whole process (NVML: CUDA context and memory outside PyTorch included) used more
-than the device leaves it (:attr:`Budget.process_limit_bytes`, capacity less other processes).
-
-This module is the arithmetic only: dataclasses in, numbers and verdicts out, no torch and no pynvml,
-so it carries the logic and the tests. The figures come from :mod:`.runtime` (torch.cuda) and
-:mod:`.nvml` (pynvml).
+:func:`cuda_budget` turns capacity, other processes' memory and the CUDA context into the budget the
+allocator cap enforces; :func:`judge_step` says whether a step fit. Dataclasses in, numbers and verdicts out, no
+torch and no pynvml: the figures come from :mod:`.runtime` (torch.cuda) and :mod:`.nvml` (pynvml). The
+definition and every term: docs/how-a-tune-works.md ("The CUDA budget in detail").
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """Which tensors hold memory at the peak of a training step, by category.
 
-:class:`MemoryTracker` is a ``TorchDispatchMode``: it sees the output of every ATen operation of the
-step (forward, backward, optimizer; real tensors or fake ones) and tracks each new storage once
-(views share their base's storage, so nothing is counted twice) until it is freed (a weak reference
-on the storage). Each storage carries a category, first from the phase it was created in, then
-refined as the step reveals what it is:
-
-``parameters`` / ``buffers``  registered when the model is built (tied weights counted once)
-``inputs``            the batch's tensors
-``activations``       created in the forward and kept for backward: saved by autograd (seen by a
-                      ``saved_tensors_hooks`` pack hook), or still alive when the forward returns
-``autocast_copies``   low-precision copies of parameters that autocast makes and caches in the forward
-``gradients``         assigned to a parameter's ``.grad`` (post-accumulate-grad hook)
-``optimizer_state``   held in ``optimizer.state`` after ``step()``
-``temporaries``       everything else: intermediates of the forward that are not kept, of the backward,
-                      of the optimizer step
-
-At every new high-water mark of the live tensor bytes it keeps a copy of the per-category totals, so
-the breakdown it reports is the one at the peak (with the bytes of the storages :meth:`MemoryTracker.mark`
-singled out, whatever their category: explain's materialised attention scores); a storage that was alive
-at the peak and is identified later (optimizer state being created when the peak happened, say) is moved
-to its category in that copy too. An :mod:`allocator model <autobatch.explain.worker.allocators>`
-turns the same stream into the device's figure (a CPU process's data memory, the CUDA caching
-allocator's reserved segments). Allocations that happen inside a kernel without going through the
-dispatcher (library workspaces, oneDNN and MKL buffers) are not seen: a measured run reports them
-as the residual.
+:class:`MemoryTracker` is a ``TorchDispatchMode`` that sees every ATen operation's output in the step
+(real or fake tensors), tracks each storage once until it is freed, categorises it (parameters, buffers,
+inputs, activations, autocast copies, gradients, optimizer state, temporaries) and keeps the per-category
+totals at the high-water mark. How each category is recognised: docs/explain-estimate.md ("How explain
+tracks the step").
 """
 
 from __future__ import annotations
