@@ -1,29 +1,9 @@
 """Hugging Face ``TrainingArguments`` as JSON, for ``HfArgumentParser(TrainingArguments).parse_json_file``.
 
-Where each number lands:
-
-* ``per_device_train_batch_size`` = micro-batch, ``gradient_accumulation_steps`` = accumulation.
-  The world size is not a TrainingArguments field: the launcher's process count sets it
-  (``torchrun --nproc-per-node``, ``accelerate launch --num_processes``).
-* ``bf16`` / ``fp16`` (autocast mixed precision): ``bf16-mixed`` -> bf16, ``16-mixed`` -> fp16,
-  ``32-true`` -> neither. ``bf16-true`` has no flag: bf16 is written and the model must be loaded in
-  bfloat16 (``from_pretrained(..., dtype=torch.bfloat16)``); autocast over bf16 weights adds nothing,
-  and a model left in fp32 would fall back to bf16-mixed rather than fp32.
-* ``optim`` (``transformers.training_args.OptimizerNames``): adamw -> ``adamw_torch``,
-  adamw-fused -> ``adamw_torch_fused``, adam -> ``adamw_torch`` (there is no plain Adam; AdamW
-  with TrainingArguments' default ``weight_decay`` 0 is the same update), sgd -> ``sgd``,
-  sgd-momentum -> ``sgd`` with ``optim_args: "momentum=0.9"``, adafactor -> ``adafactor``
-  (transformers' Adafactor, factored like the torch one autobatch measured), rmsprop ->
-  ``rmsprop``, adagrad -> ``adagrad``.
-* recompute -> ``activation_checkpointing`` on transformers >= 5.23 (where
-  ``gradient_checkpointing`` became its deprecated alias), else ``gradient_checkpointing``; an
-  unknown version gets ``gradient_checkpointing``, which every release from 4.11 to 5.x accepts.
-* ``output_dir`` (``EmitOptions.hf_output_dir``, default ``trainer_output``, transformers 5's own
-  default): older releases require the field, so it is always written.
-* ``use_cpu: true`` when the tune measured the CPU device (the numbers hold for CPU training only).
-
-``parse_json_file`` rejects unknown keys, so the file carries nothing else: no comment, no
-provenance; :func:`caveats` returns those for the command to print.
+:func:`render_hf` maps the plan onto ``per_device_train_batch_size``, ``gradient_accumulation_steps``,
+``bf16``/``fp16``, ``optim``, the recomputation key the transformers version reads, ``output_dir`` and
+``use_cpu``. ``parse_json_file`` rejects unknown keys, so provenance comes back from :func:`caveats`.
+Where each number lands: docs/huggingface.md ("The TrainingArguments file").
 """
 
 from __future__ import annotations

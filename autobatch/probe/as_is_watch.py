@@ -1,29 +1,11 @@
 """The watch on a script run as it is: the script as ``__main__`` in a probe process, its steps hooked.
 
-A probe is the script itself, in a process forked from the warm server, run as the job runs it: ``sys.argv``
-is the script and its arguments with ``{batch}`` replaced, the batch size is in ``AUTOBATCH_BATCH_SIZE`` (and
-``batch_env``), the budget is applied by the same device hooks as autobatch's own probes, and the script runs
-as ``__main__`` (:func:`runpy.run_path`). Every ``torch.optim.Optimizer`` step in the process fires a hook
-(``register_optimizer_step_post_hook``) that reads the peak and the time since the last step; once the steps
-say enough (:class:`autobatch.core.steady.StepRule`, the rule of every probe), the hook writes the outcome
-and ends the process (:func:`autobatch.probe.ops.report_and_exit`). The steps counted are those of the first
-optimizer that steps (a GAN's second optimizer does not count twice). The first step's pre-hook reads the
-forward and backward phase alone (its peak and the gradients); a step given a closure runs that phase inside
-the step (Lightning's ``optimizer.step(closure=...)``), so the hook wraps the closure and reads them when it
-returns. Frameworks that wrap the optimizer (accelerate's ``AcceleratedOptimizer``, used by Hugging Face's
-``Trainer``) step the ``torch.optim.Optimizer`` inside, whose hooks fire as for a plain loop.
-
-What the script does instead is the answer:
-
-* it raises an out-of-memory error: ``oom`` (classified as for any probe), even when it catches the error
-  itself: the error is seen where it is raised (:class:`OomWatch`), and the probe ends there, so a batch the
-  script survives by retrying smaller or skipping never counts as a fit;
-* it ends, or raises its own error, before the steps were enough: the script's error (before its first
-  step: with its exit code; after k steps: not enough data at this batch, which says nothing of memory);
-* no optimizer step comes before the probe's timeout runs out: "no optimizer step seen".
-
-Memory that arrives after the first steps (another optimizer's first step, frozen parameters), and backward
-passes without a step, are :mod:`autobatch.probe.as_is_late`'s.
+The script runs as the job runs it (``sys.argv`` with ``{batch}`` filled in, ``AUTOBATCH_BATCH_SIZE``, the
+same budget hooks); an optimizer step post-hook reads the peak and the time at every step of the first
+optimizer that steps and, once :class:`autobatch.core.steady.StepRule` says the steps are enough, reports
+and ends the process. An out-of-memory error is seen where it is raised (:class:`OomWatch`), even when the
+script catches it. What a probe is and what each ending means: docs/as-is.md ("What a probe is", "What can
+go wrong, and the answer"); memory that arrives later is :mod:`autobatch.probe.as_is_late`'s.
 """
 
 from __future__ import annotations

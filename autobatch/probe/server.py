@@ -1,27 +1,10 @@
 """The probe server (the daemon): imports torch and the user script once, then forks a probe per request.
 
-Protocol: JSON lines. The client writes requests on the server's stdin; the server answers on the
-file descriptor that was its stdout at start (its own fd 1 is then pointed at stderr, so whatever
-the user script prints cannot corrupt the protocol), and reads requests from a copy of the stdin it
-started with (its own fd 0 is then /dev/null, so a script that reads stdin cannot hang or corrupt it). First message: ``{"ready": true, ...}`` or
-``{"ready": false, "error": {...}}``. Each request ``{"id": n, "request": {...}}`` gets
-``{"id": n, "outcome": {...}}``. EOF on stdin ends the server.
-
-Start-up: the server imports torch, the modules that register probe operations
-(:mod:`autobatch.probe.ops`: the built-in ones, then the client's ``op_modules``) and the third-party
-modules the step imports (:mod:`autobatch.probe.warming`), all before the first fork, so that every probe
-inherits them. No user code runs here: a first child imports the script and checks the contract (its
-error is the server's start-up error), and every probe imports the script again in its own process,
-then runs the request through :func:`autobatch.probe.ops.dispatch`.
-
-Isolation: every probe runs in a process forked from this one, whose allocator state no earlier
-probe touched; the server itself never runs a tensor operation or the user's code (a forked child of a
-process that started OpenMP threads or initialised CUDA is not safe). Each probe child asks the kernel
-to kill it if the server dies (``PR_SET_PDEATHSIG``). Nothing the script starts outlives its probe, nor
-holds its answer back (:mod:`autobatch.probe.lineage`): the server reads a probe's outcome until the probe
-exits (not until its pipe's end of file, which a forked descendant can keep away), it is the subreaper of
-everything its probes start, and it kills all of it when the probe ends; on SIGTERM (the client's stop, or
-the kernel's when the client dies) it kills everything below it, then exits.
+JSON lines on stdin and on the fd that was its stdout; torch, the probe operations and the step's
+third-party modules are imported before the first fork, and no user code or tensor operation runs in the
+server itself. Every probe is a fresh fork that dies with the server, and the server, subreaper of all its
+probes start, kills what a probe left behind. The protocol: docs/architecture.md ("The probe server's
+protocol"); isolation: docs/how-a-tune-works.md ("Isolation and processes").
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """What the probe server loads: a script spec, the one record every way of naming a training step maps onto.
 
-The three-function script stays the form every probe runs; a spec says where those
-functions come from, and :func:`autobatch.step.contract.load_script` turns it into a
-:class:`~autobatch.step.contract.UserScript` inside the probe server:
-
-============  =====================================================  ==============================
-kind          ``target``                                             from
-============  =====================================================  ==============================
-path          a ``.py`` file defining the three functions            ``SCRIPT``, ``tune("train.py")``
-reference     ``"package.module:attribute"`` (or ``"package.module"``)  ``tune("pkg.train:script")``
-pickled       a file holding an object with the three functions,     ``tune(build_model=..., ...)``
-              written with cloudpickle (callables by value)          and the Lightning callback
-hf            a Hugging Face ``config.json`` or a model folder       ``--hf PATH``
-lightning     ``"PATH:ModuleClass"`` (or ``"package.module:Class"``)  ``--lightning PATH:Class``
-as_is         a ``.py`` file without the functions, run as it is     ``SCRIPT -- --batch-size {batch}``
-============  =====================================================  ==============================
-
-An ``as_is`` script is never imported for its functions: each probe runs it as ``__main__``
-(:mod:`autobatch.step.as_is`, :mod:`autobatch.probe.as_is`); its options hold ``batch_env``.
-
-A ``path`` spec crosses to the server as the plain path string (as before specs existed); the others
-as :meth:`ScriptSpec.to_dict`. :meth:`ScriptSpec.content` is what the probe journal's fingerprint
-hashes: the bytes of every file the spec reads. No torch here.
+A :class:`ScriptSpec` says where the three functions come from (``kind``: path, reference, pickled, hf,
+lightning, as_is); :func:`autobatch.step.contract.load_script` turns it into a
+:class:`~autobatch.step.contract.UserScript` inside the probe server. :meth:`ScriptSpec.content` is what the
+probe journal's fingerprint hashes. The ways of naming a step: docs/script.md ("Other ways to name the
+step") and docs/python-api.md ("The step"). No torch here.
 """
 
 from __future__ import annotations

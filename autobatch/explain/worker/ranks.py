@@ -1,27 +1,10 @@
 """One rank of a distributed strategy under fake tensors: ``estimate --strategy ddp|fsdp --world-size N``.
 
-The recipe torchtitan's memory estimation follows (checked with torch 2.13 on the CPU):
-``torch.distributed``'s ``fake`` backend with ``torch.testing._internal.distributed.fake_pg.FakeStore``
-lets this one process act as rank 0 of any world size (collectives return at once, moving no data);
-the device mesh is made *before* ``FakeTensorMode`` is entered (inside it, ``fully_shard`` fails on a
-data-dependent op); the model is then built under fake tensors by the probe's own step
-(:func:`autobatch.step.loop.build_step`), wrapped by the same :func:`autobatch.step.wrapping.wrap_fsdp`
-as a measured FSDP2 probe (each repeated block, then the root), and stepped with an optimizer built on
-the sharded parameters. Building straight on fake tensors replaces the recipe's ``meta`` device and
-``to_empty``: both give parameters with no storage, and fake ones also run the step.
-
-What the tracker counts is what this rank holds. FSDP2's sharded parameters, their gradients and the
-optimizer state built on them are DTensors: wrappers whose own storage has the *global* size, over a
-local shard of about 1/N of it. The tracker therefore lets every DTensor operation desugar into the
-operations on the local shards, which it sees and counts, and counts a DTensor by its inner tensors'
-storages (:func:`~autobatch.explain.worker.tracker.storages_of`), as ``torch.distributed._tools.MemTracker``
-does; counting the wrappers made every rank hold the whole model's state (the FSDP estimate was
-0.54 x the measured 2-rank maximum on the distributed docs' MLP). The unsharded parameters a block all-gathers
-are plain tensors, freed and refilled with ``UntypedStorage.resize_`` (:func:`track_resize`).
-
-``ddp``: the step of one process plus DDP's gradient buckets, which hold a flat copy of every gradient
-from construction on (``gradient_as_bucket_view=False``, DDP's default): :meth:`FakeRank.extra_bytes`.
-DDP itself is not constructed under fake tensors (its C++ reducer allocates outside the tracker).
+Rank 0 of any world size in ``torch.distributed``'s ``fake`` process group, the device mesh made before
+``FakeTensorMode`` is entered, the model built by the probe's own step and wrapped as a measured FSDP2 probe
+wraps it. DTensors are counted by their local shards (:func:`track_resize` follows the all-gathered
+parameters); ``ddp`` adds the gradient buckets (:meth:`FakeRank.extra_bytes`). The recipe and why:
+docs/distributed.md ("Estimates per rank").
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """A training step under fake tensors: its memory, with no real allocation.
 
-:func:`simulate` builds the model and the batch under ``torch._subclasses.fake_tensor.FakeTensorMode``
-(tensors with shapes, dtypes and devices but no data), runs two full steps (forward, loss, backward,
-``optimizer.step()``, ``zero_grad``: the second step has the optimizer state resident, so it holds the
-steady-state peak) and tracks every storage with a :class:`~autobatch.explain.worker.tracker.MemoryTracker`
-whose allocator model gives the device's figure: a CPU probe process's data memory, or the CUDA
-caching allocator's reserved segments.
-
-What it cannot see, and an estimate therefore does not include:
-
-* memory a kernel allocates internally (oneDNN and MKL buffers on the CPU; cuDNN and cuBLAS workspaces
-  on CUDA), except where :mod:`~autobatch.explain.worker.kernels` models it (the oneDNN LSTM workspace),
-  and kernel choices that differ between devices: the step runs PyTorch's CPU code paths,
-  so on a GPU a different SDPA backend (flash, memory-efficient, math) saves different tensors;
-* the CUDA context (a card profile assumes one) and other processes;
-* data-dependent work: ``.item()`` answers 1, so a step whose shapes depend on values is not modelled,
-  and ``16-mixed`` is simulated as a fixed loss scale (GradScaler's inf checks read values).
-
-On a CUDA target the optimizer is built with ``foreach=True`` where it supports it, as PyTorch does by
-default on CUDA (one extra parameter-sized intermediate in ``step()``).
-
-The step itself is the probe's (:func:`autobatch.step.loop.build_step` and
-:func:`~autobatch.step.loop.one_step`, built with ``fake=True``), hooked by the same
-:class:`~autobatch.explain.worker.breakdown.Instrument` as a measured run, without the per-module table.
+:func:`simulate` builds the model and the batch under ``FakeTensorMode``, runs two full steps of the probe's
+own step (the second with the optimizer state resident) and tracks every storage with a
+:class:`~autobatch.explain.worker.tracker.MemoryTracker` whose allocator model gives the device's figure.
+What a simulation cannot see, and an estimate therefore leaves out: docs/explain-estimate.md ("What a
+simulation cannot see").
 """
 
 from __future__ import annotations
