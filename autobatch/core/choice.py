@@ -46,7 +46,7 @@ T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31
 #: Rates within this fraction of each other are a tie whatever the errors (practical equivalence).
 EQUIVALENT = 0.05
 #: A probe whose threads waited for a core less than this share of its wall time timed the step alone: one
-#: such probe is enough. Measured here: 0.003 alone, 0.86 with a neighbour keeping one of the two cores busy.
+#: such probe is enough (docs/measurements/in-the-code.md).
 QUIET_WAIT = 0.1
 #: At most this many seconds of timing probes beyond the search, and this many rounds.
 TIMING_SECONDS = 60.0

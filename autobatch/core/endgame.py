@@ -37,7 +37,7 @@ FINAL = 0.2
 #: own rule when more than this share of the distribution lies outside them.
 OUTSIDE = 0.25
 #: The noise is read from the points this close to the model's boundary (a fraction of it): a curve that
-#: bends (a rising phase's reading, measured here) is near-affine only there.
+#: bends (a rising phase's reading) is near-affine only there.
 NEAR = 0.8
 
 

@@ -33,13 +33,13 @@ from autobatch.core.space import optimizer_state_bytes
 from autobatch.core.steady import CONFIRM_STEPS_AT_LEAST
 from autobatch.core.units import format_bytes
 
-#: Where the calibration probe goes, as a fraction of the boundary a guessed slope predicts (measured
-#: here: guesses for another precision or recomputation setting were 4-70 % too high).
+#: Where the calibration probe goes, as a fraction of the boundary a guessed slope predicts: guesses for
+#: another precision or recomputation setting run too high (docs/measurements/in-the-code.md).
 CALIBRATE_AT = 0.8
 #: How many times a maximum that fails its confirmation is searched again below.
 CONFIRM_ROUNDS = 4
 #: Without a prior, the first probe is the 8th candidate, not the 1st: at the smallest batch the fixed
-#: memory and its noise hide the per-sample cost (measured here: peaks at batch 1 and 2 differ by -9 MiB).
+#: memory and its noise hide the per-sample cost (docs/measurements/in-the-code.md).
 SCOUT_CANDIDATES = 8
 
 #: ``probe(batch, (min_steps, max_steps), purpose)``; purpose is "search" or "confirm".

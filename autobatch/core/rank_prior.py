@@ -41,9 +41,8 @@ __all__ = [
 ]
 
 #: What a rank process holds beyond a single probe process before building the model, on the CPU device
-#: (``gloo``). Measured here (torch 2.13, 2 ranks, the MLP example): a rank's baseline 313.4 MiB against
-#: 290.2 MiB for a single-process probe. On CUDA, NCCL's buffers lie outside the caching allocator whose
-#: peak a probe measures, so nothing is added there.
+#: (``gloo``) (docs/measurements/in-the-code.md). On CUDA, NCCL's buffers lie outside the caching allocator whose peak a probe
+#: measures, so nothing is added there.
 GLOO_RANK_BYTES = 23 * 2**20
 
 
@@ -95,8 +94,8 @@ def curve_of(observations: Iterable[Observation]) -> Affine | None:
     smallest non-fit count, and the rising phase's peaks (forward and backward with the optimizer state
     resident) when every fit has one, since the optimizer step's flat peak hides the slope. The line is
     fitted to the upper half of the fitting batches (all of them when that leaves one batch): at small
-    batches the build's transients hold the rising phase's high-water mark flat (measured here on the MLP
-    example: 419 MiB from batch 8 to 70, then 0.068 MiB per sample from 1760 to 2201)."""
+    batches the build's transients hold the rising phase's high-water mark flat
+    (docs/measurements/in-the-code.md)."""
     seen = list(observations)
     min_fail = min((o.batch_size for o in seen if not o.fits), default=None)
     fits = [

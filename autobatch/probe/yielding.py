@@ -1,21 +1,11 @@
 """Threads that yield on a busy CPU: the probe server restarts with OpenMP's passive wait policy once a
 probe shows that another process keeps the cores busy.
 
-torch's intra-op threads (GNU OpenMP) wait for each other at the end of every parallel region by spinning
-on their core. Beside a process that keeps one of the cores busy, one of them keeps losing its core and
-the others spin until it is back: the step stalls. Measured here (``python scripts/busy_threads.py``,
-``docs/measurements/busy-threads.md``: examples/gpt.py at batch 16, AdamW, torch's two threads on two cores):
-a step takes 0.072 s alone and 0.64 s (0.34-1.1) beside one busy core with the default policy, 0.152 s
-with ``OMP_WAIT_POLICY=PASSIVE`` (threads that sleep while they wait), which costs 0.093 s alone: so
-passive is no default, only the answer to a machine that is busy. Memory is the same under both.
-
-The rule: after the first probe whose threads waited for a core at least :data:`STALLED_WAIT` of its wall
-time (:attr:`~autobatch.records.protocol.ProbeOutcome.cpu_wait`; CPU only), the server restarts with
-:data:`YIELDING_ENV` before its next operation, once, and the result says so. Step times measured under
-one policy are compared only with those measured under the same one (:class:`autobatch.run.throughput.StepTimes`).
-A user who sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` keeps it: the probes run as their job does. The
-root ``autobatch.toml`` tune beside one busy core: 250 s before, 55 s with the rule
-(``docs/measurements/benchmark-history.md``).
+torch's OpenMP threads spin while they wait for each other, and beside a busy core the step stalls. After
+the first probe whose threads waited for a core at least :data:`STALLED_WAIT` of its wall time (CPU only),
+the server restarts with :data:`YIELDING_ENV`, once; a user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``
+is kept. Why, and what it changes: docs/how-a-tune-works.md ("Spinning threads") and
+docs/measurements/busy-threads.md.
 """
 
 from __future__ import annotations
@@ -28,8 +18,8 @@ from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
 
 #: What the restarted server's probes inherit: OpenMP threads that sleep while they wait.
 YIELDING_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
-#: A probe whose threads waited this share of its wall time for a core ran beside load (0.003 alone and
-#: 0.86 beside one busy core of two, measured here; the throughput choice calls a probe quiet under 0.1).
+#: A probe whose threads waited this share of its wall time for a core ran beside load (the throughput
+#: choice calls a probe quiet under 0.1) (docs/measurements/in-the-code.md).
 STALLED_WAIT = 0.25
 #: Settings of the user's own that decide how OpenMP threads wait: present, the probes keep them.
 USER_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from autobatch.records.result import ComboResult
 
 MiB = 1 << 20
-#: Assumed CPU runtime buffers outside PyTorch's allocator (MKL GEMM buffers, oneDNN scratchpads):
-#: measured here at 5-40 MiB on the examples, depending on the kernels a model runs.
+#: Assumed CPU runtime buffers outside PyTorch's allocator (MKL GEMM buffers, oneDNN scratchpads)
+#: (docs/measurements/in-the-code.md).
 CPU_RUNTIME_BYTES = 32 * MiB
 
 

@@ -6,12 +6,8 @@ simulated step gets a fake tensor of the real size in its place (tracked, and fr
 
 * ``aten::mkldnn_rnn_layer`` (``nn.LSTM`` in training on the CPU runs through oneDNN): the meta function
   returns an empty workspace, but oneDNN keeps one per layer and direction, saved for backward: the
-  gates and the layer and cell states of every time step. Measured here (torch 2.13, CPU build, oneDNN),
-  per sample, within 7 % over sequence lengths 16-64, batches 8-32, input 64-256 and hidden 128-1000
-  features: ``a*T*H + c*(T+1)*max(I, H) + e`` bytes, with (a, c, e) = (34.5, 25.9, 11020) for float32
-  inputs and (20.5, 22.1, 7545) for bfloat16 (autocast). That is about 62 bytes per time step and hidden
-  feature in float32: on an LSTM language model, more than the step's visible activations, and what the
-  fake replay missed (it over-estimated the maximum by 31 %).
+  gates and the layer and cell states of every time step, modelled per sample as
+  ``a*T*H + c*(T+1)*max(I, H) + e`` bytes with coefficients fitted to measurements (docs/measurements/in-the-code.md).
 
 A kernel that already reports its workspace (a real run, where explain's tracker sees real tensors) is
 left alone.
