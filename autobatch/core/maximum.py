@@ -1,24 +1,10 @@
 """One combination's maximum: calibrate the prior, search, confirm. Pure, over a probe callable.
 
-:func:`find_maximum` is the whole per-combination procedure that ``tune`` runs for every combination
-of the grid and ``explain --verify`` runs for every lever; it talks to a :data:`ProbeCall`
-``(batch, (min_steps, max_steps), purpose) -> Observation`` and never to a device.
-
-1. **Calibrate.** A prediction from other combinations (:mod:`autobatch.core.reuse`) whose slope is
-   only a guess (another precision or recomputation setting) costs one probe at
-   :data:`CALIBRATE_AT` of the boundary it predicts: the intercept (static memory, moved
-   analytically) is the strong half of the line, the probe gives the slope.
-2. **Search** (:func:`autobatch.core.search.search_max_batch`), starting at the scout candidate when
-   nothing is known, with the floor of memory known not to grow with the batch.
-3. **Confirm.** The number a user gets must hold in their job, and feasibility can flicker right at
-   the boundary: the maximum is confirmed by a longer probe (:attr:`Limits.confirm`: six steps at least,
-   then up to ``confirm_steps`` while its peak still grows). A search probe that
-   already ran that long needs none: one next to a known non-fit, and one at the batch the model
-   predicts to be the maximum (so that on an affine curve the whole procedure is four probes: the
-   scout, the proportional guess, the predicted maximum at confirmation length, its neighbour). When the confirmation fails, that batch
-   counts as a non-fit and the search continues below it, at most :data:`CONFIRM_ROUNDS` times. When
-   the rounds run out, the answer is the largest batch whose confirmation held, with status
-   ``incomplete`` — never a maximum whose last confirmation failed.
+:func:`find_maximum` is the whole per-combination procedure that ``tune`` runs for every combination of the
+grid and ``explain --verify`` runs for every lever; it talks to a :data:`ProbeCall` and never to a device.
+The three steps (a calibration probe at :data:`CALIBRATE_AT` when the slope is a guess, the search from the
+scout candidate, a confirmation that is searched below at most :data:`CONFIRM_ROUNDS` times, else
+``incomplete``): docs/how-a-tune-works.md ("Search").
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Reuse across the grid: predict a combination's memory line from combinations already measured.
 
-Memory is close to affine in the batch size, ``peak(b) = intercept + slope * b``. The intercept
-holds the static memory (parameters, gradients, optimizer state, the process itself) and the slope
-the activations kept for backward. So:
-
-* another optimizer at the same precision and recomputation has the same slope, and an intercept
-  that differs by the analytic optimizer-state difference (SGD 0, momentum 1, Adam/AdamW 2
-  parameter-sized states, Adafactor factored);
-* another precision or recomputation setting changes the slope by a ratio, a guess the runner
-  calibrates with one probe: the ratio this model measured when another pair of lines differs by just
-  that (bf16-mixed against 32-true without recomputation, for bf16-mixed with it), else a typical one
-  (:data:`SLOPE_RATIOS`; measured on a GPT on the CPU, bf16-mixed cost more per sample than 0.7x).
-  A measured slope at the same setting always wins. A slope built from measured ratios stays a guess
-  to calibrate: trusting it (no calibration probe) was measured on the gpt workload's default grid
-  (``scripts/benchmark.py --workloads gpt``): recomputation's ratio measured at 32-true put
-  bf16-mixed with recomputation's boundary at 88 against a true 66, and that combination took 6 probes
-  instead of 4.
-
-A prediction is only a proposal: the search verifies it with a probe on each side of the boundary,
-so a wrong guess costs probes, never correctness.
+Memory is close to affine in the batch size: another optimizer keeps the slope and moves the intercept by
+the analytic optimizer-state difference; another precision or recomputation setting scales the slope by a
+ratio (measured between other lines, else :data:`SLOPE_RATIOS`), a guess the runner calibrates with one
+probe. A prediction is only a proposal: the search verifies it. Why: docs/how-a-tune-works.md ("Later
+combinations").
 """
 
 from __future__ import annotations

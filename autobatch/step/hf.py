@@ -1,24 +1,10 @@
 """Hugging Face: a model built from its config (``tune --hf``), its own loss, and ``TrainingArguments``.
 
-``HFScript(config, task, seq_len)`` is the three-function contract over a transformers model:
-
-* ``build_model()``: the task's auto class (``AutoModelForCausalLM``, ...) ``.from_config(config)``:
-  random weights, never loaded or downloaded (the config is read with ``local_files_only``).
-* ``make_batch(b, seq_len=None)``: the worst case at ``seq_len`` tokens (each length the tune searches;
-  unset: the longest of ``--seq-len``, else the model's maximum positions):
-  ``input_ids`` (random ids below the vocabulary size), ``attention_mask`` (all ones, no padding) and
-  the task's labels: the ids themselves (causal-lm, masked-lm), a class per sample
-  (seq-classification; floats for regression and multi-label), a class per token
-  (token-classification), start and end positions (question-answering), ``seq_len`` target ids
-  (seq2seq-lm). Generated with a fixed seed, so every probe sees the same batch.
-* ``compute_loss(model, batch)``: ``model(**batch).loss``.
-* ``RECOMPUTE_CLASSES``: the model's own layers: the classes of its modeling module that subclass
-  transformers' ``GradientCheckpointingLayer`` (its decoder/encoder layers), else the model's
-  ``_no_split_modules``, else autobatch's detection of repeated blocks.
-
-The task comes from ``--hf-task``, else from the config's ``architectures`` (``GPT2LMHeadModel`` is a
-causal LM). :func:`model_loss` is the loss of a script that defines no ``compute_loss``, and
-:func:`apply_to_training_arguments` puts a result into ``TrainingArguments``.
+:class:`HFScript` is the three-function contract over a transformers model: the task's auto class
+``.from_config`` (random weights, never downloaded), worst-case batches at ``seq_len`` tokens with the
+task's labels, and ``model(**batch).loss``. :func:`model_loss` is the loss of a script that defines no
+``compute_loss``; :func:`autobatch.integrations.hf.apply_to_training_arguments` puts a result into
+``TrainingArguments``. Details: docs/huggingface.md.
 """
 
 from __future__ import annotations

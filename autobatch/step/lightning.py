@@ -1,26 +1,9 @@
 """Lightning: a LightningModule as the training step (``tune --lightning``), and the ``AutoBatch`` callback.
 
 :class:`LightningScript` is the three-function contract over a LightningModule and, optionally, a
-LightningDataModule:
-
-* ``build_model()``: a fresh module (its init arguments from ``--lightning-config``, the YAML file
-  LightningCLI takes: the ``model:`` and ``data:`` sections, plain or as ``class_path``/``init_args``),
-  after its ``configure_model()`` hook. Manual optimization is refused: autobatch owns the step.
-* ``make_batch(b)``: sets the batch size where Lightning's own ``BatchSizeFinder`` sets it (every one
-  of: the module's ``batch_size`` attribute, its hparams, the data module's attribute, its hparams; the
-  name is the last part of the ``lightning_batch_key`` setting, ``batch_size`` by default), then takes
-  the first batch of ``train_dataloader()`` (the data module's, after ``prepare_data()`` and
-  ``setup("fit")``; else the module's). ``make_batch(b, seq_len)`` (``--seq-len``) first sets the length
-  the same way, under the first of the names in :data:`LENGTH_ATTRS` that either holds.
-* ``compute_loss(model, batch)``: ``training_step(batch, 0)`` (its ``loss`` when it returns a dict),
-  without a Trainer: ``self.log`` calls are ignored, and a step that needs ``self.trainer`` is told so.
-
-autobatch still builds the optimizer by name (``configure_optimizers`` is not called) and applies the
-precision, as for any script.
-
-:class:`AutoBatch` tunes in isolated probes when ``Trainer.fit`` starts (``on_fit_start``, where
-Lightning's ``BatchSizeFinder`` runs) and trains with the result: the batch size set as above and,
-when a ``global_batch_size`` is asked for, ``trainer.accumulate_grad_batches``.
+LightningDataModule (``build_model`` after ``configure_model()``, ``make_batch`` by setting the batch size
+where Lightning's ``BatchSizeFinder`` sets it, ``compute_loss`` as ``training_step`` without a Trainer).
+:class:`AutoBatch` tunes when ``Trainer.fit`` starts and trains with the result. Details: docs/lightning.md.
 """
 
 from __future__ import annotations

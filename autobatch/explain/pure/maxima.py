@@ -1,24 +1,10 @@
 """The largest batch a step would fit, predicted from fake-tensor simulations (no real allocation).
 
-For one :class:`~autobatch.explain.pure.records.Scenario`, the predicted memory of batch ``b`` is::
-
-    predicted(b) = offset(b) + simulated(b)
-
-``simulated(b)`` is the simulated step's peak in the target device's units (CPU data memory under
-autobatch's pinned glibc, or CUDA reserved segments). ``offset(b) = intercept + slope * b`` is what the
-simulation cannot see:
-
-* ``estimate --device cpu``: the probe process's baseline ``VmData`` (read in a process forked exactly
-  as a probe is, after a warm-up step that loads torch's lazily imported modules) plus
-  :data:`CPU_RUNTIME_BYTES` for the buffers MKL and oneDNN keep outside PyTorch's allocator;
-* ``estimate`` for a CUDA card: the card profile's workspaces (the CUDA context is subtracted from the
-  budget instead, as on a real GPU);
-* the levers of ``explain``: calibrated on the measured run, ``offset = measured(N) - simulated(N)`` at
-  the explained batch size, so that a lever's prediction is the measured step plus what the
-  simulation says the lever changes.
-
-The maximum is found with the same pure search as ``tune`` (:func:`autobatch.core.search.search_max_batch`),
-each "probe" a simulation: exact with respect to the simulated curve, whatever its shape.
+For one :class:`~autobatch.explain.pure.records.Scenario`, ``predicted(b) = offset(b) + simulated(b)``: the
+simulated step's peak plus an affine offset for what the simulation cannot see (a probe's baseline and
+:data:`CPU_RUNTIME_BYTES` on the CPU, a card's workspaces, or calibration on a measured run). The maximum is
+found with ``tune``'s own search over the simulated curve. Details: docs/explain-estimate.md ("What a
+simulation cannot see").
 """
 
 from __future__ import annotations
