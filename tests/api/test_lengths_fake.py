@@ -146,7 +146,7 @@ def test_a_length_whose_secant_is_too_shallow_is_drawn_through_its_maximum() -> 
 
     result = TuneResult("s", [], {}, "throughput", [])
     search = LengthSearch(result, (128, 256, 512), 512, LINE, 1)
-    combo = Combo("32-true", "adamw", False)
+    combo = Combo("32-true", "adamw")
     search.learn(combo.at(512), Affine(A, 20_000.0 * 512 + C * 512**2), exact=31)
     search.learn(combo.at(256), Affine(613_330_944, 4_358_144), exact=80)  # the shallow secant
     line = search.lines[combo.ident][256][0]

@@ -95,7 +95,7 @@ def test_quiet_keeps_only_the_summary(capfd: pytest.CaptureFixture[str]) -> None
     out = Output(quiet=True)
     out.status("device cpu")
     out.warning("something")
-    out.probe(Combo("32-true", "adamw", False), ProbeOutcome("fits", 8, peak_bytes=1 << 20), False)
+    out.probe(Combo("32-true", "adamw"), ProbeOutcome("fits", 8, peak_bytes=1 << 20), False)
     out.summary("autobatch: the answer")
     (line,) = capfd.readouterr().err.splitlines()  # a log: with its timestamp
     assert line.endswith(" autobatch: the answer")

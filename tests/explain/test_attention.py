@@ -210,7 +210,7 @@ def _found(name: str, intercept: float, slope: float, max_batch: int) -> dict[st
 
 def test_estimates_at_several_lengths_make_tunes_table() -> None:
     """Lines of slope b·L + c·L² at two lengths: the surface finds c, the L² share at the longest length."""
-    combo = Combo("32-true", "adamw", False)
+    combo = Combo("32-true", "adamw")
     b, c = 1000.0, 10.0
     answers = {}
     for seq_len in (128, 512):

@@ -102,7 +102,7 @@ def test_close_leaves_no_process() -> None:
 def test_session_raises_script_errors_with_message() -> None:
     with cpu_session(SCRIPTS / "value_error.py") as session:
         with pytest.raises(ScriptError, match="exceeds"):
-            session.probe(Combo("32-true", "adamw", False), 100, min_steps=3, max_steps=3)
+            session.probe(Combo("32-true", "adamw"), 100, min_steps=3, max_steps=3)
 
 
 def test_a_fit_within_the_margin_of_the_budget_is_not_counted() -> None:
