@@ -7,6 +7,7 @@ import time
 
 import psutil
 import pytest
+from requesting import probe_request
 from support import EXAMPLES, SCRIPTS, cpu_session
 
 from autobatch.core.space import Combo
@@ -25,7 +26,6 @@ def _request(batch: int, budget: int, **kw: object) -> ProbeRequest:
         batch_size=batch,
         precision="32-true",
         optimizer="adamw",
-        recompute=False,
         device="cpu",
         budget_bytes=budget,
         min_steps=3,
@@ -33,7 +33,7 @@ def _request(batch: int, budget: int, **kw: object) -> ProbeRequest:
         timeout=300.0,
     )
     values.update(kw)
-    return ProbeRequest(**values)  # type: ignore[arg-type]
+    return probe_request(**values)  # type: ignore[arg-type]
 
 
 def _descendants() -> list[psutil.Process]:

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 from fake_nvml import A, B, FakeDevice, FakeNvml, GiB, MiB, proc
+from requesting import probe_request
 from support import session_settings
 
 from autobatch.core.space import Combo
@@ -33,7 +34,6 @@ def cuda_request(**kw: object) -> ProbeRequest:
         batch_size=8,
         precision="32-true",
         optimizer="adamw",
-        recompute=False,
         device="cuda:0",
         budget_bytes=60 * GiB,
         process_limit_bytes=LIMIT,
@@ -42,7 +42,7 @@ def cuda_request(**kw: object) -> ProbeRequest:
         timeout=60.0,
     )
     values.update(kw)
-    return ProbeRequest(**values)  # type: ignore[arg-type]
+    return probe_request(**values)  # type: ignore[arg-type]
 
 
 def fits() -> ProbeOutcome:

@@ -26,7 +26,7 @@ class TimedRunner(FakeRunner):
     def _probe(self, request: ProbeRequest) -> ProbeOutcome:
         outcome = super()._probe(request)
         if outcome.fits:
-            base = self.seconds[(request.precision, request.recompute)]
+            base = self.seconds[(request.step.precision, request.step.recompute)]
             outcome.step_seconds = [base * next(self.jitter) for _ in range(outcome.steps)]
             outcome.samples_per_second = (
                 request.batch_size * (outcome.steps - 1) / sum(outcome.step_seconds[1:])
