@@ -324,12 +324,13 @@ class FakeRunner:
         }
 
     def _probe(self, request: ProbeRequest) -> ProbeOutcome:
-        curve = self.curve_for(request.precision, request.optimizer, request.recompute)
-        if self.lengths is not None and request.seq_len is not None:
-            curve = self.lengths(request.seq_len)
+        step = request.step
+        curve = self.curve_for(step.precision, step.optimizer, step.recompute)
+        if self.lengths is not None and step.seq_len is not None:
+            curve = self.lengths(step.seq_len)
         if self.levels is not None:
-            curve = self.levels(request.recompute_level if request.recompute else "off", request.compile)
-        if request.compile and self.compile_error is not None:
+            curve = self.levels(step.level, step.compile)
+        if step.compile and self.compile_error is not None:
             return ProbeOutcome(
                 kind="error",
                 error_type="CompileError",
@@ -348,7 +349,7 @@ class FakeRunner:
         peak = int(curve.measure(batch))
         seconds = self.step_seconds
         if self.level_seconds is not None:
-            seconds = self.level_seconds(request.recompute_level if request.recompute else "off")
+            seconds = self.level_seconds(step.level)
         params = 4 * sum(math.prod(s) for s in self.param_shapes)
         return ProbeOutcome(
             kind="fits",
@@ -363,7 +364,7 @@ class FakeRunner:
             samples_per_second=batch / seconds,
             param_bytes=params,
             grad_bytes=params,
-            optimizer_state_bytes=2 * params if request.optimizer.startswith("adam") else 0,
+            optimizer_state_bytes=2 * params if step.optimizer.startswith("adam") else 0,
         )
 
     def _breakdown(self, peak: int) -> dict[str, object]:

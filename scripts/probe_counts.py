@@ -171,8 +171,8 @@ def main() -> None:
         _, _, _, model = count(curve, budget, floor, True, static=static)
         shapes = PH_SHAPES if "param_heavy" in name else GRID_SHAPES
         assert model is not None
-        learned = [Learned.of(Combo("32-true", "adamw", False), model)]
-        prior = predict(Combo(precision, "adamw", False), learned, shapes)
+        learned = [Learned.of(Combo("32-true", "adamw"), model)]
+        prior = predict(Combo(precision, "adamw"), learned, shapes)
         probes, exact, calls, _ = count(second, budget, floor, True, prior)
         print(f"  {name:28s} {probes:3d} probes  exact={exact}  {' '.join(calls)}")
     print("the default grid (32-true, bf16-mixed) x (recompute off, on), each primed by the lines before it")
@@ -184,11 +184,11 @@ def grid4() -> None:
     learned: list[Learned] = []
     counts = []
     for (precision, recompute), curve in GRID4.items():
-        prior = predict(Combo(precision, "adamw", recompute), learned, GRID_SHAPES)
+        prior = predict(Combo(precision, "adamw", "full" if recompute else "off"), learned, GRID_SHAPES)
         probe = _probe(curve, GiB, True, 295 * MiB)
         answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS, prediction=prior)
         assert answer.max_batch_size == _truth(curve, GiB) and answer.model is not None
-        learned.append(Learned.of(Combo(precision, "adamw", recompute), answer.model))
+        learned.append(Learned.of(Combo(precision, "adamw", "full" if recompute else "off"), answer.model))
         counts.append(answer.probes)
         calls = " ".join(f"{b}{'(6+)' if st == LIMITS.confirm else ''}" for b, st, _ in probe.calls)
         print(f"  {precision}/{'rc' if recompute else 'no-rc':5s} {answer.probes:3d} probes  {calls}")

@@ -41,15 +41,15 @@ def request_key(request: ProbeRequest) -> str:
     """What identifies a probe within one fingerprint: precision, optimizer, recompute, batch, steps, and then,
     only when one differs from its default (so that the keys of earlier probes stay as they were), a table of
     the sequence length, the partial or selective recomputation level, compile, and a timing probe's mark."""
-    level = request.recompute_level if request.recompute else OFF
+    step = request.step
     extras = {
-        "seq_len": request.seq_len,
-        "level": level if level not in (OFF, FULL) else None,
-        "compile": True if request.compile else None,
+        "seq_len": step.seq_len,
+        "level": step.level if step.level not in (OFF, FULL) else None,
+        "compile": True if step.compile else None,
         "timing": True if request.timing else None,
     }
     extras = {k: v for k, v in extras.items() if v is not None}
-    key = [request.precision, request.optimizer, request.recompute, request.batch_size]
+    key = [step.precision, step.optimizer, step.recompute, step.batch_size]
     return json.dumps([*key, request.min_steps, request.max_steps, *([extras] if extras else [])])
 
 

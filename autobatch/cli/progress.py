@@ -200,9 +200,8 @@ class LiveProbe:
         where = f"step {min((done or 0) + 1, request.max_steps)} of {steps}"
         if waiting:  # a script run as it is: its steps count once every optimizer has stepped
             where = f"step {(done or 0) + 1}, {waiting}"
-        key = (
-            f"{request.precision}/{request.optimizer}/{'recompute' if request.recompute else 'no-recompute'}"
-        )
+        step = request.step
+        key = f"{step.precision}/{step.optimizer}/{'recompute' if step.recompute else 'no-recompute'}"
         return f"probing {key} batch {request.batch_size}: {where}, {elapsed:.1f} s"
 
     def __rich__(self) -> RenderableType:

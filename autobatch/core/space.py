@@ -53,14 +53,14 @@ class Combo:
 
     precision: str
     optimizer: str
-    recompute: bool  # anything recomputed (``level`` says how much)
+    level: str = OFF  # the recomputation level (autobatch.core.levels): off, full, selective or K/N
     seq_len: int | None = None  # tokens per sample (None: make_batch's one shape)
-    level: str = ""  # the recomputation level (autobatch.core.levels); empty: full when recompute, else off
     compile: bool = False  # torch.compile in the probe
 
-    def __post_init__(self) -> None:
-        if not self.level:  # Combo(p, o, True) is the full level, as before levels
-            object.__setattr__(self, "level", FULL if self.recompute else OFF)
+    @property
+    def recompute(self) -> bool:
+        """Anything recomputed (the result file's boolean; ``level`` says how much)."""
+        return self.level != OFF
 
     @property
     def recompute_level(self) -> str:
@@ -82,7 +82,7 @@ class Combo:
 
     def with_level(self, level: str) -> Combo:
         """The same combination at another recomputation level."""
-        return replace(self, recompute=level != OFF, level=level)
+        return replace(self, level=level)
 
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {"precision": self.precision, "optimizer": self.optimizer}
@@ -129,12 +129,12 @@ def ident_of(item: object) -> Ident:
 #: The one combination of a script run as it is (autobatch.step.as_is): its precision, optimizer and
 #: recomputation are its own, so the search is over the batch size alone.
 SCRIPT_OWN = "script"
-SCRIPT_COMBO = Combo(SCRIPT_OWN, SCRIPT_OWN, False)
+SCRIPT_COMBO = Combo(SCRIPT_OWN, SCRIPT_OWN)
 
 
 def script_combo(variant: str | None = None) -> Combo:
     """The combination of a script run as it is, or of one of its argument variants (``script:NAME``)."""
-    return SCRIPT_COMBO if not variant else Combo(f"{SCRIPT_OWN}:{variant}", SCRIPT_OWN, False)
+    return SCRIPT_COMBO if not variant else Combo(f"{SCRIPT_OWN}:{variant}", SCRIPT_OWN)
 
 
 def script_combos(variants: Mapping[str, object]) -> list[Combo]:
@@ -170,7 +170,7 @@ def combinations(
     recomputation levels (booleans: off and full)."""
     levels = [parse_level(r) for r in recompute]
     return [
-        Combo(p, o, level != OFF, level=level, compile=c)
+        Combo(p, o, level, compile=c)
         for p in precisions
         for o in optimizers
         for c in compile

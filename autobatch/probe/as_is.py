@@ -74,7 +74,7 @@ def run_rank(
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # what a rank torchrun starts runs with
         device = rank_device(request.device, rank)
-        mine = replace(request, device=device, fresh_offset_bytes=[request.offset_for(rank)])
+        mine = replace(request.on(device), fresh_offset_bytes=[request.offset_for(rank)])
         emit = RankReport(fd)
         emit(run_script(mine, script, emit))  # the script ended or raised (ignored after a fit)
         while True:

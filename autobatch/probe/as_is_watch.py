@@ -46,7 +46,7 @@ def run_script(
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
     outcome.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
     os.environ.update(script.environment(request.batch_size))
-    sys.argv = script.argv(request.batch_size, variant_of(request.precision), request.seq_len)
+    sys.argv = script.argv(request.batch_size, variant_of(request.step.precision), request.step.seq_len)
     sys.path.insert(0, str(script.path.parent))
     files.install(outcome, script.path)  # from a scratch folder: the user's files stay as they were
     peak_now, synchronize, finish = _device_hooks(request, outcome)

@@ -388,9 +388,9 @@ def run_rank(
         # N ranks share the cores: split them, as torchrun does (OMP_NUM_THREADS), or they thrash
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     wrap = _timed(
-        wrapper(request.strategy, device, request.recompute_classes or script.recompute_classes), info
+        wrapper(request.strategy, device, request.step.recompute_classes or script.recompute_classes), info
     )
-    rank_request = replace(request, device=device, fresh_offset_bytes=[request.offset_for(rank)])
+    rank_request = replace(request.on(device), fresh_offset_bytes=[request.offset_for(rank)])
     outcome = measure(rank_request, script, time.perf_counter(), wrap=wrap)
     return outcome, info
 

@@ -48,24 +48,11 @@ def measure_steps(
 ) -> ProbeOutcome:
     """Apply the budget, run the steps, measure: the probe proper (explain wraps the script first;
     ``wrap``: a distributed strategy's model wrapper, on one rank)."""
-    from autobatch.step.loop import StepConfig, StepReport, run_steps
+    from autobatch.step.loop import StepReport, run_steps
 
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
     outcome.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
     report = StepReport()
-    config = StepConfig(
-        batch_size=request.batch_size,
-        precision=request.precision,
-        optimizer=request.optimizer,
-        recompute=request.recompute,
-        device=request.device,
-        optimizer_kwargs=request.optimizer_kwargs,
-        recompute_classes=request.recompute_classes,
-        check_batch_size=request.check_batch_size,
-        seq_len=request.seq_len,
-        recompute_level=request.recompute_level,
-        compile=request.compile,
-    )
     peak_now, synchronize, finish = _device_hooks(request, outcome)
     peak_now = progress.reporting(peak_now, request, report)
     outcome.setup_seconds = time.perf_counter() - start
@@ -73,7 +60,7 @@ def measure_steps(
     try:
         run_steps(
             script,
-            config,
+            request.step,
             report,
             StepRule.under(
                 request.budget_bytes, request.min_steps, request.max_steps, request.stop_above_bytes
@@ -89,7 +76,7 @@ def measure_steps(
         used = _safe(peak_now)
         kind = classify_exception(exc, used_bytes=used, budget_bytes=request.budget_bytes)
         describe_failure(outcome, exc, kind=kind)
-        if kind == "error" and request.compile:
+        if kind == "error" and request.step.compile:
             note_compile_failure(outcome, exc)  # "does not compile" is an answer, not the script's error
     finally:
         outcome.peak_bytes = _safe(peak_now)
@@ -215,7 +202,7 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     info["param_shapes"] = [list(p.shape) for p in model.parameters() if p.requires_grad]
     info["param_count"] = sum(p.numel() for p in model.parameters())
     info["recompute_blocks"] = list(
-        request.recompute_classes or script.recompute_classes or detect_blocks(model)
+        request.step.recompute_classes or script.recompute_classes or detect_blocks(model)
     )
     info["recompute_counts"] = count_blocks(model, tuple(info["recompute_blocks"]))  # "Block x 12"
     blocks = set(info["recompute_blocks"])  # each block's parameters: what FSDP all-gathers at once

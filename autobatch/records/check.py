@@ -52,7 +52,7 @@ class CheckResult:
     def combo(self) -> Combo:
         """The combination the probe ran."""
         level = self.recompute_level or ("full" if self.recompute else "off")
-        return Combo(self.precision, self.optimizer, self.recompute, self.seq_len, level, self.compile)
+        return Combo(self.precision, self.optimizer, level, self.seq_len, self.compile)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -13,29 +13,59 @@ An outcome's ``kind`` is one of:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
+
+from autobatch.core.levels import OFF
 
 KINDS = ("fits", "oom", "error", "timeout", "crash")
 
 
 @dataclass(frozen=True)
-class ProbeRequest:
+class StepConfig:
+    """The step a probe builds: one combination at one batch size on one device (``"cpu"`` or ``"cuda:N"``),
+    as the run's settings shape it. Built once per request (:func:`autobatch.run.session.step_config`) and
+    passed on whole: the worker runs it (:func:`autobatch.step.loop.run_steps`), explain's simulation
+    replaces only what its scenario changes."""
+
     batch_size: int
     precision: str
     optimizer: str
-    recompute: bool
-    device: str  # "cpu" or "cuda:N"
+    level: str = OFF  # the recomputation level: off, full, selective or K/N (autobatch.step.recompute)
+    device: str = "cpu"
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    recompute_classes: tuple[str, ...] = ()  # empty: the script's RECOMPUTE_CLASSES, else detected
+    check_batch_size: bool = True  # every batch tensor's leading dimension must be batch_size (step.contract)
+    seq_len: int | None = None  # make_batch(batch_size, seq_len); None: make_batch(batch_size), one shape
+    # torch.compile the model in the probe (autobatch.step.compiling; never under fake tensors); a model that
+    # does not compile is an "error" outcome with error_type "CompileError" (autobatch.probe.compile_errors)
+    compile: bool = False
+
+    @property
+    def recompute(self) -> bool:
+        """Anything recomputed (``level`` says how much)."""
+        return self.level != OFF
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepConfig:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["recompute_classes"] = tuple(values.get("recompute_classes", ()))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """One operation for the probe server: the step (:class:`StepConfig`), and how to run and measure it."""
+
+    step: StepConfig
     budget_bytes: int
     min_steps: int  # full steps at least (0 for operations that run none, such as inspect)
     max_steps: int  # steps at most, while the peak still grows
     timeout: float  # seconds before the probe is killed
-    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
-    recompute_classes: tuple[str, ...] = ()
     op: str = "probe"  # "probe", "inspect", or another operation registered in autobatch.probe.ops
     options: dict[str, Any] = field(default_factory=dict)  # the operation's options record, as a dict
     process_limit_bytes: int | None = None  # CUDA: all the process may hold, per NVML; None: unknown
-    check_batch_size: bool = True  # every batch tensor's leading dimension must be batch_size
     strategy: str = "none"  # "none" (one process), "ddp" or "fsdp": see autobatch.probe.ranks
     nproc_per_node: int = 1  # rank processes of a distributed probe
     # A search's line (budget less the margin, one process only): a peak above it already means "does not
@@ -45,14 +75,6 @@ class ProbeRequest:
     # process at the same step (autobatch.probe.fresh; entry r for rank r, entry 0 without a strategy; empty:
     # not measured). The probe's cap is lowered and its readings raised by it, so that peaks are the job's.
     fresh_offset_bytes: list[int] = field(default_factory=list)
-    # Tokens per sample, passed to make_batch(batch_size, seq_len) (None: make_batch(batch_size), one shape)
-    seq_len: int | None = None
-    # With recompute: how much is recomputed, "full", "selective" or "K/N" (K of the model's N blocks, 1 <= K < N;
-    # autobatch.step.recompute); ignored without recompute
-    recompute_level: str = "full"
-    # torch.compile the model in the probe (autobatch.step.compiling); a model that does not compile is an
-    # "error" outcome with error_type "CompileError" and info["compile_error"] (autobatch.probe.compile_errors)
-    compile: bool = False
     #: A timing probe: it measures step times for the throughput choice, not a maximum. On the CPU device it
     #: runs under the job's allocator (:func:`autobatch.devices.cpu.job_allocator`) with room for the heap
     #: that allocator keeps (:data:`autobatch.devices.cpu.TIMING_ROOM`), so its peak says nothing of the cap.
@@ -61,6 +83,18 @@ class ProbeRequest:
     #: the job's: asked once a timing probe under the job's allocator ran out of memory (the job must then run
     #: with the pinned allocator, and every contender is timed under it).
     pinned_allocator: bool = False
+
+    @property
+    def batch_size(self) -> int:
+        return self.step.batch_size
+
+    @property
+    def device(self) -> str:
+        return self.step.device
+
+    def on(self, device: str) -> ProbeRequest:
+        """The same request on another device (a rank's)."""
+        return replace(self, step=replace(self.step, device=device))
 
     def offset_for(self, rank: int = 0) -> int:
         """The fresh-process offset of ``rank`` (0 when none was measured)."""
@@ -73,8 +107,7 @@ class ProbeRequest:
     def from_dict(cls, data: dict[str, Any]) -> ProbeRequest:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        values["recompute_classes"] = tuple(values.get("recompute_classes", ()))
-        return cls(**values)
+        return cls(**{**values, "step": StepConfig.from_dict(data["step"])})
 
 
 @dataclass

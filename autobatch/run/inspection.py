@@ -56,7 +56,10 @@ class Session(Protocol):
         steps: tuple[int, int],
         op: str = ...,
         options: dict[str, Any] | None = ...,
-    ) -> ProbeRequest: ...  # noqa: E501
+        budget_bytes: int | None = ...,
+        timeout: float | None = ...,
+        device: str | None = ...,
+    ) -> ProbeRequest: ...
     def warn(self, message: str) -> None: ...
 
 
@@ -68,8 +71,10 @@ FALLBACK_NOTE = (
 
 #: The fresh-process measurement's step: any combination (every optimizer imports the same modules lazily)
 #: at a small batch (what differs is the process, not the batch; 2, as BatchNorm fails at 1).
-FRESH_COMBO = Combo("32-true", "sgd", False)
+FRESH_COMBO = Combo("32-true", "sgd")
 FRESH_BATCH = 2
+#: What the inspection builds: the model alone (its step is never run).
+INSPECT_COMBO = Combo("32-true", "sgd")
 
 
 def inspect_device(session: Session) -> DeviceInfo:
@@ -109,19 +114,8 @@ def _resolve(session: Session) -> tuple[str, dict[str, Any]]:
 
 
 def _inspect(session: Session, device: str) -> dict[str, Any]:
-    request = ProbeRequest(
-        batch_size=0,
-        precision="32-true",
-        optimizer="sgd",
-        recompute=False,
-        device=device,
-        budget_bytes=0,
-        min_steps=0,
-        max_steps=0,
-        timeout=session.settings.probe.timeout,
-        recompute_classes=session.settings.search.recompute_classes,
-        op="as_is_inspect" if session.as_is else "inspect",
-    )
+    op = "as_is_inspect" if session.as_is else "inspect"
+    request = session.request(INSPECT_COMBO, 0, steps=(0, 0), op=op, budget_bytes=0, device=device)
     outcome = session.run(request, what="building the model")
     raise_for(outcome, what="building the model")
     return outcome.info

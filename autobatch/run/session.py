@@ -25,7 +25,7 @@ from autobatch.core.space import Combo
 from autobatch.devices.budget import DeviceInfo, apply_margin
 from autobatch.errors import UsageError
 from autobatch.records.failures import raise_for, with_last_lines
-from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner, StepConfig
 from autobatch.records.version import MEASURED_BY
 from autobatch.run.inspection import inspect_device
 from autobatch.run.lengths import plan_lengths
@@ -216,32 +216,30 @@ class Session:
         options: dict[str, Any] | None = None,
         budget_bytes: int | None = None,
         timeout: float | None = None,
+        device: str | None = None,
     ) -> ProbeRequest:
-        """The request for one operation on this session's device (``budget_bytes``: the budget's by default)."""
-        assert self.device is not None
+        """The request for one operation on this session's device (``budget_bytes``: the budget's by default;
+        ``device``: another one, such as a device inspected before the session's is known)."""
+        known = self.device
+        if device is None or budget_bytes is None:
+            assert known is not None, "start() the session first"
+            device, budget_bytes = (
+                device or known.name,
+                known.budget_bytes if budget_bytes is None else budget_bytes,
+            )
         ranked = op in RANKED_OPS
         return ProbeRequest(
-            batch_size=batch_size,
-            precision=combo.precision,
-            optimizer=combo.optimizer,
-            recompute=combo.recompute,
-            device=self.device.name,
-            budget_bytes=self.device.budget_bytes if budget_bytes is None else budget_bytes,
+            step=step_config(self.settings, combo, batch_size, device),
+            budget_bytes=budget_bytes,
             min_steps=steps[0],
             max_steps=steps[1],
             timeout=self.settings.probe.timeout if timeout is None else timeout,
-            optimizer_kwargs=dict(self.settings.search.optimizer_kwargs.get(combo.optimizer, {})),
-            recompute_classes=self.settings.search.recompute_classes,
             op="as_is" if self.as_is and op == "probe" else op,  # the script's own step (probe.as_is)
             options=dict(options or {}),
-            process_limit_bytes=self.device.process_limit_bytes,
-            check_batch_size=self.settings.script.check_batch_size,
+            process_limit_bytes=known.process_limit_bytes if known is not None else None,
             strategy=self.settings.distributed.strategy if ranked else "none",
             nproc_per_node=self.ranks if ranked else 1,
             fresh_offset_bytes=list(self.fresh_offsets),
-            seq_len=combo.seq_len,
-            recompute_level=combo.recompute_level if combo.recompute else "full",
-            compile=combo.compile,
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:
@@ -357,6 +355,23 @@ RANKED_OPS = (
 
 #: Outcomes that are retried once: a probe that died or hung says nothing about memory.
 RETRIED = ("crash", "timeout")
+
+
+def step_config(settings: Settings, combo: Combo, batch_size: int, device: str) -> StepConfig:
+    """The step a probe of ``combo`` builds, as the settings shape it: the one place a combination and the
+    settings become a :class:`~autobatch.records.protocol.StepConfig`."""
+    return StepConfig(
+        batch_size=batch_size,
+        precision=combo.precision,
+        optimizer=combo.optimizer,
+        level=combo.level,
+        device=device,
+        optimizer_kwargs=dict(settings.search.optimizer_kwargs.get(combo.optimizer, {})),
+        recompute_classes=tuple(settings.search.recompute_classes),
+        check_batch_size=settings.script.check_batch_size,
+        seq_len=combo.seq_len,
+        compile=combo.compile,
+    )
 
 
 def _ranks(distributed: DistributedSettings) -> int:

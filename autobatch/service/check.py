@@ -41,7 +41,7 @@ def combination(settings: Settings, recompute: bool | str, compile: bool = False
     if level == PARTIAL:
         raise UsageError("--recompute-level partial is chosen by a tune", hint="give K/N, such as 6/12")
     precision, optimizer = settings.search.precisions[0], settings.search.optimizers[0]
-    return Combo(precision, optimizer, level != "off", seq_len, level, compile)
+    return Combo(precision, optimizer, level, seq_len, compile)
 
 
 def check(

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from autobatch.core.steady import StepRule
+from autobatch.records.protocol import StepConfig
 from autobatch.step.compiling import CompileClock, compile_model, mark_batch_dynamic
 from autobatch.step.contract import UserScript, check_batch, check_finite_loss, check_loss, check_model
 from autobatch.step.optimizers import build_optimizer, optimizer_state_bytes
@@ -32,23 +33,6 @@ from autobatch.step.recompute import wrap_recompute
 
 #: The loss scale a fake ``16-mixed`` step multiplies the loss by (GradScaler's initial scale).
 LOSS_SCALE = 65536.0
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """What to build: one combination at one batch size on one device (``"cpu"`` or ``"cuda:N"``)."""
-
-    batch_size: int
-    precision: str
-    optimizer: str
-    recompute: bool = False
-    device: str = "cpu"
-    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
-    recompute_classes: tuple[str, ...] = ()  # empty: the script's RECOMPUTE_CLASSES, else detected
-    check_batch_size: bool = True  # see autobatch.step.contract.check_batch
-    seq_len: int | None = None  # make_batch(batch_size, seq_len); None: make_batch(batch_size)
-    recompute_level: str = "full"  # with recompute: "full", "selective" or "K/N" (autobatch.step.recompute)
-    compile: bool = False  # torch.compile the model (autobatch.step.compiling); never under fake tensors
 
 
 @dataclass
@@ -181,7 +165,7 @@ def build_step(
     model = check_model(script.build_model())
     if config.recompute:
         classes = config.recompute_classes or script.recompute_classes
-        report.recompute_blocks = wrap_recompute(model, classes, config.recompute_level)
+        report.recompute_blocks = wrap_recompute(model, classes, config.level)
     bf16_true = config.precision == "bf16-true"
     if fake and bf16_true:
         cast_floating(model, torch.bfloat16)

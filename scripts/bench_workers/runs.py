@@ -328,11 +328,11 @@ def _client(workload: Workload) -> Any:
 
 
 def _request(batch_size: int, budget: int, steps: int) -> Any:
-    from autobatch.records.protocol import ProbeRequest
+    from autobatch.records.protocol import ProbeRequest, StepConfig
 
     return ProbeRequest(
-        batch_size=batch_size, precision="32-true", optimizer="adamw", recompute=False,
-        device="cpu", budget_bytes=budget, min_steps=steps, max_steps=steps, timeout=300.0,
+        StepConfig(batch_size, "32-true", "adamw"), budget_bytes=budget, min_steps=steps, max_steps=steps,
+        timeout=300.0,
     )  # fmt: skip
 
 

@@ -68,7 +68,7 @@ def test_every_length_is_exact_and_the_further_ones_cost_at_most_three_probes() 
         truth = true_max(affine(A, B * n + C * n * n), LINE, 65536)
         assert rows[n].status == "exact" and rows[n].max_batch_size == truth, n
     assert rows[256].probes <= 3 and rows[128].probes <= 3
-    assert [r.seq_len for r in runner.requests if r.op == "probe"][0] == 512  # the plan's length first
+    assert [r.step.seq_len for r in runner.requests if r.op == "probe"][0] == 512  # the plan's length first
     # the plan is made at the plan's length, and the grid's entry is that length's row
     assert result.chosen is not None and result.chosen.seq_len == 512
     assert result.chosen.micro_batch_size == rows[512].max_batch_size
@@ -87,7 +87,7 @@ def test_lengths_between_the_searched_ones_are_predicted_never_measured() -> Non
     assert result.lengths is not None
     predicted = [r for r in result.lengths.maxima if r.status == "predicted"]
     assert [r.seq_len for r in predicted] == [256, 512] and all(r.probes == 0 for r in predicted)
-    assert {r.seq_len for r in runner.requests if r.op == "probe"} == {128, 1024}
+    assert {r.step.seq_len for r in runner.requests if r.op == "probe"} == {128, 1024}
     for row in predicted:
         truth = true_max(affine(A, B * row.seq_len + C * row.seq_len**2), LINE, 65536)  # type: ignore[operator]
         assert truth is not None and abs(row.max_batch_size - truth) <= max(1, truth * 0.05)  # type: ignore[operator]
@@ -146,7 +146,7 @@ def test_a_length_whose_secant_is_too_shallow_is_drawn_through_its_maximum() -> 
 
     result = TuneResult("s", [], {}, "throughput", [])
     search = LengthSearch(result, (128, 256, 512), 512, LINE, 1)
-    combo = Combo("32-true", "adamw", False)
+    combo = Combo("32-true", "adamw")
     search.learn(combo.at(512), Affine(A, 20_000.0 * 512 + C * 512**2), exact=31)
     search.learn(combo.at(256), Affine(613_330_944, 4_358_144), exact=80)  # the shallow secant
     line = search.lines[combo.ident][256][0]

@@ -7,12 +7,14 @@ import multiprocessing
 from dataclasses import replace
 from pathlib import Path
 
+from requesting import probe_request
+
 from autobatch.cache import CacheFolder, ProbeJournal
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 
 def request(batch: int, optimizer: str = "adamw") -> ProbeRequest:
-    return ProbeRequest(batch, "32-true", optimizer, False, "cpu", 1 << 30, 3, 8, 60.0)
+    return probe_request(batch, "32-true", optimizer)
 
 
 def fits(batch: int) -> ProbeOutcome:
@@ -118,9 +120,9 @@ def test_answers_are_one_combinations_fits_and_ooms_at_the_asked_lengths_in_orde
     journal.record(
         request(60), ProbeOutcome(kind="timeout", batch_size=60)
     )  # 60 s: a run allowing 90 asks again
-    longer = ProbeRequest(20, "32-true", "adamw", False, "cpu", 1 << 30, 12, 12, 60.0)
+    longer = probe_request(20, min_steps=12, max_steps=12)
     journal.record(longer, fits(20))
-    timing = ProbeRequest(24, "32-true", "adamw", False, "cpu", 1 << 30, 30, 30, 60.0)
+    timing = probe_request(24, min_steps=30, max_steps=30)
     journal.record(timing, fits(24))  # a length not asked for
     combination = ("32-true", "adamw", "off", False, None)
     answers = opened(tmp_path).answers(combination, {(3, 8), (12, 12)}, 90.0)

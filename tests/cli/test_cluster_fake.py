@@ -188,7 +188,7 @@ def test_a_long_probe_line_is_never_wrapped_in_a_log(
 
     reason = "fitted by less than the margin " + "x" * 400
     Output(quiet=False, live=False).probe(
-        Combo("32-true", "adamw", False), ProbeOutcome("oom", 90, reason=reason), False
+        Combo("32-true", "adamw"), ProbeOutcome("oom", 90, reason=reason), False
     )
     line = capfd.readouterr().err
     assert line.count("\n") == 1 and reason in line

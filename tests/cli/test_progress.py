@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from requesting import probe_request
 
 from autobatch.cli.progress import LiveProbe, Output, WatchedRunner
 from autobatch.core.space import Combo
@@ -15,18 +16,7 @@ from autobatch.testing import FakeRunner, affine
 
 
 def request(**options: object) -> ProbeRequest:
-    return ProbeRequest(
-        96,
-        "bf16-mixed",
-        "adamw",
-        True,
-        "cpu",
-        1 << 30,
-        min_steps=3,
-        max_steps=8,
-        timeout=60.0,
-        options=dict(options),
-    )
+    return probe_request(96, "bf16-mixed", "adamw", level="full", options=dict(options))
 
 
 def test_the_probe_reports_each_finished_step_only_when_asked(tmp_path: Path) -> None:
@@ -83,7 +73,7 @@ def test_the_watched_runner_asks_probes_for_their_steps_and_passes_answers_throu
     try:
         outcome = runner.run(request())
         assert outcome.fits and inner.requests[-1].options[OPTION] == display.path
-        runner.run(ProbeRequest(0, "32-true", "sgd", False, "cpu", 0, 0, 0, 60.0, op="inspect"))
+        runner.run(probe_request(0, "32-true", "sgd", budget_bytes=0, min_steps=0, max_steps=0, op="inspect"))
         assert OPTION not in inner.requests[-1].options and display.request is None
         runner.close()
         assert inner.closed and runner.torch_version == "fake"
@@ -95,7 +85,7 @@ def test_quiet_keeps_only_the_summary(capfd: pytest.CaptureFixture[str]) -> None
     out = Output(quiet=True)
     out.status("device cpu")
     out.warning("something")
-    out.probe(Combo("32-true", "adamw", False), ProbeOutcome("fits", 8, peak_bytes=1 << 20), False)
+    out.probe(Combo("32-true", "adamw"), ProbeOutcome("fits", 8, peak_bytes=1 << 20), False)
     out.summary("autobatch: the answer")
     (line,) = capfd.readouterr().err.splitlines()  # a log: with its timestamp
     assert line.endswith(" autobatch: the answer")

@@ -17,7 +17,7 @@ def Learned(precision: str, optimizer: str, recompute: bool, intercept: float, s
 
 
 def predict(precision: str, optimizer: str, recompute: bool, learned, shapes):
-    return reuse.predict(Combo(precision, optimizer, recompute), learned, shapes)
+    return reuse.predict(Combo(precision, optimizer, "full" if recompute else "off"), learned, shapes)
 
 
 # One 1000 x 1000 matrix and a 1000-vector: 1,001,000 parameters.

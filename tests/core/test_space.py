@@ -8,7 +8,7 @@ from autobatch.core.space import Combo, ident_of
 
 
 def test_an_identity_names_its_fields_and_the_combination():
-    ident = Combo("bf16-mixed", "adamw", True, seq_len=512, level="6of12", compile=True).ident
+    ident = Combo("bf16-mixed", "adamw", "6of12", seq_len=512, compile=True).ident
     assert (ident.precision, ident.optimizer, ident.level, ident.compile) == (
         "bf16-mixed",
         "adamw",
@@ -24,4 +24,4 @@ def test_an_identity_is_the_same_tuple_as_before():
     plain = ("32-true", "sgd", "full", False)
     assert ident == plain and hash(ident) == hash(plain) and {plain: 1}[ident] == 1
     assert json.dumps(ident) == json.dumps(plain) == '["32-true", "sgd", "full", false]'
-    assert ident == Combo("32-true", "sgd", True).ident
+    assert ident == Combo("32-true", "sgd", "full").ident

@@ -23,7 +23,7 @@ from autobatch.explain.pure.levers import Lever
 from autobatch.explain.pure.records import Scenario, Transforms
 from autobatch.explain.worker.breakdown import Instrument
 from autobatch.explain.worker.modules import is_square_in
-from autobatch.explain.worker.simulate import StepOptions, simulate
+from autobatch.explain.worker.simulate import simulate
 from autobatch.explain.worker.tracker import MemoryTracker
 from autobatch.records.result import ComboResult, TuneResult
 from autobatch.step.contract import UserScript, load_script
@@ -116,7 +116,9 @@ def test_a_simulation_runs_at_the_length(lm: Any) -> None:
     scenario = Scenario("32-true", "adamw", False)
 
     def peak(attention: str, seq_len: int) -> int:
-        result = simulate(lm(attention), scenario, 4, target="exact", options=StepOptions(seq_len=seq_len))
+        result = simulate(
+            lm(attention), scenario, 4, target="exact", step=StepConfig(4, "32-true", "sgd", seq_len=seq_len)
+        )
         assert result.ok, result.error
         return result.tensor_peak
 
@@ -210,7 +212,7 @@ def _found(name: str, intercept: float, slope: float, max_batch: int) -> dict[st
 
 def test_estimates_at_several_lengths_make_tunes_table() -> None:
     """Lines of slope b·L + c·L² at two lengths: the surface finds c, the L² share at the longest length."""
-    combo = Combo("32-true", "adamw", False)
+    combo = Combo("32-true", "adamw")
     b, c = 1000.0, 10.0
     answers = {}
     for seq_len in (128, 512):

@@ -14,7 +14,7 @@ def _levers(**overrides: object) -> list:
         "vocab_trim": 0.5,
     }
     options.update(overrides)
-    return plan_levers(Combo("32-true", "adamw", False), **options)
+    return plan_levers(Combo("32-true", "adamw"), **options)
 
 
 def test_plan_names_every_lever_and_why_some_cannot_apply() -> None:
@@ -31,7 +31,7 @@ def test_plan_names_every_lever_and_why_some_cannot_apply() -> None:
     assert not levers["recompute"].applicable and "repeated blocks" in (levers["recompute"].reason or "")
     assert not levers["vocab trim 50%"].applicable and "Embedding" in (levers["vocab trim 50%"].reason or "")
     bf16 = plan_levers(
-        Combo("bf16-mixed", "sgd", True),
+        Combo("bf16-mixed", "sgd", "full"),
         unsupported={},
         recompute_blocks=["B"],
         has_embedding=True,
@@ -103,7 +103,7 @@ def test_the_recompute_lever_names_the_blocks_and_how_many() -> None:
     off = {lever.name: lever for lever in _levers(recompute_blocks=labels)}["recompute"]
     assert off.applicable and off.description == "activation checkpointing of Block x 12"
     on = plan_levers(
-        Combo("32-true", "adamw", True),
+        Combo("32-true", "adamw", "full"),
         unsupported={},
         recompute_blocks=labels,
         has_embedding=True,

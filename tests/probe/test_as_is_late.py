@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from requesting import probe_request
 from torch import nn
 
 from autobatch.probe.as_is_late import (
@@ -15,13 +16,12 @@ from autobatch.probe.as_is_late import (
     frozen_parameters,
 )
 from autobatch.probe.progress import OPTION, read_progress
-from autobatch.records.protocol import ProbeRequest
 
 
 @pytest.fixture
 def late(monkeypatch) -> LateMemory:
     monkeypatch.setattr(torch.optim.Optimizer, "__init__", torch.optim.Optimizer.__init__)  # restored after
-    watch = LateMemory(ProbeRequest(8, "script", "script", False, "cpu", 1 << 30, 3, 8, 60.0, op="as_is"))
+    watch = LateMemory(probe_request(8, "script", "script", op="as_is"))
     watch.install()
     return watch
 
@@ -86,11 +86,7 @@ def test_frozen_parameters_in_the_optimizer_and_in_the_scripts_modules(late) -> 
 def test_the_live_line_hears_what_the_probe_waits_for(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(torch.optim.Optimizer, "__init__", torch.optim.Optimizer.__init__)
     path = str(tmp_path / "step")
-    late = LateMemory(
-        ProbeRequest(
-            8, "script", "script", False, "cpu", 1 << 30, 3, 8, 60.0, op="as_is", options={OPTION: path}
-        )
-    )
+    late = LateMemory(probe_request(8, "script", "script", op="as_is", options={OPTION: path}))
     late.install()
     critic, generator = (
         torch.optim.Adam(nn.Linear(4, 1).parameters()),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from requesting import probe_request
 from support import EXAMPLES
 
 from autobatch.probe.client import ProbeClient
@@ -24,7 +25,6 @@ def _request(batch: int, **kw: object) -> ProbeRequest:
         batch_size=batch,
         precision="32-true",
         optimizer="adamw",
-        recompute=False,
         device="cpu",
         budget_bytes=4 * GIB,
         min_steps=3,
@@ -32,7 +32,7 @@ def _request(batch: int, **kw: object) -> ProbeRequest:
         timeout=600.0,
     )
     values.update(kw)
-    return ProbeRequest(**values)  # type: ignore[arg-type]
+    return probe_request(**values)  # type: ignore[arg-type]
 
 
 def test_a_compiled_probe_reports_its_compile_apart_and_the_next_probe_reuses_the_cache(
@@ -73,9 +73,9 @@ def test_a_model_that_does_not_compile_is_an_answer(tmp_path: Path) -> None:
 
 def test_the_request_carries_the_recomputation_level() -> None:
     with ProbeClient(EXAMPLES / "mlp.py", SMALL) as client:  # two Blocks (the script's RECOMPUTE_CLASSES)
-        half = client.run(_request(8, recompute=True, recompute_level="1/2"))
-        selective = client.run(_request(8, recompute=True, recompute_level="selective"))
-        wrong = client.run(_request(8, recompute=True, recompute_level="1/12"))
+        half = client.run(_request(8, level="1/2"))
+        selective = client.run(_request(8, level="selective"))
+        wrong = client.run(_request(8, level="1/12"))
     assert half.kind == selective.kind == "fits" and half.recompute_blocks == ["Block"]
     assert wrong.kind == "error" and wrong.contract and wrong.error_type == "NoBlocksError"
     assert "1 of 12 blocks, but the model holds 2 (Block x 2)" in (wrong.error_message or "")

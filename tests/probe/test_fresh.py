@@ -6,6 +6,7 @@ import time
 
 import psutil
 import pytest
+from requesting import probe_request
 from support import EXAMPLES
 
 from autobatch.probe.client import ProbeClient
@@ -19,11 +20,11 @@ GIB = 1 << 30
 
 def _request(batch: int, budget: int = 2 * GIB, **kw: object) -> ProbeRequest:
     values = dict(
-        batch_size=batch, precision="32-true", optimizer="sgd", recompute=False, device="cpu",
+        batch_size=batch, precision="32-true", optimizer="sgd", device="cpu",
         budget_bytes=budget, min_steps=3, max_steps=3, timeout=120.0,
     )  # fmt: skip
     values.update(kw)
-    return ProbeRequest(**values)  # type: ignore[arg-type]
+    return probe_request(**values)  # type: ignore[arg-type]
 
 
 def _fresh(**kw: object) -> ProbeRequest:

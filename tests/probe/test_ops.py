@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from requesting import probe_request
 
 from autobatch.errors import ProbeFailure, ScriptError
 from autobatch.probe import ops
@@ -35,7 +36,7 @@ def _own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _request(op: str, options: dict[str, Any] | None = None) -> ProbeRequest:
-    return ProbeRequest(7, "32-true", "sgd", False, "cpu", 0, 3, 3, 60.0, op=op, options=options or {})
+    return probe_request(7, "32-true", "sgd", budget_bytes=0, max_steps=3, op=op, options=options or {})
 
 
 def test_the_handler_gets_the_options_record() -> None:

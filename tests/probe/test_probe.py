@@ -7,6 +7,7 @@ import time
 
 import psutil
 import pytest
+from requesting import probe_request
 from support import EXAMPLES, SCRIPTS, cpu_session
 
 from autobatch.core.space import Combo
@@ -25,7 +26,6 @@ def _request(batch: int, budget: int, **kw: object) -> ProbeRequest:
         batch_size=batch,
         precision="32-true",
         optimizer="adamw",
-        recompute=False,
         device="cpu",
         budget_bytes=budget,
         min_steps=3,
@@ -33,7 +33,7 @@ def _request(batch: int, budget: int, **kw: object) -> ProbeRequest:
         timeout=300.0,
     )
     values.update(kw)
-    return ProbeRequest(**values)  # type: ignore[arg-type]
+    return probe_request(**values)  # type: ignore[arg-type]
 
 
 def _descendants() -> list[psutil.Process]:
@@ -102,7 +102,7 @@ def test_close_leaves_no_process() -> None:
 def test_session_raises_script_errors_with_message() -> None:
     with cpu_session(SCRIPTS / "value_error.py") as session:
         with pytest.raises(ScriptError, match="exceeds"):
-            session.probe(Combo("32-true", "adamw", False), 100, min_steps=3, max_steps=3)
+            session.probe(Combo("32-true", "adamw"), 100, min_steps=3, max_steps=3)
 
 
 def test_a_fit_within_the_margin_of_the_budget_is_not_counted() -> None:

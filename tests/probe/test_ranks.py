@@ -7,6 +7,7 @@ import time
 
 import psutil
 import pytest
+from requesting import probe_request
 from support import EXAMPLES, SCRIPTS
 
 from autobatch.devices.cpu import MALLOC_ENV
@@ -21,11 +22,11 @@ TIMEOUT = 120.0
 
 def _request(strategy: str, batch: int = 8, **kw: object) -> ProbeRequest:
     values: dict[str, object] = dict(
-        batch_size=batch, precision="32-true", optimizer="adamw", recompute=False, device="cpu",
+        batch_size=batch, precision="32-true", optimizer="adamw", device="cpu",
         budget_bytes=2 * GIB, timeout=TIMEOUT, strategy=strategy, nproc_per_node=2, min_steps=3, max_steps=3,
     )  # fmt: skip
     values.update(kw)
-    return ProbeRequest(**values)  # type: ignore[arg-type]
+    return probe_request(**values)  # type: ignore[arg-type]
 
 
 def _probe_processes(client: ProbeClient) -> list[psutil.Process]:

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 from fake_nvml import A, B, FakeDevice, FakeNvml, GiB, MiB, proc
+from requesting import probe_request
 from support import session_settings
 
 from autobatch.core.space import Combo
@@ -33,7 +34,6 @@ def cuda_request(**kw: object) -> ProbeRequest:
         batch_size=8,
         precision="32-true",
         optimizer="adamw",
-        recompute=False,
         device="cuda:0",
         budget_bytes=60 * GiB,
         process_limit_bytes=LIMIT,
@@ -42,7 +42,7 @@ def cuda_request(**kw: object) -> ProbeRequest:
         timeout=60.0,
     )
     values.update(kw)
-    return ProbeRequest(**values)  # type: ignore[arg-type]
+    return probe_request(**values)  # type: ignore[arg-type]
 
 
 def fits() -> ProbeOutcome:
@@ -157,7 +157,7 @@ def test_session_puts_the_cuda_process_limit_into_every_request(tmp_path):
     session.device = device_info("cuda:0", {"snapshot": snapshot.to_dict()}, memory=None, headroom=0.1)
     assert session.device.process_limit_bytes == budget.process_limit_bytes
     assert session.device.to_dict()["process_limit_bytes"] == budget.process_limit_bytes
-    combo = Combo("32-true", "adamw", False)
+    combo = Combo("32-true", "adamw")
     for request in (
         session.request(combo, 8, steps=(3, 8)),
         session.request(combo, 8, steps=(3, 8), op="explain", budget_bytes=GiB),
@@ -173,4 +173,4 @@ def test_cpu_requests_carry_no_process_limit(tmp_path):
         "cpu", {"available_bytes": 8 * GiB, "baseline_bytes": 300 * MiB}, memory=2 * GiB, headroom=0.1
     )
     assert session.device.process_limit_bytes is None
-    assert session.request(Combo("32-true", "sgd", False), 8, steps=(3, 8)).process_limit_bytes is None
+    assert session.request(Combo("32-true", "sgd"), 8, steps=(3, 8)).process_limit_bytes is None

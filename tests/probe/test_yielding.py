@@ -22,7 +22,7 @@ from autobatch.run.session import Session
 # every test starts a probe server, and spins neighbours on every core (no other test may run beside it)
 pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
-COMBO = Combo("32-true", "adamw", False)
+COMBO = Combo("32-true", "adamw")
 SPIN = "import time\nend = time.monotonic() + 20\nwhile time.monotonic() < end:\n    pass\n"
 
 

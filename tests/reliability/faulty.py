@@ -20,7 +20,8 @@ class FaultyRunner(FakeRunner):
     def run(self, request: ProbeRequest) -> ProbeOutcome:
         if request.op != "probe":
             return super().run(request)
-        key = (request.precision, request.optimizer, request.recompute, request.batch_size, request.min_steps)
+        step = request.step
+        key = (step.precision, step.optimizer, step.recompute, step.batch_size, request.min_steps)
         self.attempts[key] = self.attempts.get(key, 0) + 1
         kind = self.fault(request, self.attempts[key])
         if kind is None:

@@ -47,19 +47,12 @@ class InProcessRunner:
                 outcome.info["baseline_bytes"] = BASELINE
             return outcome
         from autobatch.core.steady import StepRule
-        from autobatch.step.loop import StepConfig, StepReport, run_steps
+        from autobatch.step.loop import StepReport, run_steps
 
-        config = StepConfig(
-            batch_size=request.batch_size,
-            precision=request.precision,
-            optimizer=request.optimizer,
-            recompute=request.recompute,
-            check_batch_size=request.check_batch_size,
-        )
         outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
         peak = CURVE(request.batch_size)
         try:
-            run_steps(self.script, config, StepReport(), StepRule(1, 1, MiB), peak_now=lambda: peak,
+            run_steps(self.script, request.step, StepReport(), StepRule(1, 1, MiB), peak_now=lambda: peak,
                       synchronize=lambda: None)  # fmt: skip
         except BaseException as exc:  # noqa: BLE001 - as the probe process does
             return describe_failure(outcome, exc)

@@ -26,7 +26,7 @@ class TimedRunner(FakeRunner):
     def _probe(self, request: ProbeRequest) -> ProbeOutcome:
         outcome = super()._probe(request)
         if outcome.fits:
-            base = self.seconds[(request.precision, request.recompute)]
+            base = self.seconds[(request.step.precision, request.step.recompute)]
             outcome.step_seconds = [base * next(self.jitter) for _ in range(outcome.steps)]
             outcome.samples_per_second = (
                 request.batch_size * (outcome.steps - 1) / sum(outcome.step_seconds[1:])
@@ -234,7 +234,7 @@ def test_a_timing_probe_again_is_measured_again_not_read_from_the_journal(tmp_pa
     )
     session.device = device_info("cpu", {"available_bytes": 8 << 30, "baseline_bytes": 300 << 20}, memory=1 << 30, headroom=0.1)  # fmt: skip
     session.journal = ProbeJournal.open(CacheFolder(tmp_path / "cache"), "k", {"script": "train.py"})
-    combo = Combo("32-true", "adamw", False)
+    combo = Combo("32-true", "adamw")
     first = session.probe(combo, 16, min_steps=8, max_steps=8)
     again = session.probe(combo, 16, min_steps=8, max_steps=8)  # a search probe: answered by the journal
     assert not first.cached and again.cached and len(runner.requests) == 1

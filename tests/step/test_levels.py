@@ -170,7 +170,7 @@ def test_the_selective_policy_saves_matmuls_and_attention_and_recomputes_the_res
 def _step_peak(recompute: bool, level: str = "full") -> int:
     """One step of the decoder through the step loop, with the level in its config; its tensors' peak."""
     tracker = MemoryTracker()
-    config = StepConfig(BATCH, "32-true", "sgd", recompute=recompute, recompute_level=level)
+    config = StepConfig(BATCH, "32-true", "sgd", level=level if recompute else "off")
     with tracker:
         report = run_steps(
             SCRIPT,

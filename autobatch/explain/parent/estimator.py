@@ -28,6 +28,8 @@ from autobatch.records.failures import raise_for
 from autobatch.records.protocol import ProbeRequest
 from autobatch.records.result import ComboResult, TuneResult
 from autobatch.records.version import __version__
+from autobatch.run.inspection import INSPECT_COMBO
+from autobatch.run.session import step_config
 
 if TYPE_CHECKING:
     from autobatch.settings.groups import Settings
@@ -211,20 +213,13 @@ def _run(
     try:
         for seq_len in lengths:
             request = ProbeRequest(
-                batch_size=0,
-                precision="32-true",
-                optimizer="sgd",
-                recompute=False,
-                device="cpu",
+                step=step_config(settings, INSPECT_COMBO.at(seq_len), 0, "cpu"),
                 budget_bytes=0,
                 min_steps=0,
                 max_steps=0,
                 timeout=timeout,
-                recompute_classes=tuple(settings.search.recompute_classes),
-                check_batch_size=settings.script.check_batch_size,
                 op=ESTIMATE,
                 options=options.to_dict(),
-                seq_len=seq_len,
             )
             outcome = client.run(request)
             if outcome.kind != "fits":

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from autobatch.core.levels import FULL, OFF
 from autobatch.core.maximum import Limits
 from autobatch.core.search import Affine
 from autobatch.core.space import Combo, block_labels
@@ -270,7 +271,7 @@ def _own_points(session: Session, now: Combo, lever: Lever, batch_size: int, lim
     once, so that its prediction is calibrated on its own kernels."""
     assert lever.scenario is not None
     scenario = lever.scenario
-    combo = Combo(scenario.precision, scenario.optimizer, scenario.recompute).at(now.seq_len)
+    combo = Combo(scenario.precision, scenario.optimizer, FULL if scenario.recompute else OFF).at(now.seq_len)
     outcome = measure(session, combo, batch_size, scenario.transforms, (limits.steps, limits.max_steps))
     return ((batch_size, int(outcome.peak_bytes)),) if outcome.fits and outcome.peak_bytes else ()
 
@@ -285,7 +286,7 @@ def _verify(
         if not lever.applicable or lever.scenario is None:
             continue
         scenario = lever.scenario
-        combo = Combo(scenario.precision, scenario.optimizer, scenario.recompute).at(seq_len)
+        combo = Combo(scenario.precision, scenario.optimizer, FULL if scenario.recompute else OFF).at(seq_len)
         prior = (
             Affine(lever.static_bytes, lever.bytes_per_sample)
             if lever.static_bytes is not None and lever.bytes_per_sample

@@ -49,10 +49,11 @@ def explain_step(
 ) -> ProbeOutcome:
     """The explain operation's run in this process (``wrap``: a strategy's model wrapper on one rank;
     ``around``: a context the step runs in, given the tracker)."""
+    step = request.step
     if request.device == "cpu":
-        warm_up({request.precision}, {request.optimizer}, {request.optimizer: request.optimizer_kwargs})
+        warm_up({step.precision}, {step.optimizer}, {step.optimizer: step.optimizer_kwargs})
     tracker = MemoryTracker() if options.instrument else None
-    instrument = Instrument(options.transforms, tracker, seq_len=request.seq_len)
+    instrument = Instrument(options.transforms, tracker, seq_len=request.step.seq_len)
     start = time.perf_counter() if start is None else start
     context = around(instrument.tracker) if around is not None else contextlib.nullcontext()
     with applied_during_step(options.transforms, instrument.applied), instrument, context:
@@ -71,7 +72,7 @@ def _breakdown(request: ProbeRequest, instrument: Instrument, outcome: ProbeOutc
     cpu = request.device == "cpu"
     info: dict[str, Any] = {}
     notes = list(instrument.applied.notes)
-    flops_note = instrument.count_flops(request.precision, "cpu" if cpu else "cuda")
+    flops_note = instrument.count_flops(request.step.precision, "cpu" if cpu else "cuda")
     if flops_note:
         notes.append(flops_note)
     stats = outcome.device_stats

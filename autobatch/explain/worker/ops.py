@@ -17,6 +17,7 @@ it is a plain probe with the levers' model changes). Its outcome carries the bre
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 from autobatch.explain.pure.maxima import (
@@ -32,7 +33,7 @@ from autobatch.explain.pure.options import ESTIMATE, EXPLAIN, EstimateOptions, E
 from autobatch.explain.pure.records import Scenario
 from autobatch.explain.worker.instrumented import explain_step, warm_up
 from autobatch.explain.worker.ranks import LEAVES_OUT, rank_of
-from autobatch.explain.worker.simulate import StepOptions, simulate
+from autobatch.explain.worker.simulate import simulate
 from autobatch.probe.ops import register
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.step.contract import UserScript
@@ -55,19 +56,17 @@ def estimate_operation(request: ProbeRequest, script: UserScript, options: Estim
 
     @functools.cache
     def sim(scenario: Scenario, batch_size: int) -> SimResult:
-        step_options = StepOptions(
-            optimizer_kwargs=dict(options.optimizer_kwargs.get(scenario.optimizer) or {}),
-            recompute_classes=request.recompute_classes,
-            check_batch_size=request.check_batch_size,
-            seq_len=request.seq_len,
+        # the request's step, with the optimizer arguments of the scenario's optimizer (simulate replaces the rest)
+        step = replace(
+            request.step, optimizer_kwargs=dict(options.optimizer_kwargs.get(scenario.optimizer) or {})
         )
         return simulate(
             script,
             scenario,
             batch_size,
             target=options.target,
-            options=step_options,
-            rank=rank_of(options.strategy, options.world_size, script, request.recompute_classes),
+            step=step,
+            rank=rank_of(options.strategy, options.world_size, script, step.recompute_classes),
         )
 
     info: dict[str, Any] = {"target": options.target}

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, replace
 
+from autobatch.core.levels import OFF
 from autobatch.errors import ContractError, NoBlocksError
 from autobatch.explain.pure.maxima import SimResult
 from autobatch.explain.pure.records import Scenario
@@ -22,24 +22,13 @@ from autobatch.explain.worker.breakdown import Instrument
 from autobatch.explain.worker.ranks import FakeRank, track_resize
 from autobatch.explain.worker.tracker import MemoryTracker
 from autobatch.explain.worker.transforms import applied_during_step
+from autobatch.records.protocol import StepConfig
 from autobatch.step.contract import UserScript
-from autobatch.step.loop import StepConfig, StepReport, build_step, one_step
+from autobatch.step.loop import StepReport, build_step, one_step
 from autobatch.step.optimizers import optimizer_state_bytes
 
 #: Optimizers whose torch.optim class takes ``foreach`` (on CUDA it defaults to True).
 FOREACH = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor", "rmsprop", "adagrad")
-
-
-@dataclass(frozen=True)
-class StepOptions:
-    """How the script's step is built beyond the scenario, as a probe of the same request builds it (the
-    fields of :class:`~autobatch.step.loop.StepConfig` of those names; ``seq_len``:
-    ``make_batch(batch_size, seq_len)``)."""
-
-    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
-    recompute_classes: tuple[str, ...] = ()
-    check_batch_size: bool = True
-    seq_len: int | None = None
 
 
 def simulate(
@@ -48,7 +37,7 @@ def simulate(
     batch_size: int,
     *,
     target: str,
-    options: StepOptions = StepOptions(),
+    step: StepConfig = StepConfig(0, "32-true", "sgd"),
     steps: int = 2,
     rank: FakeRank | None = None,
 ) -> SimResult:
@@ -60,19 +49,17 @@ def simulate(
     result = SimResult(batch_size)
     tracker = MemoryTracker(make_allocator(target), fake_scalars=True)
     instrument = Instrument(scenario.transforms, tracker, modules=False)
-    kwargs = dict(options.optimizer_kwargs)
+    kwargs = dict(step.optimizer_kwargs)
     if target == "cuda" and scenario.optimizer in FOREACH:
         kwargs.setdefault("foreach", True)
-    config = StepConfig(
-        batch_size,
-        scenario.precision,
-        scenario.optimizer,
-        scenario.recompute,
+    level = scenario.level if scenario.recompute else OFF
+    config = replace(
+        step,
+        batch_size=batch_size,
+        precision=scenario.precision,
+        optimizer=scenario.optimizer,
+        level=level,
         optimizer_kwargs=kwargs,
-        recompute_classes=options.recompute_classes,
-        check_batch_size=options.check_batch_size,
-        seq_len=options.seq_len,
-        recompute_level=scenario.level,
     )
     try:
         with (
