@@ -42,7 +42,8 @@ AS_IS_DATA_HINT = (
 
 
 class Watch:
-    """Reads every probe of a tune; ``warn`` shows a warning as the run goes (the notes keep it too)."""
+    """Reads every probe of a tune; ``warn`` is the run's (:class:`autobatch.run.session.Warnings`): shown as the
+    run goes and kept in the result's notes."""
 
     def __init__(
         self,
@@ -96,8 +97,7 @@ class Watch:
             raise DataDependentError(
                 f"{key}: {dependence}", hint=AS_IS_DATA_HINT if self.as_is else DATA_HINT
             )
-        notes.append(f"warning: {key}: {dependence}")
-        self.warn(f"{key}: {dependence}")
+        self.warn(f"{key}: {dependence}")  # a note too: the run keeps its warnings in the notes
 
     def _ignored(self, key: str, evidence: str) -> ContractError:
         """The error of a batch that never reached the step (:func:`autobatch.core.sanity.batch_ignored`)."""

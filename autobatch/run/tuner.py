@@ -107,6 +107,7 @@ class Tuner:
             pid=os.getpid(),
             host=socket.gethostname(),
         )
+        session.warnings.keep_in(self.result.notes)  # the run's warnings, those before it too, are notes
         if session.settings.distributed.strategy != "none":
             self.result.distributed = {
                 "strategy": session.settings.distributed.strategy,
