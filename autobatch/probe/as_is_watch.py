@@ -5,7 +5,7 @@ is the script and its arguments with ``{batch}`` replaced, the batch size is in 
 ``batch_env``), the budget is applied by the same device hooks as autobatch's own probes, and the script runs
 as ``__main__`` (:func:`runpy.run_path`). Every ``torch.optim.Optimizer`` step in the process fires a hook
 (``register_optimizer_step_post_hook``) that reads the peak and the time since the last step; once the steps
-say enough (:class:`autobatch.core.steady.StepRule`, the rule of every probe), the hook writes the outcome
+say enough (:class:`autobatch.core.step_peaks.StepRule`, the rule of every probe), the hook writes the outcome
 and ends the process (:func:`autobatch.probe.ops.report_and_exit`). The steps counted are those of the first
 optimizer that steps (a GAN's second optimizer does not count twice). The first step's pre-hook reads the
 forward and backward phase alone (its peak and the gradients); a step given a closure runs that phase inside
@@ -38,7 +38,7 @@ from types import FrameType
 from typing import Any, Callable
 
 from autobatch.core.space import variant_of
-from autobatch.core.steady import StepRule
+from autobatch.core.step_peaks import StepRule
 from autobatch.errors import ContractError
 from autobatch.probe import files
 from autobatch.probe.as_is_late import LateMemory

@@ -48,7 +48,7 @@ from autobatch.run.options import TuneOptions
 from autobatch.run.rank_priors import StrategyPriors
 from autobatch.run.session import Session
 from autobatch.run.throughput import StepTimes
-from autobatch.run.trust import Watch
+from autobatch.run.watch import Watch
 from autobatch.step.as_is import batch_way
 
 

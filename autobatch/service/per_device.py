@@ -17,7 +17,7 @@ model), and tunes each with :func:`tune_target`:
    probe journaled (so a tune killed halfway resumes without measuring anything twice);
 4. a complete result is stored.
 
-Several GPU models give several results, merged into one plan by :func:`autobatch.run.mixed.merge_models`.
+Several GPU models give several results, merged into one plan by :func:`autobatch.run.across_models.merge_models`.
 Everything the caller shows comes through :class:`~autobatch.service.hooks.Hooks`; nothing here prints.
 """
 
@@ -47,7 +47,7 @@ def tune_devices(request: TuneRequest, hooks: Hooks, inventory: Inventory | None
     targets = resolve_targets(device.device, device.memory, inventory)
     if len(targets) == 1:
         return tune_target(request, targets[0], hooks)
-    from autobatch.run.mixed import merge_models
+    from autobatch.run.across_models import merge_models
 
     results = []
     for number, target in enumerate(targets, 1):

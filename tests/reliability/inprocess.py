@@ -46,7 +46,7 @@ class InProcessRunner:
             ):  # memory is not measured: this process holds what the tests imported
                 outcome.info["baseline_bytes"] = BASELINE
             return outcome
-        from autobatch.core.steady import StepRule
+        from autobatch.core.step_peaks import StepRule
         from autobatch.step.loop import StepConfig, StepReport, run_steps
 
         config = StepConfig(

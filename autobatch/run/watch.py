@@ -1,5 +1,5 @@
 """Whether a tune's answers hold in the job: the checks on its probes (the run's side of
-:mod:`autobatch.core.sanity` and :mod:`autobatch.core.steady`).
+:mod:`autobatch.core.sanity` and :mod:`autobatch.core.step_peaks`).
 
 * **Every probe**: a peak that grows at every step is a leak and ends the tune (:class:`LeakError`, exit 8).
   Left to the search, every confirmation would fail (ten steps leak more than three) down to the smallest
@@ -17,7 +17,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Callable
 
 from autobatch.core import sanity
-from autobatch.core.steady import Reading, data_dependence, find_leak, growth_tolerance
+from autobatch.core.step_peaks import Reading, data_dependence, find_leak, growth_tolerance
 from autobatch.devices.budget import margin_bytes
 from autobatch.errors import ContractError, DataDependentError, LeakError
 from autobatch.records.readings import reading

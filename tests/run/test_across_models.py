@@ -17,7 +17,7 @@ from support import run_main
 from autobatch.cli.state import STATE
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.records.result import ComboResult, TuneResult
-from autobatch.run.mixed import merge_models
+from autobatch.run.across_models import merge_models
 from autobatch.run.options import TuneOptions
 from autobatch.settings import FIELDS, Settings
 from autobatch.testing import FakeRunner, affine

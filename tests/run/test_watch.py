@@ -1,6 +1,6 @@
-"""The tune's checks on its probes (autobatch.run.trust): a leak ends the tune with exit 8; a peak that depends on
+"""The tune's checks on its probes (autobatch.run.watch): a leak ends the tune with exit 8; a peak that depends on
 the data is a note and a warning, and with strict exit 3; strict keys the cache apart. Synthetic outcomes: the
-rules themselves are tested in tests/core/test_steady.py, the command in tests/reliability/test_unsteady_peaks.py."""
+rules themselves are tested in tests/core/test_step_peaks.py, the command in tests/reliability/test_unsteady_peaks.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from autobatch.errors import EXIT_LEAK, EXIT_SCRIPT, ContractError, DataDependen
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.result import ComboResult, ProbeRecord
 from autobatch.run.session import Warnings
-from autobatch.run.trust import Watch
+from autobatch.run.watch import Watch
 from autobatch.settings import load_settings
 
 MiB = 1 << 20
