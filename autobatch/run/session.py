@@ -35,8 +35,6 @@ from autobatch.step.scriptpath import script_digest
 from autobatch.step.spec import ScriptSpec, spec_from_settings
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from autobatch.devices.selection import Target
     from autobatch.settings import DistributedSettings, Settings
 
@@ -69,12 +67,6 @@ class Warnings:
         """From now on, every warning is a note in ``notes`` (the ones so far too)."""
         self.notes = notes
         notes.extend(f"warning: {message}" for message in self.messages)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.messages)
-
-    def __len__(self) -> int:
-        return len(self.messages)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ def test_a_warning_raised_twice_is_shown_and_noted_once() -> None:
         "warning: the lock folder is read-only",
         "warning: a probe started processes",
     ]
-    assert list(warnings) == shown and len(warnings) == 2
+    assert warnings.messages == shown
 
 
 def test_a_session_shares_the_runs_warnings() -> None:
