@@ -16,7 +16,7 @@ from autobatch.core.model import Affine
 from autobatch.core.reuse import Prediction
 from autobatch.core.search import Guidance, Observation, SearchStatus, search_max_batch
 from autobatch.core.space import optimizer_state_bytes
-from autobatch.core.steady import CONFIRM_STEPS_AT_LEAST
+from autobatch.core.step_peaks import CONFIRM_STEPS_AT_LEAST
 from autobatch.core.units import format_bytes
 
 #: Where the calibration probe goes, as a fraction of the boundary a guessed slope predicts: guesses for

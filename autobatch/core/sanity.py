@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autobatch.core.steady import Reading
+from autobatch.core.step_peaks import Reading
 from autobatch.core.units import format_bytes
 
 #: Kinds that are not an answer about memory.

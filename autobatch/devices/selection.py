@@ -6,7 +6,7 @@ Read before any probe server starts, from the inventory (NVML, no torch):
 * ``cuda:N``: the N-th visible GPU (or MIG instance), locked by its UUID.
 * ``cuda`` or ``auto`` with visible GPUs: **one target per distinct GPU model** (name, memory, MIG
   profile), each the first visible device of its model; a job spanning them plans with the smallest
-  maximum (:mod:`autobatch.run.mixed`). ``auto`` is the CPU when no GPU is visible or there is no NVIDIA
+  maximum (:mod:`autobatch.run.across_models`). ``auto`` is the CPU when no GPU is visible or there is no NVIDIA
   driver (NVML cannot start, so CUDA cannot either).
 * Without pynvml, or for a GPU NVML does not list, a CUDA request stays as given: the session
   resolves it, the lock is keyed by host and index, and the result is not cached (nothing identifies

@@ -2,7 +2,7 @@
 
 The script runs as the job runs it (``sys.argv`` with ``{batch}`` filled in, ``AUTOBATCH_BATCH_SIZE``, the
 same budget hooks); an optimizer step post-hook reads the peak and the time at every step of the first
-optimizer that steps and, once :class:`autobatch.core.steady.StepRule` says the steps are enough, reports
+optimizer that steps and, once :class:`autobatch.core.step_peaks.StepRule` says the steps are enough, reports
 and ends the process. An out-of-memory error is seen where it is raised (:class:`OomWatch`), even when the
 script catches it. What a probe is and what each ending means: docs/as-is.md ("What a probe is", "What can
 go wrong, and the answer"); memory that arrives later is :mod:`autobatch.probe.as_is_late`'s.
@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any, Callable
 
 from autobatch.core.space import variant_of
-from autobatch.core.steady import StepRule
+from autobatch.core.step_peaks import StepRule
 from autobatch.errors import ContractError
 from autobatch.probe import files
 from autobatch.probe.as_is_late import LateMemory

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from autobatch.core.steady import StepRule
+from autobatch.core.step_peaks import StepRule
 from autobatch.core.units import format_bytes
 from autobatch.devices.budget import margin_reason
 from autobatch.devices.cuda.budget import CudaStepStats, judge_step

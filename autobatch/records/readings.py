@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from autobatch.core.maximum import StaticMemory
 from autobatch.core.search import KINDS, Observation
-from autobatch.core.steady import Reading
+from autobatch.core.step_peaks import Reading
 from autobatch.records.protocol import ProbeOutcome
 
 
@@ -57,7 +57,7 @@ def measured_static(outcomes: Iterable[ProbeOutcome]) -> StaticMemory | None:
 
 
 def reading(outcome: ProbeOutcome) -> Reading:
-    """What :mod:`autobatch.core.steady` and :mod:`autobatch.core.sanity` read of an outcome: its peak net of the
+    """What :mod:`autobatch.core.step_peaks` and :mod:`autobatch.core.sanity` read of an outcome: its peak net of the
     probe process's own memory before building (which moves from run to run), its steps' peaks, its batches'
     shapes, its median step time and its forward and backward phase's peak."""
     peak = outcome.peak_bytes

@@ -3,10 +3,14 @@
 Under ``max-batch`` the largest maximum wins (:func:`autobatch.core.plan.choose`); under ``throughput`` the
 contenders that recomputation cannot win are dropped (:func:`autobatch.core.choice.dominated`) and the rest
 are timed at their planned micro-batch, interleaved, until the rates decide (:mod:`autobatch.run.throughput`).
-:class:`Choosing` is the part of :class:`autobatch.run.tuner.Tuner` that does it.
+The tuner hands a :class:`Chooser` what it reads whole (the result, the options, the session, the step
+times) and the function that records a probe, and calls :meth:`Chooser.plan_and_choose` once every maximum is known.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from autobatch.core.choice import Contender, Decision, dominated, preference
 from autobatch.core.plan import Candidate, Plan, choose, plan_accumulation, plan_with_script_accumulation
@@ -21,21 +25,27 @@ from autobatch.run.session import Session
 from autobatch.run.throughput import Entry, StepTimes, edge_note, margin_of_choice, settle
 from autobatch.step.as_is import ACCUM_PLACEHOLDER
 
+#: Keeps one probe in its combination's trace, as the tuner keeps every probe (the step times, the result
+#: file rewritten, the leak watch): the combination's row, the outcome and the probe's purpose.
+Record = Callable[[ComboResult, ProbeOutcome, str], None]
 
-class Choosing:
-    """Plans every combination that found a maximum and chooses one (a mixin of the tuner: it reads the
-    tuner's result, options, session and step times, and records its timing probes through it)."""
+
+@dataclass
+class Chooser:
+    """Plans every combination that found a maximum and chooses one, timing the contenders under throughput;
+    every timing probe is kept through ``record``."""
 
     result: TuneResult
     options: TuneOptions
     session: Session
     step_times: StepTimes
-    script_accumulation: int  # a script run as it is: micro-batches per optimizer step of its own (else 1)
+    record: Record
+    script_accumulation: int = (
+        1  # a script run as it is: micro-batches per optimizer step of its own (else 1)
+    )
 
-    def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
-        raise NotImplementedError  # the tuner's
-
-    def _plan_and_choose(self, combos: list[Combo]) -> None:
+    def plan_and_choose(self, combos: list[Combo]) -> None:
+        """Each answered combination's plan into its row, and the chosen one into :attr:`TuneResult.chosen`."""
         opts = self.options
         candidates: list[Candidate] = []
         plans: dict[int, Plan] = {}
@@ -172,7 +182,7 @@ class Choosing:
             timing=True,
             pinned_allocator=self.step_times.pinned,
         )
-        self._record(entry, outcome, "throughput")
+        self.record(entry, outcome, "throughput")
         if outcome.kind == "oom" and outcome.job_allocator:  # the job's allocator needs more than the budget
             self._pin_allocator(combo, outcome)
             return self._throughput_at(combo, entry, micro, again=True)

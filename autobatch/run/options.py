@@ -1,4 +1,5 @@
-"""What one tune searches and plans, built from the settings (where every default lives)."""
+"""What one tune searches and plans (:class:`TuneOptions`), built from the settings (where every default lives),
+and the tune as the front door resolved it (:class:`TuneRequest`), passed whole down to each device's tuner."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from autobatch.run.lengths import plan_lengths
 
 if TYPE_CHECKING:
     from autobatch.settings import Settings
+    from autobatch.step.spec import ScriptSpec
 
 
 @dataclass(frozen=True)
@@ -49,3 +51,15 @@ class TuneOptions:
             seq_lens=seq_lens,
             plan_seq_len=plan_seq_len,
         )
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """One tune, resolved once at the front door (:func:`autobatch.service.tune.tune`) and passed whole to every
+    device's tune: the settings it measures, its step, what it searches and plans (the world the plan is for,
+    and where that came from, among it), and whether it measures again instead of serving the cache."""
+
+    settings: Settings
+    spec: ScriptSpec  # the step: the settings' script, or callables or an object handed to the API
+    options: TuneOptions
+    refresh: bool = False

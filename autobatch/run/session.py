@@ -44,6 +44,31 @@ OnProbe = Callable[[Combo, ProbeOutcome, bool], None]
 WrapRunner = Callable[[ProbeRunner], ProbeRunner]
 
 
+class Warnings:
+    """A run's warnings, each kept and shown once: the one place they are de-duplicated. Once :meth:`keep_in`
+    names a result's notes, every warning is also a ``warning: ...`` note there, as it comes (those that came
+    before, at once), so that a partial result carries them too."""
+
+    def __init__(self, show: Callable[[str], None] | None = None) -> None:
+        self.show = show
+        self.messages: list[str] = []
+        self.notes: list[str] | None = None
+
+    def __call__(self, message: str) -> None:
+        if message in self.messages:
+            return
+        self.messages.append(message)
+        if self.notes is not None:
+            self.notes.append(f"warning: {message}")
+        if self.show is not None:
+            self.show(message)
+
+    def keep_in(self, notes: list[str]) -> None:
+        """From now on, every warning is a note in ``notes`` (the ones so far too)."""
+        self.notes = notes
+        notes.extend(f"warning: {message}" for message in self.messages)
+
+
 @dataclass(frozen=True)
 class SessionWiring:
     """What a session is plugged into: every field optional, ``SessionWiring()`` probes through the real
@@ -52,7 +77,7 @@ class SessionWiring:
 
     runner: ProbeRunner | None = None  # a runner of the caller's (a fake one); None: start the probe server
     on_probe: OnProbe | None = None  # after every probe (see OnProbe)
-    on_warning: Callable[[str], None] | None = None  # each new warning, as it is kept
+    warnings: Warnings | None = None  # the run's warnings (None: the session's own, shown nowhere)
     wrap_runner: WrapRunner | None = None  # wraps the runner once, at start
     lock: AbstractContextManager[Any] | None = None  # held from start to close (a device's lock)
 
@@ -98,7 +123,8 @@ class Session:
         self.fingerprint = self.single_fingerprint = ""
         self.cache_hits = self.probes_run = 0
         self._script_digest: str | None = None
-        self.warnings: list[str] = []
+        #: Every warning of the session, once (shared with the run that wired it, which keeps them in its notes).
+        self.warnings = self.wiring.warnings if self.wiring.warnings is not None else Warnings()
         self.fresh_offsets: list[int] = []  # per rank (autobatch.probe.fresh)
         self._held = ExitStack()
 
@@ -141,11 +167,8 @@ class Session:
             self._held.close()
 
     def warn(self, message: str) -> None:
-        """A problem the run survives: kept for the result's notes and shown by the caller."""
-        if message not in self.warnings:
-            self.warnings.append(message)
-            if self.wiring.on_warning is not None:
-                self.wiring.on_warning(message)
+        """A problem the run survives: kept for the result's notes and shown by the caller (:class:`Warnings`)."""
+        self.warnings(message)
 
     def start(self) -> DeviceInfo:
         """Open the runner, inspect the model and the device, open the journal."""

@@ -12,7 +12,7 @@ import datetime
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 from autobatch.core import reuse
 from autobatch.core.choice import reach_beyond
@@ -42,17 +42,14 @@ from autobatch.records.result import (
 )
 from autobatch.records.version import __version__
 from autobatch.run import levels
-from autobatch.run.choosing import Choosing
+from autobatch.run.choosing import Chooser
 from autobatch.run.lengths import LengthSearch
 from autobatch.run.options import TuneOptions
 from autobatch.run.rank_priors import StrategyPriors
 from autobatch.run.session import Session
 from autobatch.run.throughput import StepTimes
-from autobatch.run.trust import Watch
+from autobatch.run.watch import Watch
 from autobatch.step.as_is import batch_way
-
-if TYPE_CHECKING:
-    pass
 
 
 class Twin(NamedTuple):
@@ -63,7 +60,7 @@ class Twin(NamedTuple):
     reach: Optional[int]
 
 
-class Tuner(Choosing):
+class Tuner:
     """Runs one tune over a started :class:`Session`; :attr:`result` is always current."""
 
     def __init__(
@@ -110,6 +107,7 @@ class Tuner(Choosing):
             pid=os.getpid(),
             host=socket.gethostname(),
         )
+        session.warnings.keep_in(self.result.notes)  # the run's warnings, those before it too, are notes
         if session.settings.distributed.strategy != "none":
             self.result.distributed = {
                 "strategy": session.settings.distributed.strategy,
@@ -153,7 +151,10 @@ class Tuner(Choosing):
                 combos.append(neighbour[0])
                 self.result.combinations.append(neighbour[1])
             self._update()
-        self._plan_and_choose(combos)
+        chooser = Chooser(
+            self.result, self.options, self.session, self.step_times, self._record, self.script_accumulation
+        )
+        chooser.plan_and_choose(combos)
         if self.lengths is not None:  # the plan is made: now the other lengths
             self.lengths.run(combos, self._search)
         if note := written_note(self.session.files.written):
@@ -338,6 +339,7 @@ class Tuner(Choosing):
         return best + self.options.limits.batch_multiple if best else None
 
     def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
+        """Keep one probe: its step times, its trace row, the result file rewritten, then the leak watch."""
         self.step_times.add(entry.ident, outcome, timing=purpose == "throughput")
         own = outcome.info.get("micro_batches_per_step")  # a script run as it is that accumulates of its own
         if outcome.fits and own:

@@ -8,6 +8,7 @@ and :func:`started`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from autobatch.core.levels import PARTIAL, parse_level
@@ -62,7 +63,8 @@ def check(
     hooks = hooks or Hooks()
     combo = combination(settings, recompute, compile)
     settings = script_strategy(settings, spec)
-    with open_session(settings, hooks, spec=spec, cache=False) as session:
+    unjournaled = replace(settings, probe=replace(settings.probe, cache=False))  # a check always probes
+    with open_session(unjournaled, hooks, spec=spec) as session:
         if session.as_is:  # its precision, optimizer and recomputation are the script's own
             combo = SCRIPT_COMBO.at(combo.seq_len)
         started(session, combo, hooks)

@@ -17,47 +17,37 @@ model), and tunes each with :func:`tune_target`:
    probe journaled (so a tune killed halfway resumes without measuring anything twice);
 4. a complete result is stored.
 
-Several GPU models give several results, merged into one plan by :func:`autobatch.run.mixed.merge_models`.
+Several GPU models give several results, merged into one plan by :func:`autobatch.run.across_models.merge_models`.
 Everything the caller shows comes through :class:`~autobatch.service.hooks.Hooks`; nothing here prints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autobatch.cache import CacheFolder, ResultStore, tune_inputs
 from autobatch.cache.results import served, unfingerprinted
+from autobatch.run.session import Warnings
 from autobatch.service.sessions import device_lock, open_session
 
 if TYPE_CHECKING:
     from autobatch.devices.inventory import Inventory
     from autobatch.devices.selection import Target
     from autobatch.records.result import TuneResult
+    from autobatch.run.options import TuneRequest
     from autobatch.service.hooks import Hooks
-    from autobatch.settings import Settings
-    from autobatch.step.spec import ScriptSpec
 
 
-def tune_devices(
-    settings: Settings,
-    world: int,
-    world_source: str,
-    hooks: Hooks,
-    *,
-    spec: ScriptSpec | None = None,
-    refresh: bool = False,
-    inventory: Inventory | None = None,
-) -> TuneResult:
+def tune_devices(request: TuneRequest, hooks: Hooks, inventory: Inventory | None = None) -> TuneResult:
     """Tune every device the ``device`` setting names on this machine and return the one result."""
     from autobatch.devices.selection import resolve_targets
 
-    targets = resolve_targets(settings.device.device, settings.device.memory, inventory)
+    device = request.settings.device
+    targets = resolve_targets(device.device, device.memory, inventory)
     if len(targets) == 1:
-        return tune_target(settings, targets[0], world, world_source, hooks, spec=spec, refresh=refresh)
-    from autobatch.run.mixed import merge_models
+        return tune_target(request, targets[0], hooks)
+    from autobatch.run.across_models import merge_models
 
     results = []
     for number, target in enumerate(targets, 1):
@@ -65,30 +55,22 @@ def tune_devices(
             f"GPU model {number} of {len(targets)}: {target.model} on {target.label} "
             f"(visible as {', '.join(f'cuda:{i}' for i in target.indices)})"
         )
-        results.append(tune_target(settings, target, world, world_source, hooks, spec=spec, refresh=refresh))
-    return merge_models(results, targets, settings, world, world_source)
+        results.append(tune_target(request, target, hooks))
+    return merge_models(results, targets, request.options)
 
 
-def tune_target(
-    settings: Settings,
-    target: Target,
-    world: int,
-    world_source: str,
-    hooks: Hooks,
-    *,
-    spec: ScriptSpec | None = None,
-    refresh: bool = False,
-) -> TuneResult:
+def tune_target(request: TuneRequest, target: Target, hooks: Hooks) -> TuneResult:
     """One device: the stored result, or a tune under the device's lock (see the module docstring)."""
-    warnings: list[str] = []
-    hooks = replace(hooks, on_warning=_collecting(warnings, hooks.on_warning))
-    folder = CacheFolder(settings.probe.cache_dir, warn=hooks.on_warning)
+    settings = request.settings
+    warnings = Warnings(hooks.on_warning)  # the target's: shown once each, kept in its result's notes
+    folder = CacheFolder(settings.probe.cache_dir, warn=warnings)
     store = ResultStore(folder) if settings.probe.cache else None
-    inputs = tune_inputs(settings, target.identity, world, spec=spec, why_not=target.not_cached)
-    reuse = store is not None and not refresh
+    world = request.options.world_size
+    inputs = tune_inputs(settings, target.identity, world, spec=request.spec, why_not=target.not_cached)
+    reuse = store is not None and not request.refresh
     hit = store.get(inputs, target.used_bytes) if store is not None and reuse else None
     if hit is not None:
-        return _serve(hit, settings, spec, hooks, warnings)
+        return _serve(hit, request, hooks, warnings)
     if store is not None and store.changed:
         hooks.on_status(
             f"measuring again: {', '.join(store.changed)} changed since the cache's result for this tune was made "
@@ -105,19 +87,19 @@ def tune_target(
                     f"computing-{key}",
                     f"the tune {key}, which another run is computing",
                     hooks,
+                    warnings,
                     folder.path / "locks",
                 )
             )
             hit = store.get(inputs, target.used_bytes)
             if hit is not None:
-                return _serve(hit, settings, spec, hooks, warnings)
-        held.enter_context(device_lock(settings, target.lock_key, target.label, hooks))
+                return _serve(hit, request, hooks, warnings)
+        held.enter_context(device_lock(settings, target.lock_key, target.label, hooks, warnings))
         used = _used_now(target) if target.used_bytes is not None else None
         hit = store.get(inputs, used) if store is not None and reuse else None
         if hit is not None:  # the run we waited for stored it
-            return _serve(hit, settings, spec, hooks, warnings)
-        result = _run(settings, target, world, world_source, hooks, spec=spec, refresh=refresh)
-        _add_warnings(result, warnings)
+            return _serve(hit, request, hooks, warnings)
+        result = _run(request, target, hooks, warnings)
         if store is not None and not inputs.cacheable:
             result.notes.append(f"result not kept in the cache: {inputs.why_not}")
         elif store is not None and (unknown := unfingerprinted(result)):
@@ -131,58 +113,34 @@ def tune_target(
     return result
 
 
-def _run(
-    settings: Settings,
-    target: Target,
-    world: int,
-    world_source: str,
-    hooks: Hooks,
-    *,
-    spec: ScriptSpec | None,
-    refresh: bool,
-) -> TuneResult:
+def _run(request: TuneRequest, target: Target, hooks: Hooks, warnings: Warnings) -> TuneResult:
     """Start a session on the target's device and run the tune (the caller holds the device's lock)."""
-    from autobatch.run.tuner import TuneOptions, Tuner
+    from autobatch.run.tuner import Tuner
 
-    session = open_session(settings, hooks, spec=spec, target=target, lock=False, refresh=refresh)
+    session = open_session(
+        request.settings,
+        hooks,
+        spec=request.spec,
+        target=target,
+        lock=False,
+        warnings=warnings,
+        refresh=request.refresh,
+    )
     try:
         info = session.start()
         hooks.on_device(info)
-        for warning in info.warnings:
+        for warning in info.warnings:  # already among the device's notes, which the result's start with
             hooks.on_warning(warning)
-        options = TuneOptions.from_settings(settings, world, world_source)
-        tuner = Tuner(session, options, on_update=hooks.on_update, on_status=hooks.on_status)
+        tuner = Tuner(session, request.options, on_update=hooks.on_update, on_status=hooks.on_status)
         hooks.on_start(tuner.result)
         return tuner.run()
     finally:
         session.close()
 
 
-def _collecting(into: list[str], show: Callable[[str], None]) -> Callable[[str], None]:
-    def warn(message: str) -> None:
-        if message not in into:
-            into.append(message)
-            show(message)
-
-    return warn
-
-
-def _add_warnings(result: TuneResult, warnings: list[str]) -> None:
-    """Every warning of the run in the result's notes (once: the device's are there already)."""
-    for warning in warnings:
-        note = f"warning: {warning}"
-        if note not in result.notes:
-            result.notes.append(note)
-
-
-def _serve(
-    hit: Any, settings: Settings, spec: ScriptSpec | None, hooks: Hooks, warnings: list[str]
-) -> TuneResult:
-    from autobatch.step.spec import spec_from_settings
-
-    label = (spec or spec_from_settings(settings)).label
-    result = served(hit, label, list(settings.script.script_args))
-    _add_warnings(result, warnings)
+def _serve(hit: Any, request: TuneRequest, hooks: Hooks, warnings: Warnings) -> TuneResult:
+    result = served(hit, request.spec.label, list(request.settings.script.script_args))
+    warnings.keep_in(result.notes)
     hooks.on_status(
         f"served from the cache: nothing that decides memory changed since {hit.made} "
         f"(key {hit.key}; `autobatch cache show {hit.key}`; --refresh measures again)"

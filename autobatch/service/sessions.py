@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 
 from autobatch.errors import UsageError
 from autobatch.run.locks import RunLock
-from autobatch.run.session import Session, SessionWiring
+from autobatch.run.session import Session, SessionWiring, Warnings
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from autobatch.devices.selection import Target
     from autobatch.service.hooks import Hooks
     from autobatch.settings import Settings
@@ -23,16 +25,22 @@ if TYPE_CHECKING:
 
 
 def device_lock(
-    settings: Settings, key: str, label: str, hooks: Hooks, folder: str | Path | None = None
+    settings: Settings,
+    key: str,
+    label: str,
+    hooks: Hooks,
+    warn: Callable[[str], None],
+    folder: str | Path | None = None,
 ) -> RunLock:
-    """A lock named ``key`` (a device's, or a tune's in the cache folder), waiting as the settings say."""
+    """A lock named ``key`` (a device's, or a tune's in the cache folder), waiting as the settings say;
+    ``warn`` is told when it cannot be taken (the run's :class:`~autobatch.run.session.Warnings`)."""
     return RunLock.device(
         key,
         label,
         folder=settings.probe.lock_dir if folder is None else folder,
         timeout=settings.probe.lock_timeout,
         on_wait=hooks.on_wait,
-        on_warning=hooks.on_warning,
+        on_warning=warn,
     )
 
 
@@ -43,30 +51,30 @@ def open_session(
     spec: ScriptSpec | None = None,
     target: Target | None = None,
     lock: bool = True,
-    cache: bool | None = None,
+    warnings: Warnings | None = None,
     refresh: bool = False,
     op_modules: tuple[str, ...] = (),
 ) -> Session:
     """A session on ``target`` (default: the first device the ``device`` setting names), unstarted, wired to
     ``hooks`` (the one place a face's hooks become a :class:`SessionWiring`).
 
-    ``spec`` replaces the settings' script (callables or an object from the API); ``cache``, ``refresh`` and
-    ``op_modules`` are :class:`Session`'s.
+    ``spec`` replaces the settings' script (callables or an object from the API); ``warnings`` are the run's
+    (default: the session's own, shown through ``hooks.on_warning``); ``refresh`` and ``op_modules`` are
+    :class:`Session`'s.
     """
     if target is None:
         from autobatch.devices.selection import resolve_targets
 
         target = resolve_targets(settings.device.device, settings.device.memory)[0]
+    warnings = warnings if warnings is not None else Warnings(hooks.on_warning)
     wiring = SessionWiring(
         runner=hooks.runner_factory() if hooks.runner_factory is not None else None,
         on_probe=hooks.on_probe,
-        on_warning=hooks.on_warning,
+        warnings=warnings,
         wrap_runner=hooks.wrap_runner,
-        lock=device_lock(settings, target.lock_key, target.label, hooks) if lock else None,
+        lock=device_lock(settings, target.lock_key, target.label, hooks, warnings) if lock else None,
     )
-    return Session(
-        settings, spec=spec, target=target, wiring=wiring, cache=cache, refresh=refresh, op_modules=op_modules
-    )
+    return Session(settings, spec=spec, target=target, wiring=wiring, refresh=refresh, op_modules=op_modules)
 
 
 def script_strategy(settings: Settings, spec: ScriptSpec | None) -> Settings:

@@ -1,9 +1,10 @@
 """``tune`` behind every face: the command, :func:`autobatch.tune`, the Lightning callback and the
 calibration step of a cluster job run this one function, so they obey the same rules.
 
-1. The world size the plan is for (:func:`autobatch.settings.planned_world`: the ``world_size`` setting,
-   else the world a strategy implies, else the launcher's and SLURM's variables) and the global batch
-   checked against it, before any probe.
+1. The tune resolved once (:func:`tune_request`), into a :class:`~autobatch.run.options.TuneRequest` passed whole
+   down to each device's tuner: the settings it measures, its step, and its options with the world size the plan
+   is for (:func:`autobatch.settings.planned_world`: the ``world_size`` setting, else the world a strategy implies,
+   else the launcher's and SLURM's variables) and the global batch checked against it, before any probe.
 2. The result file checked before any probe (a folder, a parent that is a file, a read-only folder),
    then held for the whole run (:meth:`~autobatch.run.locks.RunLock.result_file`: a second run writing the same
    file waits for this one, saying for whom) and marked as this run's at once (``running``, nothing
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 from autobatch.emit import refuse_fallback
 from autobatch.errors import AutobatchError, NothingFitsError, UsageError
 from autobatch.run.locks import RunLock
+from autobatch.run.options import TuneOptions, TuneRequest
 from autobatch.service.hooks import Hooks
 from autobatch.service.per_device import tune_devices
 from autobatch.service.saving import ResultSaver, preflight, started_result
@@ -61,9 +63,8 @@ def tune(
     cache; ``generated_by`` heads the emitted files.
     """
     hooks = hooks or Hooks()
-    settings = script_strategy(settings, spec)
-    world, world_source = planned_world(settings, os.environ)
-    check_global_batch(settings, world, world_source)
+    request = tune_request(settings, spec, refresh)
+    settings = request.settings
     saver = ResultSaver(Path(result_file), hooks.on_warning) if result_file is not None else None
     if saver is not None:
         preflight(saver.path)
@@ -73,7 +74,7 @@ def tune(
         if saver is not None else nullcontext()
     )  # fmt: skip
     with held:  # one run per result file, for the whole run: it writes the file and the configs
-        result = _measure(settings, hooks, saver, (world, world_source), spec, refresh)
+        result = _measure(request, hooks, saver)
         hooks.on_result(result)
         if saver is not None:
             saver.finish(result)
@@ -83,19 +84,25 @@ def tune(
     return result
 
 
-def _measure(
-    settings: Settings,
-    hooks: Hooks,
-    saver: ResultSaver | None,
-    world: tuple[int, str],
-    spec: ScriptSpec | None,
-    refresh: bool,
-) -> TuneResult:
+def tune_request(settings: Settings, spec: ScriptSpec | None, refresh: bool) -> TuneRequest:
+    """The tune resolved once, before any probe: the settings it measures (:func:`script_strategy`), its step,
+    and its options with the world the plan is for (:func:`planned_world`), the global batch checked against it."""
+    from autobatch.step.spec import spec_from_settings
+
+    settings = script_strategy(settings, spec)
+    world, world_source = planned_world(settings, os.environ)
+    check_global_batch(settings, world, world_source)
+    options = TuneOptions.from_settings(settings, world, world_source)
+    return TuneRequest(settings, spec or spec_from_settings(settings), options, refresh)
+
+
+def _measure(request: TuneRequest, hooks: Hooks, saver: ResultSaver | None) -> TuneResult:
     """The tune's result, the result file marked from the start and rewritten after every probe; a tune
     that stops early marks what it has (``failed``, ``interrupted``), writes it, shows it and re-raises."""
+    settings, spec = request.settings, request.spec
     latest: list[TuneResult] = []
     if saver is not None:  # from now on the file is this run's, never an earlier run's answer
-        latest.append(started_result(settings, _script_name(settings, spec)))
+        latest.append(started_result(settings, spec.target if spec.is_file else spec.label))
         saver(latest[0])
 
     def keep(result: TuneResult) -> None:
@@ -115,7 +122,7 @@ def _measure(
 
     inner = replace(hooks, on_start=keep, on_update=update, on_device=device)
     try:
-        result = tune_devices(settings, *world, inner, spec=spec, refresh=refresh)
+        result = tune_devices(request, inner)
         if result.cache and (result.device.get("requested"), result.device.get("type")) == ("auto", "cpu"):
             refuse_fallback(settings.output.emit, settings.output.allow_cpu)  # as a tune run now would have
     except BaseException as exc:
@@ -125,17 +132,6 @@ def _measure(
     if saver is not None:
         saver(result)
     return result
-
-
-def _script_name(settings: Settings, spec: ScriptSpec | None) -> str:
-    """The ``script`` a result names: a script's path, else the step's label (as the tuner writes it)."""
-    from autobatch.step.spec import spec_from_settings
-
-    try:
-        spec = spec or spec_from_settings(settings)
-    except AutobatchError:
-        return str(settings.get("script") or "")
-    return spec.target if spec.is_file else spec.label
 
 
 def check_global_batch(settings: Settings, world: int, world_source: str) -> None:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from autobatch.core.steady import StepRule
+from autobatch.core.step_peaks import StepRule
 from autobatch.records.protocol import StepConfig
 from autobatch.step.compiling import CompileClock, compile_model, mark_batch_dynamic
 from autobatch.step.contract import UserScript, check_batch, check_finite_loss, check_loss, check_model
@@ -253,7 +253,7 @@ def run_steps(
     wrap: Wrap | None = None,
     batch_per_step: bool = False,
 ) -> StepReport:
-    """Build, then step until ``rule`` says enough (:class:`~autobatch.core.steady.StepRule`: the peak stops
+    """Build, then step until ``rule`` says enough (:class:`~autobatch.core.step_peaks.StepRule`: the peak stops
     growing after its least steps, its most steps, or a peak above its ``stop_above`` line).
 
     ``report`` is filled in as the loop goes, so a caller that catches an OOM still sees how far it got.

@@ -278,7 +278,7 @@ def _last_growth(peaks: list[int], tolerance: int) -> int:
 
 def probes_summary(results: list[WorkloadResult]) -> tuple[list[str], dict[str, Any]]:
     """Issue 33's probe and wall targets, measured: Markdown lines and the figures as data."""
-    from autobatch.core.steady import growth_tolerance
+    from autobatch.core.step_peaks import growth_tolerance
 
     lines = ["## Probes and wall against issue 33's targets", ""]
     figures: dict[str, Any] = {}

@@ -87,6 +87,20 @@ def test_tune_with_nothing_that_fits_exits_4(fake: FakeRunner) -> None:
     assert "no combination fits" in err and "static memory" in err
 
 
+def test_a_tune_that_ends_without_an_answer_keeps_its_warnings_in_the_notes(
+    fake: FakeRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("AUTOBATCH_LOCK_DIR", str(tmp_path / "not-a-folder" / "locks"))  # the lock warns
+    fake.curve = affine(2 * GiB, MiB)
+    code, _, err = tune("-p", "32-true", "--no-recompute")
+    assert code == EXIT_NOTHING_FITS
+    notes = json.loads(Path("autobatch-result.json").read_text())["notes"]
+    warned = [note for note in notes if "one-tuner-per-device guarantee" in note]
+    assert len(warned) == 1 and warned[0].startswith("warning: "), err
+    assert err.count("one-tuner-per-device guarantee") == 1
+
+
 def test_tune_without_a_script_names_the_fix(fake: FakeRunner) -> None:
     code, _, err = run_main("tune", "--device", "cpu")
     assert code == 2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autobatch.core.sanity import batch_ignored, flat_peaks, limited_by
-from autobatch.core.steady import Reading
+from autobatch.core.step_peaks import Reading
 
 MiB = 1 << 20
 

@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 
 from autobatch.core.space import Combo
-from autobatch.core.steady import StepRule
+from autobatch.core.step_peaks import StepRule
 from autobatch.errors import ContractError
 from autobatch.explain.output.render import print_attention, print_estimate_lengths
 from autobatch.explain.parent.estimate_lengths import add_lengths, rows_at

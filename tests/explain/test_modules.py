@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from autobatch.core.space import optimizer_state_bytes
-from autobatch.core.steady import StepRule
+from autobatch.core.step_peaks import StepRule
 from autobatch.explain.pure.records import Scenario, Transforms
 from autobatch.explain.worker.breakdown import Instrument
 from autobatch.explain.worker.simulate import simulate

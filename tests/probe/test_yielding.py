@@ -54,7 +54,9 @@ def test_a_probe_beside_busy_cores_restarts_the_server_with_passive_threads() ->
             busy = session.probe(COMBO, 8, min_steps=3, max_steps=3)
         assert busy.fits and busy.cpu_wait is not None and busy.cpu_wait >= STALLED_WAIT, busy.cpu_wait
         assert busy.omp_wait_policy is None  # ran as the user's job would, spinning
-        assert session.runner.client.pid == first_server and not session.warnings  # not before it is needed
+        assert (
+            session.runner.client.pid == first_server and not session.warnings.messages
+        )  # not before it is needed
         after = session.probe(COMBO, 8, min_steps=3, max_steps=3)
         assert after.fits and after.omp_wait_policy == "PASSIVE"
         assert session.runner.client.pid != first_server
@@ -62,10 +64,10 @@ def test_a_probe_beside_busy_cores_restarts_the_server_with_passive_threads() ->
         # memory does not depend on how threads wait
         assert busy.peak_bytes is not None and after.peak_bytes is not None
         assert abs(after.peak_bytes - busy.peak_bytes) < 2 << 20
-        (note,) = [w for w in session.warnings if "OMP_WAIT_POLICY=PASSIVE" in w]
+        (note,) = [w for w in session.warnings.messages if "OMP_WAIT_POLICY=PASSIVE" in w]
         assert "batch 8" in note and "set OMP_WAIT_POLICY yourself" in note
         again = session.probe(COMBO, 9, min_steps=3, max_steps=3)  # once only
-        assert again.omp_wait_policy == "PASSIVE" and len(session.warnings) == 1
+        assert again.omp_wait_policy == "PASSIVE" and len(session.warnings.messages) == 1
 
 
 def test_the_user_s_own_wait_policy_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,7 +79,7 @@ def test_the_user_s_own_wait_policy_is_kept(monkeypatch: pytest.MonkeyPatch) -> 
         assert busy.cpu_wait is not None and busy.cpu_wait >= STALLED_WAIT
         after = session.probe(COMBO, 8, min_steps=3, max_steps=3)
         assert busy.omp_wait_policy == after.omp_wait_policy == "ACTIVE"
-        assert not session.warnings
+        assert not session.warnings.messages
 
 
 def test_a_quiet_probe_or_one_without_a_reading_changes_nothing() -> None:

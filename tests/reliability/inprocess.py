@@ -46,7 +46,7 @@ class InProcessRunner:
             ):  # memory is not measured: this process holds what the tests imported
                 outcome.info["baseline_bytes"] = BASELINE
             return outcome
-        from autobatch.core.steady import StepRule
+        from autobatch.core.step_peaks import StepRule
         from autobatch.step.loop import StepReport, run_steps
 
         outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)

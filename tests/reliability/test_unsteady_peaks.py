@@ -1,5 +1,5 @@
 """A peak that is not the batch's alone is named, through the real command on real scripts on the CPU device
-(issue "Answers that hold in the job, round two", parts 3 and 4; the rules: autobatch.core.steady).
+(issue "Answers that hold in the job, round two", parts 3 and 4; the rules: autobatch.core.step_peaks).
 
 Before the fix, under ``--device cpu --memory 1GiB --precision 32-true --optimizer adamw --no-cache``:
 

@@ -251,3 +251,20 @@ def test_two_concurrent_api_tunes_on_one_device_queue_on_the_lock(
     first, second = sorted(spans.values(), key=min)
     assert max(first) < min(second)  # one tune probed, then the other: never both at once
     assert "waiting for cpu" in caplog.text
+
+
+def test_the_tune_is_resolved_once_at_the_front_door(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autobatch.service.tune import tune_request
+    from autobatch.settings import load_settings
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    overrides = {"script": str(tmp_path / "train.py"), "global_batch_size": GLOBAL, "strategy": "none"}
+    settings = load_settings(env={}, overrides=overrides, use_default_file=False)
+    request = tune_request(settings, None, refresh=True)
+    options = request.options
+    assert (options.world_size, options.global_batch_size, request.refresh) == (4, GLOBAL, True)
+    assert "WORLD_SIZE" in options.world_size_source
+    assert request.spec.is_file and Path(request.spec.target).name == "train.py"
+    with pytest.raises(autobatch.UsageError, match="smaller than the world size 4"):
+        small = load_settings(env={}, overrides={**overrides, "global_batch_size": 3}, use_default_file=False)
+        tune_request(small, None, refresh=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support import SCRIPTS, run_main
 
-from autobatch.core.steady import StepRule
+from autobatch.core.step_peaks import StepRule
 from autobatch.errors import EXIT_USAGE, UsageError
 from autobatch.step.as_is import (
     BATCH_ENV,

@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from autobatch.core.steady import StepRule
+from autobatch.core.step_peaks import StepRule
 from autobatch.probe.compile_errors import COMPILE_ERROR, note_compile_failure
 from autobatch.probe.oom import classify_exception
 from autobatch.records.protocol import ProbeOutcome

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autobatch.core.steady import StepRule
+from autobatch.core.step_peaks import StepRule
 from autobatch.errors import NoBlocksError
 from autobatch.explain.worker.tracker import MemoryTracker
 from autobatch.step.contract import UserScript

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import torch
 
-from autobatch.core.steady import StepRule
+from autobatch.core.step_peaks import StepRule
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.readings import observation, rising_peak
 from autobatch.step.contract import UserScript

@@ -1,5 +1,5 @@
 """Whether a tune's answers hold in the job: the checks on its probes (the run's side of
-:mod:`autobatch.core.sanity` and :mod:`autobatch.core.steady`).
+:mod:`autobatch.core.sanity` and :mod:`autobatch.core.step_peaks`).
 
 * **Every probe**: a peak that grows at every step is a leak and ends the tune (:class:`LeakError`, exit 8).
   Left to the search, every confirmation would fail (ten steps leak more than three) down to the smallest
@@ -17,7 +17,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Callable
 
 from autobatch.core import sanity
-from autobatch.core.steady import Reading, data_dependence, find_leak, growth_tolerance
+from autobatch.core.step_peaks import Reading, data_dependence, find_leak, growth_tolerance
 from autobatch.devices.budget import margin_bytes
 from autobatch.errors import ContractError, DataDependentError, LeakError
 from autobatch.records.readings import reading
@@ -42,7 +42,8 @@ AS_IS_DATA_HINT = (
 
 
 class Watch:
-    """Reads every probe of a tune; ``warn`` shows a warning as the run goes (the notes keep it too)."""
+    """Reads every probe of a tune; ``warn`` is the run's (:class:`autobatch.run.session.Warnings`): shown as the
+    run goes and kept in the result's notes."""
 
     def __init__(
         self,
@@ -96,8 +97,7 @@ class Watch:
             raise DataDependentError(
                 f"{key}: {dependence}", hint=AS_IS_DATA_HINT if self.as_is else DATA_HINT
             )
-        notes.append(f"warning: {key}: {dependence}")
-        self.warn(f"{key}: {dependence}")
+        self.warn(f"{key}: {dependence}")  # a note too: the run keeps its warnings in the notes
 
     def _ignored(self, key: str, evidence: str) -> ContractError:
         """The error of a batch that never reached the step (:func:`autobatch.core.sanity.batch_ignored`)."""

@@ -17,7 +17,8 @@ from support import run_main
 from autobatch.cli.state import STATE
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.records.result import ComboResult, TuneResult
-from autobatch.run.mixed import merge_models
+from autobatch.run.across_models import merge_models
+from autobatch.run.options import TuneOptions
 from autobatch.settings import FIELDS, Settings
 from autobatch.testing import FakeRunner, affine
 
@@ -147,7 +148,9 @@ def test_merge_takes_the_smallest_maximum_the_slowest_speed_and_any_infeasibilit
     ]
     fast_big = result_of(combo(300, sps=900.0), combo(120, opt="sgd"))
     slow_small = result_of(combo(200, sps=400.0), combo(None, "infeasible", opt="sgd"), name="cuda:1")
-    merged = merge_models([fast_big, slow_small], targets, Settings(), 1, "default")
+    merged = merge_models(
+        [fast_big, slow_small], targets, TuneOptions.from_settings(Settings(), 1, "default")
+    )
     first, second = merged.combinations
     assert (
         first.max_batch_size == 200

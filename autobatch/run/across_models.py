@@ -22,12 +22,10 @@ from autobatch.records.result import Chosen, ComboResult, TuneResult
 
 if TYPE_CHECKING:
     from autobatch.devices.selection import Target
-    from autobatch.settings import Settings
+    from autobatch.run.options import TuneOptions
 
 
-def merge_models(
-    results: list[TuneResult], targets: list[Target], settings: Settings, world: int, world_source: str
-) -> TuneResult:
+def merge_models(results: list[TuneResult], targets: list[Target], options: TuneOptions) -> TuneResult:
     """One result for a job spanning every model (see the module docstring)."""
     first = results[0]
     merged = TuneResult(
@@ -50,7 +48,7 @@ def merge_models(
         entry, which = _merge_combo(list(combos), targets)
         merged.combinations.append(entry)
         binding[index] = which
-    _plan_and_choose(merged, settings, world)
+    _plan_and_choose(merged, options)
     if merged.chosen is not None:
         chosen_index = next(
             i for i, c in enumerate(merged.combinations) if c.max_batch_size and _same(c, merged.chosen)
@@ -60,8 +58,8 @@ def merge_models(
         f"one job spans {len(targets)} GPU models ({'; '.join(t.model for t in targets)}): each combination's "
         "maximum is the smallest over the models, its throughput the slowest model's (at that model's maximum)"
     )
-    if world_source != "default":
-        merged.notes.append(f"world size {world} from {world_source}")
+    if options.world_size_source != "default":
+        merged.notes.append(f"world size {options.world_size} from {options.world_size_source}")
     for result, target in zip(results, targets):
         merged.notes.extend(f"{target.model}: {note}" for note in result.notes)
     if merged.chosen is None:
@@ -93,7 +91,7 @@ def _merge_combo(combos: list[ComboResult], targets: list[Target]) -> tuple[Comb
     return entry, which
 
 
-def _plan_and_choose(merged: TuneResult, settings: Settings, world: int) -> None:
+def _plan_and_choose(merged: TuneResult, options: TuneOptions) -> None:
     candidates: list[Candidate] = []
     plans = {}
     for index, entry in enumerate(merged.combinations):
@@ -101,7 +99,7 @@ def _plan_and_choose(merged: TuneResult, settings: Settings, world: int) -> None
             candidates.append(Candidate(index, None, None, None))
             continue
         plan = plan_accumulation(
-            entry.max_batch_size, settings.plan.global_batch_size, world, settings.search.batch_multiple
+            entry.max_batch_size, options.global_batch_size, options.world_size, options.limits.batch_multiple
         )
         plans[index] = plan
         candidates.append(Candidate(index, entry.max_batch_size, entry.samples_per_second, plan))

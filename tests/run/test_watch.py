@@ -1,6 +1,6 @@
-"""The tune's checks on its probes (autobatch.run.trust): a leak ends the tune with exit 8; a peak that depends on
+"""The tune's checks on its probes (autobatch.run.watch): a leak ends the tune with exit 8; a peak that depends on
 the data is a note and a warning, and with strict exit 3; strict keys the cache apart. Synthetic outcomes: the
-rules themselves are tested in tests/core/test_steady.py, the command in tests/reliability/test_unsteady_peaks.py."""
+rules themselves are tested in tests/core/test_step_peaks.py, the command in tests/reliability/test_unsteady_peaks.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from autobatch.cache.keys import key_settings
 from autobatch.errors import EXIT_LEAK, EXIT_SCRIPT, ContractError, DataDependentError, LeakError
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.result import ComboResult, ProbeRecord
-from autobatch.run.trust import Watch
+from autobatch.run.session import Warnings
+from autobatch.run.watch import Watch
 from autobatch.settings import load_settings
 
 MiB = 1 << 20
@@ -46,16 +47,18 @@ def test_a_probe_that_grows_at_every_step_ends_the_tune_with_the_leak() -> None:
 
 def test_a_peak_that_depends_on_the_data_is_a_note_and_a_warning() -> None:
     warned: list[str] = []
-    watch = Watch(BUDGET, strict=False, warn=warned.append)
+    notes: list[str] = []
+    warnings = Warnings(warned.append)
+    warnings.keep_in(notes)
+    watch = Watch(BUDGET, strict=False, warn=warnings)
     probes = [
         outcome(8, [320 * MiB, 330 * MiB, 335 * MiB], ("(8, 162, 80)", "(8, 219, 80)")),
         outcome(300, [800 * MiB] * 3),
     ]
     for probe in probes:
         watch.probe(KEY, probe)
-    notes: list[str] = []
     watch.answer(KEY, entry(*probes), notes)
-    assert notes == [f"warning: {warned[0]}"]
+    assert notes == [f"warning: {warned[0]}"]  # once: the run's warnings make the note
     assert warned[0].startswith(
         f"{KEY}: the peak depends on the data: make_batch(8) returned batches of different"
     )

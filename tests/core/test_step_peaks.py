@@ -1,4 +1,4 @@
-"""Whether a step's peak is the batch size's alone (autobatch.core.steady), on synthetic step peaks: a leak
+"""Whether a step's peak is the batch size's alone (autobatch.core.step_peaks), on synthetic step peaks: a leak
 grows at every step from the third on; a peak that depends on the data moves by more than the margin."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autobatch.core.steady import (
+from autobatch.core.step_peaks import (
     LEAK_GROWTHS,
     SETTLED_STEP,
     Reading,
