@@ -217,7 +217,10 @@ def kill_a_probe(proc: subprocess.Popen[str], tree: Tree, folder: Path) -> None:
 
 
 def kill_the_server(proc: subprocess.Popen[str], tree: Tree, folder: Path) -> None:
-    wait_for(after_probes(2, folder))
+    # After the first probe and while another runs: a flat curve's tune needs only a few probes, and on a
+    # busy machine it could finish between "two probes recorded" and the kill.
+    wait_for(after_probes(1, folder))
+    wait_for(lambda: bool(tree.probes()), timeout=30)
     server = tree.server()
     if server is not None:
         server.send_signal(signal.SIGKILL)
