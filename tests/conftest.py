@@ -54,12 +54,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that start a probe server first, the quick ones after: under xdist the quick ones then fill the
-    end of the run on every worker, instead of one worker finishing a minutes-long test alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def _names_a_consumer(report: Any) -> bool:
     return any(name in str(report.longrepr) for name in CONSUMERS)
 
