@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import FAKE_STEP
 
 import autobatch
 from autobatch.devices.budget import margin_bytes
@@ -51,19 +52,7 @@ def runner(**kw: object) -> FakeRunner:
     )
 
 
-def build_model() -> str:
-    return "model"
-
-
-def make_batch(batch_size: int) -> list[int]:
-    return [batch_size]
-
-
-def compute_loss(model: str, batch: list[int]) -> int:
-    return batch[0]
-
-
-STEP = {"build_model": build_model, "make_batch": make_batch, "compute_loss": compute_loss}
+STEP = FAKE_STEP
 
 
 @pytest.fixture(autouse=True)

@@ -77,34 +77,17 @@ def test_too_little_data_says_so_and_nothing_of_memory(tmp_path) -> None:
 
 
 def test_no_optimizer_step_seen(tmp_path) -> None:
-    slow = run_cli(
-        "check",
-        str(AS_IS / "slow_start.py"),
-        "--batch-size",
-        "8",
-        *CPU,
-        "--timeout",
-        "15",
-        "--batch-env",
-        "BATCH",
-    )
-    assert slow.returncode == EXIT_SCRIPT, slow.stderr
-    assert "no optimizer step seen within" in " ".join(slow.stderr.split())
-    assert "not a torch.optim.Optimizer" in " ".join(slow.stderr.split())
+    def check(script: str) -> str:
+        proc = run_cli("check", str(AS_IS / script), "--batch-size", "8", *CPU, "--timeout", "15",
+                       "--batch-env", "BATCH")  # fmt: skip
+        assert proc.returncode == EXIT_SCRIPT, proc.stderr
+        return " ".join(proc.stderr.split())
+
+    slow = check("slow_start.py")
+    assert "no optimizer step seen within" in slow
+    assert "not a torch.optim.Optimizer" in slow
     # an update of its own is told apart after a few backward passes, not at the timeout
-    manual = run_cli(
-        "check",
-        str(AS_IS / "no_step.py"),
-        "--batch-size",
-        "8",
-        *CPU,
-        "--timeout",
-        "15",
-        "--batch-env",
-        "BATCH",
-    )
-    assert manual.returncode == EXIT_SCRIPT, manual.stderr
-    assert "no torch.optim optimizer: the script ran 5 backward passes" in " ".join(manual.stderr.split())
+    assert "no torch.optim optimizer: the script ran 5 backward passes" in check("no_step.py")
 
 
 def test_an_oom_the_script_catches_does_not_fit(tmp_path) -> None:
