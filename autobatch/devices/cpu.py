@@ -18,6 +18,9 @@ per-thread heaps) and ``MALLOC_MMAP_THRESHOLD_=65536`` (a fixed threshold: every
 more is its own mapping, returned to the OS when freed). With glibc's defaults, fit/no-fit under the
 cap is neither monotone in the batch size nor repeatable. The environment is set before the probe
 server starts, so every probe inherits it.
+
+:class:`CpuBackend` is the CPU's :class:`~autobatch.devices.backend.DeviceBackend`: it holds what only this
+device has, the job's fresh-process offset, the job's allocator for timing probes and the OpenMP wait policy.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ import os
 import resource
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 #: Environment that pins glibc's malloc in CPU probe processes (set before the process starts).
 MALLOC_ENV: dict[str, str] = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -150,3 +157,66 @@ def available_bytes() -> int:
     import psutil
 
     return int(psutil.virtual_memory().available)
+
+
+class CpuBackend:
+    """The CPU device in a probe process (:class:`~autobatch.devices.backend.DeviceBackend`)."""
+
+    fresh_process_differs = True
+    search_times_the_job = False
+    ranks_share_memory = True
+
+    def __init__(self) -> None:
+        self.start: VmStatus | None = None
+        self.offset = 0
+
+    def apply(self, request: ProbeRequest, outcome: ProbeOutcome) -> None:
+        """Cap the data memory at the budget, counted as the job's fresh process would count it
+        (:mod:`autobatch.probe.fresh`): this forked process holds ``offset`` less than that one at the same
+        step, so its cap is that much lower and its readings higher. A timing probe measures the step as the
+        job's allocator runs it, and its cap leaves room for that heap."""
+        # step times are compared only under the same OpenMP wait policy (autobatch.probe.yielding)
+        outcome.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
+        self.offset = request.offset_for()
+        outcome.job_allocator = request.timing and not request.pinned_allocator and job_allocator()
+        apply_cap(request.budget_bytes - self.offset + (TIMING_ROOM if outcome.job_allocator else 0))
+        # torch's thread pool is left to start in the first step, as the job's does: started ahead of it (a small
+        # product), a process holds 10-30 MiB less after a step than one whose first parallel work is the step
+        self.start = read_status()
+        outcome.baseline_bytes = self.start.data + self.offset
+
+    def peak(self) -> int:
+        assert self.start is not None, "apply() first"
+        return peak_data_bytes(self.start, read_status()) + self.offset
+
+    def synchronize(self) -> None:
+        """Nothing queued: the CPU's work is done when the call returns."""
+
+    def finish(self, outcome: ProbeOutcome) -> None:
+        """Nothing to add: the cap raised where the budget ran out."""
+
+    def load_meter(self) -> Callable[[], float | None]:
+        start = read_run_wait()
+        return lambda: waiting_share(start, read_run_wait())
+
+    def facts(self, precisions: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The memory there is, the baseline a probe starts from, whether torch sees CUDA (what ``auto``
+        resolves to), and the precisions a tiny step cannot run here."""
+        import torch
+
+        from autobatch.step.loop import tiny_step
+
+        facts: dict[str, Any] = {
+            "cuda_available": bool(torch.cuda.is_available()),
+            "available_bytes": available_bytes(),
+            "total_bytes": total_bytes(),
+            "baseline_bytes": read_status().data,  # read before the tiny steps below add to it
+        }
+        unsupported: dict[str, str] = {}
+        for precision in precisions:
+            try:
+                tiny_step(precision)
+            except Exception as exc:  # noqa: BLE001
+                unsupported[precision] = f"{type(exc).__name__}: {exc}"
+        facts["unsupported_precisions"] = unsupported
+        return facts

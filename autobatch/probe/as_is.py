@@ -20,11 +20,11 @@ import traceback
 from dataclasses import replace
 from functools import partial
 
+from autobatch.devices.backend import backend_for
 from autobatch.probe import ops
 from autobatch.probe.as_is_watch import run_script
 from autobatch.probe.files import scratch_folder
 from autobatch.probe.ops import register
-from autobatch.probe.worker import device_facts
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.step.as_is import AsIsScript
 
@@ -32,7 +32,7 @@ from autobatch.step.as_is import AsIsScript
 @register("as_is_inspect")  # type: ignore[arg-type]  # the server hands these an AsIsScript
 def inspect_device(request: ProbeRequest, script: AsIsScript) -> ProbeOutcome:
     """The device alone: an as-is script's model exists only while the script runs."""
-    return ProbeOutcome(kind="fits", info=device_facts(request.device))
+    return ProbeOutcome(kind="fits", info=backend_for(request.device).facts())
 
 
 @register("as_is")  # type: ignore[arg-type]

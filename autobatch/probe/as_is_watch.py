@@ -21,11 +21,12 @@ from typing import Any, Callable
 
 from autobatch.core.space import variant_of
 from autobatch.core.step_peaks import StepRule
+from autobatch.devices.backend import DeviceBackend, backend_for
 from autobatch.errors import ContractError
 from autobatch.probe import files
 from autobatch.probe.as_is_late import LateMemory
 from autobatch.probe.oom import classify_exception
-from autobatch.probe.worker import _device_hooks, _read_report, _stopped_at_line
+from autobatch.probe.worker import _read_report, _stopped_at_line
 from autobatch.records.failures import NOTHING_OF_MEMORY, describe_failure
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.step.as_is import AsIsScript, accumulation, accumulation_note, not_counted_note
@@ -44,14 +45,14 @@ def run_script(
     an outcome the hooks reach inside the script's loop."""
     start = time.perf_counter()
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
-    outcome.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
     os.environ.update(script.environment(request.batch_size))
     sys.argv = script.argv(request.batch_size, variant_of(request.step.precision), request.step.seq_len)
     sys.path.insert(0, str(script.path.parent))
     files.install(outcome, script.path)  # from a scratch folder: the user's files stay as they were
-    peak_now, synchronize, finish = _device_hooks(request, outcome)
+    device = backend_for(request.device)
+    device.apply(request, outcome)
     outcome.setup_seconds = time.perf_counter() - start
-    watch = StepWatch(request, outcome, peak_now, synchronize, finish, emit)
+    watch = StepWatch(request, outcome, device, emit)
     watch.install()
     code: object = 0
     try:
@@ -70,16 +71,14 @@ class StepWatch:
         self,
         request: ProbeRequest,
         outcome: ProbeOutcome,
-        peak_now: Callable[[], int],
-        synchronize: Callable[[], None],
-        finish: Callable[[ProbeOutcome], None],
+        device: DeviceBackend,
         emit: Callable[[ProbeOutcome], None],
     ) -> None:
         from autobatch.step.loop import StepReport
 
         self.request, self.outcome, self.emit = request, outcome, emit
         self.reported = False  # a rank's fit is reported once, and its script goes on
-        self.peak_now, self.synchronize, self.finish = peak_now, synchronize, finish
+        self.device = device
         self.report = StepReport()
         self.first: int | None = None  # id() of the optimizer whose steps count
         self.optimizers: dict[int, Any] = {}
@@ -132,8 +131,8 @@ class StepWatch:
         return (measured, *args[1:]), kwargs
 
     def _backward_done(self, optimizer: Any) -> None:
-        self.synchronize()
-        self.report.first_backward_peak = self.peak_now()
+        self.device.synchronize()
+        self.report.first_backward_peak = self.device.peak()
         self.report.grad_bytes = _tensor_bytes(
             p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
         )
@@ -143,12 +142,12 @@ class StepWatch:
         self.late.step(optimizer, self.report.steps)
         if id(optimizer) != self.first or self.reported:
             return
-        self.synchronize()
+        self.device.synchronize()
         now = time.perf_counter()
         self.report.step_seconds.append(now - self.last)
         self.last = now
         self.backwards.lap(len(self.optimizers))
-        self.report.step_peaks.append(self.peak_now())
+        self.report.step_peaks.append(self.device.peak())
         self.report.steps = len(self.report.step_peaks)
         since = self.late.counted_from(self.report.steps)  # None: an optimizer built has not stepped yet
         why = self.rule.why_stop(self.report.step_peaks[since or 0 :])
@@ -178,7 +177,7 @@ class StepWatch:
 
     def raised(self, exc: BaseException, caught: bool = False) -> ProbeOutcome:
         """The script raised ``exc`` (out of its ``__main__``, or seen by :class:`OomWatch`)."""
-        used = _safe(self.peak_now)
+        used = _safe(self.device.peak)
         kind = classify_exception(exc, used_bytes=used, budget_bytes=self.request.budget_bytes)
         if kind != "oom":
             return self._failed(exc)
@@ -221,12 +220,12 @@ class StepWatch:
         """The outcome with what the steps measured (and, on CUDA, its verdict)."""
         outcome = self.outcome
         signal.setitimer(signal.ITIMER_REAL, 0)
-        outcome.peak_bytes = _safe(self.peak_now)
+        outcome.peak_bytes = _safe(self.device.peak)
         self.report.optimizer_state_bytes = sum(_state_bytes(o) for o in self.optimizers.values())
         params = {id(p): p for o in self.optimizers.values() for g in o.param_groups for p in g["params"]}
         self.report.param_count = sum(p.numel() for p in params.values())
         self.report.param_bytes = _tensor_bytes(params.values())
-        self.finish(outcome)
+        self.device.finish(outcome)
         if fits and self.report.stopped_above:
             _stopped_at_line(outcome, self.report.steps, self.request)
         _read_report(outcome, self.report)
@@ -291,7 +290,7 @@ class OomWatch:
     def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event == "exception" and isinstance(arg[1], _OOM_TYPES):
             exc = arg[1]
-            used = _safe(self.steps.peak_now)
+            used = _safe(self.steps.device.peak)
             budget = self.steps.request.budget_bytes
             if (
                 not self.steps.reported

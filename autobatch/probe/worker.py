@@ -7,15 +7,14 @@ like any other operation, and everything they find is returned as a :class:`Prob
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from autobatch.core.step_peaks import StepRule
 from autobatch.core.units import format_bytes
+from autobatch.devices.backend import backend_for
 from autobatch.devices.budget import margin_reason
-from autobatch.devices.cuda.budget import CudaStepStats, judge_step
 from autobatch.errors import AutobatchError
 from autobatch.probe import progress
 from autobatch.probe.compile_errors import note_compile_failure
@@ -51,12 +50,12 @@ def measure_steps(
     from autobatch.step.loop import StepReport, run_steps
 
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
-    outcome.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
     report = StepReport()
-    peak_now, synchronize, finish = _device_hooks(request, outcome)
-    peak_now = progress.reporting(peak_now, request, report)
+    device = backend_for(request.device)
+    device.apply(request, outcome)
+    peak_now = progress.reporting(device.peak, request, report)
     outcome.setup_seconds = time.perf_counter() - start
-    load = _load_meter(request)
+    load = device.load_meter()
     try:
         run_steps(
             script,
@@ -66,7 +65,7 @@ def measure_steps(
                 request.budget_bytes, request.min_steps, request.max_steps, request.stop_above_bytes
             ),
             peak_now=peak_now,
-            synchronize=synchronize,
+            synchronize=device.synchronize,
             wrap=wrap,
             batch_per_step=request.op == "probe",  # explain's breakdown tags the one batch it saw built
         )
@@ -81,7 +80,7 @@ def measure_steps(
     finally:
         outcome.peak_bytes = _safe(peak_now)
         outcome.cpu_wait = load()
-    finish(outcome)
+    device.finish(outcome)
     if outcome.fits and report.stopped_above:
         _stopped_at_line(outcome, report.steps, request)
     _read_report(outcome, report)
@@ -122,75 +121,6 @@ def _stopped_at_line(outcome: ProbeOutcome, steps: int, request: ProbeRequest) -
     )
 
 
-def _load_meter(request: ProbeRequest) -> Callable[[], float | None]:
-    """On the CPU device, a reading of how long the probe's threads waited for a core since now, over the
-    wall time (a timing none of whose threads waited measures the step's own cost); elsewhere, nothing."""
-    if request.device != "cpu":
-        return lambda: None
-    from autobatch.devices import cpu
-
-    start = cpu.read_run_wait()
-    return lambda: cpu.waiting_share(start, cpu.read_run_wait())
-
-
-def _device_hooks(
-    request: ProbeRequest, outcome: ProbeOutcome
-) -> tuple[Callable[[], int], Callable[[], None], Callable[[ProbeOutcome], None]]:
-    """Apply the budget for this device; return (peak so far, synchronize, finish)."""
-    import torch
-
-    if request.device == "cpu":
-        from autobatch.devices import cpu
-
-        # Counted as the job's fresh process would count it (autobatch.probe.fresh): this forked process holds
-        # ``offset`` less than that one at the same step, so its cap is that much lower and its readings higher.
-        offset = request.offset_for()
-        # A timing probe measures the step as the job's allocator runs it; its cap leaves room for that heap.
-        outcome.job_allocator = request.timing and not request.pinned_allocator and cpu.job_allocator()
-        cpu.apply_cap(request.budget_bytes - offset + (cpu.TIMING_ROOM if outcome.job_allocator else 0))
-        # torch's thread pool is left to start in the first step, as the job's does: started ahead of it (a small
-        # product), a process holds 10-30 MiB less after a step than one whose first parallel work is the step
-        vm0 = cpu.read_status()
-        outcome.baseline_bytes = vm0.data + offset
-        peak = lambda: cpu.peak_data_bytes(vm0, cpu.read_status()) + offset  # noqa: E731
-        return peak, (lambda: None), (lambda _o: None)
-
-    from autobatch.devices.cuda import runtime
-    from autobatch.devices.cuda.nvml import open_nvml
-
-    index = torch.device(request.device).index or 0
-    torch.cuda.set_device(index)
-    runtime.apply_budget_bytes(request.budget_bytes, index)
-    runtime.reset_peaks(index)
-    outcome.baseline_bytes = int(torch.cuda.memory_reserved(index))
-
-    def finish(o: ProbeOutcome) -> None:
-        with open_nvml(*runtime.device_ids(index)) as nvml:  # no NVML: no process figure
-            stats = runtime.read_step_stats(index, nvml)
-        o.device_stats = stats.to_dict()
-        o.kind, o.reason = cuda_verdict(o, stats, request)
-
-    return (
-        (lambda: int(torch.cuda.max_memory_reserved(index))),
-        (lambda: runtime.synchronize(index)),
-        finish,
-    )
-
-
-def cuda_verdict(
-    outcome: ProbeOutcome, stats: CudaStepStats, request: ProbeRequest
-) -> tuple[str, str | None]:
-    """A CUDA probe's kind and reason after judging its stats: a fit that was too tight is an OOM.
-
-    Judged against the request's budget and, where both are known, NVML's figure for the process
-    against the request's per-process limit.
-    """
-    if outcome.kind != "fits":
-        return outcome.kind, outcome.reason
-    fits, reason = judge_step(stats, request.budget_bytes, request.process_limit_bytes)
-    return ("fits", outcome.reason) if fits else ("oom", reason)
-
-
 @register("inspect")
 def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
     """Build the model once (no budget) and report what the runner needs to plan the search."""
@@ -210,41 +140,9 @@ def inspect_model(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
         sum(p.numel() for p in m.parameters()) for m in model.modules() if type(m).__name__ in blocks
     ]
     del model
-    info.update(device_facts(request.device, precisions=PRECISION_CHECKS))
+    info.update(backend_for(request.device).facts(PRECISION_CHECKS))
     outcome.info = info
     return outcome
-
-
-def device_facts(device_name: str, *, precisions: tuple[str, ...] = ()) -> dict[str, Any]:
-    """What an inspection reports of the device: on CUDA its snapshot, on the CPU the memory there is and
-    the baseline a probe starts from; the ``precisions`` it cannot run (``unsupported_precisions``)."""
-    import torch
-
-    from autobatch.step.loop import tiny_step
-
-    info: dict[str, Any] = {}
-    device = torch.device(device_name)
-    unsupported: dict[str, str] = {}
-    if device.type == "cuda":
-        from autobatch.devices.cuda import runtime
-
-        index = device.index or 0
-        info["snapshot"] = runtime.snapshot_dict(index)
-        unsupported.update({k: v for k, v in runtime.capabilities(index).items() if v})
-    else:
-        from autobatch.devices import cpu
-
-        info["cuda_available"] = bool(torch.cuda.is_available())
-        info["available_bytes"] = cpu.available_bytes()
-        info["total_bytes"] = cpu.total_bytes()
-        info["baseline_bytes"] = cpu.read_status().data
-        for precision in precisions:
-            try:
-                tiny_step(precision)
-            except Exception as exc:  # noqa: BLE001
-                unsupported[precision] = f"{type(exc).__name__}: {exc}"
-    info["unsupported_precisions"] = unsupported
-    return info
 
 
 def _safe(fn: Callable[[], int]) -> int | None:

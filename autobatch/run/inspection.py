@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from autobatch.core.space import Combo
 from autobatch.core.units import format_bytes
+from autobatch.devices.backend import backend_for
 from autobatch.devices.budget import DeviceInfo, cuda_name, device_info
 from autobatch.errors import DeviceError
 from autobatch.records.failures import raise_for
@@ -84,7 +85,8 @@ def inspect_device(session: Session) -> DeviceInfo:
     session.blocks = tuple(info.get("recompute_blocks", ()))  # what recomputation and FSDP wrap
     asked = session.settings.device
     memory = asked.memory
-    if memory is None and device == "cpu" and session.ranks > 1 and info.get("available_bytes"):
+    backend = backend_for(device)
+    if memory is None and backend.ranks_share_memory and session.ranks > 1 and info.get("available_bytes"):
         memory = int(info["available_bytes"]) // session.ranks  # the ranks share the machine
     found = device_info(device, info, memory=memory, headroom=asked.headroom)
     found.requested = asked.device  # "auto" stays "auto" when a target was picked for it
@@ -94,7 +96,7 @@ def inspect_device(session: Session) -> DeviceInfo:
     ranks_as_is = session.as_is and session.ranks > 1  # a script's own ranks: not yet measured
     # a runner of the caller's (a fake one, an in-process one) measures what it measures
     fresh = session.settings.probe.fresh_baseline and session.own_server
-    if found.type == "cpu" and fresh and not ranks_as_is:
+    if backend.fresh_process_differs and fresh and not ranks_as_is:
         _measure_fresh_offsets(session, found)
     return found
 

@@ -23,6 +23,7 @@ from autobatch.core.plan import knee
 from autobatch.core.rank_prior import per_rank
 from autobatch.core.search import Observation
 from autobatch.core.space import Combo, Ident, combinations, script_combos, script_note
+from autobatch.devices.backend import backend_for
 from autobatch.errors import (
     CompileFailed,
     ContractError,
@@ -83,8 +84,8 @@ class Tuner:
         self.targets: dict[Ident, int | None] = {}  # a resolved K/N: the micro-batch it was chosen for
         self.script_accumulation = 1  # a script run as it is: micro-batches per optimizer step of its own
         device = session.device
-        # On the CPU only timing probes' steps count: the search's ran under the pinned allocator.
-        self.step_times = StepTimes(timing_only=device.type == "cpu")
+        # Where the search's probes ran under another allocator than the job's, only timing probes' steps count.
+        self.step_times = StepTimes(timing_only=not backend_for(device.type).search_times_the_job)
         way = (
             batch_way(session.settings.script.script_args, session.spec.options.get("batch_env"))
             if session.as_is

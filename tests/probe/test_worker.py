@@ -1,6 +1,6 @@
 """The probe worker's CUDA verdict: allocator stats and NVML's figure judged against the request.
 
-No GPU here. The verdict is a pure function, fed injected stats; the worker's CUDA branch runs with
+No GPU here. The verdict is a pure function, fed injected stats; the CUDA backend runs with
 torch.cuda's calls replaced and a fake pynvml, to show that the figure NVML reports for the probe's
 device reaches the verdict together with the limit the session put in the request.
 """
@@ -18,10 +18,11 @@ from requesting import probe_request
 from support import session_settings
 
 from autobatch.core.space import Combo
+from autobatch.devices.backend import backend_for
 from autobatch.devices.budget import device_info
 from autobatch.devices.cuda import runtime
+from autobatch.devices.cuda.backend import cuda_verdict
 from autobatch.devices.cuda.budget import CudaSnapshot, CudaStepStats, cuda_budget
-from autobatch.probe.worker import _device_hooks, cuda_verdict
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.run.session import Session
 from autobatch.step.spec import ScriptSpec
@@ -119,9 +120,10 @@ def fake_pynvml(monkeypatch: pytest.MonkeyPatch, ours: int) -> None:
 
 def run_cuda_branch(request: ProbeRequest) -> ProbeOutcome:
     outcome = fits()
-    peak_now, _synchronize, finish = _device_hooks(request, outcome)
-    assert peak_now() == 50 * GiB
-    finish(outcome)
+    device = backend_for(request.device)
+    device.apply(request, outcome)
+    assert device.peak() == 50 * GiB
+    device.finish(outcome)
     return outcome
 
 
