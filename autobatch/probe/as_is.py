@@ -50,7 +50,7 @@ def run_on_ranks(request: ProbeRequest, script: AsIsScript) -> ProbeOutcome:
 
     # no rank stops at the search's line on its own (its peers would wait for it in a collective), and
     # a rank that never steps says so before the coordinator's deadline
-    ranked = replace(request, stop_above_bytes=None, timeout=request.timeout * RANK_TIME_SHARE)
+    ranked = replace(request.with_run(timeout=request.timeout * RANK_TIME_SHARE), stop_above_bytes=None)
     scratch_folder()  # one for the probe's ranks, as the job's ranks share one working folder
     body = partial(run_rank, ranked, script)
     return run_ranks(ranked, script, None, body=body)  # type: ignore[arg-type]
@@ -74,7 +74,7 @@ def run_rank(
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # what a rank torchrun starts runs with
         device = rank_device(request.device, rank)
-        mine = replace(request.on(device), fresh_offset_bytes=[request.offset_for(rank)])
+        mine = request.on_rank(device, rank)
         emit = RankReport(fd)
         emit(run_script(mine, script, emit))  # the script ended or raised (ignored after a fit)
         while True:

@@ -4,7 +4,7 @@ The ``fresh_baseline`` operation starts the job's processes as the job starts th
 process, or ranks with the environment ``torchrun`` gives), runs the request's steps there and in a forked
 process, and reads each one's data memory once the steps' objects are gone. The per-rank *offset* (fresh,
 less autobatch's own imports, less forked) lowers every later probe's cap and raises its readings
-(:attr:`autobatch.records.protocol.ProbeRequest.fresh_offset_bytes`). Why and how: docs/how-a-tune-works.md
+(:attr:`autobatch.records.protocol.RunConfig.fresh_offset_bytes`). Why and how: docs/how-a-tune-works.md
 ("Budget", the job's process).
 """
 
@@ -55,7 +55,7 @@ def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOpt
     from autobatch.probe.worker import measure_steps
     from autobatch.step.as_is import AsIsScript
 
-    plain = replace(request, fresh_offset_bytes=[], stop_above_bytes=None)
+    plain = replace(request.with_run(fresh_offset_bytes=()), stop_above_bytes=None)
     fresh = _run_fresh(plain, options)
     measure = settled(measure_steps)
     forked_ranks: list[ProbeOutcome] = []

@@ -390,7 +390,7 @@ def run_rank(
     wrap = _timed(
         wrapper(request.strategy, device, request.step.recompute_classes or script.recompute_classes), info
     )
-    rank_request = replace(request.on(device), fresh_offset_bytes=[request.offset_for(rank)])
+    rank_request = request.on_rank(device, rank)
     outcome = measure(rank_request, script, time.perf_counter(), wrap=wrap)
     return outcome, info
 

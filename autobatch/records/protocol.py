@@ -55,26 +55,43 @@ class StepConfig:
 
 
 @dataclass(frozen=True)
-class ProbeRequest:
-    """One operation for the probe server: the step (:class:`StepConfig`), and how to run and measure it."""
+class RunConfig:
+    """How the run holds a probe: the device's budget and per-process limit, the job's fresh-process offsets,
+    the timeout, and the distributed strategy with its ranks. Built once per request from the session's device
+    and settings (:func:`autobatch.run.session.run_config`) and passed on whole."""
 
-    step: StepConfig
     budget_bytes: int
-    min_steps: int  # full steps at least (0 for operations that run none, such as inspect)
-    max_steps: int  # steps at most, while the peak still grows
     timeout: float  # seconds before the probe is killed
-    op: str = "probe"  # "probe", "inspect", or another operation registered in autobatch.probe.ops
-    options: dict[str, Any] = field(default_factory=dict)  # the operation's options record, as a dict
     process_limit_bytes: int | None = None  # CUDA: all the process may hold, per NVML; None: unknown
     strategy: str = "none"  # "none" (one process), "ddp" or "fsdp": see autobatch.probe.ranks
     nproc_per_node: int = 1  # rank processes of a distributed probe
+    # CPU device: how much more data memory the job's fresh process of each rank holds than a forked probe
+    # process at the same step (autobatch.probe.fresh; entry r for rank r, entry 0 without a strategy; empty:
+    # not measured). The probe's cap is lowered and its readings raised by it (autobatch.devices.cpu.CpuBackend),
+    # so that peaks are the job's.
+    fresh_offset_bytes: tuple[int, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        return cls(**{**values, "fresh_offset_bytes": tuple(values.get("fresh_offset_bytes", ()))})
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """One operation for the probe server: the step (:class:`StepConfig`), how the run holds it
+    (:class:`RunConfig`), and how long to run and measure it."""
+
+    step: StepConfig
+    run: RunConfig
+    min_steps: int  # full steps at least (0 for operations that run none, such as inspect)
+    max_steps: int  # steps at most, while the peak still grows
+    op: str = "probe"  # "probe", "inspect", or another operation registered in autobatch.probe.ops
+    options: dict[str, Any] = field(default_factory=dict)  # the operation's options record, as a dict
     # A search's line (budget less the margin, one process only): a peak above it already means "does not
     # fit", so the probe stops at the step that crosses it; None (check, timing, ranks): every step runs.
     stop_above_bytes: int | None = None
-    # CPU device: how much more data memory the job's fresh process of each rank holds than a forked probe
-    # process at the same step (autobatch.probe.fresh; entry r for rank r, entry 0 without a strategy; empty:
-    # not measured). The probe's cap is lowered and its readings raised by it, so that peaks are the job's.
-    fresh_offset_bytes: list[int] = field(default_factory=list)
     #: A timing probe: it measures step times for the throughput choice, not a maximum. On the CPU device it
     #: runs under the job's allocator (:func:`autobatch.devices.cpu.job_allocator`) with room for the heap
     #: that allocator keeps (:data:`autobatch.devices.cpu.TIMING_ROOM`), so its peak says nothing of the cap.
@@ -92,13 +109,42 @@ class ProbeRequest:
     def device(self) -> str:
         return self.step.device
 
+    @property
+    def budget_bytes(self) -> int:
+        return self.run.budget_bytes
+
+    @property
+    def timeout(self) -> float:
+        return self.run.timeout
+
+    @property
+    def process_limit_bytes(self) -> int | None:
+        return self.run.process_limit_bytes
+
+    @property
+    def strategy(self) -> str:
+        return self.run.strategy
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.run.nproc_per_node
+
     def on(self, device: str) -> ProbeRequest:
         """The same request on another device (a rank's)."""
         return replace(self, step=replace(self.step, device=device))
 
+    def on_rank(self, device: str, rank: int) -> ProbeRequest:
+        """The request of one rank: on its device, counted with its own fresh-process offset."""
+        return replace(self.on(device), run=replace(self.run, fresh_offset_bytes=(self.offset_for(rank),)))
+
+    def with_run(self, **changes: Any) -> ProbeRequest:
+        """The same request, held otherwise (``changes``: :class:`RunConfig`'s fields)."""
+        return replace(self, run=replace(self.run, **changes))
+
     def offset_for(self, rank: int = 0) -> int:
         """The fresh-process offset of ``rank`` (0 when none was measured)."""
-        return self.fresh_offset_bytes[rank] if rank < len(self.fresh_offset_bytes) else 0
+        offsets = self.run.fresh_offset_bytes
+        return offsets[rank] if rank < len(offsets) else 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,7 +153,9 @@ class ProbeRequest:
     def from_dict(cls, data: dict[str, Any]) -> ProbeRequest:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        return cls(**{**values, "step": StepConfig.from_dict(data["step"])})
+        return cls(
+            **{**values, "step": StepConfig.from_dict(data["step"]), "run": RunConfig.from_dict(data["run"])}
+        )
 
 
 @dataclass

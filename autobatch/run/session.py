@@ -25,7 +25,7 @@ from autobatch.core.space import Combo
 from autobatch.devices.budget import DeviceInfo, apply_margin
 from autobatch.errors import UsageError
 from autobatch.records.failures import raise_for, with_last_lines
-from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner, StepConfig
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner, RunConfig, StepConfig
 from autobatch.records.version import MEASURED_BY
 from autobatch.run.inspection import inspect_device
 from autobatch.run.lengths import plan_lengths
@@ -251,18 +251,17 @@ class Session:
                 known.budget_bytes if budget_bytes is None else budget_bytes,
             )
         ranked = op in RANKED_OPS
-        return ProbeRequest(
-            step=step_config(self.settings, combo, batch_size, device),
-            budget_bytes=budget_bytes,
-            min_steps=steps[0],
-            max_steps=steps[1],
-            timeout=self.settings.probe.timeout if timeout is None else timeout,
-            op="as_is" if self.as_is and op == "probe" else op,  # the script's own step (probe.as_is)
-            options=dict(options or {}),
-            process_limit_bytes=known.process_limit_bytes if known is not None else None,
-            strategy=self.settings.distributed.strategy if ranked else "none",
-            nproc_per_node=self.ranks if ranked else 1,
-            fresh_offset_bytes=list(self.fresh_offsets),
+        run = run_config(
+            self.settings,
+            known,
+            budget_bytes,
+            timeout=timeout,
+            ranks=self.ranks if ranked else 0,
+            fresh_offsets=self.fresh_offsets,
+        )
+        op = "as_is" if self.as_is and op == "probe" else op  # the script's own step (probe.as_is)
+        return build_request(
+            self.settings, combo, batch_size, device, run, steps=steps, op=op, options=options
         )
 
     def run(self, request: ProbeRequest, *, what: str) -> ProbeOutcome:
@@ -394,6 +393,52 @@ def step_config(settings: Settings, combo: Combo, batch_size: int, device: str) 
         check_batch_size=settings.script.check_batch_size,
         seq_len=combo.seq_len,
         compile=combo.compile,
+    )
+
+
+def run_config(
+    settings: Settings,
+    device: DeviceInfo | None,
+    budget_bytes: int,
+    *,
+    timeout: float | None = None,
+    ranks: int = 0,
+    fresh_offsets: list[int] | tuple[int, ...] = (),
+) -> RunConfig:
+    """How the run holds a probe, from the device (its per-process limit, where known) and the settings (the
+    timeout, unless ``timeout``; the strategy, on ``ranks`` ranks, or one process when 0): the one place they
+    become a :class:`~autobatch.records.protocol.RunConfig`."""
+    strategy = settings.distributed.strategy if ranks else "none"
+    return RunConfig(
+        budget_bytes=budget_bytes,
+        timeout=settings.probe.timeout if timeout is None else timeout,
+        process_limit_bytes=device.process_limit_bytes if device is not None else None,
+        strategy=strategy,
+        nproc_per_node=ranks or 1,
+        fresh_offset_bytes=tuple(fresh_offsets),
+    )
+
+
+def build_request(
+    settings: Settings,
+    combo: Combo,
+    batch_size: int,
+    device: str,
+    run: RunConfig,
+    *,
+    steps: tuple[int, int],
+    op: str = "probe",
+    options: dict[str, Any] | None = None,
+) -> ProbeRequest:
+    """One operation's request: the step of ``combo`` as the settings shape it (:func:`step_config`), held as
+    ``run`` says, for ``steps`` (at least, at most)."""
+    return ProbeRequest(
+        step=step_config(settings, combo, batch_size, device),
+        run=run,
+        min_steps=steps[0],
+        max_steps=steps[1],
+        op=op,
+        options=dict(options or {}),
     )
 
 

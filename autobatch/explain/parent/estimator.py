@@ -25,11 +25,10 @@ from autobatch.explain.pure.options import ESTIMATE, OP_MODULES, EstimateOptions
 from autobatch.explain.pure.records import Scenario
 from autobatch.probe.client import ProbeClient
 from autobatch.records.failures import raise_for
-from autobatch.records.protocol import ProbeRequest
 from autobatch.records.result import ComboResult, TuneResult
 from autobatch.records.version import __version__
 from autobatch.run.inspection import INSPECT_COMBO
-from autobatch.run.session import step_config
+from autobatch.run.session import build_request, run_config
 
 if TYPE_CHECKING:
     from autobatch.settings.groups import Settings
@@ -212,12 +211,14 @@ def _run(
     infos: dict[int | None, dict[str, Any]] = {}
     try:
         for seq_len in lengths:
-            request = ProbeRequest(
-                step=step_config(settings, INSPECT_COMBO.at(seq_len), 0, "cpu"),
-                budget_bytes=0,
-                min_steps=0,
-                max_steps=0,
-                timeout=timeout,
+            run = run_config(settings, None, 0, timeout=timeout)
+            request = build_request(
+                settings,
+                INSPECT_COMBO.at(seq_len),
+                0,
+                "cpu",
+                run,
+                steps=(0, 0),
                 op=ESTIMATE,
                 options=options.to_dict(),
             )
