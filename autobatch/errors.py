@@ -10,12 +10,14 @@
     │   └── DataDependentError     (exit 3)  with --strict: the step's peak depends on the data
     ├── ScriptError                (exit 3)  the training script raised during a probe
     ├── NothingFitsError           (exit 4)  no combination fits even the smallest batch
+    ├── JobOutOfMemory             (exit 5)  ``run``: the job ran out of memory and no relaunch is left
     ├── ProbeFailure               (exit 6)  a probe crashed or timed out where an answer was needed
     ├── DeviceError                (exit 7)  the device cannot be used (no driver, no GPU, ...)
     └── LeakError                  (exit 8)  the step's peak grows at every step: no batch holds for a job
 
 ``autobatch check`` exits with 5 when the batch runs out of memory (an answer, not an error), and so does
-``autobatch lengths --fail-on-overflow`` when a batch of the data would.
+``autobatch lengths --fail-on-overflow`` when a batch of the data would. ``autobatch run`` otherwise exits
+with its job's own exit code.
 An interrupted run exits with 130 (SIGINT) or 143 (SIGTERM).
 Every error carries a ``hint``: what to do about it.
 """
@@ -94,6 +96,13 @@ class NothingFitsError(AutobatchError):
     """No searched combination fits even the smallest batch."""
 
     exit_code = EXIT_NOTHING_FITS
+
+
+class JobOutOfMemory(AutobatchError):
+    """``autobatch run``: the job ran out of memory, and it cannot be relaunched (``--max-restarts`` used up, or
+    already at a micro-batch of 1)."""
+
+    exit_code = EXIT_OOM
 
 
 class ProbeFailure(AutobatchError):

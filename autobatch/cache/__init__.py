@@ -5,6 +5,7 @@
 ``folder``   the cache folder: its lock, an unwritable folder, damaged files moved aside
 ``journal``  every probe's outcome, appended as it finishes (resume after an interruption)
 ``results``  complete results, served by a second identical tune without a probe server
+``evidence`` what jobs saw at runtime, per tuned key (``autobatch run``, the in-loop guard)
 ``manage``   ``autobatch cache list | show | clear``: the entries of a folder
 
 Importing this package imports no torch.
@@ -12,6 +13,7 @@ Importing this package imports no torch.
 
 from __future__ import annotations
 
+from autobatch.cache.evidence import Event, EvidenceStore
 from autobatch.cache.folder import CacheFolder, default_folder
 from autobatch.cache.journal import ProbeJournal, request_key
 from autobatch.cache.keys import TuneInputs, fingerprint, tune_inputs
@@ -19,6 +21,8 @@ from autobatch.cache.results import ResultStore, StoredResult
 
 __all__ = [
     "CacheFolder",
+    "Event",
+    "EvidenceStore",
     "ProbeJournal",
     "ResultStore",
     "StoredResult",

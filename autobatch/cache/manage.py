@@ -1,7 +1,8 @@
 """What a cache folder holds, for ``autobatch cache list | show KEY | clear [--older-than AGE]``.
 
-Entries are the stored results (``KEY.result.json``), the probe journals (``KEY.jsonl``) and damaged
-files that a run moved aside (``NAME.corrupt-STAMP``). An entry's age is the time since it was last
+Entries are the stored results (``KEY.result.json``), the probe journals (``KEY.jsonl``), what jobs saw at
+runtime (``KEY.evidence.jsonl``, :mod:`autobatch.cache.evidence`) and damaged files that a run moved aside
+(``NAME.corrupt-STAMP``). An entry's age is the time since it was last
 written or served (a served result's file is touched). Clearing holds the folder's lock, so a run
 writing at the same moment is never left with half a file; a run that still has a journal open keeps
 appending to a new file of the same name.
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autobatch.cache.evidence import SUFFIX as EVIDENCE_SUFFIX
+from autobatch.cache.evidence import parse as parse_evidence
 from autobatch.cache.folder import CacheFolder
 from autobatch.cache.journal import Damaged, parse_lines
 from autobatch.cache.results import SUFFIX
@@ -28,7 +31,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 @dataclass
 class Entry:
     key: str
-    kind: str  # "result" | "journal" | "damaged"
+    kind: str  # "result" | "journal" | "evidence" | "damaged"
     path: Path
     size: int
     modified: float
@@ -68,7 +71,8 @@ def parse_age(text: str) -> float:
 def entries(folder: CacheFolder) -> list[Entry]:
     """Every entry of the folder, newest first."""
     found = [_result(folder, p) for p in folder.files(f"*{SUFFIX}")]
-    found += [_journal(p) for p in folder.files("*.jsonl")]
+    found += [_journal(p) for p in folder.files("*.jsonl") if not p.name.endswith(EVIDENCE_SUFFIX)]
+    found += [_evidence(p) for p in folder.files(f"*{EVIDENCE_SUFFIX}")]
     found += [_damaged(p) for p in folder.files("*.corrupt-*")]
     return sorted(found, key=lambda e: -e.modified)
 
@@ -141,6 +145,17 @@ def _journal(path: Path) -> Entry:
     budget = meta.get("budget_bytes")
     detail = f"{len(outcomes)} probes" + (f", budget {format_bytes(int(budget))}" if budget else "")
     return Entry(path.stem, "journal", path, size, modified, meta.get("script"), device, detail, data)
+
+
+def _evidence(path: Path) -> Entry:
+    size, modified = _stat(path)
+    key = path.name[: -len(EVIDENCE_SUFFIX)]
+    try:
+        events = parse_evidence(path.read_text(errors="replace"))
+    except OSError as exc:
+        return Entry(key, "damaged", path, size, modified, detail=f"unreadable runtime evidence ({exc})")
+    data = {"events": [e.to_dict() for e in events]}
+    return Entry(key, "evidence", path, size, modified, detail=f"{len(events)} runtime event(s)", data=data)
 
 
 def _damaged(path: Path) -> Entry:

@@ -22,6 +22,7 @@ from autobatch.cli import cache, devices  # noqa: E402,F401  # isort: skip
 
 from autobatch.cli import estimate, explain  # noqa: E402,F401  # isort: skip
 from autobatch.cli import lengths  # noqa: E402,F401  # isort: skip
+from autobatch.cli import run  # noqa: E402,F401  # isort: skip
 from autobatch.cli.app import app, console
 from autobatch.cli.state import STATE
 

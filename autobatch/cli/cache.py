@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from autobatch.cache.manage import Entry
 
 cache_app = typer.Typer(
-    help="List, show and clear the probe cache (stored results and probe journals).", no_args_is_help=True
+    help="List, show and clear the probe cache (stored results, probe journals, runtime evidence).",
+    no_args_is_help=True,
 )
 app.add_typer(cache_app, name="cache")
 
@@ -138,6 +139,8 @@ def _show(entry: Entry) -> None:
         _show_result(entry.data)
     elif entry.kind == "journal":
         _show_journal(entry.data)
+    elif entry.kind == "evidence":
+        _show_evidence(entry.data)
     else:
         console.print(f"  {escape(entry.detail)}")
 
@@ -171,6 +174,18 @@ def _show_journal(data: dict[str, Any]) -> None:
             format_bytes(outcome.get("peak_bytes")) if outcome.get("peak_bytes") else "-",
         )  # fmt: skip
     console.print(table)
+
+
+def _show_evidence(data: dict[str, Any]) -> None:
+    """What jobs run with this tune saw (``autobatch run``, the in-loop guard), one line an event."""
+    from autobatch.cache.evidence import Event, summary
+
+    events = [Event.from_dict(e) for e in data.get("events", [])]
+    for event in events:
+        console.print(f"  {escape(event.line())}", highlight=False, soft_wrap=True)
+    said = summary(events)
+    if said:
+        console.print(f"  {escape(said)}", highlight=False, soft_wrap=True)
 
 
 def _ago(seconds: float) -> str:

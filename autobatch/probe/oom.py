@@ -4,7 +4,8 @@ A probe that runs out of memory is an *answer* (this batch does not fit); any ot
 *script's error*. :func:`classify_exception` applies a table of rules over the exception chain's type
 names and messages (definite OOMs, ambiguous ones that count only near the budget, the script's own
 exception types), without importing torch. The rules are listed in docs/reliability.md ("Out of memory,
-or the script's error").
+or the script's error"). :func:`explain_traceback` applies the same rules to a process's printed traceback
+(``autobatch run`` reads its job's stderr).
 """
 
 from __future__ import annotations
@@ -219,6 +220,42 @@ def classify_exception(
     return explain_exception(exc, used_bytes=used_bytes, budget_bytes=budget_bytes).kind
 
 
+#: The lines of a printed traceback: where one starts, the lines that chain two, an exception's own line.
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+_EXCEPTION_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception))(?::\s?(.*))?$")
+
+
+def explain_traceback(
+    text: str, *, used_bytes: int | None = None, budget_bytes: int | None = None
+) -> Verdict | None:
+    """Classify the last traceback a process printed (its chain: the tracebacks joined by "During handling
+    of ..." or "The above exception was the direct cause ..."): the first exception line in it that is an
+    OOM decides; None when the text holds no traceback."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
+    if not starts:
+        return None
+    first = len(starts) - 1
+    while first > 0 and any(c in line for line in lines[starts[first - 1] : starts[first]] for c in _CHAINED):
+        first -= 1
+    verdict: Verdict | None = None
+    for line in lines[starts[first] :]:
+        match = _EXCEPTION_LINE.match(line.rstrip())
+        if match is None:
+            continue
+        found = explain_message(
+            match.group(1), match.group(2) or "", used_bytes=used_bytes, budget_bytes=budget_bytes
+        )
+        if found.kind == "oom":
+            return found
+        verdict = found
+    return verdict
+
+
 def exception_chain(exc: BaseException, limit: int = 64) -> Iterator[BaseException]:
     """The exception, then its causes, contexts and group members, breadth first, each once."""
     seen: set[int] = set()
@@ -274,6 +311,7 @@ __all__ = [
     "explain_exception",
     "exception_chain",
     "explain_message",
+    "explain_traceback",
     "match_rule",
     "near_budget",
 ]

@@ -15,7 +15,9 @@ model), and tunes each with :func:`tune_target`:
 3. a session (:func:`autobatch.service.sessions.open_session`) and a :class:`~autobatch.run.tuner.Tuner`
    run the tune, every
    probe journaled (so a tune killed halfway resumes without measuring anything twice);
-4. a complete result is stored.
+4. a complete result is stored;
+5. what jobs run with this tune's answer saw (:mod:`autobatch.cache.evidence`: ``autobatch run``'s launches,
+   the guard's changes) is summed up in the result's notes.
 
 Several GPU models give several results, merged into one plan by :func:`autobatch.run.across_models.merge_models`.
 Everything the caller shows comes through :class:`~autobatch.service.hooks.Hooks`; nothing here prints.
@@ -26,7 +28,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from autobatch.cache import CacheFolder, ResultStore, tune_inputs
+from autobatch.cache import CacheFolder, EvidenceStore, ResultStore, tune_inputs
+from autobatch.cache.evidence import summary
 from autobatch.cache.results import served, unfingerprinted
 from autobatch.run.session import Warnings
 from autobatch.service.sessions import device_lock, open_session
@@ -70,7 +73,7 @@ def tune_target(request: TuneRequest, target: Target, hooks: Hooks) -> TuneResul
     reuse = store is not None and not request.refresh
     hit = store.get(inputs, target.used_bytes) if store is not None and reuse else None
     if hit is not None:
-        return _serve(hit, request, hooks, warnings)
+        return _serve(hit, request, hooks, warnings, folder)
     if store is not None and store.changed:
         hooks.on_status(
             f"measuring again: {', '.join(store.changed)} changed since the cache's result for this tune was made "
@@ -93,12 +96,12 @@ def tune_target(request: TuneRequest, target: Target, hooks: Hooks) -> TuneResul
             )
             hit = store.get(inputs, target.used_bytes)
             if hit is not None:
-                return _serve(hit, request, hooks, warnings)
+                return _serve(hit, request, hooks, warnings, folder)
         held.enter_context(device_lock(settings, target.lock_key, target.label, hooks, warnings))
         used = _used_now(target) if target.used_bytes is not None else None
         hit = store.get(inputs, used) if store is not None and reuse else None
         if hit is not None:  # the run we waited for stored it
-            return _serve(hit, request, hooks, warnings)
+            return _serve(hit, request, hooks, warnings, folder)
         result = _run(request, target, hooks, warnings)
         if store is not None and not inputs.cacheable:
             result.notes.append(f"result not kept in the cache: {inputs.why_not}")
@@ -110,6 +113,8 @@ def tune_target(request: TuneRequest, target: Target, hooks: Hooks) -> TuneResul
             )
         elif store is not None and store.put(inputs, result, used):
             result.notes.append(f"result kept in the cache as {inputs.key()}")
+    if store is not None and inputs.cacheable:
+        _evidence_note(folder, inputs.key(), result)
     return result
 
 
@@ -138,14 +143,24 @@ def _run(request: TuneRequest, target: Target, hooks: Hooks, warnings: Warnings)
         session.close()
 
 
-def _serve(hit: Any, request: TuneRequest, hooks: Hooks, warnings: Warnings) -> TuneResult:
+def _serve(
+    hit: Any, request: TuneRequest, hooks: Hooks, warnings: Warnings, folder: CacheFolder
+) -> TuneResult:
     result = served(hit, request.spec.label, list(request.settings.script.script_args))
     warnings.keep_in(result.notes)
     hooks.on_status(
         f"served from the cache: nothing that decides memory changed since {hit.made} "
         f"(key {hit.key}; `autobatch cache show {hit.key}`; --refresh measures again)"
     )
+    _evidence_note(folder, hit.key, result)
     return result
+
+
+def _evidence_note(folder: CacheFolder, key: str, result: TuneResult) -> None:
+    """What jobs run with this key's answer saw, in the result's notes (after it was stored: never kept)."""
+    said = summary(EvidenceStore(folder).read(key))
+    if said is not None:
+        result.notes.append(said)
 
 
 def _used_now(target: Target) -> int | None:

@@ -1,0 +1,241 @@
+"""``autobatch run``: a script run as it is, launched with its plan, relaunched smaller when memory runs out.
+
+1. The plan: ``--result FILE``, else the tune of the same script, arguments and settings (served from the
+   cache when nothing that decides memory changed, else measured now: :func:`autobatch.service.tune.tune`).
+   The evidence goes under the key that tune is stored under (:func:`tuned_key`).
+2. The job's command line is the one the tune prints (:func:`autobatch.emit.args.command`: ``{batch}`` and
+   ``{accum}`` filled in, the plan's environment, ``torchrun`` for several ranks), run by this Python.
+3. Each launch (:func:`autobatch.supervise.job.launch`) ends as the job ends. A job that ran out of memory is
+   relaunched at the next smaller micro-batch with the accumulation that keeps its global batch
+   (:func:`smaller`), with the resume arguments added, up to ``max_restarts`` times; any other end is the job's,
+   its exit code passed through, never retried.
+4. Every launch is recorded as runtime evidence (:class:`autobatch.cache.evidence.EvidenceStore`): how it ended,
+   its micro-batch, its peak against the tuned one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from autobatch.cache import CacheFolder, Event, EvidenceStore, tune_inputs
+from autobatch.core.plan import plan_accumulation
+from autobatch.core.units import format_bytes
+from autobatch.devices.budget import margin_bytes
+from autobatch.emit.args import command
+from autobatch.errors import AutobatchError, JobOutOfMemory, UsageError
+from autobatch.records.result import Chosen, TuneResult
+from autobatch.service.hooks import Hooks
+from autobatch.service.tune import tune, tune_request
+from autobatch.step.as_is import ACCUM_PLACEHOLDER, BATCH_ENV, has_placeholder
+from autobatch.supervise.job import PEAK_HOW, JobOutcome, JobSpec, launch
+
+if TYPE_CHECKING:
+    from autobatch.settings import Settings
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``run`` adds to a tune's settings: the plan's file (None: the cache, or a tune now), how many
+    relaunches, the arguments that make the script resume (added from the second launch on)."""
+
+    result_file: str | None = None
+    max_restarts: int = 3
+    resume_args: tuple[str, ...] = ()
+
+
+def run(settings: Settings, options: RunOptions, hooks: Hooks, say: Say, warn: Say) -> int:
+    """Launch the job with its plan, relaunch it smaller when it runs out of memory; the job's exit code."""
+    result, key = plan_of(settings, options, hooks)
+    chosen = _check(result, options)
+    store = EvidenceStore(CacheFolder(settings.probe.cache_dir, warn=warn)) if key is not None else None
+    if key is None:
+        warn(
+            "no cache key for this plan (a result file of another tune, or --no-cache): launches are not recorded"
+        )
+    budget = result.device.get("budget_bytes")
+    cpu = result.device.get("type") == "cpu"
+    cap = int(result.device["capacity_bytes"]) if cpu and settings.device.memory is not None else None
+    micro, accumulation = chosen.micro_batch_size, chosen.accumulation_steps
+    for number in range(1, options.max_restarts + 2):
+        plan = replace(chosen, micro_batch_size=micro, accumulation_steps=accumulation)
+        spec = job_spec(replace(result, chosen=plan), options.resume_args if number > 1 else (), cap)
+        outcome = launch(spec, budget, _early_warning(budget, warn) if cpu and budget else None)
+        tuned = tuned_peak(result, micro)
+        if store is not None and key is not None:
+            store.record(key, _event(plan, number, outcome, tuned if cpu else None, budget))
+        if outcome.peak_bytes and tuned and cpu:
+            say(
+                f"launch {number}: peak {format_bytes(outcome.peak_bytes)} (tuned {format_bytes(tuned)}, budget "
+                f"{format_bytes(budget or 0)}) at micro-batch {micro}"
+            )
+        if outcome.oom is None:
+            return outcome.returncode
+        if number > options.max_restarts:
+            raise JobOutOfMemory(
+                f"the job ran out of memory at micro-batch {micro} x accumulation {accumulation} on launch {number} "
+                f"({outcome.oom}), and --max-restarts {options.max_restarts} relaunches are used up",
+                hint="raise --max-restarts, lower the plan (tune with a smaller --memory or a larger --headroom), "
+                "or make the job's worst batch the tune's (its first batches must be the worst case)",
+            )
+        nxt = smaller(plan)
+        if nxt is None:
+            raise JobOutOfMemory(
+                f"the job ran out of memory at micro-batch 1 ({outcome.oom}): no smaller micro-batch is left",
+                hint="one sample does not fit beside what the job holds: a smaller model, bf16, recomputation, "
+                "or a larger device",
+            )
+        say(
+            f"relaunch {number} of {options.max_restarts}: the job ran out of memory at micro-batch {micro} x "
+            f"accumulation {accumulation} ({outcome.oom}); now micro-batch {nxt[0]} x accumulation {nxt[1]} x "
+            f"world {plan.world_size} = global {plan.global_batch_size}"
+            + (f", with {' '.join(options.resume_args)}" if options.resume_args else "")
+        )
+        micro, accumulation = nxt
+    raise AssertionError("unreachable: the last launch returns or raises")
+
+
+def plan_of(settings: Settings, options: RunOptions, hooks: Hooks) -> tuple[TuneResult, str | None]:
+    """The plan (from the file, the cache or a tune now) and the key its evidence goes under."""
+    if options.result_file is None:
+        result = tune(settings, hooks, generated_by="autobatch run")
+        return result, tuned_key(settings) if settings.probe.cache else None
+    result = TuneResult.load(options.result_file)
+    if settings.script.script is not None:
+        script = str(Path(settings.script.script).resolve())
+        result = replace(result, script=script, script_args=list(settings.script.script_args))
+    stored = (result.cache or {}).get("key")
+    if stored:
+        return result, str(stored)
+    return result, tuned_key(settings) if settings.probe.cache and settings.script.script else None
+
+
+def tuned_key(settings: Settings) -> str | None:
+    """The key a tune of these settings is stored under (None: several devices, or one not kept)."""
+    from autobatch.devices.selection import resolve_targets
+
+    try:
+        request = tune_request(settings, None, False)
+        targets = resolve_targets(request.settings.device.device, request.settings.device.memory)
+    except AutobatchError:
+        return None
+    if len(targets) != 1:
+        return None
+    inputs = tune_inputs(
+        request.settings, targets[0].identity, request.options.world_size, spec=request.spec,
+        why_not=targets[0].not_cached,
+    )  # fmt: skip
+    return inputs.key() if inputs.cacheable else None
+
+
+def _check(result: TuneResult, options: RunOptions) -> Chosen:
+    chosen = result.chosen
+    if result.as_is is None or chosen is None:
+        raise UsageError(
+            "run launches a script run as it is with its plan, and this "
+            + ("result has no chosen plan" if chosen is None else "script defines autobatch's functions"),
+            hint="run the training script itself: autobatch run train.py -- --batch-size {batch} --grad-accum "
+            "{accum} (the placeholders are filled with the plan)",
+        )
+    if not has_placeholder(result.script_args) and not result.as_is.get("batch_env"):
+        raise UsageError(
+            "nothing in the script's arguments takes the plan's micro-batch",
+            hint="put {batch} where the script takes its batch size: autobatch run train.py -- --batch-size {batch}",
+        )
+    if options.max_restarts and not any(ACCUM_PLACEHOLDER in arg for arg in result.script_args):
+        raise UsageError(
+            "a relaunch keeps the global batch by accumulating gradients, and the script's arguments have no "
+            "{accum} to carry the accumulation steps",
+            hint="add {accum} where the script takes them (-- --batch-size {batch} --grad-accum {accum}), or "
+            "--max-restarts 0 to launch once",
+        )
+    if options.max_restarts < 0:
+        raise UsageError(f"--max-restarts {options.max_restarts}", hint="give 0 or more relaunches")
+    return chosen
+
+
+def smaller(plan: Chosen) -> tuple[int, int] | None:
+    """The next smaller micro-batch and the accumulation that keeps the plan's global batch (None at 1).
+
+    The global batch is the plan's own (micro-batch x accumulation x world), so a micro-batch of 1 always
+    keeps it exactly; the largest micro-batch below the current one that keeps it exactly is taken (the
+    fewest accumulation steps). A script that accumulates on its own keeps its own factor: the rest is split."""
+    if plan.micro_batch_size <= 1:
+        return None
+    own = plan.script_accumulation or 1
+    given = plan.accumulation_steps // own
+    per_step = plan.micro_batch_size * given * plan.world_size
+    new = plan_accumulation(plan.micro_batch_size - 1, per_step, plan.world_size)
+    return new.micro_batch_size, new.accumulation_steps * own
+
+
+def job_spec(result: TuneResult, resume: tuple[str, ...], cap: int | None) -> JobSpec:
+    """The job's command line as the tune prints it, run by this Python, with the resume arguments after it."""
+    words = command(result)
+    assert words is not None and result.chosen is not None
+    env = dict(os.environ)
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    env[BATCH_ENV] = str(result.chosen.micro_batch_size)
+    launcher = words.pop(0)
+    runner = [sys.executable] if launcher == "python" else [sys.executable, "-m", "torch.distributed.run"]
+    while words and words[0].startswith("--") and launcher != "python":
+        runner.append(words.pop(0))  # torchrun's own options
+    return JobSpec([*runner, *words, *resume], env, None, cap)
+
+
+def tuned_peak(result: TuneResult, micro: int) -> int | None:
+    """The tune's peak at the micro-batch, or at the smallest batch above it that fitted (an upper bound)."""
+    chosen = result.chosen
+    combo = next((c for c in result.combinations if chosen is not None and c.ident == chosen.ident), None)
+    if combo is None:
+        return None
+    fits = [r for r in combo.trace if r.kind == "fits" and r.peak_bytes and r.batch_size >= micro]
+    return min(fits, key=lambda r: r.batch_size).peak_bytes if fits else combo.peak_bytes
+
+
+def _event(plan: Chosen, number: int, outcome: JobOutcome, tuned: int | None, budget: int | None) -> Event:
+    if outcome.oom is not None:
+        how = "oom"
+    elif outcome.forwarded is not None or outcome.returncode > 128:
+        how = "signal"
+    else:
+        how = "exit"
+    return Event(
+        source="run",
+        kind="launch",
+        micro_batch_size=plan.micro_batch_size,
+        accumulation_steps=plan.accumulation_steps,
+        world_size=plan.world_size,
+        outcome=how,
+        exit_code=outcome.returncode,
+        launch=number,
+        peak_bytes=outcome.peak_bytes if tuned is not None else None,
+        peak_how=PEAK_HOW if tuned is not None and outcome.peak_bytes else None,
+        tuned_peak_bytes=tuned,
+        budget_bytes=budget,
+        reason=outcome.oom or "",
+        extra={"seconds": round(outcome.seconds, 1)},
+    )
+
+
+def _early_warning(budget: int, warn: Say) -> Callable[[int], None]:
+    """Warn once when the job's peak comes within the CPU margin of its budget (it may run out later)."""
+    line = budget - margin_bytes("cpu", budget)
+    warned: list[bool] = []
+
+    def check(peak: int) -> None:
+        if peak >= line and not warned:
+            warned.append(True)
+            warn(
+                f"the job's peak reached {format_bytes(peak)}, within {format_bytes(budget - line)} of its budget "
+                f"{format_bytes(budget)} (or past it, into the headroom): it may run out of memory later"
+            )
+
+    return check

@@ -1,0 +1,328 @@
+"""One launch of a training job, supervised from outside: its output through, its signals forwarded, its peak
+measured, how it ended read.
+
+* **A session of its own.** The job starts with ``start_new_session`` (its process group is its pid), so a
+  signal to the group reaches every process it started, and a terminal's Ctrl-C reaches autobatch, which
+  forwards it. SIGTERM and SIGINT are forwarded to the group (a scheduler's preemption); a job still alive
+  :data:`STOP_GRACE` seconds after a forwarded signal is killed. When the job's first process has ended,
+  whatever is left of its group is killed, and so is every process below autobatch (it is the subreaper of
+  its descendants: :func:`autobatch.probe.lineage.become_subreaper`), the ones that left the group included.
+* **Its output streams through unchanged.** stdout is the job's own; stderr is read and written through byte
+  for byte, and its last :data:`TAIL_BYTES` are kept to read the job's traceback.
+* **How it ended.** A non-zero exit whose last traceback names an out-of-memory failure, by the rules every
+  probe is classified with (:func:`autobatch.probe.oom.explain_traceback`), is an OOM; so is a SIGKILL
+  autobatch did not send when the kernel's OOM killer may have sent it (the cgroup's ``oom_kill`` count rose,
+  or cannot be read). Anything else is the job's own end, its exit code passed through (128 + N for signal N).
+* **Its peak** (the CPU device): the largest data memory of any of its processes, the quantity ``RLIMIT_DATA``
+  caps (:mod:`autobatch.devices.cpu`), read from ``/proc/PID/status`` every :data:`SAMPLE_SECONDS` as the
+  kernel's high-water mark of the address space (``VmPeak``) less the mappings that are not data. A high-water
+  mark misses nothing between two readings, only what a process grows in its last interval before it exits.
+  ``--memory`` caps every process of the job with ``RLIMIT_DATA`` at the device's capacity, as a card of that
+  size would.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Callable
+
+from autobatch.probe.lineage import become_subreaper, end_descendants
+from autobatch.probe.oom import explain_traceback
+
+#: Seconds a job may take to end after a forwarded SIGTERM or SIGINT before it is killed.
+STOP_GRACE = 30.0
+#: The end of the job's stderr kept to read its traceback (bytes).
+TAIL_BYTES = 64 << 10
+#: Seconds between two readings of the job's memory.
+SAMPLE_SECONDS = 0.2
+#: torchrun's line for a rank that a signal ended ("Signal 9 (SIGKILL) received by PID 1234").
+_RANK_KILLED = "Signal 9 (SIGKILL) received by PID"
+#: How the peak is measured (recorded with it).
+PEAK_HOW = "largest VmPeak less non-data mappings of the job's processes, read from /proc every 0.2 s"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to launch: the words, the environment (whole), where, and the data-memory cap of every process."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str | None = None
+    memory_cap: int | None = None
+
+
+@dataclass
+class JobOutcome:
+    """How a launch ended: ``returncode`` as a shell gives it (128 + N for signal N), ``oom`` the reason when
+    it ran out of memory, ``forwarded`` the signal autobatch forwarded to it (None: none)."""
+
+    returncode: int
+    oom: str | None = None
+    forwarded: int | None = None
+    peak_bytes: int | None = None
+    stderr_tail: str = ""
+    seconds: float = 0.0
+    pids: set[int] = field(default_factory=set)
+
+
+Warn = Callable[[int], None]
+
+
+def launch(spec: JobSpec, budget_bytes: int | None = None, on_peak: Warn | None = None) -> JobOutcome:
+    """Run the job to its end (see the module docstring); ``on_peak`` is called with the peak each time it
+    grows, from the sampling thread."""
+    become_subreaper()
+    started = time.monotonic()
+    cap = spec.memory_cap
+    proc = subprocess.Popen(
+        list(spec.argv),
+        env=dict(spec.env),
+        cwd=spec.cwd,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))) if cap else None,
+    )
+    assert proc.stderr is not None
+    killed_before = oom_kills()
+    forwarding = _Forwarding(proc.pid)
+    tail: deque[bytes] = deque()
+    tee = threading.Thread(target=_tee, args=(proc.stderr.fileno(), tail), daemon=True)
+    sampler = _Sampler(proc.pid, on_peak)
+    tee.start()
+    sampler.start()
+    try:
+        with forwarding:
+            status = _wait(proc.pid)
+    finally:
+        sampler.stop()
+        _end_group(proc.pid)
+        end_descendants()
+        tee.join(timeout=5.0)
+        proc.stderr.close()
+        proc.returncode = 0  # reaped by _wait (os.wait4): Popen must not wait for it again
+    code = os.waitstatus_to_exitcode(status) if status is not None else 1
+    returncode = 128 - code if code < 0 else code
+    text = b"".join(tail).decode(errors="replace")
+    outcome = JobOutcome(
+        returncode,
+        forwarded=forwarding.signum,
+        peak_bytes=sampler.peak or None,
+        stderr_tail=text,
+        seconds=time.monotonic() - started,
+        pids=sampler.pids,
+    )
+    if forwarding.signum is None and returncode != 0:
+        outcome.oom = _oom_reason(returncode, text, killed_before, sampler.peak or None, budget_bytes)
+    return outcome
+
+
+def _oom_reason(
+    returncode: int, text: str, killed_before: int | None, peak: int | None, budget: int | None
+) -> str | None:
+    verdict = explain_traceback(text, used_bytes=peak, budget_bytes=budget)
+    if verdict is not None and verdict.kind == "oom":
+        line = next(
+            (ln for ln in reversed(text.splitlines()) if verdict.rule and _names_rule(ln, verdict.rule)), ""
+        )
+        return line.strip()[:200] or verdict.reason
+    if returncode == 128 + signal.SIGKILL or _RANK_KILLED in text:
+        after = oom_kills()
+        if killed_before is None or after is None:
+            return "killed by SIGKILL, which autobatch did not send (the kernel's OOM killer, presumably)"
+        if after > killed_before:
+            return "killed by the kernel's OOM killer (the cgroup's oom_kill count rose)"
+    return None
+
+
+def _names_rule(line: str, rule: str) -> bool:
+    from autobatch.probe.oom import RULES
+
+    found = next((r for r in RULES if r.name == rule), None)
+    if found is None:
+        return False
+    if found.pattern is not None:
+        return bool(found.pattern.search(line))
+    return any(name in line for name in found.types)
+
+
+def _wait(pid: int) -> int | None:
+    """Wait for the job's first process (a signal handler runs meanwhile: PEP 475 resumes the wait)."""
+    try:
+        _, status, _ = os.wait4(pid, 0)
+        return status
+    except ChildProcessError:
+        return None
+
+
+class _Forwarding:
+    """While entered: SIGTERM and SIGINT go to the job's process group; the job is killed if it outlives a
+    forwarded signal by :data:`STOP_GRACE` seconds."""
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid = pgid
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> _Forwarding:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._forward)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = self.signum or signum
+        _signal_group(self.pgid, signum)
+        if self._timer is None:
+            self._timer = threading.Timer(STOP_GRACE, _signal_group, (self.pgid, signal.SIGKILL))
+            self._timer.daemon = True
+            self._timer.start()
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _end_group(pgid: int) -> None:
+    """Kill what is left of the job's process group once its first process has ended."""
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def _tee(fd: int, tail: deque[bytes]) -> None:
+    """Copy the job's stderr to ours, byte for byte, keeping its last :data:`TAIL_BYTES`."""
+    out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+    kept = 0
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:
+            return
+        if not chunk:
+            return
+        if out is not None:
+            try:
+                out.write(chunk)
+                out.flush()
+            except (OSError, ValueError):
+                out = None
+        else:
+            sys.stderr.write(chunk.decode(errors="replace"))
+        tail.append(chunk)
+        kept += len(chunk)
+        while kept - len(tail[0]) >= TAIL_BYTES:
+            kept -= len(tail.popleft())
+
+
+class _Sampler(threading.Thread):
+    """Reads the data memory of every process of the job's process group (and of the job's first process's
+    descendants) until stopped; :attr:`peak` is the largest seen."""
+
+    def __init__(self, pid: int, on_peak: Warn | None) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.on_peak = on_peak
+        self.peak = 0
+        self.pids: set[int] = set()
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.read()
+        self.join(timeout=2.0)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(SAMPLE_SECONDS):
+            self.read()
+
+    def read(self) -> None:
+        for pid in self.members():
+            peak = peak_data(pid)
+            if peak is None:
+                continue
+            self.pids.add(pid)
+            if peak > self.peak:
+                self.peak = peak
+                if self.on_peak is not None:
+                    self.on_peak(peak)
+
+    def members(self) -> set[int]:
+        """The job's processes: its process group's, and the first process's descendants."""
+        import psutil
+
+        found = set()
+        try:
+            found = {p.pid for p in psutil.Process(self.pid).children(recursive=True)} | {self.pid}
+        except psutil.Error:
+            pass
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and _pgid(int(entry.name)) == self.pid:
+                found.add(int(entry.name))
+        return found
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def peak_data(pid: int) -> int | None:
+    """The process's peak data memory: ``VmPeak`` less its mappings that are not data (``VmSize - VmData``),
+    in bytes (None: gone, a zombie, or not readable)."""
+    values: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                key, _, rest = line.partition(":")
+                if key in ("VmData", "VmSize", "VmPeak"):
+                    values[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if len(values) < 3:
+        return None
+    return values["VmPeak"] - (values["VmSize"] - values["VmData"])
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's memory cgroup (v2
+    ``memory.events``, v1 ``memory.oom_control``); None where it cannot be read."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        number, controllers, path = line.split(":", 2)
+        if number == "0" and not controllers:
+            where = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events"
+        elif "memory" in controllers.split(","):
+            where = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"
+        else:
+            continue
+        try:
+            for entry in where.read_text().splitlines():
+                name, _, value = entry.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None

@@ -1,0 +1,152 @@
+"""``autobatch run`` end to end: real jobs under a real cap, real out-of-memory failures, real signals.
+
+The plan comes from a result file written here (``--result``: these tests are about the launches, not the
+tune); the jobs run out of memory for real under ``--memory`` (RLIMIT_DATA at the device's capacity).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support import ROOT, SCRIPTS, run_cli
+
+from autobatch.devices.cpu import MALLOC_ENV
+from autobatch.errors import EXIT_OOM
+from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult
+
+pytestmark = pytest.mark.slow
+
+AS_IS = SCRIPTS / "as_is"
+ARGS = ("--", "--batch-size", "{batch}", "--grad-accum", "{accum}")
+#: Measured: the long batch of long_batch_at_step.py runs out at micro-batch 8 under 650 MiB and fits at 4
+#: under 570 MiB (a fresh process, the pinned allocator).
+CAP_MIB = 610
+
+
+def _result(tmp_path: Path, script: Path, micro: int = 8, accum: int = 1, cap_mib: int = CAP_MIB) -> Path:
+    """A result file as `autobatch tune` writes it for a script run as it is, planned at micro x accum."""
+    capacity = cap_mib << 20
+    budget = int(capacity * 0.9)
+    combo = ComboResult(
+        "script", "script", False, status="exact", max_batch_size=micro, peak_bytes=budget - (40 << 20),
+        probes=1, trace=[ProbeRecord(batch_size=micro, kind="fits", peak_bytes=budget - (40 << 20), steps=10)],
+    )  # fmt: skip
+    chosen = Chosen(
+        "script", "script", False, micro_batch_size=micro, accumulation_steps=accum, world_size=1,
+        global_batch_size=micro * accum, requested_global_batch_size=micro * accum, environment=dict(MALLOC_ENV),
+    )  # fmt: skip
+    result = TuneResult(
+        script=str(script),
+        script_args=list(ARGS[1:]),
+        device={
+            "type": "cpu",
+            "name": "cpu",
+            "capacity_bytes": capacity,
+            "budget_bytes": budget,
+            "headroom": 0.1,
+        },
+        objective="throughput",
+        combinations=[combo],
+        chosen=chosen,
+        as_is={"batch_env": None, "variants": {}},
+    )
+    path = tmp_path / "result.json"
+    path.write_text(result.to_json())
+    return path
+
+
+def _run(
+    tmp_path: Path, script: Path, *extra: str, cap_mib: int = CAP_MIB, **kw
+) -> subprocess.CompletedProcess[str]:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return run_cli(
+        "run", str(script), "--device", "cpu", "--memory", f"{cap_mib}MiB",
+        "--result", str(_result(tmp_path, script, cap_mib=cap_mib, **kw)), *extra, *ARGS,
+        cwd=work, env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")}, timeout=300,
+    )  # fmt: skip
+
+
+def test_out_of_memory_at_the_long_batch_relaunches_at_half_and_resumes(tmp_path: Path) -> None:
+    proc = _run(tmp_path, AS_IS / "long_batch_at_step.py", "--resume-args", "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("done")  # the job's own stdout, through unchanged
+    assert "DefaultCPUAllocator: can't allocate memory" in proc.stderr  # its stderr too
+    relaunches = [line for line in proc.stderr.splitlines() if "autobatch run: relaunch" in line]
+    assert len(relaunches) == 1, proc.stderr
+    assert "micro-batch 8 x accumulation 1" in relaunches[0]
+    assert "now micro-batch 4 x accumulation 2 x world 1 = global 8, with --resume" in relaunches[0]
+    log = (tmp_path / "work" / "steps.log").read_text().splitlines()
+    assert log == [f"step {s} micro 8 accum 1 resumed 0" for s in range(3)] + [
+        f"step {s} micro 4 accum 2 resumed 1" for s in range(3, 6)
+    ]  # resumed at the step that ran out, every step once, the global batch kept
+
+    shown = run_cli("cache", "list", "--json", env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")})
+    (entry,) = [e for e in json.loads(shown.stdout)["entries"] if e["kind"] == "evidence"]
+    show = run_cli("cache", "show", entry["key"], env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")})
+    assert show.returncode == 0, show.stderr
+    text = " ".join(show.stderr.split())
+    assert "run launch 1: ran out of memory at micro-batch 8 x accumulation 1" in text
+    assert "run launch 2: exited 0 at micro-batch 4 x accumulation 2; peak" in text
+    assert "held for 1 launch(es) to exit 0 at micro-batch 4; ran out of memory at micro-batch 8" in text
+
+
+def test_the_jobs_own_error_is_not_relaunched_and_its_code_passes_through(tmp_path: Path) -> None:
+    proc = _run(tmp_path, AS_IS / "raises_value_error.py", micro=2)
+    assert proc.returncode == 1, proc.stderr
+    assert "ValueError: label 7 at step 2 is not a class of this model" in proc.stderr
+    assert "autobatch run: relaunch" not in proc.stderr and "launch 1: peak" in proc.stderr
+
+
+def test_restarts_used_up_is_a_clear_error(tmp_path: Path) -> None:
+    proc = _run(tmp_path, AS_IS / "long_batch_at_step.py", "--max-restarts", "1", cap_mib=500)
+    assert proc.returncode == EXIT_OOM, proc.stderr
+    text = " ".join(proc.stderr.split())
+    assert "relaunch 1 of 1" in text
+    assert "error: the job ran out of memory at micro-batch 4 x accumulation 2 on launch 2" in text
+    assert "--max-restarts 1 relaunches are used up" in text and "hint: raise --max-restarts" in text
+
+
+def test_sigterm_ends_the_jobs_whole_tree(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    script = AS_IS / "trains_with_a_helper.py"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autobatch", "run", str(script), "--device", "cpu", "--memory", "1GiB",
+         "--result", str(_result(tmp_path, script, micro=2, cap_mib=1024)), *ARGS],
+        cwd=work, env={**os.environ, "AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (work / "pids.txt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        job, helper = map(int, (work / "pids.txt").read_text().split())
+        assert os.getsid(job) == job != os.getsid(proc.pid)  # the job runs in a session of its own
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    left = [pid for pid in _pids() if _sid(pid) == job]
+    assert left == [] and not Path(f"/proc/{helper}").exists(), left
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
