@@ -34,7 +34,7 @@ def _capped(cap_mib: int | None):  # noqa: ANN202 - a preexec_fn
 
 def start(tmp: Path, name: str, args: list[str], cap_mib: int | None = CAP_MIB) -> subprocess.Popen[str]:
     env = {**os.environ, **ENV, "PYTHONPATH": str(Path(__file__).parents[2])}
-    out = ["--out", str(tmp / f"{name}.pt"), "--log", str(tmp / f"{name}.jsonl")]
+    out = ["--out", str(tmp / f"{name}.pt"), "--step-log", str(tmp / f"{name}.jsonl")]
     return subprocess.Popen(
         [sys.executable, str(SCRIPT), *COMMON, *args, *out],
         cwd=tmp,
@@ -99,3 +99,68 @@ def test_the_guard_survives_the_long_batch_keeps_the_batch_and_grows_back(tmp_pa
     code, out = finish(reference)
     assert code == 0, out[-3000:]
     assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-5
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_lower_together_when_only_rank_1_runs_out(tmp_path: Path) -> None:
+    import signal
+
+    import torch
+
+    args = [
+        *("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())),
+        *(str(SCRIPT), "--ddp", "--steps", "40", "--long-step", "20", "--long-rank", "1"),
+        *(
+            "--long-length",
+            "2048",
+            "--micro-batch",
+            "8",
+            "--sizes",
+            "2,4,6,8",
+            "--grow-after",
+            "5",
+            "--guard",
+        ),
+        *("--events", str(tmp_path / "events{rank}.jsonl"), "--out", str(tmp_path / "params{rank}.pt")),
+        *("--step-log", str(tmp_path / "steps{rank}.jsonl")),
+    ]
+    env = {**os.environ, **ENV, "PYTHONPATH": str(Path(__file__).parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_capped(CAP_MIB + 50),  # each rank: gloo's threads and buffers on top
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the ranks hung:\n{out[-3000:]}")
+    assert proc.returncode == 0, out[-3000:]
+
+    moves = []
+    for rank in (0, 1):
+        events = [e for e in steps(tmp_path / f"events{rank}.jsonl") if e["event"] == "micro-batch"]
+        moves.append([(e["step"], e["old"], e["new"], e["reason"]) for e in events])
+        sizes = [r["micro_batch"] for r in steps(tmp_path / f"steps{rank}.jsonl")]
+        assert len(sizes) == 40 and sizes[20] < 8 and sizes[19] == 8 and sizes[-1] == 8
+    assert moves[0] == moves[1]  # rank 0 lowered with rank 1, though its own batch was short
+    assert any(reason == "out of memory" for _, _, _, reason in moves[0])
+    shapes0 = steps(tmp_path / "events0.jsonl")[0]["shapes"][0]
+    assert shapes0[1] < 2048  # rank 0's batch was short: it lowered because rank 1 ran out
+
+    left, right = torch.load(tmp_path / "params0.pt"), torch.load(tmp_path / "params1.pt")
+    assert all(torch.equal(left[k], right[k]) for k in left)

@@ -4,7 +4,7 @@ Most batches are short; one (``--long-step``, 0-based) holds the longest sequenc
 batch through ``autobatch.Guard``; without it the loop accumulates micro-batches of ``--micro-batch`` itself
 (each loss weighted by its share of the samples). Under DDP (torchrun's environment, ``--ddp``) each rank
 takes its own slice of every batch. Writes the parameters to ``--out`` and one line per optimizer step to
-``--log``.
+``--step-log``.
 """
 
 import argparse
@@ -31,7 +31,7 @@ parser.add_argument("--grow-after", type=int, default=10)
 parser.add_argument("--events", default=None)
 parser.add_argument("--ddp", action="store_true")
 parser.add_argument("--out", default="params.pt")
-parser.add_argument("--log", default="steps.jsonl")
+parser.add_argument("--step-log", default="steps.jsonl")
 args = parser.parse_args()
 
 torch.use_deterministic_algorithms(True)
@@ -113,7 +113,7 @@ if __name__ == "__main__":
             settings=autobatch.LadderSettings(grow_after=args.grow_after),
             events=args.events,
         )
-    with open(args.log, "w") as log:
+    with open(args.step_log.replace("{rank}", str(rank)), "w") as log:
         for step, batch in enumerate(loader):
             if guard is not None:
                 done = guard.step(model, optimizer, batch, compute_loss)
