@@ -2,7 +2,7 @@
 
 The public API is :func:`tune` and :func:`check` (:mod:`autobatch.api`: your code or a notebook, same
 isolated probes as the CLI), the result schema (:mod:`autobatch.records.result`, published as
-``result.schema.json``), the pure core (search, plan, space), the error tree, the adapters of
+``result.schema.json``), the pure core (search, plan, space), the runtime guard (:class:`Guard`, for the job's own loop), the error tree, the adapters of
 :mod:`autobatch.integrations` (Hugging Face, Lightning) and the fake probes of :mod:`autobatch.testing`.
 Importing ``autobatch`` does not import torch.
 """
@@ -17,11 +17,13 @@ from autobatch.errors import (
     ConfigError,
     ContractError,
     DeviceError,
+    GuardError,
     NothingFitsError,
     ProbeFailure,
     ScriptError,
     UsageError,
 )
+from autobatch.guard import Guard, GuardStep, GuardSummary, LadderSettings
 from autobatch.records.check import CheckResult
 from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult
 from autobatch.records.version import __version__
@@ -35,7 +37,12 @@ __all__ = [
     "ConfigError",
     "ContractError",
     "DeviceError",
+    "Guard",
+    "GuardError",
+    "GuardStep",
+    "GuardSummary",
     "Guidance",
+    "LadderSettings",
     "NothingFitsError",
     "Observation",
     "Plan",

@@ -11,6 +11,7 @@
     ├── ScriptError                (exit 3)  the training script raised during a probe
     ├── NothingFitsError           (exit 4)  no combination fits even the smallest batch
     ├── JobOutOfMemory             (exit 5)  ``run``: the job ran out of memory and no relaunch is left
+    ├── GuardError                 (exit 5)  in a job: the guard ran out of memory at a micro-batch of 1
     ├── ProbeFailure               (exit 6)  a probe crashed or timed out where an answer was needed
     ├── DeviceError                (exit 7)  the device cannot be used (no driver, no GPU, ...)
     └── LeakError                  (exit 8)  the step's peak grows at every step: no batch holds for a job
@@ -103,6 +104,20 @@ class JobOutOfMemory(AutobatchError):
     already at a micro-batch of 1)."""
 
     exit_code = EXIT_OOM
+
+
+class GuardError(AutobatchError):
+    """In a job, :class:`autobatch.Guard` ran out of memory with a micro-batch of 1: the batch it names does not
+    fit even one sample at a time (``step``: the global batch, 0-based; ``shapes``: its tensors' shapes)."""
+
+    exit_code = EXIT_OOM
+
+    def __init__(
+        self, message: str, hint: str | None = None, step: int = 0, shapes: list[list[int]] | None = None
+    ):
+        super().__init__(message, hint)
+        self.step = step
+        self.shapes = shapes or []
 
 
 class ProbeFailure(AutobatchError):

@@ -202,15 +202,9 @@ def _tidy_heap() -> None:
     probe's small allocations without growing VmData, making a probe late in a tune fit more than
     the same probe from a fresh server (seen here: a few MiB at the boundary).
     """
-    import gc
+    from autobatch.devices.cpu import release_heap
 
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    release_heap()
 
 
 def _fork_probe(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:

@@ -1,0 +1,10 @@
+"""The runtime guard: keep a job's batch when memory runs out (:class:`Guard`; docs/guard.md)."""
+
+from __future__ import annotations
+
+from autobatch.core.ladder import LadderSettings
+from autobatch.errors import GuardError
+from autobatch.guard.events import GuardEvent, GuardSummary
+from autobatch.guard.guard import Guard, GuardStep
+
+__all__ = ["Guard", "GuardError", "GuardEvent", "GuardStep", "GuardSummary", "LadderSettings"]

@@ -1,0 +1,137 @@
+"""What the guard records: each change of the micro-batch (an event), the run's peak, and a summary.
+
+Events go to the ``autobatch`` logger and, when a path is given, to a JSON Lines file (one object a line,
+flushed as written). The summary is a plain value (:class:`GuardSummary`, JSON-able through
+:meth:`GuardSummary.to_dict`) for whoever stores the job's evidence. The peak is the device's: on CUDA
+``torch.cuda.max_memory_allocated``; on the CPU the process's data high-water mark, read as the CPU
+device reads a probe's (:func:`autobatch.devices.cpu.peak_data_bytes`, from the guard's start).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any, Optional
+
+from autobatch.devices.cpu import VmStatus, peak_data_bytes, read_status
+
+logger = logging.getLogger("autobatch")
+
+
+@dataclass(frozen=True)
+class GuardEvent:
+    """One change: at global batch ``step`` (0-based), the micro-batch went from ``old`` to ``new``."""
+
+    step: int
+    old: int
+    new: int
+    reason: str  # out of memory | allocator retries | grow
+    peak_bytes: Optional[int]
+    rank: int = 0
+    samples: int = 0  # the per-rank batch that was running
+    shapes: list[list[int]] = field(
+        default_factory=list
+    )  # its tensors' shapes (for "ran out with these shapes")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": "micro-batch", **asdict(self)}
+
+    def __str__(self) -> str:
+        peak = f", peak {self.peak_bytes / 2**20:.0f} MiB" if self.peak_bytes is not None else ""
+        verb = "raised" if self.new > self.old else "lowered"
+        return f"guard: step {self.step}: micro-batch {verb} {self.old} -> {self.new} ({self.reason}{peak})"
+
+
+@dataclass
+class GuardSummary:
+    """The run so far: global batches completed, the sizes it started at and holds now, its events and peak."""
+
+    steps: int = 0
+    start_micro_batch_size: int = 0
+    micro_batch_size: int = 0
+    smallest_micro_batch_size: int = 0
+    out_of_memory: int = 0  # batches re-run after an out-of-memory failure (on any rank)
+    peak_bytes: Optional[int] = None
+    events: list[GuardEvent] = field(default_factory=list)
+
+    @property
+    def held(self) -> bool:
+        """True while the micro-batch never had to be lowered."""
+        return not any(e.new < e.old for e in self.events)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["events"] = [e.to_dict() for e in self.events]
+        data["held"] = self.held
+        return data
+
+
+class PeakMeter:
+    """The device's peak since the guard started (bytes)."""
+
+    def __init__(self, device_type: str, device_index: int | None = None) -> None:
+        self.device_type = device_type
+        self.device_index = device_index
+        self.start: VmStatus | None = read_status() if device_type == "cpu" else None
+
+    def peak(self) -> int | None:
+        if self.device_type == "cuda":
+            import torch
+
+            return int(torch.cuda.max_memory_allocated(self.device_index))
+        if self.start is not None:
+            try:
+                return peak_data_bytes(self.start, read_status())
+            except (OSError, KeyError):
+                return None
+        return None
+
+    def alloc_retries(self) -> int:
+        """CUDA's ``num_alloc_retries`` so far (0 elsewhere: the CPU allocator does not retry)."""
+        if self.device_type != "cuda":
+            return 0
+        import torch
+
+        return int(torch.cuda.memory_stats(self.device_index).get("num_alloc_retries", 0))
+
+
+class EventLog:
+    """Writes events to the logger and, when given a path, to a JSON Lines file (appended, line by line)."""
+
+    def __init__(self, path: str | Path | None, rank: int = 0) -> None:
+        self.rank = rank
+        self.handle: IO[str] | None = None
+        if path is not None:
+            text = str(path)
+            if "{rank}" in text:
+                text = text.replace("{rank}", str(rank))
+            elif rank != 0:
+                return  # one file for the group: rank 0 writes it (every rank agrees on every change)
+            target = Path(text)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.handle = target.open("a", encoding="utf-8")
+
+    def event(self, event: GuardEvent) -> None:
+        if event.new < event.old:
+            logger.warning("%s", event)
+        else:
+            logger.info("%s", event)
+        self.write(event.to_dict())
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.handle is not None:
+            self.handle.write(json.dumps(record) + "\n")
+            self.handle.flush()
+
+    def close(self, summary: GuardSummary) -> None:
+        if self.handle is not None:
+            record = summary.to_dict()
+            record.pop("events")
+            self.write({"event": "summary", **record})
+            self.handle.close()
+            self.handle = None
+
+
+__all__ = ["EventLog", "GuardEvent", "GuardSummary", "PeakMeter"]

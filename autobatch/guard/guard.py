@@ -1,0 +1,365 @@
+"""The runtime guard: run each per-rank batch as micro-batches, and survive running out of memory.
+
+:class:`Guard` splits a batch along its first dimension into micro-batches of the current size, weights
+each micro-batch's loss by its share of the samples and runs its backward. When the device runs out of
+memory (classified as tunes classify it, :mod:`autobatch.probe.oom`), it drops the partial gradients and
+the allocator's cache, lowers the size one rung (:mod:`autobatch.core.ladder`) and runs the same batch
+again; the optimizer steps once per batch. Every rank agrees on the outcome before any rank goes on
+(:mod:`autobatch.guard.ranks`). Usage, the rank design and its limits: docs/guard.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from autobatch.core.ladder import Ladder, LadderSettings, Move, after_step, lower, rungs
+from autobatch.errors import GuardError, UsageError
+from autobatch.guard.events import EventLog, GuardEvent, GuardSummary, PeakMeter
+from autobatch.guard.ranks import (
+    Group,
+    agree,
+    average_gradients,
+    broadcast_buffers,
+    current_group,
+    is_ddp,
+    is_fsdp,
+)
+from autobatch.probe.oom import classify_exception
+
+if TYPE_CHECKING:
+    import torch
+
+    from autobatch.records.result import TuneResult
+
+#: ``loss_fn(model, micro_batch)``: the micro-batch's loss, a mean over its samples (or over what
+#: ``weight`` counts).
+LossFn = Callable[[Any, Any], "torch.Tensor"]
+
+
+@dataclass(frozen=True)
+class GuardStep:
+    """One global batch as the guard ran it."""
+
+    step: int  # 0-based
+    loss: float  # the batch's loss: the micro-batches' losses weighted by their shares
+    samples: int  # samples in this rank's batch (all of them ran, once)
+    micro_batch_size: int  # the size it completed at
+    micro_batches: int
+    attempts: int  # 1, or more when it ran out of memory and ran again
+
+
+class Guard:
+    """Keeps a job's batch when memory runs out: splits it finer, agrees with the other ranks, grows back.
+
+    ``micro_batch_size`` is where it starts; it may grow back up to ``max_micro_batch_size`` (default: the
+    start) and lower down to 1 through ``sizes`` (the tuned curve's sizes that fitted; halvings below them).
+    ``batch_size`` is the per-rank batch the plan expects (informational: the guard splits whatever batch it
+    is given). ``events``: a JSON Lines file for the changes (``{rank}`` in it: one file per rank; else
+    rank 0 writes it)."""
+
+    def __init__(
+        self,
+        micro_batch_size: int,
+        *,
+        batch_size: int | None = None,
+        max_micro_batch_size: int | None = None,
+        sizes: Iterable[int] = (),
+        settings: LadderSettings | None = None,
+        events: str | Path | None = None,
+    ) -> None:
+        maximum = max_micro_batch_size if max_micro_batch_size is not None else micro_batch_size
+        if micro_batch_size < 1 or maximum < micro_batch_size:
+            raise UsageError(
+                f"the guard needs 1 <= micro_batch_size <= max_micro_batch_size, got {micro_batch_size} and {maximum}",
+                hint="pass the plan's micro-batch and the tuned maximum (or Guard.from_result)",
+            )
+        self.batch_size = batch_size
+        self.ladder = Ladder.start(rungs(sizes, maximum), micro_batch_size, settings)
+        self.events_path = events
+        self.summary = GuardSummary(
+            start_micro_batch_size=micro_batch_size,
+            micro_batch_size=micro_batch_size,
+            smallest_micro_batch_size=micro_batch_size,
+        )
+        self.last: GuardStep | None = None
+        self._group: Group | None = None
+        self._meter: PeakMeter | None = None
+        self._log: EventLog | None = None
+
+    @classmethod
+    def from_result(
+        cls,
+        result: str | Path | TuneResult,
+        *,
+        settings: LadderSettings | None = None,
+        events: str | Path | None = None,
+    ) -> Guard:
+        """A guard for a tune's chosen plan: its micro-batch, its per-rank batch (micro-batch x accumulation),
+        the combination's maximum, and the sizes its probes saw fit."""
+        from autobatch.records.result import TuneResult
+
+        tuned = result if isinstance(result, TuneResult) else TuneResult.load(result)
+        chosen = tuned.chosen
+        if chosen is None:
+            raise UsageError(
+                f"the result of {tuned.script} has no chosen plan",
+                hint="tune until a combination fits (or give Guard its sizes directly)",
+            )
+        combo = next((c for c in tuned.combinations if c.ident == chosen.ident), None)
+        fitted = [p.batch_size for p in combo.trace if p.kind == "fits"] if combo is not None else []
+        maximum = (combo.max_batch_size if combo is not None else None) or chosen.micro_batch_size
+        return cls(
+            chosen.micro_batch_size,
+            batch_size=chosen.micro_batch_size * chosen.accumulation_steps,
+            max_micro_batch_size=max(maximum, chosen.micro_batch_size),
+            sizes=fitted,
+            settings=settings,
+            events=events,
+        )
+
+    @property
+    def micro_batch_size(self) -> int:
+        """The size the next batch starts at."""
+        return self.ladder.size
+
+    def backward(
+        self,
+        model: torch.nn.Module,
+        batch: Any,
+        loss_fn: LossFn,
+        *,
+        weight: Callable[[Any], float] | None = None,
+        scaler: Any = None,
+    ) -> torch.Tensor:
+        """Run one per-rank batch's forward and backward as micro-batches, surviving out-of-memory failures;
+        return its loss (detached). The optimizer step is the caller's (a ``training_step`` returns this).
+
+        Gradients must be empty on entry (``zero_grad(set_to_none=True)`` after the last step): a failure
+        clears them. ``weight(micro_batch)``: what a micro-batch's share counts (default: its samples; give
+        the loss's token count when the loss is a mean over tokens). ``scaler``: a ``GradScaler`` for fp16."""
+        group = self._start(model)
+        if is_fsdp(model):
+            raise UsageError(
+                "the guard does not run FSDP models yet",
+                hint="use it with DDP or one process; docs/guard.md says what FSDP2 needs",
+            )
+        ddp = is_ddp(model)
+        attempts = 0
+        while True:
+            attempts += 1
+            retries = self._meter_().alloc_retries()
+            failure = None
+            loss = None
+            try:
+                loss, count = self._run(model, batch, loss_fn, weight, scaler, ddp)
+            except Exception as exc:  # noqa: BLE001 - only an out-of-memory failure is caught; the rest re-raised
+                if classify_exception(exc) != "oom":
+                    raise
+                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            retried = self._meter_().alloc_retries() > retries
+            ran_out, retried = agree(group, failure is not None, retried)
+            if not ran_out:
+                assert loss is not None
+                if ddp and group.distributed:
+                    average_gradients(group, model)
+                    if getattr(model, "broadcast_buffers", False):
+                        broadcast_buffers(model)
+                self._completed(batch, float(loss), count, attempts, retried)
+                return loss
+            del loss
+            self.summary.out_of_memory += 1
+            self._recover(model, batch, failure, group)
+
+    def step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        batch: Any,
+        loss_fn: LossFn,
+        *,
+        weight: Callable[[Any], float] | None = None,
+        scaler: Any = None,
+    ) -> GuardStep:
+        """One global batch of a plain loop: :meth:`backward`, then one optimizer step and ``zero_grad``."""
+        self.backward(model, batch, loss_fn, weight=weight, scaler=scaler)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        assert self.last is not None
+        return self.last
+
+    def summary_now(self) -> GuardSummary:
+        """The summary with the peak read now."""
+        self.summary.peak_bytes = self._meter_().peak() if self._meter is not None else None
+        return self.summary
+
+    def close(self) -> GuardSummary:
+        """Read the run's peak, write the summary line to the events file and close it."""
+        summary = self.summary_now()
+        if self._log is not None:
+            self._log.close(summary)
+        return summary
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- inside ---------------------------------------------------------------------------------------
+
+    def _start(self, model: torch.nn.Module) -> Group:
+        if self._group is None:
+            self._group = current_group()
+            device = next((p.device for p in model.parameters()), None)
+            kind = device.type if device is not None else "cpu"
+            self._meter = PeakMeter(kind, device.index if device is not None and kind == "cuda" else None)
+            self._log = EventLog(self.events_path, self._group.rank)
+        return self._group
+
+    def _meter_(self) -> PeakMeter:
+        assert self._meter is not None
+        return self._meter
+
+    def _run(
+        self,
+        model: torch.nn.Module,
+        batch: Any,
+        loss_fn: LossFn,
+        weight: Callable[[Any], float] | None,
+        scaler: Any,
+        ddp: bool,
+    ) -> tuple[torch.Tensor, int]:
+        parts = list(split(batch, self.ladder.size))
+        shares = [float(weight(part)) if weight is not None else float(samples(part)) for part in parts]
+        whole = sum(shares)
+        total: torch.Tensor | None = None
+        with model.no_sync() if ddp else nullcontext():  # type: ignore[operator]
+            for part, share in zip(parts, shares):
+                loss = loss_fn(model, part)
+                scaled = loss * (share / whole) if whole else loss * 0
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                total = scaled.detach() if total is None else total + scaled.detach()
+                del loss, scaled
+        assert total is not None
+        return total, len(parts)
+
+    def _completed(self, batch: Any, loss: float, count: int, attempts: int, retried: bool) -> None:
+        step = self.summary.steps
+        self.last = GuardStep(step, loss, samples(batch), self.ladder.size, count, attempts)
+        self.summary.steps += 1
+        self.ladder, move = after_step(self.ladder, retried)
+        if move is not None:
+            self._record(move, batch, step)
+
+    def _recover(self, model: torch.nn.Module, batch: Any, failure: str | None, group: Group) -> None:
+        for parameter in model.parameters():
+            parameter.grad = None
+        self._release()
+        lowered = lower(self.ladder)
+        if lowered is None:
+            where = f"on rank {group.rank}" if failure is not None else "on another rank"
+            raise GuardError(
+                f"batch {self.summary.steps} ({samples(batch)} samples, shapes {shapes(batch)}) ran out of memory "
+                f"{where} even one sample at a time" + (f" ({failure})" if failure else ""),
+                hint="shorten or bucket its longest samples, or make each sample cheaper (bf16, recomputation); "
+                "`autobatch tune` at its lengths says what fits",
+                step=self.summary.steps,
+                shapes=shapes(batch),
+            )
+        self.ladder, move = lowered
+        self._record(move, batch, self.summary.steps)
+
+    def _release(self) -> None:
+        meter = self._meter_()
+        if meter.device_type == "cuda":
+            import gc
+
+            import torch
+
+            gc.collect()
+            torch.cuda.empty_cache()
+        else:
+            from autobatch.devices.cpu import release_heap
+
+            release_heap()
+
+    def _record(self, move: Move, batch: Any, step: int) -> None:
+        assert self._log is not None and self._group is not None
+        event = GuardEvent(
+            step=step,
+            old=move.old,
+            new=move.new,
+            reason=move.reason,
+            peak_bytes=self._meter_().peak(),
+            rank=self._group.rank,
+            samples=samples(batch),
+            shapes=shapes(batch),
+        )
+        self.summary.events.append(event)
+        self.summary.micro_batch_size = move.new
+        self.summary.smallest_micro_batch_size = min(self.summary.smallest_micro_batch_size, move.new)
+        self._log.event(event)
+
+
+# --- batches ------------------------------------------------------------------------------------------
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from _tensors(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            yield from _tensors(value)
+
+
+def samples(batch: Any) -> int:
+    """The batch's samples: the first dimension of its first tensor (with at least one dimension)."""
+    first = next((t for t in _tensors(batch) if t.dim() > 0), None)
+    if first is None:
+        raise UsageError(
+            "the guard found no tensor with a batch dimension in the batch",
+            hint="pass a tensor, or tuples, lists or dicts of tensors whose first dimension is the sample",
+        )
+    return int(first.shape[0])
+
+
+def shapes(batch: Any) -> list[list[int]]:
+    return [list(t.shape) for t in _tensors(batch)]
+
+
+def split(batch: Any, size: int) -> Iterator[Any]:
+    """The batch in micro-batches of ``size`` samples (the last may be shorter): every tensor whose first
+    dimension is the batch's is sliced; other tensors and values are passed to every micro-batch unchanged."""
+    n = samples(batch)
+    for start in range(0, n, size):
+        yield _slice(batch, n, start, min(start + size, n))
+
+
+def _slice(batch: Any, n: int, start: int, stop: int) -> Any:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop] if batch.dim() > 0 and batch.shape[0] == n else batch
+    if isinstance(batch, Mapping):
+        return {key: _slice(value, n, start, stop) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(_slice(value, n, start, stop) for value in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_slice(value, n, start, stop) for value in batch)
+    return batch
+
+
+__all__ = ["Guard", "GuardStep", "LossFn", "samples", "shapes", "split"]

@@ -1,0 +1,138 @@
+"""The guard in one process: splitting, weighting, lowering on a real allocator failure, the error at 1.
+
+The out-of-memory failures here are real: the loss allocates a petabyte when its micro-batch is larger than
+a limit, and the CPU allocator refuses (``DefaultCPUAllocator: can't allocate memory``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from autobatch import Guard, GuardError, LadderSettings
+from autobatch.guard.guard import split
+from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult
+
+
+def model_and_batch(n: int = 10) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(0)
+    return nn.Linear(5, 1).double(), (
+        torch.randn(n, 5, dtype=torch.float64),
+        torch.randn(n, 1, dtype=torch.float64),
+    )
+
+
+def loss_up_to(limit: int) -> Any:
+    def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        if len(x) > limit:
+            torch.empty(1 << 50, dtype=torch.uint8)  # the allocator refuses: a real out-of-memory failure
+        return nn.functional.mse_loss(model(x), y)
+
+    return loss_fn
+
+
+def full_gradient(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    nn.functional.mse_loss(model(batch[0]), batch[1]).backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def test_split_slices_every_batch_tensor_and_keeps_the_rest() -> None:
+    batch = {
+        "ids": torch.arange(10).view(5, 2),
+        "mask": (torch.ones(5), torch.zeros(5)),
+        "scale": torch.tensor(2.0),
+    }
+    parts = list(split(batch, 2))
+    assert [len(p["ids"]) for p in parts] == [2, 2, 1]
+    assert all(p["scale"] is batch["scale"] for p in parts)
+    assert torch.equal(torch.cat([p["mask"][0] for p in parts]), batch["mask"][0])
+
+
+@pytest.mark.parametrize("micro", [1, 3, 4, 10])
+def test_the_gradient_is_the_mean_over_the_batch_whatever_the_split(micro: int) -> None:
+    model, batch = model_and_batch()
+    expected = full_gradient(model, batch)
+    Guard(micro).backward(model, batch, loss_up_to(100))
+    for got, want in zip([p.grad for p in model.parameters()], expected):
+        assert got is not None and torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_out_of_memory_lowers_to_the_next_rung_and_reruns_the_same_batch(tmp_path: Path) -> None:
+    model, batch = model_and_batch()
+    expected = full_gradient(model, batch)
+    guard = Guard(8, sizes=[3, 6, 8], events=tmp_path / "events.jsonl")
+    loss = guard.backward(model, batch, loss_up_to(3))
+    assert guard.micro_batch_size == 3 and guard.last is not None
+    assert (guard.last.attempts, guard.last.micro_batches, guard.last.samples) == (3, 4, 10)
+    for got, want in zip([p.grad for p in model.parameters()], expected):
+        assert got is not None and torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+    with torch.no_grad():
+        assert float(loss) == pytest.approx(float(nn.functional.mse_loss(model(batch[0]), batch[1])))
+    summary = guard.close()
+    lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["old"], e["new"]) for e in lines[:-1]] == [(8, 6), (6, 3)]
+    assert lines[0]["shapes"] == [[10, 5], [10, 1]] and lines[-1]["event"] == "summary"
+    assert summary.out_of_memory == 2 and not summary.held and summary.steps == 1
+
+
+def test_it_grows_back_after_clean_steps_and_steps_the_optimizer_once_per_batch() -> None:
+    model, batch = model_and_batch()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = Guard(2, max_micro_batch_size=4, settings=LadderSettings(grow_after=2))
+    done = [guard.step(model, optimizer, batch, loss_up_to(100)) for _ in range(3)]
+    assert [d.micro_batch_size for d in done] == [2, 2, 4]
+    assert optimizer.state_dict()["state"] == {}  # SGD without momentum keeps none; grads cleared after
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_at_one_sample_it_names_the_batch_that_did_not_fit() -> None:
+    model, batch = model_and_batch(4)
+    guard = Guard(2)
+    with pytest.raises(GuardError, match=r"batch 0 \(4 samples, shapes \[\[4, 5\], \[4, 1\]\]\)") as caught:
+        guard.backward(model, batch, loss_up_to(0))
+    assert caught.value.exit_code == 5 and caught.value.hint
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_an_error_that_is_not_memory_passes_through() -> None:
+    model, batch = model_and_batch()
+
+    def broken(model: nn.Module, batch: Any) -> torch.Tensor:
+        raise ValueError("labels out of range")
+
+    guard = Guard(4)
+    with pytest.raises(ValueError, match="labels out of range"):
+        guard.backward(model, batch, broken)
+    assert guard.summary.events == []
+
+
+def test_from_result_takes_the_plan_the_maximum_and_the_sizes_that_fitted() -> None:
+    combo = ComboResult("32-true", "adamw", False, status="exact", max_batch_size=14)
+    combo.trace = [
+        ProbeRecord(batch_size=4, kind="fits"),
+        ProbeRecord(batch_size=16, kind="oom"),
+        ProbeRecord(batch_size=11, kind="fits"),
+        ProbeRecord(batch_size=14, kind="fits"),
+    ]
+    chosen = Chosen(
+        "32-true",
+        "adamw",
+        False,
+        micro_batch_size=11,
+        accumulation_steps=3,
+        world_size=1,
+        global_batch_size=33,
+    )
+    result = TuneResult("train.py", [], {}, "throughput", [combo], chosen=chosen)
+    guard = Guard.from_result(result)
+    assert guard.micro_batch_size == 11 and guard.batch_size == 33
+    assert guard.ladder.sizes == (1, 2, 4, 11, 14) and guard.ladder.ceiling == 14
