@@ -232,6 +232,9 @@ def find_maximum(
             assert best is not None
             done = run(best, limits.confirm, "confirm").fits
             if not done:
+                # The short fits no longer count as proof, but the line they drew still says where the
+                # maximum lies: the search below starts from it (a creep over the line: the candidate under).
+                prior = result.model or prior
                 notes.append(
                     f"batch {best} fitted {limits.steps}+ steps but not its confirmation (up to "
                     f"{limits.confirm_steps}); searched below it, every probe as long as a confirmation"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -332,3 +334,28 @@ def test_a_confirmation_is_never_shorter_than_a_search_probe() -> None:
         14,
         14,
     )
+
+
+class MissesReport(FakeStepProbe):
+    """A probe that does not fit reports the peak it reached, as a real one that stopped past its line does."""
+
+    def __call__(self, batch_size: int, steps: tuple[int, int], purpose: str) -> Observation:
+        observation = super().__call__(batch_size, steps, purpose)
+        if observation.fits:
+            return observation
+        return replace(observation, peak_bytes=max(self.curve.measure(batch_size), self.budget_bytes + 1))
+
+
+def test_a_failed_confirmation_searches_below_it_from_the_line_the_short_probes_drew() -> None:
+    """examples/text_classifier.py under 420 MiB: 8 did not fit, 4 fitted a search probe, 6 and 5 did not,
+    and 4's confirmation crept over the line. The short probes' line still says where the maximum is (the
+    candidate under the failed one): the search below probes it first, at confirmation length (before: it
+    bisected from nothing: 2, then 3)."""
+    curve = affine(GiB - 45 * MiB, 10 * MiB)  # the line meets the budget at 4.5
+    top = true_max(curve, GiB, LIMITS.max_batch_size)
+    assert top == 4
+    probe = MissesReport(curve, GiB, fails_long=lambda b, purpose: b == top and purpose == "confirm")
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
+    assert answer.max_batch_size == top - 1 and answer.status == "exact"
+    assert confirmed(probe, top - 1)
+    assert answer.probes <= 5, probe.calls  # 8, 4, 5, 4 (confirmation), 3

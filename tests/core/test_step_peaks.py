@@ -7,9 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autobatch.core.step_peaks import (
+    CONFIRM_STEPS_AT_LEAST,
     LEAK_GROWTHS,
     SETTLED_STEP,
     Reading,
+    StepRule,
     data_dependence,
     find_leak,
     growth_tolerance,
@@ -165,3 +167,29 @@ def test_a_script_run_as_it_is_is_told_of_its_batches_not_of_make_batch() -> Non
     assert as_is is not None and "make_batch" not in as_is
     assert "at batch 8 the script's batches had different shapes" in as_is
     assert "the script's first batches must be its worst case" in as_is
+
+
+# examples/text_classifier.py under 420 MiB (budget 378.0 MiB, line 375.0): `autobatch check -b 4 --steps 10`'s
+# step peaks (MiB, the fresh-process offset counted). Each step grows under the 1 MiB tolerance, steps 5 and
+# 6 peak alike, and the peak creeps on to cross the line at step 8.
+CREEP = [360.57, 368.7, 372.15, 373.01, 373.88, 373.88, 374.61, 375.17, 375.17, 375.21]
+CREEP_LINE = int(375.0 * MiB)
+
+
+def test_a_confirmation_whose_creep_would_cross_the_line_steps_on_until_it_does() -> None:
+    rule = StepRule.under(int(378.0 * MiB), CONFIRM_STEPS_AT_LEAST, 10, CREEP_LINE)
+    peaks = [int(p * MiB) for p in CREEP]
+    whys = [rule.why_stop(peaks[:steps]) for steps in range(1, len(peaks) + 1)]
+    assert whys[:7] == [None] * 7  # not steady at step 6: the last three growths would cross the line again
+    assert whys[7] == "above"
+
+
+def test_a_peak_that_held_still_far_under_the_line_stops_at_the_least_steps() -> None:
+    rule = StepRule.under(int(378.0 * MiB), CONFIRM_STEPS_AT_LEAST, 10, CREEP_LINE + 10 * MiB)
+    peaks = [int(p * MiB) for p in CREEP]
+    assert rule.why_stop(peaks[:5]) is None
+    assert rule.why_stop(peaks[:6]) == "steady"
+    # A search probe's three steps stop as before, near the line too: the first steps' growth is the
+    # optimizer state's, not a creep.
+    search = StepRule.under(int(378.0 * MiB), 3, 8, CREEP_LINE)
+    assert search.why_stop([int(p * MiB) for p in (362.0, 374.5, 374.5)]) == "steady"
