@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
@@ -33,6 +35,7 @@ def run_pytest(folder: Path, required: bool) -> subprocess.CompletedProcess[str]
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_skipping_consumer_test_fails_when_consumers_are_required(tmp_path: Path) -> None:
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    consumers: loads emitted files\n")

@@ -104,6 +104,7 @@ def train_step(
 
 
 @pytest.mark.parametrize("path", VALID_PATHS, ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_one_training_step_gives_a_finite_scalar_loss_and_moves_the_parameters(path: Path) -> None:
     module = load_script(path)
     for name in ("build_model", "make_batch", "compute_loss"):
@@ -132,6 +133,7 @@ def test_make_batch_scales_its_leading_dimension_and_keeps_the_rest(path: Path) 
 
 
 @pytest.mark.parametrize("path", EXAMPLE_PATHS, ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_step_at_batch_32_runs_and_reports_its_time(path: Path) -> None:
     module = load_script(path)
     model = module.build_model()
@@ -162,6 +164,7 @@ def test_recompute_classes_name_blocks_repeated_inside_a_container(path: Path) -
 
 
 @pytest.mark.parametrize("path", EXAMPLE_PATHS, ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_recomputing_the_blocks_gives_the_same_loss_and_gradients(path: Path) -> None:
     module = load_script(path)
     torch.manual_seed(0)
@@ -238,6 +241,7 @@ def test_gpt_shares_the_embedding_with_the_head() -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLE_PATHS, ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_examples_train_when_run_directly(path: Path) -> None:
     small = {
         "mlp": ["--width", "64"],
@@ -305,6 +309,7 @@ def test_args_echo_reads_its_width_and_echoes_its_arguments(
     assert module.make_batch(3)[0].shape == (3, 7)
 
 
+@pytest.mark.slow
 def test_crash_kills_its_process_by_sigabrt_at_batch_8() -> None:
     code = (
         "import importlib.util, sys\n"

@@ -254,6 +254,7 @@ def test_cache_list_show_and_clear(fake: FakeRunner) -> None:
     assert tune()[1]["probes"] > 0
 
 
+@pytest.mark.slow
 def test_two_concurrent_tunes_get_identical_results_and_never_probe_at_once(tmp_path: Path) -> None:
     """Two processes, one cache, one device, both --refresh (so that both really probe)."""
     (tmp_path / "train.py").write_text("# the fake runner never imports it\n")
@@ -315,6 +316,7 @@ def test_in_a_log_the_table_and_notes_are_never_wrapped(capfd: pytest.CaptureFix
     assert any(line.endswith("z" * 300) for line in err.splitlines()), "a note was wrapped"
 
 
+@pytest.mark.slow
 def test_identical_tunes_on_two_devices_sharing_a_cache_compute_once(tmp_path: Path) -> None:
     """Two nodes of one type (here: two lock folders, as two hosts have) and one shared cache folder:
     the second waits for the first's result instead of measuring the same thing again."""

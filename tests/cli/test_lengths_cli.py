@@ -325,6 +325,7 @@ def lengths_apart(*args: str) -> tuple[int, dict, str]:  # type: ignore[type-arg
 
 
 @pytest.mark.consumers
+@pytest.mark.slow
 def test_a_data_set_saved_to_disk(files: tuple[Path, list[int]], tmp_path: Path) -> None:
     """The real library's save_to_disk, read back by column: token lists, counts, and a DatasetDict's split."""
     if importlib.util.find_spec("datasets") is None:

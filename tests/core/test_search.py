@@ -318,6 +318,7 @@ def test_max_probes_is_incomplete() -> None:
     assert (result.max_batch_size, result.status, result.upper_bound) == (9, "incomplete", None)
 
 
+@pytest.mark.slow
 def test_median_probes_on_realistic_affine_curves() -> None:
     """Static memory 5-90 % of the budget, the maximum anywhere up to 8192."""
     rng = random.Random(0)
@@ -341,6 +342,7 @@ def test_a_floor_costs_probes_not_correctness(
     check(curve, max_batch, multiple, floor_bytes=int(fraction * curve(0)), start=start)
 
 
+@pytest.mark.slow
 def test_a_floor_keeps_the_guess_a_lower_bound_and_nearer() -> None:
     """A device's fixed memory (a process baseline, parameters, optimizer state) dwarfs one scout's
     activations. Scaling only what lies above a floor at or under the true intercept keeps the
@@ -372,6 +374,7 @@ def test_a_fit_s_own_static_memory_costs_probes_not_correctness(
     check(curve, max_batch, multiple, static_bytes=int(fraction * curve(0)), start=start)
 
 
+@pytest.mark.slow
 def test_a_fit_s_own_static_memory_puts_the_second_probe_near_the_maximum() -> None:
     """Where the optimizer's state and the parameters are most of a scout's peak, the proportional guess
     over the floor (what is certain) lands a small fraction of the way: flat_rising's probes guessed 24

@@ -38,6 +38,7 @@ def test_one_thread_of_our_own_does_not_wait() -> None:
     assert waited is not None and quiet(waited)
 
 
+@pytest.mark.slow
 def test_a_neighbour_on_our_cores_makes_our_threads_wait() -> None:
     """As many spinning neighbours as cores we may run on, beside one thread of ours: it waits for a core
     about a third of the time."""

@@ -87,6 +87,7 @@ def deepspeed_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[st
 
 @pytest.mark.parametrize("kind", ["plain", "asked", "base"])
 @pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.slow
 def test_deepspeed_accepts_and_agrees(deepspeed_reports: dict, case_id: str, kind: str) -> None:
     case = BY_NAME[case_id]
     report = deepspeed_reports[(case_id, kind, case.world)]
@@ -296,6 +297,7 @@ print("LAUNCHED", a.gradient_accumulation_steps, a.mixed_precision, a.num_proces
 
 
 @pytest.mark.parametrize("case_id", ["bf16-mixed_accum_w1", "32-true_accum_w1", "cpu_bf16"])
+@pytest.mark.slow
 def test_accelerate_launch_reads_precision_and_accumulation(tmp_path: Path, case_id: str) -> None:
     """`accelerate launch --config_file` with the env file's variables: Accelerator() sees both numbers."""
     pytest.importorskip("accelerate")

@@ -69,6 +69,7 @@ def _run(script: UserScript, batch: int, seq_len: int | None) -> Instrument:
     return instrument
 
 
+@pytest.mark.slow
 def test_eager_attention_saves_its_probabilities_per_layer(lm: Any) -> None:
     batch, seq_len = 3, 40
     instrument = _run(lm("eager"), batch, seq_len)

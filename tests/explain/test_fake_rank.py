@@ -14,6 +14,7 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from support import EXAMPLES, ROOT
 
 WORLD = 4
@@ -54,6 +55,7 @@ def _simulate() -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_an_fsdp_rank_holds_about_one_nth_of_the_state_at_its_peak() -> None:
     runs = _simulate()
     single, rank = runs["none"], runs["fsdp"]

@@ -55,6 +55,7 @@ def tiny(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_fits_small_and_not_far_above_the_cap(tiny: Path) -> None:
     generous = run_trial(tiny, WIDE, 4, 4096 * MiB, steps=3)
     assert (generous.kind, generous.steps) == ("fits", 3)
@@ -65,6 +66,7 @@ def test_fits_small_and_not_far_above_the_cap(tiny: Path) -> None:
     assert tight.baseline_bytes == pytest.approx(generous.baseline_bytes, rel=0.01)
 
 
+@pytest.mark.slow
 def test_a_broken_script_is_an_error_not_a_verdict(tmp_path: Path) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text(TINY.replace("return nn.Linear(WIDTH, 1)", "raise ValueError('no model here')"))

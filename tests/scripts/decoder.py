@@ -11,18 +11,28 @@ Each attention holds what a decoder that also generates holds and no training st
 mask for the whole context (minGPT's ``bias`` buffer) and a key/value cache for generation (as Llama's
 reference implementation allocates it). That static memory leaves about 150 MiB of a 1 GiB cap to the
 activations, so a tune on the CPU is quick.
+
+Its size is set on the command line (``--depth``, ``--vocab``, ``--context``; after ``--`` for autobatch):
+the defaults above, or a smaller decoder for a quicker test.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-VOCAB, WIDTH, HEADS, DEPTH, TOKENS = 4096, 64, 4, 12, 128
-CONTEXT, GENERATION_BATCH = 2048, 16  # the longest sequence generated, and how many at once
+parser = argparse.ArgumentParser(description="a decoder that keeps its blocks' MLP in a Sequential")
+parser.add_argument("--depth", type=int, default=12, help="blocks")
+parser.add_argument("--vocab", type=int, default=4096, help="words in the vocabulary")
+parser.add_argument("--context", type=int, default=2048, help="the longest sequence generated")
+args = parser.parse_args()
+
+VOCAB, WIDTH, HEADS, DEPTH, TOKENS = args.vocab, 64, 4, args.depth, 128
+CONTEXT, GENERATION_BATCH = args.context, 16  # the longest sequence generated, and how many at once
 
 
 class Attention(nn.Module):

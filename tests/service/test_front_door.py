@@ -172,6 +172,7 @@ PLANS: dict[str, tuple[int, ...]] = {}
     "face",
     [pytest.param(face, marks=[pytest.mark.consumers] if face == "callback" else []) for face in FACES],
 )
+@pytest.mark.slow
 def test_one_request_through_every_face(
     face: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

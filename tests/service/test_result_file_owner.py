@@ -144,6 +144,7 @@ def test_a_second_run_on_the_same_file_gives_up_naming_the_holder(
     assert not [r for r in fake.requests if r.op == "probe"], "nothing probed"
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_file_waits_for_the_first(fake: FakeRunner, holder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     holder(1.5)
     code, _, err = run_main("tune", "train.py", *QUICK, "--output", "r.json")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -53,6 +54,7 @@ environments = st.dictionaries(
 flags = st.dictionaries(st.sampled_from(NAMES), values, max_size=4)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(document=st.one_of(documents, raw_documents), env=environments, overrides=flags)
 def test_settings_loading_raises_only_the_documented_error(

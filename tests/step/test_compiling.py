@@ -78,6 +78,7 @@ def test_the_cache_folder_is_autobatchs_unless_the_user_named_one(
     assert torch._inductor.config.fx_graph_cache is True
 
 
+@pytest.mark.slow
 def test_one_compile_serves_two_batch_sizes_and_its_time_is_kept_apart(cache: str) -> None:
     script = _mlp()
     started = time.perf_counter()
@@ -110,6 +111,7 @@ def test_without_compile_there_is_no_compile_time() -> None:
     assert report.compile_seconds is None
 
 
+@pytest.mark.slow
 def test_a_compiler_failure_is_a_compile_error_not_the_scripts(
     cache: str, monkeypatch, tmp_path: Path
 ) -> None:

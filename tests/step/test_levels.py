@@ -121,6 +121,7 @@ def test_a_k_of_n_level_wraps_the_first_k_in_module_order() -> None:
 
 
 @pytest.mark.parametrize("level", ["3/8", "selective", "full"])
+@pytest.mark.slow
 def test_every_level_gives_the_same_loss_and_gradients(level: str) -> None:
     plain, wrapped = _build(), _build()
     wrap_recompute(wrapped, (), level)
@@ -184,6 +185,7 @@ def _step_peak(recompute: bool, level: str = "full") -> int:
     return tracker.peak.tensor_bytes
 
 
+@pytest.mark.slow
 def test_the_peak_falls_from_off_to_k_of_n_to_full_linearly_and_selective_lies_between() -> None:
     off = _step_peak(False)
     split = {k: _step_peak(True, f"{k}/{DEPTH}") for k in (2, 4, 6)}

@@ -119,6 +119,7 @@ def _twins() -> tuple[Net, Net, torch.Tensor]:
     return plain, wrapped, torch.randn(BATCH, 16)
 
 
+@pytest.mark.slow
 def test_recomputation_gives_the_same_loss_and_gradients():
     plain, wrapped, x = _twins()
     losses = []
@@ -148,6 +149,7 @@ def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return sum(saved.values())
 
 
+@pytest.mark.slow
 def test_recomputation_shrinks_the_activations_kept_for_backward():
     plain, wrapped, x = _twins()
     kept, recomputed = _saved_bytes(plain, x), _saved_bytes(wrapped, x)
