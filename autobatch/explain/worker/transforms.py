@@ -10,8 +10,9 @@ for ``explain --verify`` in a real probe), never to the user's code:
   need that input (PyTorch raises during backward otherwise, and the lever is then reported as not
   applicable). GELU has no in-place form.
 * **vocabulary trim**: the largest ``nn.Embedding`` keeps its first ``(1 - fraction)`` rows, every
-  parameter tied to its weight follows (a GPT's output head), and an untied ``nn.Linear`` whose output
-  size equals the vocabulary is trimmed the same way. Integer tensors of the batch are taken modulo
+  parameter tied to its weight follows (a GPT's output head); an untied head (the model's
+  ``get_output_embeddings()``, else the last ``nn.Linear`` from the embedding's width to the vocabulary) is
+  trimmed the same way, and no other layer. Integer tensors of the batch are taken modulo
   the new vocabulary so that every token id stays valid.
 """
 
@@ -71,7 +72,7 @@ def apply_to_model(model: nn.Module, transforms: Transforms, applied: Applied) -
 
 
 def trim_vocabulary(model: nn.Module, fraction: float) -> tuple[int, int] | None:
-    """Keep the first ``(1 - fraction)`` rows of the largest embedding (and of tied or matching heads)."""
+    """Keep the first ``(1 - fraction)`` rows of the largest embedding and of its output head."""
     embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
     if not embeddings:
         return None
@@ -80,20 +81,37 @@ def trim_vocabulary(model: nn.Module, fraction: float) -> tuple[int, int] | None
     new = max(1, int(round(old * (1.0 - fraction))))
     weight = embedding.weight
     replacement = nn.Parameter(weight.detach()[:new].clone(), requires_grad=weight.requires_grad)
+    tied = False
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is weight:
                 module._parameters[name] = replacement
-        if isinstance(module, nn.Linear) and module.out_features == old:
-            if module.weight is not replacement:
-                module.weight = nn.Parameter(module.weight.detach()[:new].clone())
-                if module.bias is not None:
-                    module.bias = nn.Parameter(module.bias.detach()[:new].clone())
-            module.out_features = new
+                tied = tied or module is not embedding
+                if isinstance(module, nn.Linear):
+                    module.out_features = new
+    head = None if tied else _output_head(model, embedding)
+    if head is not None:
+        head.weight = nn.Parameter(head.weight.detach()[:new].clone())
+        if head.bias is not None:
+            head.bias = nn.Parameter(head.bias.detach()[:new].clone())
+        head.out_features = new
     embedding.num_embeddings = new
     if embedding.padding_idx is not None and embedding.padding_idx >= new:
         embedding.padding_idx = None
     return old, new
+
+
+def _output_head(model: nn.Module, embedding: nn.Embedding) -> nn.Linear | None:
+    """The untied output head: the one the model names (Hugging Face's ``get_output_embeddings``), else the
+    last ``nn.Linear`` from the embedding's width to its vocabulary (a hidden layer may be as wide as the
+    vocabulary; heads are built last)."""
+    named = getattr(model, "get_output_embeddings", None)
+    if callable(named):
+        head = named()
+        return head if isinstance(head, nn.Linear) and head.out_features == embedding.num_embeddings else None
+    shape = (embedding.num_embeddings, embedding.embedding_dim)
+    heads = [m for m in model.modules() if isinstance(m, nn.Linear) and tuple(m.weight.shape) == shape]
+    return heads[-1] if heads else None
 
 
 def trim_batch(batch: Any, vocabulary: int) -> Any:
