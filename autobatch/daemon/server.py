@@ -292,6 +292,7 @@ class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
+    default_request_version = "HTTP/1.0"  # a request too broken to name its version still gets a status line
     server: Server
     timeout = READ_TIMEOUT
 
