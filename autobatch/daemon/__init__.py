@@ -5,7 +5,7 @@
   thread) every request's command is forked from.
 * :mod:`~autobatch.daemon.server`: the HTTP server: peer credentials, limits, the requests and their queue.
 * :mod:`~autobatch.daemon.client`: the command's side: start, reach, run through, stop (no torch import).
-* :mod:`~autobatch.daemon.events`: what a command forked by the daemon tells it (which device lock it waits
+* :mod:`~autobatch.records.daemon_events`: what a command forked by the daemon tells it (which device lock it waits
   for or holds), for ``autobatch daemon status``.
 
 Design and decisions: docs/daemon.md.

@@ -210,7 +210,7 @@ def _locked(place: Place) -> bool:
 
 def route(argv: Sequence[str]) -> int | None:
     """The exit code of ``autobatch ARGV`` run through the daemon, or None to run it in-process."""
-    from autobatch.daemon import events
+    from autobatch.records import daemon_events as events
 
     if not argv or argv[0] not in ROUTED or events.inside():
         return None

@@ -92,7 +92,7 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         sys.path[:] = request["sys_path"]
         sys.argv = ["autobatch", *request["argv"]]
         from autobatch.cli.app import reset_console
-        from autobatch.daemon import events
+        from autobatch.records import daemon_events as events
 
         events.attach(fds[2])
         reset_console()

@@ -172,7 +172,7 @@ class RunLock:
     def _report(self, state: str) -> None:
         """Tell the daemon, when it runs this command, where it stands in the device's queue."""
         if not self.use.removed:
-            from autobatch.daemon import events
+            from autobatch.records import daemon_events as events
 
             events.report(state, self.use.name)
 
