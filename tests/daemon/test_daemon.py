@@ -88,11 +88,6 @@ def wait_for(condition, seconds: float = 120.0):  # type: ignore[no-untyped-def]
     raise AssertionError(f"not within {seconds} s: {condition}")
 
 
-def summary(stderr: str) -> str:
-    """The last line without its time stamp and measured figures: "32-true/sgd/no-recompute batch 4 on cpu"."""
-    return re.sub(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", "", stderr.splitlines()[-1]).split(": fits")[0]
-
-
 @pytest.mark.slow
 def test_check_through_the_daemon_answers_as_in_process(place: Place, tmp_path: Path) -> None:
     here = run_cli(*CHECK, cwd=tmp_path)
@@ -158,7 +153,10 @@ def test_a_client_killed_mid_tune_ends_its_command_and_probes(place: Place, tmp_
         cwd=tmp_path, env={**os.environ, **env_for(place)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        request = wait_for(lambda: ((Client(place).status() or {}).get("requests") or [None])[0], 180)
+        request = wait_for(
+            lambda: next((r for r in (Client(place).status() or {}).get("requests", []) if r["pid"]), None),
+            180,
+        )
         command = int(request["pid"])
         probes = wait_for(lambda: descendants(command), 120)  # its probe server, at least
     finally:
