@@ -98,9 +98,8 @@ def test_check_through_the_daemon_answers_as_in_process(place: Place, tmp_path: 
     for key in MEASURED:
         ours.pop(key), theirs.pop(key)
     assert ours == theirs
-    assert (
-        here.stderr.splitlines()[-1].split(": fits")[0] == through.stderr.splitlines()[-1].split(": fits")[0]
-    )
+    for run in (here, through):  # the same verdict line (its time stamp and figures differ)
+        assert "32-true/sgd/no-recompute batch 4 on cpu: fits" in run.stderr.splitlines()[-1]
 
 
 @pytest.mark.slow
