@@ -14,7 +14,8 @@
     ├── GuardError                 (exit 5)  in a job: the guard ran out of memory at a micro-batch of 1
     ├── ProbeFailure               (exit 6)  a probe crashed or timed out where an answer was needed
     ├── DeviceError                (exit 7)  the device cannot be used (no driver, no GPU, ...)
-    └── LeakError                  (exit 8)  the step's peak grows at every step: no batch holds for a job
+    ├── LeakError                  (exit 8)  the step's peak grows at every step: no batch holds for a job
+    └── DaemonError                (exit 1)  the daemon cannot be started, reached or asked (``autobatch daemon``)
 
 ``autobatch check`` exits with 5 when the batch runs out of memory (an answer, not an error), and so does
 ``autobatch lengths --fail-on-overflow`` when a batch of the data would. ``autobatch run`` otherwise exits
@@ -137,3 +138,9 @@ class LeakError(AutobatchError):
     job's length (reported instead of "nothing fits", which the failed confirmations would otherwise read as)."""
 
     exit_code = EXIT_LEAK
+
+
+class DaemonError(AutobatchError):
+    """The daemon cannot be started or reached, or refused a request (``daemon = "on"``, ``autobatch daemon``)."""
+
+    exit_code = EXIT_INTERNAL

@@ -23,6 +23,7 @@ from autobatch.cli import cache, devices  # noqa: E402,F401  # isort: skip
 from autobatch.cli import estimate, explain  # noqa: E402,F401  # isort: skip
 from autobatch.cli import lengths  # noqa: E402,F401  # isort: skip
 from autobatch.cli import run  # noqa: E402,F401  # isort: skip
+from autobatch.cli import daemon  # noqa: E402,F401  # isort: skip
 from autobatch.cli.app import app, console
 from autobatch.cli.state import STATE
 
@@ -70,6 +71,11 @@ def main() -> None:
     STATE.quiet = "--quiet" in ours or "-q" in ours
     console.quiet = STATE.quiet
     try:
+        from autobatch.daemon.client import route
+
+        routed = route(sys.argv[1:])  # the daemon's answer, or None: run here
+        if routed is not None:
+            sys.exit(routed)
         # Typer (non-standalone) returns typer.Exit's code, and 130 for a KeyboardInterrupt.
         code = app(standalone_mode=False, prog_name="autobatch")
     except AutobatchError as exc:

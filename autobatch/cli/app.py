@@ -20,14 +20,24 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+def _console_options() -> dict[str, object]:
+    return {
+        "stderr": True,
+        "no_color": bool(os.environ.get("NO_COLOR")),
+        "highlight": False,
+        # Not a terminal (CI logs, files): wide enough that tables and messages are not cut to 80 columns.
+        "width": None if sys.stderr.isatty() else int(os.environ.get("COLUMNS") or 160),
+    }
+
+
 #: Human output goes to stderr; stdout carries only machine-readable output (--json).
-console = Console(
-    stderr=True,
-    no_color=bool(os.environ.get("NO_COLOR")),
-    highlight=False,
-    # Not a terminal (CI logs, files): wide enough that tables and messages are not cut to 80 columns.
-    width=None if sys.stderr.isatty() else int(os.environ.get("COLUMNS") or 160),
-)
+console = Console(**_console_options())  # type: ignore[arg-type]
+
+
+def reset_console() -> None:
+    """Set the console up again for this process's environment and stderr (a command the daemon forked)."""
+    console.__init__(**_console_options())  # type: ignore[misc]
 
 
 def stdout_write(text: str) -> None:

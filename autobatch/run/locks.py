@@ -138,6 +138,7 @@ class RunLock:
     def acquire(self) -> None:
         import filelock
 
+        self._report("queued")
         try:
             _make_folder(self.path.parent, shared=not self.use.removed)
             lock = filelock.FileLock(str(self.path), mode=0o666)
@@ -152,6 +153,7 @@ class RunLock:
             return
         self._lock = lock
         self._write_holder()
+        self._report("running")
 
     def release(self) -> None:
         lock, self._lock = self._lock, None
@@ -165,6 +167,14 @@ class RunLock:
         except OSError:
             pass
         lock.release()
+        self._report("released")
+
+    def _report(self, state: str) -> None:
+        """Tell the daemon, when it runs this command, where it stands in the device's queue."""
+        if not self.use.removed:
+            from autobatch.records import daemon_events as events
+
+            events.report(state, self.use.name)
 
     def _try(self, lock: Any, seconds: float) -> bool:
         import filelock

@@ -19,6 +19,7 @@ from autobatch.settings.docs import (
 from autobatch.settings.groups import (
     EMIT_FORMATS,
     GROUPS,
+    DaemonSettings,
     DeviceSettings,
     DistributedSettings,
     OutputSettings,
@@ -36,6 +37,7 @@ __all__ = [
     "ENV_PREFIX",
     "FIELDS",
     "GROUPS",
+    "DaemonSettings",
     "DeviceSettings",
     "FieldInfo",
     "OutputSettings",

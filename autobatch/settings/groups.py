@@ -339,8 +339,30 @@ class OutputSettings:
         _validate(self)
 
 
+DAEMON_MODES: tuple[str, ...] = ("off", "auto", "on")
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """``[daemon]``: whether commands run through the user's daemon on this node (docs/daemon.md)."""
+
+    SECTION: ClassVar[str] = "daemon"
+    daemon: str = setting(
+        "off", "str", "off, auto or on", "Run tune, check, explain and estimate through the daemon "
+        "(`autobatch serve`): auto starts it on first use and runs in-process with a note when it cannot be "
+        "reached; on makes that an error; off never uses it.", flag=None, choices=DAEMON_MODES,
+    )  # fmt: skip
+    daemon_idle: float = setting(
+        900.0, "float", "seconds > 0", "Seconds without a request after which a started daemon exits.",
+        flag=None, check=lambda t: t > 0,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
 _ALL = (ScriptSettings, DeviceSettings, SearchSettings, PlanSettings, DistributedSettings, ProbeSettings)
-GROUPS: dict[str, type] = {cls.SECTION: cls for cls in (*_ALL, OutputSettings)}
+GROUPS: dict[str, type] = {cls.SECTION: cls for cls in (*_ALL, OutputSettings, DaemonSettings)}
 SECTIONS = ", ".join(f"[{section}]" for section in GROUPS)
 
 
@@ -355,6 +377,7 @@ class Settings:
     distributed: DistributedSettings = field(default_factory=DistributedSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     output: OutputSettings = field(default_factory=OutputSettings)
+    daemon: DaemonSettings = field(default_factory=DaemonSettings)
     source_files: tuple[str, ...] = ()
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
 

@@ -72,7 +72,7 @@ def test_defaults_without_any_layer(tmp_path: Path) -> None:
 
 
 def test_groups_and_field_names_are_the_contract() -> None:
-    assert list(GROUPS) == ["script", "device", "search", "plan", "distributed", "probe", "output"]
+    assert list(GROUPS) == ["script", "device", "search", "plan", "distributed", "probe", "output", "daemon"]
     names = {info.name for info in FIELDS}
     assert len(names) == len(FIELDS), "field names must be unique across groups"
     assert {f.name for cls in GROUPS.values() for f in dataclasses.fields(cls)} == names

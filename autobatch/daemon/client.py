@@ -1,0 +1,257 @@
+"""The command's side of the daemon: reach it, start it, run a command through it, stop it.
+
+Plain ``http.client`` over the Unix socket; nothing here imports torch, so ``autobatch --help`` and a command
+answered by the daemon stay light. :func:`route` is what :func:`autobatch.cli.main` asks first: with the
+``daemon`` setting at ``auto`` or ``on``, ``tune``, ``check``, ``explain`` and ``estimate`` run through the
+daemon (started on first use; replaced when its versions differ from this client's), and their output and exit
+code are the command's. A daemon that cannot be reached leaves the command to run in-process with a note
+(``auto``) or is an error (``on``).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from autobatch.daemon.place import Place, identity
+from autobatch.errors import EXIT_SIGINT, EXIT_SIGTERM, DaemonError
+
+#: The commands that run through the daemon when it is used.
+ROUTED = ("tune", "check", "explain", "estimate")
+#: Seconds a started daemon may take to answer (its warm process imports torch).
+START_TIMEOUT = 180.0
+#: Seconds a stopping daemon may take to end its requests and exit.
+STOP_TIMEOUT = 60.0
+
+
+class _Connection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class Client:
+    """Talks to the daemon at ``place``."""
+
+    def __init__(self, place: Place | None = None) -> None:
+        self.place = place or Place.default()
+
+    def ask(
+        self, method: str, path: str, body: Any = None, timeout: float = 30.0
+    ) -> tuple[int, dict[str, Any]]:
+        connection = _Connection(str(self.place.socket), timeout)
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            return response.status, json.loads(response.read() or b"{}")
+        finally:
+            connection.close()
+
+    def status(self) -> dict[str, Any] | None:
+        """The daemon's status, or None when no daemon answers."""
+        try:
+            code, answer = self.ask("GET", "/v1/status", timeout=10.0)
+        except (OSError, http.client.HTTPException, ValueError):
+            return None
+        if code != 200:
+            raise DaemonError(f"the daemon at {self.place.socket} refused: {answer.get('error', code)}")
+        return answer
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> bool:
+        """Stop the daemon and wait until it has gone; False when none ran."""
+        try:
+            self.ask("POST", "/v1/stop")
+        except (OSError, http.client.HTTPException, ValueError):
+            return False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _locked(self.place):
+                return True
+            time.sleep(0.1)
+        raise DaemonError(
+            f"the daemon did not stop within {timeout:g} s",
+            hint=f"its pid is in {self.place.pid_file}; end it with kill",
+        )
+
+    def cancel(self, request_id: str, signum: str = "TERM") -> dict[str, Any]:
+        code, answer = self.ask("POST", f"/v1/cancel/{request_id}?signal={signum}")
+        if code != 200:
+            raise DaemonError(answer.get("error", f"cancel failed ({code})"))
+        return answer
+
+    def start(self, idle: float) -> dict[str, Any]:
+        """Start a daemon in the background (under the start lock: one at a time) and wait until it answers."""
+        import filelock
+
+        self.place.make()
+        with filelock.FileLock(str(self.place.start_lock), timeout=START_TIMEOUT):
+            return self._start_locked(idle)
+
+    def _start_locked(self, idle: float) -> dict[str, Any]:
+        status = self.status()
+        if status is not None:
+            if status.get("identity") == identity():
+                return status
+            self.stop()  # another version's daemon: never a stale answer
+        with open(self.place.log, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "autobatch", "serve", "--idle", str(idle)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                cwd="/",
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            status = self.status()
+            if status is not None:
+                return status
+            if process.poll() is not None and not _locked(self.place):
+                break
+            time.sleep(0.1)
+        raise DaemonError(
+            f"the daemon did not start (exit code {process.poll()})",
+            hint=f"its log says why: {self.place.log} (autobatch daemon logs)",
+        )
+
+    def run(self, argv: Sequence[str]) -> int:
+        """Run ``autobatch ARGV`` through the daemon, printing its output as it comes; its exit code.
+
+        Ctrl-C (and SIGTERM) is passed on to the command, which stops its probes and keeps what it measured,
+        as in-process; a second one leaves without waiting (the daemon then ends the command)."""
+        body = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "sys_path": list(sys.path)}
+        connection = _Connection(str(self.place.socket), None)
+        connection.request(
+            "POST", "/v1/run", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        response = connection.getresponse()
+        if response.status != 200:
+            answer = json.loads(response.read() or b"{}")
+            raise DaemonError(f"the daemon refused the command: {answer.get('error', response.status)}")
+        state: dict[str, Any] = {"id": None, "signals": 0}
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            state["signals"] += 1
+            if state["signals"] > 1 or state["id"] is None:
+                raise KeyboardInterrupt
+            try:
+                self.cancel(state["id"], "INT" if signum == signal.SIGINT else "TERM")
+            except (OSError, http.client.HTTPException, DaemonError, ValueError):
+                raise KeyboardInterrupt from None
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return _relay(response, state)
+        except KeyboardInterrupt:
+            return EXIT_SIGINT if state["signals"] < 2 else EXIT_SIGTERM
+        finally:
+            for each, handler in previous.items():
+                signal.signal(each, handler)
+            connection.close()
+
+
+def _relay(response: http.client.HTTPResponse, state: dict[str, Any]) -> int:
+    """Print the command's output as its lines come; its exit code (128 + N for a signal N)."""
+    while True:
+        line = response.readline()
+        if not line:
+            raise DaemonError(
+                "the daemon stopped answering before the command ended", hint="autobatch daemon logs"
+            )
+        message = json.loads(line)
+        if "out" in message:
+            sys.stdout.write(message["out"])
+            sys.stdout.flush()
+        elif "err" in message:
+            sys.stderr.write(message["err"])
+            sys.stderr.flush()
+        elif "id" in message:
+            state["id"] = message["id"]
+        elif "exit" in message:
+            code = int(message["exit"])
+            return code if code >= 0 else 128 - code
+
+
+def _locked(place: Place) -> bool:
+    """Does a daemon hold its lock (run, or still start or stop)?"""
+    import fcntl
+
+    try:
+        with open(place.lock, "a+") as held:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(held, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
+
+
+def route(argv: Sequence[str]) -> int | None:
+    """The exit code of ``autobatch ARGV`` run through the daemon, or None to run it in-process."""
+    from autobatch.records import daemon_events as events
+
+    if not argv or argv[0] not in ROUTED or events.inside():
+        return None
+    ours = argv[: list(argv).index("--")] if "--" in argv else argv
+    if "--help" in ours or "-h" in ours:
+        return None
+    setting = _setting(ours)
+    if setting is None or setting[0] == "off":
+        return None
+    mode, idle = setting
+    client = Client()
+    try:
+        status = client.status()
+        if status is None or status.get("identity") != identity():
+            client.start(idle)
+        return client.run(argv)
+    except (OSError, http.client.HTTPException, DaemonError, ValueError) as exc:
+        if mode == "on":
+            if isinstance(exc, DaemonError):
+                raise
+            raise DaemonError(f"the daemon cannot be reached: {exc}", hint="autobatch daemon logs") from exc
+        why = exc.message if isinstance(exc, DaemonError) else str(exc)
+        print(
+            f"note: the autobatch daemon cannot be reached ({why}); running in this process", file=sys.stderr
+        )
+        return None
+
+
+def _setting(ours: Sequence[str]) -> tuple[str, float] | None:
+    """The ``daemon`` and ``daemon_idle`` settings for this command (None: let the command report the error)."""
+    from autobatch.errors import ConfigError
+    from autobatch.settings import load_settings
+
+    config = None
+    for i, arg in enumerate(ours):
+        if arg == "--config" and i + 1 < len(ours):
+            config = ours[i + 1]
+        elif arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+    try:
+        settings = load_settings(config=config)
+    except (ConfigError, OSError):
+        return None
+    return settings.daemon.daemon, settings.daemon.daemon_idle

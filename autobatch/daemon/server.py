@@ -1,0 +1,540 @@
+"""The daemon: HTTP/1.0 over a Unix socket (the standard library's ``http.server``), one thread per connection.
+
+* ``GET /v1/status``: versions, pid, uptime, the requests running and queued.
+* ``POST /v1/run`` (a JSON body: argv, cwd, env, sys_path): the command runs in a child forked from the
+  zygote; the answer is a stream of JSON lines (``{"id", "pid"}``, then ``{"out": text}`` and ``{"err": text}``
+  as the child writes them, then ``{"exit": code}``), ended by closing the connection. A client that goes away
+  cancels its request: SIGTERM to the child's process group, SIGKILL after :data:`CANCEL_GRACE`.
+* ``POST /v1/cancel/ID?signal=TERM|INT``, ``POST /v1/stop``.
+
+Every connection's peer credentials (``SO_PEERCRED``) are checked: another uid is refused (403). A body over
+:data:`MAX_BODY`, more than :data:`MAX_REQUESTS` requests at once, a malformed request: an error with a JSON
+body, and the daemon serves on. SIGTERM (or ``/v1/stop``) ends the daemon cleanly: every running command gets
+SIGTERM, as an interrupted tune does (its partial results kept), and the daemon waits for them.
+"""
+
+from __future__ import annotations
+
+import codecs
+import datetime
+import fcntl
+import io
+import itertools
+import json
+import os
+import select
+import signal
+import socket
+import socketserver
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+from autobatch.daemon.place import Place, identity
+from autobatch.errors import DaemonError
+
+#: Largest request body (the client's environment is its bulk).
+MAX_BODY = 1 << 20
+#: A larger body than this is not even read: the connection is closed.
+MAX_DRAIN = 64 << 20
+#: Requests running or queued at once.
+MAX_REQUESTS = 64
+#: Seconds a cancelled command gets to stop its probes and keep its partial results before SIGKILL.
+CANCEL_GRACE = 20.0
+#: Seconds the zygote may take to import torch and autobatch.
+ZYGOTE_START = 300.0
+#: Seconds a connection may take to send its request.
+READ_TIMEOUT = 30.0
+
+
+def log(message: str) -> None:
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    print(f"{now} autobatch daemon[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+
+
+def peer_uid(connection: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket."""
+    creds = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def refusal(peer: int, owner: int) -> str | None:
+    """Why a peer of uid ``peer`` is refused by the daemon of ``owner`` (None: it is the owner)."""
+    if peer == owner:
+        return None
+    return (
+        f"this autobatch daemon belongs to uid {owner} and runs commands only for that user; "
+        f'uid {peer} was refused: run your own (autobatch daemon start), or run without one (daemon = "off")'
+    )
+
+
+@dataclass
+class Request:
+    """One command the daemon runs for a client."""
+
+    id: str
+    argv: list[str]
+    cwd: str
+    since: float = field(default_factory=time.time)
+    pid: int | None = None
+    state: str = "starting"  # then "queued" or "running" as the device lock says
+    device: str = ""
+    exit_code: int | None = None
+    started: threading.Event = field(default_factory=threading.Event)
+
+    def describe(self) -> dict[str, Any]:
+        script = next((a for a in self.argv[1:] if a.endswith(".py")), "")
+        return {
+            "id": self.id,
+            "command": self.argv[0] if self.argv else "",
+            "argv": self.argv,
+            "script": script,
+            "cwd": self.cwd,
+            "device": self.device,
+            "state": self.state,
+            "pid": self.pid,
+            "since": datetime.datetime.fromtimestamp(self.since).astimezone().isoformat(timespec="seconds"),
+        }
+
+
+class Daemon:
+    """The requests, the zygote they are forked from, and the daemon's life (idle exit, clean stop)."""
+
+    def __init__(self, place: Place, idle: float, owner: int | None = None) -> None:
+        self.place, self.idle = place, idle
+        self.owner = os.getuid() if owner is None else owner
+        self.identity = identity()
+        self.started = time.time()
+        self.requests: dict[str, Request] = {}
+        self.served = 0
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.last_active = time.monotonic()
+        self._ids = itertools.count(1)
+        self._zygote: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+        self._send = threading.Lock()
+        self.on_stop: Any = None  # set by serve(): stops the HTTP server
+
+    # The zygote -------------------------------------------------------------------------------------------
+
+    def start_zygote(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._zygote = subprocess.Popen(
+            [sys.executable, "-m", "autobatch.daemon.zygote", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        ours.settimeout(ZYGOTE_START)
+        try:
+            hello = ours.recv(4096)
+        except OSError:
+            hello = b""
+        if not hello:
+            self._zygote.kill()
+            raise DaemonError(
+                "the daemon's warm process did not start (importing torch and autobatch failed)",
+                hint="run `autobatch check` without the daemon to see the error, or read `autobatch daemon logs`",
+            )
+        ours.settimeout(None)
+        self._control = ours
+        threading.Thread(target=self._hear_zygote, name="zygote", daemon=True).start()
+
+    def _hear_zygote(self) -> None:
+        assert self._control is not None
+        while True:
+            try:
+                message = self._control.recv(4096)
+            except OSError:
+                message = b""
+            if not message:
+                if not self.stopping.is_set():
+                    log("the warm process died; stopping")
+                    self.stop()
+                return
+            answer = json.loads(message)
+            with self.lock:
+                if "started" in answer and answer["started"] in self.requests:
+                    request = self.requests[answer["started"]]
+                    request.pid = answer["pid"]
+                    request.started.set()
+                elif "exited" in answer:
+                    for request in self.requests.values():
+                        if request.pid == answer["exited"]:
+                            request.exit_code = answer["code"]
+
+    # Requests ---------------------------------------------------------------------------------------------
+
+    def submit(self, body: dict[str, Any], pipes: tuple[int, int, int]) -> Request:
+        """Fork the command ``body`` asks for, with ``pipes`` (stdout, stderr, events write ends)."""
+        with self.lock:
+            if self.stopping.is_set():
+                raise _Refused(503, "the daemon is stopping")
+            if len(self.requests) >= MAX_REQUESTS:
+                raise _Refused(503, f"the daemon runs {MAX_REQUESTS} requests already; retry later")
+            request = Request(f"r{next(self._ids)}", list(body["argv"]), str(body["cwd"]))
+            self.requests[request.id] = request
+            self.last_active = time.monotonic()
+        message = {"id": request.id, **{k: body[k] for k in ("argv", "cwd", "env", "sys_path")}}
+        assert self._control is not None
+        with self._send:
+            socket.send_fds(self._control, [json.dumps(message).encode()], list(pipes))
+        if not request.started.wait(60):
+            self.forget(request)
+            raise _Refused(500, "the daemon's warm process did not fork the command")
+        log(f"{request.id} pid {request.pid}: autobatch {' '.join(request.argv)} (in {request.cwd})")
+        return request
+
+    def forget(self, request: Request) -> None:
+        with self.lock:
+            self.requests.pop(request.id, None)
+            self.served += 1
+            self.last_active = time.monotonic()
+        log(f"{request.id} ended with exit code {request.exit_code}")
+
+    def cancel(self, request: Request, signum: int = signal.SIGTERM) -> None:
+        """Signal the command's process group; SIGKILL it if it has not ended after :data:`CANCEL_GRACE`."""
+        if request.pid is None or request.exit_code is not None:
+            return
+        log(f"{request.id}: cancelled ({signal.Signals(signum).name})")
+        _killpg(request.pid, signum)
+
+        def backstop() -> None:
+            deadline = time.monotonic() + CANCEL_GRACE
+            while request.exit_code is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if request.exit_code is None and request.pid is not None:
+                _killpg(request.pid, signal.SIGKILL)
+
+        threading.Thread(target=backstop, daemon=True).start()
+
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            requests = [r.describe() for r in self.requests.values()]
+        return {
+            "pid": os.getpid(),
+            "identity": self.identity,
+            "socket": str(self.place.socket),
+            "started": datetime.datetime.fromtimestamp(self.started)
+            .astimezone()
+            .isoformat(timespec="seconds"),
+            "uptime_seconds": round(time.time() - self.started, 1),
+            "idle_exit_seconds": self.idle,
+            "served": self.served,
+            "requests": requests,
+        }
+
+    # Life ---------------------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """End every running command (SIGTERM, as an interrupted run) and stop serving; returns at once."""
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        with self.lock:
+            running = list(self.requests.values())
+        for request in running:
+            self.cancel(request)
+        if self.on_stop is not None:
+            threading.Thread(target=self.on_stop, daemon=True).start()
+
+    def watch_idle(self) -> None:
+        while not self.stopping.wait(1.0):
+            with self.lock:
+                idle = not self.requests and time.monotonic() - self.last_active > self.idle
+            if idle:
+                log(f"no request for {self.idle:g} s: stopping")
+                self.stop()
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._control.close()  # the zygote reads end of file and exits
+        if self._zygote is not None:
+            try:
+                self._zygote.wait(10)
+            except subprocess.TimeoutExpired:
+                self._zygote.kill()
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _killpg(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = False
+    block_on_close = True
+
+    def __init__(self, path: str, daemon: Daemon) -> None:
+        self.daemon = daemon
+        previous = os.umask(0o177)  # the socket is created 0600, never wider even for an instant
+        try:
+            super().__init__(path, Handler)
+        finally:
+            os.umask(previous)
+        os.chmod(path, 0o600)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    default_request_version = "HTTP/1.0"  # a request too broken to name its version still gets a status line
+    server: Server
+    timeout = READ_TIMEOUT
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  # http.server's name
+        log(format % args)
+
+    def address_string(self) -> str:
+        return "peer"
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        self._json(code, {"error": message or explain or "bad request"})
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        why = refusal(peer_uid(self.connection), self.server.daemon.owner)
+        if why:
+            log(f"refused a connection: {why}")
+            self._json(403, {"error": why})
+            return False
+        return True
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/status":
+            self._json(200, self.server.daemon.status())
+        else:
+            self._json(404, {"error": f"no such endpoint: GET {self.path}"})
+
+    def do_POST(self) -> None:
+        daemon = self.server.daemon
+        try:
+            body = self._body()
+            if self.path == "/v1/run":
+                self._run(_checked(body))
+            elif self.path.startswith("/v1/cancel/"):
+                rid, _, query = self.path.removeprefix("/v1/cancel/").partition("?")
+                with daemon.lock:
+                    request = daemon.requests.get(rid)
+                if request is None:
+                    raise _Refused(404, f"no request {rid} runs")
+                daemon.cancel(request, signal.SIGINT if query == "signal=INT" else signal.SIGTERM)
+                self._json(200, {"cancelled": rid})
+            elif self.path == "/v1/stop":
+                self._json(200, {"stopping": True})
+                daemon.stop()
+            else:
+                raise _Refused(404, f"no such endpoint: POST {self.path}")
+        except _Refused as refused:
+            self._json(refused.status, {"error": refused.message})
+
+    def _body(self) -> Any:
+        raw_length = self.headers.get("Content-Length")
+        try:
+            length = int(raw_length or 0)
+        except ValueError:
+            raise _Refused(400, f"bad Content-Length: {raw_length!r}") from None
+        if length > MAX_BODY:
+            if length <= MAX_DRAIN:  # read and drop it, so that the client reads the answer
+                left = length
+                while left > 0:
+                    chunk = self.rfile.read(min(left, 1 << 16))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
+            else:
+                self.close_connection = True
+            raise _Refused(413, f"the request body is {length} bytes; at most {MAX_BODY} are accepted")
+        if not length:
+            return None
+        try:
+            return json.loads(self.rfile.read(length))
+        except ValueError as exc:
+            raise _Refused(400, f"the request body is not JSON: {exc}") from None
+
+    def _json(self, status: int, payload: dict[str, Any]) -> None:
+        data = (json.dumps(payload) + "\n").encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            pass  # the client is gone
+
+    def _run(self, body: dict[str, Any]) -> None:
+        daemon = self.server.daemon
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ev_r, ev_w = os.pipe()
+        try:
+            request = daemon.submit(body, (out_w, err_w, ev_w))
+        except BaseException:
+            for fd in (out_r, err_r, ev_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w, ev_w):
+                os.close(fd)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.end_headers()
+            self.connection.settimeout(None)
+            _Stream(daemon, request, self.connection, self.wfile).run(out_r, err_r, ev_r)
+        finally:
+            for fd in (out_r, err_r, ev_r):
+                os.close(fd)
+            daemon.forget(request)
+
+
+def _checked(body: Any) -> dict[str, Any]:
+    """The run request, or a 400 naming what is wrong with it."""
+    if not isinstance(body, dict):
+        raise _Refused(400, "the run request must be a JSON object")
+    problems = []
+    if not (isinstance(body.get("argv"), list) and all(isinstance(a, str) for a in body["argv"])):
+        problems.append("argv: a list of strings")
+    if not isinstance(body.get("cwd"), str) or not Path(body["cwd"]).is_dir():
+        problems.append("cwd: an existing folder")
+    if not (isinstance(body.get("env"), dict) and all(isinstance(v, str) for v in body["env"].values())):
+        problems.append("env: an object of strings")
+    if not (isinstance(body.get("sys_path"), list) and all(isinstance(a, str) for a in body["sys_path"])):
+        problems.append("sys_path: a list of strings")
+    if problems:
+        raise _Refused(400, "malformed run request; expected " + "; ".join(problems))
+    return body
+
+
+class _Stream:
+    """Forward a command's stdout and stderr to its client as they come, then its exit code."""
+
+    def __init__(
+        self, daemon: Daemon, request: Request, connection: socket.socket, wfile: io.BufferedIOBase
+    ) -> None:
+        self.daemon, self.request = daemon, request
+        self.connection, self.wfile = connection, wfile
+        self.gone = False
+
+    def send(self, payload: dict[str, Any]) -> None:
+        if self.gone:
+            return
+        try:
+            self.wfile.write((json.dumps(payload) + "\n").encode())
+            self.wfile.flush()
+        except OSError:
+            self._client_gone()
+
+    def _client_gone(self) -> None:
+        if not self.gone:
+            self.gone = True
+            log(f"{self.request.id}: the client went away")
+            self.daemon.cancel(self.request)
+
+    def run(self, out: int, err: int, events: int) -> None:
+        request = self.request
+        self.send({"id": request.id, "pid": request.pid})
+        names = {out: "out", err: "err"}
+        decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in names}
+        open_fds = {out, err, events}
+        ended_at: float | None = None
+        buffer = b""
+        while open_fds:
+            watched = list(open_fds) + ([] if self.gone else [self.connection.fileno()])
+            readable, _, _ = select.select(watched, [], [], 0.1)
+            if self.connection.fileno() in readable and not self.connection.recv(1, socket.MSG_PEEK):
+                self._client_gone()
+            for fd in readable:
+                if fd not in open_fds:
+                    continue
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    open_fds.discard(fd)
+                elif fd == events:
+                    buffer = self._events(buffer + data)
+                else:
+                    self.send({names[fd]: decoders[fd].decode(data)})
+            if request.exit_code is not None:
+                # Whatever the command wrote is in the pipes by now; a descendant that holds them open
+                # does not keep the answer waiting.
+                ended_at = ended_at or time.monotonic()
+                if not readable and time.monotonic() - ended_at > 0.2:
+                    break
+        for fd, name in names.items():
+            tail = decoders[fd].decode(b"", final=True)
+            if tail:
+                self.send({name: tail})
+        while request.exit_code is None:
+            time.sleep(0.05)
+        self.send({"exit": request.exit_code})
+
+    def _events(self, data: bytes) -> bytes:
+        *lines, rest = data.split(b"\n")
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            self.request.state = (
+                "running"
+                if event.get("state") == "running"
+                else ("queued" if event.get("state") == "queued" else "starting")
+            )
+            self.request.device = str(event.get("device", ""))
+        return rest
+
+
+def serve(place: Place, idle: float) -> None:
+    """Run the daemon in this process until it is stopped (SIGTERM, SIGINT, ``/v1/stop``, idle)."""
+    place.make()
+    held = open(place.lock, "a+")  # noqa: SIM115  # held for the daemon's whole life
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = place.pid_file.read_text().strip() if place.pid_file.exists() else "?"
+        raise DaemonError(
+            f"an autobatch daemon already runs for you on this node (pid {pid}, {place.socket})",
+            hint="autobatch daemon status shows it; autobatch daemon stop ends it",
+        ) from None
+    daemon = Daemon(place, idle)
+    daemon.start_zygote()
+    place.socket.unlink(missing_ok=True)  # a daemon that died left it: this one holds the lock now
+    server = Server(str(place.socket), daemon)
+    daemon.on_stop = server.shutdown
+    place.pid_file.write_text(f"{os.getpid()}\n")
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log(f"{signal.Signals(signum).name}: stopping")
+        daemon.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=daemon.watch_idle, daemon=True).start()
+    log(
+        f"serving on {place.socket} (autobatch {daemon.identity['autobatch']}, torch {daemon.identity['torch']})"
+    )
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()  # waits for every request's stream to end
+        place.socket.unlink(missing_ok=True)
+        place.pid_file.unlink(missing_ok=True)
+        daemon.close()
+        log("stopped")
+        held.close()

@@ -1,0 +1,131 @@
+"""The warm process every request's command is forked from: torch and the whole command imported once.
+
+The daemon starts it (``python -m autobatch.daemon.zygote FD``) before it serves, with one end of a
+``SOCK_SEQPACKET`` pair (one message per packet: no framing of ours). It stays single-threaded and never
+touches CUDA, so a fork of it is as safe as the probe server's forks. For each request it receives the
+request (argv, working folder, environment, ``sys.path``) and the request's stdout, stderr and event pipes,
+forks, and answers ``{"started": id, "pid": pid}``; when a child exits it answers ``{"exited": pid, "code": code}``
+(``-N`` for a signal N). The child takes a session of its own (its process group is its pid, which the
+daemon signals to cancel it), dies with the zygote (``PR_SET_PDEATHSIG``), takes the client's folder,
+environment and arguments, and runs :func:`autobatch.cli.main` as ``autobatch ARGS`` would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+#: Largest request message (the environment is the bulk of it); the server enforces a smaller limit.
+MAX_MESSAGE = 4 << 20
+
+
+def main(fd: int) -> None:
+    control = socket.socket(fileno=fd)
+    import torch  # noqa: F401  # warm: every command forked from here has it imported
+
+    import autobatch.cli  # noqa: F401  # every command module registered and imported
+    import autobatch.service.check  # noqa: F401
+    import autobatch.service.tune  # noqa: F401
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of `autobatch serve` is the daemon's to handle
+    from autobatch.probe.lineage import die_with_parent
+
+    die_with_parent(signal.SIGKILL)
+    control.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
+    children: dict[int, str] = {}
+    while True:
+        readable, _, _ = select.select([control], [], [], 0.2)
+        if readable:
+            message, fds, _flags, _addr = socket.recv_fds(control, MAX_MESSAGE, 3)
+            if not message:
+                return  # the daemon is gone
+            request = json.loads(message)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                _child(request, fds)
+            for each in fds:
+                os.close(each)
+            children[pid] = request["id"]
+            control.send(json.dumps({"started": request["id"], "pid": pid}).encode())
+        _reap(control, children)
+
+
+def _reap(control: socket.socket, children: dict[int, str]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.pop(pid, None)
+        control.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+
+
+def _child(request: dict[str, Any], fds: list[int]) -> None:
+    """Become the client's ``autobatch ARGS`` and exit with its code; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        from autobatch.probe.lineage import die_with_parent
+
+        die_with_parent(signal.SIGKILL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(stdin, 0)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        for each in (stdin, fds[0], fds[1]):
+            os.close(each)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.path[:] = request["sys_path"]
+        sys.argv = ["autobatch", *request["argv"]]
+        from autobatch.cli.app import reset_console
+        from autobatch.records import daemon_events as events
+
+        events.attach(fds[2])
+        reset_console()
+        code = _run()
+    finally:
+        os._exit(code)
+
+
+def _run() -> int:
+    import atexit
+
+    from autobatch.cli import main
+
+    try:
+        main()
+        code: Any = 0
+    except SystemExit as done:
+        code = done.code
+    except BaseException:  # what the interpreter would print on its way out
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

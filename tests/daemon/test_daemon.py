@@ -1,0 +1,280 @@
+"""The daemon end to end: real daemons on a socket in a folder of the test's own, real commands through them,
+held side by side with the same commands run in-process; and its faults, limits and credential check."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import ROOT, run_cli
+
+from autobatch.daemon.client import Client, _Connection
+from autobatch.daemon.place import Place
+from autobatch.daemon.server import Daemon, Server, refusal
+
+SCRIPTS = ROOT / "tests" / "scripts"
+CHECK = ("check", str(SCRIPTS / "small_cnn.py"), "--batch-size", "4", "--device", "cpu", "--memory", "512MiB",
+         "-p", "32-true", "-o", "sgd", "--steps", "3", "--json")  # fmt: skip
+#: What a check measures (step times, peaks to the page) varies between any two runs, in-process or not.
+MEASURED = ("peak_bytes", "step_peaks", "step_seconds", "samples_per_second", "wall_seconds")
+
+
+@pytest.fixture
+def place() -> Iterator[Place]:
+    """A daemon folder of the test's own (short: a socket's path has at most 107 bytes); its daemon stopped."""
+    folder = Path(tempfile.mkdtemp(prefix="abd-")) / "rt"
+    here = Place(folder)
+    yield here
+    if (folder / "daemon.sock").exists():
+        Client(here).stop(timeout=60)
+    shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def env_for(place: Place, mode: str = "auto") -> dict[str, str]:
+    return {"AUTOBATCH_DAEMON_DIR": str(place.folder), "AUTOBATCH_DAEMON": mode}
+
+
+def daemon_pid(place: Place) -> int:
+    status = Client(place).status()
+    assert status is not None
+    return int(status["pid"])
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().split(")")[-1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def wait_for(condition, seconds: float = 120.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {seconds} s: {condition}")
+
+
+@pytest.mark.slow
+def test_check_through_the_daemon_answers_as_in_process(place: Place, tmp_path: Path) -> None:
+    here = run_cli(*CHECK, cwd=tmp_path)
+    through = run_cli(*CHECK, cwd=tmp_path, env=env_for(place))
+    assert (through.returncode, here.returncode) == (0, 0), through.stderr
+    assert Client(place).status()["served"] == 1  # type: ignore[index]  # it did go through the daemon
+    ours, theirs = json.loads(here.stdout), json.loads(through.stdout)
+    for key in MEASURED:
+        ours.pop(key), theirs.pop(key)
+    assert ours == theirs
+    for run in (here, through):  # the same verdict line (its time stamp and figures differ)
+        assert "32-true/sgd/no-recompute batch 4 on cpu: fits" in run.stderr.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_bad_script_exits_through_the_daemon_as_in_process(place: Place, tmp_path: Path) -> None:
+    args = (
+        "tune",
+        str(SCRIPTS / "value_error.py"),
+        "--device",
+        "cpu",
+        "--memory",
+        "512MiB",
+        "-p",
+        "32-true",
+        "-o",
+        "sgd",
+    )
+    here = run_cli(*args, cwd=tmp_path)
+    through = run_cli(*args, cwd=tmp_path, env=env_for(place))
+    assert here.returncode == through.returncode == 3
+
+    def errors(stderr: str) -> list[str]:  # the batch it fails at depends on the machine's noise
+        return [re.sub(r"\d+", "N", line) for line in stderr.splitlines() if line.startswith("error:")]
+
+    assert errors(here.stderr) == errors(through.stderr) != []
+    assert Client(place).status()["served"] == 1  # type: ignore[index]
+
+
+@pytest.mark.slow
+def test_start_status_stop_and_the_modes_of_its_files(place: Place) -> None:
+    env = {"AUTOBATCH_DAEMON_DIR": str(place.folder)}
+    started = run_cli("daemon", "start", env=env)
+    assert started.returncode == 0, started.stderr
+    assert stat.S_IMODE(place.folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(place.socket.stat().st_mode) == 0o600
+    status = run_cli("daemon", "status", "--json", env=env)
+    answer = json.loads(status.stdout)
+    assert status.returncode == 0 and answer["requests"] == [] and answer["identity"]["torch"]
+    assert run_cli("daemon", "start", env=env).returncode == 0  # a second start finds it running
+    assert daemon_pid(place) == answer["pid"]
+    assert run_cli("daemon", "stop", env=env).returncode == 0
+    assert gone(answer["pid"]) and not place.socket.exists()
+    assert run_cli("daemon", "status", env=env).returncode == 1
+
+
+@pytest.mark.slow
+def test_a_client_killed_mid_tune_ends_its_command_and_probes(place: Place, tmp_path: Path) -> None:
+    client = subprocess.Popen(
+        [sys.executable, "-m", "autobatch", "tune", str(SCRIPTS / "sleepy.py"), "--device", "cpu",
+         "--memory", "512MiB", "-p", "32-true", "-o", "sgd", "--timeout", "300"],
+        cwd=tmp_path, env={**os.environ, **env_for(place)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        request = wait_for(
+            lambda: next((r for r in (Client(place).status() or {}).get("requests", []) if r["pid"]), None),
+            180,
+        )
+        command = int(request["pid"])
+        probes = wait_for(lambda: descendants(command), 120)  # its probe server, at least
+    finally:
+        client.kill()
+        client.wait()
+    wait_for(lambda: gone(command) and all(gone(pid) for pid in probes), 60)
+    wait_for(lambda: Client(place).status()["requests"] == [], 30)  # type: ignore[index]
+    assert run_cli(*CHECK, cwd=tmp_path, env=env_for(place)).returncode == 0  # the next one is served
+
+
+@pytest.mark.slow
+def test_a_daemon_killed_outright_leaves_nothing_that_blocks_the_next(place: Place, tmp_path: Path) -> None:
+    assert run_cli("daemon", "start", env=env_for(place)).returncode == 0
+    first = daemon_pid(place)
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: gone(first), 30)
+    assert place.socket.exists()  # left behind
+    through = run_cli(*CHECK, cwd=tmp_path, env=env_for(place))
+    assert through.returncode == 0, through.stderr
+    assert "cannot be reached" not in through.stderr
+    assert daemon_pid(place) != first
+
+
+@pytest.mark.slow
+def test_a_daemon_of_another_install_is_replaced(place: Place, tmp_path: Path) -> None:
+    assert run_cli("daemon", "start", env=env_for(place)).returncode == 0
+    first = daemon_pid(place)
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "autobatch", other / "autobatch", ignore=shutil.ignore_patterns("__pycache__"))
+    through = run_cli(*CHECK, cwd=tmp_path, env={**env_for(place), "PYTHONPATH": str(other)})
+    assert through.returncode == 0, through.stderr
+    status = Client(place).status()
+    assert status is not None and status["pid"] != first and gone(first)
+    assert status["identity"]["package"] == str(other / "autobatch")
+
+
+def raw(place: Place, payload: bytes) -> tuple[int, dict[str, object]]:
+    connection = _Connection(str(place.socket), 30)
+    try:
+        connection.request("POST", "/v1/run", body=payload, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+@pytest.mark.slow  # starts a daemon, whose warm process imports torch
+def test_malformed_and_oversized_requests_get_errors_and_the_daemon_serves_on(place: Place) -> None:
+    assert run_cli("daemon", "start", env=env_for(place)).returncode == 0
+    code, answer = raw(place, b"{not json")
+    assert code == 400 and "not JSON" in str(answer["error"])
+    code, answer = raw(place, json.dumps({"argv": "check", "cwd": "/nowhere"}).encode())
+    assert code == 400 and "argv" in str(answer["error"]) and "cwd" in str(answer["error"])
+    code, answer = raw(place, b"x" * (10 << 20))
+    assert code == 413 and "at most" in str(answer["error"])
+    with socket.socket(socket.AF_UNIX) as sock:  # not even HTTP
+        sock.connect(str(place.socket))
+        sock.sendall(b"\x00\x01garbage\r\n\r\n")
+        assert b"400" in sock.recv(4096)
+    status = Client(place).status()
+    assert status is not None and status["requests"] == []
+
+
+def test_another_uid_is_refused_with_a_clear_message() -> None:
+    assert refusal(1000, 1000) is None
+    assert "belongs to uid 1000" in str(refusal(1001, 1000))
+    folder = Path(tempfile.mkdtemp(prefix="abd-"))
+    try:
+        place = Place(folder / "rt")
+        place.make()
+        server = Server(str(place.socket), Daemon(place, idle=60, owner=os.getuid() + 1))  # no warm process
+        import threading
+
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+        thread.start()
+        try:
+            code, answer = Client(place).ask("GET", "/v1/status")
+            assert code == 403
+            assert f"uid {os.getuid()} was refused" in str(answer["error"])
+            assert stat.S_IMODE(place.socket.stat().st_mode) == 0o600
+            assert stat.S_IMODE(place.folder.stat().st_mode) == 0o700
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_real_second_user_cannot_reach_the_socket() -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to act as a second user")
+    folder = Path(tempfile.mkdtemp(prefix="abd-"))
+    os.chmod(folder, 0o755)
+    try:
+        place = Place(folder / "rt")
+        place.make()
+        server = Server(str(place.socket), Daemon(place, idle=60))
+        try:
+            python = next(
+                (p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None
+            )
+            if python is None:
+                pytest.skip("no interpreter the second user may run")
+            probe = subprocess.run(
+                [python, "-c", f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(place.socket)!r})"],
+                user=65534, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert probe.returncode != 0 and "PermissionError" in probe.stderr
+        finally:
+            server.server_close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_client_path_does_not_import_torch() -> None:
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import autobatch.daemon.client, autobatch.cli.daemon"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "torch" not in out.stderr
+    _ = http.client  # the client is the standard library's
