@@ -1,9 +1,9 @@
 """``autobatch lengths DATA``: the share of the data's batches that the tuned plan would not survive.
 
-Reads DATA's lengths (:mod:`autobatch.records.data_lengths`), counts the overflowing batches under padding and
-under a token budget against the result's memory surface (:mod:`autobatch.service.lengths`), and prints a
-table to stderr, ``--json`` on stdout; ``--fail-on-overflow`` exits 5 when a batch would overflow. Every option
-and figure: docs/commands.md (``lengths``).
+:mod:`autobatch.service.lengths` reads DATA's lengths and counts the batches that overflow the result's memory
+surface, under padding and under a token budget; this command prints the table to stderr, ``--json`` on
+stdout, and with ``--fail-on-overflow`` exits 5 when a batch would overflow. Every option and figure:
+docs/commands.md (``lengths``).
 """
 
 from __future__ import annotations
