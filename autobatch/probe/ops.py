@@ -49,7 +49,13 @@ def register(
     name: str, options_type: OptionsType[OptionsT]
 ) -> Callable[[OptionsHandler[OptionsT]], OptionsHandler[OptionsT]]: ...
 def register(name: str, options_type: OptionsType[Any] | None = None) -> Callable[[Any], Any]:
-    """Register the decorated function as the operation ``name`` (with its options' record type)."""
+    """Register the decorated function as the operation ``name`` (with its options' record type).
+
+    An operation's options are a typed record, a frozen dataclass with ``to_dict`` and ``from_dict``. The parent
+    builds the record and sends ``to_dict()`` as :attr:`ProbeRequest.options` (requests cross the process
+    boundary as JSON); :func:`dispatch` decodes it with ``from_dict`` before it calls the handler. Modules that
+    register operations are imported after the script and before any fork.
+    """
 
     def decorate(handler: Callable[..., ProbeOutcome]) -> Callable[..., ProbeOutcome]:
         if name in _OPERATIONS:
