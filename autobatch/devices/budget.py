@@ -1,17 +1,10 @@
 """The device a session probes on: its budget (CPU and CUDA side by side) and the one margin rule.
 
-Pure: :func:`device_info` turns what the probe server's ``inspect`` operation reported about the
-device and the model into a :class:`DeviceInfo`; the arithmetic of each device's budget lives in one
-function per device (:func:`cpu_budget` here, :func:`autobatch.devices.cuda.cuda_budget` for CUDA).
-
-**The margin.** On the CPU the same probe's peak differs between fresh processes, in steps of 1 MiB:
-fresh ``autobatch check`` runs of one Hugging Face BERT step (batch 155, 440 MiB) peak in two groups
-1 MiB apart (412.93-413.10 MB and 414.01-414.21 MB), of the MLP example likewise
-(``scripts/peak_spread.py``, ``docs/measurements/peak-spread.md``), and in CI a check of a batch whose tune confirmation had fitted
-under a 1 MiB margin ran out of memory: a third step. So a batch whose peak lands within a few MiB of
-the cap fits once and fails the next time. The search therefore does not accept a fit within
-:func:`margin_bytes` of the budget: :data:`CPU_MARGIN_FLOOR` (two of those steps and their spread), or
-0.1 % of a larger budget. On CUDA the verdict compares allocator statistics: no margin.
+Pure: :func:`device_info` turns what the probe server's ``inspect`` operation reported about the device and
+the model into a :class:`DeviceInfo`; each device's budget is one function (:func:`cpu_budget` here,
+:func:`autobatch.devices.cuda.cuda_budget` for CUDA); :func:`margin_bytes` is how close to the budget a
+fit may come on the CPU, where the same probe's peak differs between fresh processes (docs/how-a-tune-works.md,
+"Margin on the CPU").
 """
 
 from __future__ import annotations
@@ -31,7 +24,9 @@ CPU_MARGIN_FLOOR = 3 << 20
 
 
 def margin_bytes(device_type: str, budget_bytes: int) -> int:
-    """How close to the budget a peak may come and still count as a fit (see the module docstring)."""
+    """How close to the budget a peak may come and still count as a fit: :data:`CPU_MARGIN_FLOOR` (two of the
+    1 MiB steps a peak differs by between fresh CPU processes, and their spread), or 0.1 % of a larger budget.
+    On CUDA the verdict compares allocator statistics: no margin."""
     return max(CPU_MARGIN_FLOOR, budget_bytes // 1000) if device_type == "cpu" else 0
 
 

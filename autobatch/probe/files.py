@@ -1,23 +1,10 @@
 """The script's files in a probe: what it reads (for the cache's key) and where what it writes goes.
 
-A probe runs the user's script from a scratch folder, never from the folder the tune was started in (the
-user's working folder): the scratch folder holds a symbolic link to each entry of the working folder, so
-relative reads work as in the job, and a write through one of them is made copy-on-write first (a linked file
-is replaced by a copy, or by nothing when the write truncates it; a linked folder by a real folder of links), so
-it lands in the scratch folder. A write that would reach the working folder or the script's folder any other
-way (an absolute path) is refused: :class:`PermissionError` naming the path. The probe server removes the
-scratch folder once the probe has ended (:data:`SCRATCH_ENV` names the folder it makes for each probe).
-
-Python's audit hooks (:func:`sys.addaudithook`) see every ``open`` with its mode or flags, and the calls that
-make, move, remove or truncate files; ``torch.save`` writes in C++ (no ``open`` event), so it is wrapped to
-run the same check on a path it is given. What the hooks see is reported on the outcome as data
-(:attr:`~autobatch.records.protocol.ProbeOutcome.files_read` and ``files_written``: paths relative to the
-working folder, or absolute outside it): the tuner fingerprints the files read (:mod:`autobatch.cache.sources`)
-and lists what the script tried to write. Reads of the Python installation, of installed packages, of
-autobatch and of ``/proc``, ``/sys`` and ``/dev`` are not the script's inputs and are not reported; nor are
-files the script wrote itself, nor Python's bytecode caches. Not seen: files opened by other processes
-(``DataLoader`` workers are, since they are forked with the hook) and writes of C code other than
-``torch.save`` to files that already exist in the working folder.
+A probe runs the user's script from a scratch folder of symbolic links to the working folder's entries
+(:func:`scratch_folder`): relative reads work as in the job, and writes land in the scratch folder or are
+refused. :class:`ScriptFiles` sees every open, move and removal through Python's audit hooks (and
+``torch.save``) and reports the files read and written on the outcome. What is seen and what is not:
+docs/as-is.md ("The script's files").
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """NVML (pynvml, from nvidia-ml-py): which NVML device is torch's, and who uses how much memory on it.
 
-NVML sees what PyTorch's allocator cannot: the CUDA context, memory allocated outside PyTorch (NCCL,
-cuBLAS handles) and other processes. Its devices are matched to torch's by UUID (MIG instances by
-their own ``MIG-`` UUID), then by PCI bus id, never by index: ``CUDA_VISIBLE_DEVICES`` renumbers
-torch's devices, not NVML's. Process PIDs are the host's: inside a container NVML may not list ours,
-and every figure that needs it is then None (callers fall back to device-level figures).
-
-Written against nvidia-ml-py's documented functions; ``pynvml.NVMLError`` (and
-``NVMLLibraryMismatchError``, which is not a subclass) is caught, so that through :func:`open_nvml`
-and :class:`NvmlView` a missing driver, library or permission gives unknown figures (None), never an
-exception. The functions take the pynvml module as an argument, so tests pass a fake; only
-:func:`nvml_available` and :func:`open_nvml` import pynvml, inside them.
+NVML sees what PyTorch's allocator cannot: the CUDA context, memory allocated outside PyTorch (NCCL, cuBLAS
+handles) and other processes. Devices are matched to torch's by UUID, then PCI bus id, never by index
+(:func:`pick_nvml_handle`). Through :func:`open_nvml` and :class:`NvmlView` a missing driver, library or
+permission, or our PID hidden by a container, gives unknown figures (None), never an exception. The functions
+take the pynvml module as an argument, so tests pass a fake; only :func:`nvml_available` and
+:func:`open_nvml` import pynvml.
 """
 
 from __future__ import annotations
