@@ -61,6 +61,7 @@ class Recording(GuardedTrainer):
 
 
 def main() -> None:
+    Path(ARGS.out).mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=LENGTH,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip

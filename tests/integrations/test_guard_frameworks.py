@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -22,8 +23,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "guard"
 _counter = itertools.count()
 
 
-def run_example(name: str, *argv: str) -> ModuleType:
-    """Import an example from its path with its arguments (it parses them at import) and run its main()."""
+def run_example(name: str, *argv: str) -> tuple[ModuleType, Any]:
+    """Import an example from its path with its arguments (it parses them at import); run its main()."""
     spec = importlib.util.spec_from_file_location(f"_guard_example_{name}_{next(_counter)}", EXAMPLES / name)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -33,8 +34,7 @@ def run_example(name: str, *argv: str) -> ModuleType:
         spec.loader.exec_module(module)
     finally:
         sys.argv = saved
-    module.main()
-    return module
+    return module, module.main()
 
 
 def assert_same_parameters(guarded: Path, reference: Path) -> None:
@@ -71,3 +71,69 @@ def test_hf_trainer_survives_an_out_of_memory_failure_with_its_batch(
     monkeypatch.delenv("AUTOBATCH_GUARD_FAIL_AT")
     run_example("hf_trainer.py", *common, "--reference", "--out", str(tmp_path / "reference"))
     assert_same_parameters(tmp_path / "guarded" / "params.pt", tmp_path / "reference" / "params.pt")
+
+
+def test_lightning_fit_survives_an_out_of_memory_failure_with_its_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("lightning")
+    common = ("--steps", "4", "--batch", "8", "--micro", "4")
+    monkeypatch.setenv("AUTOBATCH_GUARD_FAIL_AT", "1")
+    example, trained = run_example("lightning_fit.py", *common, "--out", str(tmp_path / "guarded"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split(", loss")[0] for line in lines] == [
+        "step 0: 8 samples, micro-batch 4, attempts 1",
+        "step 1: 8 samples, micro-batch 2, attempts 2",
+        "step 2: 8 samples, micro-batch 2, attempts 1",
+        "step 3: 8 samples, micro-batch 2, attempts 1",
+    ]
+    log = events(tmp_path / "guarded" / "events.jsonl")
+    assert [(e["step"], e["old"], e["new"]) for e in log[:-1]] == [(1, 4, 2)] and log[-1]["steps"] == 4
+
+    monkeypatch.delenv("AUTOBATCH_GUARD_FAIL_AT")
+    run_example("lightning_fit.py", *common, "--reference", "--out", str(tmp_path / "reference"))
+    assert_same_parameters(tmp_path / "guarded" / "params.pt", tmp_path / "reference" / "params.pt")
+
+    # after fit the module is its own again; a Trainer that accumulates is refused, naming why
+    from lightning.pytorch import Trainer
+
+    from autobatch import Guard
+    from autobatch.errors import UsageError
+    from autobatch.integrations.lightning import Guarded
+
+    assert "training_step" not in vars(trained) and "backward" not in vars(trained)
+    model = example.Classifier()
+    trainer = Trainer(accelerator="cpu", max_steps=1, accumulate_grad_batches=2, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[Guarded(Guard(2))], default_root_dir=str(tmp_path))  # fmt: skip
+    with pytest.raises(UsageError, match="accumulate_grad_batches is 2, not 1"):
+        trainer.fit(model, example.DataLoader(example.DATA, batch_size=4))
+
+
+def test_an_accelerate_loop_survives_an_out_of_memory_failure_with_its_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("accelerate")
+    common = ("--steps", "4", "--batch", "8", "--micro", "4")
+    monkeypatch.setenv("AUTOBATCH_GUARD_FAIL_AT", "1,3")
+    run_example("accelerate_loop.py", *common, "--out", str(tmp_path / "guarded"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split(", loss")[0] for line in lines] == [
+        "step 0: 8 samples, micro-batch 4, attempts 1",
+        "step 1: 8 samples, micro-batch 2, attempts 2",
+        "step 2: 8 samples, micro-batch 2, attempts 1",
+        "step 3: 8 samples, micro-batch 1, attempts 2",
+    ]
+    log = events(tmp_path / "guarded" / "events.jsonl")
+    assert [(e["step"], e["old"], e["new"]) for e in log[:-1]] == [(1, 4, 2), (3, 2, 1)]
+
+    monkeypatch.delenv("AUTOBATCH_GUARD_FAIL_AT")
+    example, _ = run_example(
+        "accelerate_loop.py", *common, "--reference", "--out", str(tmp_path / "reference")
+    )
+    assert_same_parameters(tmp_path / "guarded" / "params.pt", tmp_path / "reference" / "params.pt")
+    torch.manual_seed(0)
+    initial = example.build_model().state_dict()
+    assert any(
+        not torch.equal(initial[k], v) for k, v in torch.load(tmp_path / "reference" / "params.pt").items()
+    )
