@@ -64,14 +64,17 @@ class GuardedTrainer(Trainer):
         if callable(train):  # schedule-free optimizers
             train()
         inputs = self._prepare_inputs(inputs)
-        counted = "labels" in inputs and bool(self.model_accepts_loss_kwargs or self.compute_loss_func)
+        # (getattr: attributes of recent transformers; older ones count no items)
+        counted = "labels" in inputs and bool(
+            getattr(self, "model_accepts_loss_kwargs", False) or getattr(self, "compute_loss_func", None)
+        )
         # compute_loss multiplies a counted loss by the ranks when averaging tokens across devices; the guard
         # averages the ranks' gradients itself
-        ranks = self.accelerator.num_processes // self.get_tp_size()
-        undo = ranks if counted and self.args.average_tokens_across_devices else 1
+        ranks = self.accelerator.num_processes // getattr(self, "get_tp_size", lambda: 1)()
+        undo = ranks if counted and getattr(self.args, "average_tokens_across_devices", False) else 1
 
         def loss_fn(model: torch.nn.Module, micro: dict[str, Any]) -> torch.Tensor:
-            items = self._items(micro) if counted else None
+            items = self._items(micro).clamp(min=1) if counted else None  # no labels: a zero loss, weight 0
             with self.compute_loss_context_manager():
                 loss = self.compute_loss(model, micro, num_items_in_batch=items)
             assert isinstance(loss, torch.Tensor)
@@ -88,7 +91,7 @@ class GuardedTrainer(Trainer):
         """The micro-batch's labels that count, as the Trainer counts ``num_items_in_batch``."""
         if "shift_labels" in micro:
             labels = micro["shift_labels"]
-        elif self._loss_shifts_labels:
+        elif getattr(self, "_loss_shifts_labels", False):
             labels = micro["labels"][..., 1:]
         else:
             labels = micro["labels"]
