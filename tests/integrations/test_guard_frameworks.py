@@ -137,3 +137,27 @@ def test_an_accelerate_loop_survives_an_out_of_memory_failure_with_its_batch(
     assert any(
         not torch.equal(initial[k], v) for k, v in torch.load(tmp_path / "reference" / "params.pt").items()
     )
+
+
+def test_lightning_gradients_survive_a_zero_grad_in_place(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    from lightning.pytorch import Trainer
+
+    from autobatch import Guard
+    from autobatch.integrations.lightning import Guarded
+
+    common = ("--steps", "3", "--batch", "8", "--micro", "4")
+    example, _ = run_example("lightning_fit.py", *common, "--reference", "--out", str(tmp_path / "reference"))
+
+    class ZeroingInPlace(example.Classifier):  # type: ignore[name-defined,misc]
+        def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+            optimizer.zero_grad(set_to_none=False)
+
+    torch.manual_seed(0)
+    model = ZeroingInPlace()
+    trainer = Trainer(accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
+                      callbacks=[Guarded(Guard(4, sizes=[1, 2, 4], fail_at=[1]))])  # fmt: skip
+    trainer.fit(model, example.DataLoader(example.DATA, batch_size=8))
+    torch.save(model.state_dict(), tmp_path / "guarded.pt")
+    assert_same_parameters(tmp_path / "guarded.pt", tmp_path / "reference" / "params.pt")
