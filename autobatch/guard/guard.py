@@ -10,6 +10,7 @@ again; the optimizer steps once per batch. Every rank agrees on the outcome befo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 #: ``weight`` counts).
 LossFn = Callable[[Any, Any], "torch.Tensor"]
 
+#: A testing aid: the batches (0-based, comma-separated) whose first attempt runs out of memory for real.
+FAIL_AT_ENV = "AUTOBATCH_GUARD_FAIL_AT"
+
 
 @dataclass(frozen=True)
 class GuardStep:
@@ -59,7 +63,8 @@ class Guard:
     start) and lower down to 1 through ``sizes`` (the tuned curve's sizes that fitted; halvings below them).
     ``batch_size`` is the per-rank batch the plan expects (informational: the guard splits whatever batch it
     is given). ``events``: a JSON Lines file for the changes (``{rank}`` in it: one file per rank; else
-    rank 0 writes it)."""
+    rank 0 writes it). ``fail_at``: batches whose first attempt runs out of memory, a testing aid (default:
+    ``AUTOBATCH_GUARD_FAIL_AT``; docs/guard.md)."""
 
     def __init__(
         self,
@@ -70,6 +75,7 @@ class Guard:
         sizes: Iterable[int] = (),
         settings: LadderSettings | None = None,
         events: str | Path | None = None,
+        fail_at: Iterable[int] | None = None,
     ) -> None:
         maximum = max_micro_batch_size if max_micro_batch_size is not None else micro_batch_size
         if micro_batch_size < 1 or maximum < micro_batch_size:
@@ -80,6 +86,7 @@ class Guard:
         self.batch_size = batch_size
         self.ladder = Ladder.start(rungs(sizes, maximum), micro_batch_size, settings)
         self.events_path = events
+        self.fail_at = frozenset(fail_at) if fail_at is not None else fail_at_from_env()
         self.summary = GuardSummary(
             start_micro_batch_size=micro_batch_size,
             micro_batch_size=micro_batch_size,
@@ -154,8 +161,9 @@ class Guard:
             retries = self._meter_().alloc_retries()
             failure = None
             loss = None
+            inject = attempts == 1 and self.summary.steps in self.fail_at
             try:
-                loss, count = self._run(model, batch, loss_fn, weight, scaler, ddp)
+                loss, count = self._run(model, batch, loss_fn, weight, scaler, ddp, inject)
             except Exception as exc:  # noqa: BLE001 - only an out-of-memory failure is caught; the rest re-raised
                 if classify_exception(exc) != "oom":
                     raise
@@ -236,6 +244,7 @@ class Guard:
         weight: Callable[[Any], float] | None,
         scaler: Any,
         ddp: bool,
+        inject: bool,
     ) -> tuple[torch.Tensor, int]:
         parts = list(split(batch, self.ladder.size))
         shares = [float(weight(part)) if weight is not None else float(samples(part)) for part in parts]
@@ -243,6 +252,9 @@ class Guard:
         total: torch.Tensor | None = None
         with model.no_sync() if ddp else nullcontext():  # type: ignore[operator]
             for part, share in zip(parts, shares):
+                if inject:
+                    inject = False
+                    run_out_of_memory(next(model.parameters()).device)
                 loss = loss_fn(model, part)
                 scaled = loss * (share / whole) if whole else loss * 0
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
@@ -307,6 +319,28 @@ class Guard:
         self.summary.micro_batch_size = move.new
         self.summary.smallest_micro_batch_size = min(self.summary.smallest_micro_batch_size, move.new)
         self._log.event(event)
+
+
+def fail_at_from_env() -> frozenset[int]:
+    """The batches ``AUTOBATCH_GUARD_FAIL_AT`` names (``"3"`` or ``"3,40"``; unset or empty: none)."""
+    text = os.environ.get(FAIL_AT_ENV, "").strip()
+    try:
+        steps = frozenset(int(part) for part in text.split(",") if part.strip()) if text else frozenset()
+    except ValueError:
+        steps = frozenset({-1})
+    if any(step < 0 for step in steps):
+        raise UsageError(
+            f"{FAIL_AT_ENV}={text!r} is not a list of batch numbers",
+            hint=f"write 0-based batch numbers separated by commas ({FAIL_AT_ENV}=3,40), or unset it",
+        )
+    return steps
+
+
+def run_out_of_memory(device: torch.device) -> None:
+    """Ask the device's allocator for a petabyte: it fails with its own out-of-memory error (the test hook)."""
+    import torch
+
+    torch.empty(1 << 50, dtype=torch.uint8, device=device)
 
 
 # --- batches ------------------------------------------------------------------------------------------

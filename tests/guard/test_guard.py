@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from autobatch import Guard, GuardError, LadderSettings
+from autobatch.errors import UsageError
 from autobatch.guard.guard import split
 from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult
 
@@ -136,3 +137,32 @@ def test_from_result_takes_the_plan_the_maximum_and_the_sizes_that_fitted() -> N
     guard = Guard.from_result(result)
     assert guard.micro_batch_size == 11 and guard.batch_size == 33
     assert guard.ladder.sizes == (1, 2, 4, 11, 14) and guard.ladder.ceiling == 14
+
+
+def test_the_test_hook_runs_out_of_memory_for_real_at_the_named_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AUTOBATCH_GUARD_FAIL_AT", "1, 3")
+    model, batch = model_and_batch(8)
+    expected = full_gradient(model, batch)
+    guard = Guard(8, sizes=[2, 4, 8])
+    done = []
+    for _ in range(4):
+        guard.backward(model, batch, loss_up_to(100))
+        assert guard.last is not None
+        done.append((guard.last.attempts, guard.last.micro_batch_size, guard.last.samples))
+        for got, want in zip([p.grad for p in model.parameters()], expected):
+            assert got is not None and torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+        model.zero_grad(set_to_none=True)
+    assert done == [(1, 8, 8), (2, 4, 8), (1, 4, 8), (2, 2, 8)]
+    assert [(e.step, e.old, e.new, e.reason) for e in guard.summary.events] == [
+        (1, 8, 4, "out of memory"),
+        (3, 4, 2, "out of memory"),
+    ]
+
+
+def test_the_test_hook_refuses_what_is_not_a_list_of_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOBATCH_GUARD_FAIL_AT", "step 3")
+    with pytest.raises(UsageError, match="AUTOBATCH_GUARD_FAIL_AT='step 3'"):
+        Guard(4)
+    assert Guard(4, fail_at=[2]).fail_at == {2}
