@@ -21,12 +21,15 @@ from autobatch.errors import GuardError, UsageError
 from autobatch.guard.events import EventLog, GuardEvent, GuardSummary, PeakMeter
 from autobatch.guard.ranks import (
     Group,
+    PeerRanOut,
     agree,
     average_gradients,
     broadcast_buffers,
+    check_fsdp,
     current_group,
     is_ddp,
     is_fsdp,
+    reset_fsdp,
 )
 from autobatch.probe.oom import classify_exception
 
@@ -89,6 +92,7 @@ class Guard:
         self._group: Group | None = None
         self._meter: PeakMeter | None = None
         self._log: EventLog | None = None
+        self._fsdp_checked = False
 
     @classmethod
     def from_result(
@@ -142,26 +146,28 @@ class Guard:
         clears them. ``weight(micro_batch)``: what a micro-batch's share counts (default: its samples; give
         the loss's token count when the loss is a mean over tokens). ``scaler``: a ``GradScaler`` for fp16."""
         group = self._start(model)
-        if is_fsdp(model):
-            raise UsageError(
-                "the guard does not run FSDP models yet",
-                hint="use it with DDP or one process; docs/guard.md says what FSDP2 needs",
-            )
         ddp = is_ddp(model)
+        fsdp = is_fsdp(model)
+        if fsdp and not self._fsdp_checked:
+            check_fsdp(group, model)
+            self._fsdp_checked = True
         attempts = 0
         while True:
             attempts += 1
             retries = self._meter_().alloc_retries()
             failure = None
             loss = None
+            agreed: tuple[bool, bool] | None = None
             try:
                 loss, count = self._run(model, batch, loss_fn, weight, scaler, ddp)
+            except PeerRanOut:
+                agreed = (True, False)  # the check's all-reduce was this rank's agreement
             except Exception as exc:  # noqa: BLE001 - only an out-of-memory failure is caught; the rest re-raised
                 if classify_exception(exc) != "oom":
                     raise
                 failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             retried = self._meter_().alloc_retries() > retries
-            ran_out, retried = agree(group, failure is not None, retried)
+            ran_out, retried = agreed or agree(group, failure is not None, retried)
             if not ran_out:
                 assert loss is not None
                 if ddp and group.distributed:
@@ -171,6 +177,8 @@ class Guard:
                 self._completed(batch, float(loss), count, attempts, retried)
                 return loss
             del loss
+            if fsdp:
+                reset_fsdp(model)
             self.summary.out_of_memory += 1
             self._recover(model, batch, failure, group)
 

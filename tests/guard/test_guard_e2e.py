@@ -109,26 +109,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.slow
-def test_two_ddp_ranks_lower_together_when_only_rank_1_runs_out(tmp_path: Path) -> None:
+def run_ranks(tmp_path: Path, strategy: str) -> tuple[str, list[list[tuple[int, int, int, str]]]]:
+    """Two gloo ranks of the script under ``strategy`` where only rank 1 gets the long batch (step 20 of
+    40): each rank's moves, after checking that neither hung and both finished at the start size."""
     import signal
-
-    import torch
 
     args = [
         *("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())),
-        *(str(SCRIPT), "--ddp", "--steps", "40", "--long-step", "20", "--long-rank", "1"),
-        *(
-            "--long-length",
-            "2048",
-            "--micro-batch",
-            "8",
-            "--sizes",
-            "2,4,6,8",
-            "--grow-after",
-            "5",
-            "--guard",
-        ),
+        *(str(SCRIPT), strategy, "--steps", "40", "--long-step", "20", "--long-rank", "1"),
+        *("--long-length", "2048", "--micro-batch", "8", "--sizes", "2,4,6,8", "--grow-after", "5"),
+        "--guard",
         *("--events", str(tmp_path / "events{rank}.jsonl"), "--out", str(tmp_path / "params{rank}.pt")),
         *("--step-log", str(tmp_path / "steps{rank}.jsonl")),
     ]
@@ -157,10 +147,31 @@ def test_two_ddp_ranks_lower_together_when_only_rank_1_runs_out(tmp_path: Path) 
         moves.append([(e["step"], e["old"], e["new"], e["reason"]) for e in events])
         sizes = [r["micro_batch"] for r in steps(tmp_path / f"steps{rank}.jsonl")]
         assert len(sizes) == 40 and sizes[20] < 8 and sizes[19] == 8 and sizes[-1] == 8
+    return out, moves
+
+
+def assert_lowered_together(tmp_path: Path, moves: list[list[tuple[int, int, int, str]]]) -> None:
+    import torch
+
     assert moves[0] == moves[1]  # rank 0 lowered with rank 1, though its own batch was short
     assert any(reason == "out of memory" for _, _, _, reason in moves[0])
     shapes0 = steps(tmp_path / "events0.jsonl")[0]["shapes"][0]
     assert shapes0[1] < 2048  # rank 0's batch was short: it lowered because rank 1 ran out
+    assert steps(tmp_path / "events1.jsonl")[0]["shapes"][0][1] == 2048
 
     left, right = torch.load(tmp_path / "params0.pt"), torch.load(tmp_path / "params1.pt")
-    assert all(torch.equal(left[k], right[k]) for k in left)
+    assert left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_lower_together_when_only_rank_1_runs_out(tmp_path: Path) -> None:
+    _, moves = run_ranks(tmp_path, "--ddp")
+    assert_lowered_together(tmp_path, moves)
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_lower_together_when_only_rank_1_runs_out(tmp_path: Path) -> None:
+    """FSDP2 runs all-gathers in the forward and reduce-scatters in the backward: rank 0 is inside that
+    flow when rank 1 runs out, and leaves it at its next collective's check."""
+    _, moves = run_ranks(tmp_path, "--fsdp")
+    assert_lowered_together(tmp_path, moves)  # the full parameters, gathered on each rank
