@@ -102,6 +102,37 @@ def test_the_guard_survives_the_long_batch_keeps_the_batch_and_grows_back(tmp_pa
     assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-5
 
 
+@pytest.mark.slow
+def test_the_recorded_peak_stays_under_the_cap_after_a_mapping_closed_before_the_guard(
+    tmp_path: Path,
+) -> None:
+    """The CPU's high-water mark (VmPeak) cannot be reset, and a job's process has a past: here a 512 MiB
+    token file mapped and closed before the guard's first batch, which raised VmPeak far above the process's
+    size. The guard's peak is its own period's, under the cap the job ran within."""
+    import torch
+
+    head = torch.randint(
+        1, 500, (20 * 8 * 32,), dtype=torch.int16, generator=torch.Generator().manual_seed(0)
+    )
+    with open(tmp_path / "train.bin", "wb") as handle:
+        handle.write(head.numpy().tobytes())
+        handle.truncate(512 << 20)  # the rest of the corpus: a sparse file, mapped but never read
+    env = {**os.environ, **ENV, "PYTHONPATH": str(Path(__file__).parents[2])}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "mapped_tokens.py"), "--tokens", "train.bin"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=_capped(CAP_MIB),
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["steps"] == 20
+    assert 100 << 20 < summary["peak_bytes"] <= CAP_MIB << 20
+
+
 def free_port() -> int:
     import socket
 
