@@ -60,7 +60,15 @@ def read_status() -> VmStatus:
 
 
 def peak_data_bytes(start: VmStatus, now: VmStatus) -> int:
-    """Peak data memory since ``start`` (the probe's first reading in a freshly forked process)."""
+    """Peak data memory since ``start`` (a probe's first reading in a freshly forked process, or the guard's
+    in a job's process).
+
+    VmPeak cannot be reset. A freshly forked process starts it at its size; a process with a past (a job's,
+    that mapped a file and closed it) may hold a high-water mark from before ``start``. While ``now`` has not
+    passed that mark, the period's own high is unknown and the larger of the two readings' data stands for
+    it, rather than the past's mark."""
+    if now.peak <= start.peak and start.peak > start.size:
+        return max(start.data, now.data)
     growth = now.peak - start.size
     not_data_growth = max(0, now.not_data - start.not_data)
     return start.data + max(0, growth - not_data_growth)

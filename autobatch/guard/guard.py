@@ -22,12 +22,15 @@ from autobatch.errors import GuardError, UsageError
 from autobatch.guard.events import EventLog, GuardEvent, GuardSummary, PeakMeter
 from autobatch.guard.ranks import (
     Group,
+    PeerRanOut,
     agree,
     average_gradients,
     broadcast_buffers,
+    check_fsdp,
     current_group,
     is_ddp,
     is_fsdp,
+    reset_fsdp,
 )
 from autobatch.probe.oom import classify_exception
 
@@ -96,6 +99,7 @@ class Guard:
         self._group: Group | None = None
         self._meter: PeakMeter | None = None
         self._log: EventLog | None = None
+        self._fsdp_checked = False
 
     @classmethod
     def from_result(
@@ -149,12 +153,11 @@ class Guard:
         clears them. ``weight(micro_batch)``: what a micro-batch's share counts (default: its samples; give
         the loss's token count when the loss is a mean over tokens). ``scaler``: a ``GradScaler`` for fp16."""
         group = self._start(model)
-        if is_fsdp(model):
-            raise UsageError(
-                "the guard does not run FSDP models yet",
-                hint="use it with DDP or one process; docs/guard.md says what FSDP2 needs",
-            )
         ddp = is_ddp(model)
+        fsdp = is_fsdp(model)
+        if fsdp and not self._fsdp_checked:
+            check_fsdp(group, model)
+            self._fsdp_checked = True
         attempts = 0
         while True:
             attempts += 1
@@ -162,14 +165,17 @@ class Guard:
             failure = None
             loss = None
             inject = attempts == 1 and self.summary.steps in self.fail_at
+            agreed: tuple[bool, bool] | None = None
             try:
                 loss, count = self._run(model, batch, loss_fn, weight, scaler, ddp, inject)
+            except PeerRanOut:
+                agreed = (True, False)  # the check's all-reduce was this rank's agreement
             except Exception as exc:  # noqa: BLE001 - only an out-of-memory failure is caught; the rest re-raised
                 if classify_exception(exc) != "oom":
                     raise
                 failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             retried = self._meter_().alloc_retries() > retries
-            ran_out, retried = agree(group, failure is not None, retried)
+            ran_out, retried = agreed or agree(group, failure is not None, retried)
             if not ran_out:
                 assert loss is not None
                 if ddp and group.distributed:
@@ -179,6 +185,8 @@ class Guard:
                 self._completed(batch, float(loss), count, attempts, retried)
                 return loss
             del loss
+            if fsdp:
+                reset_fsdp(model)
             self.summary.out_of_memory += 1
             self._recover(model, batch, failure, group)
 
