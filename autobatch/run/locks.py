@@ -159,6 +159,7 @@ class RunLock:
         lock, self._lock = self._lock, None
         if lock is None:
             return
+        self._report("released")  # before it is: a report of the next holder's "running" always comes later
         try:
             if _read_json(self.holder_path).get("pid") == os.getpid():
                 self.holder_path.unlink()
@@ -167,7 +168,6 @@ class RunLock:
         except OSError:
             pass
         lock.release()
-        self._report("released")
 
     def _report(self, state: str) -> None:
         """Tell the daemon, when it runs this command, where it stands in the device's queue."""
