@@ -5,11 +5,14 @@ each micro-batch's loss by its share of the samples and runs its backward. When 
 memory (classified as tunes classify it, :mod:`autobatch.probe.oom`), it drops the partial gradients and
 the allocator's cache, lowers the size one rung (:mod:`autobatch.core.ladder`) and runs the same batch
 again; the optimizer steps once per batch. Every rank agrees on the outcome before any rank goes on
-(:mod:`autobatch.guard.ranks`). Usage, the rank design and its limits: docs/guard.md.
+(:mod:`autobatch.guard.ranks`). A guard built from a tune's result records the run's end under that result's
+cache key (:class:`autobatch.guard.events.EvidenceRecorder`) and warns once when the run's peak nears the
+tune's budget. Usage, the rank design and its limits: docs/guard.md.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -17,8 +20,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from autobatch.core.ladder import Ladder, LadderSettings, Move, after_step, lower, rungs
+from autobatch.devices.budget import EarlyWarning
 from autobatch.errors import GuardError, UsageError
-from autobatch.guard.events import EventLog, GuardEvent, GuardSummary, PeakMeter
+from autobatch.guard.events import (
+    EventLog,
+    Evidence,
+    EvidenceRecorder,
+    GuardEvent,
+    GuardSummary,
+    PeakMeter,
+    logger,
+)
 from autobatch.guard.ranks import (
     Group,
     agree,
@@ -34,6 +46,9 @@ if TYPE_CHECKING:
     import torch
 
     from autobatch.records.result import TuneResult
+
+#: Seconds between two readings of the peak for the early warning (a high-water mark: nothing is missed).
+PEAK_CHECK_SECONDS = 1.0
 
 #: ``loss_fn(model, micro_batch)``: the micro-batch's loss, a mean over its samples (or over what
 #: ``weight`` counts).
@@ -59,7 +74,8 @@ class Guard:
     start) and lower down to 1 through ``sizes`` (the tuned curve's sizes that fitted; halvings below them).
     ``batch_size`` is the per-rank batch the plan expects (informational: the guard splits whatever batch it
     is given). ``events``: a JSON Lines file for the changes (``{rank}`` in it: one file per rank; else
-    rank 0 writes it)."""
+    rank 0 writes it). ``evidence``: the tuned key the run's end is recorded under in the cache, and the tune's
+    budget the early warning watches (:meth:`from_result` fills it in; None: nothing recorded)."""
 
     def __init__(
         self,
@@ -70,6 +86,7 @@ class Guard:
         sizes: Iterable[int] = (),
         settings: LadderSettings | None = None,
         events: str | Path | None = None,
+        evidence: Evidence | None = None,
     ) -> None:
         maximum = max_micro_batch_size if max_micro_batch_size is not None else micro_batch_size
         if micro_batch_size < 1 or maximum < micro_batch_size:
@@ -80,6 +97,7 @@ class Guard:
         self.batch_size = batch_size
         self.ladder = Ladder.start(rungs(sizes, maximum), micro_batch_size, settings)
         self.events_path = events
+        self.evidence = evidence
         self.summary = GuardSummary(
             start_micro_batch_size=micro_batch_size,
             micro_batch_size=micro_batch_size,
@@ -89,6 +107,9 @@ class Guard:
         self._group: Group | None = None
         self._meter: PeakMeter | None = None
         self._log: EventLog | None = None
+        self._recorder: EvidenceRecorder | None = None
+        self._warning: EarlyWarning | None = None
+        self._checked = 0.0
 
     @classmethod
     def from_result(
@@ -99,7 +120,8 @@ class Guard:
         events: str | Path | None = None,
     ) -> Guard:
         """A guard for a tune's chosen plan: its micro-batch, its per-rank batch (micro-batch x accumulation),
-        the combination's maximum, and the sizes its probes saw fit."""
+        the combination's maximum, and the sizes its probes saw fit. The run's evidence goes under the result's
+        cache key (a result kept in or served from the cache names it; none: nothing is recorded)."""
         from autobatch.records.result import TuneResult
 
         tuned = result if isinstance(result, TuneResult) else TuneResult.load(result)
@@ -112,6 +134,24 @@ class Guard:
         combo = next((c for c in tuned.combinations if c.ident == chosen.ident), None)
         fitted = [p.batch_size for p in combo.trace if p.kind == "fits"] if combo is not None else []
         maximum = (combo.max_batch_size if combo is not None else None) or chosen.micro_batch_size
+        cache = tuned.cache or {}
+        folder = cache.get("folder")
+        evidence = (
+            Evidence(
+                str(cache["key"]),
+                cache_dir=folder if folder and Path(folder).is_dir() else None,
+                tuned_peak_bytes=tuned.tuned_peak(chosen.micro_batch_size),
+                budget_bytes=tuned.device.get("budget_bytes"),
+                accumulation_steps=chosen.accumulation_steps,
+                world_size=chosen.world_size,
+            )
+            if cache.get("key")
+            else None
+        )
+        if evidence is None:
+            logger.info(
+                "guard: the result names no cache key (tuned with --no-cache?): no runtime evidence is kept"
+            )
         return cls(
             chosen.micro_batch_size,
             batch_size=chosen.micro_batch_size * chosen.accumulation_steps,
@@ -119,6 +159,7 @@ class Guard:
             sizes=fitted,
             settings=settings,
             events=events,
+            evidence=evidence,
         )
 
     @property
@@ -201,17 +242,30 @@ class Guard:
         return self.summary
 
     def close(self) -> GuardSummary:
-        """Read the run's peak, write the summary line to the events file and close it."""
-        summary = self.summary_now()
-        if self._log is not None:
-            self._log.close(summary)
-        return summary
+        """Read the run's peak, write the summary line to the events file and close it, and record the run's
+        evidence under its tuned key (once: a :class:`GuardError` already recorded it)."""
+        return self._finish("exit")
 
     def __enter__(self) -> Guard:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or isinstance(exc, GuardError):
+            self.close()
+        else:  # the script's own error ended the run
+            self._finish(
+                "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            )
+
+    def _finish(self, outcome: str, reason: str = "", shapes: list[list[int]] | None = None) -> GuardSummary:
+        summary = self.summary_now()
+        if self._warning is not None:
+            self._warning.check(summary.peak_bytes)
+        if self._log is not None:
+            self._log.close(summary)
+        if self._recorder is not None:
+            self._recorder.record(summary, outcome, reason, shapes)
+        return summary
 
     # --- inside ---------------------------------------------------------------------------------------
 
@@ -222,6 +276,10 @@ class Guard:
             kind = device.type if device is not None else "cpu"
             self._meter = PeakMeter(kind, device.index if device is not None and kind == "cuda" else None)
             self._log = EventLog(self.events_path, self._group.rank)
+            if self.evidence is not None:
+                self._recorder = EvidenceRecorder(self.evidence, self._group.rank, kind)
+                if self.evidence.budget_bytes:
+                    self._warning = EarlyWarning(kind, self.evidence.budget_bytes, _warn)
         return self._group
 
     def _meter_(self) -> PeakMeter:
@@ -258,6 +316,11 @@ class Guard:
         self.ladder, move = after_step(self.ladder, retried)
         if move is not None:
             self._record(move, batch, step)
+        if self._warning is not None and not self._warning.warned:
+            now = time.monotonic()
+            if now - self._checked >= PEAK_CHECK_SECONDS:
+                self._checked = now
+                self._warning.check(self._meter_().peak())
 
     def _recover(self, model: torch.nn.Module, batch: Any, failure: str | None, group: Group) -> None:
         for parameter in model.parameters():
@@ -266,6 +329,7 @@ class Guard:
         lowered = lower(self.ladder)
         if lowered is None:
             where = f"on rank {group.rank}" if failure is not None else "on another rank"
+            self._finish("oom", failure or "another rank ran out of memory", shapes(batch))
             raise GuardError(
                 f"batch {self.summary.steps} ({samples(batch)} samples, shapes {shapes(batch)}) ran out of memory "
                 f"{where} even one sample at a time" + (f" ({failure})" if failure else ""),
@@ -275,7 +339,7 @@ class Guard:
                 shapes=shapes(batch),
             )
         self.ladder, move = lowered
-        self._record(move, batch, self.summary.steps)
+        self._record(move, batch, self.summary.steps, ran_out=failure is not None)
 
     def _release(self) -> None:
         meter = self._meter_()
@@ -291,7 +355,7 @@ class Guard:
 
             release_heap()
 
-    def _record(self, move: Move, batch: Any, step: int) -> None:
+    def _record(self, move: Move, batch: Any, step: int, ran_out: bool = False) -> None:
         assert self._log is not None and self._group is not None
         event = GuardEvent(
             step=step,
@@ -302,11 +366,16 @@ class Guard:
             rank=self._group.rank,
             samples=samples(batch),
             shapes=shapes(batch),
+            ran_out=ran_out,
         )
         self.summary.events.append(event)
         self.summary.micro_batch_size = move.new
         self.summary.smallest_micro_batch_size = min(self.summary.smallest_micro_batch_size, move.new)
         self._log.event(event)
+
+
+def _warn(message: str) -> None:
+    logger.warning("guard: %s", message)
 
 
 # --- batches ------------------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ class JobOutcome:
     pids: set[int] = field(default_factory=set)
 
 
-Warn = Callable[[int], None]
+Warn = Callable[[int], object]
 
 
 def launch(spec: JobSpec, budget_bytes: int | None = None, on_peak: Warn | None = None) -> JobOutcome:
