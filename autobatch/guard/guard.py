@@ -295,14 +295,21 @@ class Guard:
         scaler: Any,
         ddp: bool,
     ) -> tuple[torch.Tensor, int]:
-        parts = list(split(batch, self.ladder.size))
-        shares = [float(weight(part)) if weight is not None else float(samples(part)) for part in parts]
+        n, size = samples(batch), self.ladder.size
+        parts = [batch] if size >= n else list(split(batch, size, n))  # the whole batch as it is: no slicing
+        if weight is not None:
+            shares = [float(weight(part)) for part in parts]
+        else:
+            shares = [float(min(size, n - start)) for start in range(0, n, size)]
         whole = sum(shares)
         total: torch.Tensor | None = None
         with model.no_sync() if ddp else nullcontext():  # type: ignore[operator]
             for part, share in zip(parts, shares):
                 loss = loss_fn(model, part)
-                scaled = loss * (share / whole) if whole else loss * 0
+                if len(parts) == 1 and whole:
+                    scaled = loss  # the whole batch's share is 1
+                else:
+                    scaled = loss * (share / whole) if whole else loss * 0
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
                 total = scaled.detach() if total is None else total + scaled.detach()
                 del loss, scaled
@@ -409,10 +416,11 @@ def shapes(batch: Any) -> list[list[int]]:
     return [list(t.shape) for t in _tensors(batch)]
 
 
-def split(batch: Any, size: int) -> Iterator[Any]:
+def split(batch: Any, size: int, n: int | None = None) -> Iterator[Any]:
     """The batch in micro-batches of ``size`` samples (the last may be shorter): every tensor whose first
-    dimension is the batch's is sliced; other tensors and values are passed to every micro-batch unchanged."""
-    n = samples(batch)
+    dimension is the batch's (``n``, found when not given) is sliced; other tensors and values are passed to
+    every micro-batch unchanged."""
+    n = samples(batch) if n is None else n
     for start in range(0, n, size):
         yield _slice(batch, n, start, min(start + size, n))
 
