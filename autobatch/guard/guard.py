@@ -108,6 +108,8 @@ class Guard:
         self._meter: PeakMeter | None = None
         self._log: EventLog | None = None
         self._recorder: EvidenceRecorder | None = None
+        self._model: torch.nn.Module | None = None
+        self._fsdp = self._ddp = False
         self._warning: EarlyWarning | None = None
         self._checked = 0.0
 
@@ -183,12 +185,14 @@ class Guard:
         clears them. ``weight(micro_batch)``: what a micro-batch's share counts (default: its samples; give
         the loss's token count when the loss is a mean over tokens). ``scaler``: a ``GradScaler`` for fp16."""
         group = self._start(model)
-        if is_fsdp(model):
+        if self._model is not model:  # what the model is, looked at once (a walk over its modules)
+            self._model, self._fsdp, self._ddp = model, is_fsdp(model), is_ddp(model)
+        if self._fsdp:
             raise UsageError(
                 "the guard does not run FSDP models yet",
                 hint="use it with DDP or one process; docs/guard.md says what FSDP2 needs",
             )
-        ddp = is_ddp(model)
+        ddp = self._ddp
         attempts = 0
         while True:
             attempts += 1
