@@ -138,7 +138,9 @@ def unfingerprinted(result: TuneResult) -> list[str]:
     return [path for path, then in read_files(result).items() if then is None]
 
 
-def served(stored: StoredResult, script: str, script_args: list[str]) -> TuneResult:
+def served(
+    stored: StoredResult, script: str, script_args: list[str], folder: str | None = None
+) -> TuneResult:
     """The stored result as this run reports it: every probe marked cached, none run now."""
     result = TuneResult.from_dict(stored.result.to_dict())
     result.script, result.script_args = script, list(script_args)
@@ -147,4 +149,6 @@ def served(stored: StoredResult, script: str, script_args: list[str]) -> TuneRes
             record.cached = True
     result.probes = 0
     result.cache = {"key": stored.key, "served": True, "made": stored.made}
+    if folder is not None:
+        result.cache["folder"] = folder  # where the key's runtime evidence goes (the guard records there)
     return result

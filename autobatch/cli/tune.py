@@ -150,7 +150,7 @@ def summary_line(result: TuneResult, path: str) -> str:
     ch = result.chosen
     how = (
         "served from the cache"
-        if result.cache
+        if (result.cache or {}).get("served")
         else f"{result.probes} probes, {result.wall_seconds or 0:.1f} s"
     )
     if ch is None:

@@ -10,7 +10,7 @@ fit may come on the CPU, where the same probe's peak differs between fresh proce
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from autobatch.core.units import format_bytes
 from autobatch.errors import DeviceError, UsageError
@@ -28,6 +28,29 @@ def margin_bytes(device_type: str, budget_bytes: int) -> int:
     1 MiB steps a peak differs by between fresh CPU processes, and their spread), or 0.1 % of a larger budget.
     On CUDA the verdict compares allocator statistics: no margin."""
     return max(CPU_MARGIN_FLOOR, budget_bytes // 1000) if device_type == "cpu" else 0
+
+
+class EarlyWarning:
+    """Warns once when a running job's peak comes within :func:`margin_bytes` of its budget, or passes it into
+    the headroom: it fits now, and may run out of memory later (``autobatch run`` and the guard both use it)."""
+
+    def __init__(self, device_type: str, budget_bytes: int, warn: Callable[[str], object]) -> None:
+        self.budget_bytes = budget_bytes
+        self.line = budget_bytes - margin_bytes(device_type, budget_bytes)
+        self.warn = warn
+        self.warned = False
+
+    def check(self, peak_bytes: int | None) -> bool:
+        """Warn if ``peak_bytes`` reached the line and nothing was said yet; whether it warned now."""
+        if self.warned or peak_bytes is None or peak_bytes < self.line:
+            return False
+        self.warned = True
+        self.warn(
+            f"the job's peak reached {format_bytes(peak_bytes)}, within {format_bytes(self.budget_bytes - self.line)} "
+            f"of its budget {format_bytes(self.budget_bytes)} (or past it, into the headroom): it may run out of "
+            "memory later"
+        )
+        return True
 
 
 #: Memory other processes hold that is worth a warning: at least this, or 0.5 % of the capacity.

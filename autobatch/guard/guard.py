@@ -5,12 +5,15 @@ each micro-batch's loss by its share of the samples and runs its backward. When 
 memory (classified as tunes classify it, :mod:`autobatch.probe.oom`), it drops the partial gradients and
 the allocator's cache, lowers the size one rung (:mod:`autobatch.core.ladder`) and runs the same batch
 again; the optimizer steps once per batch. Every rank agrees on the outcome before any rank goes on
-(:mod:`autobatch.guard.ranks`). Usage, the rank design and its limits: docs/guard.md.
+(:mod:`autobatch.guard.ranks`). A guard built from a tune's result records the run's end under that result's
+cache key (:class:`autobatch.guard.events.EvidenceRecorder`) and warns once when the run's peak nears the
+tune's budget. Usage, the rank design and its limits: docs/guard.md.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -18,8 +21,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from autobatch.core.ladder import Ladder, LadderSettings, Move, after_step, lower, rungs
+from autobatch.devices.budget import EarlyWarning
 from autobatch.errors import GuardError, UsageError
-from autobatch.guard.events import EventLog, GuardEvent, GuardSummary, PeakMeter
+from autobatch.guard.events import (
+    EventLog,
+    Evidence,
+    EvidenceRecorder,
+    GuardEvent,
+    GuardSummary,
+    PeakMeter,
+    logger,
+)
 from autobatch.guard.ranks import (
     Group,
     PeerRanOut,
@@ -38,6 +50,9 @@ if TYPE_CHECKING:
     import torch
 
     from autobatch.records.result import TuneResult
+
+#: Seconds between two readings of the peak for the early warning (a high-water mark: nothing is missed).
+PEAK_CHECK_SECONDS = 1.0
 
 #: ``loss_fn(model, micro_batch)``: the micro-batch's loss, a mean over its samples (or over what
 #: ``weight`` counts).
@@ -67,7 +82,9 @@ class Guard:
     ``batch_size`` is the per-rank batch the plan expects (informational: the guard splits whatever batch it
     is given). ``events``: a JSON Lines file for the changes (``{rank}`` in it: one file per rank; else
     rank 0 writes it). ``fail_at``: batches whose first attempt runs out of memory, a testing aid (default:
-    ``AUTOBATCH_GUARD_FAIL_AT``; docs/guard.md)."""
+    ``AUTOBATCH_GUARD_FAIL_AT``; docs/guard.md).
+    ``evidence``: the tuned key the run's end is recorded under in the cache, and the tune's
+    budget the early warning watches (:meth:`from_result` fills it in; None: nothing recorded)."""
 
     def __init__(
         self,
@@ -79,6 +96,7 @@ class Guard:
         settings: LadderSettings | None = None,
         events: str | Path | None = None,
         fail_at: Iterable[int] | None = None,
+        evidence: Evidence | None = None,
     ) -> None:
         maximum = max_micro_batch_size if max_micro_batch_size is not None else micro_batch_size
         if micro_batch_size < 1 or maximum < micro_batch_size:
@@ -90,6 +108,7 @@ class Guard:
         self.ladder = Ladder.start(rungs(sizes, maximum), micro_batch_size, settings)
         self.events_path = events
         self.fail_at = frozenset(fail_at) if fail_at is not None else fail_at_from_env()
+        self.evidence = evidence
         self.summary = GuardSummary(
             start_micro_batch_size=micro_batch_size,
             micro_batch_size=micro_batch_size,
@@ -99,7 +118,11 @@ class Guard:
         self._group: Group | None = None
         self._meter: PeakMeter | None = None
         self._log: EventLog | None = None
-        self._fsdp_checked = False
+        self._recorder: EvidenceRecorder | None = None
+        self._model: torch.nn.Module | None = None
+        self._fsdp = self._ddp = False
+        self._warning: EarlyWarning | None = None
+        self._checked = 0.0
 
     @classmethod
     def from_result(
@@ -110,7 +133,8 @@ class Guard:
         events: str | Path | None = None,
     ) -> Guard:
         """A guard for a tune's chosen plan: its micro-batch, its per-rank batch (micro-batch x accumulation),
-        the combination's maximum, and the sizes its probes saw fit."""
+        the combination's maximum, and the sizes its probes saw fit. The run's evidence goes under the result's
+        cache key (a result kept in or served from the cache names it; none: nothing is recorded)."""
         from autobatch.records.result import TuneResult
 
         tuned = result if isinstance(result, TuneResult) else TuneResult.load(result)
@@ -123,6 +147,24 @@ class Guard:
         combo = next((c for c in tuned.combinations if c.ident == chosen.ident), None)
         fitted = [p.batch_size for p in combo.trace if p.kind == "fits"] if combo is not None else []
         maximum = (combo.max_batch_size if combo is not None else None) or chosen.micro_batch_size
+        cache = tuned.cache or {}
+        folder = cache.get("folder")
+        evidence = (
+            Evidence(
+                str(cache["key"]),
+                cache_dir=folder if folder and Path(folder).is_dir() else None,
+                tuned_peak_bytes=tuned.tuned_peak(chosen.micro_batch_size),
+                budget_bytes=tuned.device.get("budget_bytes"),
+                accumulation_steps=chosen.accumulation_steps,
+                world_size=chosen.world_size,
+            )
+            if cache.get("key")
+            else None
+        )
+        if evidence is None:
+            logger.info(
+                "guard: the result names no cache key (tuned with --no-cache?): no runtime evidence is kept"
+            )
         return cls(
             chosen.micro_batch_size,
             batch_size=chosen.micro_batch_size * chosen.accumulation_steps,
@@ -130,6 +172,7 @@ class Guard:
             sizes=fitted,
             settings=settings,
             events=events,
+            evidence=evidence,
         )
 
     @property
@@ -153,11 +196,11 @@ class Guard:
         clears them. ``weight(micro_batch)``: what a micro-batch's share counts (default: its samples; give
         the loss's token count when the loss is a mean over tokens). ``scaler``: a ``GradScaler`` for fp16."""
         group = self._start(model)
-        ddp = is_ddp(model)
-        fsdp = is_fsdp(model)
-        if fsdp and not self._fsdp_checked:
-            check_fsdp(group, model)
-            self._fsdp_checked = True
+        if self._model is not model:  # what the model is, looked at once (a walk over its modules)
+            self._model, self._fsdp, self._ddp = model, is_fsdp(model), is_ddp(model)
+            if self._fsdp:
+                check_fsdp(group, model)
+        ddp, fsdp = self._ddp, self._fsdp
         attempts = 0
         while True:
             attempts += 1
@@ -217,17 +260,30 @@ class Guard:
         return self.summary
 
     def close(self) -> GuardSummary:
-        """Read the run's peak, write the summary line to the events file and close it."""
-        summary = self.summary_now()
-        if self._log is not None:
-            self._log.close(summary)
-        return summary
+        """Read the run's peak, write the summary line to the events file and close it, and record the run's
+        evidence under its tuned key (once: a :class:`GuardError` already recorded it)."""
+        return self._finish("exit")
 
     def __enter__(self) -> Guard:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or isinstance(exc, GuardError):
+            self.close()
+        else:  # the script's own error ended the run
+            self._finish(
+                "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            )
+
+    def _finish(self, outcome: str, reason: str = "", shapes: list[list[int]] | None = None) -> GuardSummary:
+        summary = self.summary_now()
+        if self._warning is not None:
+            self._warning.check(summary.peak_bytes)
+        if self._log is not None:
+            self._log.close(summary)
+        if self._recorder is not None:
+            self._recorder.record(summary, outcome, reason, shapes)
+        return summary
 
     # --- inside ---------------------------------------------------------------------------------------
 
@@ -238,6 +294,10 @@ class Guard:
             kind = device.type if device is not None else "cpu"
             self._meter = PeakMeter(kind, device.index if device is not None and kind == "cuda" else None)
             self._log = EventLog(self.events_path, self._group.rank)
+            if self.evidence is not None:
+                self._recorder = EvidenceRecorder(self.evidence, self._group.rank, kind)
+                if self.evidence.budget_bytes:
+                    self._warning = EarlyWarning(kind, self.evidence.budget_bytes, _warn)
         return self._group
 
     def _meter_(self) -> PeakMeter:
@@ -254,8 +314,12 @@ class Guard:
         ddp: bool,
         inject: bool,
     ) -> tuple[torch.Tensor, int]:
-        parts = list(split(batch, self.ladder.size))
-        shares = [float(weight(part)) if weight is not None else float(samples(part)) for part in parts]
+        n, size = samples(batch), self.ladder.size
+        parts = [batch] if size >= n else list(split(batch, size, n))  # the whole batch as it is: no slicing
+        if weight is not None:
+            shares = [float(weight(part)) for part in parts]
+        else:
+            shares = [float(min(size, n - start)) for start in range(0, n, size)]
         whole = sum(shares)
         total: torch.Tensor | None = None
         with model.no_sync() if ddp else nullcontext():  # type: ignore[operator]
@@ -264,7 +328,10 @@ class Guard:
                     inject = False
                     run_out_of_memory(next(model.parameters()).device)
                 loss = loss_fn(model, part)
-                scaled = loss * (share / whole) if whole else loss * 0
+                if len(parts) == 1 and whole:
+                    scaled = loss  # the whole batch's share is 1
+                else:
+                    scaled = loss * (share / whole) if whole else loss * 0
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
                 total = scaled.detach() if total is None else total + scaled.detach()
                 del loss, scaled
@@ -278,6 +345,11 @@ class Guard:
         self.ladder, move = after_step(self.ladder, retried)
         if move is not None:
             self._record(move, batch, step)
+        if self._warning is not None and not self._warning.warned:
+            now = time.monotonic()
+            if now - self._checked >= PEAK_CHECK_SECONDS:
+                self._checked = now
+                self._warning.check(self._meter_().peak())
 
     def _recover(self, model: torch.nn.Module, batch: Any, failure: str | None, group: Group) -> None:
         for parameter in model.parameters():
@@ -286,6 +358,7 @@ class Guard:
         lowered = lower(self.ladder)
         if lowered is None:
             where = f"on rank {group.rank}" if failure is not None else "on another rank"
+            self._finish("oom", failure or "another rank ran out of memory", shapes(batch))
             raise GuardError(
                 f"batch {self.summary.steps} ({samples(batch)} samples, shapes {shapes(batch)}) ran out of memory "
                 f"{where} even one sample at a time" + (f" ({failure})" if failure else ""),
@@ -295,7 +368,7 @@ class Guard:
                 shapes=shapes(batch),
             )
         self.ladder, move = lowered
-        self._record(move, batch, self.summary.steps)
+        self._record(move, batch, self.summary.steps, ran_out=failure is not None)
 
     def _release(self) -> None:
         meter = self._meter_()
@@ -311,7 +384,7 @@ class Guard:
 
             release_heap()
 
-    def _record(self, move: Move, batch: Any, step: int) -> None:
+    def _record(self, move: Move, batch: Any, step: int, ran_out: bool = False) -> None:
         assert self._log is not None and self._group is not None
         event = GuardEvent(
             step=step,
@@ -322,6 +395,7 @@ class Guard:
             rank=self._group.rank,
             samples=samples(batch),
             shapes=shapes(batch),
+            ran_out=ran_out,
         )
         self.summary.events.append(event)
         self.summary.micro_batch_size = move.new
@@ -349,6 +423,10 @@ def run_out_of_memory(device: torch.device) -> None:
     import torch
 
     torch.empty(1 << 50, dtype=torch.uint8, device=device)
+
+
+def _warn(message: str) -> None:
+    logger.warning("guard: %s", message)
 
 
 # --- batches ------------------------------------------------------------------------------------------
@@ -382,10 +460,11 @@ def shapes(batch: Any) -> list[list[int]]:
     return [list(t.shape) for t in _tensors(batch)]
 
 
-def split(batch: Any, size: int) -> Iterator[Any]:
+def split(batch: Any, size: int, n: int | None = None) -> Iterator[Any]:
     """The batch in micro-batches of ``size`` samples (the last may be shorter): every tensor whose first
-    dimension is the batch's is sliced; other tensors and values are passed to every micro-batch unchanged."""
-    n = samples(batch)
+    dimension is the batch's (``n``, found when not given) is sliced; other tensors and values are passed to
+    every micro-batch unchanged."""
+    n = samples(batch) if n is None else n
     for start in range(0, n, size):
         yield _slice(batch, n, start, min(start + size, n))
 

@@ -117,7 +117,7 @@ def _model_entry(result: TuneResult, target: Target) -> dict[str, Any]:
         "indices": list(target.indices),
         "budget_bytes": result.device.get("budget_bytes"),
         "budget": format_bytes(result.device.get("budget_bytes") or 0),
-        "served_from_cache": bool(result.cache),
+        "served_from_cache": bool((result.cache or {}).get("served")),
         "probes": result.probes,
         "max_batch_sizes": {c.key: c.max_batch_size for c in result.combinations},
     }

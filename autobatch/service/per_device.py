@@ -113,6 +113,7 @@ def tune_target(request: TuneRequest, target: Target, hooks: Hooks) -> TuneResul
             )
         elif store is not None and store.put(inputs, result, used):
             result.notes.append(f"result kept in the cache as {inputs.key()}")
+            result.cache = {"key": inputs.key(), "served": False, "folder": str(folder.path)}
     if store is not None and inputs.cacheable:
         _evidence_note(folder, inputs.key(), result)
     return result
@@ -146,7 +147,7 @@ def _run(request: TuneRequest, target: Target, hooks: Hooks, warnings: Warnings)
 def _serve(
     hit: Any, request: TuneRequest, hooks: Hooks, warnings: Warnings, folder: CacheFolder
 ) -> TuneResult:
-    result = served(hit, request.spec.label, list(request.settings.script.script_args))
+    result = served(hit, request.spec.label, list(request.settings.script.script_args), str(folder.path))
     warnings.keep_in(result.notes)
     hooks.on_status(
         f"served from the cache: nothing that decides memory changed since {hit.made} "

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 from autobatch.cache import CacheFolder, Event, EvidenceStore, tune_inputs
 from autobatch.core.plan import plan_accumulation
 from autobatch.core.units import format_bytes
-from autobatch.devices.budget import margin_bytes
+from autobatch.devices.budget import EarlyWarning
 from autobatch.emit.args import command
 from autobatch.errors import AutobatchError, JobOutOfMemory, UsageError
 from autobatch.records.result import Chosen, TuneResult
@@ -65,8 +65,8 @@ def run(settings: Settings, options: RunOptions, hooks: Hooks, say: Say, warn: S
     for number in range(1, options.max_restarts + 2):
         plan = replace(chosen, micro_batch_size=micro, accumulation_steps=accumulation)
         spec = job_spec(replace(result, chosen=plan), options.resume_args if number > 1 else (), cap)
-        outcome = launch(spec, budget, _early_warning(budget, warn) if cpu and budget else None)
-        tuned = tuned_peak(result, micro)
+        outcome = launch(spec, budget, EarlyWarning("cpu", budget, warn).check if cpu and budget else None)
+        tuned = result.tuned_peak(micro)
         if store is not None and key is not None:
             store.record(key, _event(plan, number, outcome, tuned if cpu else None, budget))
         if outcome.peak_bytes and tuned and cpu:
@@ -190,16 +190,6 @@ def job_spec(result: TuneResult, resume: tuple[str, ...], cap: int | None) -> Jo
     return JobSpec([*runner, *words, *resume], env, None, cap)
 
 
-def tuned_peak(result: TuneResult, micro: int) -> int | None:
-    """The tune's peak at the micro-batch, or at the smallest batch above it that fitted (an upper bound)."""
-    chosen = result.chosen
-    combo = next((c for c in result.combinations if chosen is not None and c.ident == chosen.ident), None)
-    if combo is None:
-        return None
-    fits = [r for r in combo.trace if r.kind == "fits" and r.peak_bytes and r.batch_size >= micro]
-    return min(fits, key=lambda r: r.batch_size).peak_bytes if fits else combo.peak_bytes
-
-
 def _event(plan: Chosen, number: int, outcome: JobOutcome, tuned: int | None, budget: int | None) -> Event:
     if outcome.oom is not None:
         how = "oom"
@@ -223,19 +213,3 @@ def _event(plan: Chosen, number: int, outcome: JobOutcome, tuned: int | None, bu
         reason=outcome.oom or "",
         extra={"seconds": round(outcome.seconds, 1)},
     )
-
-
-def _early_warning(budget: int, warn: Say) -> Callable[[int], None]:
-    """Warn once when the job's peak comes within the CPU margin of its budget (it may run out later)."""
-    line = budget - margin_bytes("cpu", budget)
-    warned: list[bool] = []
-
-    def check(peak: int) -> None:
-        if peak >= line and not warned:
-            warned.append(True)
-            warn(
-                f"the job's peak reached {format_bytes(peak)}, within {format_bytes(budget - line)} of its budget "
-                f"{format_bytes(budget)} (or past it, into the headroom): it may run out of memory later"
-            )
-
-    return check

@@ -123,7 +123,10 @@ def _measure(request: TuneRequest, hooks: Hooks, saver: ResultSaver | None) -> T
     inner = replace(hooks, on_start=keep, on_update=update, on_device=device)
     try:
         result = tune_devices(request, inner)
-        if result.cache and (result.device.get("requested"), result.device.get("type")) == ("auto", "cpu"):
+        if (result.cache or {}).get("served") and (
+            result.device.get("requested"),
+            result.device.get("type"),
+        ) == ("auto", "cpu"):
             refuse_fallback(settings.output.emit, settings.output.allow_cpu)  # as a tune run now would have
     except BaseException as exc:
         if latest:

@@ -10,7 +10,8 @@ measured, how it ended read.
 * **Its output streams through unchanged.** stdout is the job's own; stderr is read and written through byte
   for byte, and its last :data:`TAIL_BYTES` are kept to read the job's traceback.
 * **How it ended.** A non-zero exit whose last traceback names an out-of-memory failure, by the rules every
-  probe is classified with (:func:`autobatch.probe.oom.explain_traceback`), is an OOM; so is a SIGKILL
+  probe is classified with (:func:`autobatch.probe.oom.explain_traceback`), is an OOM (under torchrun, the
+  traceback of the rank it names as the root cause: :func:`root_cause`); so is a SIGKILL
   autobatch did not send when the kernel's OOM killer may have sent it (the cgroup's ``oom_kill`` count rose,
   or cannot be read). Anything else is the job's own end, its exit code passed through (128 + N for signal N).
 * **Its peak** (the CPU device): the largest data memory of any of its processes, the quantity ``RLIMIT_DATA``
@@ -24,6 +25,7 @@ measured, how it ended read.
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -48,6 +50,10 @@ TAIL_BYTES = 64 << 10
 SAMPLE_SECONDS = 0.2
 #: torchrun's line for a rank that a signal ended ("Signal 9 (SIGKILL) received by PID 1234").
 _RANK_KILLED = "Signal 9 (SIGKILL) received by PID"
+#: torchrun's report of a failed job, naming the rank that failed first.
+_ROOT_CAUSE = re.compile(
+    r"ChildFailedError.*?Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S
+)
 #: How the peak is measured (recorded with it).
 PEAK_HOW = "largest VmPeak less non-data mappings of the job's processes, read from /proc every 0.2 s"
 
@@ -76,7 +82,7 @@ class JobOutcome:
     pids: set[int] = field(default_factory=set)
 
 
-Warn = Callable[[int], None]
+Warn = Callable[[int], object]
 
 
 def launch(spec: JobSpec, budget_bytes: int | None = None, on_peak: Warn | None = None) -> JobOutcome:
@@ -130,6 +136,7 @@ def launch(spec: JobSpec, budget_bytes: int | None = None, on_peak: Warn | None 
 def _oom_reason(
     returncode: int, text: str, killed_before: int | None, peak: int | None, budget: int | None
 ) -> str | None:
+    text = root_cause(text) or text
     verdict = explain_traceback(text, used_bytes=peak, budget_bytes=budget)
     if verdict is not None and verdict.kind == "oom":
         line = next(
@@ -143,6 +150,24 @@ def _oom_reason(
         if after > killed_before:
             return "killed by the kernel's OOM killer (the cgroup's oom_kill count rose)"
     return None
+
+
+def root_cause(text: str) -> str | None:
+    """The stderr of the rank torchrun names as its job's root cause (None: not a torchrun failure report).
+
+    torchrun ends a failed job with its own ``ChildFailedError`` traceback, the last one on stderr, and names
+    the rank that failed first; the other ranks' errors (a peer's closed connection) follow from it. Each
+    rank's lines carry torchrun's ``[rankN]:`` prefix; without the prefix, the stderr before torchrun's own
+    traceback."""
+    found = _ROOT_CAUSE.search(text)
+    if found is None:
+        return None
+    prefix = f"[rank{found.group(1)}]: "
+    lines = [line[len(prefix) :] for line in text.splitlines() if line.startswith(prefix)]
+    if lines:
+        return "\n".join(lines)
+    ours = text.rfind("Traceback (most recent call last):", 0, found.start())
+    return text[:ours] if ours > 0 else None
 
 
 def _names_rule(line: str, rule: str) -> bool:
