@@ -26,7 +26,8 @@ PLACEHOLDER = ("--", "--batch-size", "{batch}")
 #: A probe's data memory with the framework imported and batch 8, measured 2026-11-28 under 1 GiB: Lightning
 #: 404 MiB (1.8 MiB more per sample), accelerate 422 MiB (9.3 more per sample), the Trainer 635 MiB (4.3 more).
 #: The Trainer keeps 1 GiB: under 800 MiB (a maximum of 28) its search took 7 probes, not fewer seconds.
-CAPS = {"hf_trainer": "1GiB", "lightning_fit": "544MiB", "accelerate_loop": "544MiB"}
+#: Each script's cap, and the smallest plausible maximum under it (measured: 75, 58 and 15).
+CAPS = {"hf_trainer": ("1GiB", 30), "lightning_fit": ("544MiB", 30), "accelerate_loop": ("544MiB", 8)}
 
 
 def _cpu(memory: str) -> tuple[str, ...]:
@@ -56,7 +57,7 @@ def _check(script: str, batch: int, memory: str):
 )
 def test_framework_script_tuned_as_is_and_confirmed_by_check(name: str, library: str, tmp_path) -> None:
     pytest.importorskip(library)
-    script, memory = str(EXAMPLES / "as_is" / f"{name}.py"), CAPS[name]
+    script, (memory, lowest) = str(EXAMPLES / "as_is" / f"{name}.py"), CAPS[name]
     proc = run_cli(
         "tune",
         script,
@@ -75,7 +76,7 @@ def test_framework_script_tuned_as_is_and_confirmed_by_check(name: str, library:
     assert (combo["precision"], combo["optimizer"], combo["recompute"]) == ("script", "script", False)
     assert combo["status"] == "exact" and combo["probes"] <= 6, combo
     b_max = combo["max_batch_size"]
-    assert 8 <= b_max <= 600, b_max
+    assert lowest <= b_max <= 600, b_max
 
     fits = _check(script, b_max, memory)
     assert fits.returncode == 0, fits.stderr
