@@ -24,7 +24,7 @@ from autobatch.errors import EXIT_NOTHING_FITS, EXIT_OOM, EXIT_SCRIPT
 pytestmark = pytest.mark.slow
 
 #: (script, cap) pairs small enough to tune quickly on 2 cores.
-CASES = [("mlp.py", "500MiB"), ("cnn.py", "500MiB"), ("gpt.py", "500MiB")]
+CASES = [("mlp.py", "500MiB"), ("cnn.py", "440MiB"), ("gpt.py", "500MiB")]
 
 
 def _tune(script: str, memory: str, *extra: str, tmp_path) -> dict:
@@ -57,6 +57,7 @@ def test_tune_maximum_holds_and_next_batch_does_not(script: str, memory: str, tm
     data = _tune(script, memory, tmp_path=tmp_path)
     (combo,) = data["combinations"]
     b_max = combo["max_batch_size"]
+    print(f"{script} under {memory}: max {b_max}, {combo['probes']} probes")
     assert combo["status"] == "exact" and b_max >= 1
     assert combo["probes"] >= 2 and combo["peak_bytes"] <= data["device"]["budget_bytes"]
     common = (
