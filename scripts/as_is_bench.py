@@ -72,7 +72,7 @@ class Probes:
 
     @property
     def fixed(self) -> list[float]:
-        return [wall - steps for wall, steps in zip(self.walls, self.steps)]
+        return [wall - steps for wall, steps in zip(self.walls, self.steps, strict=False)]
 
 
 def tune(script: str, options: tuple[str, ...], args: tuple[str, ...]) -> Tuned:
@@ -208,7 +208,9 @@ def render(plain: Tuned, twin: Tuned, probes: tuple[Probes, Probes], truth: int 
         "",
     ]
     for name, timed in (("plain loop", probes[0]), ("twin", probes[1])):
-        each = ", ".join(f"{w:.2f} − {s:.2f} = {w - s:.2f}" for w, s in zip(timed.walls, timed.steps))
+        each = ", ".join(
+            f"{w:.2f} − {s:.2f} = {w - s:.2f}" for w, s in zip(timed.walls, timed.steps, strict=False)
+        )
         lines.append(f"- {name}: {each} (setup {', '.join(f'{x:.3f}' for x in timed.setups)})")
     if share is not None:
         verdict = (

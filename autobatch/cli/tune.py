@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 from rich.table import Table

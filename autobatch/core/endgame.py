@@ -101,7 +101,7 @@ def noise(points: dict[int, int], center: float, near: float) -> float | None:
     points near the boundary does not.
     """
     items = sorted((b, p) for b, p in points.items() if b >= near * center)
-    if any(p1 >= p2 for (_, p1), (_, p2) in zip(items, items[1:])):
+    if any(p1 >= p2 for (_, p1), (_, p2) in zip(items, items[1:], strict=False)):
         return math.inf  # a flat run: the peaks are quantised (allocator segments), the line says little
     if len(items) < 3:
         return None
@@ -150,7 +150,7 @@ def distribution(
         total = 1.0
     counts = [start - lo + 1] + [1] * (width - 2) + [hi - end + 1 if bounded else 1]
     share = sum(counts)
-    return [(1 - DOUBT) * p / total + DOUBT * c / share for p, c in zip(mass, counts)]
+    return [(1 - DOUBT) * p / total + DOUBT * c / share for p, c in zip(mass, counts, strict=False)]
 
 
 def best_probe(weights: list[float], base_cost: float, top_cost: float = 0.0) -> int:

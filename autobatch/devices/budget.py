@@ -9,8 +9,9 @@ fit may come on the CPU, where the same probe's peak differs between fresh proce
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.core.units import format_bytes
 from autobatch.errors import DeviceError, UsageError

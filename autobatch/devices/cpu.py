@@ -14,8 +14,9 @@ import ctypes
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from autobatch.records.protocol import ProbeOutcome, ProbeRequest

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.core.ladder import Ladder, LadderSettings, Move, after_step, lower, rungs
 from autobatch.devices.budget import EarlyWarning
@@ -323,7 +323,7 @@ class Guard:
         whole = sum(shares)
         total: torch.Tensor | None = None
         with model.no_sync() if ddp else nullcontext():  # type: ignore[operator]
-            for part, share in zip(parts, shares):
+            for part, share in zip(parts, shares, strict=False):
                 if inject:
                     inject = False
                     run_out_of_memory(next(model.parameters()).device)

@@ -11,8 +11,8 @@ adapter that runs a LightningModule as the step, for ``tune --lightning``, is :m
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Callback
 

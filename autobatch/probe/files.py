@@ -13,8 +13,9 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from autobatch.records.protocol import ProbeOutcome
 

@@ -13,8 +13,8 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar, overload
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from autobatch.errors import ProbeFailure
 from autobatch.records.failures import describe_failure

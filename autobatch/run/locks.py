@@ -29,10 +29,11 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any
 
 from autobatch.errors import AutobatchError, DeviceError, UsageError
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.cache import CacheFolder, ProbeJournal, fingerprint
 from autobatch.cache.sources import FilesSeen, source_digests

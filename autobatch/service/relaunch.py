@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from autobatch.cache import CacheFolder, Event, EvidenceStore, tune_inputs
 from autobatch.core.plan import plan_accumulation

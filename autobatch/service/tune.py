@@ -181,5 +181,7 @@ def emit_from_settings(
         allow_cpu=settings.output.allow_cpu,
     )
     written = emit(result, specs, options)
-    for line in report(result, [(fmt, path) for (fmt, _), path in zip(specs, written)], options):
+    for line in report(
+        result, [(fmt, path) for (fmt, _), path in zip(specs, written, strict=False)], options
+    ):
         say(line)

@@ -33,11 +33,10 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Callable
 
 from autobatch.probe.lineage import become_subreaper, end_descendants
 from autobatch.probe.oom import explain_traceback

@@ -17,10 +17,10 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from support import run_main, wire_fake_runner

@@ -9,8 +9,9 @@ tensor of the estimate is fake.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.core.levels import PARTIAL
 from autobatch.core.space import Combo, combinations

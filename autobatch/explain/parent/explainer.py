@@ -8,8 +8,9 @@ docs/explain-estimate.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from autobatch.core.levels import FULL, OFF
 from autobatch.core.maximum import Limits

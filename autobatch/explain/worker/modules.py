@@ -8,8 +8,9 @@ outside any module (the loss) is the row ``(outside modules)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
