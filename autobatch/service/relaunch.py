@@ -60,19 +60,21 @@ def run(settings: Settings, options: RunOptions, hooks: Hooks, say: Say, warn: S
             "no cache key for this plan (a result file of another tune, or --no-cache): launches are not recorded"
         )
     budget = result.device.get("budget_bytes")
-    cpu = result.device.get("type") == "cpu"
+    kind = str(result.device.get("type") or "cpu")
+    cpu = kind == "cpu"
     cap = int(result.device["capacity_bytes"]) if cpu and settings.device.memory is not None else None
     micro, accumulation = chosen.micro_batch_size, chosen.accumulation_steps
     for number in range(1, options.max_restarts + 2):
         plan = replace(chosen, micro_batch_size=micro, accumulation_steps=accumulation)
-        spec = job_spec(replace(result, chosen=plan), options.resume_args if number > 1 else (), cap)
+        spec = job_spec(replace(result, chosen=plan), options.resume_args if number > 1 else (), cap, kind)
         outcome = launch(spec, budget, EarlyWarning("cpu", budget, warn).check if cpu and budget else None)
         tuned = result.tuned_peak(micro)
         if store is not None and key is not None:
-            store.record(key, _event(plan, number, outcome, tuned if cpu else None, budget))
-        if outcome.peak_bytes and tuned and cpu:
+            store.record(key, _event(plan, number, outcome, tuned, budget, kind))
+        if outcome.peak_bytes and tuned:
+            how = "" if cpu else " on its busiest device per NVML, CUDA contexts included"
             say(
-                f"launch {number}: peak {format_bytes(outcome.peak_bytes)} (tuned {format_bytes(tuned)}, budget "
+                f"launch {number}: peak {format_bytes(outcome.peak_bytes)}{how} (tuned {format_bytes(tuned)}, budget "
                 f"{format_bytes(budget or 0)}) at micro-batch {micro}"
             )
         if outcome.oom is None:
@@ -175,7 +177,7 @@ def smaller(plan: Chosen) -> tuple[int, int] | None:
     return new.micro_batch_size, new.accumulation_steps * own
 
 
-def job_spec(result: TuneResult, resume: tuple[str, ...], cap: int | None) -> JobSpec:
+def job_spec(result: TuneResult, resume: tuple[str, ...], cap: int | None, device: str = "cpu") -> JobSpec:
     """The job's command line as the tune prints it, run by this Python, with the resume arguments after it."""
     words = command(result)
     assert words is not None and result.chosen is not None
@@ -188,10 +190,12 @@ def job_spec(result: TuneResult, resume: tuple[str, ...], cap: int | None) -> Jo
     runner = [sys.executable] if launcher == "python" else [sys.executable, "-m", "torch.distributed.run"]
     while words and words[0].startswith("--") and launcher != "python":
         runner.append(words.pop(0))  # torchrun's own options
-    return JobSpec([*runner, *words, *resume], env, None, cap)
+    return JobSpec([*runner, *words, *resume], env, None, cap, device)
 
 
-def _event(plan: Chosen, number: int, outcome: JobOutcome, tuned: int | None, budget: int | None) -> Event:
+def _event(
+    plan: Chosen, number: int, outcome: JobOutcome, tuned: int | None, budget: int | None, device: str
+) -> Event:
     if outcome.oom is not None:
         how = "oom"
     elif outcome.forwarded is not None or outcome.returncode > 128:
@@ -207,8 +211,8 @@ def _event(plan: Chosen, number: int, outcome: JobOutcome, tuned: int | None, bu
         outcome=how,
         exit_code=outcome.returncode,
         launch=number,
-        peak_bytes=outcome.peak_bytes if tuned is not None else None,
-        peak_how=PEAK_HOW if tuned is not None and outcome.peak_bytes else None,
+        peak_bytes=outcome.peak_bytes,
+        peak_how=PEAK_HOW.get(device) if outcome.peak_bytes else None,
         tuned_peak_bytes=tuned,
         budget_bytes=budget,
         reason=outcome.oom or "",

@@ -14,12 +14,14 @@ measured, how it ended read.
   traceback of the rank it names as the root cause: :func:`root_cause`); so is a SIGKILL
   autobatch did not send when the kernel's OOM killer may have sent it (the cgroup's ``oom_kill`` count rose,
   or cannot be read). Anything else is the job's own end, its exit code passed through (128 + N for signal N).
-* **Its peak** (the CPU device): the largest data memory of any of its processes, the quantity ``RLIMIT_DATA``
+* **Its peak** on the CPU device: the largest data memory of any of its processes, the quantity ``RLIMIT_DATA``
   caps (:mod:`autobatch.devices.cpu`), read from ``/proc/PID/status`` every :data:`SAMPLE_SECONDS` as the
   kernel's high-water mark of the address space (``VmPeak``) less the mappings that are not data. A high-water
   mark misses nothing between two readings, only what a process grows in its last interval before it exits.
   ``--memory`` caps every process of the job with ``RLIMIT_DATA`` at the device's capacity, as a card of that
-  size would.
+  size would. On CUDA: the device memory NVML lists for the job's processes on its busiest device, sampled as
+  often (:class:`autobatch.devices.cuda.nvml.JobMeter`); it counts each process's CUDA context, which a
+  tune's budget leaves out, and a sample can miss a short peak between two readings.
 """
 
 from __future__ import annotations
@@ -53,18 +55,24 @@ _RANK_KILLED = "Signal 9 (SIGKILL) received by PID"
 _ROOT_CAUSE = re.compile(
     r"ChildFailedError.*?Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S
 )
-#: How the peak is measured (recorded with it).
-PEAK_HOW = "largest VmPeak less non-data mappings of the job's processes, read from /proc every 0.2 s"
+#: How the peak is measured, per device type (recorded with it).
+PEAK_HOW = {
+    "cpu": "largest VmPeak less non-data mappings of the job's processes, read from /proc every 0.2 s",
+    "cuda": "NVML's used memory of the job's processes on its busiest device (CUDA contexts included), "
+    "sampled every 0.2 s",
+}
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What to launch: the words, the environment (whole), where, and the data-memory cap of every process."""
+    """What to launch: the words, the environment (whole), where, the data-memory cap of every process, and the
+    device type whose memory its peak is (``cpu`` or ``cuda``)."""
 
     argv: Sequence[str]
     env: Mapping[str, str]
     cwd: str | None = None
     memory_cap: int | None = None
+    device: str = "cpu"
 
 
 @dataclass
@@ -103,7 +111,7 @@ def launch(spec: JobSpec, budget_bytes: int | None = None, on_peak: Warn | None 
     forwarding = _Forwarding(proc.pid)
     tail: deque[bytes] = deque()
     tee = threading.Thread(target=_tee, args=(proc.stderr.fileno(), tail), daemon=True)
-    sampler = _Sampler(proc.pid, on_peak)
+    sampler = _Sampler(proc.pid, on_peak, _meter(spec.device))
     tee.start()
     sampler.start()
     try:
@@ -256,14 +264,34 @@ def _tee(fd: int, tail: deque[bytes]) -> None:
             kept -= len(tail.popleft())
 
 
-class _Sampler(threading.Thread):
-    """Reads the data memory of every process of the job's process group (and of the job's first process's
-    descendants) until stopped; :attr:`peak` is the largest seen."""
+PeakReader = Callable[[set[int]], "int | None"]
 
-    def __init__(self, pid: int, on_peak: Warn | None) -> None:
+
+def _meter(device: str) -> tuple[PeakReader, Callable[[], None]]:
+    """How the job's peak is read on ``device``, and what to close after."""
+    if device == "cuda":
+        from autobatch.devices.cuda.nvml import JobMeter
+
+        meter = JobMeter()
+        return meter.read, meter.close
+    return _data_peak, lambda: None
+
+
+def _data_peak(pids: set[int]) -> int | None:
+    """The largest peak data memory of these processes (None: none readable)."""
+    peaks = [peak for peak in map(peak_data, pids) if peak is not None]
+    return max(peaks) if peaks else None
+
+
+class _Sampler(threading.Thread):
+    """Reads the memory of every process of the job's process group (and of the job's first process's
+    descendants) until stopped, with the device's reader; :attr:`peak` is the largest seen."""
+
+    def __init__(self, pid: int, on_peak: Warn | None, meter: tuple[PeakReader, Callable[[], None]]) -> None:
         super().__init__(daemon=True)
         self.pid = pid
         self.on_peak = on_peak
+        self.reader, self.close = meter
         self.peak = 0
         self.pids: set[int] = set()
         self._stop_event = threading.Event()
@@ -272,21 +300,20 @@ class _Sampler(threading.Thread):
         self._stop_event.set()
         self.read()
         self.join(timeout=2.0)
+        self.close()
 
     def run(self) -> None:
         while not self._stop_event.wait(SAMPLE_SECONDS):
             self.read()
 
     def read(self) -> None:
-        for pid in self.members():
-            peak = peak_data(pid)
-            if peak is None:
-                continue
-            self.pids.add(pid)
-            if peak > self.peak:
-                self.peak = peak
-                if self.on_peak is not None:
-                    self.on_peak(peak)
+        members = self.members()
+        self.pids |= {pid for pid in members if Path(f"/proc/{pid}").exists()}
+        peak = self.reader(members)
+        if peak is not None and peak > self.peak:
+            self.peak = peak
+            if self.on_peak is not None:
+                self.on_peak(peak)
 
     def members(self) -> set[int]:
         """The job's processes: its process group's, and the first process's descendants."""
