@@ -67,11 +67,16 @@ class GuardStep:
     """One global batch as the guard ran it."""
 
     step: int  # 0-based
-    loss: float  # the batch's loss: the micro-batches' losses weighted by their shares
+    loss_tensor: Any  # the batch's loss (detached, on the device): the micro-batches' losses by their shares
     samples: int  # samples in this rank's batch (all of them ran, once)
     micro_batch_size: int  # the size it completed at
     micro_batches: int
     attempts: int  # 1, or more when it ran out of memory and ran again
+
+    @property
+    def loss(self) -> float:
+        """The batch's loss as a number (read when asked: on CUDA a read waits for the device)."""
+        return float(self.loss_tensor)
 
 
 class Guard:
@@ -123,6 +128,7 @@ class Guard:
         self._fsdp = self._ddp = False
         self._warning: EarlyWarning | None = None
         self._checked = 0.0
+        self._retries = 0  # the allocator's retries when last read
 
     @classmethod
     def from_result(
@@ -204,7 +210,6 @@ class Guard:
         attempts = 0
         while True:
             attempts += 1
-            retries = self._meter_().alloc_retries()
             failure = None
             loss = None
             inject = attempts == 1 and self.summary.steps in self.fail_at
@@ -217,7 +222,8 @@ class Guard:
                 if classify_exception(exc) != "oom":
                     raise
                 failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            retried = self._meter_().alloc_retries() > retries
+            retries = self._meter_().alloc_retries()  # one read per attempt: CUDA's stats are a dictionary
+            retried, self._retries = retries > self._retries, retries
             ran_out, retried = agreed or agree(group, failure is not None, retried)
             if not ran_out:
                 assert loss is not None
@@ -225,7 +231,7 @@ class Guard:
                     average_gradients(group, model)
                     if getattr(model, "broadcast_buffers", False):
                         broadcast_buffers(model)
-                self._completed(batch, float(loss), count, attempts, retried)
+                self._completed(batch, loss, count, attempts, retried)
                 return loss
             del loss
             if fsdp:
@@ -293,6 +299,7 @@ class Guard:
             device = next((p.device for p in model.parameters()), None)
             kind = device.type if device is not None else "cpu"
             self._meter = PeakMeter(kind, device.index if device is not None and kind == "cuda" else None)
+            self._retries = self._meter.alloc_retries()
             self._log = EventLog(self.events_path, self._group.rank)
             if self.evidence is not None:
                 self._recorder = EvidenceRecorder(self.evidence, self._group.rank, kind)
@@ -338,7 +345,7 @@ class Guard:
         assert total is not None
         return total, len(parts)
 
-    def _completed(self, batch: Any, loss: float, count: int, attempts: int, retried: bool) -> None:
+    def _completed(self, batch: Any, loss: torch.Tensor, count: int, attempts: int, retried: bool) -> None:
         step = self.summary.steps
         self.last = GuardStep(step, loss, samples(batch), self.ladder.size, count, attempts)
         self.summary.steps += 1
