@@ -104,7 +104,7 @@ def fixed_costs(budget: int, batch: int, steps: int, samples: int) -> tuple[Prob
     from autobatch.devices.selection import resolve_targets
     from autobatch.devices.visible import PROBE_ENV
     from autobatch.probe.client import ProbeClient
-    from autobatch.records.protocol import ProbeRequest, StepConfig
+    from autobatch.records.protocol import ProbeRequest, RunConfig, StepConfig
     from autobatch.run.locks import RunLock
     from autobatch.step.spec import ScriptSpec
 
@@ -113,9 +113,12 @@ def fixed_costs(budget: int, batch: int, steps: int, samples: int) -> tuple[Prob
 
     def request(op: str, precision: str, optimizer: str) -> ProbeRequest:
         return ProbeRequest(
-            StepConfig(batch, precision, optimizer), budget_bytes=budget, min_steps=steps, max_steps=steps,
-            timeout=600.0, op=op,
-        )  # fmt: skip
+            StepConfig(batch, precision, optimizer),
+            RunConfig(budget, 600.0),
+            min_steps=steps,
+            max_steps=steps,
+            op=op,
+        )
 
     target = resolve_targets("cpu", MEMORY)[0]  # its lock: no tune's probes on this host meanwhile
     plain, twin = Probes(), Probes()
