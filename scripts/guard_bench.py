@@ -22,6 +22,7 @@ One torch thread (the machine is shared; one thread keeps the two loops' times c
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -208,7 +209,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=PAGE)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    began = time.time()
+    began, load = time.time(), os.getloadavg()
     rows = []
     for work in WORKLOADS.values():
         for micro in (work.batch_size, work.batch_size // 2):
@@ -236,9 +237,8 @@ def main() -> None:
             measurements.command_line("guard_bench.py", ["--rounds", str(args.rounds)]),
             extra=[
                 f"- {time.time() - began:.0f} s in all; one torch thread; AdamW",
-                "- the machine was shared with other engineers' test runs (two cores, loaded): absolute times "
-                "are not a quiet machine's; the overhead is a ratio of the two loops timed side by side, in "
-                "interleaved rounds",
+                f"- load average {load[0]:.1f} at the start and {os.getloadavg()[0]:.1f} at the end (2 cores); the "
+                "overhead is a ratio of the two loops timed side by side, in interleaved rounds",
             ],
         ),
         "",
