@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from autobatch.devices.cpu import read_status
 from autobatch.probe.lineage import become_subreaper, end_descendants
 from autobatch.probe.oom import explain_traceback
 
@@ -340,18 +341,11 @@ def _pgid(pid: int) -> int | None:
 def peak_data(pid: int) -> int | None:
     """The process's peak data memory: ``VmPeak`` less its mappings that are not data (``VmSize - VmData``),
     in bytes (None: gone, a zombie, or not readable)."""
-    values: dict[str, int] = {}
     try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                key, _, rest = line.partition(":")
-                if key in ("VmData", "VmSize", "VmPeak"):
-                    values[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
+        status = read_status(pid)
+    except (OSError, ValueError, IndexError, KeyError):
         return None
-    if len(values) < 3:
-        return None
-    return values["VmPeak"] - (values["VmSize"] - values["VmData"])
+    return status.peak - status.not_data
 
 
 def oom_kills() -> int | None:
