@@ -106,12 +106,12 @@ def run(settings: Settings, options: RunOptions, hooks: Hooks, say: Say, warn: S
 def plan_of(settings: Settings, options: RunOptions, hooks: Hooks) -> tuple[TuneResult, str | None]:
     """The plan (from the file, the cache or a tune now) and the key its evidence goes under."""
     if options.result_file is None:
-        result = tune(settings, hooks, generated_by="autobatch run")
-        return result, tuned_key(settings) if settings.probe.cache else None
-    result = TuneResult.load(options.result_file)
-    if settings.script.script is not None:
-        script = str(Path(settings.script.script).resolve())
-        result = replace(result, script=script, script_args=list(settings.script.script_args))
+        result = tune(settings, hooks, generated_by="autobatch run")  # a kept result names its key
+    else:
+        result = TuneResult.load(options.result_file)
+        if settings.script.script is not None:
+            script = str(Path(settings.script.script).resolve())
+            result = replace(result, script=script, script_args=list(settings.script.script_args))
     stored = (result.cache or {}).get("key")
     if stored:
         return result, str(stored)
