@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,10 @@ class ScriptFiles:
         self.own: set[Path] = set()  # files the script wrote outside the scratch folder
         self.looked_at: set[str] = set()  # paths opened for reading so far
         self.busy = False  # copying on write: the hook's own file operations are not the script's
+        self.inside = threading.local()  # in this thread, the hook is deciding: what it opens is its own
+        # worked out here, before the hook runs: tempfile works the folder out under a lock and opens files to
+        # do it, so asking it from inside the hook, the first time, would wait for that lock for ever
+        self.caches = _caches()
         self.skipped = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
         self.skipped += [Path(__file__).resolve().parent.parent, *(Path(p) for p in _SYSTEM)]
         self.skipped = [p for p in self.skipped if p != Path("/")]
@@ -68,8 +73,15 @@ class ScriptFiles:
     # -- the hook -------------------------------------------------------------------------------
 
     def audit(self, event: str, args: tuple[Any, ...]) -> None:
-        if event not in _WATCHED or self.busy:
+        if event not in _WATCHED or self.busy or getattr(self.inside, "deciding", False):
             return
+        self.inside.deciding = True
+        try:
+            self._decide(event, args)
+        finally:
+            self.inside.deciding = False
+
+    def _decide(self, event: str, args: tuple[Any, ...]) -> None:
         if event == "open":
             path, mode, flags = args
             if isinstance(path, (str, bytes, os.PathLike)):
@@ -113,7 +125,7 @@ class ScriptFiles:
                 str(path),
             )
         self.own.add(real)
-        if not bytecode and not _under(real, *_caches()):
+        if not bytecode and not _under(real, *self.caches):
             self._note_write(str(real))  # not redirected: listed
 
     def reading(self, path: Any) -> None:
@@ -150,7 +162,7 @@ class ScriptFiles:
         caches, such as compilers')."""
         if set(real.parts) & set(_INSTALLED_MARKERS):
             return True
-        return any(_under(real, folder) for folder in [*self.skipped, Path(tempfile.gettempdir()).resolve()])
+        return any(_under(real, folder) for folder in [*self.skipped, self.caches[0]])
 
     def _absolute(self, path: Any) -> Path | None:
         try:
