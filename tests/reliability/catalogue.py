@@ -272,8 +272,7 @@ CASES: tuple[Case, ...] = (
          tune("{bad}/prepares_data_at_import.py", "--max-batch-size", "64", "--timeout", "60", "--no-cache"), 0,
          ("chosen",), "server"),
     # -- the job's process is fresh, probes are forked (round two, 7): counted as the job's, and said ----------
-    Case("a probe counts as the job's fresh process", tune(GOOD, "--max-batch-size", "8", "--no-cache"), 0,
-         ("probes count as the job's fresh process", "against a probe forked"), "server", env=FRESH),
+    # (a probe counting as the job's fresh process is said in tests/cli/test_fresh_process_e2e.py's tune)
     Case("a rank counts as the rank torchrun starts",
          tune(GOOD, "--strategy", "ddp", "--nproc-per-node", "2", "--max-batch-size", "8", "--no-cache"), 0,
          ("rank processes, started as torchrun starts them", "rank 1"), "server", env=FRESH),
