@@ -20,7 +20,7 @@ def _explain(tmp_path: Path, strategy: str) -> tuple[dict, str]:
     script.write_text(TINY)
     proc = run_cli(
         "explain", str(script), "--device", "cpu", "-p", "32-true", "-o", "adamw", "-b", "16",
-        "--memory", "600MiB", "--strategy", strategy, "--nproc-per-node", "2", "--json",
+        "--memory", "600MiB", "--strategy", strategy, "--nproc-per-node", "2", "--vocab-trim", "0", "--json",
         env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
