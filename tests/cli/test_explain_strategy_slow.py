@@ -20,8 +20,9 @@ def _explain(tmp_path: Path, strategy: str) -> tuple[dict, str]:
     script.write_text(TINY)
     proc = run_cli(
         "explain", str(script), "--device", "cpu", "-p", "32-true", "-o", "adamw", "-b", "16",
-        "--memory", "600MiB", "--strategy", strategy, "--nproc-per-node", "2", "--json",
-        env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")},
+        "--memory", "600MiB", "--strategy", strategy, "--nproc-per-node", "2", "--vocab-trim", "0", "--json",
+        # no lever's maximum is the question: each lever's search over simulations stops at 8 samples
+        env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"), "AUTOBATCH_MAX_BATCH_SIZE": "8"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), proc.stderr

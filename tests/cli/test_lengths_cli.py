@@ -314,14 +314,29 @@ datasets.DatasetDict({"a": saved, "b": saved}).save_to_disk("ab")
 """
 
 
-def lengths_apart(*args: str) -> tuple[int, dict, str]:  # type: ignore[type-arg]
-    """``autobatch lengths`` in a process of its own: importing datasets (pyarrow) here would grow this
-    process's data memory, which the probe processes later tests fork from it count under their cap."""
+#: Runs ``autobatch lengths`` through its ``main()`` once for each argument list in ``argv[1]`` (JSON), after
+#: SAVE_DATA_SETS, and prints the (exit code, stdout, stderr) of each: datasets is imported once.
+LENGTHS_APART = f"""
+{SAVE_DATA_SETS}
+import json
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+from support import run_main
+
+print(json.dumps([run_main("lengths", *args) for args in json.loads(sys.argv[1])]))
+"""
+
+
+def lengths_apart(*calls: tuple[str, ...]) -> list[tuple[int, dict, str]]:  # type: ignore[type-arg]
+    """The data sets made, and ``autobatch lengths`` run on them, in a process of its own: importing datasets
+    (pyarrow) here would grow this process's data memory, which the probe processes later tests fork from it
+    count under their cap."""
     done = subprocess.run(
-        [sys.executable, "-m", "autobatch", "lengths", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", LENGTHS_APART, json.dumps(calls)], capture_output=True, text=True, timeout=300
     )
-    err = " ".join(done.stderr.split())  # unwrapped: rich wraps at the width it finds
-    return done.returncode, (json.loads(done.stdout) if done.stdout.strip() else {}), err
+    assert done.returncode == 0, done.stderr
+    return [
+        (code, (json.loads(out) if out.strip() else {}), err) for code, out, err in json.loads(done.stdout)
+    ]
 
 
 @pytest.mark.consumers
@@ -332,22 +347,30 @@ def test_a_data_set_saved_to_disk(files: tuple[Path, list[int]], tmp_path: Path)
         pytest.skip("datasets is not installed")  # a failure when consumers are required (conftest)
     _, data = files
     (tmp_path / "short.txt").write_text("\n".join(map(str, data[:2000])))
-    made = subprocess.run([sys.executable, "-c", SAVE_DATA_SETS], capture_output=True, text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
     _, from_text, _ = lengths("short.txt", "--json")
-    code, from_lists, err = lengths_apart("saved", "--json")
+    calls = [
+        ("saved", "--json"),
+        ("saved", "--column", "n", "--json"),
+        ("saved", "--column", "text"),
+        ("saved", "--column", "ids"),
+        ("dict", "--json"),
+        ("ab",),
+        ("ab/b", "--json"),
+    ]
+    lists, counts, text, ids, split_dict, ab, ab_b = lengths_apart(*calls)
+    code, from_lists, err = lists
     assert code == 0, err
     assert from_lists["data"] == {"path": "saved", "format": "datasets", "column": "input_ids", "split": None}
-    _, from_counts, _ = lengths_apart("saved", "--column", "n", "--json")
+    _, from_counts, _ = counts
     for key in ("padding", "tokens", "distribution"):
         assert from_lists[key] == from_text[key] == from_counts[key]
-    code, _, err = lengths_apart("saved", "--column", "text")
+    code, _, err = text
     assert code == EXIT_USAGE and "neither token counts nor token lists" in err and "tokenize" in err
-    code, _, err = lengths_apart("saved", "--column", "ids")
+    code, _, err = ids
     assert code == EXIT_USAGE and "has no column 'ids' (its columns: input_ids, n, text)" in err
-    code, split, _ = lengths_apart("dict", "--json")
+    code, split, _ = split_dict
     assert code == 0 and split["data"]["split"] == "train" and split["distribution"]["count"] == 100
-    code, _, err = lengths_apart("ab")
+    code, _, err = ab
     assert code == EXIT_USAGE and "the splits a, b" in err and "ab/a" in err
-    code, one, _ = lengths_apart("ab/b", "--json")
+    code, one, _ = ab_b
     assert code == 0 and one["distribution"] == from_text["distribution"]
