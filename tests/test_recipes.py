@@ -36,6 +36,8 @@ def environment(tmp_path: Path) -> dict[str, str]:
         AUTOBATCH_PRECISIONS="32-true",
         AUTOBATCH_OPTIMIZERS="sgd",
         AUTOBATCH_RECOMPUTE="false",
+        # the recipes' plumbing is the question, not the maximum: a capped search is two probes and a confirm
+        AUTOBATCH_MAX_BATCH_SIZE="16",
         AUTOBATCH_CACHE_DIR=str(tmp_path / "cache"),
         AUTOBATCH_LOCK_DIR=str(tmp_path / "locks"),
         OUT=str(tmp_path / "out"),
