@@ -81,10 +81,10 @@ def main() -> None:
     started = time.perf_counter()
     try:
         start = _load(init)
-        if start.get("restart"):  # an import started threads: start again, forking from torch alone
+        if start.get("restart"):  # an import started threads: start again, warming less (torch alone at last)
             os.dup2(proto.fileno(), 1)
             os.dup2(requests.fileno(), 0)
-            again = json.dumps({**init, "warm": False, "cold": start["restart"]})
+            again = json.dumps({**init, "warm": start["warm"], "cold": start.get("cold")})
             os.execv(sys.executable, [sys.executable, "-m", "autobatch.probe.server", again])
         error = _check_script(init)
     except BaseException as exc:  # noqa: BLE001
@@ -110,7 +110,8 @@ def _load(init: dict[str, Any]) -> dict[str, Any]:
     """Import torch, the operations and the step's third-party modules once: what every probe inherits.
 
     Returns how probes start (:mod:`autobatch.probe.warming`): the modules warmed, or ``restart`` with
-    the reason when warming them started threads (the server then starts again with torch alone).
+    what to warm instead when warming started threads: the modules without the names taken from them
+    when only the names did, else torch alone (with the reason, which the result notes).
     """
     import torch  # noqa: F401  (imported once here, inherited by every probe)
 
@@ -120,10 +121,20 @@ def _load(init: dict[str, Any]) -> dict[str, Any]:
     load_operations(init.get("op_modules", []))
     preload()
     threads = thread_count()
-    warmed = warm(step_imports(init["script"])) if init.get("warm", True) else []
+    level = init.get("warm", True)  # True: modules and names; "modules"; False: torch alone
+    wanted = step_imports(init["script"]) if level else []
+    warmed = warm([name for name in wanted if ":" not in name])
     if thread_count() > threads:
         started = thread_count() - threads
-        return {"restart": f"importing {', '.join(warmed)} started {started} thread(s)"}
+        return {
+            "restart": True,
+            "warm": False,
+            "cold": f"importing {', '.join(warmed)} started {started} thread(s)",
+        }
+    if level is True:
+        warmed += warm([name for name in wanted if ":" in name])
+        if thread_count() > threads:  # a name loaded lazily started them: probes load the names themselves
+            return {"restart": True, "warm": "modules"}
     # Everything imported so far lives as long as the server: move it out of the collector's
     # reach, so the collection before each fork (_tidy_heap) walks only what requests left
     # behind (0.14 s per probe otherwise, walking torch's objects).

@@ -2,7 +2,9 @@
 
 No user code runs in the process that forks. The server imports torch, the probe operations and the
 third-party modules the step's source imports at its top level (read from the source with :mod:`ast`,
-never run), then forks a probe per request, and each probe imports the user's script itself. A child
+never run), down to the names a ``from X import a, b`` takes (a library that loads its names lazily,
+as transformers does, would otherwise load them again in every probe), then forks a probe per request,
+and each probe imports the user's script itself. A child
 forked after an OpenMP thread pool has started hangs in its first parallel region (GNU OpenMP is not
 fork-safe), and a script that prepares its data at import starts that pool (``X.mean(0)`` on a large
 tensor) or a ``multiprocessing.Pool``: run in the server, such a script made every probe hang.
@@ -37,7 +39,8 @@ def thread_count() -> int:
 
 
 def step_imports(spec: str | Mapping[str, Any]) -> list[str]:
-    """The third-party modules the step imports at its top level, never the user's own modules."""
+    """The third-party imports of the step's top level, never the user's own modules: ``module`` for an
+    ``import``, ``module:name`` for each name a ``from module import`` takes."""
     if isinstance(spec, str):
         spec = {"kind": "path", "target": spec}
     kind, target = spec.get("kind"), str(spec.get("target", ""))
@@ -53,15 +56,19 @@ def step_imports(spec: str | Mapping[str, Any]) -> list[str]:
     for file in files:
         names.extend(_top_level_imports(file))
     local = {file.resolve().parent for file in files if file.is_file()}
-    return [name for name in dict.fromkeys(names) if _third_party(name, local)]
+    third_party = {top for top in {_top(name) for name in names} if _third_party(top, local)}
+    return [name for name in dict.fromkeys(names) if _top(name) in third_party]
 
 
 def warm(names: list[str]) -> list[str]:
-    """Import ``names`` (those that import cleanly); returns the ones imported."""
+    """Import ``names`` (``module`` or ``module:name``, those that import cleanly); returns the ones imported."""
     imported = []
     for name in names:
+        module, _, attribute = name.partition(":")
         try:
-            importlib.import_module(name)
+            loaded = importlib.import_module(module)
+            if attribute:
+                getattr(loaded, attribute)  # a lazy module's name loads its submodule now
         except BaseException:  # noqa: BLE001 - a warm-up, never a failure: the probe imports it for real
             continue
         imported.append(name)
@@ -87,10 +94,16 @@ def _top_level_imports(path: Path) -> list[str]:
     names: list[str] = []
     for node in tree.body:  # module level only: an import inside a function has not run at import time
         if isinstance(node, ast.Import):
-            names.extend(alias.name.partition(".")[0] for alias in node.names)
+            names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            names.append(node.module.partition(".")[0])
+            names.append(node.module)
+            names.extend(f"{node.module}:{alias.name}" for alias in node.names if alias.name != "*")
     return names
+
+
+def _top(name: str) -> str:
+    """The top-level package of ``module`` or ``module:name``."""
+    return name.partition(":")[0].partition(".")[0]
 
 
 def _standard(name: str) -> bool:
