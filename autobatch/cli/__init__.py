@@ -1,116 +1,48 @@
-"""The ``autobatch`` command: a thin Typer app, one module per command.
+"""The ``autobatch`` command's entry point: the daemon's door first, then the Typer app.
 
-``main()`` catches :class:`autobatch.errors.AutobatchError` once, prints ``error:`` and ``hint:`` to
-stderr and exits with the error's documented code (no traceback unless ``--verbose``). SIGINT exits
-with 130 and SIGTERM with 143, after the command has cleaned up its probe processes.
+:func:`main` is what the console script and ``python -m autobatch`` run. It asks the daemon first
+(:func:`autobatch.daemon.client.route`: ``tune``, ``check``, ``explain``, ``estimate`` with the ``daemon``
+setting on), before Typer, rich, the command modules or torch are imported, so that a command the daemon
+answers costs its client little more than the interpreter's start. Anything else (or the daemon off,
+absent, or failing) runs in this process: :func:`autobatch.cli.root.main`, with the same errors and exit
+codes. ``app`` (the Typer app) is imported on first use.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
-from typing import Any, Optional
+from typing import Any
 
-import typer
-from rich.markup import escape
-
-# Command modules register themselves on `app` when imported (keep this list; one line per module).
-from autobatch.cli import check, emit, init, tune, validate  # noqa: E402,F401,I001
-from autobatch.errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, AutobatchError
-
-from autobatch.cli import cache, devices  # noqa: E402,F401  # isort: skip
-
-from autobatch.cli import estimate, explain  # noqa: E402,F401  # isort: skip
-from autobatch.cli import lengths  # noqa: E402,F401  # isort: skip
-from autobatch.cli import run  # noqa: E402,F401  # isort: skip
-from autobatch.cli import daemon  # noqa: E402,F401  # isort: skip
-from autobatch.cli.app import app, console
-from autobatch.cli.state import STATE
+#: The signals that ended the command (SIGTERM), for its last message and exit code.
+signalled: list[int] = []
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, delivered as an interrupt so that the same clean-up paths run."""
 
 
-def _version(value: bool) -> None:
-    if value:
-        from autobatch.records.version import __version__
-
-        typer.echo(f"autobatch {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Optional[bool] = typer.Option(
-        None, "--version", callback=_version, is_eager=True, help="Show the version and exit."
-    ),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks and probe logs on errors."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and the final summary line."),
-) -> None:
-    STATE.verbose = STATE.verbose or verbose
-    STATE.quiet = STATE.quiet or quiet
-    console.quiet = STATE.quiet
-
-
-_signalled: list[int] = []
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    _signalled.append(signum)
+def on_sigterm(signum: int, frame: Any) -> None:
+    signalled.append(signum)
     raise Terminated()
 
 
 def main() -> None:
     """Entry point of the ``autobatch`` command."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    ours = (
-        sys.argv[1 : sys.argv.index("--")] if "--" in sys.argv else sys.argv[1:]
-    )  # the script's come after --
-    STATE.verbose = "--verbose" in ours or "-v" in ours
-    STATE.quiet = "--quiet" in ours or "-q" in ours
-    console.quiet = STATE.quiet
+    signal.signal(signal.SIGTERM, on_sigterm)
+    failed: BaseException | None = None
     try:
         from autobatch.daemon.client import route
 
         routed = route(sys.argv[1:])  # the daemon's answer, or None: run here
+    except BaseException as exc:  # noqa: BLE001  # reported as the in-process command reports it
+        failed = exc
+    else:
         if routed is not None:
             sys.exit(routed)
-        # Typer (non-standalone) returns typer.Exit's code, and 130 for a KeyboardInterrupt.
-        code = app(standalone_mode=False, prog_name="autobatch")
-    except AutobatchError as exc:
-        report_error(exc)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        code = EXIT_SIGINT
-    except Exception as exc:  # click's usage errors (Typer may vendor click) and anything unexpected
-        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()  # type: ignore[attr-defined]
-            sys.exit(EXIT_USAGE if exc.exit_code == 2 else exc.exit_code)  # type: ignore[attr-defined]
-        if STATE.verbose:
-            raise
-        console.quiet = False
-        console.print(f"[red bold]error[/]: internal error: {type(exc).__name__}: {escape(str(exc))}")
-        console.print("[cyan]hint[/]: rerun with --verbose for the traceback, and report it")
-        sys.exit(EXIT_INTERNAL)
-    if code == EXIT_SIGINT or _signalled:
-        what = "terminated" if _signalled else "interrupted"
-        console.quiet = False
-        console.print(f"[yellow]{what}[/]: probes stopped; the probes measured so far are kept")
-        sys.exit(EXIT_SIGTERM if _signalled else EXIT_SIGINT)
-    if isinstance(code, int) and code != 0:
-        sys.exit(code)
+    from autobatch.cli.root import main as in_process
+
+    in_process(failed)
 
 
-def report_error(exc: AutobatchError) -> None:
-    console.quiet = False  # errors print under --quiet too
-    console.print(f"[red bold]error[/]: {escape(exc.message)}", highlight=False)
-    if exc.detail and STATE.verbose:
-        console.print(exc.detail, markup=False, highlight=False)
-    elif exc.detail:
-        console.print("(rerun with --verbose for details)", style="dim")
-    if exc.hint:
-        console.print(f"[cyan]hint[/]: {escape(exc.hint)}", highlight=False)
-
-
-__all__ = ["app", "main"]
+__all__ = ["main"]

@@ -28,10 +28,7 @@ def main(fd: int) -> None:
     control = socket.socket(fileno=fd)
     import torch  # noqa: F401  # warm: every command forked from here has it imported
 
-    import autobatch.cli  # noqa: F401  # every command module registered and imported
-    import autobatch.service.check  # noqa: F401
-    import autobatch.service.tune  # noqa: F401
-
+    _warm()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of `autobatch serve` is the daemon's to handle
     from autobatch.probe.lineage import die_with_parent
@@ -57,6 +54,28 @@ def main(fd: int) -> None:
             children[pid] = request["id"]
             control.send(json.dumps({"started": request["id"], "pid": pid}).encode())
         _reap(control, children)
+
+
+def _warm() -> None:
+    """Import what the routed commands use (ours and the libraries they import on first use), and parse each
+    command's options once: Typer builds its converters (pydantic) on the first parse, a fork inherits them."""
+    import filelock  # noqa: F401
+    import typer.main
+
+    import autobatch.cli.root  # noqa: F401  # every command module registered and imported
+    import autobatch.core.world  # noqa: F401
+    import autobatch.devices.inventory  # noqa: F401
+    import autobatch.devices.selection  # noqa: F401
+    import autobatch.probe.client  # noqa: F401
+    import autobatch.run.check  # noqa: F401
+    import autobatch.service.check  # noqa: F401
+    import autobatch.service.tune  # noqa: F401
+    from autobatch.cli.app import app
+    from autobatch.daemon.client import ROUTED
+
+    group = typer.main.get_command(app)
+    for name in ROUTED:
+        group.commands[name].make_context(name, [], resilient_parsing=True)  # type: ignore[attr-defined]
 
 
 def _reap(control: socket.socket, children: dict[int, str]) -> None:

@@ -13,7 +13,7 @@ import pytest
 from support import run_main
 from typer.testing import CliRunner
 
-from autobatch.cli import app
+from autobatch.cli.root import app  # every command registered
 from autobatch.errors import EXIT_USAGE, ConfigError, UsageError
 from autobatch.settings import FIELDS, Settings, load_settings, render_starter_toml
 

@@ -197,7 +197,7 @@ def test_a_long_probe_line_is_never_wrapped_in_a_log(
 def test_every_command_accepts_verbose_and_quiet_after_its_name() -> None:
     import typer
 
-    from autobatch.cli import app
+    from autobatch.cli.root import app  # every command registered
 
     command = typer.main.get_command(app)
     seen = 0

@@ -88,6 +88,13 @@ def test_check_through_the_daemon_answers_as_in_process(place: Place, tmp_path: 
     assert ours == theirs
     for run in (here, through):  # the same verdict line (its time stamp and figures differ)
         assert "32-true/sgd/no-recompute batch 4 on cpu: fits" in run.stderr.splitlines()[-1]
+    # The client of a routed command reaches the daemon before Typer, rich or torch are imported.
+    light = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "autobatch", *CHECK], cwd=tmp_path, capture_output=True,
+        text=True, env={**os.environ, "NO_COLOR": "1", **env_for(place)}, check=False,
+    )  # fmt: skip
+    assert light.returncode == 0 and Client(place).status()["served"] == 2  # type: ignore[index]
+    assert not heavy(light.stderr), heavy(light.stderr)
 
 
 @pytest.mark.slow
@@ -259,6 +266,22 @@ def test_a_real_second_user_cannot_reach_the_socket() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def heavy(importtime: str) -> list[str]:
+    """What ``-X importtime`` says was imported of Typer, rich and torch."""
+    names = [
+        line.split("|")[-1].strip() for line in importtime.splitlines() if line.startswith("import time:")
+    ]
+    return [name for name in names if name.split(".")[0] in ("typer", "rich", "torch")]
+
+
+def test_the_command_entry_point_imports_neither_typer_rich_nor_torch() -> None:
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import autobatch.cli, autobatch.daemon.client"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert heavy(out.stderr) == []
+
+
 def test_the_client_path_does_not_import_torch() -> None:
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import autobatch.daemon.client, autobatch.cli.daemon"],
@@ -266,3 +289,44 @@ def test_the_client_path_does_not_import_torch() -> None:
     )  # fmt: skip
     assert "torch" not in out.stderr
     _ = http.client  # the client is the standard library's
+
+
+def rss(pid: int) -> int:
+    """Resident memory of a process, in bytes (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def run_through(place: Place, argv: list[str], cwd: Path) -> int:
+    """``autobatch ARGV`` through the daemon, its output read and dropped; its exit code."""
+    connection = _Connection(str(place.socket), 60)
+    try:
+        body = {"argv": argv, "cwd": str(cwd), "env": dict(os.environ), "sys_path": sys.path}
+        connection.request("POST", "/v1/run", body=json.dumps(body).encode())
+        response = connection.getresponse()
+        assert response.status == 200
+        lines = [json.loads(line) for line in response.read().splitlines()]
+        return int(next(line["exit"] for line in lines if "exit" in line))
+    finally:
+        connection.close()
+
+
+@pytest.mark.slow  # starts a daemon, whose warm process imports torch
+def test_the_daemons_memory_stays_flat_over_200_check_requests(place: Place, tmp_path: Path) -> None:
+    # Checks of a script that is not there: each is a whole request to the daemon (a fork of its warm
+    # process, the command's output streamed, its exit code), without a probe's seconds: what a check
+    # measures lives in its own forked command, never in the daemon.
+    argv = ["check", str(tmp_path / "missing.py"), "--batch-size", "4", "--device", "cpu"]
+    assert run_cli("daemon", "start", env=env_for(place)).returncode == 0
+    daemon = daemon_pid(place)
+    (warm,) = descendants(daemon)  # the warm process every command is forked from
+    for _ in range(10):  # buffers, thread stacks and caches of the first requests
+        assert run_through(place, argv, tmp_path) == 2
+    before = rss(daemon) + rss(warm)
+    for _ in range(200):
+        assert run_through(place, argv, tmp_path) == 2
+    after = rss(daemon) + rss(warm)
+    assert after < before * 1.10, f"{before / 2**20:.1f} MiB grew to {after / 2**20:.1f} MiB"
+    assert Client(place).status()["served"] == 210  # type: ignore[index]
