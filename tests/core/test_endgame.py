@@ -1,0 +1,96 @@
+"""The search's end game near the boundary, over curves measured on the CPU (no torch): once a non-fit
+bounds the bracket, the maximum and the candidate above it, not a creep one sample a probe."""
+
+from __future__ import annotations
+
+import bisect
+
+from autobatch.core import endgame
+from autobatch.core.search import Guidance, Observation, search_max_batch
+
+MiB = 2**20
+
+
+def _peak(points: list[tuple[int, float]], b: int) -> int:
+    """The measured peaks (MiB), joined by straight lines: bytes at batch b."""
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    i = min(max(bisect.bisect_left(xs, b), 1), len(xs) - 1)
+    if xs[i] == b:
+        return int(ys[i] * MiB)
+    (x0, y0), (x1, y1) = (xs[i - 1], ys[i - 1]), (xs[i], ys[i])
+    return int((y0 + (y1 - y0) * (b - x0) / (x1 - x0)) * MiB)
+
+
+#: ``tests/scripts/quadratic.py`` under 471 MiB, headroom 0.1, 32-true/adamw (2026-11-28): the peaks each
+#: probe measured (MiB); the line is 420.90 MiB (the budget less the 3 MiB CPU margin). Convex near the
+#: boundary: 0.065 MiB a sample from 2670 to 2825, 0.069 from 2825 to 2966, 0.068 from 2966 to 2972.
+QUADRATIC = [
+    (8, 299.81),
+    (238, 313.59),
+    (2028, 365.00),
+    (2670, 401.06),
+    (2825, 411.20),
+    (2966, 420.88),
+    (2967, 420.94),
+    (2968, 421.02),
+    (2972, 421.29),
+    (3312, 443.0),
+]
+QUADRATIC_LINE = int(420.90 * MiB)
+
+
+def _quadratic_probe(calls: list[int]) -> tuple[object, object]:
+    def probe(b: int, steps: int = 3) -> Observation:
+        calls.append(b)
+        peak = _peak(QUADRATIC, b)
+        if b >= 3312:  # an allocation failed: no peak
+            return Observation(b, False, kind="oom", steps=1)
+        if peak > QUADRATIC_LINE:  # stopped at the step that crossed the line
+            return Observation(b, False, kind="oom", peak_bytes=peak, steps=2)
+        return Observation(b, True, peak_bytes=peak, steps=steps)
+
+    return probe, lambda b: probe(b, 6)
+
+
+def test_a_convex_curve_s_bend_is_not_read_as_noise_next_to_the_boundary() -> None:
+    """The quadratic example, measured: after the fits at 2670 and 2825 and the miss at 2972 (its peak
+    0.39 MiB over the line), 2966 fitted as the predicted maximum (6 steps). The least-squares line through
+    the points near the boundary read the curve's bend as 2.6 samples of noise, so the end game probed 2968
+    and then 2967 (both out of memory by less than the margin) before the answer held. The parabola through
+    them leaves 0.09 samples: the candidate above the fit is the one to probe, and the search ends there."""
+    calls: list[int] = []
+    probe, final = _quadratic_probe(calls)
+    known = [probe(b) for b in (8, 238, 2028, 3312, 2670, 2825, 2972)] + [final(2966)]
+    calls.clear()
+    result = search_max_batch(
+        probe, budget_bytes=QUADRATIC_LINE, max_batch_size=65536, known=known,
+        guidance=Guidance(final_probe=final, long_steps=6),
+    )  # fmt: skip
+    assert result.max_batch_size == 2966 and result.status == "exact"
+    assert calls == [2967], calls
+
+
+def test_the_quadratic_example_s_end_game_takes_three_probes_after_its_overshoot() -> None:
+    """From the same tune's fits at 2670 and 2825 (after 3312 ran out of memory): a miss over the line, the
+    maximum as long as a confirmation and the candidate above it (four before: 2968 as well)."""
+    calls: list[int] = []
+    probe, final = _quadratic_probe(calls)
+    known = [probe(b) for b in (8, 238, 2028, 3312, 2670, 2825)]
+    calls.clear()
+    result = search_max_batch(
+        probe, budget_bytes=QUADRATIC_LINE, max_batch_size=65536, known=known,
+        guidance=Guidance(final_probe=final, long_steps=6),
+    )  # fmt: skip
+    assert result.max_batch_size == 2966 and result.status == "exact"
+    assert len(calls) <= 3 and calls[-2:] == [2966, 2967], calls
+
+
+def test_noise_on_a_straight_line_is_still_read_with_four_points() -> None:
+    """The parabola takes the bend out, not the noise: four points off a straight line by a sample each
+    way still read about that much."""
+    slope = MiB
+    points = {
+        b: int(300 * MiB + slope * b + (slope if i % 2 else -slope)) for i, b in enumerate((80, 90, 100, 110))
+    }
+    spread = endgame.noise(points, 120.0, 0.5)
+    assert spread is not None and 0.5 <= spread <= 2.0, spread
