@@ -94,3 +94,57 @@ def test_noise_on_a_straight_line_is_still_read_with_four_points() -> None:
     }
     spread = endgame.noise(points, 120.0, 0.5)
     assert spread is not None and 0.5 <= spread <= 2.0, spread
+
+
+#: ``scripts/workloads/param_heavy.py`` under 1 GiB, headroom 0.1, 32-true/adamw (2026-11-28), each probe as
+#: the search saw it: batch -> (peak, the rising phase's reading) in MiB (None: an allocation failed) and
+#: the steps it ran. The step's peak is the optimizer step's plateau (~891 MiB) up to about batch 540.
+PARAM_HEAVY = {
+    8: (891.36, 701.35, 3),
+    85: (891.37, 720.48, 3),
+    882: (None, 1076.77, 1),
+    481: (891.84, 859.36, 3),
+    606: (None, 925.76, 1),
+    592: (918.44, 918.31, 6),
+}
+PARAM_HEAVY_LINE = int(921.6 * MiB) - 3 * MiB
+
+
+def _param_heavy_probe(calls: list[int]) -> object:
+    def probe(b: int) -> Observation:
+        calls.append(b)
+        if b in PARAM_HEAVY:
+            peak, reading, steps = PARAM_HEAVY[b]
+        else:  # 593 peaked 918.84 MiB, 594 919.50: 0.53 MiB a sample above the plateau
+            reading = 918.31 + 0.53 * (b - 592)
+            peak, steps = (reading + 0.13 if b > 540 else 891.84), 6
+        fits = peak is not None and int(peak * MiB) <= PARAM_HEAVY_LINE
+        return Observation(
+            b,
+            fits,
+            kind="fits" if fits else "oom",
+            peak_bytes=int(peak * MiB) if peak is not None else None,
+            rising_bytes=int(reading * MiB),
+            steps=steps if fits or peak is None else 2,
+            static_bytes=int(680.2 * MiB) if fits else None,
+        )
+
+    return probe
+
+
+def test_the_gap_over_the_reading_is_read_where_the_peak_left_the_plateau() -> None:
+    """The parameter-heavy workload, measured: the fits at 8, 85 and 481 lie on the optimizer step's plateau,
+    so between the smallest fit and the largest the peak grew a tenth of the rising reading and no gap was
+    read; but the largest fit, 592 (6 steps), peaked 0.13 MiB over its reading, the rising phase's. Read
+    without it, the model put the boundary at 592.9 and the end game probed 594 and 593 (both out of memory
+    by less than the margin). The two largest fits show the gap: 593, one probe."""
+    calls: list[int] = []
+    probe = _param_heavy_probe(calls)
+    known = [probe(b) for b in (8, 85, 882, 481, 606, 592)]
+    calls.clear()
+    result = search_max_batch(
+        probe, budget_bytes=PARAM_HEAVY_LINE, max_batch_size=65536, known=known,
+        guidance=Guidance(final_probe=probe, long_steps=6),
+    )  # fmt: skip
+    assert result.max_batch_size == 592 and result.status == "exact"
+    assert calls == [593], calls
