@@ -282,7 +282,7 @@ def _phase_growth(fits: list[Reading]) -> tuple[int, int, int] | None:
     """From the smallest to the largest of the fits ``(batch, peak, rising)`` that have both readings: how
     much the rising reading grew, how much the peak grew, and the peak above the reading at the largest
     (None: fewer than two such fits)."""
-    both: list[Reading] = sorted((b, p, r) for b, p, r in fits if p is not None and r is not None)
+    both = sorted((b, p, r) for b, p, r in fits if p is not None and r is not None)
     if len(both) < 2:
         return None
     (_, small_peak, small_rising), (_, large_peak, large_rising) = both[0], both[-1]
