@@ -97,7 +97,8 @@ def noise(points: dict[int, int], center: float, near: float) -> float | None:
     from their least-squares line, over its slope (None: fewer than three such points; inf: they do not
     rise, as on an allocator's plateau). With four points or more, from their least-squares parabola if
     that leaves less: a convex curve's bend read as noise spread the quadratic example's end game over
-    three samples next to a boundary it had within one (2966 fitted, then 2968 and 2967 missed).
+    three samples next to a boundary it had within one (2966 fitted, then 2968 and 2967 missed). Three
+    near points borrow the next ones below for it.
 
     A line through two close points amplifies their noise; the least-squares line through all the
     points near the boundary does not.
@@ -114,8 +115,11 @@ def noise(points: dict[int, int], center: float, near: float) -> float | None:
     if not slope > 0:
         return math.inf
     residual = max(abs(p - mp - slope * (b - mb)) for b, p in items)
-    if len(items) >= 4:
-        residual = min(residual, _bent_residual(items))
+    # The parabola through the near points and, while they are fewer than four, the next ones below.
+    below = sorted((b, p) for b, p in points.items() if b < near * center)
+    bent = below[len(below) - (4 - len(items)) :] + items if len(items) < 4 else items
+    if len(bent) >= 4 and all(p1 < p2 for (_, p1), (_, p2) in zip(bent, bent[1:], strict=False)):
+        residual = min(residual, _bent_residual(bent))
     return residual / slope
 
 

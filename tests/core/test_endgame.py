@@ -148,3 +148,45 @@ def test_the_gap_over_the_reading_is_read_where_the_peak_left_the_plateau() -> N
     )  # fmt: skip
     assert result.max_batch_size == 592 and result.status == "exact"
     assert calls == [593], calls
+
+
+#: The quadratic example again, another run: batch -> (peak, the rising phase's reading, steps) in MiB as
+#: the search saw them (None: an allocation failed; the line is 420.90 MiB).
+QUADRATIC_RUN = {
+    8: (299.84, 299.93, 3),
+    237: (313.51, 312.96, 3),
+    2035: (365.34, 360.79, 6),
+    3314: (None, None, 0),
+    2674: (401.33, 396.78, 3),
+    2822: (411.00, 406.45, 3),
+    2972: (421.29, 416.74, 2),
+    2965: (420.82, 416.27, 6),
+    2966: (420.89, 416.34, 6),
+    2967: (420.95, 416.40, 2),
+}
+
+
+def test_three_points_near_a_convex_boundary_borrow_the_next_one_below_for_the_bend() -> None:
+    """After the fits at 2674 and 2822 and the miss at 2972, three points lay near the boundary, too few
+    for a parabola: their line read the bend as 2.4 samples of noise, and the end game probed 2965 (fits),
+    2967 (no) and 2966. With the fit at 2035, the parabola leaves 0.13: 2966 and 2967."""
+    calls: list[int] = []
+
+    def probe(b: int) -> Observation:
+        calls.append(b)
+        peak, reading, steps = QUADRATIC_RUN[b]
+        fits = peak is not None and int(peak * MiB) <= QUADRATIC_LINE
+        return Observation(
+            b, fits, kind="fits" if fits else "oom", steps=steps,
+            peak_bytes=int(peak * MiB) if peak is not None else None,
+            rising_bytes=int(reading * MiB) if reading is not None else None,
+        )  # fmt: skip
+
+    known = [probe(b) for b in (8, 237, 2035, 3314, 2674, 2822, 2972)]
+    calls.clear()
+    result = search_max_batch(
+        probe, budget_bytes=QUADRATIC_LINE, max_batch_size=65536, known=known,
+        guidance=Guidance(final_probe=probe, long_steps=6),
+    )  # fmt: skip
+    assert result.max_batch_size == 2966 and result.status == "exact"
+    assert calls == [2966, 2967], calls
