@@ -25,6 +25,7 @@ from autobatch.cache.folder import inductor_folder
 from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.devices.visible import PROBE_ENV
 from autobatch.errors import ProbeFailure
+from autobatch.probe import forked
 from autobatch.probe.lineage import has_exited
 from autobatch.probe.warming import describe
 from autobatch.probe.yielding import YieldingRunner
@@ -99,14 +100,21 @@ class ProbeClient:
         forbidden = os.environ.get(NO_SERVER_ENV)
         if forbidden:
             raise RuntimeError(f"a probe server may not start here ({NO_SERVER_ENV}): {forbidden}")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "autobatch.probe.server", json.dumps(self._init)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env={**os.environ, **self.env},
-            start_new_session=True,
-        )
+        env = {**os.environ, **self.env}
+        #: Why the server started as a fresh Python rather than forked from a warm process (autobatch.probe.forked).
+        self.cold = forked.why_cold(env)
+        self._proc: subprocess.Popen[bytes] | forked.ForkedServer
+        if self.cold is None:
+            self._proc = forked.start(json.dumps(self._init), env, self._stderr)
+        else:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "autobatch.probe.server", json.dumps(self._init)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env=env,
+                start_new_session=True,
+            )
         self._next_id = 0
         self._buffer = b""
         hello = self._read(

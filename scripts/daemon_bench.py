@@ -1,0 +1,174 @@
+"""How much faster a command is through a running daemon (``autobatch serve``) than cold, side by side.
+
+In one run, in interleaved rounds (each round runs both sides of every case, their order swapped from one
+round to the next), with the real command in a folder of its own (the quick start's ``autobatch.toml`` and
+``examples/gpt.py``, a private cache, lock and daemon folder):
+
+* a tune served from the result cache (the quick-start command run again), through the daemon and cold;
+* ``check`` (one probe at batch 8; a check always probes, nothing of it is cached), through the daemon and cold;
+* the quick-start tune (``autobatch tune`` on the root ``autobatch.toml``, ``--no-cache``), through the
+  daemon and in-process.
+
+Prints a table and writes it, headed by the command, the date and the autobatch version, as a block of
+``docs/measurements/daemon.md``.
+
+    python scripts/daemon_bench.py              # 2 rounds: about 15 minutes on 2 busy cores
+    python scripts/daemon_bench.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import measurements  # noqa: E402
+
+PAGE = measurements.PAGES / "daemon.md"
+TITLE = "The daemon against cold commands"
+INTRO = (
+    "What a running daemon saves ([The daemon](../daemon.md)): `python scripts/daemon_bench.py` runs each "
+    "command through a running daemon and as a cold command (its own process: Python, autobatch and torch "
+    "imported, its own probe server started) side by side, in interleaved rounds, with the real command. "
+    "Wall times are of the whole command, as a job script sees them."
+)
+#: (case, arguments after ``autobatch``, goal: cold over daemon at least this)
+CASES = (
+    ("tune served from the cache", ["tune", "--output", "r.json", "--json"], 5.0),
+    ("check (one probe at batch 8)", ["check", "--batch-size", "8", "--steps", "3", "--json"], 5.0),
+    ("quick-start tune (--no-cache)", ["tune", "--no-cache", "--output", "r.json", "--json"], 1 / 0.7),
+)
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, dict[str, Any]]:
+    """(wall seconds, JSON output) of ``autobatch ARGS``."""
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "autobatch", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    took = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"autobatch {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return took, (json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {})
+
+
+def answer(output: dict[str, Any]) -> str:
+    """What the command answered, for the side-by-side check: the maxima of a tune, the verdict of a check."""
+    if "combinations" in output:
+        return " ".join(str(c.get("max_batch_size")) for c in output["combinations"])
+    return "fits" if output.get("fits") else "does not fit"
+
+
+def measure(rounds: int) -> tuple[list[dict[str, Any]], float]:
+    with tempfile.TemporaryDirectory(prefix="abd-bench-") as tmp:
+        work = Path(tmp) / "work"
+        (work / "examples").mkdir(parents=True)
+        shutil.copy(ROOT / "autobatch.toml", work / "autobatch.toml")
+        shutil.copy(ROOT / "examples" / "gpt.py", work / "examples" / "gpt.py")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOBATCH_")}
+        env.update(
+            NO_COLOR="1",
+            AUTOBATCH_CACHE_DIR=str(Path(tmp) / "cache"),
+            AUTOBATCH_LOCK_DIR=str(
+                Path(tmp) / "locks"
+            ),  # other users' tunes on a shared machine do not queue it
+            AUTOBATCH_DAEMON_DIR=str(Path(tmp) / "d"),
+        )
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        daemon_env = {**env, "AUTOBATCH_DAEMON": "on"}
+        started = time.perf_counter()
+        run(["daemon", "start"], daemon_env, work)
+        start_seconds = time.perf_counter() - started
+        try:
+            run(CASES[0][1], env, work)  # fills the cache the first case is served from
+            times: dict[tuple[str, str], list[float]] = {}
+            answers: dict[tuple[str, str], set[str]] = {}
+            for number in range(rounds):
+                for case, args, _goal in CASES:
+                    sides = [("cold", env), ("daemon", daemon_env)]
+                    for side, side_env in sides if number % 2 == 0 else reversed(sides):
+                        took, output = run(args, side_env, work)
+                        times.setdefault((case, side), []).append(took)
+                        answers.setdefault((case, side), set()).add(answer(output))
+                        print(f"round {number + 1} {case} {side}: {took:.1f} s", file=sys.stderr)
+        finally:
+            run(["daemon", "stop"], daemon_env, work)
+    rows = []
+    for case, _args, goal in CASES:
+        cold, warm = times[(case, "cold")], times[(case, "daemon")]
+        ratio = statistics.median(cold) / statistics.median(warm)
+        rows.append(
+            {
+                "case": case,
+                "cold": cold,
+                "daemon": warm,
+                "ratio": ratio,
+                "goal": goal,
+                "answers": (sorted(answers[(case, "cold")]), sorted(answers[(case, "daemon")])),
+            }
+        )
+    return rows, start_seconds
+
+
+def render(
+    rows: list[dict[str, Any]], start: float, rounds: int, load: tuple[float, ...], command: str
+) -> list[str]:
+    lines = [
+        f"## Through the daemon and cold, side by side ({rounds} interleaved rounds)",
+        "",
+        *measurements.run_header(
+            command,
+            extra=[
+                f"- load average {' / '.join(f'{x:.1f}' for x in load)} over 1 / 5 / 15 min when it began: the "
+                "machine was shared with other work, so only the ratios side by side mean anything",
+                f"- the daemon took {start:.1f} s to start (not counted in the rows)",
+            ],
+        ),
+        "",
+        "| case | cold (each round) | daemon (each round) | cold / daemon (medians) | goal | met | answers cold / daemon |",
+        "|---|---:|---:|---:|---:|:-:|---|",
+    ]
+    for r in rows:
+        goal = f"{r['goal']:.0f}x faster" if r["goal"] >= 2 else f"{1 - 1 / r['goal']:.0%} less wall"
+        each = lambda xs: ", ".join(f"{x:.1f} s" for x in xs)  # noqa: E731
+        cold, warm = r["answers"]
+        lines.append(
+            f"| {r['case']} | {each(r['cold'])} | {each(r['daemon'])} | {r['ratio']:.2f}x "
+            f"({1 - 1 / r['ratio']:.0%} less wall) | {goal} | {'yes' if r['ratio'] >= r['goal'] else 'no'} | "
+            f"{' / '.join(cold)} : {' / '.join(warm)} |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    load = os.getloadavg()
+    rows, start = measure(args.rounds)
+    lines = render(rows, start, args.rounds, load, measurements.command_line("daemon_bench.py", sys.argv[1:]))
+    print("\n".join(lines))
+    measurements.update(PAGE, "daemon", lines, title=TITLE, intro=INTRO)
+    print(f"written to {measurements.shown(PAGE)}")
+
+
+if __name__ == "__main__":
+    main()
