@@ -17,8 +17,9 @@ from autobatch.daemon.client import Client
 from autobatch.daemon.place import Place
 
 SCRIPTS = ROOT / "tests" / "scripts"
-#: A tune small enough for a test whose maximum is below any cap (228 here under 400 MiB).
-TUNE = ("tune", str(SCRIPTS / "small_cnn.py"), "--device", "cpu", "--memory", "400MiB", "-p", "32-true", "-o", "sgd",
+#: A small tune whose maximum is below any cap, with room above the probe process's 310 MiB of imports (under
+#: 400 MiB the room was 67 MiB, and runs spread from 165 to 256).
+TUNE = ("tune", str(SCRIPTS / "small_cnn.py"), "--device", "cpu", "--memory", "700MiB", "-p", "32-true", "-o", "sgd",
         "--no-recompute", "--objective", "max-batch", "--no-cache", "--json", "--output", "r.json")  # fmt: skip
 
 
@@ -99,9 +100,13 @@ def test_a_tune_forks_its_probe_server_from_the_warm_process_and_answers_as_in_p
     assert not started, f"a probe server started as a fresh Python: {started}"
     assert len(seen) >= 4, seen  # the warm process, the command, its probe server, a probe at least
     ours, theirs = json.loads(here.stdout), json.loads(through.stdout)
-    assert [c["max_batch_size"] for c in theirs["combinations"]] == [
-        c["max_batch_size"] for c in ours["combinations"]
-    ]
+    # The same answer up to the spread between any two runs on a loaded machine (a few percent); a forked
+    # server's larger processes left uncounted would be off by far more.
+    for mine, other in zip(theirs["combinations"], ours["combinations"]):
+        assert abs(mine["max_batch_size"] - other["max_batch_size"]) <= 0.1 * other["max_batch_size"], (
+            mine,
+            other,
+        )
     assert theirs["status"] == ours["status"]
 
 
