@@ -13,11 +13,11 @@ import os
 import sys
 import tempfile
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from autobatch.core.space import Combo
@@ -170,7 +170,7 @@ def _spec(script: Any, settings: Settings, functions: tuple[Any, ...]) -> Iterat
     """Where the step comes from; an object or callables are pickled into a file that lives for the block."""
     from autobatch.step.spec import spec_from_settings
 
-    given = {name: fn for name, fn in zip(FUNCTIONS, functions) if fn is not None}
+    given = {name: fn for name, fn in zip(FUNCTIONS, functions, strict=False) if fn is not None}
     if given and script is not None:
         raise TypeError("pass either a script (or object) or build_model/make_batch/compute_loss, not both")
     if given:

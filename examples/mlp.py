@@ -71,7 +71,7 @@ class MLP(nn.Module):
     def __init__(self, in_features: int, width: int, depth: int, classes: int) -> None:
         super().__init__()
         sizes = [in_features] + [width] * depth
-        self.blocks = nn.ModuleList(Block(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.blocks = nn.ModuleList(Block(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=False))
         self.head = nn.Linear(sizes[-1], classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

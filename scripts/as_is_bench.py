@@ -72,7 +72,7 @@ class Probes:
 
     @property
     def fixed(self) -> list[float]:
-        return [wall - steps for wall, steps in zip(self.walls, self.steps)]
+        return [wall - steps for wall, steps in zip(self.walls, self.steps, strict=False)]
 
 
 def tune(script: str, options: tuple[str, ...], args: tuple[str, ...]) -> Tuned:
@@ -104,7 +104,7 @@ def fixed_costs(budget: int, batch: int, steps: int, samples: int) -> tuple[Prob
     from autobatch.devices.selection import resolve_targets
     from autobatch.devices.visible import PROBE_ENV
     from autobatch.probe.client import ProbeClient
-    from autobatch.records.protocol import ProbeRequest, StepConfig
+    from autobatch.records.protocol import ProbeRequest, RunConfig, StepConfig
     from autobatch.run.locks import RunLock
     from autobatch.step.spec import ScriptSpec
 
@@ -113,9 +113,12 @@ def fixed_costs(budget: int, batch: int, steps: int, samples: int) -> tuple[Prob
 
     def request(op: str, precision: str, optimizer: str) -> ProbeRequest:
         return ProbeRequest(
-            StepConfig(batch, precision, optimizer), budget_bytes=budget, min_steps=steps, max_steps=steps,
-            timeout=600.0, op=op,
-        )  # fmt: skip
+            StepConfig(batch, precision, optimizer),
+            RunConfig(budget, 600.0),
+            min_steps=steps,
+            max_steps=steps,
+            op=op,
+        )
 
     target = resolve_targets("cpu", MEMORY)[0]  # its lock: no tune's probes on this host meanwhile
     plain, twin = Probes(), Probes()
@@ -208,7 +211,9 @@ def render(plain: Tuned, twin: Tuned, probes: tuple[Probes, Probes], truth: int 
         "",
     ]
     for name, timed in (("plain loop", probes[0]), ("twin", probes[1])):
-        each = ", ".join(f"{w:.2f} − {s:.2f} = {w - s:.2f}" for w, s in zip(timed.walls, timed.steps))
+        each = ", ".join(
+            f"{w:.2f} − {s:.2f} = {w - s:.2f}" for w, s in zip(timed.walls, timed.steps, strict=False)
+        )
         lines.append(f"- {name}: {each} (setup {', '.join(f'{x:.3f}' for x in timed.setups)})")
     if share is not None:
         verdict = (

@@ -300,7 +300,7 @@ def render_plans(plans: list[Plan]) -> list[str]:
         "",
     ]
     for plan in plans:
-        each = ", ".join(f"{j:.3f} / {p:.3f}" for j, p in zip(plan.job, plan.pinned))
+        each = ", ".join(f"{j:.3f} / {p:.3f}" for j, p in zip(plan.job, plan.pinned, strict=False))
         lines.append(f"- {plan.name}: {each}")
     return lines
 

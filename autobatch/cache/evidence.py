@@ -2,10 +2,11 @@
 
 ``<cache_dir>/<key>.evidence.jsonl`` holds one :class:`Event` a line, keyed by the tuned result's key
 (:meth:`autobatch.cache.keys.TuneInputs.key`): ``autobatch run`` records each launch of a job (how it ended,
-the micro-batch it ran, its real peak against the tuned one), and the in-loop guard records what it
-changes. A line is appended whole under the folder's lock, so writers on several nodes never interleave;
-a line that cannot be read is skipped. ``autobatch cache show`` lists the events, and the next tune of the
-key sums them up in its notes (:func:`summary`).
+the micro-batch it ran, its real peak against the tuned one), and the in-loop guard records each guarded run
+(how many steps it held, its peak) and each lowering of its micro-batch (the step and the batch's shapes). A
+line is appended whole under the folder's lock, so writers on several nodes never interleave; a line that
+cannot be read is skipped. ``autobatch cache show`` lists the events, and the next tune of the key sums them
+up in its notes (:func:`summary`, one sentence for both sources).
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ class Event:
     """One thing a job did that says whether its plan held.
 
     ``source``: who saw it (``run``, ``guard``); ``kind``: ``launch`` (one launch of a job and how it ended:
-    ``outcome`` ``exit``, ``oom`` or ``signal``) or ``change`` (a micro-batch changed in the loop, to
-    ``new_micro_batch_size``). Sizes are per rank; bytes are the job's real peak (``peak_bytes``, how measured
-    in ``peak_how``) and the tune's (``tuned_peak_bytes``) against the tune's ``budget_bytes``."""
+    ``outcome`` ``exit``, ``oom`` or ``signal``), ``run`` (one guarded run and how it ended: ``exit``, ``oom``
+    when it ran out even one sample at a time, ``error`` when the script's own exception ended it; ``step`` the
+    global batches it completed, ``new_micro_batch_size`` the size at its end) or ``change`` (at batch
+    ``step`` the guard's micro-batch changed to ``new_micro_batch_size``; ``shapes`` the batch's tensors).
+    Sizes are per rank; bytes are the job's real peak (``peak_bytes``, how measured in ``peak_how``) and the
+    tune's (``tuned_peak_bytes``) against the tune's ``budget_bytes``."""
 
     source: str
     kind: str
@@ -47,6 +51,7 @@ class Event:
     tuned_peak_bytes: int | None = None
     budget_bytes: int | None = None
     reason: str = ""
+    shapes: list[list[int]] | None = None
     at: str = ""  # when it was recorded (UTC, ISO 8601); set by :meth:`EvidenceStore.record` when empty
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -71,7 +76,20 @@ class Event:
         )
         if self.kind == "change":
             what = f"step {self.step}: micro-batch {self.micro_batch_size} -> {self.new_micro_batch_size}"
-            return f"{self.at} {self.source}: {what}" + (f" ({self.reason})" if self.reason else "") + peak
+            what += f" ({self.reason})" if self.reason else ""
+            what += f" with shapes {_shapes(self.shapes)}" if self.shapes else ""
+            return f"{self.at} {self.source}: {what}{peak}"
+        if self.kind == "run":
+            ended = {
+                "exit": f"held for {self.step} steps",
+                "oom": f"ran out of memory at step {self.step} even one sample at a time",
+                "error": f"stopped at step {self.step} by the script's error",
+            }.get(self.outcome or "", f"{self.outcome} at step {self.step}")
+            end = self.new_micro_batch_size
+            where += f", at {end} at the end" if end is not None and end != self.micro_batch_size else ""
+            where += f", shapes {_shapes(self.shapes)}" if self.shapes else ""
+            why = f": {self.reason}" if self.reason and self.outcome != "exit" else ""
+            return f"{self.at} {self.source}: {ended} ({where}){peak}{why}"
         launch = f" launch {self.launch}" if self.launch else ""
         ended = {
             "exit": f"exited {self.exit_code}",
@@ -133,22 +151,11 @@ def parse(text: str) -> list[Event]:
 
 
 def summary(events: list[Event]) -> str | None:
-    """What jobs saw of a tuned key, in one sentence for the tune's notes (None: nothing recorded)."""
+    """What jobs saw of a tuned key, in one sentence for the tune's notes (None: nothing recorded): the launches
+    of ``autobatch run`` and the runs of the guard, where they ran out of memory, and the highest peak."""
     if not events:
         return None
-    launches = [e for e in events if e.kind == "launch"]
-    held = [e for e in launches if e.outcome == "exit" and e.exit_code == 0]
-    ran_out = sorted({e.micro_batch_size for e in launches if e.outcome == "oom"})
-    ran_out += [e.micro_batch_size for e in events if e.kind == "change" and e.reason.startswith("oom")]
-    steps = max((e.step for e in events if e.step is not None), default=None)
-    parts = []
-    if held:
-        sizes = ", ".join(str(m) for m in sorted({e.micro_batch_size for e in held}))
-        parts.append(f"held for {len(held)} launch(es) to exit 0 at micro-batch {sizes}")
-    if steps is not None:
-        parts.append(f"held for {steps} steps")
-    if ran_out:
-        parts.append(f"ran out of memory at micro-batch {', '.join(str(m) for m in sorted(set(ran_out)))}")
+    parts = _launches([e for e in events if e.kind == "launch"]) + _guarded(events)
     peaks = [e for e in events if e.peak_bytes and e.budget_bytes]
     if peaks:
         worst = max(peaks, key=lambda e: e.peak_bytes or 0)
@@ -157,3 +164,53 @@ def summary(events: list[Event]) -> str | None:
         )
     recorded = "; ".join(parts) or f"{len(events)} event(s)"
     return f"runtime evidence of this tune's jobs: {recorded} (`autobatch cache show` lists each)"
+
+
+#: Out-of-memory lowerings named one by one in the summary (the latest); the rest are counted.
+NAMED_LOWERINGS = 3
+
+
+def _launches(launches: list[Event]) -> list[str]:
+    parts = []
+    held = [e for e in launches if e.outcome == "exit" and e.exit_code == 0]
+    if held:
+        sizes = ", ".join(str(m) for m in sorted({e.micro_batch_size for e in held}))
+        parts.append(f"held for {len(held)} launch(es) to exit 0 at micro-batch {sizes}")
+    ran_out = sorted({e.micro_batch_size for e in launches if e.outcome == "oom"})
+    if ran_out:
+        parts.append(f"ran out of memory at micro-batch {', '.join(str(m) for m in ran_out)}")
+    return parts
+
+
+def _guarded(events: list[Event]) -> list[str]:
+    """The guard's runs: steps held, and each batch that ran out (its step, shapes and the sizes it went
+    through: one lowering event per rung, merged per batch)."""
+    parts = []
+    runs = [e for e in events if e.source == "guard" and e.kind == "run"]
+    held = [e for e in runs if e.outcome == "exit"]
+    if held:
+        parts.append(f"the guard held for {sum(e.step or 0 for e in held)} steps in {len(held)} run(s)")
+    batches: dict[tuple[object, int | None, str], list[Event]] = {}
+    for e in events:
+        if e.source == "guard" and e.kind == "change" and e.reason == "out of memory":
+            batches.setdefault((e.extra.get("run"), e.step, _shapes(e.shapes)), []).append(e)
+    lowered = [
+        f"at step {step} with shapes {shapes or '?'} (micro-batch {moves[0].micro_batch_size} -> "
+        f"{moves[-1].new_micro_batch_size})"
+        for (_, step, shapes), moves in batches.items()
+    ]
+    if lowered:
+        more = len(lowered) - NAMED_LOWERINGS
+        named = "; ".join(lowered[-NAMED_LOWERINGS:]) + (f"; and {more} more" if more > 0 else "")
+        parts.append(f"ran out of memory {named}")
+    for e in runs:
+        if e.outcome == "oom":
+            parts.append(
+                f"ran out of memory at step {e.step} even one sample at a time"
+                + (f" with shapes {_shapes(e.shapes)}" if e.shapes else "")
+            )
+    return parts
+
+
+def _shapes(shapes: list[list[int]] | None) -> str:
+    return " ".join(f"[{', '.join(str(d) for d in shape)}]" for shape in shapes or [])

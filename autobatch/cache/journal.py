@@ -1,22 +1,8 @@
 """The probe journal: every probe's outcome, appended the moment it finishes, reused by a re-run.
 
-One JSON-lines file per fingerprint, ``<cache_dir>/<fingerprint>.jsonl``. The fingerprint covers what
-decides a probe's outcome besides the probe itself (:mod:`autobatch.cache.keys`): the script's bytes
-and those of its local modules, its arguments, the device's identity and budget, the optimizer
-arguments, the recomputed classes, and the torch and autobatch versions. The first line describes the
-entry (``{"meta": {...}}``, for ``autobatch cache list``); each further line is one probe,
-``{"key": ..., "outcome": {...}}``, keyed by combination, batch size and step counts.
-
-An interrupted run (a scheduler's SIGTERM, a crash) keeps every probe it finished, and a re-run
-measures none of them again: each combination's search starts from all of its answers
-(:meth:`ProbeJournal.answers`), not only from the batches its path reaches again. Answers (``fits``, ``oom``) are journaled, and so are crashes and
-timeouts (the session journals them only after its retry also failed, so a re-run does not pay for
-them again); a timeout is reused only by a request whose timeout is not longer than the one that ran
-out, and a probe that stopped at a search's margin line (:attr:`ProbeRequest.stop_above_bytes`) only
-by a request whose line its peak is above. The script's own errors are measured again. Appends hold the cache folder's lock, so two runs sharing a journal
-never interleave a line; a run reads what the other appended before each probe. A last line cut
-short by a crash is skipped (and the next append starts on a line of its own); any other line that
-is not a journal entry means the file is damaged: it is moved aside with a warning and rebuilt.
+One JSON-lines file per fingerprint (:func:`autobatch.cache.keys.fingerprint`),
+``<cache_dir>/<fingerprint>.jsonl``, read, appended and replayed by :class:`ProbeJournal`. What a re-run
+reuses and how a damaged file is handled is told in docs/clusters.md.
 """
 
 from __future__ import annotations
@@ -100,7 +86,18 @@ def parse_lines(text: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
 
 
 class ProbeJournal:
-    """The outcomes recorded under one fingerprint; without a folder they are kept in memory only."""
+    """The outcomes recorded under one fingerprint; without a folder they are kept in memory only.
+
+    The file's first line describes the entry (``{"meta": {...}}``, for ``autobatch cache list``); each further
+    line is one probe, ``{"key": ..., "outcome": {...}}``, keyed by :func:`request_key`. Answers (``fits``,
+    ``oom``), crashes and timeouts are journaled (the session journals the last two only after its retry also
+    failed); the script's own errors are measured again. A re-run's search starts from all of a combination's
+    answers (:meth:`answers`), not only from the batches its path reaches again; a timeout is reused only by a
+    request whose timeout is not longer (:func:`_too_short`), a probe that stopped at a search's margin line
+    (:attr:`ProbeRequest.stop_above_bytes`) only by a request whose line its peak is above (:func:`_unsettled`).
+    Appends hold the cache folder's lock, so two runs never interleave a line, and a run reads what another
+    appended before each probe.
+    """
 
     def __init__(
         self, folder: CacheFolder | None = None, key: str = "", meta: Mapping[str, Any] | None = None

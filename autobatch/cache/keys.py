@@ -1,21 +1,10 @@
 """What a tune's answer depends on, and the key it is stored under.
 
-:class:`TuneInputs` gathers, before any probe server starts (no torch import), everything that decides
-the result of ``autobatch tune`` on one device:
-
-* ``sources``: the script's bytes and those of the local modules it imports (:mod:`.sources`);
-* ``script_args``;
-* ``settings``: the searched settings (precisions, optimizers, recomputation and its classes, batch
-  multiple and maximum, optimizer arguments, exact_all; strict when set), the probe lengths, the plan
-  (global batch, world size, objective), and the device's memory and headroom;
-* ``device``: the device's identity (:func:`autobatch.devices.inventory.identity`: on CUDA the model
-  name, total memory, driver and CUDA driver versions and MIG profile; on the CPU the processor,
-  architecture and C library), never one card's serial number, so that a cache shared between nodes of
-  one type serves all of them;
-* ``versions``: torch (read from its installed metadata, without importing it), autobatch, Python.
-
-Its :meth:`~TuneInputs.key` names the stored result; the probe journal's fingerprint
-(:func:`fingerprint`) adds what only a started session knows (the budget the device leaves).
+:class:`TuneInputs` gathers, before any probe server starts (no torch import), the script's sources and
+arguments, the settings that decide memory, the device's identity (the model's, never one card's serial
+number, so that nodes of one type share a cache) and the versions: the table in docs/clusters.md. Its
+:meth:`~TuneInputs.key` names the stored result; the probe journal's :func:`fingerprint` adds what only a
+started session knows (the budget the device leaves).
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Stored tune results: a second identical ``tune`` answers from here without starting a probe server.
 
-``<cache_dir>/<key>.result.json`` holds ``{"kind": "result", "key", "made", "inputs", "device_used_bytes",
-"result"}``: the key and the inputs it was computed from (:class:`autobatch.cache.keys.TuneInputs`),
-when it was made, how much memory other processes held on the device then (CUDA, from NVML; None on
-the CPU), and the complete :class:`autobatch.records.result.TuneResult`. Only complete results are stored.
-
-A stored result is served only when its inputs are the current ones (same key, and the stored inputs
-equal, so a hash collision cannot serve a wrong answer), every file its script read is as it was then (the
-result's ``script_files``, fingerprinted by :mod:`autobatch.cache.sources`: a script's config, its data; a
-result with a file that could not be fingerprinted is never stored), and the device is not busier than it was
-(:func:`busier`): memory other processes hold is subtracted from the budget, so more of it would make
-the stored maxima too large. A served result's file is touched, so ``cache clear --older-than`` counts
-from its last use. A file that cannot be read as a stored result is moved aside with a warning.
+:class:`ResultStore` keeps one ``<cache_dir>/<key>.result.json`` per complete result and serves it only
+while its inputs, the files its script read and the device's load are as they were (docs/clusters.md).
 """
 
 from __future__ import annotations
@@ -50,7 +40,15 @@ def busier(used_now: int | None, used_then: int | None, tolerance: int = BUSIER_
 
 
 class ResultStore:
-    """The stored results of one cache folder."""
+    """The stored results of one cache folder.
+
+    A file holds ``{"kind": "result", "key", "made", "inputs", "device_used_bytes", "result"}``: the inputs
+    (:class:`autobatch.cache.keys.TuneInputs`), when it was made, the memory other processes held on the
+    device then (CUDA, from NVML; None on the CPU) and the complete result. It is served only when the stored
+    inputs equal the current ones (not only the key, so a hash collision cannot serve a wrong answer), no file
+    its script read changed, and the device is not :func:`busier`. A served result's file is touched, so
+    ``cache clear --older-than`` counts from its last use.
+    """
 
     def __init__(self, folder: CacheFolder) -> None:
         self.folder = folder
@@ -140,7 +138,9 @@ def unfingerprinted(result: TuneResult) -> list[str]:
     return [path for path, then in read_files(result).items() if then is None]
 
 
-def served(stored: StoredResult, script: str, script_args: list[str]) -> TuneResult:
+def served(
+    stored: StoredResult, script: str, script_args: list[str], folder: str | None = None
+) -> TuneResult:
     """The stored result as this run reports it: every probe marked cached, none run now."""
     result = TuneResult.from_dict(stored.result.to_dict())
     result.script, result.script_args = script, list(script_args)
@@ -149,4 +149,6 @@ def served(stored: StoredResult, script: str, script_args: list[str]) -> TuneRes
             record.cached = True
     result.probes = 0
     result.cache = {"key": stored.key, "served": True, "made": stored.made}
+    if folder is not None:
+        result.cache["folder"] = folder  # where the key's runtime evidence goes (the guard records there)
     return result

@@ -1,23 +1,8 @@
 """The files a training script's memory depends on: the script, the local modules it imports, the files it reads.
 
-"Local" means what the probe server imports from the script's folder or the working folder (both are
-on its ``sys.path``, the script's folder first, as :func:`autobatch.step.contract.load_script` and
-``python -m`` put them), not installed packages: a file under ``sys.prefix`` or a ``site-packages``
-folder never counts. Imports are found by reading every ``import`` statement of each file, inside
-functions and ``if`` blocks too, and following them into the local modules they reach, packages'
-``__init__.py`` files included. An import whose name is computed at run time
-(``importlib.import_module(name)``) cannot be seen this way; such a module is not part of the
-fingerprint (docs/clusters.md says so).
-
-Paths are reported relative to the script's folder (or the working folder), so that the same sources
-checked out elsewhere have the same fingerprint.
-
-What a script reads when it runs (a JSON config passed as an argument, a data file) cannot be read from its
-source: a probe reports each file it opened (:mod:`autobatch.probe.files`), relative to the working folder or
-absolute, and :func:`file_fingerprint` fingerprints it the way the sources are (sha256 of its bytes; a file
-above :data:`HASHED_BYTES`, a data set, by its size and modification time). A result or a probe that depends
-on them is reused only while every one is unchanged (:func:`changed_files`); a file that cannot be
-fingerprinted (gone, not a regular file, unreadable) has none, and keeps its result out of the cache.
+:func:`source_digests` finds the local modules by reading the import statements (installed packages never
+count); :func:`file_fingerprint` and :func:`changed_files` fingerprint the files a probe saw the script read
+(:mod:`autobatch.probe.files`). What counts, and what cannot be seen, is told in docs/clusters.md.
 """
 
 from __future__ import annotations
@@ -56,7 +41,12 @@ def local_sources(script: str | Path, cwd: str | Path | None = None) -> list[Pat
 
 
 def source_digests(script: str | Path, cwd: str | Path | None = None) -> dict[str, str]:
-    """Relative path -> sha256 of the script and its local modules (the script first)."""
+    """Relative path -> sha256 of the script and its local modules (the script first).
+
+    "Local" is what the probe server imports from the script's folder or the working folder (both on its
+    ``sys.path``, the script's folder first, as :func:`autobatch.step.contract.load_script` and ``python -m``
+    put them); paths are relative to that folder, so the same sources checked out elsewhere have the same
+    fingerprint."""
     script = Path(script).resolve()
     roots = _roots(script, cwd)
     out: dict[str, str] = {}

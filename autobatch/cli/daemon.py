@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
 
 daemon_app = typer.Typer(
@@ -32,7 +33,7 @@ def _idle(given: float | None) -> float:
 
 
 @app.command()
-def serve(idle: Idle = None) -> None:
+def serve(idle: Idle = None, verbose: opt.Verbose = False, quiet: opt.Quiet = False) -> None:
     """Run your autobatch daemon in the foreground (for systemd, supervisord, SLURM); logs on stderr."""
     from autobatch.daemon.place import Place
     from autobatch.daemon.server import serve as run
@@ -41,7 +42,7 @@ def serve(idle: Idle = None) -> None:
 
 
 @daemon_app.command()
-def start(idle: Idle = None) -> None:
+def start(idle: Idle = None, verbose: opt.Verbose = False, quiet: opt.Quiet = False) -> None:
     """Start your daemon in the background (nothing happens when a compatible one runs)."""
     from autobatch.daemon.client import Client
 
@@ -50,7 +51,7 @@ def start(idle: Idle = None) -> None:
 
 
 @daemon_app.command()
-def stop() -> None:
+def stop(verbose: opt.Verbose = False, quiet: opt.Quiet = False) -> None:
     """Stop your daemon: running requests end as interrupted runs do, keeping what they measured."""
     from autobatch.daemon.client import Client
 
@@ -60,6 +61,8 @@ def stop() -> None:
 @daemon_app.command()
 def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON on stdout.")] = False,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Show your daemon: versions, uptime, the requests running and queued. Exit 1 when none runs."""
     from autobatch.daemon.client import Client
@@ -92,6 +95,8 @@ def logs(
     lines: Annotated[
         int, typer.Option("--lines", "-n", min=1, help="How many of the last lines to show.")
     ] = 50,
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Print the end of your daemon's log (a daemon started with `autobatch daemon start`)."""
     from autobatch.daemon.place import Place
@@ -108,6 +113,8 @@ def logs(
 @daemon_app.command()
 def cancel(
     request_id: Annotated[str, typer.Argument(help="The request's id, as status shows it (r12).")],
+    verbose: opt.Verbose = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """End one request: its command stops its probes and keeps what it measured, as an interrupted run does."""
     from autobatch.daemon.client import Client

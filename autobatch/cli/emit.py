@@ -91,12 +91,19 @@ def emit_command(
     )
     result = TuneResult.load(result_file)
     written = emit(result, specs, options)
-    for line in report(result, [(fmt, path) for (fmt, _), path in zip(specs, written)], options):
+    for line in report(
+        result, [(fmt, path) for (fmt, _), path in zip(specs, written, strict=False)], options
+    ):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if as_json:
         stdout_write(
             json.dumps(
-                {"written": [{"format": fmt, "path": str(path)} for (fmt, _), path in zip(specs, written)]}
+                {
+                    "written": [
+                        {"format": fmt, "path": str(path)}
+                        for (fmt, _), path in zip(specs, written, strict=False)
+                    ]
+                }
             )
         )
 

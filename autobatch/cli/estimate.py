@@ -1,22 +1,9 @@
 """``autobatch estimate``: each combination's maximum batch for a card you do not have, with no real allocation.
 
-The step runs under fake tensors on the CPU (:mod:`autobatch.explain.worker.simulate`); an allocator model
-turns its tensors into the target's memory, and the search of ``tune`` finds the largest batch that
-stays within the budget. Targets:
-
-* a CUDA card (the default): ``--card NAME`` (``--list-cards`` shows them) or ``--memory SIZE``. The
-  budget is ``(memory - CUDA context) x (1 - headroom)``, the context and the workspaces coming from the
-  card profile;
-* ``--device cpu``: the CPU device under ``tune``'s cap definition (the probe process's VmData,
-  baseline included), with ``--memory`` or the memory available now.
-
-``--json`` prints ``{"estimate": true, "device": {...}, "combinations": [...], "notes": [...]}`` where
-each combination has the fields of ``tune --json``'s (``trace`` lists the simulated batch sizes).
-``--seq-len L`` (repeatable) estimates at each length: ``combinations`` are then at the plan's length
-(``--plan-seq-len``, else the longest) and ``lengths`` is tune's (an entry per combination and length in
-``maxima``, the fitted surfaces and their ``attention_share``;
-:mod:`autobatch.explain.parent.estimate_lengths`).
-It is an estimate: the human output says what differs on a real device.
+The step runs under fake tensors on the CPU (:mod:`autobatch.explain.worker.simulate`), an allocator model
+turns its tensors into the target's memory, and ``tune``'s search finds the largest batch within the budget;
+with ``--seq-len`` at each length (:mod:`autobatch.explain.parent.estimate_lengths`). The targets, the report
+and what differs on a real device: docs/explain-estimate.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """``autobatch lengths DATA``: the share of the data's batches that the tuned plan would not survive.
 
-A result tuned over sequence lengths (``autobatch tune SCRIPT --seq-len A --seq-len B``) holds the chosen
-combination's memory surface ``peak(B, L)``. Against the real lengths of DATA (a file of one length a line,
-JSON Lines with a token-count field, or a Hugging Face data set saved with ``save_to_disk``) it counts the
-batches that would run out of memory:
-
-* under **padding** at the chosen micro-batch (``--batch-size``): ``B`` consecutive sequences in file order,
-  padded to the longest, as a ``DataLoader`` without shuffling makes them; and the share expected when the
-  data is shuffled;
-* under **a token budget** (``--max-tokens``, by default the result's): greedy ``max_tokens`` batches in file
-  order, as the samplers of fairseq and lhotse, and packing, make them.
-
-It prints a table and one summary line to stderr, ``--json`` every figure on stdout
-(:meth:`autobatch.service.lengths.LengthsReport.to_dict`). It exits 0 whatever it finds (a warning says when
-batches overflow); with ``--fail-on-overflow`` it exits 5 (``EXIT_OOM``, as ``check`` does for a batch that
-runs out of memory) when any batch of the schemes shown overflows, and 2 on a usage error (a result without
-lengths, a bad line of DATA).
+:mod:`autobatch.service.lengths` reads DATA's lengths and counts the batches that overflow the result's memory
+surface, under padding and under a token budget; this command prints the table to stderr, ``--json`` on
+stdout, and with ``--fail-on-overflow`` exits 5 when a batch would overflow. Every option and figure:
+docs/commands.md (``lengths``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Human output of the probing commands, readable on a terminal and in a log file alike.
 
-Three modes, chosen per run:
-
-* **terminal** (stderr is a TTY): a live line for the probe in flight, redrawn four times a second
-  with rich: combination, batch, step k of n (the probe reports each finished step, see
-  :mod:`autobatch.probe.progress`) and elapsed time; every finished probe stays as a line above it.
-* **log** (stderr is a file or a pipe: a cluster job's output): plain lines, each prefixed with a
-  timestamp, one per probe and one per event, never wrapped however long (a table is printed as it
-  is, without a timestamp).
-* **quiet** (``--quiet``/``-q``): nothing but errors and the final summary line.
-
-``NO_COLOR`` turns colour off in every mode (:mod:`.app`).
+Three modes, chosen per run: **terminal** (stderr is a TTY: a live rich line for the probe in flight,
+redrawn four times a second, each finished probe a line above it), **log** (a file or a pipe: plain
+timestamped lines, never wrapped) and **quiet** (``--quiet``: errors and the final summary line only).
+``NO_COLOR`` turns colour off in every mode (:mod:`.app`); docs/commands.md shows the output.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ in-process with a fake probe runner, as httpx's ``MockTransport`` stands in for 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from autobatch.records.protocol import ProbeRunner

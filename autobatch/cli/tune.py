@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 from rich.table import Table
@@ -150,7 +151,7 @@ def summary_line(result: TuneResult, path: str) -> str:
     ch = result.chosen
     how = (
         "served from the cache"
-        if result.cache
+        if (result.cache or {}).get("served")
         else f"{result.probes} probes, {result.wall_seconds or 0:.1f} s"
     )
     if ch is None:

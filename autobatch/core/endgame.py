@@ -1,17 +1,10 @@
 """The end game of the search: a narrow bracket, a model that says where the maximum probably is.
 
-Near the boundary the model's prediction is sharp but not exact (on the CPU the peak of the same batch
-differs by a fraction of a MiB between processes and over a probe's steps), and stepping under the
-prediction one candidate at a time creeps towards a boundary from below, one probe per sample. Once a
-non-fit bounds the bracket and it is at most :data:`WIDTH` candidates wide, the search instead picks
-the probe that minimises the *expected* number of probes still needed, the confirmation included,
-under the model's distribution of the maximum (:func:`distribution`): an optimal binary search tree over
-the bracket (:func:`best_probe`). Every probe of the end game runs as long as a confirmation, so a fit
-next to a known non-fit ends the search in that probe. When the distribution sits at the top of the
-bracket, the best probe is the candidate right under the known non-fit: one probe, if it fits.
-
-A wrong distribution costs probes, never correctness: the search still decides by feasibility alone,
-and its debt keeps the worst-case bound (:mod:`autobatch.core.search`).
+Once a non-fit bounds the bracket and it is at most :data:`WIDTH` candidates wide, :func:`propose` picks the
+probe that minimises the expected number of probes still needed, the confirmation included, under the
+model's distribution of the maximum (:func:`distribution`, :func:`best_probe`: an optimal binary search tree
+over the bracket), instead of creeping towards the boundary one candidate at a time. A wrong distribution
+costs probes, never correctness: the search still decides by feasibility alone (:mod:`autobatch.core.search`).
 """
 
 from __future__ import annotations
@@ -108,7 +101,7 @@ def noise(points: dict[int, int], center: float, near: float) -> float | None:
     points near the boundary does not.
     """
     items = sorted((b, p) for b, p in points.items() if b >= near * center)
-    if any(p1 >= p2 for (_, p1), (_, p2) in zip(items, items[1:])):
+    if any(p1 >= p2 for (_, p1), (_, p2) in zip(items, items[1:], strict=False)):
         return math.inf  # a flat run: the peaks are quantised (allocator segments), the line says little
     if len(items) < 3:
         return None
@@ -157,7 +150,7 @@ def distribution(
         total = 1.0
     counts = [start - lo + 1] + [1] * (width - 2) + [hi - end + 1 if bounded else 1]
     share = sum(counts)
-    return [(1 - DOUBT) * p / total + DOUBT * c / share for p, c in zip(mass, counts)]
+    return [(1 - DOUBT) * p / total + DOUBT * c / share for p, c in zip(mass, counts, strict=False)]
 
 
 def best_probe(weights: list[float], base_cost: float, top_cost: float = 0.0) -> int:
@@ -169,6 +162,9 @@ def best_probe(weights: list[float], base_cost: float, top_cost: float = 0.0) ->
     probes still needed when it ends at index 0 (0: it ran as long as a confirmation; 1: it did not;
     more when index 0 stands for a stretch of the bracket below the window planned over); ``top_cost``:
     those when it ends at the last index and that stands for a stretch above the window.
+
+    When the weights sit at the top of the bracket, the best probe is the candidate right under the known
+    non-fit: one probe, if it fits.
     """
     width = len(weights)
     if width < 2:

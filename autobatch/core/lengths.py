@@ -1,23 +1,10 @@
 """Sequence length as a dimension: peak memory over batch size and length, fitted from a few lengths.
 
-A step's peak at ``B`` samples of ``L`` tokens is close to
-
-    peak(B, L) = a + b·B·L + c·B·L²
-
-``a`` is the static memory (parameters, gradients, optimizer state, the process), ``b`` the activations
-kept per token, and ``c`` the attention scores an attention that materialises them keeps per token pair
-(none with kernels that do not, such as PyTorch's ``scaled_dot_product_attention`` flash and
-memory-efficient backends). The search at each length measures a line ``peak(B) = a_L + s_L·B``; the
-surface takes ``a`` as the mean of the lines' intercepts and fits ``s_L = b·L + c·L²`` to their slopes
-(least squares, ``c`` held at zero when the fit makes it negative, and with one length ``c = 0``).
-
-What the surface answers (pure functions, no torch):
-
-* the prior of a length not yet searched (:func:`prior_line`): the search then verifies it;
-* the maximum at a length not searched (:meth:`Surface.max_batch`), marked as predicted, never measured;
-* the longest length a batch survives (:meth:`Surface.longest`);
-* the **token budget** (:func:`token_budget`): the most tokens per micro-batch (``B·L``) that fit at every
-  searched length, the form ``max_tokens`` samplers and packing take.
+A :class:`Surface` ``peak(B, L) = a + b·B·L + c·B·L²`` is fitted (:func:`fit`) to the lines the search
+measured at each length; it gives the prior of a length not yet searched (:func:`prior_line`), the maximum
+at a length not searched (:meth:`Surface.max_batch`, predicted, never measured), the longest length a batch
+survives (:meth:`Surface.longest`) and the :func:`token_budget`. Pure: no torch. The model and its fit are
+explained in docs/sequence-lengths.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Recomputation as a level between off and full: names, the order of their work, and the partial level a plan
 needs.
 
-Levels (the ``recompute`` setting, and a combination's ``recompute_level`` in the result):
-
-``off``        nothing recomputed: every activation the backward needs is kept;
-``K/N``        K of the N detected blocks checkpointed (the first K: :mod:`autobatch.step.recompute`);
-``selective``  every block checkpointed under a per-op policy that keeps the outputs of matmuls and attention
-               and recomputes the rest (the cheap pointwise ops);
-``full``       every block checkpointed (its whole forward runs again in the backward).
-
-The setting also takes ``partial``: the one K that the plan needs, chosen once ``off`` and ``full`` are
-measured (:func:`partial_for`), and the booleans of old (``true`` is ``full``, ``false`` is ``off``, ``both``
-is both).
-
-Memory falls about linearly in the number of blocks checkpointed, so the lines of ``off`` and ``full`` predict
-the line of every ``K/N`` (:func:`partial_line`): a partial level is searched from that prior, never probed K
-by K. Work only grows with what is recomputed, which orders some levels for certain (:func:`less_work`): ``off``
-below all, ``K/N`` below ``J/N`` when K < J, every ``K/N`` and ``selective`` below ``full``; ``selective`` and a
-``K/N`` are not comparable without timing them.
+Pure: :func:`parse_level` reads the ``recompute`` setting's items (``off``, ``K/N``, ``selective``, ``full``,
+``partial`` and the booleans of old), :func:`partial_line` predicts a ``K/N`` line from the lines of ``off``
+and ``full``, :func:`partial_for` picks the K a plan needs, and :func:`less_work` orders levels by what they
+recompute. What each level checkpoints: docs/levers.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Which of a data set's batches would run out of memory: the memory surface against the real lengths.
 
-A tune over sequence lengths ends in a surface ``peak(B, L)`` (:mod:`autobatch.core.lengths`) and the line
-its maxima are measured against. The plan is made at one length; the data has a distribution of them, and
-the classic failure is the first batch of long sequences hours into a run. Given the lengths of every
-sequence, in the order a loader reads them, this module counts the batches whose peak crosses the line:
-
-* **padding** (a ``DataLoader`` that pads each batch to its longest sequence): batches are ``B`` consecutive
-  sequences (the last one may be smaller, as without ``drop_last``); a batch overflows when
-  ``peak(size, longest) > line``. With shuffling, a full batch is ``B`` sequences drawn without replacement,
-  and the expected share that overflows is exactly ``1 - C(k, B)/C(n, B)``, ``k`` being the sequences at or
-  under the batch's critical length (:func:`shuffled_share`).
-* **tokens** (the ``max_tokens`` samplers of fairseq and lhotse, and packing): sequences grouped greedily in
-  order while ``count x longest`` stays within the budget (:func:`token_batches`); a sequence longer than the
-  budget cannot be batched at all and counts as a batch that overflows.
-
-Pure functions over plain numbers: no torch, no I/O.
+Given the lengths of every sequence in the order a loader reads them, and a tune's surface
+(:mod:`autobatch.core.lengths`) with the line its maxima are measured against, :func:`overflow` counts the
+batches whose peak crosses the line under padding (:func:`padded`, and :func:`shuffled_share` for shuffled
+data) and under a token budget (:func:`by_tokens`). Pure functions over plain numbers: no torch, no I/O.
 """
 
 from __future__ import annotations

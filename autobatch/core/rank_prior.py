@@ -1,22 +1,10 @@
 """A strategy's first probe from the single-process curve (pure).
 
-A tune with ``--strategy ddp|fsdp`` pays N rank processes for every probe. When the same script,
-arguments and combination were already measured in one process, their memory line
-``peak(b) = intercept + slope * b`` predicts one rank's line:
-
-* **slope**: unchanged. Every rank runs its own micro-batch through the whole model, so it keeps the
-  single process's activations per sample.
-* **intercept, FSDP2** (``fully_shard`` per block, then the root): parameters, gradients and optimizer
-  state are sharded, so each rank holds ``1/N`` of them: the intercept drops by
-  ``(parameters + gradients + optimizer state) x (1 - 1/N)``. In exchange the block being computed is
-  all-gathered (its parameters, and in backward its unsharded gradients before the reduce-scatter), and
-  the root keeps its own parameters gathered from forward to backward (FSDP2's default for the root).
-* **intercept, DDP**: gradient buckets, a flat copy of every gradient beside the gradients
-  (``gradient_as_bucket_view=False``, the default): ``+ gradients``.
-* both: the process group's own memory per rank (``runtime_bytes``, given by the caller).
-
-The prediction is a prior like :mod:`autobatch.core.reuse`'s: the search probes where it puts the
-boundary and brackets and confirms as always, so a wrong prior costs probes, never correctness.
+A tune with ``--strategy ddp|fsdp`` pays N rank processes for every probe. When the same script, arguments
+and combination were already measured in one process, their memory line predicts one rank's
+(:func:`rank_line`), and :func:`strategy_prior` gives it to the search as a prior like
+:mod:`autobatch.core.reuse`'s: the search still brackets and confirms, so a wrong prior costs probes, never
+correctness.
 """
 
 from __future__ import annotations
@@ -111,7 +99,20 @@ def curve_of(observations: Iterable[Observation]) -> Affine | None:
 
 
 def rank_line(single: Affine, strategy: str, world: int, state: RankState, runtime_bytes: int = 0) -> Affine:
-    """One rank's line under ``strategy`` on ``world`` ranks, from the single-process line (module docstring)."""
+    """One rank's line under ``strategy`` on ``world`` ranks, from the single-process line
+    ``peak(b) = intercept + slope * b``.
+
+    * **slope**: unchanged. Every rank runs its own micro-batch through the whole model, so it keeps the
+      single process's activations per sample.
+    * **intercept, FSDP2** (``fully_shard`` per block, then the root): parameters, gradients and optimizer
+      state are sharded, so each rank holds ``1/N`` of them: the intercept drops by
+      ``(parameters + gradients + optimizer state) x (1 - 1/N)``. In exchange the block being computed is
+      all-gathered (its parameters, and in backward its unsharded gradients before the reduce-scatter), and
+      the root keeps its own parameters gathered from forward to backward (FSDP2's default for the root).
+    * **intercept, DDP**: gradient buckets, a flat copy of every gradient beside the gradients
+      (``gradient_as_bucket_view=False``, the default): ``+ gradients``.
+    * both: the process group's own memory per rank (``runtime_bytes``, given by the caller).
+    """
     if world < 2 or strategy not in ("ddp", "fsdp"):
         raise ValueError(f"a strategy prior needs ddp or fsdp on at least 2 ranks, got {strategy} on {world}")
     if strategy == "fsdp":

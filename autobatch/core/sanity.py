@@ -1,16 +1,8 @@
 """Checks that a combination's answer can be trusted: limited by memory, not by a crash; peaks that grow.
 
-Pure: over the probes a combination ran, as ``(batch, kind, peak)`` triples.
-
-* :func:`limited_by` — a maximum is only a memory maximum when the smallest batch known not to fit
-  above it ran out of memory. When that batch crashed or timed out (after one retry in a fresh
-  process), the maximum is limited by the crash, not by memory: the combination's status becomes
-  ``crash-limited`` or ``timeout-limited`` and the tune exits with the probe-failure code.
-* :func:`flat_peaks` — a step's peak grows with the batch. Peaks that stay flat over a 4x range of
-  fitting batches usually mean that ``make_batch`` ignores its argument (its size check turned off),
-  which makes any batch "fit": worth a warning. (A parameter-heavy model can be flat over a small
-  range while the optimizer step sets the peak; a 4x range with less than :func:`flat_bytes` of growth
-  is what the warning asks about.)
+Pure, over the probes a combination ran as ``(batch, kind, peak)`` triples: :func:`limited_by` finds a maximum
+bounded by a crash or a timeout rather than by memory (the combination is then ``crash-limited`` or
+``timeout-limited``), :func:`flat_peaks` and :func:`batch_ignored` a batch that never reached the step.
 """
 
 from __future__ import annotations
@@ -61,7 +53,11 @@ class Limit:
 
 
 def limited_by(points: Sequence[Point], max_batch_size: int | None) -> Limit | None:
-    """The crash or timeout that bounds the maximum, if the smallest non-fit above it is one."""
+    """The crash or timeout that bounds the maximum, if the smallest non-fit above it is one.
+
+    A maximum is only a memory maximum when the smallest batch known not to fit above it ran out of memory.
+    When that batch crashed or timed out (after one retry in a fresh process), the combination's status
+    becomes ``crash-limited`` or ``timeout-limited`` and the tune exits with the probe-failure code."""
     above = [
         (b, kind)
         for b, kind, _ in points
@@ -88,7 +84,11 @@ MAKE_BATCH_QUESTION = "does make_batch use its batch_size?"
 
 def flat_peaks(points: Sequence[Point], budget_bytes: int, question: str = MAKE_BATCH_QUESTION) -> str | None:
     """A warning when the peaks of fitting probes do not grow over a :data:`FLAT_RATIO` x range; ``question``
-    asks whether the batch reaches the step (a script run as it is: in its own words)."""
+    asks whether the batch reaches the step (a script run as it is: in its own words).
+
+    Flat peaks usually mean that ``make_batch`` ignores its argument (its size check turned off), which makes
+    any batch "fit". A parameter-heavy model can be flat over a small range while the optimizer step sets the
+    peak; a 4x range with less than :func:`flat_bytes` of growth is what the warning asks about."""
     fits = sorted((b, peak) for b, kind, peak in points if kind == "fits" and peak is not None)
     if len(fits) < 2:
         return None

@@ -499,6 +499,13 @@ class _Stream:
                 else ("queued" if event.get("state") == "queued" else "starting")
             )
             self.request.device = str(event.get("device", ""))
+            at = event.get("at")
+            stamp = (
+                datetime.datetime.fromtimestamp(at).astimezone().isoformat(timespec="microseconds")
+                if isinstance(at, (int, float))
+                else "?"
+            )
+            log(f"{self.request.id}: device lock {event.get('state')} at {stamp} on {self.request.device}")
         return rest
 
 

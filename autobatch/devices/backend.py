@@ -11,7 +11,8 @@ What is particular to one device stays in its implementation: :class:`autobatch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from autobatch.records.protocol import ProbeOutcome, ProbeRequest

@@ -1,21 +1,15 @@
 """The device a session probes on: its budget (CPU and CUDA side by side) and the one margin rule.
 
-Pure: :func:`device_info` turns what the probe server's ``inspect`` operation reported about the
-device and the model into a :class:`DeviceInfo`; the arithmetic of each device's budget lives in one
-function per device (:func:`cpu_budget` here, :func:`autobatch.devices.cuda.cuda_budget` for CUDA).
-
-**The margin.** On the CPU the same probe's peak differs between fresh processes, in steps of 1 MiB:
-fresh ``autobatch check`` runs of one Hugging Face BERT step (batch 155, 440 MiB) peak in two groups
-1 MiB apart (412.93-413.10 MB and 414.01-414.21 MB), of the MLP example likewise
-(``scripts/peak_spread.py``, ``docs/measurements/peak-spread.md``), and in CI a check of a batch whose tune confirmation had fitted
-under a 1 MiB margin ran out of memory: a third step. So a batch whose peak lands within a few MiB of
-the cap fits once and fails the next time. The search therefore does not accept a fit within
-:func:`margin_bytes` of the budget: :data:`CPU_MARGIN_FLOOR` (two of those steps and their spread), or
-0.1 % of a larger budget. On CUDA the verdict compares allocator statistics: no margin.
+Pure: :func:`device_info` turns what the probe server's ``inspect`` operation reported about the device and
+the model into a :class:`DeviceInfo`; each device's budget is one function (:func:`cpu_budget` here,
+:func:`autobatch.devices.cuda.cuda_budget` for CUDA); :func:`margin_bytes` is how close to the budget a
+fit may come on the CPU, where the same probe's peak differs between fresh processes (docs/how-a-tune-works.md,
+"Margin on the CPU").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +25,33 @@ CPU_MARGIN_FLOOR = 3 << 20
 
 
 def margin_bytes(device_type: str, budget_bytes: int) -> int:
-    """How close to the budget a peak may come and still count as a fit (see the module docstring)."""
+    """How close to the budget a peak may come and still count as a fit: :data:`CPU_MARGIN_FLOOR` (two of the
+    1 MiB steps a peak differs by between fresh CPU processes, and their spread), or 0.1 % of a larger budget.
+    On CUDA the verdict compares allocator statistics: no margin."""
     return max(CPU_MARGIN_FLOOR, budget_bytes // 1000) if device_type == "cpu" else 0
+
+
+class EarlyWarning:
+    """Warns once when a running job's peak comes within :func:`margin_bytes` of its budget, or passes it into
+    the headroom: it fits now, and may run out of memory later (``autobatch run`` and the guard both use it)."""
+
+    def __init__(self, device_type: str, budget_bytes: int, warn: Callable[[str], object]) -> None:
+        self.budget_bytes = budget_bytes
+        self.line = budget_bytes - margin_bytes(device_type, budget_bytes)
+        self.warn = warn
+        self.warned = False
+
+    def check(self, peak_bytes: int | None) -> bool:
+        """Warn if ``peak_bytes`` reached the line and nothing was said yet; whether it warned now."""
+        if self.warned or peak_bytes is None or peak_bytes < self.line:
+            return False
+        self.warned = True
+        self.warn(
+            f"the job's peak reached {format_bytes(peak_bytes)}, within {format_bytes(self.budget_bytes - self.line)} "
+            f"of its budget {format_bytes(self.budget_bytes)} (or past it, into the headroom): it may run out of "
+            "memory later"
+        )
+        return True
 
 
 #: Memory other processes hold that is worth a warning: at least this, or 0.5 % of the capacity.

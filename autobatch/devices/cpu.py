@@ -1,26 +1,11 @@
 """The CPU device: an OS-enforced memory cap and a peak measured in the same quantity the cap limits.
 
-Definition (documented in docs/how-a-tune-works.md): on the CPU device, ``--memory`` is the capacity of the probe
-process's *data memory* — Linux's ``VmData``: every private writable mapping of the whole probe process
-(heap, anonymous ``mmap`` blocks, thread stacks), imports included (torch and the user script
-are already loaded when a probe starts, about 300 MiB here). The budget is ``memory * (1 - headroom)``
-and is enforced with ``RLIMIT_DATA`` on the probe process, so that exceeding it raises a real
-``DefaultCPUAllocator: can't allocate memory``. Without ``--memory`` the capacity is the memory
-available on the machine when the tune starts.
-
-The peak is ``VmData`` at the probe's start plus the growth of ``VmPeak`` (the high-water mark of the
-whole address space, which a freshly forked process starts at its current size) less any growth of
-the mappings that are not data (shared libraries loaded on the way). It therefore counts exactly
-what ``RLIMIT_DATA`` counts, including transient blocks freed before anyone could sample them.
-
-glibc's allocator is pinned in probe processes: ``MALLOC_ARENA_MAX=1`` (one arena, no
-per-thread heaps) and ``MALLOC_MMAP_THRESHOLD_=65536`` (a fixed threshold: every block of 64 KiB or
-more is its own mapping, returned to the OS when freed). With glibc's defaults, fit/no-fit under the
-cap is neither monotone in the batch size nor repeatable. The environment is set before the probe
-server starts, so every probe inherits it.
-
-:class:`CpuBackend` is the CPU's :class:`~autobatch.devices.backend.DeviceBackend`: it holds what only this
-device has, the job's fresh-process offset, the job's allocator for timing probes and the OpenMP wait policy.
+``--memory`` is the capacity of the probe process's data memory (Linux's ``VmData``, imports included),
+enforced with ``RLIMIT_DATA``; the peak is ``VmData`` at the probe's start plus the growth of ``VmPeak``
+less the non-data mappings, so it counts exactly what the cap counts; glibc's allocator is pinned in probe
+processes so that fit or no fit is repeatable. The definition is in docs/how-a-tune-works.md.
+:class:`CpuBackend` holds what only this device has: the job's fresh-process offset, the job's allocator for
+timing probes and the OpenMP wait policy.
 """
 
 from __future__ import annotations
@@ -29,8 +14,9 @@ import ctypes
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from autobatch.records.protocol import ProbeOutcome, ProbeRequest
@@ -63,10 +49,10 @@ class VmStatus:
         return self.size - self.data
 
 
-def read_status() -> VmStatus:
-    """Read VmData, VmSize and VmPeak of this process."""
+def read_status(pid: int | str = "self") -> VmStatus:
+    """Read VmData, VmSize and VmPeak of this process (or of ``pid``; a zombie's status has none: KeyError)."""
     values: dict[str, int] = {}
-    with open("/proc/self/status") as handle:
+    with open(f"/proc/{pid}/status") as handle:
         for line in handle:
             key, _, rest = line.partition(":")
             if key in ("VmData", "VmSize", "VmPeak"):
@@ -75,7 +61,15 @@ def read_status() -> VmStatus:
 
 
 def peak_data_bytes(start: VmStatus, now: VmStatus) -> int:
-    """Peak data memory since ``start`` (the probe's first reading in a freshly forked process)."""
+    """Peak data memory since ``start`` (a probe's first reading in a freshly forked process, or the guard's
+    in a job's process).
+
+    VmPeak cannot be reset. A freshly forked process starts it at its size; a process with a past (a job's,
+    that mapped a file and closed it) may hold a high-water mark from before ``start``. While ``now`` has not
+    passed that mark, the period's own high is unknown and the larger of the two readings' data stands for
+    it, rather than the past's mark."""
+    if now.peak <= start.peak and start.peak > start.size:
+        return max(start.data, now.data)
     growth = now.peak - start.size
     not_data_growth = max(0, now.not_data - start.not_data)
     return start.data + max(0, growth - not_data_growth)

@@ -1,19 +1,10 @@
 """The devices a tune runs on, each with its identity (for the cache) and its lock key (one tuner at a time).
 
-Read before any probe server starts, from the inventory (NVML, no torch):
-
-* ``cpu``: the host; its lock is the host's, its identity the processor, architecture and C library.
-* ``cuda:N``: the N-th visible GPU (or MIG instance), locked by its UUID.
-* ``cuda`` or ``auto`` with visible GPUs: **one target per distinct GPU model** (name, memory, MIG
-  profile), each the first visible device of its model; a job spanning them plans with the smallest
-  maximum (:mod:`autobatch.run.across_models`). ``auto`` is the CPU when no GPU is visible or there is no NVIDIA
-  driver (NVML cannot start, so CUDA cannot either).
-* Without pynvml, or for a GPU NVML does not list, a CUDA request stays as given: the session
-  resolves it, the lock is keyed by host and index, and the result is not cached (nothing identifies
-  the card).
-
-The identity is the model's, not the card's: a cache shared between nodes of one type serves all of
-them. It holds the name, total memory, MIG profile, driver and CUDA driver versions.
+Read before any probe server starts, from the inventory (NVML, no torch): :func:`targets_for` turns the
+``device`` setting into targets: ``cpu`` the host, ``cuda:N`` the N-th visible device, ``cuda`` or ``auto``
+one per distinct GPU model (:mod:`autobatch.run.across_models` plans across them; ``auto`` is the CPU without
+a visible GPU or a driver). The identity is the model's, not the card's, so a shared cache serves every node
+of one type (docs/clusters.md).
 """
 
 from __future__ import annotations
@@ -56,7 +47,18 @@ def resolve_targets(device: str, memory: int | None, inventory: Inventory | None
 
 
 def targets_for(device: str, memory: int | None, inventory: Inventory) -> list[Target]:
-    """The targets of a ``device`` setting on this machine (see the module docstring)."""
+    """The targets of a ``device`` setting on this machine.
+
+    * ``cpu``: the host; its lock is the host's, its identity the processor, architecture and C library.
+    * ``cuda:N``: the N-th visible GPU (or MIG instance), locked by its UUID.
+    * ``cuda`` or ``auto`` with visible GPUs: one target per distinct GPU model (name, memory, MIG profile),
+      each the first visible device of its model. ``auto`` is the CPU when no GPU is visible or there is no
+      NVIDIA driver (NVML cannot start, so CUDA cannot either).
+    * Without pynvml, or for a GPU NVML does not list, a CUDA request stays as given: the session resolves
+      it, the lock is keyed by host and index, and the result is not cached (nothing identifies the card).
+
+    An identity holds the model's name, total memory, MIG profile, driver and CUDA driver versions.
+    """
     visible = inventory.visible()
     if device == "cpu" or (device == "auto" and not visible and inventory.nvml != "missing"):
         return [cpu_target(memory, inventory)]  # no driver, or no visible GPU: CUDA cannot run either

@@ -1,20 +1,10 @@
 """Which GPUs a CUDA process sees, and as which index: ``CUDA_VISIBLE_DEVICES`` read as CUDA reads it.
 
-Pure: the GPUs come in as :class:`Physical` records (from NVML, see :mod:`.inventory`), the variable as
-a string. Rules (CUDA's documented ones):
-
-* unset: every GPU, in order; set but empty: none;
-* a comma-separated list of entries, each an index (into that order), a GPU UUID or a unique prefix
-  of one (``GPU-8f0c``), or a MIG device's UUID (``MIG-...``); the visible devices are the listed ones
-  in the listed order, and the list stops at the first entry that matches nothing (or repeats one).
-
-The order is PCI bus order. CUDA's own default (``CUDA_DEVICE_ORDER=FASTEST_FIRST``) can differ on a
-node with several GPU models, so autobatch starts its probe server with
-``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:data:`PROBE_ENV`): its ``cuda:N`` is then the N-th device here.
-
-MIG: a MIG instance is visible when its ``MIG-`` UUID is listed. A MIG-enabled GPU reached by index
-or GPU UUID keeps its index here, but which of its instances CUDA opens is the driver's choice, so the
-inventory says so and asks for the instance's UUID.
+Pure: the GPUs come in as :class:`Physical` records (from NVML, see :mod:`.inventory`), the variable as a
+string; :func:`visible_indices` applies CUDA's documented rules (indices, GPU UUIDs or their unique prefixes,
+``MIG-`` UUIDs, the list stopping at the first entry that matches nothing) in PCI bus order, which the probe
+server is started with (:data:`PROBE_ENV`, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). docs/commands.md (``devices``)
+says what a user sees.
 """
 
 from __future__ import annotations
@@ -41,7 +31,13 @@ def cuda_order(gpus: Sequence[Physical]) -> list[Physical]:
 
 
 def visible_indices(gpus: Sequence[Physical], cuda_visible_devices: str | None) -> dict[str, int]:
-    """UUID (a GPU's, or a MIG instance's) -> the index a CUDA process started with this variable sees."""
+    """UUID (a GPU's, or a MIG instance's) -> the index a CUDA process started with this variable sees.
+
+    Unset: every GPU, in order; set but empty: none. Otherwise a comma-separated list of entries, each an
+    index (into PCI bus order), a GPU UUID or a unique prefix of one (``GPU-8f0c``), or a MIG instance's
+    ``MIG-`` UUID; the visible devices are the listed ones in the listed order, and the list stops at the
+    first entry that matches nothing (or repeats one). A MIG-enabled GPU reached by index or GPU UUID keeps
+    its index here, but which of its instances CUDA opens is the driver's choice."""
     ordered = cuda_order(gpus)
     if cuda_visible_devices is None:
         return {gpu.uuid: index for index, gpu in enumerate(ordered)}

@@ -1,21 +1,8 @@
 """An ``accelerate launch --config_file`` YAML, and where accelerate reads gradient accumulation.
 
-Where each number lands:
-
-* ``num_processes`` = world size (accelerate's total over all machines); ``num_machines: 1`` and
-  ``machine_rank: 0`` (for several machines, set ``num_machines``, ``machine_rank`` and
-  ``main_process_ip`` on each; ``num_processes`` stays the world size).
-* ``distributed_type``: ``NO`` for a world of 1, else ``MULTI_GPU`` (``MULTI_CPU`` when the tune
-  measured the CPU device, which also sets ``use_cpu: true``).
-* ``mixed_precision``: 32-true -> ``no``, bf16-mixed -> ``bf16``, 16-mixed -> ``fp16``;
-  bf16-true -> ``bf16`` (accelerate has no pure-bf16 mode: cast the model to bfloat16 yourself;
-  autocast over bf16 weights adds nothing).
-* gradient accumulation: the launch config has no key for it (``ClusterConfig`` rejects unknown
-  keys; only a DeepSpeed ``deepspeed_config`` carries one). ``Accelerator()`` reads
-  ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` when no ``gradient_accumulation_steps`` argument is
-  given, and ``accelerate launch`` passes the environment on: the env emitter exports it, and the
-  header of this file shows the command.
-* the micro-batch is your DataLoader's ``batch_size``: no accelerate setting holds it.
+The launch config holds the world size, the distributed type and the mixed precision; accumulation has no key
+in it and goes to ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` in the env file, and the micro-batch stays the
+DataLoader's. Where each number lands: docs/clusters.md ("The accelerate config").
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The command line the job runs, with the plan filled in: for a script tuned as it is (pure).
 
-A script run as it is took its micro-batch from a ``{batch}`` placeholder in its arguments, or from an
-environment variable (``batch_env``). The plan's command line is the same script (with the chosen argument
-variant's arguments after its own, for a ``script:NAME`` choice) with the chosen micro-batch in its place (``NAME=value`` before the command for ``batch_env``; ``AUTOBATCH_BATCH_SIZE``, set in
-every probe too, is autobatch's own and not repeated), ``{accum}`` (if the arguments
-have one) replaced by the accumulation steps, and the launcher the plan needs: ``python`` for one process,
-``torchrun --nproc-per-node N`` (and ``--nnodes``) for a strategy. The ``args`` format writes it as a
-shell file (``sh FILE`` runs it; its comments say where it came from), the ``env`` format exports it as
-``AUTOBATCH_COMMAND``, and ``tune`` prints it.
-
-A plan that accumulates gradients into a script whose arguments have no ``{accum}`` cannot be filled in
-by the command line alone: the caveat says so (the script then accumulates as its own code says).
+The script's arguments (with the chosen variant's) get the chosen micro-batch in place of ``{batch}`` (or
+``NAME=value`` before the command for ``batch_env``), the accumulation in place of ``{accum}``, and the
+launcher the plan needs (``python``, or ``torchrun --nproc-per-node N``). The ``args`` format writes it as a
+shell file, ``env`` exports it as ``AUTOBATCH_COMMAND``: docs/as-is.md ("The answer in the form you run").
 """
 
 from __future__ import annotations
@@ -26,7 +19,8 @@ from autobatch.step.as_is import ACCUM_PLACEHOLDER, substitute
 
 def command(result: TuneResult) -> list[str] | None:
     """The plan's command line as words (``NAME=value`` words first), or None for a result whose script
-    did not run as it is."""
+    did not run as it is. ``AUTOBATCH_BATCH_SIZE``, set in every probe too, is autobatch's own and is not
+    repeated."""
     if result.as_is is None or result.chosen is None:
         return None
     chosen = result.chosen

@@ -1,20 +1,8 @@
 """A LightningCLI YAML overlay: ``--config your.yaml --config lightning_overlay.yaml``.
 
-Where each number lands (LightningCLI merges later ``--config`` files over earlier ones):
-
-* ``trainer.precision``: autobatch uses Lightning's names, so the precision is copied as is.
-* ``trainer.accumulate_grad_batches`` = accumulation.
-* the data module's batch size, at ``EmitOptions.lightning_batch_key`` (dotted, default
-  ``data.batch_size``; ``data.init_args.batch_size`` for subclass mode) = micro-batch.
-* ``trainer.devices: 1`` and ``trainer.num_nodes: 1`` when the world size is 1, because Lightning's
-  default ``devices="auto"`` would take every GPU and multiply the global batch. For a larger world
-  the split between devices and nodes is the cluster's (4 can be 4x1 or 2x2), so neither is set and
-  the header says devices x num_nodes must equal the world size.
-* ``trainer.accelerator: cpu`` when the tune measured the CPU device.
-
-The optimizer is not set: LightningCLI's ``optimizer`` key would replace the module's own
-``configure_optimizers``; the header names the optimizer that was tuned. Recomputation has no
-Trainer flag and is noted in the header too.
+It sets the Trainer's precision, accumulation, devices and accelerator, and the data module's batch size (at
+``EmitOptions.lightning_batch_key``); the optimizer and recomputation are named in its header, not set. Where
+each number lands: docs/clusters.md ("The Lightning overlay").
 """
 
 from __future__ import annotations

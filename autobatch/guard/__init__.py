@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autobatch.core.ladder import LadderSettings
 from autobatch.errors import GuardError
-from autobatch.guard.events import GuardEvent, GuardSummary
+from autobatch.guard.events import Evidence, GuardEvent, GuardSummary
 from autobatch.guard.guard import Guard, GuardStep
 
-__all__ = ["Guard", "GuardError", "GuardEvent", "GuardStep", "GuardSummary", "LadderSettings"]
+__all__ = ["Evidence", "Guard", "GuardError", "GuardEvent", "GuardStep", "GuardSummary", "LadderSettings"]

@@ -1,20 +1,27 @@
-"""What the guard records: each change of the micro-batch (an event), the run's peak, and a summary.
+"""What the guard records: each change of the micro-batch (an event), the run's peak, a summary, and the run's
+runtime evidence in the cache.
 
 Events go to the ``autobatch`` logger and, when a path is given, to a JSON Lines file (one object a line,
 flushed as written). The summary is a plain value (:class:`GuardSummary`, JSON-able through
-:meth:`GuardSummary.to_dict`) for whoever stores the job's evidence. The peak is the device's: on CUDA
-``torch.cuda.max_memory_allocated``; on the CPU the process's data high-water mark, read as the CPU
-device reads a probe's (:func:`autobatch.devices.cpu.peak_data_bytes`, from the guard's start).
+:meth:`GuardSummary.to_dict`). When the guard knows the tuned key of its plan (:class:`Evidence`), the run's
+end goes into that key's runtime evidence (:class:`autobatch.cache.evidence.EvidenceStore`) through
+:class:`EvidenceRecorder`. The peak is the device's: on CUDA ``torch.cuda.max_memory_allocated``; on the CPU
+the process's data high-water mark, read as the CPU device reads a probe's
+(:func:`autobatch.devices.cpu.peak_data_bytes`, from the guard's start).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Optional
 
+from autobatch.cache.evidence import Event, EvidenceStore
+from autobatch.cache.folder import CacheFolder
 from autobatch.devices.cpu import VmStatus, peak_data_bytes, read_status
 
 logger = logging.getLogger("autobatch")
@@ -34,6 +41,7 @@ class GuardEvent:
     shapes: list[list[int]] = field(
         default_factory=list
     )  # its tensors' shapes (for "ran out with these shapes")
+    ran_out: bool = False  # this rank ran out of memory (another rank's failure lowers it too)
 
     def to_dict(self) -> dict[str, Any]:
         return {"event": "micro-batch", **asdict(self)}
@@ -70,6 +78,11 @@ class GuardSummary:
 
 class PeakMeter:
     """The device's peak since the guard started (bytes)."""
+
+    HOW = {
+        "cuda": "torch.cuda.max_memory_allocated",
+        "cpu": "the process's data high-water mark (VmPeak less non-data mappings), read from /proc/self/status",
+    }
 
     def __init__(self, device_type: str, device_index: int | None = None) -> None:
         self.device_type = device_type
@@ -134,4 +147,91 @@ class EventLog:
             self.handle = None
 
 
-__all__ = ["EventLog", "GuardEvent", "GuardSummary", "PeakMeter"]
+@dataclass(frozen=True)
+class Evidence:
+    """Where a guarded run's evidence goes, and what the tune said: the tuned result's cache ``key`` in the
+    folder ``cache_dir`` (None: ``AUTOBATCH_CACHE_DIR``, else the user's cache folder), the tune's peak at the
+    plan's micro-batch and its budget (for the early warning), and the plan's accumulation and world size."""
+
+    key: str
+    cache_dir: str | None = None
+    tuned_peak_bytes: int | None = None
+    budget_bytes: int | None = None
+    accumulation_steps: int = 1
+    world_size: int = 1
+
+
+class EvidenceRecorder:
+    """Records a guarded run's end, once, under its tuned key (the cache's runtime evidence).
+
+    Rank 0 records the run (how it ended, steps held, peak against the tuned peak) and the guard's other changes;
+    an out-of-memory lowering is recorded by every rank that ran out itself, with its own batch's shapes."""
+
+    def __init__(self, evidence: Evidence, rank: int, device_type: str) -> None:
+        self.evidence = evidence
+        self.rank = rank
+        self.peak_how = PeakMeter.HOW.get(device_type)
+        self.run = uuid.uuid4().hex[:12]
+        self.done = False
+
+    def events(
+        self, summary: GuardSummary, outcome: str, reason: str = "", shapes: list[list[int]] | None = None
+    ) -> list[Event]:
+        """The run's evidence as this rank records it (see the class)."""
+        ev = self.evidence
+        common = {"source": "guard", "accumulation_steps": ev.accumulation_steps, "world_size": ev.world_size}
+        found = [
+            Event(
+                kind="change",
+                micro_batch_size=e.old,
+                new_micro_batch_size=e.new,
+                step=e.step,
+                reason=e.reason,
+                peak_bytes=e.peak_bytes,
+                shapes=e.shapes or None,
+                extra={"run": self.run, "rank": e.rank, "samples": e.samples},
+                **common,  # type: ignore[arg-type]
+            )  # fmt: skip
+            for e in summary.events
+            if (e.ran_out if e.reason == "out of memory" else self.rank == 0)
+        ]
+        if self.rank == 0:
+            found.append(
+                Event(
+                    kind="run",
+                    micro_batch_size=summary.start_micro_batch_size,
+                    outcome=outcome,
+                    step=summary.steps,
+                    new_micro_batch_size=summary.micro_batch_size,
+                    peak_bytes=summary.peak_bytes,
+                    peak_how=self.peak_how if summary.peak_bytes else None,
+                    tuned_peak_bytes=ev.tuned_peak_bytes,
+                    budget_bytes=ev.budget_bytes,
+                    reason=reason,
+                    shapes=shapes or None,
+                    extra={
+                        "run": self.run,
+                        "smallest": summary.smallest_micro_batch_size,
+                        "reruns": summary.out_of_memory,
+                    },
+                    **common,  # type: ignore[arg-type]
+                )  # fmt: skip
+            )
+        return found
+
+    def record(
+        self, summary: GuardSummary, outcome: str, reason: str = "", shapes: list[list[int]] | None = None
+    ) -> None:
+        """Append the run's evidence to the cache (once; a folder that cannot be written is warned about)."""
+        if self.done:
+            return
+        self.done = True
+        folder = CacheFolder(
+            self.evidence.cache_dir or os.environ.get("AUTOBATCH_CACHE_DIR"), warn=logger.warning
+        )
+        store = EvidenceStore(folder)
+        for event in self.events(summary, outcome, reason, shapes):
+            store.record(self.evidence.key, event)
+
+
+__all__ = ["Evidence", "EvidenceRecorder", "EventLog", "GuardEvent", "GuardSummary", "PeakMeter"]

@@ -5,28 +5,44 @@ each micro-batch's loss by its share of the samples and runs its backward. When 
 memory (classified as tunes classify it, :mod:`autobatch.probe.oom`), it drops the partial gradients and
 the allocator's cache, lowers the size one rung (:mod:`autobatch.core.ladder`) and runs the same batch
 again; the optimizer steps once per batch. Every rank agrees on the outcome before any rank goes on
-(:mod:`autobatch.guard.ranks`). Usage, the rank design and its limits: docs/guard.md.
+(:mod:`autobatch.guard.ranks`). A guard built from a tune's result records the run's end under that result's
+cache key (:class:`autobatch.guard.events.EvidenceRecorder`) and warns once when the run's peak nears the
+tune's budget. Usage, the rank design and its limits: docs/guard.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.core.ladder import Ladder, LadderSettings, Move, after_step, lower, rungs
+from autobatch.devices.budget import EarlyWarning
 from autobatch.errors import GuardError, UsageError
-from autobatch.guard.events import EventLog, GuardEvent, GuardSummary, PeakMeter
+from autobatch.guard.events import (
+    EventLog,
+    Evidence,
+    EvidenceRecorder,
+    GuardEvent,
+    GuardSummary,
+    PeakMeter,
+    logger,
+)
 from autobatch.guard.ranks import (
     Group,
+    PeerRanOut,
     agree,
     average_gradients,
     broadcast_buffers,
+    check_fsdp,
     current_group,
     is_ddp,
     is_fsdp,
+    reset_fsdp,
 )
 from autobatch.probe.oom import classify_exception
 
@@ -35,9 +51,15 @@ if TYPE_CHECKING:
 
     from autobatch.records.result import TuneResult
 
+#: Seconds between two readings of the peak for the early warning (a high-water mark: nothing is missed).
+PEAK_CHECK_SECONDS = 1.0
+
 #: ``loss_fn(model, micro_batch)``: the micro-batch's loss, a mean over its samples (or over what
 #: ``weight`` counts).
 LossFn = Callable[[Any, Any], "torch.Tensor"]
+
+#: A testing aid: the batches (0-based, comma-separated) whose first attempt runs out of memory for real.
+FAIL_AT_ENV = "AUTOBATCH_GUARD_FAIL_AT"
 
 
 @dataclass(frozen=True)
@@ -45,11 +67,16 @@ class GuardStep:
     """One global batch as the guard ran it."""
 
     step: int  # 0-based
-    loss: float  # the batch's loss: the micro-batches' losses weighted by their shares
+    loss_tensor: Any  # the batch's loss (detached, on the device): the micro-batches' losses by their shares
     samples: int  # samples in this rank's batch (all of them ran, once)
     micro_batch_size: int  # the size it completed at
     micro_batches: int
     attempts: int  # 1, or more when it ran out of memory and ran again
+
+    @property
+    def loss(self) -> float:
+        """The batch's loss as a number (read when asked: on CUDA a read waits for the device)."""
+        return float(self.loss_tensor)
 
 
 class Guard:
@@ -59,7 +86,10 @@ class Guard:
     start) and lower down to 1 through ``sizes`` (the tuned curve's sizes that fitted; halvings below them).
     ``batch_size`` is the per-rank batch the plan expects (informational: the guard splits whatever batch it
     is given). ``events``: a JSON Lines file for the changes (``{rank}`` in it: one file per rank; else
-    rank 0 writes it)."""
+    rank 0 writes it). ``fail_at``: batches whose first attempt runs out of memory, a testing aid (default:
+    ``AUTOBATCH_GUARD_FAIL_AT``; docs/guard.md).
+    ``evidence``: the tuned key the run's end is recorded under in the cache, and the tune's
+    budget the early warning watches (:meth:`from_result` fills it in; None: nothing recorded)."""
 
     def __init__(
         self,
@@ -70,6 +100,8 @@ class Guard:
         sizes: Iterable[int] = (),
         settings: LadderSettings | None = None,
         events: str | Path | None = None,
+        fail_at: Iterable[int] | None = None,
+        evidence: Evidence | None = None,
     ) -> None:
         maximum = max_micro_batch_size if max_micro_batch_size is not None else micro_batch_size
         if micro_batch_size < 1 or maximum < micro_batch_size:
@@ -80,6 +112,8 @@ class Guard:
         self.batch_size = batch_size
         self.ladder = Ladder.start(rungs(sizes, maximum), micro_batch_size, settings)
         self.events_path = events
+        self.fail_at = frozenset(fail_at) if fail_at is not None else fail_at_from_env()
+        self.evidence = evidence
         self.summary = GuardSummary(
             start_micro_batch_size=micro_batch_size,
             micro_batch_size=micro_batch_size,
@@ -89,6 +123,12 @@ class Guard:
         self._group: Group | None = None
         self._meter: PeakMeter | None = None
         self._log: EventLog | None = None
+        self._recorder: EvidenceRecorder | None = None
+        self._model: torch.nn.Module | None = None
+        self._fsdp = self._ddp = False
+        self._warning: EarlyWarning | None = None
+        self._checked = 0.0
+        self._retries = 0  # the allocator's retries when last read
 
     @classmethod
     def from_result(
@@ -99,7 +139,8 @@ class Guard:
         events: str | Path | None = None,
     ) -> Guard:
         """A guard for a tune's chosen plan: its micro-batch, its per-rank batch (micro-batch x accumulation),
-        the combination's maximum, and the sizes its probes saw fit."""
+        the combination's maximum, and the sizes its probes saw fit. The run's evidence goes under the result's
+        cache key (a result kept in or served from the cache names it; none: nothing is recorded)."""
         from autobatch.records.result import TuneResult
 
         tuned = result if isinstance(result, TuneResult) else TuneResult.load(result)
@@ -112,6 +153,24 @@ class Guard:
         combo = next((c for c in tuned.combinations if c.ident == chosen.ident), None)
         fitted = [p.batch_size for p in combo.trace if p.kind == "fits"] if combo is not None else []
         maximum = (combo.max_batch_size if combo is not None else None) or chosen.micro_batch_size
+        cache = tuned.cache or {}
+        folder = cache.get("folder")
+        evidence = (
+            Evidence(
+                str(cache["key"]),
+                cache_dir=folder if folder and Path(folder).is_dir() else None,
+                tuned_peak_bytes=tuned.tuned_peak(chosen.micro_batch_size),
+                budget_bytes=tuned.device.get("budget_bytes"),
+                accumulation_steps=chosen.accumulation_steps,
+                world_size=chosen.world_size,
+            )
+            if cache.get("key")
+            else None
+        )
+        if evidence is None:
+            logger.info(
+                "guard: the result names no cache key (tuned with --no-cache?): no runtime evidence is kept"
+            )
         return cls(
             chosen.micro_batch_size,
             batch_size=chosen.micro_batch_size * chosen.accumulation_steps,
@@ -119,6 +178,7 @@ class Guard:
             sizes=fitted,
             settings=settings,
             events=events,
+            evidence=evidence,
         )
 
     @property
@@ -142,35 +202,40 @@ class Guard:
         clears them. ``weight(micro_batch)``: what a micro-batch's share counts (default: its samples; give
         the loss's token count when the loss is a mean over tokens). ``scaler``: a ``GradScaler`` for fp16."""
         group = self._start(model)
-        if is_fsdp(model):
-            raise UsageError(
-                "the guard does not run FSDP models yet",
-                hint="use it with DDP or one process; docs/guard.md says what FSDP2 needs",
-            )
-        ddp = is_ddp(model)
+        if self._model is not model:  # what the model is, looked at once (a walk over its modules)
+            self._model, self._fsdp, self._ddp = model, is_fsdp(model), is_ddp(model)
+            if self._fsdp:
+                check_fsdp(group, model)
+        ddp, fsdp = self._ddp, self._fsdp
         attempts = 0
         while True:
             attempts += 1
-            retries = self._meter_().alloc_retries()
             failure = None
             loss = None
+            inject = attempts == 1 and self.summary.steps in self.fail_at
+            agreed: tuple[bool, bool] | None = None
             try:
-                loss, count = self._run(model, batch, loss_fn, weight, scaler, ddp)
+                loss, count = self._run(model, batch, loss_fn, weight, scaler, ddp, inject)
+            except PeerRanOut:
+                agreed = (True, False)  # the check's all-reduce was this rank's agreement
             except Exception as exc:  # noqa: BLE001 - only an out-of-memory failure is caught; the rest re-raised
                 if classify_exception(exc) != "oom":
                     raise
                 failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            retried = self._meter_().alloc_retries() > retries
-            ran_out, retried = agree(group, failure is not None, retried)
+            retries = self._meter_().alloc_retries()  # one read per attempt: CUDA's stats are a dictionary
+            retried, self._retries = retries > self._retries, retries
+            ran_out, retried = agreed or agree(group, failure is not None, retried)
             if not ran_out:
                 assert loss is not None
                 if ddp and group.distributed:
                     average_gradients(group, model)
                     if getattr(model, "broadcast_buffers", False):
                         broadcast_buffers(model)
-                self._completed(batch, float(loss), count, attempts, retried)
+                self._completed(batch, loss, count, attempts, retried)
                 return loss
             del loss
+            if fsdp:
+                reset_fsdp(model)
             self.summary.out_of_memory += 1
             self._recover(model, batch, failure, group)
 
@@ -201,17 +266,30 @@ class Guard:
         return self.summary
 
     def close(self) -> GuardSummary:
-        """Read the run's peak, write the summary line to the events file and close it."""
-        summary = self.summary_now()
-        if self._log is not None:
-            self._log.close(summary)
-        return summary
+        """Read the run's peak, write the summary line to the events file and close it, and record the run's
+        evidence under its tuned key (once: a :class:`GuardError` already recorded it)."""
+        return self._finish("exit")
 
     def __enter__(self) -> Guard:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or isinstance(exc, GuardError):
+            self.close()
+        else:  # the script's own error ended the run
+            self._finish(
+                "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            )
+
+    def _finish(self, outcome: str, reason: str = "", shapes: list[list[int]] | None = None) -> GuardSummary:
+        summary = self.summary_now()
+        if self._warning is not None:
+            self._warning.check(summary.peak_bytes)
+        if self._log is not None:
+            self._log.close(summary)
+        if self._recorder is not None:
+            self._recorder.record(summary, outcome, reason, shapes)
+        return summary
 
     # --- inside ---------------------------------------------------------------------------------------
 
@@ -221,7 +299,12 @@ class Guard:
             device = next((p.device for p in model.parameters()), None)
             kind = device.type if device is not None else "cpu"
             self._meter = PeakMeter(kind, device.index if device is not None and kind == "cuda" else None)
+            self._retries = self._meter.alloc_retries()
             self._log = EventLog(self.events_path, self._group.rank)
+            if self.evidence is not None:
+                self._recorder = EvidenceRecorder(self.evidence, self._group.rank, kind)
+                if self.evidence.budget_bytes:
+                    self._warning = EarlyWarning(kind, self.evidence.budget_bytes, _warn)
         return self._group
 
     def _meter_(self) -> PeakMeter:
@@ -236,28 +319,44 @@ class Guard:
         weight: Callable[[Any], float] | None,
         scaler: Any,
         ddp: bool,
+        inject: bool,
     ) -> tuple[torch.Tensor, int]:
-        parts = list(split(batch, self.ladder.size))
-        shares = [float(weight(part)) if weight is not None else float(samples(part)) for part in parts]
+        n, size = samples(batch), self.ladder.size
+        parts = [batch] if size >= n else list(split(batch, size, n))  # the whole batch as it is: no slicing
+        if weight is not None:
+            shares = [float(weight(part)) for part in parts]
+        else:
+            shares = [float(min(size, n - start)) for start in range(0, n, size)]
         whole = sum(shares)
         total: torch.Tensor | None = None
         with model.no_sync() if ddp else nullcontext():  # type: ignore[operator]
-            for part, share in zip(parts, shares):
+            for part, share in zip(parts, shares, strict=False):
+                if inject:
+                    inject = False
+                    run_out_of_memory(next(model.parameters()).device)
                 loss = loss_fn(model, part)
-                scaled = loss * (share / whole) if whole else loss * 0
+                if len(parts) == 1 and whole:
+                    scaled = loss  # the whole batch's share is 1
+                else:
+                    scaled = loss * (share / whole) if whole else loss * 0
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
                 total = scaled.detach() if total is None else total + scaled.detach()
                 del loss, scaled
         assert total is not None
         return total, len(parts)
 
-    def _completed(self, batch: Any, loss: float, count: int, attempts: int, retried: bool) -> None:
+    def _completed(self, batch: Any, loss: torch.Tensor, count: int, attempts: int, retried: bool) -> None:
         step = self.summary.steps
         self.last = GuardStep(step, loss, samples(batch), self.ladder.size, count, attempts)
         self.summary.steps += 1
         self.ladder, move = after_step(self.ladder, retried)
         if move is not None:
             self._record(move, batch, step)
+        if self._warning is not None and not self._warning.warned:
+            now = time.monotonic()
+            if now - self._checked >= PEAK_CHECK_SECONDS:
+                self._checked = now
+                self._warning.check(self._meter_().peak())
 
     def _recover(self, model: torch.nn.Module, batch: Any, failure: str | None, group: Group) -> None:
         for parameter in model.parameters():
@@ -266,6 +365,7 @@ class Guard:
         lowered = lower(self.ladder)
         if lowered is None:
             where = f"on rank {group.rank}" if failure is not None else "on another rank"
+            self._finish("oom", failure or "another rank ran out of memory", shapes(batch))
             raise GuardError(
                 f"batch {self.summary.steps} ({samples(batch)} samples, shapes {shapes(batch)}) ran out of memory "
                 f"{where} even one sample at a time" + (f" ({failure})" if failure else ""),
@@ -275,7 +375,7 @@ class Guard:
                 shapes=shapes(batch),
             )
         self.ladder, move = lowered
-        self._record(move, batch, self.summary.steps)
+        self._record(move, batch, self.summary.steps, ran_out=failure is not None)
 
     def _release(self) -> None:
         meter = self._meter_()
@@ -291,7 +391,7 @@ class Guard:
 
             release_heap()
 
-    def _record(self, move: Move, batch: Any, step: int) -> None:
+    def _record(self, move: Move, batch: Any, step: int, ran_out: bool = False) -> None:
         assert self._log is not None and self._group is not None
         event = GuardEvent(
             step=step,
@@ -302,11 +402,38 @@ class Guard:
             rank=self._group.rank,
             samples=samples(batch),
             shapes=shapes(batch),
+            ran_out=ran_out,
         )
         self.summary.events.append(event)
         self.summary.micro_batch_size = move.new
         self.summary.smallest_micro_batch_size = min(self.summary.smallest_micro_batch_size, move.new)
         self._log.event(event)
+
+
+def fail_at_from_env() -> frozenset[int]:
+    """The batches ``AUTOBATCH_GUARD_FAIL_AT`` names (``"3"`` or ``"3,40"``; unset or empty: none)."""
+    text = os.environ.get(FAIL_AT_ENV, "").strip()
+    try:
+        steps = frozenset(int(part) for part in text.split(",") if part.strip()) if text else frozenset()
+    except ValueError:
+        steps = frozenset({-1})
+    if any(step < 0 for step in steps):
+        raise UsageError(
+            f"{FAIL_AT_ENV}={text!r} is not a list of batch numbers",
+            hint=f"write 0-based batch numbers separated by commas ({FAIL_AT_ENV}=3,40), or unset it",
+        )
+    return steps
+
+
+def run_out_of_memory(device: torch.device) -> None:
+    """Ask the device's allocator for a petabyte: it fails with its own out-of-memory error (the test hook)."""
+    import torch
+
+    torch.empty(1 << 50, dtype=torch.uint8, device=device)
+
+
+def _warn(message: str) -> None:
+    logger.warning("guard: %s", message)
 
 
 # --- batches ------------------------------------------------------------------------------------------
@@ -340,10 +467,11 @@ def shapes(batch: Any) -> list[list[int]]:
     return [list(t.shape) for t in _tensors(batch)]
 
 
-def split(batch: Any, size: int) -> Iterator[Any]:
+def split(batch: Any, size: int, n: int | None = None) -> Iterator[Any]:
     """The batch in micro-batches of ``size`` samples (the last may be shorter): every tensor whose first
-    dimension is the batch's is sliced; other tensors and values are passed to every micro-batch unchanged."""
-    n = samples(batch)
+    dimension is the batch's (``n``, found when not given) is sliced; other tensors and values are passed to
+    every micro-batch unchanged."""
+    n = samples(batch) if n is None else n
     for start in range(0, n, size):
         yield _slice(batch, n, start, min(start + size, n))
 

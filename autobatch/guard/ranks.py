@@ -1,20 +1,23 @@
-"""The guard across ranks: one agreement per global batch, and DDP's gradient sync after it.
+"""The guard across ranks: one agreement per global batch, and the gradient sync around it.
 
-Every rank runs its micro-batches with no collective in flight (DDP's ``no_sync``), then every rank joins
-one all-reduce (MAX) of ``[ran out, allocator retried]``. Only when no rank ran out are the gradients
-averaged, bucket by bucket, so a rank that runs out of memory anywhere in its forward or backward never
-leaves another waiting in a gradient all-reduce. The cost, and why not DDP's own sync on the last
-micro-batch: docs/guard.md ("Ranks").
+Every rank ends each attempt at a batch in one all-reduce (MAX) of ``[ran out, allocator retried]``.
+Under DDP the micro-batches run with no collective in flight (``no_sync``), and only when no rank ran out
+are the gradients averaged, bucket by bucket. Under FSDP2 the forward and backward run FSDP's own
+collectives, so the same all-reduce also runs before each of them (:class:`CheckedAllGather`,
+:class:`CheckedReduceScatter`): a rank that ran out answers the others' next check instead of their
+collective, and they leave the batch with it (:class:`PeerRanOut`). Why, and the limits: docs/guard.md
+("Ranks").
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    import torch.distributed as dist
 
 #: Gradients are averaged in buckets of about this many bytes (DDP's default bucket size).
 BUCKET_BYTES = 25 << 20
@@ -55,6 +58,98 @@ def agree(group: Group, ran_out: bool, retried: bool) -> tuple[bool, bool]:
     flags = torch.tensor([int(ran_out), int(retried)], dtype=torch.int32, device=group.device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return bool(flags[0].item()), bool(flags[1].item())
+
+
+class PeerRanOut(Exception):
+    """Another rank ran out of memory in this batch: raised at a check before an FSDP collective, whose
+    all-reduce was this rank's agreement for the batch (no further one follows)."""
+
+
+def check(group: Group) -> None:
+    """The all-reduce a rank joins before each FSDP collective: raise :class:`PeerRanOut` when a rank that
+    ran out answers it (with its agreement) instead of a check of its own."""
+    if agree(group, False, False)[0]:
+        raise PeerRanOut("another rank ran out of memory in this batch")
+
+
+class CheckedAllGather:
+    """FSDP2's all-gather (``set_custom_all_gather``), after a :func:`check`."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        import torch
+
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> Any:
+        import torch.distributed as dist
+
+        check(self.group)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return gather(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+class CheckedReduceScatter(CheckedAllGather):
+    """FSDP2's reduce-scatter (``set_custom_reduce_scatter``), after a :func:`check`."""
+
+    def __call__(  # type: ignore[override]
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> Any:
+        import torch.distributed as dist
+
+        check(self.group)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+
+
+def fsdp_modules(model: torch.nn.Module) -> list[Any]:
+    """The FSDP2 modules in the model (``fully_shard``), outermost first."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def check_fsdp(group: Group, model: torch.nn.Module) -> None:
+    """Put a :func:`check` before every collective FSDP2 runs for this model (every rank, once)."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    from autobatch.errors import UsageError
+
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        raise UsageError(
+            "the guard runs FSDP2 (`fully_shard`), not the older FullyShardedDataParallel wrapper",
+            hint="shard the model with torch.distributed.fsdp.fully_shard",
+        )
+    needs = ("set_custom_all_gather", "set_custom_reduce_scatter", "reset_iter_state")
+    missing = [name for name in needs if not hasattr(FSDPModule, name)]
+    if missing:
+        raise UsageError(
+            f"this torch's FSDP2 lacks {', '.join(missing)}, which the guard needs to keep the ranks in step",
+            hint="upgrade torch (2.13 has them), or run the guard with DDP",
+        )
+    for module in fsdp_modules(model):
+        module.set_custom_all_gather(CheckedAllGather(group))
+        module.set_custom_reduce_scatter(CheckedReduceScatter(group))
+
+
+def reset_fsdp(model: torch.nn.Module) -> None:
+    """After a batch abandoned mid-flight: FSDP2 reshards and forgets the iteration (on its root module)."""
+    modules = fsdp_modules(model)
+    if modules:
+        modules[0].reset_iter_state()
 
 
 def is_ddp(model: torch.nn.Module) -> bool:
@@ -116,11 +211,18 @@ def _buckets(grads: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
 
 __all__ = [
     "BUCKET_BYTES",
+    "CheckedAllGather",
+    "CheckedReduceScatter",
     "Group",
+    "PeerRanOut",
     "agree",
     "average_gradients",
     "broadcast_buffers",
+    "check",
+    "check_fsdp",
     "current_group",
+    "fsdp_modules",
     "is_ddp",
     "is_fsdp",
+    "reset_fsdp",
 ]

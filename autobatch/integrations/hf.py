@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def apply_to_training_arguments(
-    result: TuneResult | str | Path, args: Any, *, allow_cpu: bool = False
+    result: TuneResult | str | Path, args: Any, *, allow_cpu: bool = False, guard: bool = False
 ) -> Any:
     """``args`` (a ``TrainingArguments``) with a tune result applied, as a new object.
 
@@ -22,7 +22,9 @@ def apply_to_training_arguments(
     (and ``optim_args``) as the installed transformers spells them, recomputation under the key the
     installed version reads (``activation_checkpointing`` from 5.23, else ``gradient_checkpointing``)
     and ``use_cpu`` for a CPU result. Everything else (learning rate, output folder, ...) is kept. A
-    result measured on the CPU although the CPU was not asked for is refused unless ``allow_cpu``.
+    result measured on the CPU although the CPU was not asked for is refused unless ``allow_cpu``. With
+    ``guard``, for a :class:`~autobatch.integrations.hf_trainer.GuardedTrainer`: the per-device batch is
+    the per-rank batch (micro-batch x accumulation) and the accumulation 1, so the guard owns the split.
     """
     from autobatch.emit.common import EmitOptions, check_device, installed_version
     from autobatch.emit.hf import training_arguments
@@ -33,6 +35,9 @@ def apply_to_training_arguments(
     check_device(loaded, "TrainingArguments", options)
     fields = training_arguments(loaded, options)
     fields.pop("output_dir")
+    if guard:
+        fields["per_device_train_batch_size"] *= fields["gradient_accumulation_steps"]
+        fields["gradient_accumulation_steps"] = 1
     known = {f.name for f in dataclasses.fields(args)}
     for key in ("activation_checkpointing", "gradient_checkpointing"):
         if key in known and key not in fields and getattr(args, key, False):

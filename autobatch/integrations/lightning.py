@@ -1,16 +1,18 @@
-"""Lightning, for training with autobatch: the :class:`AutoBatch` callback.
+"""Lightning, for training with autobatch: the :class:`AutoBatch` and :class:`Guarded` callbacks.
 
-It tunes in isolated probes when ``Trainer.fit`` starts (``on_fit_start``, where Lightning's
+:class:`AutoBatch` tunes in isolated probes when ``Trainer.fit`` starts (``on_fit_start``, where Lightning's
 ``BatchSizeFinder`` runs), through the same service as ``autobatch tune``, and trains with the result:
 the batch size set where Lightning's finder sets it and, when a ``global_batch_size`` is asked for,
-``trainer.accumulate_grad_batches``. (The adapter that runs a LightningModule as the step, for
-``tune --lightning``, is :mod:`autobatch.step.lightning`.)
+``trainer.accumulate_grad_batches``; with ``guard=True`` it trains under the runtime guard. :class:`Guarded`
+runs ``fit`` under a guard given directly (:func:`install_guard`: how it fits Lightning's loop). (The
+adapter that runs a LightningModule as the step, for ``tune --lightning``, is :mod:`autobatch.step.lightning`.)
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Callback
 
@@ -19,6 +21,7 @@ from autobatch.step.lightning import LightningScript, recipe, set_batch_size, se
 
 if TYPE_CHECKING:
     from autobatch.api import ProbeEvent
+    from autobatch.guard import Guard
     from autobatch.records.result import TuneResult
 
 logger = logging.getLogger("autobatch")
@@ -33,13 +36,16 @@ class AutoBatch(Callback):
     ``precisions``, ``optimizers`` or ``recompute`` to change that. With ``global_batch_size`` the plan
     splits it over ``trainer.world_size`` processes and ``accumulate_grad_batches`` is set; without it the
     Trainer's accumulation is left as it is. Under several processes, rank 0 tunes and broadcasts.
-    The result is kept as :attr:`result` (on rank 0).
+    The result is kept as :attr:`result` (on rank 0). With ``guard=True`` (one process) the loader's batch
+    is the plan's per-rank batch (micro-batch x accumulation), ``accumulate_grad_batches`` is 1 and a
+    :class:`~autobatch.guard.Guard` from the result (:attr:`guard`) splits it, as :class:`Guarded` does.
     """
 
     def __init__(
         self,
         *,
         global_batch_size: int | None = None,
+        guard: bool = False,
         batch_attr: str = "batch_size",
         on_probe: Callable[[ProbeEvent], None] | None = None,
         **settings: Any,
@@ -50,6 +56,8 @@ class AutoBatch(Callback):
         self.on_probe = on_probe
         self.settings = settings
         self.result: TuneResult | None = None
+        self.use_guard = guard
+        self.guard: Guard | None = None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         chosen = None
@@ -64,6 +72,13 @@ class AutoBatch(Callback):
         micro, accumulation, seq_len = chosen
         if seq_len is not None:  # tuned over lengths (seq_lens=[...]): train at the plan's
             set_length(pl_module, trainer.datamodule, seq_len)
+        if self.use_guard:
+            from autobatch.guard import Guard
+
+            assert self.result is not None  # one process: rank 0 tuned
+            self.guard = Guard.from_result(self.result)
+            micro, accumulation = micro * accumulation, 1  # the loader's batch: the guard splits it
+            trainer.accumulate_grad_batches = 1
         if not set_batch_size(pl_module, trainer.datamodule, self.batch_attr, micro):
             raise UsageError(
                 f"AutoBatch found no {self.batch_attr!r} attribute or hparam on the module or the data module",
@@ -78,6 +93,11 @@ class AutoBatch(Callback):
             trainer.accumulate_grad_batches,
             f", sequence length {seq_len}" if seq_len is not None else "",
         )
+        if self.guard is not None:
+            install_guard(trainer, pl_module, self.guard)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        remove_guard(pl_module)
 
     def _tune(self, trainer: Any, pl_module: Any) -> TuneResult:
         from autobatch.api import tune
@@ -98,6 +118,84 @@ class AutoBatch(Callback):
         if self.global_batch_size is not None:
             defaults["global_batch_size"] = self.global_batch_size
         return tune(script, on_probe=self.on_probe, **{**defaults, **self.settings})
+
+
+class Guarded(Callback):
+    """Run ``Trainer.fit`` under ``guard``: each loader batch is split into the guard's micro-batches, which
+    lower when memory runs out (:func:`install_guard`). The loader's batch is the per-rank batch and
+    ``accumulate_grad_batches`` must be 1."""
+
+    def __init__(self, guard: Guard) -> None:
+        super().__init__()
+        self.guard = guard
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        install_guard(trainer, pl_module, self.guard)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        remove_guard(pl_module)
+
+
+def install_guard(trainer: Any, pl_module: Any, guard: Guard) -> None:
+    """Make ``pl_module``'s automatic optimization run each batch through ``guard``.
+
+    Lightning's closure runs ``training_step``, then ``zero_grad``, then ``backward``. So the module's
+    ``training_step`` becomes the guard's: every micro-batch's forward (the user's ``training_step`` on
+    it, whose loss is a mean over its samples) and backward; it sets the gradients aside and returns the
+    batch's loss, detached. The module's ``backward`` puts the gradients back. Gradient clipping, the
+    optimizer step, 16-bit loss scaling (its scaler is given to the guard) and the hooks run as Lightning
+    runs them. A ``training_step`` that returns a dict gives its ``"loss"``; its other keys are dropped.
+    """
+    problems = []
+    if not pl_module.automatic_optimization:
+        problems.append("the module optimizes manually (call guard.backward in its training_step instead)")
+    if trainer.world_size > 1:
+        problems.append(
+            f"the Trainer runs {trainer.world_size} processes (the guard runs one under Lightning)"
+        )
+    if trainer.accumulate_grad_batches != 1:
+        problems.append(f"accumulate_grad_batches is {trainer.accumulate_grad_batches}, not 1")
+    if problems:
+        raise UsageError(
+            "the guard cannot run this fit: " + "; ".join(problems),
+            hint="give the loader the per-rank batch (micro-batch x accumulation) and accumulate_grad_batches=1 "
+            "on one device; docs/guard.md, Lightning",
+        )
+    step = pl_module.training_step
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    kept: list[tuple[Any, Any]] = []
+
+    def loss_of(output: Any) -> Any:
+        return output["loss"] if isinstance(output, Mapping) else output
+
+    def training_step(batch: Any, batch_idx: int, *args: Any, **kwargs: Any) -> Any:
+        for parameter in pl_module.parameters():
+            parameter.grad = None
+        loss = guard.backward(
+            pl_module,
+            batch,
+            lambda _model, micro: loss_of(step(micro, batch_idx, *args, **kwargs)),
+            scaler=scaler,
+        )
+        kept.clear()
+        for parameter in pl_module.parameters():
+            kept.append((parameter, parameter.grad))
+            parameter.grad = None  # out of reach of zero_grad, which may zero in place
+        return loss
+
+    def backward(loss: Any, *args: Any, **kwargs: Any) -> None:
+        for parameter, grad in kept:
+            parameter.grad = grad
+        kept.clear()
+
+    pl_module.training_step = training_step
+    pl_module.backward = backward
+
+
+def remove_guard(pl_module: Any) -> None:
+    """The module's own ``training_step`` and ``backward`` again (after ``fit``)."""
+    for name in ("training_step", "backward"):
+        pl_module.__dict__.pop(name, None)
 
 
 def trainer_device(trainer: Any) -> str:

@@ -1,22 +1,10 @@
 """Memory that arrives late in a script run as it is: what its probe waits for, and what it cannot see.
 
-An optimizer's state appears at its first ``step()``; a script's parameters that are frozen
-(``requires_grad=False``) add their gradients, optimizer state and saved activations once it unfreezes them.
-A probe that stops after a few steps of its first optimizer misses both (a GAN whose generator first steps at
-iteration 10; a fine-tuning script that unfreezes its backbone after 20 steps). So a probe of a script run as
-it is (:class:`LateMemory`, used by :class:`autobatch.probe.as_is_watch.StepWatch`):
-
-* tracks every ``torch.optim.Optimizer`` the script builds (a wrapper around ``Optimizer.__init__``, which
-  every subclass's constructor calls) and counts its steps only from the step at which every one of them has
-  stepped once: the steps then follow the rule of every probe. It waits at most :data:`WAIT_STEPS` steps of
-  the first optimizer (or ``max_steps``, when larger); an optimizer still waited for then is named in a note;
-* counts the backward passes (``torch.autograd.backward``, which ``Tensor.backward`` calls, wrapped by
-  :class:`autobatch.probe.as_is_watch.BackwardCount`): a script that has run :data:`NO_OPTIMIZER_BACKWARDS` of
-  them without building a ``torch.optim.Optimizer`` updates its parameters itself, and one that runs more than
-  :data:`MAX_BACKWARDS_PER_STEP` without an optimizer step would make a probe of minutes: both are stopped, with
-  what the probe waited for;
-* notes frozen parameters, when it reports: those of the optimizers' groups, and those of the modules the
-  script's frames hold (its globals, its functions' locals), that require no gradient and have no optimizer state.
+An optimizer's state appears at its first ``step()``, and frozen parameters add their gradients, optimizer
+state and activations once the script unfreezes them; a probe that stops after a few steps of its first
+optimizer misses both. :class:`LateMemory` (used by :class:`autobatch.probe.as_is_watch.StepWatch`) waits
+for every optimizer's first step, stops a script that updates its parameters itself, and notes frozen
+parameters.
 """
 
 from __future__ import annotations
@@ -39,7 +27,23 @@ MAX_BACKWARDS_PER_STEP = 32
 
 
 class LateMemory:
-    """The optimizers a probe's script builds and steps, its backward passes, and its frozen parameters."""
+    """The optimizers a probe's script builds and steps, its backward passes, and its frozen parameters.
+
+    (A GAN whose generator first steps at iteration 10; a fine-tuning script that unfreezes its backbone after
+    20 steps.) It:
+
+    * tracks every ``torch.optim.Optimizer`` the script builds (a wrapper around ``Optimizer.__init__``, which
+      every subclass's constructor calls) and counts its steps only from the step at which every one of them has
+      stepped once: the steps then follow the rule of every probe. It waits at most :data:`WAIT_STEPS` steps of
+      the first optimizer (or ``max_steps``, when larger); an optimizer still waited for then is named in a note;
+    * counts the backward passes (``torch.autograd.backward``, which ``Tensor.backward`` calls, wrapped by
+      :class:`autobatch.probe.as_is_watch.BackwardCount`): a script that has run :data:`NO_OPTIMIZER_BACKWARDS` of
+      them without building a ``torch.optim.Optimizer`` updates its parameters itself, and one that runs more than
+      :data:`MAX_BACKWARDS_PER_STEP` without an optimizer step would make a probe of minutes: both are stopped, with
+      what the probe waited for;
+    * notes frozen parameters, when it reports: those of the optimizers' groups, and those of the modules the
+      script's frames hold (its globals, its functions' locals), that require no gradient and have no optimizer state.
+    """
 
     def __init__(self, request: ProbeRequest) -> None:
         self.request = request

@@ -16,8 +16,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 from autobatch.core.space import variant_of
 from autobatch.core.step_peaks import StepRule

@@ -1,22 +1,10 @@
 """Decide, in one place, whether a compiled probe failed because its model does not compile.
 
-With ``--compile`` the probe runs the model through ``torch.compile``, and a model that does not compile is an
-*answer* about that combination ("does not compile: ..."), not a crash of the tune and not the script's
-error. A failure is the compiler's when the probe compiles and, after :mod:`autobatch.probe.oom` found no
-out-of-memory in it (an OOM wrapped by the compiler is still an OOM: the batch did not fit), some exception
-in its chain (``__cause__``, ``__context__``, group members) is of a class defined in the compiler's modules,
-:data:`COMPILER_MODULES`: Dynamo's ``BackendCompilerFailed``, ``Unsupported``, ``TorchRuntimeError``,
-``InternalTorchDynamoError``; inductor's ``InductorError``, ``CppCompileError``, ``InvalidCxxCompiler``,
-``LoweringException``, ... The compiler runs inside the step's first forward and backward (and at a
-recompilation), so the place it is raised from is its class's module; an exception the script raises
-itself keeps its own type (Dynamo lets the script's code raise as it would without compiling).
-
-Caveat: an operation that fails while Dynamo traces it with fake tensors (a shape mismatch the script would
-also hit without compiling) comes back as Dynamo's ``TorchRuntimeError`` and is reported as a compile
-failure, with the operation's message; the same combination without ``--compile`` reports it as the
-script's error.
-
-Type names and modules are compared as strings over the MRO, so this module never imports torch.
+With ``--compile``, a model that does not compile is an *answer* about that combination ("does not compile:
+..."), not a crash of the tune and not the script's error. :func:`note_compile_failure` decides it from the
+exception chain (:func:`compiler_link`: an exception of a class defined in :data:`COMPILER_MODULES`), after
+:mod:`autobatch.probe.oom` found no out-of-memory in it. Type names and modules are compared as strings, so
+this module never imports torch.
 """
 
 from __future__ import annotations
@@ -32,7 +20,20 @@ COMPILE_ERROR = "CompileError"
 
 
 def compiler_link(exc: BaseException) -> BaseException | None:
-    """The first exception of ``exc``'s chain whose class (or a base) comes from :data:`COMPILER_MODULES`."""
+    """The first exception of ``exc``'s chain whose class (or a base) comes from :data:`COMPILER_MODULES`.
+
+    The chain is ``__cause__``, ``__context__`` and group members; the compiler's classes are Dynamo's
+    ``BackendCompilerFailed``, ``Unsupported``, ``TorchRuntimeError``, ``InternalTorchDynamoError``, inductor's
+    ``InductorError``, ``CppCompileError``, ``InvalidCxxCompiler``, ``LoweringException``, ... The compiler runs
+    inside the step's first forward and backward (and at a recompilation), so the place it is raised from is its
+    class's module; an exception the script raises itself keeps its own type (Dynamo lets the script's code raise
+    as it would without compiling). An OOM wrapped by the compiler is still an OOM: the batch did not fit.
+
+    Caveat: an operation that fails while Dynamo traces it with fake tensors (a shape mismatch the script would
+    also hit without compiling) comes back as Dynamo's ``TorchRuntimeError`` and is reported as a compile
+    failure, with the operation's message; the same combination without ``--compile`` reports it as the
+    script's error.
+    """
     for link in exception_chain(exc):
         if any(_from_compiler(cls.__module__) for cls in type(link).__mro__):
             return link

@@ -1,23 +1,10 @@
 """The script's files in a probe: what it reads (for the cache's key) and where what it writes goes.
 
-A probe runs the user's script from a scratch folder, never from the folder the tune was started in (the
-user's working folder): the scratch folder holds a symbolic link to each entry of the working folder, so
-relative reads work as in the job, and a write through one of them is made copy-on-write first (a linked file
-is replaced by a copy, or by nothing when the write truncates it; a linked folder by a real folder of links), so
-it lands in the scratch folder. A write that would reach the working folder or the script's folder any other
-way (an absolute path) is refused: :class:`PermissionError` naming the path. The probe server removes the
-scratch folder once the probe has ended (:data:`SCRATCH_ENV` names the folder it makes for each probe).
-
-Python's audit hooks (:func:`sys.addaudithook`) see every ``open`` with its mode or flags, and the calls that
-make, move, remove or truncate files; ``torch.save`` writes in C++ (no ``open`` event), so it is wrapped to
-run the same check on a path it is given. What the hooks see is reported on the outcome as data
-(:attr:`~autobatch.records.protocol.ProbeOutcome.files_read` and ``files_written``: paths relative to the
-working folder, or absolute outside it): the tuner fingerprints the files read (:mod:`autobatch.cache.sources`)
-and lists what the script tried to write. Reads of the Python installation, of installed packages, of
-autobatch and of ``/proc``, ``/sys`` and ``/dev`` are not the script's inputs and are not reported; nor are
-files the script wrote itself, nor Python's bytecode caches. Not seen: files opened by other processes
-(``DataLoader`` workers are, since they are forked with the hook) and writes of C code other than
-``torch.save`` to files that already exist in the working folder.
+A probe runs the user's script from a scratch folder of symbolic links to the working folder's entries
+(:func:`scratch_folder`): relative reads work as in the job, and writes land in the scratch folder or are
+refused. :class:`ScriptFiles` sees every open, move and removal through Python's audit hooks (and
+``torch.save``) and reports the files read and written on the outcome. What is seen and what is not:
+docs/as-is.md ("The script's files").
 """
 
 from __future__ import annotations
@@ -26,8 +13,10 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from autobatch.records.protocol import ProbeOutcome
 
@@ -73,6 +62,10 @@ class ScriptFiles:
         self.own: set[Path] = set()  # files the script wrote outside the scratch folder
         self.looked_at: set[str] = set()  # paths opened for reading so far
         self.busy = False  # copying on write: the hook's own file operations are not the script's
+        self.inside = threading.local()  # in this thread, the hook is deciding: what it opens is its own
+        # worked out here, before the hook runs: tempfile works the folder out under a lock and opens files to
+        # do it, so asking it from inside the hook, the first time, would wait for that lock for ever
+        self.caches = _caches()
         self.skipped = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
         self.skipped += [Path(__file__).resolve().parent.parent, *(Path(p) for p in _SYSTEM)]
         self.skipped = [p for p in self.skipped if p != Path("/")]
@@ -80,8 +73,15 @@ class ScriptFiles:
     # -- the hook -------------------------------------------------------------------------------
 
     def audit(self, event: str, args: tuple[Any, ...]) -> None:
-        if event not in _WATCHED or self.busy:
+        if event not in _WATCHED or self.busy or getattr(self.inside, "deciding", False):
             return
+        self.inside.deciding = True
+        try:
+            self._decide(event, args)
+        finally:
+            self.inside.deciding = False
+
+    def _decide(self, event: str, args: tuple[Any, ...]) -> None:
         if event == "open":
             path, mode, flags = args
             if isinstance(path, (str, bytes, os.PathLike)):
@@ -125,7 +125,7 @@ class ScriptFiles:
                 str(path),
             )
         self.own.add(real)
-        if not bytecode and not _under(real, *_caches()):
+        if not bytecode and not _under(real, *self.caches):
             self._note_write(str(real))  # not redirected: listed
 
     def reading(self, path: Any) -> None:
@@ -162,7 +162,7 @@ class ScriptFiles:
         caches, such as compilers')."""
         if set(real.parts) & set(_INSTALLED_MARKERS):
             return True
-        return any(_under(real, folder) for folder in [*self.skipped, Path(tempfile.gettempdir()).resolve()])
+        return any(_under(real, folder) for folder in [*self.skipped, self.caches[0]])
 
     def _absolute(self, path: Any) -> Path | None:
         try:

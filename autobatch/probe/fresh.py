@@ -82,7 +82,7 @@ def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOpt
         "own_import_bytes": [o.info["own_import_bytes"] for o in fresh],
         "offset_bytes": [
             f.info["settled_bytes"] - f.info["own_import_bytes"] - k.info["settled_bytes"]
-            for f, k in zip(fresh, forked_ranks)
+            for f, k in zip(fresh, forked_ranks, strict=False)
         ],
     }
     return forked

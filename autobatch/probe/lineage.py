@@ -1,22 +1,10 @@
 """How the probe layer's processes end, and everything the user's script starts with them.
 
-A script may start processes of its own: a ``multiprocessing`` prefetcher or logger (forked: it inherits every
-file descriptor of the probe, the report pipe included), a ``DataLoader`` worker, a log shipper in a session of
-its own (``start_new_session=True``), a watchdog left behind by a shell (a double fork). None of them may outlive
-its probe, and none may decide when a probe's report is read:
-
-* **Reports are read until the process exits, not until end of file** (:func:`read_until_exit`). A forked
-  descendant holds a copy of the pipe's write end for as long as it lives, so the reader watches the process
-  itself (a pidfd, or ``waitpid`` polled where there is none) and takes what is in the pipe once it has exited.
-* **The probe server is the subreaper of its probes' descendants** (:func:`become_subreaper`): a process whose
-  parent exits is reparented to the server, not to init, whatever session or process group it moved to, so
-  the server's tree holds every process a probe started. After each probe, and when the server is told to
-  stop (SIGTERM, sent by the client, or by the kernel when the client dies: ``die_with_parent(SIGTERM)``),
-  :func:`end_descendants` kills that whole tree. The server and every probe share one session and process
-  group (the client starts the server with ``start_new_session``): what was not moved out of it is also ended by
-  the client's ``killpg``, the backstop for a server that no longer answers.
-
-Linux only (``prctl``, pidfds); elsewhere the prctl calls are no-ops and the reader polls ``waitpid``.
+A script may start processes of its own (a forked prefetcher, a ``DataLoader`` worker, a log shipper in a
+session of its own, a double-forked watchdog); none may outlive its probe, nor decide when a probe's report
+is read. :func:`read_until_exit` reads a report until the process exits, not until end of file;
+:func:`become_subreaper` and :func:`end_descendants` make the probe server own and end every process a probe
+started. Linux only (``prctl``, pidfds); elsewhere the prctl calls are no-ops and the reader polls ``waitpid``.
 """
 
 from __future__ import annotations
@@ -57,7 +45,16 @@ def become_subreaper() -> None:
 def end_descendants(grace: float = END_GRACE) -> None:
     """SIGKILL every process below this one and reap the ones reparented here, until none is left (or ``grace``
     seconds passed). A process forked while its parent is killed is reparented to this subreaper and caught by
-    the next round."""
+    the next round.
+
+    The probe server is the subreaper of its probes' descendants (:func:`become_subreaper`): a process whose
+    parent exits is reparented to the server, not to init, whatever session or process group it moved to, so the
+    server's tree holds every process a probe started. After each probe, and when the server is told to stop
+    (SIGTERM, sent by the client, or by the kernel when the client dies: ``die_with_parent(SIGTERM)``), this kills
+    that whole tree. The server and every probe share one session and process group (the client starts the
+    server with ``start_new_session``): what was not moved out of it is also ended by the client's ``killpg``,
+    the backstop for a server that no longer answers.
+    """
     import psutil
 
     me = psutil.Process()
@@ -120,7 +117,12 @@ def has_exited(pid: int) -> bool:
 def read_until_exit(fd: int, pid: int, deadline: float | None) -> tuple[bytes, int | None]:
     """What child ``pid`` wrote on the pipe ``fd`` until it exited: ``(bytes, wait status)``, the child reaped;
     or, when the ``time.perf_counter()`` ``deadline`` passes first, ``(bytes so far, None)`` with the child still
-    running. Never waits for end of file (see the module docstring)."""
+    running. Never waits for end of file (see the module docstring).
+
+    A forked descendant holds a copy of the pipe's write end for as long as it lives, so the reader watches the
+    process itself (a pidfd, or ``waitpid`` polled where there is none) and takes what is in the pipe once it has
+    exited.
+    """
     exited = exit_fd(pid)
     chunks: list[bytes] = []
     pipe_open = True

@@ -1,21 +1,10 @@
 """The operations a probe process runs, registered by name, and the one dispatch the server's children call.
 
-An operation is a function ``handler(request, script)``, or ``handler(request, script, options)`` for one
-that takes options, registered with :func:`register`. The built-in ``probe`` (apply the budget, run the
-steps, measure) and ``inspect`` (build the model once, report what the search plans with) are
-registered like any other, by :mod:`autobatch.probe.worker`. Other layers register theirs in modules of
-their own, which the probe server imports at start-up, after the script and before any fork, because
-the client names them (``ProbeClient(..., op_modules=("package.module",))``): this layer never names
-them.
-
-An operation's options are a typed record, a frozen dataclass with ``to_dict`` and ``from_dict``. The
-parent builds the record and sends ``to_dict()`` as :attr:`ProbeRequest.options` (requests cross the
-process boundary as JSON); :func:`dispatch` decodes it with ``from_dict`` before it calls the handler.
-Whatever an operation raises becomes an ``error`` outcome
-(:func:`autobatch.records.failures.describe_failure`), and so does an operation nobody registered.
-
-An operation that runs code it does not control to the end of its process (a script run as it is:
-:mod:`autobatch.probe.as_is`) returns its outcome with :func:`report_and_exit` instead.
+An operation is a function ``handler(request, script[, options])`` registered with :func:`register`; the
+built-in ``probe`` and ``inspect`` are registered by :mod:`autobatch.probe.worker`, other layers' in modules
+the probe server imports at start-up because the client names them (``ProbeClient(..., op_modules=...)``):
+this layer never names them. :func:`dispatch` decodes a request's options and turns whatever an operation
+raises into an ``error`` outcome; :func:`report_and_exit` ends a process that ran code it does not control.
 """
 
 from __future__ import annotations
@@ -24,8 +13,8 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar, overload
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from autobatch.errors import ProbeFailure
 from autobatch.records.failures import describe_failure
@@ -60,7 +49,13 @@ def register(
     name: str, options_type: OptionsType[OptionsT]
 ) -> Callable[[OptionsHandler[OptionsT]], OptionsHandler[OptionsT]]: ...
 def register(name: str, options_type: OptionsType[Any] | None = None) -> Callable[[Any], Any]:
-    """Register the decorated function as the operation ``name`` (with its options' record type)."""
+    """Register the decorated function as the operation ``name`` (with its options' record type).
+
+    An operation's options are a typed record, a frozen dataclass with ``to_dict`` and ``from_dict``. The parent
+    builds the record and sends ``to_dict()`` as :attr:`ProbeRequest.options` (requests cross the process
+    boundary as JSON); :func:`dispatch` decodes it with ``from_dict`` before it calls the handler. Modules that
+    register operations are imported after the script and before any fork.
+    """
 
     def decorate(handler: Callable[..., ProbeOutcome]) -> Callable[..., ProbeOutcome]:
         if name in _OPERATIONS:

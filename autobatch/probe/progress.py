@@ -10,7 +10,8 @@ peak it measures); a probe of a script run as it is follows the digits with what
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from autobatch.records.protocol import ProbeRequest
 

@@ -16,9 +16,10 @@ import signal
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.probe.lineage import POLL, die_with_parent, drain, exit_fd, has_exited
 from autobatch.probe.ops import write_report

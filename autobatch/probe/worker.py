@@ -8,8 +8,9 @@ like any other operation, and everything they find is returned as a :class:`Prob
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.core.step_peaks import StepRule
 from autobatch.core.units import format_bytes

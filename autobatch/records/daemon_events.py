@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 _fd: list[int] = []
 
@@ -20,11 +21,13 @@ def attach(fd: int) -> None:
 
 
 def report(state: str, device: str) -> None:
-    """``state`` ("queued", "running", "released") of the lock of ``device`` (its label in messages)."""
+    """``state`` ("queued", "running", "released") of the lock of ``device`` (its label in messages), stamped
+    with the time it is reported ("running" once the lock is held, "released" before it is let go)."""
     if not _fd:
         return
+    event = {"state": state, "device": device, "at": time.time()}
     try:
-        os.write(_fd[0], (json.dumps({"state": state, "device": device}) + "\n").encode())
+        os.write(_fd[0], (json.dumps(event) + "\n").encode())
     except OSError:
         pass  # the daemon stopped listening: only its status is poorer
 

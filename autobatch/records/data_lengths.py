@@ -1,16 +1,9 @@
 """The lengths of a data set's sequences, in the order a loader reads them, from what a user has at hand.
 
-* **a text file**: one length (a whole number of tokens) per line; blank lines are skipped;
-* **JSON Lines** (``.jsonl``, ``.ndjson``, ``.json`` lines, or any file whose first line is an object): a
-  token-count field of each record (``field``; by default the first of :data:`FIELDS` the first record has),
-  an integer or a list whose items are counted (token ids);
-* **a Hugging Face data set saved with** ``save_to_disk`` (a folder): a column of integers or of token lists
-  (``column``, default ``input_ids``), read through Arrow without a Python list per row. A saved
-  ``DatasetDict`` is read at its ``train`` split (or its only one). ``datasets`` is imported only here and
-  only then.
-
-Every problem is a :class:`~autobatch.errors.UsageError` that names the file, the line or the column, and
-the fix. Nothing here imports torch.
+A text file (one length per line), JSON Lines (a token-count field, or a list of token ids), or a Hugging
+Face data set saved with ``save_to_disk`` (a column, read through Arrow; ``datasets`` imported only then).
+Every problem names the file, the line or the column, and the fix. The formats: docs/commands.md
+(``lengths``). Nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Telling a live tune from a dead one by its result file.
 
-The result file is the run's from its start (before its first probe) and rewritten after every probe,
-with ``status``:
-
-``running``      the tune is under way, or it was killed outright (SIGKILL, the machine lost power, the
-                 disk filled up before the last write) and could not say so; ``pid`` and ``host`` tell
-                 which: :func:`run_state` checks whether that process still exists (and started before
-                 the file was created, so a reused pid does not count)
-``complete``     every combination was searched; ``chosen`` is the answer (null when nothing fits)
-``interrupted``  stopped by SIGINT or SIGTERM; the probes measured so far are in ``combinations``
-``failed``       stopped by an error (the script's, its import, the device, a probe failure), before its
-                 first probe or after; ``notes`` says which
-
-A killed run's probes are in the probe journal: running the same tune again resumes from them.
+The file's ``status`` is ``running`` from the tune's start (or when it was killed outright and could not say
+so: :func:`run_state` checks whether its ``pid`` on ``host`` still lives, and started before the file),
+``complete``, ``interrupted`` or ``failed``. The fields: docs/result-file.md.
 """
 
 from __future__ import annotations

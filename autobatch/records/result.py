@@ -229,6 +229,18 @@ class TuneResult:
     lengths: Lengths | None = None
     script_files: dict[str, Any] | None = None
 
+    def tuned_peak(self, micro_batch_size: int) -> int | None:
+        """The chosen combination's measured peak at ``micro_batch_size``, or at the smallest batch above it that
+        fitted (an upper bound); None without a chosen combination."""
+        chosen = self.chosen
+        combo = next((c for c in self.combinations if chosen is not None and c.ident == chosen.ident), None)
+        if combo is None:
+            return None
+        fits = [
+            r for r in combo.trace if r.kind == "fits" and r.peak_bytes and r.batch_size >= micro_batch_size
+        ]
+        return min(fits, key=lambda r: r.batch_size).peak_bytes if fits else combo.peak_bytes
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         for name in _ABSENT_WHEN_NONE:

@@ -1,16 +1,9 @@
 """The published JSON Schema of the result (``autobatch/result.schema.json``) and the check of a loaded result.
 
-A result file read back (``autobatch emit RESULT``, ``TuneResult.load``) is checked before anything
-is rendered from it: its ``schema_version`` first (a newer one is refused with "upgrade autobatch"),
-then every field's type against the schema, then the batch arithmetic of ``chosen`` and its bounds (its
-micro-batch no larger than the maximum of the combination it names, when ``combinations`` holds that
-combination). Every problem is listed, each
-naming its field (``chosen.micro_batch_size: expected an integer, found "48"``), in one
-:class:`~autobatch.errors.UsageError` (exit 2). The schema is the one users validate against too.
-
-Integers are integers: JSON Schema counts ``139.0`` (and ``1e30``) as an integer, since it compares
-numbers by value, but a launcher config rendered from one says ``139.0`` where an ``int`` is read. The
-check here refuses any number written with a fraction or an exponent where the schema says integer.
+A result read back is checked before anything is rendered from it: its ``schema_version``, every field's
+type, the batch arithmetic of ``chosen``, and integers written as integers (``139.0`` is refused where the
+schema says integer). Every problem is listed in one :class:`~autobatch.errors.UsageError` (exit 2), each
+naming its field. The rules: docs/result-file.md.
 """
 
 from __future__ import annotations

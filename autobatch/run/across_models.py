@@ -42,9 +42,9 @@ def merge_models(results: list[TuneResult], targets: list[Target], options: Tune
         created=first.created,
         notes=[],
     )
-    merged.devices = [_model_entry(r, t) for r, t in zip(results, targets)]
+    merged.devices = [_model_entry(r, t) for r, t in zip(results, targets, strict=False)]
     binding: dict[int, int] = {}
-    for index, combos in enumerate(zip(*(r.combinations for r in results))):
+    for index, combos in enumerate(zip(*(r.combinations for r in results), strict=False)):
         entry, which = _merge_combo(list(combos), targets)
         merged.combinations.append(entry)
         binding[index] = which
@@ -60,7 +60,7 @@ def merge_models(results: list[TuneResult], targets: list[Target], options: Tune
     )
     if options.world_size_source != "default":
         merged.notes.append(f"world size {options.world_size} from {options.world_size_source}")
-    for result, target in zip(results, targets):
+    for result, target in zip(results, targets, strict=False):
         merged.notes.extend(f"{target.model}: {note}" for note in result.notes)
     if merged.chosen is None:
         raise NothingFitsError(
@@ -85,7 +85,7 @@ def _merge_combo(combos: list[ComboResult], targets: list[Target]) -> tuple[Comb
         speeds = [c.samples_per_second for c in combos if c.samples_per_second]
         entry.samples_per_second = min(speeds) if speeds else None
         if len({c.max_batch_size for c in combos}) > 1:
-            each = ", ".join(f"{t.model} {c.max_batch_size}" for t, c in zip(targets, combos))
+            each = ", ".join(f"{t.model} {c.max_batch_size}" for t, c in zip(targets, combos, strict=False))
             entry.reason = f"smallest maximum across the GPU models ({each})"
     entry.probes = sum(c.probes for c in combos)
     return entry, which
@@ -117,7 +117,7 @@ def _model_entry(result: TuneResult, target: Target) -> dict[str, Any]:
         "indices": list(target.indices),
         "budget_bytes": result.device.get("budget_bytes"),
         "budget": format_bytes(result.device.get("budget_bytes") or 0),
-        "served_from_cache": bool(result.cache),
+        "served_from_cache": bool((result.cache or {}).get("served")),
         "probes": result.probes,
         "max_batch_sizes": {c.key: c.max_batch_size for c in result.combinations},
     }

@@ -9,8 +9,8 @@ times) and the function that records a probe, and calls :meth:`Chooser.plan_and_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from autobatch.core.choice import Contender, Decision, dominated, preference
 from autobatch.core.plan import Candidate, Plan, choose, plan_accumulation, plan_with_script_accumulation

@@ -14,7 +14,7 @@ the searched lengths, answered from the surface and marked ``predicted`` (never 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from autobatch.core import lengths as surfaces
 from autobatch.core.lengths import Line
@@ -93,7 +93,7 @@ class LengthSearch:
         assert table is not None
         table.maxima.extend(self.result.combinations)
         order = surfaces.search_order(table.seq_lens, self.plan)[1:]
-        for combo, entry in zip(combos, self.result.combinations):
+        for combo, entry in zip(combos, self.result.combinations, strict=False):
             for seq_len in order:
                 row = ComboResult.of(combo.at(seq_len))
                 row.recompute_blocks = dict(entry.recompute_blocks)

@@ -1,23 +1,10 @@
 """The locks a run holds while it works: one tuner per device, one run per result file.
 
-Both are one class, :class:`RunLock`: ``flock`` on a file (filelock), which the kernel releases when its
-holder dies, however it dies (SIGKILL, an out-of-memory kill, a node's scheduler ending the job), so a
-lock is never left held. Beside the lock file, ``*.holder.json`` says who holds it (PID, host, command,
-since when), for the waiting run's message; a stale one is never trusted, only shown while the lock is
-really held. The run that comes second waits, says what it waits for, who holds it and since when, and
-gives up after ``lock_timeout``. A folder where the lock cannot be taken leaves the run working, with a
-warning: it then goes on without the guarantee.
-
-* :meth:`RunLock.device`: two runs aimed at the same device (two tunes, a tune and a ``check``) never probe
-  at the same time. Keyed by the GPU's UUID (a MIG instance's own UUID; two instances of one GPU do not
-  share a lock) or, for the CPU device, the host name (:mod:`autobatch.devices.selection`), in the
-  ``lock_dir`` setting's folder, by default ``$TMPDIR/autobatch-locks`` (created world-writable with the
-  sticky bit, as /tmp is, so that every user of a node shares it). Giving up is a
-  :class:`~autobatch.errors.DeviceError` (exit 7).
-* :meth:`RunLock.result_file`: ``.NAME.lock`` beside a tune's result file for the whole run (in the
-  result's own folder, so that nodes sharing the storage see it too), removed with its holder file when
-  the run ends: nothing is left beside the result. Giving up is a :class:`~autobatch.errors.UsageError`
-  (exit 2).
+One class, :class:`RunLock` (``flock`` through filelock, released by the kernel however its holder dies),
+with a ``*.holder.json`` beside it saying who holds it: :meth:`RunLock.device` (keyed by the GPU's UUID or,
+on the CPU, the host; giving up is exit 7) and :meth:`RunLock.result_file` (``.NAME.lock`` beside a tune's
+result file, removed at the end; giving up is exit 2). The second run waits and says for whom, up to
+``lock_timeout``. Where and why: docs/clusters.md.
 """
 
 from __future__ import annotations
@@ -29,10 +16,11 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any
 
 from autobatch.errors import AutobatchError, DeviceError, UsageError
 
@@ -159,6 +147,7 @@ class RunLock:
         lock, self._lock = self._lock, None
         if lock is None:
             return
+        self._report("released")  # before it is: a report of the next holder's "running" always comes later
         try:
             if _read_json(self.holder_path).get("pid") == os.getpid():
                 self.holder_path.unlink()
@@ -167,7 +156,6 @@ class RunLock:
         except OSError:
             pass
         lock.release()
-        self._report("released")
 
     def _report(self, state: str) -> None:
         """Tell the daemon, when it runs this command, where it stands in the device's queue."""

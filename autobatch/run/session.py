@@ -1,7 +1,8 @@
 """A probing session: one script, one device, one budget, one probe runner, one probe journal.
 
 :meth:`Session.start` opens the runner (the probe server, or any :class:`~autobatch.records.protocol.ProbeRunner`
-such as :class:`autobatch.testing.FakeRunner`), inspects the model and the device, and opens the journal;
+such as :class:`autobatch.testing.FakeRunner`), inspects the model and the device (:func:`inspect_device`: ``auto``
+resolved, the budget, on the CPU the job's fresh-process offsets), and opens the journal;
 :meth:`Session.probe` runs one probe of the real step (the journal's answer when it has one, the device's
 margin applied), :meth:`Session.run` any other operation. What it wires lives elsewhere: the device, budgets
 and margin in :mod:`autobatch.devices.budget`, the journal in :mod:`autobatch.cache`, outcomes as errors in
@@ -13,21 +14,23 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.cache import CacheFolder, ProbeJournal, fingerprint
 from autobatch.cache.sources import FilesSeen, source_digests
 from autobatch.core.space import Combo
-from autobatch.devices.budget import DeviceInfo, apply_margin
-from autobatch.errors import UsageError
+from autobatch.core.units import format_bytes
+from autobatch.devices.backend import backend_for
+from autobatch.devices.budget import DeviceInfo, apply_margin, cuda_name, device_info
+from autobatch.errors import DeviceError, UsageError
 from autobatch.records.failures import raise_for, with_last_lines
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner, RunConfig, StepConfig
 from autobatch.records.version import MEASURED_BY
-from autobatch.run.inspection import inspect_device
 from autobatch.run.lengths import plan_lengths
 from autobatch.settings.values import plain
 from autobatch.step.as_is import finder_warning
@@ -453,3 +456,111 @@ def _ranks(distributed: DistributedSettings) -> int:
             hint="pass --nproc-per-node 2 (or more), or --strategy none",
         )
     return distributed.nproc_per_node
+
+
+# --- what a session learns before its first probe: the device, the model, and on the CPU the job's own
+# process (docs/how-a-tune-works.md, "Budget") -------------------------------------------
+
+#: The note (first in the result's notes) of a ``--device auto`` that found no CUDA device.
+FALLBACK_NOTE = (
+    "device auto found no CUDA device (torch {torch}) and tuned on the CPU: these numbers hold for CPU "
+    "training only; launcher configs for GPU jobs are refused unless allow_cpu is set"
+)
+
+#: The fresh-process measurement's step: any combination (every optimizer imports the same modules lazily)
+#: at a small batch (what differs is the process, not the batch; 2, as BatchNorm fails at 1).
+FRESH_COMBO = Combo("32-true", "sgd")
+FRESH_BATCH = 2
+#: What the inspection builds: the model alone (its step is never run).
+INSPECT_COMBO = Combo("32-true", "sgd")
+
+
+def inspect_device(session: Session) -> DeviceInfo:
+    """The session's device with what inspecting the model found (and, on the CPU, the fresh-process offsets
+    in ``session.fresh_offsets``)."""
+    device, info = _resolve(session)
+    session.blocks = tuple(info.get("recompute_blocks", ()))  # what recomputation and FSDP wrap
+    asked = session.settings.device
+    memory = asked.memory
+    backend = backend_for(device)
+    if memory is None and backend.ranks_share_memory and session.ranks > 1 and info.get("available_bytes"):
+        memory = int(info["available_bytes"]) // session.ranks  # the ranks share the machine
+    found = device_info(device, info, memory=memory, headroom=asked.headroom)
+    found.requested = asked.device  # "auto" stays "auto" when a target was picked for it
+    if found.fell_back:
+        found.notes.insert(0, FALLBACK_NOTE.format(torch=session.torch_version))
+    session.device = found
+    ranks_as_is = session.as_is and session.ranks > 1  # a script's own ranks: not yet measured
+    # a runner of the caller's (a fake one, an in-process one) measures what it measures
+    fresh = session.settings.probe.fresh_baseline and session.own_server
+    if backend.fresh_process_differs and fresh and not ranks_as_is:
+        _measure_fresh_offsets(session, found)
+    return found
+
+
+def _resolve(session: Session) -> tuple[str, dict[str, Any]]:
+    """``auto`` -> CUDA when torch sees it, else the CPU; the inspection of the chosen device."""
+    info = _inspect(session, "cpu")
+    device = session.requested_device
+    if device == "auto":
+        device = "cuda:0" if info.get("cuda_available") else "cpu"
+    elif device.startswith("cuda") and not info.get("cuda_available"):
+        raise DeviceError(
+            f"--device {device} asked for, but torch sees no CUDA device (torch {session.torch_version})",
+            hint="use --device cpu (or auto), or install a CUDA build of torch on a machine with a GPU",
+        )
+    return device, info if device == "cpu" else _inspect(session, cuda_name(device))
+
+
+def _inspect(session: Session, device: str) -> dict[str, Any]:
+    op = "as_is_inspect" if session.as_is else "inspect"
+    request = session.request(INSPECT_COMBO, 0, steps=(0, 0), op=op, budget_bytes=0, device=device)
+    outcome = session.run(request, what="building the model")
+    raise_for(outcome, what="building the model")
+    return outcome.info
+
+
+def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
+    """How much more the job's fresh process of each rank holds than a forked probe process, into
+    ``session.fresh_offsets`` and the device's record; a warning when it cannot be measured."""
+    from autobatch.probe.fresh import FreshOptions
+
+    assert session.runner is not None
+    options = FreshOptions(session.spec.to_init(), list(session.settings.script.script_args)).to_dict()
+    request = session.request(
+        FRESH_COMBO.at(session.plan_seq_len), FRESH_BATCH, steps=(3, 3), op="fresh_baseline", options=options
+    )
+    outcome = session.runner.run(request)
+    # a broken contract (make_batch takes no length, say) fails every probe too: report it now, not as a warning
+    if outcome.kind == "error" and outcome.contract:
+        raise_for(outcome, what="measuring the job's fresh process")
+    offsets = outcome.info.get("offset_bytes") if outcome.fits else None
+    if not offsets:
+        why = outcome.info.get("fresh_error") or outcome.reason or outcome.error_message or outcome.kind
+        session.warn(
+            f"the job's fresh process could not be measured against a forked probe ({why}): maxima count as a "
+            "forked process's, which can be a few percent above a fresh one's near the cap"
+        )
+        return
+    session.fresh_offsets = [int(offset) for offset in offsets]
+    device.fresh_process = {"batch_size": FRESH_BATCH, **outcome.info}
+    device.notes.append(fresh_note(session.fresh_offsets))
+    if device.baseline_bytes is not None:
+        device.baseline_bytes += session.fresh_offsets[0]
+
+
+def fresh_note(offsets: list[int]) -> str:
+    """The result's note on the fresh-process offsets (one, or one per rank)."""
+
+    def signed(offset: int) -> str:
+        return ("+" if offset >= 0 else "") + format_bytes(offset)
+
+    if len(offsets) == 1:
+        who = f"the job's fresh process: {signed(offsets[0])} against a probe forked"
+    else:
+        each = ", ".join(f"rank {rank} {signed(offset)}" for rank, offset in enumerate(offsets))
+        who = f"the job's fresh rank processes, started as torchrun starts them: {each} against ranks forked"
+    return (
+        f"probes count as {who} from the probe server (measured once per run, after the steps of batch "
+        f"{FRESH_BATCH})"
+    )

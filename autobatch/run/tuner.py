@@ -12,7 +12,8 @@ import datetime
 import os
 import socket
 import time
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple, Optional
 
 from autobatch.core import reuse
 from autobatch.core.choice import reach_beyond

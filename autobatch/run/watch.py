@@ -14,7 +14,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from autobatch.core import sanity
 from autobatch.core.step_peaks import Reading, data_dependence, find_leak, growth_tolerance

@@ -4,7 +4,8 @@ would buy, under the device's lock (the session opened as ``check``'s is, with t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from autobatch.service.check import combination, started
 from autobatch.service.hooks import Hooks

@@ -1,26 +1,10 @@
 """The tune of each device the settings name: instant when nothing changed, one tuner per device, once
 per GPU model.
 
-:func:`tune_devices` reads the machine (:mod:`autobatch.devices.inventory`, no torch), picks the devices
-to tune (:func:`autobatch.devices.selection.targets_for`: the one named, or one per distinct GPU
-model), and tunes each with :func:`tune_target`:
-
-1. the tune's inputs and key (:mod:`autobatch.cache.keys`); a stored result for them is served at
-   once, without a probe server, unless ``refresh`` (``tune --refresh``) or the device is busier now;
-2. otherwise two locks are taken (:meth:`autobatch.run.locks.RunLock.device`), waiting for another run if
-   need be, and the store is asked again after each (the run waited for may have just stored the
-   answer): first the tune's key, in the cache folder (identical tunes on other devices of the model,
-   on other nodes sharing the cache, in a job array, compute once), then the device's (no two runs
-   probe one device at once; two identical tunes started together probe once, same result);
-3. a session (:func:`autobatch.service.sessions.open_session`) and a :class:`~autobatch.run.tuner.Tuner`
-   run the tune, every
-   probe journaled (so a tune killed halfway resumes without measuring anything twice);
-4. a complete result is stored;
-5. what jobs run with this tune's answer saw (:mod:`autobatch.cache.evidence`: ``autobatch run``'s launches,
-   the guard's changes) is summed up in the result's notes.
-
-Several GPU models give several results, merged into one plan by :func:`autobatch.run.across_models.merge_models`.
-Everything the caller shows comes through :class:`~autobatch.service.hooks.Hooks`; nothing here prints.
+:func:`tune_devices` picks the devices (one per distinct GPU model) and tunes each with :func:`tune_target`:
+the stored result when nothing that decides memory changed, else a session and a tuner under the tune's
+and the device's locks, every probe journaled, the complete result stored with what jobs that ran with the
+tune's answer saw (runtime evidence). The stops, in order: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -113,6 +97,7 @@ def tune_target(request: TuneRequest, target: Target, hooks: Hooks) -> TuneResul
             )
         elif store is not None and store.put(inputs, result, used):
             result.notes.append(f"result kept in the cache as {inputs.key()}")
+            result.cache = {"key": inputs.key(), "served": False, "folder": str(folder.path)}
     if store is not None and inputs.cacheable:
         _evidence_note(folder, inputs.key(), result)
     return result
@@ -146,7 +131,7 @@ def _run(request: TuneRequest, target: Target, hooks: Hooks, warnings: Warnings)
 def _serve(
     hit: Any, request: TuneRequest, hooks: Hooks, warnings: Warnings, folder: CacheFolder
 ) -> TuneResult:
-    result = served(hit, request.spec.label, list(request.settings.script.script_args))
+    result = served(hit, request.spec.label, list(request.settings.script.script_args), str(folder.path))
     warnings.keep_in(result.notes)
     hooks.on_status(
         f"served from the cache: nothing that decides memory changed since {hit.made} "

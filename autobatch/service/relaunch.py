@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from autobatch.cache import CacheFolder, Event, EvidenceStore, tune_inputs
 from autobatch.core.plan import plan_accumulation
 from autobatch.core.units import format_bytes
-from autobatch.devices.budget import margin_bytes
+from autobatch.devices.budget import EarlyWarning
 from autobatch.emit.args import command
 from autobatch.errors import AutobatchError, JobOutOfMemory, UsageError
 from autobatch.records.result import Chosen, TuneResult
@@ -59,19 +60,21 @@ def run(settings: Settings, options: RunOptions, hooks: Hooks, say: Say, warn: S
             "no cache key for this plan (a result file of another tune, or --no-cache): launches are not recorded"
         )
     budget = result.device.get("budget_bytes")
-    cpu = result.device.get("type") == "cpu"
+    kind = str(result.device.get("type") or "cpu")
+    cpu = kind == "cpu"
     cap = int(result.device["capacity_bytes"]) if cpu and settings.device.memory is not None else None
     micro, accumulation = chosen.micro_batch_size, chosen.accumulation_steps
     for number in range(1, options.max_restarts + 2):
         plan = replace(chosen, micro_batch_size=micro, accumulation_steps=accumulation)
-        spec = job_spec(replace(result, chosen=plan), options.resume_args if number > 1 else (), cap)
-        outcome = launch(spec, budget, _early_warning(budget, warn) if cpu and budget else None)
-        tuned = tuned_peak(result, micro)
+        spec = job_spec(replace(result, chosen=plan), options.resume_args if number > 1 else (), cap, kind)
+        outcome = launch(spec, budget, EarlyWarning("cpu", budget, warn).check if cpu and budget else None)
+        tuned = result.tuned_peak(micro)
         if store is not None and key is not None:
-            store.record(key, _event(plan, number, outcome, tuned if cpu else None, budget))
-        if outcome.peak_bytes and tuned and cpu:
+            store.record(key, _event(plan, number, outcome, tuned, budget, kind))
+        if outcome.peak_bytes and tuned:
+            how = "" if cpu else " on its busiest device per NVML, CUDA contexts included"
             say(
-                f"launch {number}: peak {format_bytes(outcome.peak_bytes)} (tuned {format_bytes(tuned)}, budget "
+                f"launch {number}: peak {format_bytes(outcome.peak_bytes)}{how} (tuned {format_bytes(tuned)}, budget "
                 f"{format_bytes(budget or 0)}) at micro-batch {micro}"
             )
         if outcome.oom is None:
@@ -103,12 +106,12 @@ def run(settings: Settings, options: RunOptions, hooks: Hooks, say: Say, warn: S
 def plan_of(settings: Settings, options: RunOptions, hooks: Hooks) -> tuple[TuneResult, str | None]:
     """The plan (from the file, the cache or a tune now) and the key its evidence goes under."""
     if options.result_file is None:
-        result = tune(settings, hooks, generated_by="autobatch run")
-        return result, tuned_key(settings) if settings.probe.cache else None
-    result = TuneResult.load(options.result_file)
-    if settings.script.script is not None:
-        script = str(Path(settings.script.script).resolve())
-        result = replace(result, script=script, script_args=list(settings.script.script_args))
+        result = tune(settings, hooks, generated_by="autobatch run")  # a kept result names its key
+    else:
+        result = TuneResult.load(options.result_file)
+        if settings.script.script is not None:
+            script = str(Path(settings.script.script).resolve())
+            result = replace(result, script=script, script_args=list(settings.script.script_args))
     stored = (result.cache or {}).get("key")
     if stored:
         return result, str(stored)
@@ -174,7 +177,7 @@ def smaller(plan: Chosen) -> tuple[int, int] | None:
     return new.micro_batch_size, new.accumulation_steps * own
 
 
-def job_spec(result: TuneResult, resume: tuple[str, ...], cap: int | None) -> JobSpec:
+def job_spec(result: TuneResult, resume: tuple[str, ...], cap: int | None, device: str = "cpu") -> JobSpec:
     """The job's command line as the tune prints it, run by this Python, with the resume arguments after it."""
     words = command(result)
     assert words is not None and result.chosen is not None
@@ -187,20 +190,12 @@ def job_spec(result: TuneResult, resume: tuple[str, ...], cap: int | None) -> Jo
     runner = [sys.executable] if launcher == "python" else [sys.executable, "-m", "torch.distributed.run"]
     while words and words[0].startswith("--") and launcher != "python":
         runner.append(words.pop(0))  # torchrun's own options
-    return JobSpec([*runner, *words, *resume], env, None, cap)
+    return JobSpec([*runner, *words, *resume], env, None, cap, device)
 
 
-def tuned_peak(result: TuneResult, micro: int) -> int | None:
-    """The tune's peak at the micro-batch, or at the smallest batch above it that fitted (an upper bound)."""
-    chosen = result.chosen
-    combo = next((c for c in result.combinations if chosen is not None and c.ident == chosen.ident), None)
-    if combo is None:
-        return None
-    fits = [r for r in combo.trace if r.kind == "fits" and r.peak_bytes and r.batch_size >= micro]
-    return min(fits, key=lambda r: r.batch_size).peak_bytes if fits else combo.peak_bytes
-
-
-def _event(plan: Chosen, number: int, outcome: JobOutcome, tuned: int | None, budget: int | None) -> Event:
+def _event(
+    plan: Chosen, number: int, outcome: JobOutcome, tuned: int | None, budget: int | None, device: str
+) -> Event:
     if outcome.oom is not None:
         how = "oom"
     elif outcome.forwarded is not None or outcome.returncode > 128:
@@ -216,26 +211,10 @@ def _event(plan: Chosen, number: int, outcome: JobOutcome, tuned: int | None, bu
         outcome=how,
         exit_code=outcome.returncode,
         launch=number,
-        peak_bytes=outcome.peak_bytes if tuned is not None else None,
-        peak_how=PEAK_HOW if tuned is not None and outcome.peak_bytes else None,
+        peak_bytes=outcome.peak_bytes,
+        peak_how=PEAK_HOW.get(device) if outcome.peak_bytes else None,
         tuned_peak_bytes=tuned,
         budget_bytes=budget,
         reason=outcome.oom or "",
         extra={"seconds": round(outcome.seconds, 1)},
     )
-
-
-def _early_warning(budget: int, warn: Say) -> Callable[[int], None]:
-    """Warn once when the job's peak comes within the CPU margin of its budget (it may run out later)."""
-    line = budget - margin_bytes("cpu", budget)
-    warned: list[bool] = []
-
-    def check(peak: int) -> None:
-        if peak >= line and not warned:
-            warned.append(True)
-            warn(
-                f"the job's peak reached {format_bytes(peak)}, within {format_bytes(budget - line)} of its budget "
-                f"{format_bytes(budget)} (or past it, into the headroom): it may run out of memory later"
-            )
-
-    return check

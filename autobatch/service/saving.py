@@ -1,16 +1,8 @@
 """Writing the result file so that a bad path or a full disk costs nothing already measured.
 
-* :func:`preflight` checks the output path before any probe runs (a folder, a parent that is a file,
-  a folder that cannot be written), so that an hour of probing does not end on a path error.
-* :class:`ResultSaver` writes the result after every probe (atomically: the previous file stays whole
-  until the new one replaced it). A write that fails during the tune is remembered and warned about
-  once, and the tune goes on; :meth:`ResultSaver.finish`, called after the chosen configuration is
-  printed, writes the final result or raises an :class:`~autobatch.errors.UsageError` (exit 2) that
-  names the path, what went wrong and the fix.
-* :func:`started_result` is what the file says from a run's start until the tune's own result replaces
-  it: ``running``, this process, nothing measured. A run that stops before it measured anything marks
-  it ``failed`` (or ``interrupted``) with the error in ``notes``, so that the answer of an earlier run
-  on the same file is never taken for this run's (``autobatch emit`` refuses it).
+:func:`preflight` checks the output path before any probe; :class:`ResultSaver` writes the result atomically
+after every probe (a failed write is warned about once, the tune goes on; :meth:`ResultSaver.finish` raises
+exit 2 naming the path and the fix); :func:`started_result` is what the file says from a run's start.
 """
 
 from __future__ import annotations

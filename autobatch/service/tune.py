@@ -1,23 +1,10 @@
 """``tune`` behind every face: the command, :func:`autobatch.tune`, the Lightning callback and the
 calibration step of a cluster job run this one function, so they obey the same rules.
 
-1. The tune resolved once (:func:`tune_request`), into a :class:`~autobatch.run.options.TuneRequest` passed whole
-   down to each device's tuner: the settings it measures, its step, and its options with the world size the plan
-   is for (:func:`autobatch.settings.planned_world`: the ``world_size`` setting, else the world a strategy implies,
-   else the launcher's and SLURM's variables) and the global batch checked against it, before any probe.
-2. The result file checked before any probe (a folder, a parent that is a file, a read-only folder),
-   then held for the whole run (:meth:`~autobatch.run.locks.RunLock.result_file`: a second run writing the same
-   file waits for this one, saying for whom) and marked as this run's at once (``running``, nothing
-   measured): from then on it never shows an earlier run's answer.
-3. Every device the ``device`` setting names: the stored result when nothing that decides memory changed,
-   else a tune under the device's lock (:mod:`autobatch.service.per_device`). A ``device = "auto"`` that
-   fell back to the CPU refuses launcher configs for a GPU job before its first probe.
-4. The result file rewritten after every probe; a tune that fails or is interrupted, before its first
-   probe or after, marks what it measured (``failed``, ``interrupted``, the error in ``notes``), writes
-   it and re-raises; a
-   :class:`~autobatch.errors.NothingFitsError` carries the complete result as ``.result``.
-5. The face shows the answer (:attr:`Hooks.on_result`) before the last write of the result file (a full
-   disk must not hide it), then the launcher configs are written.
+The tune is resolved once (:func:`tune_request`), the result file checked and held before any probe and
+rewritten after each, every device tuned (:mod:`autobatch.service.per_device`), the answer shown before the
+last write, then the launcher configs written. A failed or interrupted tune keeps what it measured.
+The whole walk: docs/architecture.md; the result file's life: docs/result-file.md.
 """
 
 from __future__ import annotations
@@ -123,7 +110,10 @@ def _measure(request: TuneRequest, hooks: Hooks, saver: ResultSaver | None) -> T
     inner = replace(hooks, on_start=keep, on_update=update, on_device=device)
     try:
         result = tune_devices(request, inner)
-        if result.cache and (result.device.get("requested"), result.device.get("type")) == ("auto", "cpu"):
+        if (result.cache or {}).get("served") and (
+            result.device.get("requested"),
+            result.device.get("type"),
+        ) == ("auto", "cpu"):
             refuse_fallback(settings.output.emit, settings.output.allow_cpu)  # as a tune run now would have
     except BaseException as exc:
         if latest:
@@ -178,5 +168,7 @@ def emit_from_settings(
         allow_cpu=settings.output.allow_cpu,
     )
     written = emit(result, specs, options)
-    for line in report(result, [(fmt, path) for (fmt, _), path in zip(specs, written)], options):
+    for line in report(
+        result, [(fmt, path) for (fmt, _), path in zip(specs, written, strict=False)], options
+    ):
         say(line)

@@ -31,6 +31,7 @@ AUTO_CLASSES = dict(
             "AutoModelForQuestionAnswering",
             "AutoModelForSeq2SeqLM",
         ),
+        strict=False,
     )
 )
 #: Ends of architecture names (``config.architectures``) -> task.

@@ -12,8 +12,8 @@ import functools
 import inspect
 import logging
 import warnings
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import LightningDataModule, LightningModule
 

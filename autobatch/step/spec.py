@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.core.references import HF_TASKS, is_file_reference, is_reference, split_reference
 from autobatch.errors import UsageError

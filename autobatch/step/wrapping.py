@@ -1,17 +1,8 @@
 """Distributed strategies: how one rank's model is wrapped, with PyTorch's own engine.
 
-``none``  one process, the model as built (today's single-process probe).
-``ddp``   :class:`torch.nn.parallel.DistributedDataParallel` with its defaults (25 MiB gradient
-          buckets beside the gradients, ``gradient_as_bucket_view=False``): the memory a DDP job sees.
-``fsdp``  FSDP2: :func:`torch.distributed.fsdp.fully_shard` on each repeated block (the same block
-          detection as recomputation, :func:`autobatch.step.recompute.detect_blocks`, or the classes the
-          user names), then on the root, with FSDP2's defaults (``reshard_after_forward=True`` for the
-          blocks, so ZeRO-3-like; the root keeps its parameters gathered after forward). Parameters,
-          gradients and optimizer state are sharded across the ranks; the optimizer is built on the
-          sharded (DTensor) parameters.
-
-The process group must be initialised before :func:`wrapper` is called (``gloo`` on the CPU device,
-``nccl`` on CUDA: :func:`backend_for`).
+``none`` (the model as built), ``ddp`` (``DistributedDataParallel`` with its defaults) and ``fsdp``
+(FSDP2's ``fully_shard`` on each repeated block, then the root). The process group must be initialised
+first (``gloo`` on the CPU, ``nccl`` on CUDA: :func:`backend_for`). What each holds: docs/distributed.md.
 """
 
 from __future__ import annotations

@@ -10,20 +10,24 @@ measured, how it ended read.
 * **Its output streams through unchanged.** stdout is the job's own; stderr is read and written through byte
   for byte, and its last :data:`TAIL_BYTES` are kept to read the job's traceback.
 * **How it ended.** A non-zero exit whose last traceback names an out-of-memory failure, by the rules every
-  probe is classified with (:func:`autobatch.probe.oom.explain_traceback`), is an OOM; so is a SIGKILL
+  probe is classified with (:func:`autobatch.probe.oom.explain_traceback`), is an OOM (under torchrun, the
+  traceback of the rank it names as the root cause: :func:`root_cause`); so is a SIGKILL
   autobatch did not send when the kernel's OOM killer may have sent it (the cgroup's ``oom_kill`` count rose,
   or cannot be read). Anything else is the job's own end, its exit code passed through (128 + N for signal N).
-* **Its peak** (the CPU device): the largest data memory of any of its processes, the quantity ``RLIMIT_DATA``
+* **Its peak** on the CPU device: the largest data memory of any of its processes, the quantity ``RLIMIT_DATA``
   caps (:mod:`autobatch.devices.cpu`), read from ``/proc/PID/status`` every :data:`SAMPLE_SECONDS` as the
   kernel's high-water mark of the address space (``VmPeak``) less the mappings that are not data. A high-water
   mark misses nothing between two readings, only what a process grows in its last interval before it exits.
   ``--memory`` caps every process of the job with ``RLIMIT_DATA`` at the device's capacity, as a card of that
-  size would.
+  size would. On CUDA: the device memory NVML lists for the job's processes on its busiest device, sampled as
+  often (:class:`autobatch.devices.cuda.nvml.JobMeter`); it counts each process's CUDA context, which a
+  tune's budget leaves out, and a sample can miss a short peak between two readings.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -31,12 +35,12 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Callable
 
+from autobatch.devices.cpu import read_status
 from autobatch.probe.lineage import become_subreaper, end_descendants
 from autobatch.probe.oom import explain_traceback
 
@@ -48,18 +52,28 @@ TAIL_BYTES = 64 << 10
 SAMPLE_SECONDS = 0.2
 #: torchrun's line for a rank that a signal ended ("Signal 9 (SIGKILL) received by PID 1234").
 _RANK_KILLED = "Signal 9 (SIGKILL) received by PID"
-#: How the peak is measured (recorded with it).
-PEAK_HOW = "largest VmPeak less non-data mappings of the job's processes, read from /proc every 0.2 s"
+#: torchrun's report of a failed job, naming the rank that failed first.
+_ROOT_CAUSE = re.compile(
+    r"ChildFailedError.*?Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S
+)
+#: How the peak is measured, per device type (recorded with it).
+PEAK_HOW = {
+    "cpu": "largest VmPeak less non-data mappings of the job's processes, read from /proc every 0.2 s",
+    "cuda": "NVML's used memory of the job's processes on its busiest device (CUDA contexts included), "
+    "sampled every 0.2 s",
+}
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What to launch: the words, the environment (whole), where, and the data-memory cap of every process."""
+    """What to launch: the words, the environment (whole), where, the data-memory cap of every process, and the
+    device type whose memory its peak is (``cpu`` or ``cuda``)."""
 
     argv: Sequence[str]
     env: Mapping[str, str]
     cwd: str | None = None
     memory_cap: int | None = None
+    device: str = "cpu"
 
 
 @dataclass
@@ -76,7 +90,7 @@ class JobOutcome:
     pids: set[int] = field(default_factory=set)
 
 
-Warn = Callable[[int], None]
+Warn = Callable[[int], object]
 
 
 def launch(spec: JobSpec, budget_bytes: int | None = None, on_peak: Warn | None = None) -> JobOutcome:
@@ -98,7 +112,7 @@ def launch(spec: JobSpec, budget_bytes: int | None = None, on_peak: Warn | None 
     forwarding = _Forwarding(proc.pid)
     tail: deque[bytes] = deque()
     tee = threading.Thread(target=_tee, args=(proc.stderr.fileno(), tail), daemon=True)
-    sampler = _Sampler(proc.pid, on_peak)
+    sampler = _Sampler(proc.pid, on_peak, _meter(spec.device))
     tee.start()
     sampler.start()
     try:
@@ -130,6 +144,7 @@ def launch(spec: JobSpec, budget_bytes: int | None = None, on_peak: Warn | None 
 def _oom_reason(
     returncode: int, text: str, killed_before: int | None, peak: int | None, budget: int | None
 ) -> str | None:
+    text = root_cause(text) or text
     verdict = explain_traceback(text, used_bytes=peak, budget_bytes=budget)
     if verdict is not None and verdict.kind == "oom":
         line = next(
@@ -143,6 +158,24 @@ def _oom_reason(
         if after > killed_before:
             return "killed by the kernel's OOM killer (the cgroup's oom_kill count rose)"
     return None
+
+
+def root_cause(text: str) -> str | None:
+    """The stderr of the rank torchrun names as its job's root cause (None: not a torchrun failure report).
+
+    torchrun ends a failed job with its own ``ChildFailedError`` traceback, the last one on stderr, and names
+    the rank that failed first; the other ranks' errors (a peer's closed connection) follow from it. Each
+    rank's lines carry torchrun's ``[rankN]:`` prefix; without the prefix, the stderr before torchrun's own
+    traceback."""
+    found = _ROOT_CAUSE.search(text)
+    if found is None:
+        return None
+    prefix = f"[rank{found.group(1)}]: "
+    lines = [line[len(prefix) :] for line in text.splitlines() if line.startswith(prefix)]
+    if lines:
+        return "\n".join(lines)
+    ours = text.rfind("Traceback (most recent call last):", 0, found.start())
+    return text[:ours] if ours > 0 else None
 
 
 def _names_rule(line: str, rule: str) -> bool:
@@ -232,14 +265,34 @@ def _tee(fd: int, tail: deque[bytes]) -> None:
             kept -= len(tail.popleft())
 
 
-class _Sampler(threading.Thread):
-    """Reads the data memory of every process of the job's process group (and of the job's first process's
-    descendants) until stopped; :attr:`peak` is the largest seen."""
+PeakReader = Callable[[set[int]], "int | None"]
 
-    def __init__(self, pid: int, on_peak: Warn | None) -> None:
+
+def _meter(device: str) -> tuple[PeakReader, Callable[[], None]]:
+    """How the job's peak is read on ``device``, and what to close after."""
+    if device == "cuda":
+        from autobatch.devices.cuda.nvml import JobMeter
+
+        meter = JobMeter()
+        return meter.read, meter.close
+    return _data_peak, lambda: None
+
+
+def _data_peak(pids: set[int]) -> int | None:
+    """The largest peak data memory of these processes (None: none readable)."""
+    peaks = [peak for peak in map(peak_data, pids) if peak is not None]
+    return max(peaks) if peaks else None
+
+
+class _Sampler(threading.Thread):
+    """Reads the memory of every process of the job's process group (and of the job's first process's
+    descendants) until stopped, with the device's reader; :attr:`peak` is the largest seen."""
+
+    def __init__(self, pid: int, on_peak: Warn | None, meter: tuple[PeakReader, Callable[[], None]]) -> None:
         super().__init__(daemon=True)
         self.pid = pid
         self.on_peak = on_peak
+        self.reader, self.close = meter
         self.peak = 0
         self.pids: set[int] = set()
         self._stop_event = threading.Event()
@@ -248,21 +301,20 @@ class _Sampler(threading.Thread):
         self._stop_event.set()
         self.read()
         self.join(timeout=2.0)
+        self.close()
 
     def run(self) -> None:
         while not self._stop_event.wait(SAMPLE_SECONDS):
             self.read()
 
     def read(self) -> None:
-        for pid in self.members():
-            peak = peak_data(pid)
-            if peak is None:
-                continue
-            self.pids.add(pid)
-            if peak > self.peak:
-                self.peak = peak
-                if self.on_peak is not None:
-                    self.on_peak(peak)
+        members = self.members()
+        self.pids |= {pid for pid in members if Path(f"/proc/{pid}").exists()}
+        peak = self.reader(members)
+        if peak is not None and peak > self.peak:
+            self.peak = peak
+            if self.on_peak is not None:
+                self.on_peak(peak)
 
     def members(self) -> set[int]:
         """The job's processes: its process group's, and the first process's descendants."""
@@ -289,18 +341,11 @@ def _pgid(pid: int) -> int | None:
 def peak_data(pid: int) -> int | None:
     """The process's peak data memory: ``VmPeak`` less its mappings that are not data (``VmSize - VmData``),
     in bytes (None: gone, a zombie, or not readable)."""
-    values: dict[str, int] = {}
     try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                key, _, rest = line.partition(":")
-                if key in ("VmData", "VmSize", "VmPeak"):
-                    values[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
+        status = read_status(pid)
+    except (OSError, ValueError, IndexError, KeyError):
         return None
-    if len(values) < 3:
-        return None
-    return values["VmPeak"] - (values["VmSize"] - values["VmData"])
+    return status.peak - status.not_data
 
 
 def oom_kills() -> int | None:

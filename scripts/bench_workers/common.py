@@ -17,8 +17,9 @@ import resource
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 #: The allocator settings of autobatch's CPU probes (autobatch.devices.cpu.MALLOC_ENV).
 MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}

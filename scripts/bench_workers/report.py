@@ -196,7 +196,7 @@ def summary(results: list[WorkloadResult]) -> tuple[list[str], dict[str, Any]]:
         f"**{_verdict(met)}** (median {_num(median)}, most {_num(worst_probes, 0)}; "
         + ", ".join(
             f"{r.setup.workload.name} {_num(row.probes, 0) if row else '-'}"
-            for r, row in zip(results, single)
+            for r, row in zip(results, single, strict=False)
         )
         + ")"
     )

@@ -328,12 +328,11 @@ def _client(workload: Workload) -> Any:
 
 
 def _request(batch_size: int, budget: int, steps: int) -> Any:
-    from autobatch.records.protocol import ProbeRequest, StepConfig
+    from autobatch.records.protocol import ProbeRequest, RunConfig, StepConfig
 
     return ProbeRequest(
-        StepConfig(batch_size, "32-true", "adamw"), budget_bytes=budget, min_steps=steps, max_steps=steps,
-        timeout=300.0,
-    )  # fmt: skip
+        StepConfig(batch_size, "32-true", "adamw"), RunConfig(budget, 300.0), min_steps=steps, max_steps=steps
+    )
 
 
 def probe_baseline(workload: Workload) -> int:

@@ -192,3 +192,18 @@ def test_a_cpu_fallback_is_loud_and_refuses_gpu_launcher_configs(caplog: pytest.
     assert all(r.op == "inspect" for r in runner.requests)  # refused before any probe
     autobatch.tune(**STEP, **auto, emit=["hf"], allow_cpu=True, runner=runner)
     assert json.loads(Path("hf_training_args.json").read_text())["use_cpu"] is True
+
+
+def test_the_api_runs_in_its_callers_process_whatever_the_daemon_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/daemon.md#the-python-api: callables, on_probe and typed errors cannot cross a command's argv."""
+    folder = tmp_path / "daemon"
+    monkeypatch.setenv("AUTOBATCH_DAEMON_DIR", str(folder))
+    monkeypatch.setenv("AUTOBATCH_DAEMON", "on")  # on: a command that cannot reach a daemon is an error
+    events: list[autobatch.ProbeEvent] = []
+    result = autobatch.tune(**STEP, **ONE, runner=FakeRunner(CURVE), on_probe=events.append)
+    assert result.status == "complete" and events
+    checked = autobatch.check(**STEP, **ONE, batch_size=4, runner=FakeRunner(CURVE), daemon="on")
+    assert checked.fits
+    assert not folder.exists()  # no daemon was looked for, let alone started

@@ -33,3 +33,34 @@ def test_evidence_is_its_own_kind_of_cache_entry_not_a_journal(tmp_path: Path) -
     store.record("abc", _launch(8, "exit", 0, 1))
     (found,) = entries(CacheFolder(tmp_path))
     assert (found.key, found.kind, found.detail) == ("abc", "evidence", "1 runtime event(s)")
+
+
+def _guard(kind: str, step: int, micro: int, new: int, run: str = "r1", **kw: object) -> Event:
+    return Event("guard", kind, micro, 2, step=step, new_micro_batch_size=new, extra={"run": run}, **kw)  # type: ignore[arg-type]
+
+
+def test_one_summary_for_the_launches_of_run_and_the_runs_of_the_guard() -> None:
+    shapes = [[16, 2048], [16]]
+    events = [
+        _launch(8, "oom", 1, 1),
+        _launch(4, "exit", 0, 2),
+        _guard("change", 149, 8, 6, reason="out of memory", shapes=shapes),
+        _guard("change", 149, 6, 2, reason="out of memory", shapes=shapes),  # the same batch: one sentence
+        _guard("change", 160, 2, 8, reason="grow"),
+        _guard("run", 200, 8, 8, outcome="exit"),
+        _guard("run", 7, 2, 1, run="r2", outcome="oom", shapes=[[1, 9000]], reason="DefaultCPUAllocator"),
+    ]
+    said = summary(events)
+    assert said == (
+        "runtime evidence of this tune's jobs: held for 1 launch(es) to exit 0 at micro-batch 4; ran out of memory "
+        "at micro-batch 8; the guard held for 200 steps in 1 run(s); ran out of memory at step 149 with shapes "
+        "[16, 2048] [16] (micro-batch 8 -> 2); ran out of memory at step 7 even one sample at a time with shapes "
+        "[1, 9000]; highest peak 500.00 MiB of budget 549.00 MiB (`autobatch cache show` lists each)"
+    )
+    assert (
+        events[2]
+        .line()
+        .endswith("guard: step 149: micro-batch 8 -> 6 (out of memory) with shapes [16, 2048] [16]")
+    )
+    assert "guard: held for 200 steps (micro-batch 8 x accumulation 2)" in events[5].line()
+    assert "ran out of memory at step 7 even one sample at a time" in events[6].line()

@@ -1,5 +1,7 @@
 """Framework scripts run as they are, end to end: the real command on Hugging Face's ``Trainer``, Lightning's
-``Trainer.fit`` and an accelerate loop (examples/as_is/), on the CPU device under 1 GiB.
+``Trainer.fit`` and an accelerate loop (examples/as_is/), on the CPU device: the ``Trainer`` under 1 GiB, the
+others under 544 MiB, some 100-150 MiB above what their process holds with the framework imported (under 1 GiB
+their maxima are 4-5 times larger, and so is every probe's work).
 
 Each is tuned in a few probes to an exact maximum of its one combination (``script/script``); ``check`` at that
 maximum fits, and at a clearly larger batch does not (the OOM exit code); no process of the script survives
@@ -21,7 +23,15 @@ from autobatch.errors import EXIT_OOM
 pytestmark = [pytest.mark.slow, pytest.mark.consumers]
 
 PLACEHOLDER = ("--", "--batch-size", "{batch}")
-CPU = ("--device", "cpu", "--memory", "1GiB")
+#: A probe's data memory with the framework imported and batch 8, measured 2026-11-28 under 1 GiB: Lightning
+#: 404 MiB (1.8 MiB more per sample), accelerate 422 MiB (9.3 more per sample), the Trainer 635 MiB (4.3 more).
+#: The Trainer keeps 1 GiB: under 800 MiB (a maximum of 28) its search took 7 probes, not fewer seconds.
+#: Each script's cap, and the smallest plausible maximum under it (measured: 75, 58 and 15).
+CAPS = {"hf_trainer": ("1GiB", 30), "lightning_fit": ("544MiB", 30), "accelerate_loop": ("544MiB", 8)}
+
+
+def _cpu(memory: str) -> tuple[str, ...]:
+    return ("--device", "cpu", "--memory", memory)
 
 
 def _survivors(script: str) -> list[str]:
@@ -35,8 +45,8 @@ def _survivors(script: str) -> list[str]:
     return left
 
 
-def _check(script: str, batch: int):
-    proc = run_cli("check", script, "--batch-size", str(batch), *CPU, "--json", *PLACEHOLDER)
+def _check(script: str, batch: int, memory: str):
+    proc = run_cli("check", script, "--batch-size", str(batch), *_cpu(memory), "--json", *PLACEHOLDER)
     assert not _survivors(script), _survivors(script)
     return proc
 
@@ -47,9 +57,16 @@ def _check(script: str, batch: int):
 )
 def test_framework_script_tuned_as_is_and_confirmed_by_check(name: str, library: str, tmp_path) -> None:
     pytest.importorskip(library)
-    script = str(EXAMPLES / "as_is" / f"{name}.py")
+    script, (memory, lowest) = str(EXAMPLES / "as_is" / f"{name}.py"), CAPS[name]
     proc = run_cli(
-        "tune", script, *CPU, "--no-cache", "--output", str(tmp_path / "r.json"), "--json", *PLACEHOLDER
+        "tune",
+        script,
+        *_cpu(memory),
+        "--no-cache",
+        "--output",
+        str(tmp_path / "r.json"),
+        "--json",
+        *PLACEHOLDER,
     )
     assert proc.returncode == 0, proc.stderr
     assert not _survivors(script), _survivors(script)
@@ -59,9 +76,9 @@ def test_framework_script_tuned_as_is_and_confirmed_by_check(name: str, library:
     assert (combo["precision"], combo["optimizer"], combo["recompute"]) == ("script", "script", False)
     assert combo["status"] == "exact" and combo["probes"] <= 6, combo
     b_max = combo["max_batch_size"]
-    assert 30 <= b_max <= 600, b_max
+    assert lowest <= b_max <= 600, b_max
 
-    fits = _check(script, b_max)
+    fits = _check(script, b_max, memory)
     assert fits.returncode == 0, fits.stderr
     report = json.loads(fits.stdout)
     assert report["fits"] and report["steps"] == 10, report
@@ -69,7 +86,7 @@ def test_framework_script_tuned_as_is_and_confirmed_by_check(name: str, library:
     assert report["static_bytes"]["gradients"] > 0, report["static_bytes"]
 
     larger = int(b_max * 1.25) + 8
-    miss = _check(script, larger)
+    miss = _check(script, larger, memory)
     assert miss.returncode == EXIT_OOM, miss.stderr
     report = json.loads(miss.stdout)
     assert not report["fits"] and report["kind"] == "oom", report

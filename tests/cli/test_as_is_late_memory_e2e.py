@@ -18,13 +18,12 @@ pytestmark = pytest.mark.slow
 
 AS_IS = SCRIPTS / "as_is"
 PLACEHOLDER = ("--", "--batch-size", "{batch}")
-CPU = ("--device", "cpu", "--memory", "512MiB")
 
 
-def _tune(script: str, *extra: str, tmp_path, args: tuple[str, ...] = ()):
+def _tune(script: str, *extra: str, tmp_path, args: tuple[str, ...] = (), memory: str = "512MiB"):
     return run_cli(
-        "tune", str(AS_IS / script), *CPU, "--no-cache", "--output", str(tmp_path / "r.json"), "--json", *extra,
-        *PLACEHOLDER, *args,
+        "tune", str(AS_IS / script), "--device", "cpu", "--memory", memory, "--no-cache",
+        "--output", str(tmp_path / "r.json"), "--json", *extra, *PLACEHOLDER, *args,
     )  # fmt: skip
 
 
@@ -39,17 +38,21 @@ def test_a_generator_that_first_steps_late_is_waited_for(tmp_path) -> None:
 
 
 def test_a_late_unfreeze_is_noted_and_seen_with_longer_probes(tmp_path) -> None:
-    frozen = _tune("finetune_unfreeze.py", tmp_path=tmp_path, args=("--unfreeze-after", "12"))
+    """Under 400 MiB (about 60 MiB above the process's own memory): the maxima are small, so are the probes,
+    and the unfrozen backbone's activations and Adam state still cut the frozen maximum by more than 30 %."""
+    unfreeze = ("--unfreeze-after", "12")
+    frozen = _tune("finetune_unfreeze.py", tmp_path=tmp_path, args=unfreeze, memory="400MiB")
     assert frozen.returncode == 0, frozen.stderr[-3000:]
     data = json.loads(frozen.stdout)
     (note,) = [n for n in data["notes"] if "frozen parameters" in n]
     assert "--steps" in note and "frozen parameters" in " ".join(frozen.stderr.split())
 
-    seen = _tune("finetune_unfreeze.py", "--steps", "14", tmp_path=tmp_path, args=("--unfreeze-after", "12"))
+    seen = _tune("finetune_unfreeze.py", "--steps", "14", tmp_path=tmp_path, args=unfreeze, memory="400MiB")
     assert seen.returncode == 0, seen.stderr[-3000:]
     longer = json.loads(seen.stdout)
     assert not [n for n in longer["notes"] if "frozen parameters" in n], longer["notes"]
     before, after = data["combinations"][0]["max_batch_size"], longer["combinations"][0]["max_batch_size"]
+    print(f"max batch: {before} frozen, {after} with the backbone unfrozen")
     assert after < 0.7 * before, (before, after)
 
 

@@ -19,7 +19,9 @@ from autobatch.errors import EXIT_OOM, EXIT_SCRIPT
 
 pytestmark = pytest.mark.slow
 
-RANKS = ("--device", "cpu", "--memory", "1GiB", "--nproc-per-node", "2")
+#: 512 MiB per rank, some 150 MiB above what a rank holds before its steps: the example's maximum under 1 GiB
+#: is a few hundred samples; here some tens, for a fifth of every probe's work and the same questions.
+RANKS = ("--device", "cpu", "--memory", "512MiB", "--nproc-per-node", "2")
 PLACEHOLDER = ("--", "--batch-size", "{batch}")
 
 
@@ -50,7 +52,8 @@ def test_a_ddp_script_is_tuned_on_its_ranks_and_checked(tmp_path) -> None:
     assert (data["distributed"]["strategy"], data["distributed"]["nproc_per_node"]) == ("ddp", 2)
     assert data["chosen"]["world_size"] == 2 and data["chosen"]["nproc_per_node"] == 2
     b_max = combo["max_batch_size"]
-    assert 100 <= b_max <= 600, b_max
+    print(f"max batch {b_max} per rank, {combo['probes']} probes")
+    assert 16 <= b_max <= 600, b_max
 
     fits = run_cli("check", script, "--batch-size", str(b_max), *RANKS, "--json", *PLACEHOLDER, env=env)
     assert fits.returncode == 0, fits.stderr

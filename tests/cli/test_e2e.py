@@ -24,7 +24,7 @@ from autobatch.errors import EXIT_NOTHING_FITS, EXIT_OOM, EXIT_SCRIPT
 pytestmark = pytest.mark.slow
 
 #: (script, cap) pairs small enough to tune quickly on 2 cores.
-CASES = [("mlp.py", "500MiB"), ("cnn.py", "500MiB"), ("gpt.py", "500MiB")]
+CASES = [("mlp.py", "500MiB"), ("cnn.py", "440MiB"), ("gpt.py", "500MiB")]
 
 
 def _tune(script: str, memory: str, *extra: str, tmp_path) -> dict:
@@ -57,6 +57,7 @@ def test_tune_maximum_holds_and_next_batch_does_not(script: str, memory: str, tm
     data = _tune(script, memory, tmp_path=tmp_path)
     (combo,) = data["combinations"]
     b_max = combo["max_batch_size"]
+    print(f"{script} under {memory}: max {b_max}, {combo['probes']} probes")
     assert combo["status"] == "exact" and b_max >= 1
     assert combo["probes"] >= 2 and combo["peak_bytes"] <= data["device"]["budget_bytes"]
     common = (
@@ -89,6 +90,8 @@ def test_tune_maximum_holds_and_next_batch_does_not(script: str, memory: str, tm
 
 
 def test_full_grid_table_chosen_and_plan(tmp_path) -> None:
+    # 460 MiB: maxima of about 10 (32-true) to 20 (bf16-mixed) samples, some 60 % of those under 500 MiB (18 to
+    # 27, measured 2026-11-28), and every probe and timing probe as much cheaper; the grid is what is asked
     out = tmp_path / "r.json"
     proc = run_cli(
         "tune",
@@ -96,7 +99,7 @@ def test_full_grid_table_chosen_and_plan(tmp_path) -> None:
         "--device",
         "cpu",
         "--memory",
-        "500MiB",
+        "460MiB",
         "--global-batch-size",
         "256",
         "--precision",
@@ -134,6 +137,7 @@ def test_full_grid_table_chosen_and_plan(tmp_path) -> None:
     # sgd keeps no optimizer state, so it fits at least as much as adamw at the same settings
     by = {(c["precision"], c["optimizer"], c["recompute"]): c["max_batch_size"] for c in data["combinations"]}
     assert by[("32-true", "sgd", False)] >= by[("32-true", "adamw", False)]
+    print("max batch:", by, "chosen:", chosen["micro_batch_size"], "x", chosen["accumulation_steps"])
     assert "chosen" in proc.stderr and "max batch" in proc.stderr
 
 

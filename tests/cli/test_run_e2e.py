@@ -30,8 +30,11 @@ ARGS = ("--", "--batch-size", "{batch}", "--grad-accum", "{accum}")
 CAP_MIB = 610
 
 
-def _result(tmp_path: Path, script: Path, micro: int = 8, accum: int = 1, cap_mib: int = CAP_MIB) -> Path:
-    """A result file as `autobatch tune` writes it for a script run as it is, planned at micro x accum."""
+def _result(
+    tmp_path: Path, script: Path, micro: int = 8, accum: int = 1, cap_mib: int = CAP_MIB, world: int = 1
+) -> Path:
+    """A result file as `autobatch tune` writes it for a script run as it is, planned at micro x accum (x world
+    torchrun ranks on this node under DDP)."""
     capacity = cap_mib << 20
     budget = int(capacity * 0.9)
     combo = ComboResult(
@@ -39,8 +42,9 @@ def _result(tmp_path: Path, script: Path, micro: int = 8, accum: int = 1, cap_mi
         probes=1, trace=[ProbeRecord(batch_size=micro, kind="fits", peak_bytes=budget - (40 << 20), steps=10)],
     )  # fmt: skip
     chosen = Chosen(
-        "script", "script", False, micro_batch_size=micro, accumulation_steps=accum, world_size=1,
-        global_batch_size=micro * accum, requested_global_batch_size=micro * accum, environment=dict(MALLOC_ENV),
+        "script", "script", False, micro_batch_size=micro, accumulation_steps=accum, world_size=world,
+        global_batch_size=micro * accum * world, requested_global_batch_size=micro * accum * world,
+        environment=dict(MALLOC_ENV), strategy="ddp" if world > 1 else "none", nproc_per_node=world,
     )  # fmt: skip
     result = TuneResult(
         script=str(script),
@@ -63,14 +67,14 @@ def _result(tmp_path: Path, script: Path, micro: int = 8, accum: int = 1, cap_mi
 
 
 def _run(
-    tmp_path: Path, script: Path, *extra: str, cap_mib: int = CAP_MIB, **kw
+    tmp_path: Path, script: Path, *extra: str, cap_mib: int = CAP_MIB, env: dict[str, str] | None = None, **kw
 ) -> subprocess.CompletedProcess[str]:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     return run_cli(
         "run", str(script), "--device", "cpu", "--memory", f"{cap_mib}MiB",
         "--result", str(_result(tmp_path, script, cap_mib=cap_mib, **kw)), *extra, *ARGS,
-        cwd=work, env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")}, timeout=300,
+        cwd=work, env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"), **(env or {})}, timeout=300,
     )  # fmt: skip
 
 
@@ -96,6 +100,35 @@ def test_out_of_memory_at_the_long_batch_relaunches_at_half_and_resumes(tmp_path
     assert "run launch 1: ran out of memory at micro-batch 8 x accumulation 1" in text
     assert "run launch 2: exited 0 at micro-batch 4 x accumulation 2; peak" in text
     assert "held for 1 launch(es) to exit 0 at micro-batch 4; ran out of memory at micro-batch 8" in text
+
+
+#: Each rank of ddp_long_batch.py holds gloo's buffers and DDP's gradient buckets on top of the single process.
+DDP_CAP_MIB = 680
+
+
+def test_two_torchrun_ranks_where_rank_1_runs_out_relaunch_at_half_and_resume(tmp_path: Path) -> None:
+    script = AS_IS / "ddp_long_batch.py"
+    proc = _run(
+        tmp_path, script, "--resume-args", "--resume", cap_mib=DDP_CAP_MIB, world=2,
+        env={"PET_MASTER_PORT": str(_free_port())},  # torchrun's --master-port: no clash with other jobs
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    relaunches = [line for line in proc.stderr.splitlines() if "autobatch run: relaunch" in line]
+    assert len(relaunches) == 1, proc.stderr[-4000:]
+    assert "micro-batch 8 x accumulation 1" in relaunches[0]
+    assert "now micro-batch 4 x accumulation 2 x world 2 = global 16" in relaunches[0]
+    log = (tmp_path / "work" / "steps.log").read_text().splitlines()
+    assert log == [f"step {s} micro 8 accum 1 world 2 resumed 0" for s in range(3)] + [
+        f"step {s} micro 4 accum 2 world 2 resumed 1" for s in range(3, 6)
+    ]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def test_the_jobs_own_error_is_not_relaunched_and_its_code_passes_through(tmp_path: Path) -> None:
@@ -150,3 +183,27 @@ def _sid(pid: int) -> int | None:
         return os.getsid(pid)
     except OSError:
         return None
+
+
+def test_run_without_a_result_tunes_first_and_a_second_run_is_served_from_the_cache(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    script = AS_IS / "ddp_long_batch.py"
+    args = (
+        "run", str(script), "--device", "cpu", "--memory", "512MiB", "--max-batch-size", "8",
+        *ARGS, "--long-step", "-1", "--steps", "10",
+    )  # fmt: skip
+    env = {"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_cli(*args, cwd=work, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "served from the cache" not in first.stderr and "probe" in first.stderr  # tuned now
+    assert first.stdout.strip() == "done"
+    second = run_cli(*args, cwd=work, env=env, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "served from the cache" in second.stderr and second.stdout.strip() == "done"
+    key = second.stderr.split("(key ")[1].split(";")[0]
+    show = run_cli("cache", "show", key, env=env)
+    text = " ".join(show.stderr.split())
+    assert "runtime evidence of this tune's jobs: held for 2 launch(es) to exit 0 at micro-batch 8" in text
+    log = (work / "steps.log").read_text().splitlines()
+    assert log == [f"step {s} micro 8 accum 1 world 1 resumed 0" for s in range(10)] * 2

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,17 +29,6 @@ CHECK = ("check", str(SCRIPTS / "small_cnn.py"), "--batch-size", "4", "--device"
          "-p", "32-true", "-o", "sgd", "--steps", "3", "--json")  # fmt: skip
 #: What a check measures (step times, peaks to the page) varies between any two runs, in-process or not.
 MEASURED = ("peak_bytes", "step_peaks", "step_seconds", "samples_per_second", "wall_seconds")
-
-
-@pytest.fixture
-def place() -> Iterator[Place]:
-    """A daemon folder of the test's own (short: a socket's path has at most 107 bytes); its daemon stopped."""
-    folder = Path(tempfile.mkdtemp(prefix="abd-")) / "rt"
-    here = Place(folder)
-    yield here
-    if (folder / "daemon.sock").exists():
-        Client(here).stop(timeout=60)
-    shutil.rmtree(folder.parent, ignore_errors=True)
 
 
 def env_for(place: Place, mode: str = "auto") -> dict[str, str]:

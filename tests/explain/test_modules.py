@@ -9,8 +9,9 @@ parameter-sized states (plus a 4-byte step per parameter), Adafactor a row and a
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch

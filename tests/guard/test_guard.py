@@ -15,6 +15,9 @@ import torch
 from torch import nn
 
 from autobatch import Guard, GuardError, LadderSettings
+from autobatch.cache import CacheFolder, EvidenceStore
+from autobatch.cache.evidence import summary
+from autobatch.errors import UsageError
 from autobatch.guard.guard import split
 from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult
 
@@ -136,3 +139,104 @@ def test_from_result_takes_the_plan_the_maximum_and_the_sizes_that_fitted() -> N
     guard = Guard.from_result(result)
     assert guard.micro_batch_size == 11 and guard.batch_size == 33
     assert guard.ladder.sizes == (1, 2, 4, 11, 14) and guard.ladder.ceiling == 14
+
+
+def test_the_test_hook_runs_out_of_memory_for_real_at_the_named_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AUTOBATCH_GUARD_FAIL_AT", "1, 3")
+    model, batch = model_and_batch(8)
+    expected = full_gradient(model, batch)
+    guard = Guard(8, sizes=[2, 4, 8])
+    done = []
+    for _ in range(4):
+        guard.backward(model, batch, loss_up_to(100))
+        assert guard.last is not None
+        done.append((guard.last.attempts, guard.last.micro_batch_size, guard.last.samples))
+        for got, want in zip([p.grad for p in model.parameters()], expected):
+            assert got is not None and torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+        model.zero_grad(set_to_none=True)
+    assert done == [(1, 8, 8), (2, 4, 8), (1, 4, 8), (2, 2, 8)]
+    assert [(e.step, e.old, e.new, e.reason) for e in guard.summary.events] == [
+        (1, 8, 4, "out of memory"),
+        (3, 4, 2, "out of memory"),
+    ]
+
+
+def test_the_test_hook_refuses_what_is_not_a_list_of_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOBATCH_GUARD_FAIL_AT", "step 3")
+    with pytest.raises(UsageError, match="AUTOBATCH_GUARD_FAIL_AT='step 3'"):
+        Guard(4)
+    assert Guard(4, fail_at=[2]).fail_at == {2}
+
+
+def cached_result(folder: Path, budget: int = 1 << 40) -> TuneResult:
+    """A result kept in the cache as ``k1`` in ``folder``: micro-batch 8 x accumulation 2, sizes 3, 6, 8."""
+    combo = ComboResult("32-true", "adamw", False, status="exact", max_batch_size=8, peak_bytes=200 << 20)
+    combo.trace = [ProbeRecord(batch_size=b, kind="fits", peak_bytes=(100 + b) << 20) for b in (3, 6, 8)]
+    chosen = Chosen(
+        "32-true", "adamw", False, micro_batch_size=8, accumulation_steps=2, world_size=1, global_batch_size=16
+    )  # fmt: skip
+    device = {"type": "cpu", "budget_bytes": budget}
+    result = TuneResult("train.py", [], device, "throughput", [combo], chosen=chosen)
+    result.cache = {"key": "k1", "served": False, "folder": str(folder)}
+    return result
+
+
+def test_a_guard_from_a_cached_result_records_its_run_under_the_key(tmp_path: Path) -> None:
+    model, batch = model_and_batch()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Guard.from_result(cached_result(tmp_path)) as guard:
+        guard.step(model, optimizer, batch, loss_up_to(3))  # runs out at 8 and 6: 8 -> 6 -> 3
+        guard.step(model, optimizer, batch, loss_up_to(3))
+    events = EvidenceStore(CacheFolder(tmp_path)).read("k1")
+    assert [(e.kind, e.step, e.micro_batch_size, e.new_micro_batch_size) for e in events] == [
+        ("change", 0, 8, 6),
+        ("change", 0, 6, 3),
+        ("run", 2, 8, 3),
+    ]
+    assert events[0].shapes == [[10, 5], [10, 1]] and events[0].reason == "out of memory"
+    run = events[-1]
+    assert (run.source, run.outcome, run.accumulation_steps) == ("guard", "exit", 2)
+    assert run.peak_bytes and run.tuned_peak_bytes == 108 << 20 and run.budget_bytes == 1 << 40
+    said = summary(events)
+    assert said is not None and "the guard held for 2 steps in 1 run(s)" in said
+    assert "ran out of memory at step 0 with shapes [10, 5] [10, 1] (micro-batch 8 -> 3)" in said
+
+
+def test_running_out_at_one_sample_records_the_batch_and_a_script_error_its_end(tmp_path: Path) -> None:
+    model, batch = model_and_batch(4)
+    with pytest.raises(GuardError), Guard.from_result(cached_result(tmp_path)) as guard:
+        guard.backward(model, batch, loss_up_to(0))
+    (*_, run) = EvidenceStore(CacheFolder(tmp_path)).read("k1")
+    assert (run.kind, run.outcome, run.step, run.shapes) == ("run", "oom", 0, [[4, 5], [4, 1]])
+    assert "DefaultCPUAllocator" in run.reason
+
+    def broken(model: nn.Module, batch: Any) -> torch.Tensor:
+        raise ValueError("labels out of range")
+
+    with pytest.raises(ValueError), Guard.from_result(cached_result(tmp_path)) as guard:
+        guard.backward(model, batch, broken)
+    (*_, run) = EvidenceStore(CacheFolder(tmp_path)).read("k1")
+    assert (run.outcome, run.reason) == ("error", "ValueError: labels out of range")
+
+
+def test_a_guard_built_directly_records_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOBATCH_CACHE_DIR", str(tmp_path))
+    model, batch = model_and_batch()
+    with Guard(8, sizes=[3, 6]) as guard:
+        guard.backward(model, batch, loss_up_to(3))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_peak_near_the_budget_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model, batch = model_and_batch()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with (
+        caplog.at_level("WARNING", logger="autobatch"),
+        Guard.from_result(cached_result(tmp_path, 64 << 20)) as g,
+    ):
+        for _ in range(3):
+            g.step(model, optimizer, batch, loss_up_to(100))
+    warnings = [r.getMessage() for r in caplog.records if "it may run out of memory later" in r.getMessage()]
+    assert len(warnings) == 1 and "of its budget 64.00 MiB" in warnings[0], warnings

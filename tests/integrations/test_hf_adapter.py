@@ -3,6 +3,7 @@ loss and layers, and a result applied to TrainingArguments (loaded by the real t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.consumers
-transformers = pytest.importorskip("transformers")
+if importlib.util.find_spec("transformers") is None:  # found, not imported: collection stays quick
+    pytest.skip("transformers is not installed", allow_module_level=True)
 
 import torch  # noqa: E402
 from hf_configs import bert, gpt2  # noqa: E402
@@ -137,3 +139,20 @@ def test_training_arguments_refuse_a_cpu_fallback(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="fell back to the CPU"):
         apply_to_training_arguments(path, args)
     assert apply_to_training_arguments(path, args, allow_cpu=True).use_cpu
+
+
+def test_a_result_applied_for_the_guard_gives_it_the_whole_per_rank_batch(tmp_path: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    from autobatch import Guard
+    from autobatch.integrations.hf_trainer import GuardedTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[])
+    result = result_for("32-true", "adamw", False, CPU)
+    guarded = apply_to_training_arguments(result, args, guard=True)
+    assert (guarded.per_device_train_batch_size, guarded.gradient_accumulation_steps) == (96, 1)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16))
+    guard = Guard(24, batch_size=96)
+    assert GuardedTrainer(model=model, args=guarded, guard=guard).guard is guard
+    with pytest.raises(UsageError, match=r"gradient_accumulation_steps is 4, not 1.*not the plan's per-rank"):
+        GuardedTrainer(model=model, args=apply_to_training_arguments(result, args), guard=guard)

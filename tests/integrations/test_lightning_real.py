@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -9,7 +10,8 @@ import pytest
 from support import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.consumers]
-pytest.importorskip("lightning")
+if importlib.util.find_spec("lightning") is None:  # found, not imported: collection stays quick
+    pytest.skip("lightning is not installed", allow_module_level=True)
 
 HERE = Path(__file__).resolve().parent
 APP = HERE / "lit_app.py"
@@ -72,3 +74,38 @@ def test_callback_trains_with_the_tuned_batch_size(tmp_path: Path) -> None:
     # two optimizer steps of `accumulation` batches each, every one at the tuned micro-batch
     assert model.seen == [chosen.micro_batch_size] * (2 * chosen.accumulation_steps)
     assert events and all(e.combination == "32-true/adamw/no-recompute" for e in events)
+
+
+def test_callback_with_the_guard_keeps_the_global_batch_through_an_out_of_memory_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning.pytorch import Trainer
+    from lit_app import LitData, LitMLP
+
+    from autobatch.integrations.lightning import AutoBatch
+
+    monkeypatch.setenv("AUTOBATCH_GUARD_FAIL_AT", "1")  # the guard's test hook: a real allocator failure
+    callback = AutoBatch(
+        memory="520MiB", confirm_steps=5, max_batch_size=16, global_batch_size=48, guard=True
+    )  # the search capped at 16 (the maximum is larger): a short tune
+    model, data = LitMLP(width=64), LitData(width=64, tokens=256, samples=512)
+    trainer = Trainer(
+        accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+        default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    trainer.fit(model, datamodule=data)
+
+    chosen = callback.result.chosen if callback.result is not None else None
+    guard = callback.guard
+    assert chosen is not None and guard is not None
+    assert data.batch_size == 48 and trainer.accumulate_grad_batches == 1  # the guard owns the split
+    assert guard.summary.steps == 3 and guard.summary.out_of_memory == 1
+    (event,) = guard.summary.events
+    assert (event.step, event.old, event.reason) == (1, chosen.micro_batch_size, "out of memory")
+    assert event.new < chosen.micro_batch_size
+    # every optimizer step trained all 48 samples, at the tuned micro-batch and then at the lowered one
+    assert sum(model.seen) == 3 * 48
+    assert set(model.seen) <= {chosen.micro_batch_size, event.new, 48 % chosen.micro_batch_size or 1,
+                               48 % event.new or 1}  # fmt: skip
+    assert "training_step" not in vars(model)

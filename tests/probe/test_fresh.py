@@ -12,7 +12,7 @@ from support import EXAMPLES
 from autobatch.probe.client import ProbeClient
 from autobatch.probe.fresh import FreshOptions, _launcher_env
 from autobatch.records.protocol import ProbeRequest
-from autobatch.run.inspection import fresh_note
+from autobatch.run.session import fresh_note
 
 MIB = 1 << 20
 GIB = 1 << 30

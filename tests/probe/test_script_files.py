@@ -103,3 +103,34 @@ def test_writes_land_in_scratch_or_are_refused_and_the_folder_stays_as_it_was(tm
     assert (scratch / "train_log.csv").read_text() == "0,1\n1,2\n"  # appended to a copy
     assert (scratch / "data.bin").read_bytes() == b"0"
     assert (scratch / "moved.txt").is_symlink() and not (scratch / "runs").exists()
+
+
+#: A script whose first use of the temporary folder comes after the watch is installed (nothing imported
+#: before it asked for it, as in a fresh environment without the test tools).
+FIRST_TEMPDIR = r"""
+import tempfile
+from pathlib import Path
+
+from autobatch.probe import files
+from autobatch.records.protocol import ProbeOutcome
+
+files.install(ProbeOutcome(kind="fits"), None)
+tempfile.tempdir = None  # Python works it out again on the next call, opening test files in candidates
+print(tempfile.gettempdir() == tempfile.gettempdir(), open("/proc/self/status").read().startswith("Name"))
+"""
+
+
+def test_the_scripts_first_look_at_the_temporary_folder_under_the_watch_does_not_hang(tmp_path: Path) -> None:
+    # tempfile works the folder out under a lock and opens files to do it; a watch that asked tempfile for the
+    # folder from inside its open hook waited for that lock for ever (a fresh venv's first tune hung 3 minutes)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOBATCH_WORKING_FOLDER": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", FIRST_TEMPDIR],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True"], proc.stdout

@@ -121,3 +121,47 @@ def test_a_result_files_lock_is_the_same_lock_and_leaves_nothing_beside_the_file
     with RunLock.result_file(result, timeout=10) as held:
         assert held.path == tmp_path / ".r.json.lock" and held.holder_path.is_file()
     assert sorted(tmp_path.iterdir()) == [], "nothing left beside the result"
+
+
+def test_a_daemons_command_reports_its_turn_on_the_lock_held_from_running_to_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's log proves no two requests held a device at once only if "running" is reported once the
+    lock is held and "released" before it is let go (each stamped as it is reported)."""
+    import fcntl
+    import json
+
+    from autobatch.records import daemon_events as events
+
+    path = tmp_path / "gpu-test.lock"
+
+    def held_by_us() -> bool:  # another open file description is refused while our lock stands
+        with open(path, "a") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(other, fcntl.LOCK_UN)
+            return False
+
+    held_when: dict[str, bool] = {}
+    report = events.report
+
+    def watched(state: str, device: str) -> None:
+        held_when[state] = held_by_us()
+        report(state, device)
+
+    monkeypatch.setattr(events, "report", watched)
+    read, write = os.pipe()
+    events.attach(write)
+    try:
+        with RunLock.device("gpu-test", "cuda:0 (test)", folder=tmp_path):
+            assert held_by_us()
+    finally:
+        events._fd.clear()
+        os.close(write)
+    with os.fdopen(read) as stream:
+        reports = [json.loads(line) for line in stream.read().splitlines()]
+    assert [r["state"] for r in reports] == ["queued", "running", "released"]
+    assert all(r["device"] == "cuda:0 (test)" and r["at"] > 0 for r in reports)
+    assert held_when == {"queued": False, "running": True, "released": True} and not held_by_us()

@@ -31,3 +31,43 @@ def test_smaller_keeps_the_global_batch(micro, accum, world, own, expected) -> N
     assert got == expected
     if got is not None:
         assert got[0] * got[1] * world == micro * accum * world
+
+
+#: torchrun's stderr when rank 1 ran out of memory and rank 0 then lost its peer (abridged from a real run).
+TORCHRUN = """[rank1]: Traceback (most recent call last):
+[rank1]:   File "train.py", line 57, in <module>
+[rank1]:     loss.backward()
+[rank1]: RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 67108864 bytes. Error code 12 (Cannot allocate memory)
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "train.py", line 57, in <module>
+[rank0]:     loss.backward()
+[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:62681. This is typically caused by a remote worker crashing.
+Traceback (most recent call last):
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 3464)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 3465)
+============================================================
+"""
+
+
+def test_under_torchrun_the_root_cause_ranks_traceback_decides() -> None:
+    from autobatch.supervise.job import _oom_reason, root_cause
+
+    cause = root_cause(TORCHRUN)
+    assert cause is not None and cause.startswith("Traceback") and "Connection closed" not in cause
+    reason = _oom_reason(1, TORCHRUN, None, None, None)
+    assert reason is not None and "DefaultCPUAllocator" in reason
+    rank0 = TORCHRUN.replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)")
+    assert _oom_reason(1, rank0, None, None, None) is None  # rank 0's own error is not memory
+    assert root_cause("Traceback (most recent call last):\nValueError: x\n") is None

@@ -7,7 +7,8 @@ Written against PyTorch's documented ``torch.cuda`` API through :mod:`.runtime`;
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.devices.cuda import runtime
 from autobatch.devices.cuda.budget import CudaStepStats, judge_step

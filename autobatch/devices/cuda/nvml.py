@@ -1,22 +1,17 @@
 """NVML (pynvml, from nvidia-ml-py): which NVML device is torch's, and who uses how much memory on it.
 
-NVML sees what PyTorch's allocator cannot: the CUDA context, memory allocated outside PyTorch (NCCL,
-cuBLAS handles) and other processes. Its devices are matched to torch's by UUID (MIG instances by
-their own ``MIG-`` UUID), then by PCI bus id, never by index: ``CUDA_VISIBLE_DEVICES`` renumbers
-torch's devices, not NVML's. Process PIDs are the host's: inside a container NVML may not list ours,
-and every figure that needs it is then None (callers fall back to device-level figures).
-
-Written against nvidia-ml-py's documented functions; ``pynvml.NVMLError`` (and
-``NVMLLibraryMismatchError``, which is not a subclass) is caught, so that through :func:`open_nvml`
-and :class:`NvmlView` a missing driver, library or permission gives unknown figures (None), never an
-exception. The functions take the pynvml module as an argument, so tests pass a fake; only
-:func:`nvml_available` and :func:`open_nvml` import pynvml, inside them.
+NVML sees what PyTorch's allocator cannot: the CUDA context, memory allocated outside PyTorch (NCCL, cuBLAS
+handles) and other processes. Devices are matched to torch's by UUID, then PCI bus id, never by index
+(:func:`pick_nvml_handle`). Through :func:`open_nvml` and :class:`NvmlView` a missing driver, library or
+permission, or our PID hidden by a container, gives unknown figures (None), never an exception. The functions
+take the pynvml module as an argument, so tests pass a fake; only :func:`nvml_available` and
+:func:`open_nvml` import pynvml.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -155,6 +150,54 @@ def others_memory(nvml: Any, handle: Any, pid: int) -> int | None:
     if usage.get(pid) is None or any(used is None for p, used in usage.items() if p != pid):
         return None
     return sum(used or 0 for p, used in usage.items() if p != pid)
+
+
+def job_memory(nvml: Any, pids: Collection[int]) -> int | None:
+    """The device memory a job's processes hold on its busiest device: per device, the sum of what NVML lists
+    for ``pids`` (each process's CUDA context included); the largest of those sums. None when NVML lists none
+    of them with a figure."""
+    wanted, largest = set(pids), None
+    for handle in _device_handles(nvml):
+        try:
+            usage = running_processes(nvml, handle)
+        except _errors(nvml):
+            continue
+        held = [used for pid, used in usage.items() if pid in wanted and used is not None]
+        if held:
+            largest = max(largest or 0, sum(held))
+    return largest
+
+
+class JobMeter:
+    """NVML opened once for a supervised job (``autobatch run``): :meth:`read` gives :func:`job_memory` of its
+    processes, None when NVML is unavailable or lists none of them; :meth:`close` shuts NVML down."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        self.nvml = nvml
+        if nvml is None and nvml_available()[0]:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self._own = True
+        else:
+            self._own = False
+
+    def read(self, pids: Collection[int]) -> int | None:
+        if self.nvml is None:
+            return None
+        try:
+            return job_memory(self.nvml, pids)
+        except _errors(self.nvml):
+            return None
+
+    def close(self) -> None:
+        if self._own and self.nvml is not None:
+            try:
+                self.nvml.nvmlShutdown()
+            except _errors(self.nvml):
+                pass
+            self.nvml = None
 
 
 def nvml_available() -> tuple[bool, str]:

@@ -8,8 +8,9 @@ it is started with ``op_modules=OP_MODULES``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from autobatch.core.maximum import Limits, find_maximum
 from autobatch.core.reuse import Prediction

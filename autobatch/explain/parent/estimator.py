@@ -9,8 +9,9 @@ tensor of the estimate is fake.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.core.levels import PARTIAL
 from autobatch.core.space import Combo, combinations
@@ -27,8 +28,7 @@ from autobatch.probe.client import ProbeClient
 from autobatch.records.failures import raise_for
 from autobatch.records.result import ComboResult, TuneResult
 from autobatch.records.version import __version__
-from autobatch.run.inspection import INSPECT_COMBO
-from autobatch.run.session import build_request, run_config
+from autobatch.run.session import INSPECT_COMBO, build_request, run_config
 
 if TYPE_CHECKING:
     from autobatch.settings.groups import Settings

@@ -1,25 +1,16 @@
 """``autobatch explain``: measure one batch size, break its peak down, predict (and verify) the levers.
 
-The report (``explain --json``) is::
-
-    {"script", "device", "precision", "optimizer", "recompute", "batch_size", "fits", "kind",
-     "peak_bytes", "budget_bytes", "categories": {name: bytes}, "residual_bytes",
-     "modules": [...], "levers": [...], "measured": [{batch_size, peak_bytes, kind}], "line":
-     {"static_bytes", "bytes_per_sample"}, "peak_phase", "flops", "macs", "notes"}
-
-with ``sum(categories.values()) + residual_bytes == peak_bytes``. When the batch does not fit the
-budget, it is measured again under a larger cap (the machine's available memory on the CPU, the
-whole device on CUDA) so that the breakdown still explains the whole step; ``fits`` stays false.
-
-With ``--seq-len L`` every batch carries ``L`` tokens per sample (the levers' simulations and ``--verify``
-too), the report has ``seq_len`` and ``attention_scores`` (the saved ``(.., L, L)`` tensors per module:
-:mod:`autobatch.explain.pure.attention_lever`), and the levers may include ``sdpa attention``.
+The report (``explain --json``) holds the categories, which add up to the measured peak with the residual, the
+per-module table, the levers and the measured line; a batch that does not fit the budget is measured again
+under a larger cap so that the breakdown still explains the whole step. What it shows:
+docs/explain-estimate.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from autobatch.core.levels import FULL, OFF
 from autobatch.core.maximum import Limits

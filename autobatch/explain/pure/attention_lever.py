@@ -1,23 +1,10 @@
 """Materialised attention scores in ``explain --seq-len L``: the ``L²`` term, and the lever that removes it.
 
-An attention written out as ``softmax(q @ k^T) @ v`` keeps its ``(batch, heads, L, L)`` probabilities for
-backward (often its scores or a dropout mask too): ``c·B·L²`` bytes, which outgrow everything else as ``L``
-grows. ``F.scaled_dot_product_attention`` with a flash or memory-efficient kernel keeps none of them (its
-output and a ``(batch, heads, L)`` log-sum-exp instead). The explain probe singles out every tensor saved for
-backward whose last two dimensions are both ``L`` (:func:`autobatch.explain.worker.modules.is_square_in`),
-per module and alive at the peak; :func:`attention_section` turns that into the report's
-``attention_scores``::
-
-    {"seq_len", "saved_bytes" (every such tensor of one forward), "peak_bytes" (alive at the peak),
-     "share_of_activations" (peak_bytes over the activations at the peak), "share_of_peak",
-     "threshold", "dominates", "layers": [{"name", "bytes"}], "width_clash"}
-
-When the scores hold more than :data:`THRESHOLD` of the activations at the peak, :func:`attention_lever`
-names them as a lever whose predicted saving is ``peak_bytes``, the bytes the same probe measured for
-those tensors (the softmax's backward temporaries of the same shape are not counted: the saving is a lower
-bound). It is advice: autobatch cannot rewrite a model's attention, so it is neither simulated nor
-measured by ``--verify``. Its line is the measured step's with ``peak_bytes / N`` less per sample (the
-scores grow with the batch).
+:func:`attention_section` turns the saved tensors whose last two dimensions are both ``L`` (singled out per
+module by :func:`autobatch.explain.worker.modules.is_square_in`) into the report's ``attention_scores``;
+:func:`attention_lever` names them as the ``sdpa attention`` lever when they hold more than
+:data:`THRESHOLD` of the activations at the peak. It is advice, neither simulated nor verified:
+docs/explain-estimate.md says what it counts.
 """
 
 from __future__ import annotations

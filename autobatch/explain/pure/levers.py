@@ -1,22 +1,10 @@
 """Levers: what bf16, a lighter optimizer, recomputation, accumulation, in-place activations and a
 smaller vocabulary would save, and the largest batch each would give.
 
-Predictions start from the measured step, not from a model of it: the explained batch size ``N`` and
-``N/2`` are measured for real, and each lever's step is simulated under fake tensors
-(:mod:`autobatch.explain.worker.simulate`) at the batch sizes its search needs. A lever's predicted memory
-at batch ``b`` is ``simulated_lever(b) + measured(N) - simulated_now(N)`` (the calibration of
-:func:`autobatch.explain.pure.maxima.calibrated_offset`): the simulation only says what the lever
-*changes* (optimizer state: SGD 0, momentum 1, Adam 2 parameter-sized states; Adafactor a row and a
-column per matrix; bf16 autocast: half-size saved activations plus cached weight copies;
-recomputation: only block inputs kept), the measurement says everything else, including what no
-simulation sees. A precision lever changes the kernels too (on the CPU, oneDNN's bf16 GEMMs instead of
-MKL's fp32 ones, which keep different buffers outside PyTorch's allocator), so its step is measured
-once at ``N`` and its prediction calibrated on that. The static part and the per-sample part of
-each prediction are reported.
-
-Gradient accumulation does not change a micro-batch's memory: it reaches a batch ``N`` that does not
-fit as ``s`` micro-batches of ``ceil(N / s)`` (the same optimizer step, ``s`` times the forward and
-backward work); its "maximum" is the effective batch ``s * b_max``.
+:func:`plan_levers` lists them; :func:`apply_predictions` turns each lever's fake-tensor simulation
+(:mod:`autobatch.explain.worker.simulate`), calibrated on the measured step, into its predicted line and
+maximum; :func:`plan_accumulation` and :func:`ranked` finish the table. How a prediction is calibrated:
+docs/explain-estimate.md.
 """
 
 from __future__ import annotations
@@ -176,7 +164,18 @@ def _vocab(now: Combo, has_embedding: bool, vocab_trim: float) -> Lever:
 
 
 def apply_predictions(levers: list[Lever], estimates: dict[str, dict[str, Any]], batch_size: int) -> None:
-    """Fill the levers in from the estimate operation's scenario results (keyed by lever name)."""
+    """Fill the levers in from the estimate operation's scenario results (keyed by lever name).
+
+    Predictions start from the measured step, not from a model of it: the explained batch size ``N`` and ``N/2``
+    are measured for real, and a lever's predicted memory at batch ``b`` is
+    ``simulated_lever(b) + measured(N) - simulated_now(N)`` (:func:`autobatch.explain.pure.maxima.calibrated_offset`):
+    the simulation only says what the lever *changes* (optimizer state: SGD 0, momentum 1, Adam 2 parameter-sized
+    states; Adafactor a row and a column per matrix; bf16 autocast: half-size saved activations plus cached weight
+    copies; recomputation: only block inputs kept), the measurement says everything else. A precision lever changes
+    the kernels too (on the CPU, oneDNN's bf16 GEMMs instead of MKL's fp32 ones, which keep different buffers
+    outside PyTorch's allocator), so its step is measured once at ``N`` and its prediction calibrated on that. The
+    static part and the per-sample part of each prediction are reported.
+    """
     now = estimates.get("now", {})
     now_peak = now.get("points", {}).get(str(batch_size))
     for lever in levers:
@@ -202,7 +201,12 @@ def apply_predictions(levers: list[Lever], estimates: dict[str, dict[str, Any]],
 
 
 def plan_accumulation(lever: Lever, now: Lever, batch_size: int) -> None:
-    """Micro-batches that reach the explained batch size, and the effective maximum."""
+    """Micro-batches that reach the explained batch size, and the effective maximum.
+
+    Gradient accumulation does not change a micro-batch's memory: it reaches a batch ``N`` that does not fit as
+    ``s`` micro-batches of ``ceil(N / s)`` (the same optimizer step, ``s`` times the forward and backward work);
+    its "maximum" is the effective batch ``s * b_max``.
+    """
     b_max = now.predicted_max_batch_size
     if not b_max:
         lever.applicable, lever.reason = False, "not even the smallest micro-batch fits"

@@ -9,8 +9,9 @@ simulation cannot see").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.core.search import Observation, SearchResult, search_max_batch
 from autobatch.explain.pure.records import Scenario

@@ -1,16 +1,8 @@
 """The strategy as a lever of ``explain --strategy ddp|fsdp`` (pure: computed from the measured categories).
 
-Under DDP every rank holds the whole model's parameters, gradients and optimizer state, plus DDP's gradient
-buckets. FSDP2 over the same ``N`` ranks keeps ``1/N`` of the first three on each rank and has no buckets,
-so at the explained batch it would save ``(1 - 1/N) x (parameters + gradients + optimizer state) +
-buckets`` per rank, *less* the all-gather buffers it adds (at least one block's full parameters while that
-block runs), which no DDP measurement shows: the figure is computed, never measured, and says so.
-
-Under FSDP2 the sharded state is already ``1/N`` per rank; the lever is twice the ranks (``2N``), which
-halves it again. A lever's line keeps the measured per-sample slope (sharding does not change the
-activations of a rank's own micro-batch) and lowers the static part by the saving; its maximum batch is
-that line's under the budget. ``--verify`` does not measure it (it is another strategy's run: run
-``explain --strategy fsdp`` for that).
+:func:`strategy_lever`: under DDP, what FSDP2 over the same ranks would save; under FSDP2, twice the ranks.
+The figure is computed, never measured, and says so; ``--verify`` does not measure it (run ``explain
+--strategy fsdp`` for that).
 """
 
 from __future__ import annotations
@@ -31,7 +23,17 @@ def strategy_lever(
     limits: tuple[int, int, int],
 ) -> Lever | None:
     """The strategy lever of a report (None without a strategy); ``limits``: budget bytes, largest batch,
-    batch multiple."""
+    batch multiple.
+
+    Under DDP every rank holds the whole model's parameters, gradients and optimizer state, plus DDP's gradient
+    buckets. FSDP2 over the same ``N`` ranks keeps ``1/N`` of the first three on each rank and has no buckets, so
+    at the explained batch it would save ``(1 - 1/N) x (parameters + gradients + optimizer state) + buckets`` per
+    rank, *less* the all-gather buffers it adds (at least one block's full parameters while that block runs),
+    which no DDP measurement shows. Under FSDP2 the sharded state is already ``1/N`` per rank; the lever is twice
+    the ranks (``2N``), which halves it again. A lever's line keeps the measured per-sample slope (sharding does
+    not change the activations of a rank's own micro-batch) and lowers the static part by the saving; its
+    maximum batch is that line's under the budget.
+    """
     sharded = sum(int(categories.get(name, 0)) for name in SHARDED)
     if strategy == "ddp":
         buckets = int(categories.get("ddp_buckets", 0))

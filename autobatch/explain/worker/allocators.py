@@ -2,22 +2,9 @@
 
 The memory tracker (:mod:`autobatch.explain.worker.tracker`) sees every tensor storage a step creates and
 frees; an allocator model turns that stream into the figure the device's budget limits:
-
-* :class:`ExactAllocator`: the bytes of the live storages, nothing else (what a measured run compares
-  against its real peak, the difference being the residual it reports).
-* :class:`CpuAllocatorModel`: ``VmData`` of a CPU probe process with glibc pinned as autobatch pins it
-  (``MALLOC_MMAP_THRESHOLD_=65536``, one arena; see :mod:`autobatch.devices.cpu`). PyTorch's CPU
-  allocator calls ``posix_memalign(64, n)``: a request that reaches the mmap threshold becomes its own
-  mapping, rounded up to whole pages with the chunk header and alignment slack, and is unmapped when
-  freed; smaller ones come from the heap in 16-byte steps.
-* :class:`CudaAllocatorModel`: PyTorch's CUDA caching allocator. Requests round up to
-  512 B; requests of at most 1 MiB come from 2 MiB segments (the small pool), larger ones from 20 MiB
-  segments when under 10 MiB, else from a segment of their own size rounded up to 2 MiB. A request
-  takes the best-fitting free block of its pool (splitting it when the rest is worth keeping: at least
-  512 B in the small pool, more than 1 MiB in the large one); freed blocks merge with free neighbours
-  and stay cached. ``reserved`` is the sum of segments (what ``max_memory_reserved`` and the budget
-  count); segments are never released, as a step that needed the allocator to flush its cache does
-  not count as fitting.
+:class:`ExactAllocator` (the live bytes, nothing else), :class:`CpuAllocatorModel` (``VmData`` of a CPU probe
+process with glibc pinned as :mod:`autobatch.devices.cpu` pins it) and :class:`CudaAllocatorModel` (PyTorch's
+CUDA caching allocator's reserved segments).
 """
 
 from __future__ import annotations
@@ -62,7 +49,10 @@ class Allocator(Protocol):
 
 @dataclass
 class ExactAllocator:
-    """The bytes of the live storages."""
+    """The bytes of the live storages.
+
+    What a measured run compares against its real peak, the difference being the residual it reports.
+    """
 
     current: int = 0
     peak: int = 0
@@ -90,7 +80,13 @@ def cpu_bytes(nbytes: int) -> int:
 
 @dataclass
 class CpuAllocatorModel:
-    """``VmData`` growth of a pinned-glibc CPU process (mapped blocks page-rounded, heap chunks 16 B)."""
+    """``VmData`` growth of a pinned-glibc CPU process (mapped blocks page-rounded, heap chunks 16 B).
+
+    Glibc pinned as autobatch pins it (``MALLOC_MMAP_THRESHOLD_=65536``, one arena). PyTorch's CPU allocator
+    calls ``posix_memalign(64, n)``: a request that reaches the mmap threshold becomes its own mapping, rounded up
+    to whole pages with the chunk header and alignment slack, and is unmapped when freed; smaller ones come from
+    the heap in 16-byte steps.
+    """
 
     current: int = 0
     peak: int = 0
@@ -140,6 +136,13 @@ class CudaAllocatorModel:
 
     ``current``/``peak`` are reserved bytes (segments); ``allocated``/``peak_allocated`` the rounded
     blocks in use, as ``memory_allocated`` reports them.
+
+    Requests round up to 512 B; requests of at most 1 MiB come from 2 MiB segments (the small pool), larger ones
+    from 20 MiB segments when under 10 MiB, else from a segment of their own size rounded up to 2 MiB. A request
+    takes the best-fitting free block of its pool (splitting it when the rest is worth keeping: at least 512 B
+    in the small pool, more than 1 MiB in the large one); freed blocks merge with free neighbours and stay
+    cached. ``reserved`` is the sum of segments (what ``max_memory_reserved`` and the budget count); segments are
+    never released, as a step that needed the allocator to flush its cache does not count as fitting.
     """
 
     current: int = 0

@@ -1,30 +1,18 @@
 """Where the peak of one real training step goes: categories that add up to the measured peak.
 
-:class:`Instrument` wraps the script's three functions and hooks the step so that the probe's own
-step loop (:func:`autobatch.step.loop.run_steps`, through the worker) runs unchanged while a
+:class:`Instrument` wraps the script's three functions and hooks the step, so that the probe's own step loop
+(:func:`autobatch.step.loop.run_steps`, through the worker) runs unchanged while a
 :class:`~autobatch.explain.worker.tracker.MemoryTracker` watches every tensor and a
-:class:`~autobatch.explain.worker.modules.ModuleRecorder` attributes outputs and saved tensors to modules.
-A simulation (:mod:`autobatch.explain.worker.simulate`) hooks its fake step with the same class.
-
-The categories of a measured run (bytes, at the peak) are::
-
-    peak = baseline + parameters + buffers + gradients + optimizer_state + inputs + activations
-           + autocast_copies + temporaries + runtime_overhead + residual
-
-``baseline``   the probe process before the model exists. On the CPU: its ``VmData`` (Python, torch,
-               the script, and the torch modules a first optimizer step loads lazily, which a tiny
-               warm-up step loads before the reading). On CUDA: memory reserved before the step.
-``runtime_overhead``  CUDA only: reserved minus allocated at the peak (the caching allocator's slack).
-``residual``   what no tracked tensor explains: on the CPU, buffers libraries keep outside PyTorch's
-               allocator (MKL's GEMM buffers, oneDNN's scratchpads), allocator rounding and Python
-               objects; on CUDA, workspaces allocated outside tensors. It is stated, never hidden.
+:class:`~autobatch.explain.worker.modules.ModuleRecorder` attributes them to modules. A simulation
+(:mod:`autobatch.explain.worker.simulate`) hooks its fake step with the same class.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -48,6 +36,19 @@ class Instrument:
     ``tracker``: the memory tracker to feed (None: only apply the transforms); ``modules``: also
     attribute outputs, saved tensors and FLOPs to modules (the per-module table); ``seq_len``: the
     length the batches carry, whose ``(.., L, L)`` saved tensors the modules single out (:meth:`attention`).
+
+    The categories of a measured run (bytes, at the peak)::
+
+        peak = baseline + parameters + buffers + gradients + optimizer_state + inputs + activations
+               + autocast_copies + temporaries + runtime_overhead + residual
+
+    ``baseline``   the probe process before the model exists. On the CPU: its ``VmData`` (Python, torch,
+                   the script, and the torch modules a first optimizer step loads lazily, which a tiny
+                   warm-up step loads before the reading). On CUDA: memory reserved before the step.
+    ``runtime_overhead``  CUDA only: reserved minus allocated at the peak (the caching allocator's slack).
+    ``residual``   what no tracked tensor explains: on the CPU, buffers libraries keep outside PyTorch's
+                   allocator (MKL's GEMM buffers, oneDNN's scratchpads), allocator rounding and Python
+                   objects; on CUDA, workspaces allocated outside tensors. It is stated, never hidden.
     """
 
     def __init__(

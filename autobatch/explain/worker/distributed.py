@@ -1,24 +1,11 @@
 """``explain --strategy ddp|fsdp``: the ``explain`` operation inside every rank of a real distributed probe.
 
-The ranks are started, joined and stopped by the probe layer's own machinery
-(:func:`autobatch.probe.ranks.run_ranks`, the same as a tune's distributed probe): each rank runs the
-instrumented step of :func:`autobatch.explain.worker.instrumented.explain_step` on the wrapped model (DDP, or
-FSDP2's ``fully_shard``), so its breakdown is that of the real wrapped step on that rank:
-
-``parameters``    the rank's own parameters: the whole model under DDP, the local shards under FSDP2
-                  (a ``DTensor`` counts as its local shard: :func:`autobatch.explain.worker.tracker.storage_of`)
-``gradients``     the rank's gradients (sharded under FSDP2, tagged before each optimizer step since
-                  FSDP2 sets them itself); ``optimizer_state`` likewise
-``ddp_buckets``   DDP's gradient buckets (a flat copy of every gradient, ``gradient_as_bucket_view=False``):
-                  what DDP allocates and keeps while it wraps the model; a note compares it with DDP's own
-                  figure (``bucket_sizes`` of its logging data)
-``fsdp_buffers``  FSDP2's own buffers: what its ``fsdp`` operators return (all-gather inputs and outputs,
-                  reduce-scatter inputs) and the unsharded parameters it frees and refills with
-                  ``UntypedStorage.resize_``, alive at the peak
-``residual``      what no tracked tensor explains, now also the buffers of the gloo (NCCL) collectives
-
-Each rank also names itself (``rank``) in its outcome's ``info``; the coordinator keeps the worst rank's
-full breakdown and a summary of every rank (:mod:`autobatch.explain.pure.per_rank`).
+The ranks are started, joined and stopped by the probe layer (:func:`autobatch.probe.ranks.run_ranks`, as a
+tune's distributed probe); each rank runs the instrumented step of
+:func:`autobatch.explain.worker.instrumented.explain_step` on the wrapped model (DDP, or FSDP2's
+``fully_shard``), so its breakdown is that of the real wrapped step on that rank, with DDP's buckets and
+FSDP2's buffers as categories of their own (:func:`explain_rank`). The coordinator keeps the worst rank's
+breakdown and a summary of every rank (:mod:`autobatch.explain.pure.per_rank`).
 """
 
 from __future__ import annotations
@@ -52,7 +39,24 @@ FSDP_CATEGORY = "fsdp_buffers"
 def explain_rank(
     request: ProbeRequest, script: UserScript, start: float, *, wrap: Any, options: ExplainOptions
 ) -> ProbeOutcome:
-    """One rank: the instrumented step on the wrapped model, its breakdown with the strategy's own parts."""
+    """One rank: the instrumented step on the wrapped model, its breakdown with the strategy's own parts.
+
+    Its categories::
+
+        ``parameters``    the rank's own parameters: the whole model under DDP, the local shards under FSDP2
+                          (a ``DTensor`` counts as its local shard: :func:`autobatch.explain.worker.tracker.storage_of`)
+        ``gradients``     the rank's gradients (sharded under FSDP2, tagged before each optimizer step since
+                          FSDP2 sets them itself); ``optimizer_state`` likewise
+        ``ddp_buckets``   DDP's gradient buckets (a flat copy of every gradient, ``gradient_as_bucket_view=False``):
+                          what DDP allocates and keeps while it wraps the model; a note compares it with DDP's own
+                          figure (``bucket_sizes`` of its logging data)
+        ``fsdp_buffers``  FSDP2's own buffers: what its ``fsdp`` operators return (all-gather inputs and outputs,
+                          reduce-scatter inputs) and the unsharded parameters it frees and refills with
+                          ``UntypedStorage.resize_``, alive at the peak
+        ``residual``      what no tracked tensor explains, now also the buffers of the gloo (NCCL) collectives
+
+    Each rank also names itself (``rank``) in its outcome's ``info``.
+    """
     import torch.distributed as dist
 
     from autobatch.explain.worker.instrumented import explain_step

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from autobatch.explain.pure.options import ExplainOptions
 from autobatch.explain.worker.breakdown import Instrument

@@ -1,16 +1,10 @@
 """Memory that kernels allocate and fake tensors do not show, modelled where it was measured.
 
-Under ``FakeTensorMode`` an operator's outputs come from its meta function, which knows shapes, not what
-a real kernel keeps. Where the difference is large and predictable it is modelled here and the
-simulated step gets a fake tensor of the real size in its place (tracked, and freed, like the real one):
-
-* ``aten::mkldnn_rnn_layer`` (``nn.LSTM`` in training on the CPU runs through oneDNN): the meta function
-  returns an empty workspace, but oneDNN keeps one per layer and direction, saved for backward: the
-  gates and the layer and cell states of every time step, modelled per sample as
-  ``a*T*H + c*(T+1)*max(I, H) + e`` bytes with coefficients fitted to measurements (docs/measurements/in-the-code.md).
-
-A kernel that already reports its workspace (a real run, where explain's tracker sees real tensors) is
-left alone.
+Under ``FakeTensorMode`` an operator's outputs come from its meta function, which knows shapes, not what a
+real kernel keeps. Where the difference is large and predictable it is modelled here, and the simulated
+step gets a fake tensor of the real size in its place: today the oneDNN LSTM workspace
+(``aten::mkldnn_rnn_layer``, fitted to measurements: docs/measurements/in-the-code.md). A kernel that already
+reports its workspace (a real run) is left alone.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """The per-module table of ``autobatch explain``: parameters, activations and forward FLOPs per module.
 
-Every figure is the module's *own* (its children have their own rows), so the rows add up to the
-model's totals and each byte appears once:
-
-``params``, ``param_bytes``   parameters the module registers itself (a tied weight counts once, at
-                              the first module that holds it, in ``named_parameters`` order)
-``grad_bytes``, ``optimizer_state_bytes``   the gradients and optimizer state of those parameters
-``output_elements``, ``output_bytes``   what the module's forward returned (every call of one forward)
-``saved_bytes``   tensors autograd saved for backward while this module was the innermost one running,
-                  each storage once, parameters, the batch and autocast's weight copies excluded
-``attention_bytes``   of ``saved_bytes``, the tensors whose last two dimensions are both the sequence
-                  length ``L`` (``explain --seq-len L``): materialised attention scores or probabilities,
-                  ``(batch, heads, L, L)``, and masks of ``(L, L)``, the ``L²`` term of the step's memory
-``flops``         forward floating-point operations of the module's own code, as PyTorch's
-                  ``FlopCounterMode`` counts them: 2 per multiply-add for matrix products and
-                  convolutions (a Linear M->N on a batch B: 2*B*M*N), element-wise operations not
-                  counted; ``macs = flops // 2``
-``memory_bytes``  param + grad + optimizer state + saved bytes: what the table is sorted by
-
-Work done outside any module (the loss) is the row ``(outside modules)``.
+:class:`ModuleRecorder` attributes outputs and saved tensors to the innermost module running, and
+:func:`add_flops` counts each module's forward FLOPs; every figure of a :class:`ModuleStats` row is the
+module's *own* (its children have their own rows), so the rows add up to the model's totals. Work done
+outside any module (the loss) is the row ``(outside modules)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -36,6 +22,24 @@ OUTSIDE = "(outside modules)"
 
 @dataclass
 class ModuleStats:
+    """One row of the table, the module's own figures (its children have their own rows)::
+
+    ``params``, ``param_bytes``   parameters the module registers itself (a tied weight counts once, at
+                                  the first module that holds it, in ``named_parameters`` order)
+    ``grad_bytes``, ``optimizer_state_bytes``   the gradients and optimizer state of those parameters
+    ``output_elements``, ``output_bytes``   what the module's forward returned (every call of one forward)
+    ``saved_bytes``   tensors autograd saved for backward while this module was the innermost one running,
+                      each storage once, parameters, the batch and autocast's weight copies excluded
+    ``attention_bytes``   of ``saved_bytes``, the tensors whose last two dimensions are both the sequence
+                      length ``L`` (``explain --seq-len L``): materialised attention scores or probabilities,
+                      ``(batch, heads, L, L)``, and masks of ``(L, L)``, the ``L²`` term of the step's memory
+    ``flops``         forward floating-point operations of the module's own code, as PyTorch's
+                      ``FlopCounterMode`` counts them: 2 per multiply-add for matrix products and
+                      convolutions (a Linear M->N on a batch B: 2*B*M*N), element-wise operations not
+                      counted; ``macs = flops // 2``
+    ``memory_bytes``  param + grad + optimizer state + saved bytes: what the table is sorted by
+    """
+
     name: str  # dotted path; "" for the root
     type: str
     params: int = 0

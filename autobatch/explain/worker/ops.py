@@ -1,17 +1,9 @@
 """The ``explain`` and ``estimate`` operations, registered with the probe layer, run in a forked probe process.
 
 The probe server imports this module at start-up when the parent names it in ``op_modules``
-(:data:`autobatch.explain.pure.options.OP_MODULES`); the registry decodes each request's options into
-:class:`~autobatch.explain.pure.options.ExplainOptions` or :class:`~autobatch.explain.pure.options.EstimateOptions`
-and turns whatever an operation raises into an ``error`` outcome.
-
-``explain``: one probe of the real step (the worker's own probe, so budget, steps, OOM classification
-and peak are exactly a probe's), instrumented by :class:`Instrument` unless the options say not (then
-it is a plain probe with the levers' model changes). Its outcome carries the breakdown in ``info``.
-
-``estimate``: no real step; fake-tensor simulations of each scenario, searched for their maximum
-(:mod:`autobatch.explain.pure.maxima`), at the request's sequence length (one operation per length). Its outcome's ``info`` holds ``target``, ``offset``, the
-``scenarios``' estimates, and ``simulated`` or ``baseline_bytes`` as the offset was found.
+(:data:`autobatch.explain.pure.options.OP_MODULES`). :func:`explain_operation` is one probe of the real
+step, instrumented (its breakdown in the outcome's ``info``); :func:`estimate_operation` runs no real step,
+only fake-tensor simulations of each scenario searched for their maximum, at the request's sequence length.
 """
 
 from __future__ import annotations
@@ -42,7 +34,11 @@ from autobatch.step.contract import UserScript
 @register(EXPLAIN, ExplainOptions)
 def explain_operation(request: ProbeRequest, script: UserScript, options: ExplainOptions) -> ProbeOutcome:
     """One probe of the real step, with the options' transforms, instrumented unless they say not
-    (with a distributed strategy, on every rank: :mod:`autobatch.explain.worker.distributed`)."""
+    (with a distributed strategy, on every rank: :mod:`autobatch.explain.worker.distributed`).
+
+    The worker's own probe, so budget, steps, OOM classification and peak are exactly a probe's; without
+    instrumentation it is a plain probe with the levers' model changes.
+    """
     if request.strategy != "none":
         from autobatch.explain.worker.distributed import explain_on_ranks
 
@@ -52,7 +48,11 @@ def explain_operation(request: ProbeRequest, script: UserScript, options: Explai
 
 @register(ESTIMATE, EstimateOptions)
 def estimate_operation(request: ProbeRequest, script: UserScript, options: EstimateOptions) -> ProbeOutcome:
-    """Every scenario's predicted maximum, from simulations (each batch size simulated once)."""
+    """Every scenario's predicted maximum, from simulations (each batch size simulated once).
+
+    One operation per sequence length. Its outcome's ``info`` holds ``target``, ``offset``, the ``scenarios``'
+    estimates, and ``simulated`` or ``baseline_bytes`` as the offset was found.
+    """
 
     @functools.cache
     def sim(scenario: Scenario, batch_size: int) -> SimResult:

@@ -1,28 +1,18 @@
 """Model changes that two levers stand for: in-place activations, and a smaller vocabulary.
 
-Both are applied to the user's model after ``build_model()`` (for a prediction under fake tensors, and
-for ``explain --verify`` in a real probe), never to the user's code:
-
-* **in-place activations**: activation modules that take ``inplace`` (``nn.ReLU``, ``nn.SiLU``, ...) get
-  ``inplace=True``, and the matching functions of ``torch.nn.functional`` (``F.relu``, ...) are called
-  with ``inplace=True`` while the step runs. An in-place activation overwrites its input instead of
-  allocating an output, so the input buffer is not needed; it is only valid when autograd does not
-  need that input (PyTorch raises during backward otherwise, and the lever is then reported as not
-  applicable). GELU has no in-place form.
-* **vocabulary trim**: the largest ``nn.Embedding`` keeps its first ``(1 - fraction)`` rows, every
-  parameter tied to its weight follows (a GPT's output head); an untied head (the model's
-  ``get_output_embeddings()``, else the last ``nn.Linear`` from the embedding's width to the vocabulary) is
-  trimmed the same way, and no other layer. Integer tensors of the batch are taken modulo
-  the new vocabulary so that every token id stays valid.
+Both are applied to the user's model after ``build_model()`` (for a prediction under fake tensors, and for
+``explain --verify`` in a real probe), never to the user's code: :func:`apply_to_model` and
+:func:`inplace_functional` switch activations to ``inplace=True``, :func:`trim_vocabulary` and
+:func:`trim_batch` shrink the largest embedding, its output head and the batch's token ids.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -72,7 +62,13 @@ def apply_to_model(model: nn.Module, transforms: Transforms, applied: Applied) -
 
 
 def trim_vocabulary(model: nn.Module, fraction: float) -> tuple[int, int] | None:
-    """Keep the first ``(1 - fraction)`` rows of the largest embedding and of its output head."""
+    """Keep the first ``(1 - fraction)`` rows of the largest embedding and of its output head.
+
+    Every parameter tied to the embedding's weight follows (a GPT's output head); an untied head (the model's
+    ``get_output_embeddings()``, else the last ``nn.Linear`` from the embedding's width to the vocabulary) is
+    trimmed the same way, and no other layer. Integer tensors of the batch are then taken modulo the new
+    vocabulary (:func:`trim_batch`) so that every token id stays valid.
+    """
     embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
     if not embeddings:
         return None
@@ -127,7 +123,14 @@ def trim_batch(batch: Any, vocabulary: int) -> Any:
 
 @contextlib.contextmanager
 def inplace_functional(applied: Applied) -> Iterator[None]:
-    """Call the activation functions of ``torch.nn.functional`` with ``inplace=True`` inside the block."""
+    """Call the activation functions of ``torch.nn.functional`` with ``inplace=True`` inside the block.
+
+    Activation modules that take ``inplace`` (``nn.ReLU``, ``nn.SiLU``, ...) get ``inplace=True``
+    (:func:`apply_to_model`), and the matching functions here. An in-place activation overwrites its input
+    instead of allocating an output, so the input buffer is not needed; it is only valid when autograd does not
+    need that input (PyTorch raises during backward otherwise, and the lever is then reported as not
+    applicable). GELU has no in-place form.
+    """
     functional = torch.nn.functional
     originals = {name: getattr(functional, name) for name in INPLACE_FUNCTIONS if hasattr(functional, name)}
 

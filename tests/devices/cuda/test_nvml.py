@@ -111,3 +111,30 @@ def test_nvml_available_without_pynvml(monkeypatch):
     assert not ok and "nvidia-ml-py" in reason
     with open_nvml("GPU-x", None) as view:
         assert view.handle is None and view.process_bytes() is None and "nvidia-ml-py" in (view.reason or "")
+
+
+def test_a_jobs_memory_is_what_its_processes_hold_on_its_busiest_device():
+    from autobatch.devices.cuda.nvml import JobMeter, job_memory
+
+    first = FakeDevice(A, None, procs=[proc(100, 2 * GiB), proc(101, GiB), proc(999, 5 * GiB)])
+    second = FakeDevice(B, None, procs=[proc(102, 2 * GiB + 512 * MiB), proc(103, None)])
+    nvml = FakeNvml([first, second])
+    assert job_memory(nvml, {100, 101, 102, 103}) == 3 * GiB  # the other user's 5 GiB is not the job's
+    assert job_memory(nvml, {102, 103}) == 2 * GiB + 512 * MiB  # a process NVML cannot measure adds nothing
+    assert job_memory(nvml, {103, 555}) is None
+    meter = JobMeter(nvml)
+    assert meter.read({100}) == 2 * GiB
+    meter.close()  # a meter given its NVML does not shut it down
+    assert meter.read({101}) == GiB
+
+
+def test_without_nvml_a_jobs_cuda_peak_is_unknown_and_the_job_runs():
+    from autobatch.supervise.job import JobSpec, launch
+
+    code = "import sys, time; data = bytearray(64 << 20); time.sleep(1); sys.exit(3)"
+    cuda = launch(JobSpec([sys.executable, "-c", code], dict(os.environ), device="cuda"))
+    cpu = launch(JobSpec([sys.executable, "-c", code], dict(os.environ)))
+    assert (cuda.returncode, cpu.returncode) == (3, 3)
+    if not nvml_available()[0]:
+        assert cuda.peak_bytes is None
+    assert cpu.peak_bytes is not None and cpu.peak_bytes > 64 << 20

@@ -2,7 +2,7 @@
 
 Most batches are short; one (``--long-step``, 0-based) holds the longest sequences. ``--guard`` runs each
 batch through ``autobatch.Guard``; without it the loop accumulates micro-batches of ``--micro-batch`` itself
-(each loss weighted by its share of the samples). Under DDP (torchrun's environment, ``--ddp``) each rank
+(each loss weighted by its share of the samples). Under DDP or FSDP2 (torchrun's environment, ``--ddp``, ``--fsdp``) each rank
 takes its own slice of every batch. Writes the parameters to ``--out`` and one line per optimizer step to
 ``--step-log``.
 """
@@ -24,12 +24,13 @@ parser.add_argument("--sizes", default="", help="the tuned sizes that fitted, co
 parser.add_argument("--long-step", type=int, default=149)
 parser.add_argument("--long-length", type=int, default=384)
 parser.add_argument(
-    "--long-rank", type=int, default=-1, help="under --ddp: only this rank gets the long batch"
+    "--long-rank", type=int, default=-1, help="under --ddp or --fsdp: only this rank gets the long batch"
 )
 parser.add_argument("--guard", action="store_true")
 parser.add_argument("--grow-after", type=int, default=10)
 parser.add_argument("--events", default=None)
 parser.add_argument("--ddp", action="store_true")
+parser.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard) instead of DDP")
 parser.add_argument("--out", default="params.pt")
 parser.add_argument("--step-log", default="steps.jsonl")
 args = parser.parse_args()
@@ -39,14 +40,15 @@ torch.set_default_dtype(torch.float64)  # the comparison with another split hold
 VOCAB, PAD, CLASSES = 500, 0, 4
 
 rank, world = 0, 1
-if args.ddp:
+RANKS = args.ddp or args.fsdp
+if RANKS:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
 # The data, prepared at import: every rank draws the same global data and takes its slice of each batch.
 generator = torch.Generator().manual_seed(0)
 GLOBAL = args.batch_size * world
-lengths = torch.randint(8, 48, (args.steps * GLOBAL,), generator=generator)
+lengths = torch.randint(4, 24, (args.steps * GLOBAL,), generator=generator)
 for slot in range(GLOBAL):
     owner = slot // args.batch_size
     if args.long_rank < 0 or owner == args.long_rank:
@@ -74,7 +76,7 @@ def collate(samples):
 
 
 class Classifier(nn.Module):
-    def __init__(self, width=64, heads=4, layers=2):
+    def __init__(self, width=32, heads=2, layers=1):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, width, padding_idx=PAD)
         layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True)
@@ -97,6 +99,12 @@ torch.manual_seed(0)
 model = Classifier()
 if args.ddp:
     model = nn.parallel.DistributedDataParallel(model)
+elif args.fsdp:
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.encoder.layers:
+        fully_shard(layer)
+    fully_shard(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 loader = DataLoader(Texts(), batch_size=args.batch_size, shuffle=False, collate_fn=collate)
 
@@ -132,10 +140,12 @@ if __name__ == "__main__":
     if guard is not None:
         summary = guard.close()
         print(json.dumps({"steps": summary.steps, "events": len(summary.events), "peak": summary.peak_bytes}))
-    if rank == 0 or args.ddp:
-        state = (model.module if args.ddp else model).state_dict()
+    state = (model.module if args.ddp else model).state_dict()
+    if args.fsdp:  # every rank gathers the full parameters
+        state = {name: value.full_tensor() for name, value in state.items()}
+    if rank == 0 or RANKS:
         torch.save(state, args.out.replace("{rank}", str(rank)) if "{rank}" in args.out else args.out)
-    if args.ddp:
+    if RANKS:
         dist.destroy_process_group()
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print("done", flush=True)
