@@ -107,14 +107,15 @@ def wire_fake_runner(
     script: str = "# the fake runner never imports it\n",
 ) -> Any:
     """Make every command run in-process (``run_main``) probe through ``runner``, in ``folder``, with no
-    ``AUTOBATCH_*`` setting from the caller's environment but ``keep``; writes ``train.py`` there."""
+    ``AUTOBATCH_*`` setting from the caller's environment but ``keep``; writes ``train.py`` there. The test's own
+    lock folder is always kept: a fake run never waits for a real run's device lock on this machine."""
     from autobatch.cli.state import STATE
     from autobatch.settings import FIELDS
 
     monkeypatch.setattr(STATE, "runner_factory", lambda: runner)
     monkeypatch.chdir(folder)
     for info in FIELDS:
-        if info.env not in keep:
+        if info.env not in (*keep, "AUTOBATCH_LOCK_DIR"):
             monkeypatch.delenv(info.env, raising=False)
     (folder / "train.py").write_text(script)
     return runner
