@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from autobatch.daemon.place import Place, identity
+from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.errors import DaemonError
 
 #: Largest request body (the client's environment is its bulk).
@@ -130,6 +131,7 @@ class Daemon:
             [sys.executable, "-m", "autobatch.daemon.zygote", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
+            env={**os.environ, **MALLOC_ENV},  # read by glibc at start: probe servers forked from it need it
         )
         theirs.close()
         ours.settimeout(ZYGOTE_START)

@@ -2,7 +2,9 @@
 
 The daemon starts it (``python -m autobatch.daemon.zygote FD``) before it serves, with one end of a
 ``SOCK_SEQPACKET`` pair (one message per packet: no framing of ours). It stays single-threaded and never
-touches CUDA, so a fork of it is as safe as the probe server's forks. For each request it receives the
+touches CUDA, so a fork of it is as safe as the probe server's forks. It also imports what a probe server
+imports before its first fork, and starts with the CPU device's pinned allocator (``MALLOC_ENV``), so that a
+command forked from it forks its probe server from itself (:mod:`autobatch.probe.forked`). For each request it receives the
 request (argv, working folder, environment, ``sys.path``) and the request's stdout, stderr and event pipes,
 forks, and answers ``{"started": id, "pid": pid}``; when a child exits it answers ``{"exited": pid, "code": code}``
 (``-N`` for a signal N). The child takes a session of its own (its process group is its pid, which the
@@ -26,9 +28,11 @@ MAX_MESSAGE = 4 << 20
 
 def main(fd: int) -> None:
     control = socket.socket(fileno=fd)
+    started_with = dict(os.environ)  # what the native libraries read as they load
     import torch  # noqa: F401  # warm: every command forked from here has it imported
 
     _warm()
+
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of `autobatch serve` is the daemon's to handle
     from autobatch.probe.lineage import die_with_parent
@@ -48,7 +52,7 @@ def main(fd: int) -> None:
             pid = os.fork()
             if pid == 0:
                 control.close()
-                _child(request, fds)
+                _child(request, fds, started_with)
             for each in fds:
                 os.close(each)
             children[pid] = request["id"]
@@ -72,7 +76,11 @@ def _warm() -> None:
     import autobatch.service.tune  # noqa: F401
     from autobatch.cli.app import app
     from autobatch.daemon.client import ROUTED
+    from autobatch.probe.ops import load_operations
+    from autobatch.probe.server import preload
 
+    load_operations(())  # what a probe server imports before its first fork, imported here once
+    preload()
     group = typer.main.get_command(app)
     for name in ROUTED:
         group.commands[name].make_context(name, [], resilient_parsing=True)  # type: ignore[attr-defined]
@@ -90,11 +98,14 @@ def _reap(control: socket.socket, children: dict[int, str]) -> None:
         control.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
 
 
-def _child(request: dict[str, Any], fds: list[int]) -> None:
+def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]) -> None:
     """Become the client's ``autobatch ARGS`` and exit with its code; never returns."""
     code = 1
     try:
         os.setsid()
+        from autobatch.probe import forked
+
+        forked.enable(started_with)  # its probe servers are forked from it when their environment allows
         from autobatch.probe.lineage import die_with_parent
 
         die_with_parent(signal.SIGKILL)

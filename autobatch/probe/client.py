@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from autobatch.cache.folder import inductor_folder
 from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.devices.visible import PROBE_ENV
 from autobatch.errors import ProbeFailure
+from autobatch.probe import forked
 from autobatch.probe.lineage import has_exited
 from autobatch.probe.warming import describe
 from autobatch.probe.yielding import YieldingRunner
@@ -93,20 +95,33 @@ class ProbeClient:
         self.env = dict(env or {})
         self._start_timeout = start_timeout
         self.probes_run = 0
+        #: The run's fresh-process measurement: its request, the forked probes' settled data (per rank), and
+        #: whether the server that measured it was forked from a warm process (autobatch.probe.fresh).
+        self._fresh: tuple[ProbeRequest, list[int], bool] | None = None
+        #: What this server's probes add to the measured offsets (per rank): a server of another start holds
+        #: another baseline, and its probes are counted against the same fresh process.
+        self._recount: list[int] = []
         self._start()
 
     def _start(self) -> None:
         forbidden = os.environ.get(NO_SERVER_ENV)
         if forbidden:
             raise RuntimeError(f"a probe server may not start here ({NO_SERVER_ENV}): {forbidden}")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "autobatch.probe.server", json.dumps(self._init)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env={**os.environ, **self.env},
-            start_new_session=True,
-        )
+        env = {**os.environ, **self.env}
+        #: Why the server started as a fresh Python rather than forked from a warm process (autobatch.probe.forked).
+        self.cold = forked.why_cold(env)
+        self._proc: subprocess.Popen[bytes] | forked.ForkedServer
+        if self.cold is None:
+            self._proc = forked.start(json.dumps(self._init), env, self._stderr)
+        else:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "autobatch.probe.server", json.dumps(self._init)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env=env,
+                start_new_session=True,
+            )
         self._next_id = 0
         self._buffer = b""
         hello = self._read(
@@ -131,6 +146,24 @@ class ProbeClient:
         self._stop()
         self.env.update(env)
         self._start()
+        self._recount = []
+        if self._fresh is not None and (self.cold is None) != self._fresh[2]:
+            self._recount_fresh(*self._fresh[:2])
+
+    def _recount_fresh(self, measured: ProbeRequest, settled: list[int]) -> None:
+        """The forked half of the fresh-process measurement again, on this server (one forked from the warm
+        process where the first was a fresh Python, or the other way round): its probes hold another baseline,
+        and the difference is added to every offset, so they count as the job's fresh process as the first
+        server's did. A measurement that fails leaves the offsets as measured (the server log says so)."""
+        outcome = self._send(replace(measured, options={**measured.options, "forked_only": True}))
+        again = outcome.info.get("forked_settled_bytes") if outcome.fits else None
+        if not again or len(again) != len(settled):
+            self._stderr.write(
+                b"autobatch: the forked half of the fresh-process measurement failed on this server: its probes count "
+                b"with the first server's offsets\n"
+            )
+            return
+        self._recount = [int(before) - int(now) for before, now in zip(settled, again, strict=True)]
 
     def __enter__(self) -> ProbeClient:
         return self
@@ -140,6 +173,20 @@ class ProbeClient:
 
     def run(self, request: ProbeRequest) -> ProbeOutcome:
         """Run one operation (a probe, an inspection, ...) in a fresh process and return its outcome."""
+        offsets = request.run.fresh_offset_bytes
+        if self._recount and offsets:
+            counted = (
+                tuple(o + c for o, c in zip(offsets, self._recount, strict=False))
+                + offsets[len(self._recount) :]
+            )
+            request = request.with_run(fresh_offset_bytes=counted)
+        outcome = self._send(request)
+        if request.op == "fresh_baseline" and "offset_bytes" in outcome.info:
+            self._fresh = (request, [int(b) for b in outcome.info["forked_settled_bytes"]], self.cold is None)
+        return outcome
+
+    def _send(self, request: ProbeRequest) -> ProbeOutcome:
+        """``request`` to the server as it is; its outcome."""
         self._next_id += 1
         message = {"id": self._next_id, "request": request.to_dict()}
         assert self._proc.stdin is not None

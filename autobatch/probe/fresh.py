@@ -38,25 +38,28 @@ class FreshOptions:
 
     script: Any
     script_args: list[str] = field(default_factory=list)
+    #: Only the forked half (a server of another start counts its probes against the fresh process measured).
+    forked_only: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"script": self.script, "script_args": list(self.script_args)}
+        return {"script": self.script, "script_args": list(self.script_args), "forked_only": self.forked_only}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FreshOptions:
-        return cls(data["script"], list(data.get("script_args", [])))
+        return cls(data["script"], list(data.get("script_args", [])), bool(data.get("forked_only", False)))
 
 
 @register("fresh_baseline", FreshOptions)
 def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOptions) -> ProbeOutcome:
     """The request's steps in the job's fresh processes and in forked ones: every rank's offset in ``info``
-    (the forked outcome as it is when it does not fit; ``info["fresh_error"]`` when a fresh process failed)."""
+    (the forked outcome as it is when it does not fit; ``info["fresh_error"]`` when a fresh process failed;
+    with ``forked_only``, the forked processes' settled data alone)."""
     from autobatch.probe.ranks import run_ranks
     from autobatch.probe.worker import measure_steps
     from autobatch.step.as_is import AsIsScript
 
     plain = replace(request.with_run(fresh_offset_bytes=()), stop_above_bytes=None)
-    fresh = _run_fresh(plain, options)
+    fresh = [] if options.forked_only else _run_fresh(plain, options)
     measure = settled(measure_steps)
     forked_ranks: list[ProbeOutcome] = []
     if isinstance(script, AsIsScript):  # one process (the ranks of one: not yet)
@@ -68,6 +71,9 @@ def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOpt
     else:
         forked = run_ranks(plain, script, measure, summarize=lambda _out, each: forked_ranks.extend(each))
     if not forked.fits:
+        return forked
+    if options.forked_only:
+        forked.info = {"forked_settled_bytes": [o.info["settled_bytes"] for o in forked_ranks]}
         return forked
     failed = next((o for o in fresh if not o.fits), None)
     if failed is not None or len(fresh) != len(forked_ranks):

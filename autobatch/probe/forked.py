@@ -1,0 +1,186 @@
+"""A probe server forked from a warm process instead of started as a fresh Python: the daemon's warm path.
+
+A command the daemon runs is a fork of its warm process, which imported torch, the probe operations and
+autobatch once (:mod:`autobatch.daemon.zygote`, which calls :func:`enable`). Such a command starts its probe
+server by forking itself and running :func:`autobatch.probe.server.main` in the child, so the server skips
+its interpreter's start and torch's import. It does so only when the fork is what an exec'd server would be
+(:func:`why_cold`; otherwise the server starts as a fresh Python, as in-process):
+
+* what native libraries read once, when they load (glibc's malloc, OpenMP, the interpreter, torch's
+  import-time settings: :func:`load_time_env`), is the same in the server's environment as in the warm
+  process's start: the CPU device's pinned allocator (``MALLOC_ENV``) is among them, so the daemon starts
+  its warm process with it;
+* the command started no thread (a fork copies only the forking thread, with every lock another one held);
+* no CUDA context exists in it.
+
+The child is made to look like an exec'd one: its own session, the pipes on 0 and 1 and the log on 2,
+every other descriptor replaced by ``/dev/null`` (locks and pipes of the command released, and no number
+freed for reuse under an object that still holds it), Python's signal handlers reset, the environment and
+``sys.path`` of ``python -m`` (the working folder first).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from typing import IO, Any
+
+#: Prefixes of environment variables read once, when a library loads: a fork keeps what the warm process read.
+LOAD_TIME = (
+    "MALLOC_",
+    "GLIBC_",
+    "LD_",
+    "OMP_",
+    "GOMP_",
+    "KMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "PYTHON",
+    "TORCH",
+    "PYTORCH_",
+)
+
+#: The load-time environment the warm process started with (None: this process is not a warm one).
+_warm: dict[str, str] | None = None
+#: The threads this process ran when it was marked warm (a fork copies only the thread that forks).
+_threads = 1
+
+
+def load_time_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of ``env`` that libraries read when they load."""
+    return {key: value for key, value in env.items() if key.startswith(LOAD_TIME)}
+
+
+def enable(env: Mapping[str, str]) -> None:
+    """Mark this process (just forked from the warm one, started with ``env``) as one its probe servers may be
+    forked from."""
+    global _warm, _threads
+    from autobatch.probe.warming import thread_count
+
+    _warm, _threads = load_time_env(env), thread_count()
+
+
+def why_cold(env: Mapping[str, str]) -> str | None:
+    """Why a probe server with environment ``env`` cannot be forked from this process (None: it can)."""
+    if _warm is None:
+        return "not a warm process"
+    wanted = load_time_env(env)
+    if wanted != _warm:
+        keys = sorted(k for k in wanted.keys() | _warm.keys() if wanted.get(k) != _warm.get(k))
+        return f"the load-time environment differs from the warm process's ({', '.join(keys)})"
+    from autobatch.probe.warming import thread_count
+
+    if thread_count() > _threads:
+        return f"the command started {thread_count() - _threads} thread(s)"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "the command holds a CUDA context"
+    return None
+
+
+class ForkedServer:
+    """The forked server, as :class:`autobatch.probe.client.ProbeClient` uses a ``subprocess.Popen``."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(["autobatch.probe.server"], timeout or 0.0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+
+def start(init: str, env: Mapping[str, str], stderr: IO[bytes]) -> ForkedServer:
+    """Fork the probe server (its init message ``init``, environment ``env``, log ``stderr``)."""
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _become_server(init, env, stdin_r, stdout_w, stderr.fileno())
+    os.close(stdin_r)
+    os.close(stdout_w)
+    return ForkedServer(pid, os.fdopen(stdin_w, "wb"), os.fdopen(stdout_r, "rb"))
+
+
+def _become_server(init: str, env: Mapping[str, str], stdin: int, stdout: int, stderr: int) -> None:
+    """In the forked child: become ``python -m autobatch.probe.server INIT`` and exit; never returns."""
+    code: Any = 1
+    try:
+        os.setsid()  # as start_new_session: the server's group is its own
+        os.dup2(stdin, 0)
+        os.dup2(stdout, 1)
+        os.dup2(stderr, 2)
+        _release_descriptors()
+        _reset_signals()
+        os.environ.clear()
+        os.environ.update(env)
+        if sys.path and not env.get("PYTHONSAFEPATH"):
+            sys.path[0] = os.getcwd()  # what ``python -m`` puts first
+        sys.argv = [sys.argv[0], init]
+        from autobatch.probe import server
+
+        server.main()
+        code = 0
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException:  # noqa: BLE001 - what the interpreter would print on its way out
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _release_descriptors() -> None:
+    """Replace every descriptor above 2 with ``/dev/null``: what they held (a lock, a pipe) is released, and
+    their numbers stay taken, so an object of the command that still holds one never closes a reused one."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != null:
+            try:
+                os.dup2(null, fd)
+            except OSError:
+                pass  # the listing's own descriptor, closed by now
+    os.close(null)
+
+
+def _reset_signals() -> None:
+    """Python's handlers of the command back to the defaults an exec'd interpreter starts with."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            handler = signal.getsignal(signum)
+        except (ValueError, OSError):
+            continue
+        if callable(handler) and signum != signal.SIGINT:
+            signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,0 +1,137 @@
+"""The daemon's warm path: a command it runs forks its probe server from the warm process (no fresh Python, no
+torch import) and answers as in-process; its memory stays flat over hundreds of requests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import ROOT, run_cli
+
+from autobatch.daemon.client import Client
+from autobatch.daemon.place import Place
+
+SCRIPTS = ROOT / "tests" / "scripts"
+#: A small tune whose maximum is below any cap, with room above the probe process's 310 MiB of imports (under
+#: 400 MiB the room was 67 MiB, and runs spread from 165 to 256).
+TUNE = ("tune", str(SCRIPTS / "small_cnn.py"), "--device", "cpu", "--memory", "700MiB", "-p", "32-true", "-o", "sgd",
+        "--no-recompute", "--objective", "max-batch", "--no-cache", "--json", "--output", "r.json")  # fmt: skip
+
+
+@pytest.fixture
+def place() -> Iterator[Place]:
+    folder = Path(tempfile.mkdtemp(prefix="abw-")) / "rt"
+    here = Place(folder)
+    yield here
+    if (folder / "daemon.sock").exists():
+        Client(here).stop(timeout=60)
+    shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def common_env(place: Place, tmp_path: Path) -> dict[str, str]:
+    # The user's own wait policy is kept, so no probe server restarts with another one (a restart starts a
+    # fresh Python: what OpenMP reads as it loads differs from the warm process's). The locks are the test's:
+    # other tunes on the machine do not queue it.
+    return {"OMP_WAIT_POLICY": "PASSIVE", "AUTOBATCH_LOCK_DIR": str(tmp_path / "locks"),
+            "AUTOBATCH_DAEMON_DIR": str(place.folder)}  # fmt: skip
+
+
+def below(pid: int) -> dict[int, str]:
+    """The processes below ``pid``, with their command lines."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().split(")")[-1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in found:
+                try:
+                    found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                todo.append(child)
+    return found
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+@pytest.mark.slow
+def test_a_tune_forks_its_probe_server_from_the_warm_process_and_answers_as_in_process(
+    place: Place, tmp_path: Path
+) -> None:
+    env = common_env(place, tmp_path)
+    here = run_cli(*TUNE, cwd=tmp_path, env=env)
+    assert here.returncode == 0, here.stderr
+    assert run_cli("daemon", "start", env={**env, "AUTOBATCH_DAEMON": "on"}).returncode == 0
+    status = Client(place).status()
+    assert status is not None
+    seen: dict[int, str] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            seen.update(below(int(status["pid"])))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        through = run_cli(*TUNE, cwd=tmp_path, env={**env, "AUTOBATCH_DAEMON": "on"})
+    finally:
+        done.set()
+        watcher.join()
+    assert through.returncode == 0, through.stderr
+    started = [cmd for cmd in seen.values() if "autobatch.probe.server" in cmd]
+    assert not started, f"a probe server started as a fresh Python: {started}"
+    assert len(seen) >= 4, seen  # the warm process, the command, its probe server, a probe at least
+    ours, theirs = json.loads(here.stdout), json.loads(through.stdout)
+    # The same answer up to the spread between any two runs on a loaded machine (a few percent); a forked
+    # server's larger processes left uncounted would be off by far more.
+    for mine, other in zip(theirs["combinations"], ours["combinations"]):
+        assert abs(mine["max_batch_size"] - other["max_batch_size"]) <= 0.1 * other["max_batch_size"], (
+            mine,
+            other,
+        )
+    assert theirs["status"] == ours["status"]
+
+
+@pytest.mark.slow
+def test_the_daemons_memory_stays_flat_over_200_requests(place: Place, tmp_path: Path) -> None:
+    env = {
+        **common_env(place, tmp_path),
+        "AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"),
+        "AUTOBATCH_DAEMON": "on",
+    }
+    # A tune served from the result cache: the cheapest request that runs a whole command (a check always probes).
+    cached = (*TUNE[:-4], "--max-batch-size", "8", "--json", "--output", "r.json")
+    assert run_cli(*cached, cwd=tmp_path, env={**env, "AUTOBATCH_DAEMON": "off"}).returncode == 0
+    first = run_cli(*cached, cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["cache"]["served"]
+    status = Client(place).status()
+    assert status is not None
+    daemon = int(status["pid"])
+    warm = next(pid for pid, cmd in below(daemon).items() if "autobatch.daemon.zygote" in cmd)
+    for _ in range(10):  # past what the first requests allocate once (threads, buffers)
+        assert run_cli(*cached, cwd=tmp_path, env=env).returncode == 0
+    before = rss(daemon), rss(warm)
+    for _ in range(200):
+        assert run_cli(*cached, cwd=tmp_path, env=env).returncode == 0
+    after = rss(daemon), rss(warm)
+    assert after[0] < before[0] * 1.10, f"the daemon grew from {before[0]} to {after[0]} bytes"
+    assert after[1] < before[1] * 1.10, f"the warm process grew from {before[1]} to {after[1]} bytes"
