@@ -152,7 +152,9 @@ def test_full_grid_table_chosen_and_plan(tmp_path) -> None:
 
 def test_later_step_trap_is_caught(tmp_path) -> None:
     """One step (no optimizer state yet) would accept a batch that OOMs at step 2; tune does not."""
-    cap = "1GiB"
+    # 850 MiB: a maximum of about 580 samples, well above the 256 from which step 2 (not step 1's optimizer
+    # step) is what binds, and steps cheaper than under 1 GiB; the trap spans about 256 samples at any cap
+    cap = "850MiB"
     script = str(SCRIPTS / "later_step_trap.py")
     out = tmp_path / "r.json"
     proc = run_cli(
@@ -329,7 +331,7 @@ def test_rerun_is_served_from_the_probe_cache(tmp_path) -> None:
         "--device",
         "cpu",
         "--memory",
-        "500MiB",
+        "440MiB",
         "--precision",
         "32-true",
         "--optimizer",
