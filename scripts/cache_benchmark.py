@@ -18,15 +18,11 @@ Prints a table and writes it, headed by the command, the date and the autobatch 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +42,7 @@ GRID = ["-p", "32-true", "-o", "sgd", "--no-recompute"]
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, dict[str, Any]]:
-    """(wall seconds, CPU seconds of the command and every process it waited for, its JSON output)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "autobatch", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    took = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if proc.returncode != 0:
-        raise SystemExit(f"autobatch {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
-    return took, cpu, (json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {})
+    return measurements.run_autobatch(args, env, cwd)
 
 
 def measure(example: str, memory: str, repeats: int) -> list[dict[str, Any]]:

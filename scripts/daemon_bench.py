@@ -21,11 +21,9 @@ Prints a table and writes it, headed by the command, the date and the autobatch 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,19 +58,8 @@ CASES = {
 
 def run(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, dict[str, Any]]:
     """(wall seconds, JSON output) of ``autobatch ARGS``."""
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "autobatch", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    took = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"autobatch {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return took, (json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {})
+    took, _, output = measurements.run_autobatch(args, env, cwd)
+    return took, output
 
 
 def answer(output: dict[str, Any]) -> str:

@@ -17,14 +17,20 @@ date identify a run).
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import re
+import resource
 import shlex
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ROOT / "docs" / "measurements"
@@ -151,3 +157,24 @@ def shown(path: Path) -> str:
         return str(path.resolve().relative_to(ROOT))
     except ValueError:
         return scrub(str(path))
+
+
+def run_autobatch(args: Sequence[str], env: dict[str, str], cwd: Path) -> tuple[float, float, dict[str, Any]]:
+    """(wall seconds, CPU seconds of the command and every process it waited for, its JSON output) of
+    ``python -m autobatch ARGS``; a failure ends the benchmark with the command's error."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "autobatch", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    took = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if proc.returncode != 0:
+        raise SystemExit(f"autobatch {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return took, cpu, (json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {})
