@@ -95,10 +95,7 @@ def propose(bracket: Bracket, points: dict[int, int], prediction: Prediction, bu
 def noise(points: dict[int, int], center: float, near: float) -> float | None:
     """The model's noise in batch sizes: the largest residual of the points at or above ``near * center``
     from their least-squares line, over its slope (None: fewer than three such points; inf: they do not
-    rise, as on an allocator's plateau). With four points or more, from their least-squares parabola if
-    that leaves less: a convex curve's bend read as noise spread the quadratic example's end game over
-    three samples next to a boundary it had within one (2966 fitted, then 2968 and 2967 missed). Three
-    near points borrow the next ones below for it.
+    rise, as on an allocator's plateau).
 
     A line through two close points amplifies their noise; the least-squares line through all the
     points near the boundary does not.
@@ -114,28 +111,7 @@ def noise(points: dict[int, int], center: float, near: float) -> float | None:
     slope = sum((b - mb) * (p - mp) for b, p in items) / var if var > 0 else 0.0
     if not slope > 0:
         return math.inf
-    residual = max(abs(p - mp - slope * (b - mb)) for b, p in items)
-    # The parabola through the near points and, while they are fewer than four, the next ones below.
-    below = sorted((b, p) for b, p in points.items() if b < near * center)
-    bent = below[len(below) - (4 - len(items)) :] + items if len(items) < 4 else items
-    if len(bent) >= 4 and all(p1 < p2 for (_, p1), (_, p2) in zip(bent, bent[1:], strict=False)):
-        residual = min(residual, _bent_residual(bent))
-    return residual / slope
-
-
-def _bent_residual(items: list[tuple[int, int]]) -> float:
-    """The largest residual of the points from their least-squares parabola (bytes)."""
-    mb = sum(b for b, _ in items) / len(items)
-    xs = [(b - mb) / max(1.0, mb) for b, _ in items]
-    mp = sum(p for _, p in items) / len(items)
-    ys = [p - mp for _, p in items]
-    sums = [sum(x**k for x in xs) for k in range(5)]
-    rhs = [sum(y * x**k for x, y in zip(xs, ys, strict=True)) for k in range(3)]
-    matrix = [[sums[i + j] for j in range(3)] for i in range(3)]
-    coef = _solve3(matrix, rhs)
-    if coef is None:
-        return math.inf
-    return max(abs(y - coef[0] - coef[1] * x - coef[2] * x * x) for x, y in zip(xs, ys, strict=True))
+    return max(abs(p - mp - slope * (b - mb)) for b, p in items) / slope
 
 
 def distribution(
@@ -212,23 +188,6 @@ def best_probe(weights: list[float], base_cost: float, top_cost: float = 0.0) ->
             cost[a][b] = prefix[b] - prefix[a] + best
             choice[a][b] = where
     return choice[0][width]
-
-
-def _solve3(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
-    """Cramer's rule for three equations (None: singular)."""
-
-    def det(a: list[list[float]]) -> float:
-        return (
-            a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
-            - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
-            + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0])
-        )
-
-    whole = det(matrix)
-    if whole == 0:
-        return None
-    columns = [[[rhs[r] if c == k else matrix[r][c] for c in range(3)] for r in range(3)] for k in range(3)]
-    return [det(column) / whole for column in columns]
 
 
 def _ceil_log2(x: int) -> int:

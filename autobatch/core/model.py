@@ -257,15 +257,10 @@ def _phase_gap(fits: list[Reading], misses: list[tuple[int | None, int | None]],
     :func:`rising_gap`, raised to what every miss proves. A miss peaked at or above the line, and at
     least as high as the peak it reached before it stopped, so the gap is at least either less its reading
     (a parameter-heavy model at bf16-mixed: fits on the optimizer step's plateau read no gap, the first
-    miss reached 8 MiB above its reading, and without it the search crept down a sample a probe). The two
-    largest fits read it too: on a plateau far above the rising phase the peak's growth from the smallest
-    fit hides where the largest left it (the parameter-heavy model at 32-true: fits at 8, 85 and 481 on the
-    plateau, 592 peaked 0.13 MiB over its reading; read without that gap, the model put the boundary at
-    592.9 and the end game probed 594 and 593).
+    miss reached 8 MiB above its reading, and without it the search crept down a sample a probe).
     """
     proven = [max(line, p or 0) - r for p, r in misses if r is not None]
-    both: list[Reading] = sorted((b, p, r) for b, p, r in fits if p is not None and r is not None)
-    return max(0, rising_gap(fits), rising_gap(both[-2:]), *proven)
+    return max(0, rising_gap(fits), *proven)
 
 
 def peak_keeps_pace(fits: list[Reading]) -> bool:
