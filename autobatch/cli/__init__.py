@@ -5,7 +5,7 @@
 setting on), before Typer, rich, the command modules or torch are imported, so that a command the daemon
 answers costs its client little more than the interpreter's start. Anything else (or the daemon off,
 absent, or failing) runs in this process: :func:`autobatch.cli.root.main`, with the same errors and exit
-codes. ``app`` (the Typer app) is imported on first use.
+codes. The Typer app, with every command registered, is :data:`autobatch.cli.root.app`.
 """
 
 from __future__ import annotations

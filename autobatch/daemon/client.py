@@ -1,11 +1,11 @@
 """The command's side of the daemon: reach it, start it, run a command through it, stop it.
 
 Plain ``http.client`` over the Unix socket; nothing here imports torch, so ``autobatch --help`` and a command
-answered by the daemon stay light. :func:`route` is what :func:`autobatch.cli.main` asks first, before the Typer app is imported: with the
-``daemon`` setting at ``auto`` or ``on``, ``tune``, ``check``, ``explain`` and ``estimate`` run through the
-daemon (started on first use; replaced when its versions differ from this client's), and their output and exit
-code are the command's. A daemon that cannot be reached leaves the command to run in-process with a note
-(``auto``) or is an error (``on``).
+answered by the daemon stay light. :func:`route` is what :func:`autobatch.cli.main` asks first, before the
+Typer app is imported: with the ``daemon`` setting at ``auto`` or ``on``, ``tune``, ``check``, ``explain`` and
+``estimate`` run through the daemon (started on first use; replaced when its versions differ from this
+client's), and their output and exit code are the command's. A daemon that cannot be reached leaves the
+command to run in-process with a note (``auto``) or is an error (``on``).
 """
 
 from __future__ import annotations

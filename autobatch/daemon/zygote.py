@@ -4,12 +4,12 @@ The daemon starts it (``python -m autobatch.daemon.zygote FD``) before it serves
 ``SOCK_SEQPACKET`` pair (one message per packet: no framing of ours). It stays single-threaded and never
 touches CUDA, so a fork of it is as safe as the probe server's forks. It also imports what a probe server
 imports before its first fork, and starts with the CPU device's pinned allocator (``MALLOC_ENV``), so that a
-command forked from it forks its probe server from itself (:mod:`autobatch.probe.forked`). For each request it receives the
-request (argv, working folder, environment, ``sys.path``) and the request's stdout, stderr and event pipes,
-forks, and answers ``{"started": id, "pid": pid}``; when a child exits it answers ``{"exited": pid, "code": code}``
-(``-N`` for a signal N). The child takes a session of its own (its process group is its pid, which the
-daemon signals to cancel it), dies with the zygote (``PR_SET_PDEATHSIG``), takes the client's folder,
-environment and arguments, and runs :func:`autobatch.cli.main` as ``autobatch ARGS`` would.
+command forked from it forks its probe server from itself (:mod:`autobatch.probe.forked`). For each request it
+receives the request (argv, working folder, environment, ``sys.path``) and the request's stdout, stderr and
+event pipes, forks, and answers ``{"started": id, "pid": pid}``; when a child exits it answers
+``{"exited": pid, "code": code}`` (``-N`` for a signal N). The child takes a session of its own (its process group is its
+pid, which the daemon signals to cancel it), dies with the zygote (``PR_SET_PDEATHSIG``), takes the client's
+folder, environment and arguments, and runs :func:`autobatch.cli.main` as ``autobatch ARGS`` would.
 """
 
 from __future__ import annotations

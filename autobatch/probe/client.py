@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autobatch.cache.folder import inductor_folder
 from autobatch.devices.cpu import MALLOC_ENV
@@ -66,6 +66,16 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+class FreshMeasure(NamedTuple):
+    """The run's fresh-process measurement (:mod:`autobatch.probe.fresh`), as a later server counts against it."""
+
+    request: ProbeRequest
+    #: The forked probes' settled data, per rank.
+    settled: list[int]
+    #: The server that measured it was forked from a warm process (:mod:`autobatch.probe.forked`).
+    forked: bool
+
+
 class ProbeClient:
     """A running probe server for one script.
 
@@ -95,9 +105,7 @@ class ProbeClient:
         self.env = dict(env or {})
         self._start_timeout = start_timeout
         self.probes_run = 0
-        #: The run's fresh-process measurement: its request, the forked probes' settled data (per rank), and
-        #: whether the server that measured it was forked from a warm process (autobatch.probe.fresh).
-        self._fresh: tuple[ProbeRequest, list[int], bool] | None = None
+        self._fresh: FreshMeasure | None = None
         #: What this server's probes add to the measured offsets (per rank): a server of another start holds
         #: another baseline, and its probes are counted against the same fresh process.
         self._recount: list[int] = []
@@ -147,23 +155,23 @@ class ProbeClient:
         self.env.update(env)
         self._start()
         self._recount = []
-        if self._fresh is not None and (self.cold is None) != self._fresh[2]:
-            self._recount_fresh(*self._fresh[:2])
+        if self._fresh is not None and (self.cold is None) != self._fresh.forked:
+            self._recount_fresh(self._fresh)
 
-    def _recount_fresh(self, measured: ProbeRequest, settled: list[int]) -> None:
+    def _recount_fresh(self, fresh: FreshMeasure) -> None:
         """The forked half of the fresh-process measurement again, on this server (one forked from the warm
         process where the first was a fresh Python, or the other way round): its probes hold another baseline,
         and the difference is added to every offset, so they count as the job's fresh process as the first
         server's did. A measurement that fails leaves the offsets as measured (the server log says so)."""
-        outcome = self._send(replace(measured, options={**measured.options, "forked_only": True}))
+        outcome = self._send(replace(fresh.request, options={**fresh.request.options, "forked_only": True}))
         again = outcome.info.get("forked_settled_bytes") if outcome.fits else None
-        if not again or len(again) != len(settled):
+        if not again or len(again) != len(fresh.settled):
             self._stderr.write(
                 b"autobatch: the forked half of the fresh-process measurement failed on this server: its probes count "
                 b"with the first server's offsets\n"
             )
             return
-        self._recount = [int(before) - int(now) for before, now in zip(settled, again, strict=True)]
+        self._recount = [int(before) - int(now) for before, now in zip(fresh.settled, again, strict=True)]
 
     def __enter__(self) -> ProbeClient:
         return self
@@ -182,7 +190,8 @@ class ProbeClient:
             request = request.with_run(fresh_offset_bytes=counted)
         outcome = self._send(request)
         if request.op == "fresh_baseline" and "offset_bytes" in outcome.info:
-            self._fresh = (request, [int(b) for b in outcome.info["forked_settled_bytes"]], self.cold is None)
+            settled = [int(b) for b in outcome.info["forked_settled_bytes"]]
+            self._fresh = FreshMeasure(request, settled, forked=self.cold is None)
         return outcome
 
     def _send(self, request: ProbeRequest) -> ProbeOutcome:
