@@ -77,14 +77,16 @@ class Client:
         return answer
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> bool:
-        """Stop the daemon and wait until it has gone; False when none ran."""
+        """Stop the daemon and wait until it has gone (its lock released and its process ended); False when none
+        ran."""
+        pid = _pid(self.place)
         try:
             self.ask("POST", "/v1/stop")
         except (OSError, http.client.HTTPException, ValueError):
             return False
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not _locked(self.place):
+            if not _locked(self.place) and (pid is None or _ended(pid)):
                 return True
             time.sleep(0.1)
         raise DaemonError(
@@ -190,6 +192,24 @@ def _relay(response: http.client.HTTPResponse, state: dict[str, Any]) -> int:
         elif "exit" in message:
             code = int(message["exit"])
             return code if code >= 0 else 128 - code
+
+
+def _pid(place: Place) -> int | None:
+    """The running daemon's pid, from its pid file (None: none written, or unreadable)."""
+    try:
+        return int(place.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _ended(pid: int) -> bool:
+    """Has process ``pid`` ended (gone, or a zombie its parent has yet to reap)?"""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _locked(place: Place) -> bool:
