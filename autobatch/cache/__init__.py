@@ -6,6 +6,7 @@
 ``journal``  every probe's outcome, appended as it finishes (resume after an interruption)
 ``results``  complete results, served by a second identical tune without a probe server
 ``evidence`` what jobs saw at runtime, per tuned key (``autobatch run``, the in-loop guard)
+``fresh``    the job's fresh process on the CPU, measured once and kept for the next tune or check
 ``manage``   ``autobatch cache list | show | clear``: the entries of a folder
 
 Importing this package imports no torch.

@@ -13,11 +13,13 @@ already there is read and nothing new is kept. A damaged file is renamed to
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 Warn = Callable[[str], None]
 
@@ -103,6 +105,42 @@ class CacheFolder:
         except OSError as exc:
             where = f"could not be moved aside ({_reason(exc)}) and is ignored"
         self.warn(f"the cache file {file} is damaged ({why}): {where}; it is rebuilt by this run")
+
+    def read_json(self, path: Path, what: str) -> Any:
+        """The JSON document in ``path``, ``what`` it holds named in messages; None when there is none, when it
+        cannot be read (a warning) or is not JSON (moved aside)."""
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self.warn(f"cannot read the {what} {path}: {exc}")
+            return None
+        except ValueError as exc:
+            self.move_aside(path, f"not JSON: {exc}")
+            return None
+
+    def write_json(self, path: Path, document: Any) -> Path | None:
+        """Write ``document`` to ``path`` at once (atomically), under the folder's lock; None when the folder
+        cannot be written."""
+        if not self.writable:
+            return None
+        from autobatch.records.files import write_atomic
+
+        try:
+            with self.lock():
+                return write_atomic(path, json.dumps(document, indent=1) + "\n")
+        except OSError as exc:
+            self.unwritable(exc)
+            return None
+
+    @staticmethod
+    def touch(path: Path) -> None:
+        """Mark an entry used now: ``cache clear --older-than`` counts from its last use."""
+        try:
+            os.utime(path)
+        except OSError:
+            pass
 
     def files(self, pattern: str) -> list[Path]:
         """The folder's files matching ``pattern`` (none when the folder does not exist)."""

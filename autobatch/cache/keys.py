@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from autobatch.records.version import MEASURED_BY
+from autobatch.records.version import MEASURED_BY, torch_version
 
 if TYPE_CHECKING:
     from autobatch.settings import Settings
@@ -55,30 +55,6 @@ def digest(parts: Iterable[Any], length: int = 16) -> str:
 def fingerprint(sources: Mapping[str, str], parts: Iterable[Any]) -> str:
     """The probe journal's key: the sources' digests and everything else that decides a probe's outcome."""
     return digest([dict(sources), *parts])
-
-
-def torch_version() -> str:
-    """The installed torch's version, read from ``torch/version.py`` without importing torch (which
-    takes seconds), else from its package metadata."""
-    import importlib.util
-    import re
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("torch")
-    if spec is not None and spec.origin:
-        try:
-            text = (Path(spec.origin).parent / "version.py").read_text()
-            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
-            if found:
-                return found.group(1)
-        except OSError:
-            pass
-    from importlib import metadata
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def versions() -> dict[str, str]:

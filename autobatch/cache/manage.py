@@ -1,7 +1,8 @@
 """What a cache folder holds, for ``autobatch cache list | show KEY | clear [--older-than AGE]``.
 
 Entries are the stored results (``KEY.result.json``), the probe journals (``KEY.jsonl``), what jobs saw at
-runtime (``KEY.evidence.jsonl``, :mod:`autobatch.cache.evidence`) and damaged files that a run moved aside
+runtime (``KEY.evidence.jsonl``, :mod:`autobatch.cache.evidence`), the kept fresh processes
+(``KEY.fresh.json``, :mod:`autobatch.cache.fresh`) and damaged files that a run moved aside
 (``NAME.corrupt-STAMP``). An entry's age is the time since it was last
 written or served (a served result's file is touched). Clearing holds the folder's lock, so a run
 writing at the same moment is never left with half a file; a run that still has a journal open keeps
@@ -20,6 +21,7 @@ from typing import Any
 from autobatch.cache.evidence import SUFFIX as EVIDENCE_SUFFIX
 from autobatch.cache.evidence import parse as parse_evidence
 from autobatch.cache.folder import CacheFolder
+from autobatch.cache.fresh import SUFFIX as FRESH_SUFFIX
 from autobatch.cache.journal import Damaged, parse_lines
 from autobatch.cache.results import SUFFIX
 from autobatch.core.units import format_bytes
@@ -31,7 +33,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 @dataclass
 class Entry:
     key: str
-    kind: str  # "result" | "journal" | "evidence" | "damaged"
+    kind: str  # "result" | "journal" | "evidence" | "fresh" | "damaged"
     path: Path
     size: int
     modified: float
@@ -73,6 +75,7 @@ def entries(folder: CacheFolder) -> list[Entry]:
     found = [_result(folder, p) for p in folder.files(f"*{SUFFIX}")]
     found += [_journal(p) for p in folder.files("*.jsonl") if not p.name.endswith(EVIDENCE_SUFFIX)]
     found += [_evidence(p) for p in folder.files(f"*{EVIDENCE_SUFFIX}")]
+    found += [_fresh(p) for p in folder.files(f"*{FRESH_SUFFIX}")]
     found += [_damaged(p) for p in folder.files("*.corrupt-*")]
     return sorted(found, key=lambda e: -e.modified)
 
@@ -156,6 +159,19 @@ def _evidence(path: Path) -> Entry:
         return Entry(key, "damaged", path, size, modified, detail=f"unreadable runtime evidence ({exc})")
     data = {"events": [e.to_dict() for e in events]}
     return Entry(key, "evidence", path, size, modified, detail=f"{len(events)} runtime event(s)", data=data)
+
+
+def _fresh(path: Path) -> Entry:
+    size, modified = _stat(path)
+    key = path.name[: -len(FRESH_SUFFIX)]
+    try:
+        data = json.loads(path.read_text())
+        detail = "the job's fresh process: " + ", ".join(format_bytes(int(b)) for b in data["job_bytes"])
+        device = data["inputs"]["step"]["device"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return Entry(key, "damaged", path, size, modified, detail=f"unreadable kept fresh process ({exc})")
+    script = data.get("script")
+    return Entry(key, "fresh", path, size, modified, script, device, detail, data)
 
 
 def _damaged(path: Path) -> Entry:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,23 +67,13 @@ class ResultStore:
         self.changed = changed_files(read_files(stored.result))
         if self.changed or busier(device_used_bytes, stored.device_used_bytes):
             return None
-        try:
-            os.utime(path)
-        except OSError:
-            pass
+        self.folder.touch(path)
         return stored
 
     def read(self, path: Path) -> StoredResult | None:
         """The stored result in ``path`` (None when absent; a damaged file is moved aside)."""
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            self.folder.warn(f"cannot read the stored result {path}: {exc}")
-            return None
-        except ValueError as exc:
-            self.folder.move_aside(path, f"not JSON: {exc}")
+        data = self.folder.read_json(path, "stored result")
+        if data is None:
             return None
         try:
             if data.get("kind") != "result":
@@ -109,8 +98,6 @@ class ResultStore:
             return None
         if unfingerprinted(result):
             return None
-        from autobatch.records.files import write_atomic
-
         key = inputs.key()
         document = {
             "kind": "result",
@@ -120,12 +107,7 @@ class ResultStore:
             "device_used_bytes": device_used_bytes,
             "result": result.to_dict(),
         }
-        try:
-            with self.folder.lock():
-                return write_atomic(self.path(key), json.dumps(document, indent=1) + "\n")
-        except OSError as exc:
-            self.folder.unwritable(exc)
-            return None
+        return self.folder.write_json(self.path(key), document)
 
 
 def read_files(result: TuneResult) -> dict[str, str | None]:

@@ -45,6 +45,7 @@ def check(
     one_compile: opt.OneCompile = False,
     recompute_class: opt.RecomputeClass = None,
     timeout: opt.Timeout = None,
+    cache: opt.Cache = None,
     batch_env: opt.BatchEnv = None,
     check_batch_size: opt.CheckBatchSize = None,
     strategy: opt.Strategy = None,

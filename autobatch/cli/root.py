@@ -8,8 +8,10 @@ did not answer (:func:`autobatch.cli.main` asks it first).
 
 from __future__ import annotations
 
+import functools
 import sys
-from typing import Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
@@ -27,6 +29,15 @@ from autobatch.cli import daemon  # noqa: E402,F401  # isort: skip
 from autobatch.cli import signalled
 from autobatch.cli.app import app, console
 from autobatch.cli.state import STATE
+
+
+@functools.cache  # `cache` is the command module
+def command() -> Callable[..., Any]:
+    """The app as Click's command, built once a process (Typer builds it from the functions on every call):
+    the daemon's warm process builds it, and every command forked from it runs it as built."""
+    import typer.main
+
+    return typer.main.get_command(app)
 
 
 def _version(value: bool) -> None:
@@ -62,7 +73,7 @@ def main(failed: BaseException | None = None) -> None:
         if failed is not None:
             raise failed
         # Typer (non-standalone) returns typer.Exit's code, and 130 for a KeyboardInterrupt.
-        code = app(standalone_mode=False, prog_name="autobatch")
+        code = command()(standalone_mode=False, prog_name="autobatch")
     except AutobatchError as exc:
         report_error(exc)
         sys.exit(exc.exit_code)

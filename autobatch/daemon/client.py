@@ -1,21 +1,20 @@
 """The command's side of the daemon: reach it, start it, run a command through it, stop it.
 
-Plain ``http.client`` over the Unix socket; nothing here imports torch, so ``autobatch --help`` and a command
-answered by the daemon stay light. :func:`route` is what :func:`autobatch.cli.main` asks first, before the
-Typer app is imported: with the ``daemon`` setting at ``auto`` or ``on``, ``tune``, ``check``, ``explain`` and
-``estimate`` run through the daemon (started on first use; replaced when its versions differ from this
-client's), and their output and exit code are the command's. A daemon that cannot be reached leaves the
-command to run in-process with a note (``auto``) or is an error (``on``).
+HTTP over the Unix socket (:func:`request`: a few lines, lighter to import than ``http.client``); nothing here
+imports torch, so ``autobatch --help`` and a command answered by the daemon stay light. :func:`route` is what
+:func:`autobatch.cli.main` asks first, before the Typer app is imported: with the ``daemon`` setting at
+``auto`` or ``on``, ``tune``, ``check``, ``explain`` and ``estimate`` run through the daemon (started on first
+use; replaced when its versions differ from this client's), and their output and exit code are the command's.
+A daemon that cannot be reached leaves the command to run in-process with a note (``auto``) or is an error
+(``on``).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -32,20 +31,51 @@ START_TIMEOUT = 180.0
 STOP_TIMEOUT = 60.0
 
 
-class _Connection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float | None) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
+class Answer:
+    """The daemon's answer to one request: its status, then its body as it comes (read to the end, or a line at
+    a time); the connection closes with it (the daemon speaks HTTP/1.0: one request a connection)."""
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._body = sock.makefile("rb")
+        status = self._body.readline().split(None, 2)  # b"HTTP/1.0 200 OK"
+        if len(status) < 2 or not status[0].startswith(b"HTTP/") or not status[1].isdigit():
+            self.close()
+            raise DaemonError(f"the daemon's answer is not HTTP: {b' '.join(status)[:80]!r}")
+        self.status = int(status[1])
+        while self._body.readline() not in (b"\r\n", b"\n", b""):
+            pass  # the headers: the body's end is the connection's
+
+    def readline(self) -> bytes:
+        return self._body.readline()
+
+    def read(self) -> bytes:
+        return self._body.read()
+
+    def close(self) -> None:
+        self._body.close()
+        self._sock.close()
+
+
+def request(
+    socket_path: str, method: str, path: str, body: bytes = b"", timeout: float | None = None
+) -> Answer:
+    """Send one HTTP request over the daemon's Unix socket; its answer. (The standard library's client takes
+    longer to import than a cached command takes to answer: this is the little of HTTP the daemon's requests
+    need; the daemon's side is ``http.server``.)"""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(socket_path)
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        sock.sendall(head.encode() + body)
+        return Answer(sock)
+    except BaseException:
+        sock.close()
+        raise
 
 
 class Client:
@@ -57,20 +87,18 @@ class Client:
     def ask(
         self, method: str, path: str, body: Any = None, timeout: float = 30.0
     ) -> tuple[int, dict[str, Any]]:
-        connection = _Connection(str(self.place.socket), timeout)
+        data = b"" if body is None else json.dumps(body).encode()
+        answer = request(str(self.place.socket), method, path, data, timeout)
         try:
-            data = None if body is None else json.dumps(body).encode()
-            connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
-            response = connection.getresponse()
-            return response.status, json.loads(response.read() or b"{}")
+            return answer.status, json.loads(answer.read() or b"{}")
         finally:
-            connection.close()
+            answer.close()
 
     def status(self) -> dict[str, Any] | None:
         """The daemon's status, or None when no daemon answers."""
         try:
             code, answer = self.ask("GET", "/v1/status", timeout=10.0)
-        except (OSError, http.client.HTTPException, ValueError):
+        except (OSError, DaemonError, ValueError):
             return None
         if code != 200:
             raise DaemonError(f"the daemon at {self.place.socket} refused: {answer.get('error', code)}")
@@ -82,7 +110,7 @@ class Client:
         pid = _pid(self.place)
         try:
             self.ask("POST", "/v1/stop")
-        except (OSError, http.client.HTTPException, ValueError):
+        except (OSError, DaemonError, ValueError):
             return False
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -114,6 +142,8 @@ class Client:
             if status.get("identity") == identity():
                 return status
             self.stop()  # another version's daemon: never a stale answer
+        import subprocess
+
         with open(self.place.log, "ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "autobatch", "serve", "--idle", str(idle)],
@@ -142,14 +172,11 @@ class Client:
         Ctrl-C (and SIGTERM) is passed on to the command, which stops its probes and keeps what it measured,
         as in-process; a second one leaves without waiting (the daemon then ends the command)."""
         body = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "sys_path": list(sys.path)}
-        connection = _Connection(str(self.place.socket), None)
-        connection.request(
-            "POST", "/v1/run", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        response = connection.getresponse()
+        response = request(str(self.place.socket), "POST", "/v1/run", json.dumps(body).encode())
         if response.status != 200:
-            answer = json.loads(response.read() or b"{}")
-            raise DaemonError(f"the daemon refused the command: {answer.get('error', response.status)}")
+            refused = json.loads(response.read() or b"{}")
+            response.close()
+            raise DaemonError(f"the daemon refused the command: {refused.get('error', response.status)}")
         state: dict[str, Any] = {"id": None, "signals": 0}
 
         def on_signal(signum: int, _frame: Any) -> None:
@@ -158,7 +185,7 @@ class Client:
                 raise KeyboardInterrupt
             try:
                 self.cancel(state["id"], "INT" if signum == signal.SIGINT else "TERM")
-            except (OSError, http.client.HTTPException, DaemonError, ValueError):
+            except (OSError, DaemonError, ValueError):
                 raise KeyboardInterrupt from None
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -169,10 +196,10 @@ class Client:
         finally:
             for each, handler in previous.items():
                 signal.signal(each, handler)
-            connection.close()
+            response.close()
 
 
-def _relay(response: http.client.HTTPResponse, state: dict[str, Any]) -> int:
+def _relay(response: Answer, state: dict[str, Any]) -> int:
     """Print the command's output as its lines come; its exit code (128 + N for a signal N)."""
     while True:
         line = response.readline()
@@ -237,17 +264,19 @@ def route(argv: Sequence[str]) -> int | None:
     ours = argv[: list(argv).index("--")] if "--" in argv else argv
     if "--help" in ours or "-h" in ours:
         return None
-    setting = _setting(ours)
-    if setting is None or setting[0] == "off":
+    mode = _mode(ours)
+    if mode is None or mode == "off":
         return None
-    mode, idle = setting
     client = Client()
     try:
         status = client.status()
         if status is None or status.get("identity") != identity():
-            client.start(idle)
+            setting = _setting(ours)  # the idle time a started daemon keeps
+            if setting is None:
+                return None  # the command reports what is wrong with its settings
+            client.start(setting[1])
         return client.run(argv)
-    except (OSError, http.client.HTTPException, DaemonError, ValueError) as exc:
+    except (OSError, DaemonError, ValueError) as exc:
         if mode == "on":
             if isinstance(exc, DaemonError):
                 raise
@@ -257,6 +286,18 @@ def route(argv: Sequence[str]) -> int | None:
             f"note: the autobatch daemon cannot be reached ({why}); running in this process", file=sys.stderr
         )
         return None
+
+
+def _mode(ours: Sequence[str]) -> str | None:
+    """The ``daemon`` setting for this command: its environment variable when it names a mode (it overrides
+    any config file, and reading it spares the client the settings' import), else the settings'."""
+    from autobatch.core.daemon_mode import DAEMON_ENV, DAEMON_MODES
+
+    named = os.environ.get(DAEMON_ENV, "").strip()
+    if named in DAEMON_MODES:
+        return named
+    setting = _setting(ours)
+    return setting[0] if setting is not None else None
 
 
 def _setting(ours: Sequence[str]) -> tuple[str, float] | None:

@@ -3,25 +3,24 @@
 One daemon per user per node: its socket, log, pid file and locks sit in a folder only the user can enter
 (0700): ``$XDG_RUNTIME_DIR/autobatch``, else ``autobatch-daemon-UID`` in the temporary folder. The variable
 ``AUTOBATCH_DAEMON_DIR`` names another folder (tests, several daemons side by side). :func:`identity` is what a
-client compares with the daemon's before it trusts an answer: the versions of autobatch and torch (read from
-the installed metadata, so the client never imports torch), the interpreter and where autobatch is imported from.
+client compares with the daemon's before it trusts an answer: the versions of autobatch and torch (torch's read from
+its ``version.py``, so the client never imports torch), the interpreter and where autobatch is imported from.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 #: The folder of the daemon, when set (else the runtime folder).
 DIR_ENV = "AUTOBATCH_DAEMON_DIR"
 
 
-@dataclass(frozen=True)
-class Place:
-    """The daemon's folder and the files in it."""
+class Place(NamedTuple):
+    """The daemon's folder and the files in it (a named tuple: the client imports it on every command, and
+    dataclasses take longer to import than a cached answer takes)."""
 
     folder: Path
 
@@ -33,6 +32,8 @@ class Place:
         runtime = os.environ.get("XDG_RUNTIME_DIR")
         if runtime and Path(runtime).is_dir():
             return cls(Path(runtime) / "autobatch")
+        import tempfile
+
         return cls(Path(tempfile.gettempdir()) / f"autobatch-daemon-{os.getuid()}")
 
     @property
@@ -74,17 +75,11 @@ class Place:
 
 def identity() -> dict[str, str]:
     """What makes a daemon's answers valid for this client: a daemon whose identity differs is replaced."""
-    from importlib.metadata import PackageNotFoundError, version
+    from autobatch.records.version import __version__, torch_version
 
-    from autobatch.records.version import __version__
-
-    try:
-        torch = version("torch")
-    except PackageNotFoundError:
-        torch = ""
     return {
         "autobatch": __version__,
-        "torch": torch,
+        "torch": torch_version(),
         "python": sys.executable,
         "package": str(Path(__file__).resolve().parents[1]),
     }

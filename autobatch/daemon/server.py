@@ -88,6 +88,8 @@ class Request:
     device: str = ""
     exit_code: int | None = None
     started: threading.Event = field(default_factory=threading.Event)
+    #: Set once ``exit_code`` is known.
+    exited: threading.Event = field(default_factory=threading.Event)
 
     def describe(self) -> dict[str, Any]:
         script = next((a for a in self.argv[1:] if a.endswith(".py")), "")
@@ -171,6 +173,7 @@ class Daemon:
                     for request in self.requests.values():
                         if request.pid == answer["exited"]:
                             request.exit_code = answer["code"]
+                            request.exited.set()
 
     # Requests ---------------------------------------------------------------------------------------------
 
@@ -209,10 +212,7 @@ class Daemon:
         _killpg(request.pid, signum)
 
         def backstop() -> None:
-            deadline = time.monotonic() + CANCEL_GRACE
-            while request.exit_code is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if request.exit_code is None and request.pid is not None:
+            if not request.exited.wait(CANCEL_GRACE) and request.pid is not None:
                 _killpg(request.pid, signal.SIGKILL)
 
         threading.Thread(target=backstop, daemon=True).start()
@@ -482,8 +482,7 @@ class _Stream:
             tail = decoders[fd].decode(b"", final=True)
             if tail:
                 self.send({name: tail})
-        while request.exit_code is None:
-            time.sleep(0.05)
+        request.exited.wait()
         self.send({"exit": request.exit_code})
 
     def _events(self, data: bytes) -> bytes:

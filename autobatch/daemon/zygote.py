@@ -20,6 +20,7 @@ import select
 import signal
 import socket
 import sys
+import weakref
 from typing import Any
 
 #: Largest request message (the environment is the bulk of it); the server enforces a smaller limit.
@@ -38,11 +39,15 @@ def main(fd: int) -> None:
     from autobatch.probe.lineage import die_with_parent
 
     die_with_parent(signal.SIGKILL)
+    woken, waking = _wake_on_child_exit()
     control.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
     children: dict[int, str] = {}
     while True:
-        readable, _, _ = select.select([control], [], [], 0.2)
-        if readable:
+        readable, _, _ = select.select([control.fileno(), woken], [], [], 5.0)
+        if woken in readable:
+            while _drained(woken):
+                pass
+        if control.fileno() in readable:
             message, fds, _flags, _addr = socket.recv_fds(control, MAX_MESSAGE, 3)
             if not message:
                 return  # the daemon is gone
@@ -52,6 +57,10 @@ def main(fd: int) -> None:
             pid = os.fork()
             if pid == 0:
                 control.close()
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.close(woken)
+                os.close(waking)
                 _child(request, fds, started_with)
             for each in fds:
                 os.close(each)
@@ -60,13 +69,32 @@ def main(fd: int) -> None:
         _reap(control, children)
 
 
-def _warm() -> None:
-    """Import what the routed commands use (ours and the libraries they import on first use), and parse each
-    command's options once: Typer builds its converters (pydantic) on the first parse, a fork inherits them."""
-    import filelock  # noqa: F401
-    import typer.main
+def _wake_on_child_exit() -> tuple[int, int]:
+    """A pipe (read end, write end) that a byte reaches when a child exits (``SIGCHLD`` through Python's
+    wake-up fd): its exit code goes to the daemon at once, not at the next poll."""
+    read, write = os.pipe()
+    for end in (read, write):
+        os.set_blocking(end, False)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)  # a handler, so that the signal is delivered
+    signal.set_wakeup_fd(write)
+    return read, write
 
-    import autobatch.cli.root  # noqa: F401  # every command module registered and imported
+
+def _drained(fd: int) -> bool:
+    """Read what the wake-up pipe holds; False once it is empty."""
+    try:
+        return bool(os.read(fd, 4096))
+    except BlockingIOError:
+        return False
+
+
+def _warm() -> None:
+    """Import what the routed commands use (ours and the libraries they import on first use), build the app's
+    command and parse each routed command's options once (Typer builds its converters on the first parse): a
+    fork inherits them all. The finalizers of what it imported do not run at each command's exit."""
+    import filelock  # noqa: F401
+
+    import autobatch.cli.root  # every command module registered and imported
     import autobatch.core.world  # noqa: F401
     import autobatch.devices.inventory  # noqa: F401
     import autobatch.devices.selection  # noqa: F401
@@ -74,16 +102,18 @@ def _warm() -> None:
     import autobatch.run.check  # noqa: F401
     import autobatch.service.check  # noqa: F401
     import autobatch.service.tune  # noqa: F401
-    from autobatch.cli.app import app
     from autobatch.daemon.client import ROUTED
     from autobatch.probe.ops import load_operations
     from autobatch.probe.server import preload
 
     load_operations(())  # what a probe server imports before its first fork, imported here once
     preload()
-    group = typer.main.get_command(app)
+    group = autobatch.cli.root.command()
     for name in ROUTED:
         group.commands[name].make_context(name, [], resilient_parsing=True)  # type: ignore[attr-defined]
+    for finalizer in getattr(weakref.finalize, "_registry", {}):
+        finalizer.atexit = False  # what the warm imports hold (torch's operator libraries): a command leaves
+        # them to its exit, as a fresh process's os._exit would, not each its own unregistering at exit
 
 
 def _reap(control: socket.socket, children: dict[int, str]) -> None:

@@ -40,26 +40,41 @@ class FreshOptions:
     script_args: list[str] = field(default_factory=list)
     #: Only the forked half (a server of another start counts its probes against the fresh process measured).
     forked_only: bool = False
+    #: The job's fresh processes as an earlier run measured them (:mod:`autobatch.cache.fresh`), per rank: not
+    #: started again, the forked half counted against them.
+    kept: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"script": self.script, "script_args": list(self.script_args), "forked_only": self.forked_only}
+        return {
+            "script": self.script,
+            "script_args": list(self.script_args),
+            "forked_only": self.forked_only,
+            "kept": self.kept,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FreshOptions:
-        return cls(data["script"], list(data.get("script_args", [])), bool(data.get("forked_only", False)))
+        kept = data.get("kept")
+        return cls(
+            data["script"],
+            list(data.get("script_args", [])),
+            bool(data.get("forked_only", False)),
+            [int(b) for b in kept] if kept is not None else None,
+        )
 
 
 @register("fresh_baseline", FreshOptions)
 def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOptions) -> ProbeOutcome:
     """The request's steps in the job's fresh processes and in forked ones: every rank's offset in ``info``
     (the forked outcome as it is when it does not fit; ``info["fresh_error"]`` when a fresh process failed;
-    with ``forked_only``, the forked processes' settled data alone)."""
+    with ``forked_only``, the forked processes' settled data alone; with ``kept``, the forked half counted
+    against the fresh processes an earlier run measured)."""
     from autobatch.probe.ranks import run_ranks
     from autobatch.probe.worker import measure_steps
     from autobatch.step.as_is import AsIsScript
 
     plain = replace(request.with_run(fresh_offset_bytes=()), stop_above_bytes=None)
-    fresh = [] if options.forked_only else _run_fresh(plain, options)
+    fresh = [] if options.forked_only or options.kept is not None else _run_fresh(plain, options)
     measure = settled(measure_steps)
     forked_ranks: list[ProbeOutcome] = []
     if isinstance(script, AsIsScript):  # one process (the ranks of one: not yet)
@@ -76,20 +91,30 @@ def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOpt
         forked.info = {"forked_settled_bytes": [o.info["settled_bytes"] for o in forked_ranks]}
         return forked
     failed = next((o for o in fresh if not o.fits), None)
-    if failed is not None or len(fresh) != len(forked_ranks):
+    measured = len(options.kept) if options.kept is not None else len(fresh)
+    if failed is not None or measured != len(forked_ranks):
         what = (failed.reason or failed.error_message or failed.kind) if failed is not None else "no report"
         forked.info = {"fresh_error": what}
         return forked
+    job = (
+        options.kept
+        if options.kept is not None
+        else [o.info["settled_bytes"] - o.info["own_import_bytes"] for o in fresh]
+    )
     forked.info = {
-        "fresh_peak_bytes": [o.peak_bytes or 0 for o in fresh],
+        **(
+            {
+                "fresh_peak_bytes": [o.peak_bytes or 0 for o in fresh],
+                "fresh_settled_bytes": [o.info["settled_bytes"] for o in fresh],
+                "own_import_bytes": [o.info["own_import_bytes"] for o in fresh],
+            }
+            if fresh
+            else {"kept": True}
+        ),
         "forked_peak_bytes": [o.peak_bytes or 0 for o in forked_ranks],
-        "fresh_settled_bytes": [o.info["settled_bytes"] for o in fresh],
         "forked_settled_bytes": [o.info["settled_bytes"] for o in forked_ranks],
-        "own_import_bytes": [o.info["own_import_bytes"] for o in fresh],
-        "offset_bytes": [
-            f.info["settled_bytes"] - f.info["own_import_bytes"] - k.info["settled_bytes"]
-            for f, k in zip(fresh, forked_ranks, strict=False)
-        ],
+        "job_bytes": job,
+        "offset_bytes": [j - k.info["settled_bytes"] for j, k in zip(job, forked_ranks, strict=False)],
     }
     return forked
 

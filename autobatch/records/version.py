@@ -8,5 +8,31 @@ reads, whose fingerprints a stored answer is checked against, :mod:`autobatch.pr
 key on it, so no answer measured the old way is served after such a change.
 """
 
+from __future__ import annotations
+
 __version__ = "0.1.0"
 MEASURED_BY = f"{__version__}+measures.4"
+
+
+def torch_version() -> str:
+    """The installed torch's version, read from ``torch/version.py`` without importing torch (which
+    takes seconds), else from its package metadata."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin:
+        try:
+            text = (Path(spec.origin).parent / "version.py").read_text()
+            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+            if found:
+                return found.group(1)
+        except OSError:
+            pass
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "not installed"

@@ -38,6 +38,7 @@ from autobatch.step.scriptpath import script_digest
 from autobatch.step.spec import ScriptSpec, spec_from_settings
 
 if TYPE_CHECKING:
+    from autobatch.cache.fresh import FreshInputs, FreshStore
     from autobatch.devices.selection import Target
     from autobatch.settings import DistributedSettings, Settings
 
@@ -194,13 +195,15 @@ class Session:
         self._open_journal()
         return self.device
 
+    def sources(self) -> dict[str, str]:
+        """The digests of the script and its local modules (a spec of callables: its content's)."""
+        if self.spec.is_file:
+            return source_digests(self.script)
+        return {"spec": hashlib.sha256(self.spec.content()).hexdigest()}
+
     def _open_journal(self) -> None:
         assert self.device is not None
-        sources = (
-            source_digests(self.script)
-            if self.spec.is_file
-            else {"spec": hashlib.sha256(self.spec.content()).hexdigest()}
-        )
+        sources = self.sources()
         script_args, search = list(self.settings.script.script_args), self.settings.search
         identity = dict(self.target.identity) if self.target is not None else {}
         device = (self.device.name, self.device.budget_bytes)
@@ -523,12 +526,20 @@ def _inspect(session: Session, device: str) -> dict[str, Any]:
 def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
     """How much more the job's fresh process of each rank holds than a forked probe process, into
     ``session.fresh_offsets`` and the device's record; a warning when it cannot be measured."""
+    from autobatch.cache.fresh import KeptFresh
     from autobatch.probe.fresh import FreshOptions
 
     assert session.runner is not None
-    options = FreshOptions(session.spec.to_init(), list(session.settings.script.script_args)).to_dict()
+    store, inputs = _fresh_store(session, device)
+    kept = store.get(inputs) if store is not None and not session.refresh else None  # --refresh: replaced
+    script_args = list(session.settings.script.script_args)
+    options = FreshOptions(session.spec.to_init(), script_args, kept=kept.job_bytes if kept else None)
     request = session.request(
-        FRESH_COMBO.at(session.plan_seq_len), FRESH_BATCH, steps=(3, 3), op="fresh_baseline", options=options
+        FRESH_COMBO.at(session.plan_seq_len),
+        FRESH_BATCH,
+        steps=(3, 3),
+        op="fresh_baseline",
+        options=options.to_dict(),
     )
     outcome = session.runner.run(request)
     # a broken contract (make_batch takes no length, say) fails every probe too: report it now, not as a warning
@@ -544,13 +555,45 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
         return
     session.fresh_offsets = [int(offset) for offset in offsets]
     device.fresh_process = {"batch_size": FRESH_BATCH, **outcome.info}
-    device.notes.append(fresh_note(session.fresh_offsets))
+    if kept is not None:
+        device.fresh_process["kept"] = kept.made
+    elif store is not None:
+        store.put(
+            inputs, KeptFresh.now(outcome.info["job_bytes"]), str(session.script), list(outcome.files_read)
+        )
+    device.notes.append(fresh_note(session.fresh_offsets, kept.made if kept else None))
     if device.baseline_bytes is not None:
         device.baseline_bytes += session.fresh_offsets[0]
 
 
-def fresh_note(offsets: list[int]) -> str:
-    """The result's note on the fresh-process offsets (one, or one per rank)."""
+def _fresh_store(session: Session, device: DeviceInfo) -> tuple[FreshStore | None, FreshInputs]:
+    """Where the job's fresh process is kept (None: the cache is off), and what it depends on."""
+    from autobatch.cache.fresh import FreshInputs, FreshStore, environment, interpreter
+    from autobatch.cache.keys import versions
+
+    strategy = session.settings.distributed.strategy
+    step = {
+        "device": device.name,
+        "ranks": [strategy, session.ranks] if strategy != "none" else None,
+        "seq_len": session.plan_seq_len,
+        "as_is": dict(session.spec.options) if session.as_is else None,
+    }
+    inputs = FreshInputs(
+        sources=session.sources(),
+        script_args=list(session.settings.script.script_args),
+        versions={**versions(), "torch": session.torch_version or ""},
+        step=step,
+        interpreter=interpreter(),
+        environment=environment(),
+    )
+    if not session.settings.probe.cache:
+        return None, inputs
+    return FreshStore(CacheFolder(session.settings.probe.cache_dir, warn=session.warn)), inputs
+
+
+def fresh_note(offsets: list[int], kept: str | None = None) -> str:
+    """The result's note on the fresh-process offsets (one, or one per rank); ``kept``: when the fresh half
+    was measured, by an earlier run (:mod:`autobatch.cache.fresh`)."""
 
     def signed(offset: int) -> str:
         return ("+" if offset >= 0 else "") + format_bytes(offset)
@@ -560,7 +603,13 @@ def fresh_note(offsets: list[int]) -> str:
     else:
         each = ", ".join(f"rank {rank} {signed(offset)}" for rank, offset in enumerate(offsets))
         who = f"the job's fresh rank processes, started as torchrun starts them: {each} against ranks forked"
+    if kept is None:
+        return (
+            f"probes count as {who} from the probe server (measured once per run, after the steps of batch "
+            f"{FRESH_BATCH})"
+        )
     return (
-        f"probes count as {who} from the probe server (measured once per run, after the steps of batch "
-        f"{FRESH_BATCH})"
+        f"probes count as {who} from the probe server (the fresh process as measured at {kept} and kept in "
+        f"the cache, the forked one in this run, after the steps of batch {FRESH_BATCH}; --no-cache measures "
+        "both)"
     )

@@ -8,7 +8,6 @@ and :func:`started`.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from autobatch.core.levels import PARTIAL, parse_level
@@ -63,8 +62,11 @@ def check(
     hooks = hooks or Hooks()
     combo = combination(settings, recompute, compile)
     settings = script_strategy(settings, spec)
-    unjournaled = replace(settings, probe=replace(settings.probe, cache=False))  # a check always probes
-    with open_session(unjournaled, hooks, spec=spec) as session:
+    session = open_session(settings, hooks, spec=spec)
+    session.use_cache = (
+        False  # a check always probes (no journal); the job's fresh process may be the one kept
+    )
+    with session:
         if session.as_is:  # its precision, optimizer and recomputation are the script's own
             combo = SCRIPT_COMBO.at(combo.seq_len)
         started(session, combo, hooks)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, ClassVar, Optional
 
+from autobatch.core.daemon_mode import DAEMON_MODES
 from autobatch.core.maximum import Limits
 from autobatch.core.references import HF_TASKS
 from autobatch.core.space import (
@@ -277,7 +278,8 @@ class ProbeSettings:
     cache: bool = setting(
         True, "bool", "true or false", "Reuse an earlier run's result and probes when nothing that decides "
         "memory changed: the script and its local modules, its arguments, the searched settings, the device "
-        "and the versions (tune --refresh measures again and replaces them).", flag="--cache/--no-cache",
+        "and the versions (tune --refresh measures again and replaces them); on the CPU also the job's fresh "
+        "process, measured once and kept for the next tune or check.", flag="--cache/--no-cache",
     )  # fmt: skip
     cache_dir: Optional[str] = setting(
         None, "path", "path", "Folder of the cache: probe journals (one file per fingerprint, appended after "
@@ -337,9 +339,6 @@ class OutputSettings:
 
     def __post_init__(self) -> None:
         _validate(self)
-
-
-DAEMON_MODES: tuple[str, ...] = ("off", "auto", "on")
 
 
 @dataclass(frozen=True)

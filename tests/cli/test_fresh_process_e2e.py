@@ -63,3 +63,35 @@ def test_a_maximum_near_a_small_cap_holds_in_the_jobs_first_steps(tmp_path: Path
     ]
     assert fits(script, [], maximum, budget), "the answer does not hold 10 steps in the job's fresh process"
     assert not fits(script, [], math.floor(maximum / 0.97) + 1, budget), "more than 3 % below it"
+
+
+def test_the_jobs_fresh_process_is_measured_once_and_kept_for_the_next_command(tmp_path: Path) -> None:
+    """A check measures the job's fresh process and keeps it in the cache; the next tune of the same script
+    measures only the forked half on its own server and counts against the kept one; --refresh measures both."""
+    script, cache = EXAMPLES / "mlp.py", tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k != "AUTOBATCH_FRESH_BASELINE"}
+    env["AUTOBATCH_CACHE_DIR"] = str(cache)
+    common = ["--device", "cpu", "--memory", "512MiB", "-p", "32-true", "-o", "sgd"]
+    check = [sys.executable, "-m", "autobatch", "check", str(script), "--batch-size", "4", "--steps", "3"]
+    done = subprocess.run([*check, *common], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (kept,) = cache.glob("*.fresh.json")
+    made = json.loads(kept.read_text())["made"]
+
+    def tune(*extra: str) -> tuple[dict[str, object], str]:
+        result = tmp_path / "result.json"
+        command = [
+            sys.executable, "-m", "autobatch", "tune", str(script), *common, "--no-recompute",
+            "--max-batch-size", "8", "--output", str(result), *extra,
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(result.read_text())["device"]["fresh_process"], " ".join(done.stderr.split())
+
+    fresh, told = tune()
+    assert fresh["kept"] == made and "fresh_settled_bytes" not in fresh, fresh
+    assert f"the fresh process as measured at {made} and kept in the cache" in told, told[-3000:]
+    fresh, told = tune("--refresh")
+    assert "kept" not in fresh and len(fresh["fresh_settled_bytes"]) == 1, fresh  # type: ignore[arg-type]
+    assert "measured once per run" in told
+    assert json.loads(kept.read_text())["made"] >= made  # replaced by the measurement --refresh made

@@ -27,8 +27,8 @@ def _request(batch: int, budget: int = 2 * GIB, **kw: object) -> ProbeRequest:
     return probe_request(**values)  # type: ignore[arg-type]
 
 
-def _fresh(**kw: object) -> ProbeRequest:
-    options = FreshOptions(str(EXAMPLES / "mlp.py"), []).to_dict()
+def _fresh(kept: list[int] | None = None, **kw: object) -> ProbeRequest:
+    options = FreshOptions(str(EXAMPLES / "mlp.py"), [], kept=kept).to_dict()
     return _request(2, op="fresh_baseline", options=options, **kw)
 
 
@@ -48,7 +48,13 @@ def test_a_fresh_process_is_measured_against_a_forked_one_and_leaves_nothing_beh
         # both processes hold torch and the example; what differs is a few MiB, never the model's scale
         assert 200 * MIB < forked and abs(info["offset_bytes"][0]) < 64 * MIB
         assert 0 < own < 16 * MIB  # autobatch's own modules, left out: the job does not import them
+        assert info["job_bytes"] == [fresh - own]  # what the cache keeps for the next run
         assert psutil.Process(client.pid).children() == []  # the fresh process is gone with its probe
+        # the next run, with the fresh process kept: the forked half alone, counted against it
+        again = client.run(_fresh(kept=info["job_bytes"]))
+        assert again.fits and again.info["kept"] and "fresh_settled_bytes" not in again.info, again.info
+        assert again.info["offset_bytes"] == [fresh - own - again.info["forked_settled_bytes"][0]]
+        assert abs(again.info["offset_bytes"][0] - info["offset_bytes"][0]) < 8 * MIB
 
 
 @pytest.mark.slow
