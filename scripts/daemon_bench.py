@@ -146,7 +146,7 @@ def render(
     ]
     for r in rows:
         goal = f"{r['goal']:.0f}x faster" if r["goal"] >= 2 else f"{1 - 1 / r['goal']:.0%} less wall"
-        each = lambda xs: ", ".join(f"{x:.1f} s" for x in xs)  # noqa: E731
+        each = lambda xs: ", ".join(f"{x:.2f} s" if x < 1 else f"{x:.1f} s" for x in xs)  # noqa: E731
         cold, warm = r["answers"]
         lines.append(
             f"| {r['case']} | {each(r['cold'])} | {each(r['daemon'])} | {r['ratio']:.2f}x "
