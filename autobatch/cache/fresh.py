@@ -74,7 +74,8 @@ class FreshInputs:
         return digest(self.to_dict().values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The inputs as their file holds them (a value JSON cannot hold, such as a path, as its text)."""
+        inputs = {
             "sources": self.sources,
             "script_args": self.script_args,
             "versions": self.versions,
@@ -82,6 +83,7 @@ class FreshInputs:
             "interpreter": self.interpreter,
             "environment": self.environment,
         }
+        return dict(json.loads(json.dumps(inputs, default=str)))
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class FreshStore:
         if data is None:
             return None
         try:
-            if data.get("kind") != "fresh" or data["inputs"] != json.loads(json.dumps(inputs.to_dict())):
+            if data.get("kind") != "fresh" or data["inputs"] != inputs.to_dict():
                 return None
             if changed_files(dict(data["files_read"])):
                 return None

@@ -111,9 +111,10 @@ def _warm() -> None:
     group = autobatch.cli.root.command()
     for name in ROUTED:
         group.commands[name].make_context(name, [], resilient_parsing=True)  # type: ignore[attr-defined]
+    # What the warm imports hold (torch's operator libraries, unregistered by finalizers) is left to each
+    # command's os._exit, as a fresh process's exit leaves its own: not unregistered again by every command.
     for finalizer in getattr(weakref.finalize, "_registry", {}):
-        finalizer.atexit = False  # what the warm imports hold (torch's operator libraries): a command leaves
-        # them to its exit, as a fresh process's os._exit would, not each its own unregistering at exit
+        finalizer.atexit = False
 
 
 def _reap(control: socket.socket, children: dict[int, str]) -> None:

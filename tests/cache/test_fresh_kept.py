@@ -88,3 +88,10 @@ def test_the_environment_it_depends_on_is_the_allocators_the_threads_and_the_imp
     seen = environment()
     assert {"MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1", "PYTHONPATH": "/src"}.items() <= seen.items()
     assert "SLURM_JOB_ID" not in seen
+
+
+def test_inputs_json_cannot_hold_are_kept_as_their_text(tmp_path: Path) -> None:
+    store = FreshStore(CacheFolder(tmp_path))
+    odd = inputs(step={"device": "cpu", "as_is": {"config": tmp_path / "c.yaml"}})
+    assert store.put(odd, KeptFresh.now([1]), "train.py", []) is not None
+    assert store.get(odd) is not None

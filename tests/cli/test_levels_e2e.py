@@ -143,9 +143,10 @@ def test_partial_level_runs_a_global_batch_just_above_off_in_one_micro_batch(
     partial = combos[level]
     searched = [t for t in partial["trace"] if t["purpose"] != "throughput"]
     # 3 was the goal; since probes let torch's thread pool start in the first step as the job does, a step's
-    # peak moves by a few MiB with the batch (measured: 392.1 MiB at 6, 389.7 at 8), and one more probe
-    # can be spent at the boundary (issue 33's probe counts, open)
-    assert 1 <= len(searched) <= 4, partial["trace"]
+    # peak moves by a few MiB with the batch (measured: 392.1 MiB at 6, 389.7 at 8), and one or two more probes
+    # can be spent at the boundary: a fresh-clone CI run took 5 (395.3 MiB at 6 against 391.2 at 8, then 9 out
+    # of memory at 396.3); issue 33's probe counts, open, and scripts/probe_counts.py measure them
+    assert 1 <= len(searched) <= 5, partial["trace"]
     assert partial["status"] == "exact" and partial["max_batch_size"] >= target, partial
     _holds(folder, level, partial["max_batch_size"], env)
 
