@@ -1,7 +1,7 @@
 """The command's side of the daemon: reach it, start it, run a command through it, stop it.
 
-HTTP over the Unix socket (:func:`request`, with h11: lighter to import than ``http.client``); nothing here
-imports torch, so ``autobatch --help`` and a command answered by the daemon stay light. :func:`route` is what
+HTTP over the Unix socket with the standard library's ``http.client`` (:func:`request`); nothing here imports
+torch, so ``autobatch --help`` and a command answered by the daemon stay light. :func:`route` is what
 :func:`autobatch.cli.main` asks first, before the Typer app is imported: with the ``daemon`` setting at
 ``auto`` or ``on``, ``tune``, ``check``, ``explain`` and ``estimate`` run through the daemon (started on first
 use; replaced when its versions differ from this client's), and their output and exit code are the command's.
@@ -11,6 +11,7 @@ A daemon that cannot be reached leaves the command to run in-process with a note
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -19,8 +20,6 @@ import sys
 import time
 from collections.abc import Sequence
 from typing import Any
-
-import h11
 
 from autobatch.daemon.place import Place, identity
 from autobatch.errors import EXIT_SIGINT, EXIT_SIGTERM, DaemonError
@@ -33,79 +32,33 @@ START_TIMEOUT = 180.0
 STOP_TIMEOUT = 60.0
 
 
-class Answer:
-    """The daemon's answer to one request, parsed by h11: its status, then its body as it comes (read to the end,
-    or a line at a time); the connection closes with it (one request a connection)."""
+class _Connection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
 
-    def __init__(self, sock: socket.socket, connection: h11.Connection) -> None:
-        self._sock, self._connection = sock, connection
-        self._buffer = b""
-        self._ended = False
-        event = self._next()
-        if not isinstance(event, h11.Response):
-            self.close()
-            raise DaemonError(f"the daemon's answer has no status: {type(event).__name__}")
-        self.status = event.status_code
-
-    def _next(self) -> Any:
-        while True:
-            event = self._connection.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            self._connection.receive_data(self._sock.recv(1 << 16))
-
-    def _more(self) -> bool:
-        """Read the next part of the body into the buffer; False at its end."""
-        while not self._ended:
-            event = self._next()
-            if isinstance(event, h11.Data):
-                self._buffer += bytes(event.data)
-                return True
-            if isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
-                self._ended = True
-        return False
-
-    def readline(self) -> bytes:
-        """The body's next line (with its newline), or what is left of it at its end."""
-        while b"\n" not in self._buffer and self._more():
-            pass
-        line, newline, self._buffer = self._buffer.partition(b"\n")
-        return line + newline
-
-    def read(self) -> bytes:
-        while self._more():
-            pass
-        body, self._buffer = self._buffer, b""
-        return body
-
-    def close(self) -> None:
-        self._sock.close()
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 def request(
     socket_path: str, method: str, path: str, body: bytes = b"", timeout: float | None = None
-) -> Answer:
-    """Send one HTTP request over the daemon's Unix socket; its answer. h11 speaks HTTP here (the standard
-    library's ``http.client`` imports ``email`` and ``ssl``: 27-44 ms of every command's client)."""
-    connection = h11.Connection(h11.CLIENT)
-    headers = [
-        ("Host", "localhost"),
-        ("Content-Type", "application/json"),
-        ("Content-Length", str(len(body))),
-    ]
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
+) -> http.client.HTTPResponse:
+    """Send one HTTP request over the daemon's Unix socket; its answer, to read to the end or a line at a time
+    (the daemon answers HTTP/1.0: the connection ends with the answer)."""
+    connection = _Connection(socket_path, timeout)
     try:
-        sock.connect(socket_path)
-        events = [
-            h11.Request(method=method, target=path, headers=headers),
-            h11.Data(data=body),
-            h11.EndOfMessage(),
-        ]
-        sock.sendall(b"".join(connection.send(event) or b"" for event in events))
-        return Answer(sock, connection)
+        connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        return connection.getresponse()
     except BaseException:
-        sock.close()
+        connection.close()
         raise
 
 
@@ -129,7 +82,7 @@ class Client:
         """The daemon's status, or None when no daemon answers."""
         try:
             code, answer = self.ask("GET", "/v1/status", timeout=10.0)
-        except (OSError, DaemonError, ValueError, h11.ProtocolError):
+        except (OSError, http.client.HTTPException, DaemonError, ValueError):
             return None
         if code != 200:
             raise DaemonError(f"the daemon at {self.place.socket} refused: {answer.get('error', code)}")
@@ -141,7 +94,7 @@ class Client:
         pid = _pid(self.place)
         try:
             self.ask("POST", "/v1/stop")
-        except (OSError, DaemonError, ValueError, h11.ProtocolError):
+        except (OSError, http.client.HTTPException, DaemonError, ValueError):
             return False
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -216,7 +169,7 @@ class Client:
                 raise KeyboardInterrupt
             try:
                 self.cancel(state["id"], "INT" if signum == signal.SIGINT else "TERM")
-            except (OSError, DaemonError, ValueError, h11.ProtocolError):
+            except (OSError, http.client.HTTPException, DaemonError, ValueError):
                 raise KeyboardInterrupt from None
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -230,7 +183,7 @@ class Client:
             response.close()
 
 
-def _relay(response: Answer, state: dict[str, Any]) -> int:
+def _relay(response: http.client.HTTPResponse, state: dict[str, Any]) -> int:
     """Print the command's output as its lines come; its exit code (128 + N for a signal N)."""
     while True:
         line = response.readline()
@@ -307,7 +260,7 @@ def route(argv: Sequence[str]) -> int | None:
                 return None  # the command reports what is wrong with its settings
             client.start(setting[1])
         return client.run(argv)
-    except (OSError, DaemonError, ValueError, h11.ProtocolError) as exc:
+    except (OSError, http.client.HTTPException, DaemonError, ValueError) as exc:
         if mode == "on":
             if isinstance(exc, DaemonError):
                 raise

