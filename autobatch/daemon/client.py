@@ -82,7 +82,7 @@ class Client:
         """The daemon's status, or None when no daemon answers."""
         try:
             code, answer = self.ask("GET", "/v1/status", timeout=10.0)
-        except (OSError, http.client.HTTPException, DaemonError, ValueError):
+        except (OSError, http.client.HTTPException, ValueError):
             return None
         if code != 200:
             raise DaemonError(f"the daemon at {self.place.socket} refused: {answer.get('error', code)}")
@@ -94,7 +94,7 @@ class Client:
         pid = _pid(self.place)
         try:
             self.ask("POST", "/v1/stop")
-        except (OSError, http.client.HTTPException, DaemonError, ValueError):
+        except (OSError, http.client.HTTPException, ValueError):
             return False
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
