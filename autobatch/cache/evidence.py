@@ -11,14 +11,13 @@ up in its notes (:func:`summary`, one sentence for both sources).
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from autobatch.cache.folder import CacheFolder
+from autobatch.cache.folder import CacheFolder, stamp
 from autobatch.core.units import format_bytes
 
 SUFFIX = ".evidence.jsonl"
@@ -114,7 +113,7 @@ class EvidenceStore:
         if not self.folder.writable:
             return False
         if not event.at:
-            now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+            now = stamp()
             event = Event.from_dict({**event.to_dict(), "at": now})
         data = (json.dumps(event.to_dict(), sort_keys=True) + "\n").encode()
         try:

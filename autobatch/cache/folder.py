@@ -28,6 +28,13 @@ LOCK_NAME = ".autobatch-cache.lock"
 LOCK_TIMEOUT = 120.0
 
 
+def stamp() -> str:
+    """Now, as the cache's entries record when they were made: UTC, ISO 8601, to the second."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
 def default_folder() -> Path:
     """``<user cache>/autobatch/probes`` (platformdirs)."""
     import platformdirs

@@ -12,7 +12,6 @@ measure both halves.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import site
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autobatch.cache.folder import CacheFolder
+from autobatch.cache.folder import CacheFolder, stamp
 from autobatch.cache.keys import digest
 from autobatch.cache.sources import changed_files, file_fingerprint
 
@@ -96,8 +95,7 @@ class KeptFresh:
 
     @classmethod
     def now(cls, job_bytes: list[int]) -> KeptFresh:
-        made = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
-        return cls([int(b) for b in job_bytes], made)
+        return cls([int(b) for b in job_bytes], stamp())
 
 
 class FreshStore:
@@ -134,7 +132,7 @@ class FreshStore:
         """Keep a fresh process measured for ``script`` (nothing when a file it read cannot be fingerprinted, or
         the folder cannot be written)."""
         read = {path: file_fingerprint(path) for path in files_read}
-        if any(then is None for then in read.values()) or not self.folder.writable:
+        if any(then is None for then in read.values()):
             return None
         key = inputs.key()
         document = {

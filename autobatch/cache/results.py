@@ -6,13 +6,12 @@ while its inputs, the files its script read and the device's load are as they we
 
 from __future__ import annotations
 
-import datetime
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autobatch.cache.folder import CacheFolder
+from autobatch.cache.folder import CacheFolder, stamp
 from autobatch.cache.keys import TuneInputs
 from autobatch.cache.sources import changed_files
 from autobatch.records.result import TuneResult
@@ -102,7 +101,7 @@ class ResultStore:
         document = {
             "kind": "result",
             "key": key,
-            "made": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+            "made": stamp(),
             "inputs": inputs.to_dict(),
             "device_used_bytes": device_used_bytes,
             "result": result.to_dict(),

@@ -195,15 +195,17 @@ class Session:
         self._open_journal()
         return self.device
 
+    @cached_property
     def sources(self) -> dict[str, str]:
-        """The digests of the script and its local modules (a spec of callables: its content's)."""
+        """The digests of the script and its local modules (a spec of callables: its content's), as the session
+        starts: read once for the kept fresh process and the journal."""
         if self.spec.is_file:
             return source_digests(self.script)
         return {"spec": hashlib.sha256(self.spec.content()).hexdigest()}
 
     def _open_journal(self) -> None:
         assert self.device is not None
-        sources = self.sources()
+        sources = self.sources
         script_args, search = list(self.settings.script.script_args), self.settings.search
         identity = dict(self.target.identity) if self.target is not None else {}
         device = (self.device.name, self.device.budget_bytes)
@@ -530,8 +532,11 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
     from autobatch.probe.fresh import FreshOptions
 
     assert session.runner is not None
-    store, inputs = _fresh_store(session, device)
-    kept = store.get(inputs) if store is not None and not session.refresh else None  # --refresh: replaced
+    where = _fresh_store(session, device)  # None: the cache is off
+    kept = None
+    if where is not None and not session.refresh:  # --refresh: measured again, and the kept one replaced
+        store, inputs = where
+        kept = store.get(inputs)
     script_args = list(session.settings.script.script_args)
     options = FreshOptions(session.spec.to_init(), script_args, kept=kept.job_bytes if kept else None)
     request = session.request(
@@ -557,7 +562,8 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
     device.fresh_process = {"batch_size": FRESH_BATCH, **outcome.info}
     if kept is not None:
         device.fresh_process["kept"] = kept.made
-    elif store is not None:
+    elif where is not None:
+        store, inputs = where
         store.put(
             inputs, KeptFresh.now(outcome.info["job_bytes"]), str(session.script), list(outcome.files_read)
         )
@@ -566,10 +572,13 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
         device.baseline_bytes += session.fresh_offsets[0]
 
 
-def _fresh_store(session: Session, device: DeviceInfo) -> tuple[FreshStore | None, FreshInputs]:
-    """Where the job's fresh process is kept (None: the cache is off), and what it depends on."""
+def _fresh_store(session: Session, device: DeviceInfo) -> tuple[FreshStore, FreshInputs] | None:
+    """Where the job's fresh process is kept and what it depends on (None: the cache is off)."""
     from autobatch.cache.fresh import FreshInputs, FreshStore, environment, interpreter
     from autobatch.cache.keys import versions
+
+    if not session.settings.probe.cache:
+        return None
 
     strategy = session.settings.distributed.strategy
     step = {
@@ -579,15 +588,13 @@ def _fresh_store(session: Session, device: DeviceInfo) -> tuple[FreshStore | Non
         "as_is": dict(session.spec.options) if session.as_is else None,
     }
     inputs = FreshInputs(
-        sources=session.sources(),
+        sources=session.sources,
         script_args=list(session.settings.script.script_args),
         versions={**versions(), "torch": session.torch_version or ""},
         step=step,
         interpreter=interpreter(),
         environment=environment(),
     )
-    if not session.settings.probe.cache:
-        return None, inputs
     return FreshStore(CacheFolder(session.settings.probe.cache_dir, warn=session.warn)), inputs
 
 
