@@ -42,6 +42,11 @@ SERVER_GRACE = 30.0
 IMPORT_GRACE = 60.0
 #: Seconds the server gets to end the processes below it on SIGTERM before its group is killed.
 STOP_GRACE = 5.0
+#: Why a server asked not to fork starts as a fresh Python (``fork=False``): on the CPU device a probe's peak is
+#: its process's data memory, and a server forked from a warm process holds that process's too. The job's
+#: fresh-process offset counts the difference; without it, only a fresh Python answers as a command run in
+#: its own process does.
+NOT_FORKED = "the fresh-process offset is off, and a forked server's memory would count the warm process's"
 
 
 def _exited(pid: int, timeout: float) -> bool:
@@ -80,7 +85,8 @@ class ProbeClient:
     """A running probe server for one script.
 
     ``op_modules``: modules the server imports at start-up, before any fork, to register operations
-    beyond the built-in ``probe`` and ``inspect`` (see :mod:`autobatch.probe.ops`).
+    beyond the built-in ``probe`` and ``inspect`` (see :mod:`autobatch.probe.ops`). ``fork``: False starts
+    the server as a fresh Python even in a warm process (:data:`NOT_FORKED`).
     """
 
     def __init__(
@@ -91,6 +97,7 @@ class ProbeClient:
         env: dict[str, str] | None = None,
         start_timeout: float = 300.0,
         op_modules: Sequence[str] = (),
+        fork: bool = True,
     ) -> None:
         # a script's path, or a script spec record (autobatch.step.spec) that the server's load_script resolves
         self.script: str | dict[str, Any] = script if isinstance(script, dict) else str(script)
@@ -104,6 +111,7 @@ class ProbeClient:
         }
         self.env = dict(env or {})
         self._start_timeout = start_timeout
+        self._fork = fork
         self.probes_run = 0
         self._fresh: FreshMeasure | None = None
         #: What this server's probes add to the measured offsets (per rank): a server of another start holds
@@ -117,7 +125,7 @@ class ProbeClient:
             raise RuntimeError(f"a probe server may not start here ({NO_SERVER_ENV}): {forbidden}")
         env = {**os.environ, **self.env}
         #: Why the server started as a fresh Python rather than forked from a warm process (autobatch.probe.forked).
-        self.cold = forked.why_cold(env)
+        self.cold = forked.why_cold(env) if self._fork else NOT_FORKED
         self._proc: subprocess.Popen[bytes] | forked.ForkedServer
         if self.cold is None:
             self._proc = forked.start(json.dumps(self._init), env, self._stderr)
@@ -296,16 +304,18 @@ def start_server(
     op_modules: tuple[str, ...],
     timeout: float,
     warn: Callable[[str], None],
+    fork: bool = True,
 ) -> YieldingRunner:
     """The probe server a session probes through: the CPU allocator pinned, CUDA devices as the job sees them,
     its threads yielding once the CPU is busy; ``warn`` hears how probes start when it is not the plain case
-    (:func:`autobatch.probe.warming.describe`)."""
+    (:func:`autobatch.probe.warming.describe`); ``fork`` as :class:`ProbeClient`'s."""
     client = ProbeClient(
         spec.to_init(),
         script_args,
         env={**MALLOC_ENV, **PROBE_ENV, "AUTOBATCH_INDUCTOR_CACHE": inductor_folder()},
         op_modules=op_modules,
         start_timeout=timeout + IMPORT_GRACE,  # importing the script counts like a probe
+        fork=fork,
     )
     cold = describe(client.start)
     if cold is not None:

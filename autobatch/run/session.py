@@ -187,7 +187,10 @@ class Session:
 
             script_args = list(self.settings.script.script_args)
             timeout = self.settings.probe.timeout
-            self.runner = start_server(self.spec, script_args, self.op_modules, timeout, self.warn)
+            # Forked from a warm process (the daemon's) only where its memory is not counted, or is counted
+            # back by the fresh-process offset: not on the CPU device with the offset off.
+            fork = self.settings.probe.fresh_baseline or self.settings.device.device.startswith("cuda")
+            self.runner = start_server(self.spec, script_args, self.op_modules, timeout, self.warn, fork)
             self.own_server = True
         if self.wiring.wrap_runner is not None:
             self.runner = self.wiring.wrap_runner(self.runner)

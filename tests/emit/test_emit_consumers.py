@@ -119,6 +119,7 @@ def test_deepspeed_accepts_and_agrees(deepspeed_reports: dict, case_id: str, kin
 
 
 @pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.slow  # the reports' process imports deepspeed and initializes it: seconds, as for the test above
 def test_deepspeed_rejects_the_file_at_another_world_size(deepspeed_reports: dict, case_id: str) -> None:
     """DeepSpeed's own batch assertion runs: the same file at world + 1 fails it."""
     case = BY_NAME[case_id]
@@ -131,6 +132,7 @@ def test_deepspeed_rejects_the_file_at_another_world_size(deepspeed_reports: dic
 
 @pytest.mark.parametrize("case_id", ["32-true_noaccum_w1", "32-true_accum_w1", "no_request"])
 @pytest.mark.parametrize("kind", ["asked", "base"])
+@pytest.mark.slow
 def test_deepspeed_builds_the_optimizer(deepspeed_reports: dict, case_id: str, kind: str) -> None:
     """deepspeed.initialize on a tiny fp32 model builds the torch optimizer the section names."""
     case = BY_NAME[case_id]
