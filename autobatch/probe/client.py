@@ -42,10 +42,8 @@ SERVER_GRACE = 30.0
 IMPORT_GRACE = 60.0
 #: Seconds the server gets to end the processes below it on SIGTERM before its group is killed.
 STOP_GRACE = 5.0
-#: Why a server asked not to fork starts as a fresh Python (``fork=False``): on the CPU device a probe's peak is
-#: its process's data memory, and a server forked from a warm process holds that process's too. The job's
-#: fresh-process offset counts the difference; without it, only a fresh Python answers as a command run in
-#: its own process does.
+#: Why a server asked not to fork (``fork=False``) starts as a fresh Python: its caller's device budget counts
+#: the whole probe process, and no fresh-process offset counts the warm process's memory back.
 NOT_FORKED = "the fresh-process offset is off, and a forked server's memory would count the warm process's"
 
 
