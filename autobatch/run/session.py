@@ -187,11 +187,9 @@ class Session:
 
             script_args = list(self.settings.script.script_args)
             timeout = self.settings.probe.timeout
-            # A server forked from a warm process (the daemon's) holds that process's memory: where the budget
-            # counts the whole probe process, only the fresh-process offset counts it back. ("auto" is read as
-            # the CPU's backend until the server has named the device.)
-            counted = backend_for(self.settings.device.device).fresh_process_differs
-            fork = self.settings.probe.fresh_baseline or not counted
+            # Forked from a warm process (the daemon's) only where its memory is not counted, or is counted
+            # back by the fresh-process offset: not on the CPU device with the offset off.
+            fork = self.settings.probe.fresh_baseline or self.settings.device.device.startswith("cuda")
             self.runner = start_server(self.spec, script_args, self.op_modules, timeout, self.warn, fork)
             self.own_server = True
         if self.wiring.wrap_runner is not None:
