@@ -16,6 +16,7 @@ SIGTERM, as an interrupted tune does (its partial results kept), and the daemon 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import datetime
 import fcntl
 import io
@@ -50,6 +51,8 @@ MAX_REQUESTS = 64
 CANCEL_GRACE = 20.0
 #: Seconds the zygote may take to import torch and autobatch.
 ZYGOTE_START = 300.0
+#: Seconds the zygote gets to exit once it read end of file, before SIGKILL.
+ZYGOTE_EXIT = 10.0
 #: Seconds a connection may take to send its request.
 READ_TIMEOUT = 30.0
 
@@ -257,11 +260,17 @@ class Daemon:
 
     def close(self) -> None:
         if self._control is not None:
+            # shut down before closing: the thread that hears the zygote is blocked in recv on this socket, and
+            # a close alone leaves the connection open under it, so the zygote never read end of file and the
+            # stop waited out the timeout below (10 s for every `autobatch daemon stop`)
+            with contextlib.suppress(OSError):
+                self._control.shutdown(socket.SHUT_RDWR)
             self._control.close()  # the zygote reads end of file and exits
         if self._zygote is not None:
             try:
-                self._zygote.wait(10)
+                self._zygote.wait(ZYGOTE_EXIT)
             except subprocess.TimeoutExpired:
+                log(f"the warm process did not exit within {ZYGOTE_EXIT:g} s of its end of file: killed")
                 self._zygote.kill()
 
 
