@@ -8,24 +8,26 @@ Two guards keep the suite's split and its parallel run honest:
 * a test not marked ``slow`` that starts a probe server fails (``AUTOBATCH_NO_PROBE_SERVER``, read by
   :class:`autobatch.probe.client.ProbeClient`), so ``pytest -m "not slow"`` stays the quick loop;
 * under pytest-xdist, a test marked ``exclusive`` (it times steps or reads how long our threads waited for
-  a core) runs while no other worker runs a test: every test holds a shared lock on one file for its run,
-  an exclusive test holds it exclusively, and a turnstile lets a waiting exclusive test in before new shared
-  ones.
+  a core) runs its call while no other worker runs a test (``tests/turns.py``, whose hooks this module
+  imports).
 """
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from turns import (  # noqa: F401  # the hooks, found by pytest in this module
+    pytest_configure_node,
+    pytest_runtest_call,
+    pytest_runtest_protocol,
+    pytest_unconfigure,
+)
 
 # Messages name temporary paths (longer under xdist's per-worker folders): wide enough that no phrase a test
 # looks for is wrapped. Set before autobatch.cli's console reads it, at its import.
@@ -115,47 +117,3 @@ def _fast_tests_start_no_probe_server(
             "AUTOBATCH_NO_PROBE_SERVER",
             f"{request.node.nodeid} is not marked slow: mark it @pytest.mark.slow",
         )
-
-
-def _lock_path(config: pytest.Config) -> Path | None:
-    """The run's lock file, shared by its xdist workers (None outside xdist: one process runs one test)."""
-    worker_input = getattr(config, "workerinput", None)
-    if worker_input is None:
-        return None
-    return Path(worker_input["autobatch_lock_dir"])
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:  # xdist's controller, once per worker
-    folder = getattr(node.config, "_autobatch_lock_dir", None)
-    if folder is None:
-        folder = tempfile.mkdtemp(prefix="autobatch-xdist-")
-        node.config._autobatch_lock_dir = folder
-    node.workerinput["autobatch_lock_dir"] = folder
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    folder = getattr(config, "_autobatch_lock_dir", None)
-    if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    folder = _lock_path(item.config)
-    if folder is None:
-        yield
-        return
-    exclusive = item.get_closest_marker("exclusive") is not None
-    with open(folder / "turnstile", "a+") as turnstile, open(folder / "tests", "a+") as tests:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(tests, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        finally:
-            if not exclusive:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(tests, fcntl.LOCK_UN)
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
