@@ -73,6 +73,9 @@ class Prediction:
     low: float  # the maximum is predicted in [low, high] (real batch sizes)
     high: float
     reported: bool = True  # False for the proportional guess, which is no fit
+    #: The three largest points bend (:func:`_bends`) and the parabola through them meets the budget below
+    #: the line: the curve is convex there, and ``low`` is the likelier maximum.
+    bends: bool = False
 
 
 def predict(
@@ -303,15 +306,17 @@ def _local(items: list[Point], budget: int) -> Prediction | None:
     if center is None:
         return None
     low = high = center
+    bends = False
     if len(items) >= 3:
         root = _parabola_root(items[-3:], budget)
         low, high = min(low, root), max(high, root)
+        bends = root < center and _bends(items[-3:])
         (b, p), rest = items[-1], items[:-1]
         guess = _parabola(rest[-3:], b) if len(rest) >= 3 else _secant(rest[-2], rest[-1]).predict(b)
         noise = _noise(abs(guess - p), rest[-1][0] - rest[-2][0], b - rest[-1][0])
         spread = noise * (1 + max(0.0, center - b) / (b - rest[-1][0])) / line.slope
         low, high = min(low, center - spread), max(high, center + spread)
-    return Prediction(line, low, high)
+    return Prediction(line, low, high, bends=bends)
 
 
 def _global(items: list[Point], budget: int) -> Prediction | None:
@@ -324,7 +329,7 @@ def _global(items: list[Point], budget: int) -> Prediction | None:
     3015, which the parabola through 8, 218 and 2131 puts within a sample.
     """
     b1, (b2, p2) = items[0][0], items[-1]
-    line = _secant(items[0], items[-1])
+    line, bends = _secant(items[0], items[-1]), False
     slope, room = line.slope, budget - p2
     if not slope > 0:
         return None
@@ -338,8 +343,9 @@ def _global(items: list[Point], budget: int) -> Prediction | None:
         spread = noise * (1 + max(0.0, center - b2) / (b2 - b1)) / slope
         low, high = min(low, center - spread), max(high, center + spread)
         if _bends(items[-3:]):
-            low = min(low, _parabola_root(items[-3:], budget))
-    return Prediction(line, low, high)
+            root = _parabola_root(items[-3:], budget)
+            low, bends = min(low, root), root < center
+    return Prediction(line, low, high, bends=bends)
 
 
 def _bends(three: list[Point]) -> bool:

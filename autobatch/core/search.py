@@ -302,10 +302,14 @@ class _State:
                 return step
         low = min(self._index_at_or_below(prediction.low), self.hi - 1)
         high = max(self._index_at_or_below(prediction.high) + 1, self.lo + 1)
-        if low > self.lo and self.remaining() - replace(self, lo=low).remaining() >= 1:
+        convex = prediction.bends and self.hi - self.lo > endgame.WIDTH  # nearer, the end game plans
+        if low > self.lo and (self.remaining() - replace(self, lo=low).remaining() >= 1 or convex):
             # The model's own answer: it fits and the next candidate does not (a lower bound, such as
-            # the proportional guess, is never one).
-            return low, True, prediction.reported and high == low + 1
+            # the proportional guess, is never one). On a convex stretch (a batch-by-batch loss) the line
+            # overshoots and the interval's low end is the likelier maximum: it is probed first, as long as a
+            # confirmation, even where it cuts no bisection step (probing the line's end first cost three
+            # probes; the debt still bounds the worst case).
+            return low, True, prediction.reported and (high == low + 1 or convex)
         if high < self.hi and self.remaining() - replace(self, hi=high).remaining() >= 1:
             # The first candidate the model says does not fit, right above a one-candidate interval: should
             # it fit after all, it is the maximum but for noise (the gpt example: boundary 41.97, batch 42
