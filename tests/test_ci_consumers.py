@@ -38,6 +38,7 @@ def run_pytest(folder: Path, required: bool) -> subprocess.CompletedProcess[str]
 @pytest.mark.slow
 def test_a_skipping_consumer_test_fails_when_consumers_are_required(tmp_path: Path) -> None:
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    shutil.copy(TESTS / "turns.py", tmp_path / "turns.py")  # the hooks the conftest imports
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    consumers: loads emitted files\n")
     (tmp_path / "test_needs.py").write_text(SKIPPING)
     relaxed = run_pytest(tmp_path, required=False)
