@@ -296,6 +296,12 @@ class ProbeClient:
         return json.loads(line)
 
 
+def server_env() -> dict[str, str]:
+    """What a session's probe server adds to the environment (and so every process it starts: probes, the job's
+    fresh process): the CPU allocator pinned, CUDA devices as the job sees them, the compile cache's folder."""
+    return {**MALLOC_ENV, **PROBE_ENV, "AUTOBATCH_INDUCTOR_CACHE": inductor_folder()}
+
+
 def start_server(
     spec: ScriptSpec,
     script_args: list[str],
@@ -310,7 +316,7 @@ def start_server(
     client = ProbeClient(
         spec.to_init(),
         script_args,
-        env={**MALLOC_ENV, **PROBE_ENV, "AUTOBATCH_INDUCTOR_CACHE": inductor_folder()},
+        env=server_env(),
         op_modules=op_modules,
         start_timeout=timeout + IMPORT_GRACE,  # importing the script counts like a probe
         fork=fork,

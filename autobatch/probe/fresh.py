@@ -15,7 +15,9 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,9 @@ class FreshOptions:
     #: The job's fresh processes as an earlier run measured them (:mod:`autobatch.cache.fresh`), per rank: not
     #: started again, the forked half counted against them.
     kept: list[int] | None = None
+    #: The outcomes of the job's fresh processes, one per rank, as the command measured them beside the probe
+    #: server's start (:class:`FreshAhead`): not started again.
+    measured: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +55,7 @@ class FreshOptions:
             "script_args": list(self.script_args),
             "forked_only": self.forked_only,
             "kept": self.kept,
+            "measured": self.measured,
         }
 
     @classmethod
@@ -60,6 +66,7 @@ class FreshOptions:
             list(data.get("script_args", [])),
             bool(data.get("forked_only", False)),
             [int(b) for b in kept] if kept is not None else None,
+            data.get("measured"),
         )
 
 
@@ -74,7 +81,12 @@ def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOpt
     from autobatch.step.as_is import AsIsScript
 
     plain = replace(request.with_run(fresh_offset_bytes=()), stop_above_bytes=None)
-    fresh = [] if options.forked_only or options.kept is not None else _run_fresh(plain, options)
+    if options.forked_only or options.kept is not None:
+        fresh: list[ProbeOutcome] = []
+    elif options.measured:
+        fresh = [ProbeOutcome.from_dict(each) for each in options.measured]
+    else:
+        fresh = _run_fresh(plain, options)
     measure = settled(measure_steps)
     forked_ranks: list[ProbeOutcome] = []
     if isinstance(script, AsIsScript):  # one process (the ranks of one: not yet)
@@ -164,8 +176,12 @@ def _as_is_steps(request: ProbeRequest, script: Any, fd: int, own_import_bytes: 
     report(run_script(request, script, report))
 
 
-def _run_fresh(request: ProbeRequest, options: FreshOptions) -> list[ProbeOutcome]:
-    """Start the job's processes (one, or a rank each), run the request there; every rank's outcome."""
+def _run_fresh(
+    request: ProbeRequest, options: FreshOptions, env: Mapping[str, str] | None = None, quiet: bool = False
+) -> list[ProbeOutcome]:
+    """Start the job's processes (one, or a rank each), run the request there; every rank's outcome. ``env``:
+    theirs (this process's by default); ``quiet``: their output goes nowhere (started by the command, whose
+    own output they must not write into)."""
     from autobatch.probe.ranks import Rank, stop, watch
 
     world = request.nproc_per_node if request.strategy != "none" else 1
@@ -190,8 +206,10 @@ def _run_fresh(request: ProbeRequest, options: FreshOptions) -> list[ProbeOutcom
             process = subprocess.Popen(
                 [sys.executable, "-m", "autobatch.probe.fresh", json.dumps(start)],
                 pass_fds=keep,
-                env={**os.environ, **_launcher_env(rank, world, port)},
+                env={**(os.environ if env is None else env), **_launcher_env(rank, world, port)},
                 stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL if quiet else None,
+                stderr=subprocess.DEVNULL if quiet else None,
             )
             os.close(write_fd)
             ranks.append(Rank(rank, process.pid, read_fd))
@@ -205,6 +223,35 @@ def _run_fresh(request: ProbeRequest, options: FreshOptions) -> list[ProbeOutcom
     if failed is not None and failed.outcome is not None:
         return [failed.outcome]
     return [r.outcome for r in ranks if r.outcome is not None]
+
+
+class FreshAhead:
+    """The job's fresh processes started by the command itself, in a thread, while its probe server starts: the
+    two imports of torch (the server's, the fresh process's) on two cores instead of one after the other. The
+    run then sends the probe server the outcomes (:attr:`FreshOptions.measured`), which measures the forked half
+    against them as it would against its own. A fresh process dies with the thread that started it."""
+
+    def __init__(self, request: ProbeRequest, options: FreshOptions, env: Mapping[str, str]) -> None:
+        self.request = request
+        self._outcomes: list[ProbeOutcome] = []
+        self._thread = threading.Thread(
+            target=self._run, args=(request, options, dict(env)), name="autobatch-fresh", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, request: ProbeRequest, options: FreshOptions, env: dict[str, str]) -> None:
+        try:
+            self._outcomes = _run_fresh(request, options, env, quiet=True)
+        except Exception:  # noqa: BLE001 - the run measures it again on its probe server, which reports why
+            self._outcomes = []
+
+    def outcomes(self) -> list[dict[str, Any]] | None:
+        """Every rank's outcome once they have ended (None: one did not fit or report; the probe server then
+        measures the fresh half itself, and says why it failed)."""
+        self._thread.join()
+        if not self._outcomes or not all(o.fits for o in self._outcomes):
+            return None
+        return [o.to_dict() for o in self._outcomes]
 
 
 def _launcher_env(rank: int, world: int, port: int) -> dict[str, str]:

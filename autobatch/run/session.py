@@ -13,6 +13,7 @@ callbacks, a :class:`autobatch.run.locks.RunLock` held from start to close) come
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
@@ -26,7 +27,7 @@ from autobatch.cache.sources import FilesSeen, source_digests
 from autobatch.core.space import Combo
 from autobatch.core.units import format_bytes
 from autobatch.devices.backend import backend_for
-from autobatch.devices.budget import DeviceInfo, apply_margin, cuda_name, device_info
+from autobatch.devices.budget import DeviceInfo, apply_margin, cpu_budget, cuda_name, device_info
 from autobatch.errors import DeviceError, UsageError
 from autobatch.records.failures import raise_for, with_last_lines
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner, RunConfig, StepConfig
@@ -40,6 +41,7 @@ from autobatch.step.spec import ScriptSpec, spec_from_settings
 if TYPE_CHECKING:
     from autobatch.cache.fresh import FreshInputs, FreshStore
     from autobatch.devices.selection import Target
+    from autobatch.probe.fresh import FreshAhead, FreshOptions
     from autobatch.settings import DistributedSettings, Settings
 
 #: Called after every probe with the combination, the outcome and whether it came from the journal.
@@ -130,6 +132,7 @@ class Session:
         #: Every warning of the session, once (shared with the run that wired it, which keeps them in its notes).
         self.warnings = self.wiring.warnings if self.wiring.warnings is not None else Warnings()
         self.fresh_offsets: list[int] = []  # per rank (autobatch.probe.fresh)
+        self.fresh_ahead: FreshAhead | None = None  # the job's fresh process, started beside the probe server
         self._held = ExitStack()
 
     @property
@@ -190,6 +193,7 @@ class Session:
             # Forked from a warm process (the daemon's) only where its memory is not counted, or is counted
             # back by the fresh-process offset: not on the CPU device with the offset off.
             fork = self.settings.probe.fresh_baseline or self.settings.device.device.startswith("cuda")
+            self.fresh_ahead = _fresh_ahead(self)
             self.runner = start_server(self.spec, script_args, self.op_modules, timeout, self.warn, fork)
             self.own_server = True
         if self.wiring.wrap_runner is not None:
@@ -535,20 +539,18 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
     from autobatch.probe.fresh import FreshOptions
 
     assert session.runner is not None
-    where = _fresh_store(session, device)  # None: the cache is off
+    where = _fresh_store(session, device.name, session.torch_version or "")  # None: the cache is off
     kept = None
     if where is not None and not session.refresh:  # --refresh: measured again, and the kept one replaced
         store, inputs = where
         kept = store.get(inputs)
+    ahead, session.fresh_ahead = session.fresh_ahead, None
     script_args = list(session.settings.script.script_args)
     options = FreshOptions(session.spec.to_init(), script_args, kept=kept.job_bytes if kept else None)
-    request = session.request(
-        FRESH_COMBO.at(session.plan_seq_len),
-        FRESH_BATCH,
-        steps=(3, 3),
-        op="fresh_baseline",
-        options=options.to_dict(),
-    )
+    request = _fresh_request(session, options)
+    if kept is None and ahead is not None and ahead.request == request:
+        options = replace(options, measured=ahead.outcomes())
+        request = _fresh_request(session, options)
     outcome = session.runner.run(request)
     # a broken contract (make_batch takes no length, say) fails every probe too: report it now, not as a warning
     if outcome.kind == "error" and outcome.contract:
@@ -563,6 +565,8 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
         return
     session.fresh_offsets = [int(offset) for offset in offsets]
     device.fresh_process = {"batch_size": FRESH_BATCH, **outcome.info}
+    if options.measured:
+        device.fresh_process["beside_server"] = True
     if kept is not None:
         device.fresh_process["kept"] = kept.made
     elif where is not None:
@@ -575,7 +579,45 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
         device.baseline_bytes += session.fresh_offsets[0]
 
 
-def _fresh_store(session: Session, device: DeviceInfo) -> tuple[FreshStore, FreshInputs] | None:
+def _fresh_request(
+    session: Session, options: FreshOptions, device: str | None = None, budget: int | None = None
+) -> ProbeRequest:
+    """The request that measures the job's fresh process (on the session's device, or ``device`` with
+    ``budget`` before it is known)."""
+    return session.request(
+        FRESH_COMBO.at(session.plan_seq_len),
+        FRESH_BATCH,
+        steps=(3, 3),
+        op="fresh_baseline",
+        options=options.to_dict(),
+        budget_bytes=budget,
+        device=device,
+    )
+
+
+def _fresh_ahead(session: Session) -> FreshAhead | None:
+    """The job's fresh process started now, beside the probe server's start, where the run will measure it: the
+    CPU device named with its memory (the budget, known before the inspection), the offset on, none kept, and
+    a probe server that starts as a fresh Python (a thread of the command keeps a warm one from forking it)."""
+    from autobatch.cache.keys import versions
+    from autobatch.probe import forked
+    from autobatch.probe.client import server_env
+    from autobatch.probe.fresh import FreshAhead, FreshOptions
+
+    asked, env = session.settings.device, {**os.environ, **server_env()}
+    if asked.device != "cpu" or asked.memory is None or not session.settings.probe.fresh_baseline:
+        return None
+    if (session.as_is and session.ranks > 1) or forked.why_cold(env) is None:
+        return None
+    where = _fresh_store(session, "cpu", versions()["torch"])
+    if where is not None and not session.refresh and where[0].get(where[1]) is not None:
+        return None
+    options = FreshOptions(session.spec.to_init(), list(session.settings.script.script_args))
+    request = _fresh_request(session, options, "cpu", cpu_budget(asked.memory, asked.headroom, None))
+    return FreshAhead(request, options, env)
+
+
+def _fresh_store(session: Session, device: str, torch: str) -> tuple[FreshStore, FreshInputs] | None:
     """Where the job's fresh process is kept and what it depends on (None: the cache is off)."""
     from autobatch.cache.fresh import FreshInputs, FreshStore, environment, interpreter
     from autobatch.cache.keys import versions
@@ -585,7 +627,7 @@ def _fresh_store(session: Session, device: DeviceInfo) -> tuple[FreshStore, Fres
 
     strategy = session.settings.distributed.strategy
     step = {
-        "device": device.name,
+        "device": device,
         "ranks": [strategy, session.ranks] if strategy != "none" else None,
         "seq_len": session.plan_seq_len,
         "as_is": dict(session.spec.options) if session.as_is else None,
@@ -593,7 +635,7 @@ def _fresh_store(session: Session, device: DeviceInfo) -> tuple[FreshStore, Fres
     inputs = FreshInputs(
         sources=session.sources,
         script_args=list(session.settings.script.script_args),
-        versions={**versions(), "torch": session.torch_version or ""},
+        versions={**versions(), "torch": torch},
         step=step,
         interpreter=interpreter(),
         environment=environment(),

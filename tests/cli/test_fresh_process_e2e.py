@@ -93,5 +93,7 @@ def test_the_jobs_fresh_process_is_measured_once_and_kept_for_the_next_command(t
     assert f"the fresh process as measured at {made} and kept in the cache" in told, told[-3000:]
     fresh, told = tune("--refresh")
     assert "kept" not in fresh and len(fresh["fresh_settled_bytes"]) == 1, fresh  # type: ignore[arg-type]
+    # the CPU device with its memory given: the job's fresh process ran while the probe server started
+    assert fresh["beside_server"] is True, fresh
     assert "measured once per run" in told
     assert json.loads(kept.read_text())["made"] >= made  # replaced by the measurement --refresh made
