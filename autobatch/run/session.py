@@ -599,7 +599,6 @@ def _fresh_ahead(session: Session) -> FreshAhead | None:
     """The job's fresh process started now, beside the probe server's start, where the run will measure it: the
     CPU device named with its memory (the budget, known before the inspection), the offset on, none kept, and
     a probe server that starts as a fresh Python (a thread of the command keeps a warm one from forking it)."""
-    from autobatch.cache.keys import versions
     from autobatch.probe import forked
     from autobatch.probe.client import server_env
     from autobatch.probe.fresh import FreshAhead, FreshOptions
@@ -609,7 +608,7 @@ def _fresh_ahead(session: Session) -> FreshAhead | None:
         return None
     if (session.as_is and session.ranks > 1) or forked.why_cold(env) is None:
         return None
-    where = _fresh_store(session, "cpu", versions()["torch"])
+    where = _fresh_store(session, "cpu")  # before a server reports its torch: the installed one's version
     if where is not None and not session.refresh and where[0].get(where[1]) is not None:
         return None
     options = FreshOptions(session.spec.to_init(), list(session.settings.script.script_args))
@@ -617,8 +616,11 @@ def _fresh_ahead(session: Session) -> FreshAhead | None:
     return FreshAhead(request, options, env)
 
 
-def _fresh_store(session: Session, device: str, torch: str) -> tuple[FreshStore, FreshInputs] | None:
-    """Where the job's fresh process is kept and what it depends on (None: the cache is off)."""
+def _fresh_store(
+    session: Session, device: str, torch: str | None = None
+) -> tuple[FreshStore, FreshInputs] | None:
+    """Where the job's fresh process is kept and what it depends on (None: the cache is off); ``torch``: the
+    version the probe server reported (None: the installed one's, :func:`autobatch.cache.keys.versions`)."""
     from autobatch.cache.fresh import FreshInputs, FreshStore, environment, interpreter
     from autobatch.cache.keys import versions
 
@@ -635,7 +637,7 @@ def _fresh_store(session: Session, device: str, torch: str) -> tuple[FreshStore,
     inputs = FreshInputs(
         sources=session.sources,
         script_args=list(session.settings.script.script_args),
-        versions={**versions(), "torch": torch},
+        versions={**versions(), **({"torch": torch} if torch is not None else {})},
         step=step,
         interpreter=interpreter(),
         environment=environment(),
