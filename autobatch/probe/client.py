@@ -138,13 +138,17 @@ class ProbeClient:
             )
         self._next_id = 0
         self._buffer = b""
-        hello = self._read(
-            self._start_timeout,
-            what="the probe server to import torch and the script",
-            hint="the server imports torch and the script's libraries, then a first process imports the script: "
-            "a script that waits at import (for a thread or pool it joins, input, the network, a lock) must not; "
-            "if importing it is only slow, raise --timeout",
-        )
+        try:
+            hello = self._read(
+                self._start_timeout,
+                what="the probe server to import torch and the script",
+                hint="the server imports torch and the script's libraries, then a first process imports the "
+                "script: a script that waits at import (for a thread or pool it joins, input, the network, a "
+                "lock) must not; if importing it is only slow, raise --timeout",
+            )
+        except BaseException:  # a failed or interrupted start (Ctrl-C in a notebook) leaves no server behind
+            self.close()
+            raise
         if not hello.get("ready"):
             self.close()
             raise server_error(hello.get("error", {}))

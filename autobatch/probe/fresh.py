@@ -10,8 +10,10 @@ less autobatch's own imports, less forked) lowers every later probe's cap and ra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -177,18 +179,23 @@ def _as_is_steps(request: ProbeRequest, script: Any, fd: int, own_import_bytes: 
 
 
 def _run_fresh(
-    request: ProbeRequest, options: FreshOptions, env: Mapping[str, str] | None = None, quiet: bool = False
+    request: ProbeRequest,
+    options: FreshOptions,
+    env: Mapping[str, str] | None = None,
+    ranks: list[Rank] | None = None,
 ) -> list[ProbeOutcome]:
     """Start the job's processes (one, or a rank each), run the request there; every rank's outcome. ``env``:
-    theirs (this process's by default); ``quiet``: their output goes nowhere (started by the command, whose
-    own output they must not write into)."""
+    theirs, their output going nowhere (started by the command, whose own output they must not write into;
+    None: this process's environment and output). ``ranks``: the list the started processes go into (a caller
+    that may stop them from another thread passes its own)."""
     from autobatch.probe.ranks import Rank, stop, watch
 
     world = request.nproc_per_node if request.strategy != "none" else 1
     deadline = time.perf_counter() + request.timeout * FRESH_TIME_SHARE
     listener = socket.create_server(("127.0.0.1", 0)) if world > 1 else None
     port = listener.getsockname()[1] if listener is not None else 0
-    ranks: list[Rank] = []
+    quiet = env is not None
+    ranks = [] if ranks is None else ranks
     try:
         for rank in range(world):
             read_fd, write_fd = os.pipe()
@@ -229,11 +236,13 @@ class FreshAhead:
     """The job's fresh processes started by the command itself, in a thread, while its probe server starts: the
     two imports of torch (the server's, the fresh process's) on two cores instead of one after the other. The
     run then sends the probe server the outcomes (:attr:`FreshOptions.measured`), which measures the forked half
-    against them as it would against its own. A fresh process dies with the thread that started it."""
+    against them as it would against its own, or :meth:`cancel` stops them (not needed after all, or the session
+    closing first: an interrupted notebook cell leaves none running)."""
 
     def __init__(self, request: ProbeRequest, options: FreshOptions, env: Mapping[str, str]) -> None:
         self.request = request
         self._outcomes: list[ProbeOutcome] = []
+        self._ranks: list[Rank] = []
         self._thread = threading.Thread(
             target=self._run, args=(request, options, dict(env)), name="autobatch-fresh", daemon=True
         )
@@ -241,9 +250,20 @@ class FreshAhead:
 
     def _run(self, request: ProbeRequest, options: FreshOptions, env: dict[str, str]) -> None:
         try:
-            self._outcomes = _run_fresh(request, options, env, quiet=True)
+            self._outcomes = _run_fresh(request, options, env, self._ranks)
         except Exception:  # noqa: BLE001 - the run measures it again on its probe server, which reports why
             self._outcomes = []
+
+    def cancel(self) -> None:
+        """Stop the fresh processes and wait for the thread (its watch sees them exit and reaps them); a
+        process started while this waits is stopped too."""
+        while self._thread.is_alive():
+            for rank in list(self._ranks):
+                if rank.pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(rank.pid, signal.SIGKILL)
+            self._thread.join(0.05)
+        self._outcomes = []
 
     def outcomes(self) -> list[dict[str, Any]] | None:
         """Every rank's outcome once they have ended (None: one did not fit or report; the probe server then

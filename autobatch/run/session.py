@@ -168,6 +168,9 @@ class Session:
 
     def close(self) -> None:
         try:
+            if self.fresh_ahead is not None:  # started, and the session ends before it is measured
+                self.fresh_ahead.cancel()
+                self.fresh_ahead = None
             if self.runner is not None:
                 self.runner.close()
         finally:
@@ -551,6 +554,8 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
     if kept is None and ahead is not None and ahead.request == request:
         options = replace(options, measured=ahead.outcomes())
         request = _fresh_request(session, options)
+    elif ahead is not None:  # a kept one under the server's torch, or another request: not to compete with it
+        ahead.cancel()
     outcome = session.runner.run(request)
     # a broken contract (make_batch takes no length, say) fails every probe too: report it now, not as a warning
     if outcome.kind == "error" and outcome.contract:

@@ -91,3 +91,48 @@ def test_callables_in_main_get_the_clis_exact_maximum(tmp_path: Path) -> None:
     from autobatch.records.schema import result_problems
 
     assert result_problems(api) == [] and result_problems(from_cli) == []  # real results match the schema
+
+
+#: A cell interrupted (Ctrl-C, the kernel's interrupt) while the tune starts: the job's fresh process, which
+#: the tune starts beside its probe server, is running then (it imports torch and the step for seconds).
+INTERRUPTED = STEP + textwrap.dedent(f"""
+    # --- the cell that tunes, interrupted as it starts ---
+    import json, os, signal, threading, time
+    import psutil, autobatch
+
+    me, seen = psutil.Process(), []
+
+    def running(fresh=False):
+        out = []
+        for p in me.children(recursive=True):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE and (not fresh or "autobatch.probe.fresh" in p.cmdline()):
+                    out.append(p.pid)
+            except psutil.Error:  # gone meanwhile
+                pass
+        return out
+
+    def interrupt():
+        while not seen:
+            seen.extend(running(fresh=True))
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    try:
+        autobatch.tune(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss, **{SETTINGS!r})
+    except KeyboardInterrupt:
+        pass
+    print(json.dumps({{"fresh": seen[0], "left": running()}}))
+""")
+
+
+def test_an_interrupted_cell_leaves_no_fresh_process_running(tmp_path: Path) -> None:
+    (tmp_path / "notebook.py").write_text(INTERRUPTED)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "AUTOBATCH_FRESH_BASELINE": "true"}
+    proc = subprocess.run(
+        [sys.executable, "notebook.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["left"] == [], report  # the fresh process (and the probe server) stopped with the cell
