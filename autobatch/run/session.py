@@ -156,7 +156,13 @@ class Session:
         return self.spec.kind == "as_is"
 
     def __enter__(self) -> Session:
-        self.start()
+        try:
+            self.start()
+        except (
+            BaseException
+        ):  # a start that fails (the script's error, Ctrl-C) leaves no probe server running
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -60,12 +60,19 @@ NOTEBOOK = STEP + textwrap.dedent(f"""
 """)
 
 
-def test_callables_in_main_get_the_clis_exact_maximum(tmp_path: Path) -> None:
-    (tmp_path / "notebook.py").write_text(NOTEBOOK)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
-    proc = subprocess.run(
-        [sys.executable, "notebook.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200
+def run_notebook(
+    folder: Path, cells: str, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The notebook's cells run as one ``python`` in ``folder`` (their ``__main__``), autobatch importable."""
+    (folder / "notebook.py").write_text(cells)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "notebook.py"], cwd=folder, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def test_callables_in_main_get_the_clis_exact_maximum(tmp_path: Path) -> None:
+    proc = run_notebook(tmp_path, NOTEBOOK, timeout=1200)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 1, "autobatch.tune() wrote to stdout"  # only the cell's own print
@@ -128,11 +135,43 @@ INTERRUPTED = STEP + textwrap.dedent(f"""
 
 
 def test_an_interrupted_cell_leaves_no_fresh_process_running(tmp_path: Path) -> None:
-    (tmp_path / "notebook.py").write_text(INTERRUPTED)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "AUTOBATCH_FRESH_BASELINE": "true"}
-    proc = subprocess.run(
-        [sys.executable, "notebook.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = run_notebook(tmp_path, INTERRUPTED, timeout=300, env={"AUTOBATCH_FRESH_BASELINE": "true"})
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.splitlines()[-1])
     assert report["left"] == [], report  # the fresh process (and the probe server) stopped with the cell
+
+
+#: A cell whose model does not build (a name not defined yet: the cell that defines it has not run): ``check``
+#: raises the script's error, and the probe server it started stops with it, and so does its hold on the device's
+#: lock (a second check waited for the first's forever; a tune's session was closed already).
+BROKEN = textwrap.dedent("""
+    import json
+    import psutil, autobatch
+    import torch
+
+    def build_model():
+        return Net()  # the cell that defines Net has not run
+
+    def make_batch(batch_size):
+        return torch.randn(batch_size, 8)
+
+    def compute_loss(model, batch):
+        return model(batch).sum()
+
+    errors, left = [], []
+    for attempt in range(2):  # the cell run again: it must not wait for the first one's device lock
+        try:
+            autobatch.check(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss,
+                            batch_size=4, device="cpu", memory="600MiB")
+        except Exception as exc:
+            errors.append(type(exc).__name__)
+        left += [p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    print(json.dumps({"errors": errors, "left": left}))
+""")
+
+
+def test_a_model_that_does_not_build_leaves_no_probe_server_and_no_lock(tmp_path: Path) -> None:
+    proc = run_notebook(tmp_path, BROKEN, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report == {"errors": ["ScriptError", "ScriptError"], "left": []}, report
