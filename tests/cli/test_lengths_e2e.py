@@ -4,7 +4,7 @@
 attention (the ``(batch, heads, L, L)`` softmax kept for backward) one tune searches 64, 128 and 256 tokens:
 the plan's length as any tune, each further one from the surface in at most three probes; ``check
 --seq-len`` confirms every maximum and refuses the next batch (or fits it by less than the variation between
-processes, when the tune's miss there was the margin's line). With ``F.scaled_dot_product_attention`` the
+probe servers, when the tune's miss there was the margin's line). With ``F.scaled_dot_product_attention`` the
 same tune (at the shortest and the longest length) fits a surface whose quadratic term is near zero next
 to eager's. Confirmations and checks run the probes' 3 steps, to keep the test near a minute.
 """
@@ -71,10 +71,11 @@ def test_three_lengths_searched_checked_and_the_quadratic_term_only_where_attent
         code, report = check(tmp_path, maximum + 1, seq_len)
         if code == 0 and not report["within_margin"]:
             # The tune's miss at the next batch was the margin's line, with the peak a process apart from this
-            # check's: the line fell between two processes' peaks (one 1 MiB step at most), not below the answer.
+            # check's: the line fell between two probe servers' peaks (up to two 1 MiB steps apart, as
+            # tests/cli/test_e2e.py allows), not below the answer.
             (miss,) = (probe for probe in rows[seq_len]["trace"] if probe["batch_size"] == maximum + 1)
             gap = abs(miss["peak_bytes"] - report["peak_bytes"])
-            assert miss["kind"] == "oom" and gap < 1 << 20, (seq_len, maximum + 1, miss, report["peak_bytes"])
+            assert miss["kind"] == "oom" and gap < 2 << 20, (seq_len, maximum + 1, miss, report["peak_bytes"])
 
     sdpa = tune(tmp_path, "sdpa", (LENGTHS[0], LENGTHS[-1]))  # two lengths fit b and c
     (eager_surface,), (sdpa_surface,) = eager["surfaces"], sdpa["surfaces"]
