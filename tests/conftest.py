@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from turns import (  # noqa: F401  # the hooks, found by pytest in this module
+    pytest_collection_modifyitems,
     pytest_configure_node,
     pytest_runtest_call,
     pytest_runtest_protocol,

@@ -3,7 +3,7 @@ for a core) runs its call while no other worker runs a test.
 
 Every test holds a shared lock on one file for its run; an exclusive test takes it exclusively for its call
 alone (its fixtures, which may tune for a minute, set up beside other tests), and a turnstile lets a waiting
-exclusive test in before new ones. ``tests/conftest.py`` imports these hooks; ``tests/test_turns.py`` holds
+exclusive test in before new ones. The exclusive tests run last (:func:`pytest_collection_modifyitems`). ``tests/conftest.py`` imports these hooks; ``tests/test_turns.py`` holds
 them to it.
 """
 
@@ -43,6 +43,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     folder = getattr(config, "_autobatch_lock_dir", None)
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``exclusive`` tests last, in their order: each waits for the test the other worker runs to end (and
+    keeps it idle for its call), which in the middle of the run costs that test's remaining minute, and at the
+    end overlaps the run's own tail."""
+    items.sort(key=lambda item: item.get_closest_marker("exclusive") is not None)
 
 
 @pytest.hookimpl(hookwrapper=True)

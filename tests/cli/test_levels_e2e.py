@@ -82,18 +82,20 @@ def _holds(folder: Path, level: str, maximum: int, env: dict[str, str]) -> None:
         assert code == EXIT_OOM and report["kind"] == "oom", report
 
 
-@pytest.fixture(scope="module")
+# Session-scoped, though only this module's tests use them: the exclusive test among them runs at the end of
+# the run (tests/turns.py), after the module's other tests, and would otherwise tune the maxima again.
+@pytest.fixture(scope="session")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("levels")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def env(folder: Path) -> dict[str, str]:
     """A probe journal of this module's own, shared by its tunes."""
     return {"AUTOBATCH_CACHE_DIR": str(folder / "cache")}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def maxima(folder: Path, env: dict[str, str]) -> dict[str, dict]:
     """The exact maxima of off, full and selective on the levers example."""
     options = (

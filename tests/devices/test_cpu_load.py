@@ -13,9 +13,6 @@ import pytest
 from autobatch.core.choice import quiet
 from autobatch.devices import cpu
 
-#: How long our threads wait for a core: no other test may run beside these.
-pytestmark = pytest.mark.exclusive
-
 BUSY = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end:\n    pass\n"
 
 
@@ -33,12 +30,14 @@ def _waited(seconds: float) -> float | None:
     return cpu.waiting_share(start, cpu.read_run_wait())
 
 
+@pytest.mark.exclusive  # how long our threads wait for a core: no other test may run beside it
 def test_one_thread_of_our_own_does_not_wait() -> None:
     waited = _waited(0.5)
     assert waited is not None and quiet(waited)
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # its neighbours must be the only ones on our cores
 def test_a_neighbour_on_our_cores_makes_our_threads_wait() -> None:
     """As many spinning neighbours as cores we may run on, beside one thread of ours: it waits for a core
     about a third of the time."""
