@@ -156,11 +156,10 @@ class Session:
         return self.spec.kind == "as_is"
 
     def __enter__(self) -> Session:
+        # a start that fails (the script's error, Ctrl-C) leaves no probe server running and no lock held
         try:
             self.start()
-        except (
-            BaseException
-        ):  # a start that fails (the script's error, Ctrl-C) leaves no probe server running
+        except BaseException:
             self.close()
             raise
         return self

@@ -116,16 +116,15 @@ def _run(request: TuneRequest, target: Target, hooks: Hooks, warnings: Warnings)
         warnings=warnings,
         refresh=request.refresh,
     )
-    try:
-        info = session.start()
+    with session:
+        info = session.device
+        assert info is not None, "a session is started as it is entered"
         hooks.on_device(info)
         for warning in info.warnings:  # already among the device's notes, which the result's start with
             hooks.on_warning(warning)
         tuner = Tuner(session, request.options, on_update=hooks.on_update, on_status=hooks.on_status)
         hooks.on_start(tuner.result)
         return tuner.run()
-    finally:
-        session.close()
 
 
 def _serve(

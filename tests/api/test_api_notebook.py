@@ -143,7 +143,7 @@ def test_an_interrupted_cell_leaves_no_fresh_process_running(tmp_path: Path) -> 
 
 #: A cell whose model does not build (a name not defined yet: the cell that defines it has not run): ``check``
 #: raises the script's error, and the probe server it started stops with it, and so does its hold on the device's
-#: lock (a second check waited for the first's forever; a tune's session was closed already).
+#: lock (a second check waited for the first's: it had not returned after 120 s; a tune's was closed already).
 BROKEN = textwrap.dedent("""
     import json
     import psutil, autobatch
