@@ -206,8 +206,11 @@ class FakeStepProbe:
     :meth:`Curve.rising`), as a real probe does; a probe that does not fit reports it too when its first
     step's forward and backward (the rising phase less ``state_bytes`` of optimizer state) fitted.
     ``static_bytes``: what a fit reports it measured of memory that does not scale with the batch
-    (:attr:`Observation.static_bytes`; None: nothing, as before probes measured it). ``calls`` records
-    ``(batch, steps, purpose)`` in order.
+    (:attr:`Observation.static_bytes`; None: nothing, as before probes measured it). ``cap_bytes``: the
+    device's hard limit above ``budget_bytes`` (the search's line): a batch whose peak lies between them
+    stops at the step that crosses the line, with that peak, as a real probe does; one past the cap fails
+    its first allocation, with no peak and no step (None: every miss as one that crossed, peak or not
+    as ``phases`` says). ``calls`` records ``(batch, steps, purpose)`` in order.
     """
 
     curve: Curve
@@ -217,6 +220,7 @@ class FakeStepProbe:
     phases: bool = False
     state_bytes: int = 0
     static_bytes: int | None = None
+    cap_bytes: int | None = None
     calls: list[tuple[int, tuple[int, int], str]] = field(default_factory=list)
 
     def __call__(self, batch_size: int, steps: tuple[int, int], purpose: str) -> Observation:
@@ -228,6 +232,13 @@ class FakeStepProbe:
             and self.fails_long(batch_size, purpose)
         )
         rising = self.curve.rising(batch_size) if self.phases else None
+        if self.cap_bytes is not None and self.curve(batch_size) > self.cap_bytes:
+            return Observation(batch_size, fits=False, kind="oom", steps=0)
+        if self.cap_bytes is not None and self.curve(batch_size) > self.budget_bytes:
+            peak = self.curve.measure(batch_size)
+            return Observation(
+                batch_size, fits=False, kind="oom", peak_bytes=peak, steps=1, rising_bytes=rising
+            )
         if self.curve(batch_size) > self.budget_bytes or too_long:
             first = rising is not None and rising - self.state_bytes <= self.budget_bytes
             # As a real probe stops at the step whose peak crosses its line: the peak it reached.

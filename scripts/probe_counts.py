@@ -6,7 +6,9 @@ combination, primed by the first one's line through :mod:`autobatch.core.reuse`.
 a change to the search: each idea is measured before it goes in. The output also goes, headed by the
 command, the date and the autobatch version, to ``docs/measurements/probe-counts.md``.
 
-Besides the synthetic families, two curves follow a real tune (``scripts/workloads/param_heavy.py``, CPU,
+Besides the synthetic families, the measured quadratic curve follows real tunes of
+``tests/scripts/quadratic.py`` (CPU, 471 MiB, 2026-11-29; a miss past the cap fails its first allocation,
+with no peak), and two curves a real tune (``scripts/workloads/param_heavy.py``, CPU,
 1 GiB cap, 2026-11-23): the rising phase's reading (``first_backward_peak`` + optimizer state) is not
 affine (0.25 MiB per sample under batch 340, where the gradients and the build set it, 0.53 above), the
 step's peak is flat (the optimizer step's) until batch ~540, a 10-step probe peaks ~0.3 MiB above a
@@ -90,6 +92,12 @@ PH_STATE = int(192.26 * MiB)
 #: The embedding table, the 512 -> 64 layer and the 16-class head: 25.2 M parameters.
 PH_SHAPES = [(49152, 512), (64, 512), (64,), (16, 64), (16,)]
 
+#: ``tests/scripts/quadratic.py`` (a batch x batch contrastive loss) under 471 MiB with 10 % headroom, CPU,
+#: 2026-11-29: the quadratic through its fits' peaks, the search's line 3 MiB under the cap, the floor and the
+#: static memory its probes measured. A miss past the cap fails its first allocation with no peak.
+QUAD_CAP = 444_491_366
+QUADRATIC = quadratic(310.555e6, 4461.75, 11.64)
+
 #: name: (curve, budget, the tuner's floor, the static memory a fit reports: for the synthetic curves a
 #: little under their intercept, as a real probe's is under its peak's)
 CURVES: dict[str, tuple[Curve, int, int, int]] = {
@@ -102,7 +110,11 @@ CURVES: dict[str, tuple[Curve, int, int, int]] = {
     "flat_rising (measured)": (FLAT_RISING, PH_BUDGET, PH_FLOOR, FLAT_STATIC),
     "param_heavy (measured)": (PARAM_HEAVY, PH_BUDGET, PH_FLOOR, PH_STATIC),
     "param_heavy bf16 (measured)": (PARAM_HEAVY_BF16, PH_BUDGET, PH_FLOOR, PH_STATIC),
+    "quadratic (measured)": (QUADRATIC, QUAD_CAP - 3 * MiB, 309_516_176, 309_565_968),
 }
+#: The device's hard limit above the search's line, for the curves measured with one.
+CAPS = {"quadratic (measured)": QUAD_CAP}
+MEASURED = {"flat_rising (measured)", "param_heavy (measured)", "param_heavy bf16 (measured)", *CAPS}
 
 #: (first combination, second combination, precision of the second): the grid's prior at work.
 GRIDS: dict[str, tuple[str, Curve, str]] = {
@@ -124,10 +136,18 @@ GRID4 = {
 }
 
 
-def _probe(curve: Curve, budget: int, phases: bool, static: int | None = None) -> FakeStepProbe:
+def _probe(
+    curve: Curve, budget: int, phases: bool, static: int | None = None, cap: int | None = None
+) -> FakeStepProbe:
     fails = (lambda b, _p: curve.fails_long(b, budget)) if isinstance(curve, Measured) else None
     return FakeStepProbe(
-        curve, budget, phases=phases, fails_long=fails, state_bytes=PH_STATE, static_bytes=static
+        curve,
+        budget,
+        phases=phases,
+        fails_long=fails,
+        state_bytes=PH_STATE,
+        static_bytes=static,
+        cap_bytes=cap,
     )
 
 
@@ -144,8 +164,9 @@ def count(
     phases: bool,
     prediction: Prediction | None = None,
     static: int | None = None,
+    cap: int | None = None,
 ) -> tuple[int, bool, list[str], Affine | None]:
-    probe = _probe(curve, budget, phases, static)
+    probe = _probe(curve, budget, phases, static, cap)
     answer = find_maximum(probe, budget_bytes=budget, limits=LIMITS, prediction=prediction, floor_bytes=floor)
     exact = answer.max_batch_size == _truth(curve, budget)
     calls = [f"{b}{'(6+)' if steps == LIMITS.confirm else ''}" for b, steps, _ in probe.calls]
@@ -157,10 +178,10 @@ def main() -> None:
         print(f"phase peaks reported: {phases}, static memory reported: {reports_static}")
         counts = []
         for name, (curve, budget, floor, static) in CURVES.items():
-            if isinstance(curve, Measured) and not phases:
+            if name in MEASURED and not phases:
                 continue  # a real probe reports its rising phase
             probes, exact, calls, _ = count(
-                curve, budget, floor, phases, static=static if reports_static else None
+                curve, budget, floor, phases, static=static if reports_static else None, cap=CAPS.get(name)
             )
             counts.append(probes)
             print(f"  {name:28s} {probes:3d} probes  exact={exact}  {' '.join(calls)}")
@@ -201,7 +222,7 @@ INTRO = (
     "confirm) makes on synthetic memory curves, and whether its answer is the true maximum: fake probes, "
     "no torch, seconds (`python scripts/probe_counts.py`). Each line: the curve, the probes it took "
     "(its confirmation included), whether the answer was exact, and the batches probed in order (`(6+)`: a "
-    "probe of confirmation length, six steps at least and up to ten while its peak grows). Two curves follow real tunes of `scripts/workloads/param_heavy.py` (CPU, 1 GiB). The "
+    "probe of confirmation length, six steps at least and up to ten while its peak grows). Two curves follow real tunes of `scripts/workloads/param_heavy.py` (CPU, 1 GiB), one of `scripts/workloads/flat_rising.py`, and one of `tests/scripts/quadratic.py` (CPU, 471 MiB, a cap past which a miss fails at once). The "
     "sections turn on what a real probe reports: the rising phase's peak, then the static memory too."
 )
 

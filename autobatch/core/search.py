@@ -42,6 +42,9 @@ SLACK = 3
 #: A bracket this many times wider than its fitting end (after the model overshot) is split at its
 #: geometric middle: an extrapolation errs by a factor there, not by an amount.
 GEOMETRIC_RATIO = 32
+#: The same after a miss that ran out of memory in its first step with no peak: an allocation failed, the
+#: curve passed the cap by more than the margin, far from the line the model drew (docs/how-a-tune-works.md).
+FAR_MISS_RATIO = 4
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,7 @@ class _State:
     lo_confirmed: bool = False  # the fitting end ran as long as a confirmation
     of_readings: bool = False  # the points are the rising phase's readings plus the gap
     static: int | None = None  # the fits' own static memory (the largest measured), while no non-fit is known
+    far_miss: bool = False  # the smallest non-fit ran out of memory in its first step, with no peak
 
     @classmethod
     def of(
@@ -230,7 +234,13 @@ class _State:
             o.batch_size == top and o.steps >= long_steps for o in fits
         )
         static = max((o.static_bytes for o in fits if o.static_bytes), default=None)
-        return cls(lo, hi, n, m, min_fail, points, confirmed, phased, static if min_fail is None else None)
+        far = any(
+            o.batch_size == min_fail and o.kind == "oom" and o.peak_bytes is None and o.steps == 0
+            for o in observations
+        )
+        return cls(
+            lo, hi, n, m, min_fail, points, confirmed, phased, static if min_fail is None else None, far
+        )
 
     def result(
         self, status: SearchStatus, trace: list[Observation], prior: Affine | None, budget: int
@@ -340,7 +350,8 @@ class _State:
         """After the model overshot by a wide factor, the geometric middle of the bracket: an extrapolation
         errs by a factor, not by an amount (counted as a guided step, so the bound holds)."""
         low, high = self.lo + 1, self.hi + 1  # batch sizes in units of the multiple
-        if self.lo < 0 or self.hi >= self.n or high < GEOMETRIC_RATIO * low:
+        ratio = FAR_MISS_RATIO if self.far_miss else GEOMETRIC_RATIO
+        if self.lo < 0 or self.hi >= self.n or high < ratio * low:
             return None
         middle = math.isqrt(low * high) - 1
         return (middle, None, False) if self.lo < middle < self.hi else None

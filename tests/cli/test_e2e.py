@@ -281,13 +281,16 @@ def _interrupt_tune(tmp_path: Path, sig: signal.Signals) -> tuple[int, str, list
     deadline = time.monotonic() + 120
     # server + a forked probe, after the first probe's result was saved (the file exists from the run's
     # start, marked as its own: wait for a probe in it)
+    family: list[psutil.Process] = []
     while time.monotonic() < deadline:
-        if _saved_probes(tmp_path / "r.json") >= 1 and len(parent.children(recursive=True)) >= 2:
+        # the family seen when the condition held: a probe that ends before a second look is not "none started"
+        family = parent.children(recursive=True)
+        if _saved_probes(tmp_path / "r.json") >= 1 and len(family) >= 2:
             break
         time.sleep(0.1)
-    family = parent.children(recursive=True)
     assert len(family) >= 2, "no probe started"
     proc.send_signal(sig)
+    family += [p for p in _children_or_none(parent) if p not in family]
     start = time.monotonic()
     proc.wait(timeout=5)
     _, stderr = proc.communicate()
@@ -296,6 +299,13 @@ def _interrupt_tune(tmp_path: Path, sig: signal.Signals) -> tuple[int, str, list
         time.sleep(0.1)
         alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     return proc.returncode, stderr, alive
+
+
+def _children_or_none(parent: psutil.Process) -> list[psutil.Process]:
+    try:
+        return parent.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _saved_probes(path: Path) -> int:

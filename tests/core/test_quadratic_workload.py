@@ -1,0 +1,97 @@
+"""The search on the quadratic workload (``tests/scripts/quadratic.py``, a batch x batch contrastive loss),
+from real tunes on the CPU under 471 MiB with 10 % headroom (2026-11-29): its curve, and the observations
+of one tune that took 18 probes. No torch: the search is pure.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autobatch.core.maximum import Limits, find_maximum
+from autobatch.core.model import model_points, predict
+from autobatch.core.search import Guidance, Observation, search_max_batch
+from autobatch.testing import FakeStepProbe, quadratic, true_max
+
+MiB = 2**20
+#: The device's cap and the search's line 3 MiB (the CPU margin) under it.
+CAP = 444_491_366
+LINE = CAP - 3 * MiB
+#: The quadratic through the fits' peaks of that tune; the floor and the static memory its probes measured.
+CURVE = quadratic(310.555e6, 4461.75, 11.64)
+FLOOR, STATIC = 309_516_176, 309_565_968
+LIMITS = Limits(max_batch_size=65536, batch_multiple=1, steps=3, max_steps=8, confirm_steps=10)
+
+
+def fit(batch: int, mib: float) -> Observation:
+    return Observation(batch, fits=True, peak_bytes=int(mib * MiB), steps=3, static_bytes=STATIC)
+
+
+def miss(batch: int, mib: float | None = None, steps: int = 0) -> Observation:
+    """A miss: with a peak, it stopped at the step that crossed the line; without, its allocation failed."""
+    return Observation(batch, fits=False, peak_bytes=int(mib * MiB) if mib else None, steps=steps)
+
+
+def search(known: list[Observation]) -> list[int]:
+    """The batches a search from ``known`` probes, on the workload's curve."""
+    probe = FakeStepProbe(CURVE, LINE, cap_bytes=CAP)
+    search_max_batch(
+        lambda b: probe(b, (3, 8), "search"),
+        budget_bytes=LINE,
+        max_batch_size=LIMITS.max_batch_size,
+        known=known,
+        guidance=Guidance(floor_bytes=FLOOR),
+    )
+    return [b for b, _, _ in probe.calls]
+
+
+def test_the_workload_takes_six_probes_its_confirmation_included() -> None:
+    # Before: 10 (8, 980, 8199 out of memory, 4589 too, 2784, 2807, 3184, 3164, 3166, 3165); the real tunes
+    # took 9 to 18.
+    probe = FakeStepProbe(CURVE, LINE, static_bytes=STATIC, cap_bytes=CAP)
+    answer = find_maximum(probe, budget_bytes=LINE, limits=LIMITS, floor_bytes=FLOOR)
+    assert answer.max_batch_size == true_max(CURVE, LINE, LIMITS.max_batch_size)
+    assert answer.probes <= 6, probe.calls
+
+
+def test_after_an_allocation_that_failed_far_above_the_fits_the_geometric_middle() -> None:
+    # The line through the first two fits (8 and 1235 in the real tune) ended at 6914, which failed its first
+    # allocation: the middle (4074) failed too; the geometric middle fits, and with the third fit the bend
+    # shows.
+    probe = FakeStepProbe(CURVE, LINE, static_bytes=STATIC, cap_bytes=CAP)
+    find_maximum(probe, budget_bytes=LINE, limits=LIMITS, floor_bytes=FLOOR)
+    (_, second, far, after), steps = [b for b, _, _ in probe.calls[:4]], probe.calls[2][1]
+    assert CURVE(far) > CAP and steps[0] >= 3  # failed at once, whatever its length
+    assert after == math.isqrt(second * far)
+
+
+def test_three_fits_that_bend_probe_the_parabolas_root() -> None:
+    # Before: the low end of a spread drawn from the last fit's surprise against the secant below it (the bend
+    # itself), 2776, a 6-step probe 384 samples under the maximum.
+    known = [fit(8, 296.2), fit(1235, 318.4), miss(6914), miss(4074), fit(2654, 385.7)]
+    first = search(known)[0]
+    assert abs(first - true_max(CURVE, LINE, LIMITS.max_batch_size)) <= 8
+
+
+def test_a_miss_that_stopped_a_step_earlier_is_not_a_point() -> None:
+    # The tune that took 18 probes: 3167 stopped at its first step at 420.95 MiB, 3165 at its second at
+    # 421.03; a secant through them falls, and the search bisected up from 2683, a fit at a time.
+    known = [
+        fit(8, 296.06),
+        fit(1424, 324.55),
+        miss(6211),
+        miss(3817),
+        fit(2620, 383.38),
+        miss(3167, 420.953, steps=1),
+        miss(3165, 421.027, steps=2),
+    ]
+    points, _ = model_points(
+        [(o.batch_size, o.peak_bytes, None) for o in known if o.fits],
+        [(o.batch_size, o.peak_bytes, None) for o in known if not o.fits],
+        LINE,
+        None,
+    )
+    assert 3165 in points and 3167 not in points
+    prediction = predict(points, None, 3165, LINE)
+    assert prediction is not None and prediction.low > 3100
+    calls = search(known)
+    assert len(calls) <= 4 and min(calls) > 3100, calls
