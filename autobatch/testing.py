@@ -195,6 +195,28 @@ class FakeProbe:
 
 
 @dataclass
+class ProcessNoise:
+    """How much a probe's memory moves with the process it runs in: the tune's baseline, up to ``tune_bytes``
+    either way (drawn once), each probe's process up to ``process_bytes`` more either way, in its peaks and its
+    static memory alike, and a probe as long as a confirmation (``long_steps`` steps or more) ``long_bytes``
+    higher. Seeded: the same draws every run."""
+
+    tune_bytes: int = 0
+    process_bytes: int = 0
+    long_bytes: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+        self._tune = self._rng.uniform(-self.tune_bytes, self.tune_bytes)
+
+    def draw(self, long: bool) -> int:
+        """The offset of one probe's process (a confirmation-length probe's included)."""
+        process = self._rng.uniform(-self.process_bytes, self.process_bytes)
+        return math.ceil(self._tune + process + (self.long_bytes if long else 0))
+
+
+@dataclass
 class FakeStepProbe:
     """A :data:`~autobatch.core.maximum.ProbeCall` over a synthetic curve, for the per-combination search.
 
@@ -210,7 +232,8 @@ class FakeStepProbe:
     device's hard limit above ``budget_bytes`` (the search's line): a batch whose peak lies between them
     stops at the step that crosses the line, with that peak, as a real probe does; one past the cap fails
     its first allocation, with no peak and no step (None: every miss as one that crossed, peak or not
-    as ``phases`` says). ``calls`` records ``(batch, steps, purpose)`` in order.
+    as ``phases`` says). ``noise``: how each probe's process moves its memory (:class:`ProcessNoise`;
+    None: not at all). ``calls`` records ``(batch, steps, purpose)`` in order.
     """
 
     curve: Curve
@@ -221,6 +244,7 @@ class FakeStepProbe:
     state_bytes: int = 0
     static_bytes: int | None = None
     cap_bytes: int | None = None
+    noise: ProcessNoise | None = None
     calls: list[tuple[int, tuple[int, int], str]] = field(default_factory=list)
 
     def __call__(self, batch_size: int, steps: tuple[int, int], purpose: str) -> Observation:
@@ -231,32 +255,29 @@ class FakeStepProbe:
             and self.fails_long is not None
             and self.fails_long(batch_size, purpose)
         )
-        rising = self.curve.rising(batch_size) if self.phases else None
-        if self.cap_bytes is not None and self.curve(batch_size) > self.cap_bytes:
+        shift = self.noise.draw(steps[1] >= self.long_steps) if self.noise is not None else 0
+        total, peak = self.curve(batch_size) + shift, self.curve.measure(batch_size) + shift
+        rising = self.curve.rising(batch_size) + shift if self.phases else None
+        if self.cap_bytes is not None and total > self.cap_bytes:
             return Observation(batch_size, fits=False, kind="oom", steps=0)
-        if self.cap_bytes is not None and self.curve(batch_size) > self.budget_bytes:
-            peak = self.curve.measure(batch_size)
+        if self.cap_bytes is not None and total > self.budget_bytes:
             return Observation(
                 batch_size, fits=False, kind="oom", peak_bytes=peak, steps=1, rising_bytes=rising
             )
-        if self.curve(batch_size) > self.budget_bytes or too_long:
+        if total > self.budget_bytes or too_long:
             first = rising is not None and rising - self.state_bytes <= self.budget_bytes
             # As a real probe stops at the step whose peak crosses its line: the peak it reached.
             return Observation(
                 batch_size,
                 fits=False,
                 kind="oom",
-                peak_bytes=self.curve.measure(batch_size) if first else None,
+                peak_bytes=peak if first else None,
                 steps=ran,
                 rising_bytes=rising if first else None,
             )
+        static = self.static_bytes + shift if self.static_bytes is not None else None
         return Observation(
-            batch_size,
-            fits=True,
-            peak_bytes=self.curve.measure(batch_size),
-            steps=ran,
-            rising_bytes=rising,
-            static_bytes=self.static_bytes,
+            batch_size, fits=True, peak_bytes=peak, steps=ran, rising_bytes=rising, static_bytes=static
         )
 
 

@@ -32,7 +32,17 @@ from autobatch.core.model import Affine
 from autobatch.core.reuse import Learned, Prediction, predict
 from autobatch.core.space import Combo
 from autobatch.devices.budget import margin_bytes
-from autobatch.testing import Curve, FakeStepProbe, affine, noisy, plateau, quadratic, staircase, true_max
+from autobatch.testing import (
+    Curve,
+    FakeStepProbe,
+    ProcessNoise,
+    affine,
+    noisy,
+    plateau,
+    quadratic,
+    staircase,
+    true_max,
+)
 
 GiB, MiB = 2**30, 2**20
 LIMITS = Limits(max_batch_size=65536, batch_multiple=1, steps=3, max_steps=8, confirm_steps=10)
@@ -198,6 +208,32 @@ def main() -> None:
         print(f"  {name:28s} {probes:3d} probes  exact={exact}  {' '.join(calls)}")
     print("the default grid (32-true, bf16-mixed) x (recompute off, on), each primed by the lines before it")
     grid4()
+    print(
+        f"quadratic (measured), {NOISY_TUNES} tunes each: the tune's baseline within 1 MiB, each probe's process "
+        "within the noise more, a confirmation-length probe 0.13 MiB higher"
+    )
+    for mib in (0.0, 0.2, 0.4):
+        counts = noisy_quadratic(mib)
+        spread = " ".join(f"{c}:{counts.count(c)}" for c in sorted(set(counts)))
+        print(
+            f"  noise {mib:.1f} MiB: median {statistics.median(counts)}, mean {statistics.mean(counts):.2f}, "
+            f"max {max(counts)}  (probes:tunes {spread})"
+        )
+
+
+#: Seeded tunes of the measured quadratic curve per level of noise between processes.
+NOISY_TUNES = 100
+
+
+def noisy_quadratic(noise_mib: float) -> list[int]:
+    """Probes per tune of the measured quadratic curve, its processes' memory moving (:class:`ProcessNoise`)."""
+    curve, budget, floor, static = CURVES["quadratic (measured)"]
+    counts = []
+    for seed in range(NOISY_TUNES):
+        noise = ProcessNoise(MiB, int(noise_mib * MiB), int(0.13 * MiB), seed)
+        probe = FakeStepProbe(curve, budget, static_bytes=static, cap_bytes=QUAD_CAP, noise=noise)
+        counts.append(find_maximum(probe, budget_bytes=budget, limits=LIMITS, floor_bytes=floor).probes)
+    return counts
 
 
 def grid4() -> None:
@@ -222,7 +258,8 @@ INTRO = (
     "confirm) makes on synthetic memory curves, and whether its answer is the true maximum: fake probes, "
     "no torch, seconds (`python scripts/probe_counts.py`). Each line: the curve, the probes it took "
     "(its confirmation included), whether the answer was exact, and the batches probed in order (`(6+)`: a "
-    "probe of confirmation length, six steps at least and up to ten while its peak grows). Two curves follow real tunes of `scripts/workloads/param_heavy.py` (CPU, 1 GiB), one of `scripts/workloads/flat_rising.py`, and one of `tests/scripts/quadratic.py` (CPU, 471 MiB, a cap past which a miss fails at once). The "
+    "probe of confirmation length, six steps at least and up to ten while its peak grows). Two curves follow real tunes of `scripts/workloads/param_heavy.py` (CPU, 1 GiB), one of `scripts/workloads/flat_rising.py`, and one of `tests/scripts/quadratic.py` (CPU, 471 MiB, a cap past which a miss fails at once); the last section runs that curve with each probe's process "
+    "moving its memory, as processes do, over seeded tunes. The "
     "sections turn on what a real probe reports: the rising phase's peak, then the static memory too."
 )
 

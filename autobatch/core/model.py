@@ -60,6 +60,9 @@ Point = tuple[int, int]  # (batch size, peak bytes) of a fitting probe
 LIKELY_SHORT = 0.95
 #: The reported line's base reaches at least this far below its largest point (a fraction of its batch).
 REPORTED_BASE = 0.75
+#: The least rise between two points a local fit reads (:func:`_spaced`): twice what a peak varies between
+#: processes on the CPU (about 0.25 MiB either way, measured on the quadratic workload's boundary).
+LOCAL_RISE = 1 << 20
 #: Three points bend (the curve is convex there, and a line through them overshoots) when the middle one
 #: lies this far under the chord of the outer two, a fraction of their rise. Noise on a straight line stays
 #: under it: the synthetic affine curve with 2 % noise bends 1.1 % at 8, 26 and 321; the quadratic example's
@@ -128,7 +131,7 @@ def predict(
 
 def _from_points(items: list[Point], budget: int) -> Prediction | None:
     """Two points or more: the local or the global candidate, whichever claims the narrower interval."""
-    options = [c for c in (_local(items, budget), _global(items, budget)) if c is not None]
+    options = [c for c in (_local(_spaced(items), budget), _global(items, budget)) if c is not None]
     return min(options, key=lambda c: c.high - c.low) if options else None
 
 
@@ -147,9 +150,12 @@ def _from_point(
 
 
 def _proportional(point: Point, floor: int, likely_floor: int | None, budget: int) -> Prediction | None:
-    """The proportional guess through one point: what lies above the floor scales with the batch."""
+    """The proportional guess through one point: what lies above the floor scales with the batch. The probe's
+    own static memory, read in the process that peaked, comes first, even under the floor: that is read from
+    another process (the inspection's), whose baseline may lie a MiB above the probe's, more than a small
+    batch's whole share (the quadratic workload: 0.07 MiB left above the floor at batch 8)."""
     b, p = point
-    if likely_floor is not None and floor <= likely_floor < p:
+    if likely_floor is not None and likely_floor < p:
         guess = _exact(Affine(float(likely_floor), (p - likely_floor) / b), budget, reported=False)
         if guess is not None:
             return replace(guess, low=LIKELY_SHORT * guess.low)
@@ -304,6 +310,18 @@ def _exact(line: Affine, budget: int, reported: bool = True) -> Prediction | Non
     return (
         Prediction(line, center, center, reported) if center is not None and math.isfinite(center) else None
     )
+
+
+def _spaced(items: list[Point]) -> list[Point]:
+    """The points a local fit reads: from the largest down, each at least :data:`LOCAL_RISE` under the one
+    above it (the smaller of two closer ones left out). Two fits a sample or two apart near the boundary differ
+    by less than a peak varies between processes: the secant through them says nothing of the slope (the
+    quadratic workload: 420.89 MiB at 3166, 420.67 at 3167)."""
+    kept = [items[-1]]
+    for b, p in reversed(items[:-1]):
+        if p <= kept[-1][1] - LOCAL_RISE:
+            kept.append((b, p))
+    return kept[::-1] if len(kept) >= 2 else items
 
 
 def _local(items: list[Point], budget: int) -> Prediction | None:

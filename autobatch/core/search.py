@@ -179,7 +179,9 @@ def search_max_batch(
         if status is not None:
             return state.result(status, trace, prior, budget_bytes)
         now = state.remaining()
-        debt = debt if remaining is None else max(0, debt + 1 - (remaining - now))
+        # Not floored at zero: a probe that cuts the remaining work by more than one banks the rest, and the
+        # bound holds all the same (docs/how-a-tune-works.md, "Worst case").
+        debt = debt if remaining is None else debt + 1 - (remaining - now)
         remaining = now
         guide = (prior, budget_bytes, prune_at_or_below, not distrust, guidance.floor_bytes)
         guided = state.guided(*guide) if debt < SLACK else None
@@ -306,7 +308,9 @@ class _State:
         prediction = predict(self.points, prior, self.min_fail, budget, floor, self.static)
         if prediction is None:
             return None
-        if 0 <= self.lo and self.hi - self.lo >= 2 and prediction.reported:
+        # The end game reads the model's noise: a line through two points alone has none to read.
+        planned = len(self.points) >= 3 or prior is not None
+        if 0 <= self.lo and self.hi - self.lo >= 2 and prediction.reported and planned:
             step = self._endgame(prediction, budget)
             if step is not None:
                 return step

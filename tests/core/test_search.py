@@ -270,7 +270,7 @@ def test_capped_at_max_batch_size() -> None:
 
 def test_batch_multiple() -> None:
     calls, result = tried(batch_multiple=8)
-    assert calls == [8, 64, 304, 296]
+    assert calls == [8, 64, 296, 304]
     assert (result.max_batch_size, result.status) == (296, "exact")
 
 
