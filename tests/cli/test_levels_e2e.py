@@ -69,15 +69,20 @@ def _check(folder: Path, script: str, *options: str, env: dict[str, str] | None 
 SPREAD = 8 << 20
 
 
-def _holds(folder: Path, level: str, maximum: int, env: dict[str, str]) -> None:
-    """``check`` at the level fits the maximum, and the next batch runs out of memory, or fits with its peak
-    within the run-to-run spread of the budget (a process that peaks lower than the search's saw)."""
+def _holds(folder: Path, level: str, combo: dict, env: dict[str, str]) -> None:
+    """``check`` at the level fits the tune's maximum, and the next batch runs out of memory, or fits with its
+    peak within the run-to-run spread of the budget, or of the peak the tune's own probe saw there when that
+    stopped at the margin's line (a process that peaks lower than the search's did: a CI run's selective
+    tune missed 19 at 376.4 MiB, 1.4 over its line, and the check fitted it at 370.0, 8.05 under the budget)."""
+    maximum = combo["max_batch_size"]
     options = (*COMMON, "--recompute-level", level)
     code, report = _check(folder, LEVERS, *options, "--batch-size", str(maximum), env=env)
     assert code == 0 and report["fits"] is True, report
     code, report = _check(folder, LEVERS, *options, "--batch-size", str(maximum + 1), env=env)
     if code == 0:
-        assert report["peak_bytes"] >= report["budget_bytes"] - SPREAD, report
+        seen = [t["peak_bytes"] for t in combo["trace"] if t["batch_size"] == maximum + 1 and t["peak_bytes"]]
+        near = seen and abs(report["peak_bytes"] - max(seen)) <= SPREAD
+        assert near or report["peak_bytes"] >= report["budget_bytes"] - SPREAD, (report, combo["trace"])
     else:
         assert code == EXIT_OOM and report["kind"] == "oom", report
 
@@ -150,7 +155,7 @@ def test_partial_level_runs_a_global_batch_just_above_off_in_one_micro_batch(
     # of memory at 396.3); issue 33's probe counts, open, and scripts/probe_counts.py measure them
     assert 1 <= len(searched) <= 5, partial["trace"]
     assert partial["status"] == "exact" and partial["max_batch_size"] >= target, partial
-    _holds(folder, level, partial["max_batch_size"], env)
+    _holds(folder, level, partial, env)
 
 
 def test_selective_maximum_lies_between_off_and_full(
@@ -158,7 +163,7 @@ def test_selective_maximum_lies_between_off_and_full(
 ) -> None:
     off, selective, full = (maxima[level]["max_batch_size"] for level in ("off", "selective", "full"))
     assert off < selective < full, (off, selective, full)
-    _holds(folder, "selective", selective, env)
+    _holds(folder, "selective", maxima["selective"], env)
 
 
 @pytest.mark.parametrize(
