@@ -60,8 +60,8 @@ Point = tuple[int, int]  # (batch size, peak bytes) of a fitting probe
 LIKELY_SHORT = 0.95
 #: The reported line's base reaches at least this far below its largest point (a fraction of its batch).
 REPORTED_BASE = 0.75
-#: The least rise between two points a local fit reads (:func:`_spaced`): twice what a peak varies between
-#: processes on the CPU (about 0.25 MiB either way, measured on the quadratic workload's boundary).
+#: The least rise between two points a local fit reads (:func:`_spaced`): a choice, above the 0.2-0.4 MiB by
+#: which scripts/probe_counts.py moves each probe's process; the real spread between processes is not measured.
 LOCAL_RISE = 1 << 20
 #: Three points bend (the curve is convex there, and a line through them overshoots) when the middle one
 #: lies this far under the chord of the outer two, a fraction of their rise. Noise on a straight line stays
@@ -153,7 +153,7 @@ def _proportional(point: Point, floor: int, likely_floor: int | None, budget: in
     """The proportional guess through one point: what lies above the floor scales with the batch. The probe's
     own static memory, read in the process that peaked, comes first, even under the floor: that is read from
     another process (the inspection's), whose baseline may lie a MiB above the probe's, more than a small
-    batch's whole share (the quadratic workload: 0.07 MiB left above the floor at batch 8)."""
+    batch's whole share (the quadratic workload simulated so: 0.07 MiB left above the floor at batch 8)."""
     b, p = point
     if likely_floor is not None and likely_floor < p:
         guess = _exact(Affine(float(likely_floor), (p - likely_floor) / b), budget, reported=False)
@@ -315,8 +315,8 @@ def _exact(line: Affine, budget: int, reported: bool = True) -> Prediction | Non
 def _spaced(items: list[Point]) -> list[Point]:
     """The points a local fit reads: from the largest down, each at least :data:`LOCAL_RISE` under the one
     above it (the smaller of two closer ones left out). Two fits a sample or two apart near the boundary differ
-    by less than a peak varies between processes: the secant through them says nothing of the slope (the
-    quadratic workload: 420.89 MiB at 3166, 420.67 at 3167)."""
+    by less than a peak can vary between processes: the secant through them says nothing of the slope (the
+    simulated quadratic workload with noise between processes: 420.89 MiB at 3166, 420.67 at 3167)."""
     kept = [items[-1]]
     for b, p in reversed(items[:-1]):
         if p <= kept[-1][1] - LOCAL_RISE:
