@@ -1,5 +1,6 @@
 """Shared fixtures: every test gets its own probe cache and its own folder of device locks, and no
-fresh-process measurement unless it asks for one. Under
+fresh-process measurement unless it asks for one, and the probes' OpenMP threads sleep while they wait (the
+two workers keep the cores busy). Under
 ``AUTOBATCH_REQUIRE_CONSUMERS=1`` (CI sets it in ``.ci/run``) a consumer library that is missing fails
 the run instead of skipping its tests.
 
@@ -33,6 +34,12 @@ from turns import (  # noqa: F401  # the hooks, found by pytest in this module
 # Messages name temporary paths (longer under xdist's per-worker folders): wide enough that no phrase a test
 # looks for is wrapped. Set before autobatch.cli's console reads it, at its import.
 os.environ["COLUMNS"] = "400"
+# Two workers keep both cores busy, so every probe runs beside load: torch's OpenMP threads would spin while
+# they wait for a core, and each command's server would restart with passive threads after its first stalled
+# probe (autobatch.probe.yielding), paying a second start. Told up front, as a user on a shared machine would
+# (a setting of the user's own is kept): the suite ran in 925 s against 1204 s (docs/development.md). Memory
+# does not depend on how threads wait; tests of the switch itself remove it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Helpers shared by the tests (support.py) are imported by name from every folder under tests/.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

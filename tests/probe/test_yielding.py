@@ -46,7 +46,12 @@ def _session() -> Session:
     return session
 
 
-def test_a_probe_beside_busy_cores_restarts_the_server_with_passive_threads() -> None:
+def test_a_probe_beside_busy_cores_restarts_the_server_with_passive_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(
+        "OMP_WAIT_POLICY", raising=False
+    )  # the suite's (tests/conftest.py): a user's own is kept
     with _session() as session:
         assert isinstance(session.runner, YieldingRunner)
         first_server = session.runner.client.pid
