@@ -37,7 +37,7 @@ os.environ["COLUMNS"] = "400"
 # Two workers keep both cores busy, so every probe runs beside load: torch's OpenMP threads would spin while
 # they wait for a core, and each command's server would restart with passive threads after its first stalled
 # probe (autobatch.probe.yielding), paying a second start. Told up front, as a user on a shared machine would
-# (a setting of the user's own is kept): the suite ran in 925 s against 1204 s (docs/development.md). Memory
+# (a setting of the user's own is kept): the suite ran in 878-925 s against 1204 s (docs/development.md). Memory
 # does not depend on how threads wait; tests of the switch itself remove it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Helpers shared by the tests (support.py) are imported by name from every folder under tests/.

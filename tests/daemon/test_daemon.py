@@ -300,11 +300,12 @@ def rss(pid: int) -> int:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
-def run_through(place: Place, argv: list[str], cwd: Path) -> int:
-    """``autobatch ARGV`` through the daemon, its output read and dropped; its exit code."""
+def run_through(place: Place, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> int:
+    """``autobatch ARGV`` through the daemon, as the command's client sends it with this process's environment
+    and ``env``; its output read and dropped; its exit code."""
     connection = _Connection(str(place.socket), 60)
     try:
-        body = {"argv": argv, "cwd": str(cwd), "env": dict(os.environ), "sys_path": sys.path}
+        body = {"argv": argv, "cwd": str(cwd), "env": {**os.environ, **(env or {})}, "sys_path": sys.path}
         connection.request("POST", "/v1/run", body=json.dumps(body).encode())
         response = connection.getresponse()
         assert response.status == 200

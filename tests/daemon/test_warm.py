@@ -142,9 +142,7 @@ def test_with_the_fresh_process_offset_off_the_probe_server_starts_cold_and_answ
 
 
 @pytest.mark.slow
-def test_the_daemons_memory_stays_flat_over_200_requests(
-    place: Place, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_daemons_memory_stays_flat_over_200_requests(place: Place, tmp_path: Path) -> None:
     env = {
         **common_env(place, tmp_path),
         "AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"),
@@ -162,13 +160,11 @@ def test_the_daemons_memory_stays_flat_over_200_requests(
     warm = next(pid for pid, cmd in below(daemon).items() if "autobatch.daemon.zygote" in cmd)
     # The requests themselves, as the command's client sends them, from this process: 200 client processes'
     # starts would measure nothing of the daemon's and cost this test two thirds of its time.
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
     for _ in range(10):  # past what the first requests allocate once (threads, buffers)
-        assert run_through(place, list(cached), tmp_path) == 0
+        assert run_through(place, list(cached), tmp_path, env) == 0
     before = rss(daemon), rss(warm)
     for _ in range(200):
-        assert run_through(place, list(cached), tmp_path) == 0
+        assert run_through(place, list(cached), tmp_path, env) == 0
     after = rss(daemon), rss(warm)
     assert after[0] < before[0] * 1.10, f"the daemon grew from {before[0]} to {after[0]} bytes"
     assert after[1] < before[1] * 1.10, f"the warm process grew from {before[1]} to {after[1]} bytes"

@@ -49,9 +49,8 @@ def _session() -> Session:
 def test_a_probe_beside_busy_cores_restarts_the_server_with_passive_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv(
-        "OMP_WAIT_POLICY", raising=False
-    )  # the suite's (tests/conftest.py): a user's own is kept
+    # the suite sets one (tests/conftest.py), and a user's own is kept: this test needs none
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     with _session() as session:
         assert isinstance(session.runner, YieldingRunner)
         first_server = session.runner.client.pid
