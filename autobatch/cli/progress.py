@@ -9,6 +9,7 @@ timestamped lines, never wrapped) and **quiet** (``--quiet``: errors and the fin
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -168,11 +169,7 @@ class LiveProbe:
         if self._live is not None:
             self._live.stop()
             self._live = None
-        try:
-            os.unlink(self.path)
-            os.rmdir(self.folder)
-        except OSError:
-            pass
+        shutil.rmtree(self.folder, ignore_errors=True)  # the probes' progress file, if one was written
 
     def text(self) -> str:
         from autobatch.probe.progress import read_progress

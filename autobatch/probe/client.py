@@ -27,7 +27,7 @@ from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.devices.visible import PROBE_ENV
 from autobatch.errors import ProbeFailure
 from autobatch.probe import forked
-from autobatch.probe.lineage import has_exited
+from autobatch.probe.lineage import group_running, has_exited
 from autobatch.probe.warming import describe
 from autobatch.probe.yielding import YieldingRunner
 from autobatch.records.failures import server_error
@@ -51,6 +51,17 @@ def _exited(pid: int, timeout: float) -> bool:
     """Wait up to ``timeout`` seconds for the child ``pid`` to exit, without reaping it."""
     deadline = time.monotonic() + timeout
     while not has_exited(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _group_gone(group: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds until no process of the killed process group ``group`` runs (one killed
+    by a signal runs on until the kernel has delivered it)."""
+    deadline = time.monotonic() + timeout
+    while group_running(group):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
@@ -260,6 +271,7 @@ class ProbeClient:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        _group_gone(proc.pid, STOP_GRACE)  # no process of the server's is left when the command exits
         if proc.stdout:
             proc.stdout.close()
 

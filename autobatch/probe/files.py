@@ -259,9 +259,11 @@ def _wrap_torch_save(files: ScriptFiles) -> None:
     torch.save = torch.serialization.save = save  # type: ignore[assignment]
 
 
-def scratch_root() -> str:
-    """A new folder for one probe's scratch folders (the probe server removes it: :func:`remove_root`)."""
-    return tempfile.mkdtemp(prefix="autobatch-probe-")
+def scratch_root(under: str | None) -> str:
+    """A new folder for one probe's scratch folders, in the folder ``under`` (the client's, which it removes
+    with the server: a probe whose server was killed leaves nothing behind); the server removes it once the
+    probe ended (:func:`remove_root`)."""
+    return tempfile.mkdtemp(prefix="probe-", dir=under if under and os.path.isdir(under) else None)
 
 
 def remove_root(root: str) -> None:

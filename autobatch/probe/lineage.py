@@ -13,6 +13,7 @@ import os
 import select
 import signal
 import time
+from collections.abc import Callable
 from types import FrameType
 
 PR_SET_PDEATHSIG = 1
@@ -75,6 +76,24 @@ def end_descendants(grace: float = END_GRACE) -> None:
         time.sleep(0.005)
 
 
+def group_running(group: int) -> bool:
+    """Whether a process of the process group ``group`` still runs (a zombie, dead but not yet reaped, does
+    not: its memory and files are gone)."""
+    import psutil
+
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == group and _running(process):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _running(process: object) -> bool:
     import psutil
 
@@ -96,11 +115,14 @@ def _reap_children() -> None:
             return
 
 
-def end_descendants_on_sigterm() -> None:
-    """On SIGTERM, end every process below this one, then exit (status 143): how the probe server stops."""
+def end_descendants_on_sigterm(then: Callable[[], None] | None = None) -> None:
+    """On SIGTERM, end every process below this one, call ``then``, and exit (status 143): how the probe
+    server stops."""
 
     def stop(signum: int, frame: FrameType | None) -> None:
         end_descendants()
+        if then is not None:
+            then()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)

@@ -60,7 +60,7 @@ def _leave_protocol() -> None:
 def main() -> None:
     init = json.loads(sys.argv[1])
     parent = os.getppid()
-    end_descendants_on_sigterm()
+    end_descendants_on_sigterm(then=lambda: _orphaned(init, parent))
     die_with_parent(signal.SIGTERM)  # the handler ends the probes and what they started, then the server
     if os.getppid() != parent:  # the client died before we asked
         os._exit(1)
@@ -104,6 +104,13 @@ def main() -> None:
         request = ProbeRequest.from_dict(message["request"])
         outcome = _fork_probe(request, init)
         _send(proto, {"id": message.get("id"), "outcome": outcome.to_dict()})
+
+
+def _orphaned(init: dict[str, Any], parent: int) -> None:
+    """On SIGTERM: when the client is gone (killed outright, its death signalled here), remove its folder
+    (the server's log, the probes' scratch folders), which nobody is left to read or remove."""
+    if os.getppid() != parent and init.get("log_dir"):
+        remove_root(init["log_dir"])
 
 
 def _load(init: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +169,7 @@ def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
         error = compile_error(init["script"]["target"])
         return None if error is None else _startup_error(error)
     read_fd, write_fd = os.pipe()
-    scratch = scratch_root()
+    scratch = scratch_root(init.get("log_dir"))
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
@@ -226,7 +233,9 @@ def _fork_probe(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
     log_path = (
         os.path.join(log_dir, f"probe-{os.getpid()}-{time.monotonic_ns()}.log") if log_dir else os.devnull
     )
-    scratch = scratch_root()  # the probe's scratch folders (autobatch.probe.files), removed once it ended
+    scratch = scratch_root(
+        init.get("log_dir")
+    )  # the probe's scratch folders (autobatch.probe.files), removed once it ended
     started = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # the probe process

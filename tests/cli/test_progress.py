@@ -81,6 +81,15 @@ def test_the_watched_runner_asks_probes_for_their_steps_and_passes_answers_throu
         display.stop()
 
 
+@pytest.mark.parametrize("wrote", [True, False], ids=["a-step-reported", "none-reported"])
+def test_the_live_line_leaves_no_folder_behind(wrote: bool) -> None:
+    display = LiveProbe()
+    if wrote:
+        Path(display.path).write_text("2")
+    display.stop()
+    assert not Path(display.folder).exists()
+
+
 def test_quiet_keeps_only_the_summary(capfd: pytest.CaptureFixture[str]) -> None:
     out = Output(quiet=True)
     out.status("device cpu")

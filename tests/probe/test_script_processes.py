@@ -146,7 +146,9 @@ def test_an_interrupted_tune_leaves_no_process_of_the_script(
     pid_file = tmp_path / "helpers.pid"
     slow = ("--step-seconds", "0.5") if script == AS_IS else ()
     argv = [sys.executable, "-m", "autobatch", "tune", *tune_args(script, "--pid-file", str(pid_file), *slow)]
-    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
+    temp = tmp_path / "tmp"  # the tune's temporary folders: the server's log, the probes' scratch folders
+    temp.mkdir()
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)}
     try:
         proc = start_tune(argv, env, tmp_path, pid_file)
         time.sleep(1)  # inside the probe (as is: in its slow steps)
@@ -155,8 +157,26 @@ def test_an_interrupted_tune_leaves_no_process_of_the_script(
         ended = time.time()
         assert proc.returncode == code, stderr.decode()
         assert survivors(pid_file, ended) == []
+        # none is left, a tune killed outright included (its server removes them as it stops)
+        assert leftovers(temp) == []
     finally:
         end(pid_file)
+
+
+def leftovers(folder: Path, grace: float = 5.0) -> list[str]:
+    """autobatch's temporary folders left in ``folder`` after ``grace`` seconds. The lock folder, shared by
+    the machine's tunes, stays; so do what the script's own libraries leave when their processes are killed
+    (``multiprocessing``'s ``pymp-*``) and torch's compile cache."""
+    deadline = time.monotonic() + grace
+    while (left := _temporaries(folder)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _temporaries(folder: Path) -> list[str]:
+    return sorted(
+        name for name in os.listdir(folder) if name.startswith("autobatch-") and name != "autobatch-locks"
+    )
 
 
 def test_a_server_killed_under_a_helper_is_noticed_at_once(tmp_path: Path) -> None:
