@@ -29,6 +29,7 @@ from turns import (  # noqa: F401  # the hooks, found by pytest in this module
     pytest_runtest_call,
     pytest_runtest_protocol,
     pytest_unconfigure,
+    pytest_xdist_make_scheduler,
 )
 
 # Messages name temporary paths (longer under xdist's per-worker folders): wide enough that no phrase a test

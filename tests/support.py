@@ -58,6 +58,13 @@ def compute_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> 
 """
 
 
+def run_folder(factory: Any) -> Path:
+    """The folder every worker of this pytest run shares (a ``pytest.TempPathFactory``'s): pytest-xdist gives
+    each worker a folder of its own inside it; outside xdist, the run's own."""
+    base = Path(factory.getbasetemp())
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def run_cli(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
@@ -82,10 +89,14 @@ def run_main(*args: str) -> tuple[int, str, str]:
     from typer.testing import CliRunner
 
     from autobatch.cli import main
+    from autobatch.cli.app import console
+    from autobatch.cli.state import STATE
 
     runner = CliRunner()
     argv = sys.argv
     sys.argv = ["autobatch", *args]
+    # what a command's flags set for its process (--quiet, --verbose): the tests after it run as before it
+    before = (STATE.verbose, STATE.quiet, console.quiet)
     try:
         with runner.isolation() as (out, err, _):
             try:
@@ -96,6 +107,7 @@ def run_main(*args: str) -> tuple[int, str, str]:
             return code, out.getvalue().decode(), " ".join(err.getvalue().decode().split())
     finally:
         sys.argv = argv
+        STATE.verbose, STATE.quiet, console.quiet = before
 
 
 def wire_fake_runner(

@@ -98,13 +98,17 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "AUTOBATCH_"))}
 
 
-def test_the_exclusive_tests_run_last_in_their_order(tmp_path: Path) -> None:
+def test_the_slow_tests_run_first_and_the_exclusive_ones_last_in_their_order(tmp_path: Path) -> None:
     conftest = CONFTEST.replace("from turns import ", "from turns import pytest_collection_modifyitems, ")
+    conftest += '\n    config.addinivalue_line("markers", "slow: takes a while")\n'
     (tmp_path / "conftest.py").write_text(conftest)
     (tmp_path / "test_a_exclusive.py").write_text(
         EXCLUSIVE + EXCLUSIVE.replace("test_alone", "test_alone_too")
     )
     (tmp_path / "test_b_shared.py").write_text(SHARED)
+    (tmp_path / "test_c_slow.py").write_text(
+        "import pytest\n\n@pytest.mark.slow\ndef test_long():\n    pass\n"
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0"],
         cwd=tmp_path,
@@ -115,4 +119,9 @@ def test_the_exclusive_tests_run_last_in_their_order(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     order = [line.partition("::")[2] for line in proc.stdout.splitlines() if "::" in line]
-    assert order == [f"test_beside[{n}]" for n in range(10)] + ["test_alone", "test_alone_too"], order
+    assert order == [
+        "test_long",
+        *(f"test_beside[{n}]" for n in range(10)),
+        "test_alone",
+        "test_alone_too",
+    ], order

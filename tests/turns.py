@@ -3,7 +3,8 @@ for a core) runs its call while no other worker runs a test.
 
 Every test holds a shared lock on one file for its run; an exclusive test takes it exclusively for its call
 alone (its fixtures, which may tune for a minute, set up beside other tests), and a turnstile lets a waiting
-exclusive test in before new ones. The exclusive tests run last (:func:`pytest_collection_modifyitems`). ``tests/conftest.py`` imports these hooks; ``tests/test_turns.py`` holds
+exclusive test in before new ones. The slow tests run first, the exclusive ones last
+(:func:`pytest_collection_modifyitems`). ``tests/conftest.py`` imports these hooks; ``tests/test_turns.py`` holds
 them to it.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScheduling
 
 #: The open lock files of the test that runs (:func:`pytest_runtest_protocol`), for its call's exclusive turn.
 _LOCKS = pytest.StashKey[tuple[Any, Any]]()
@@ -28,6 +30,33 @@ def _lock_path(config: pytest.Config) -> Path | None:
     if worker_input is None:
         return None
     return Path(worker_input["autobatch_lock_dir"])
+
+
+class OneQueue(LoadScheduling):
+    """Workers take the run's tests from the front of one queue, in the order of
+    :func:`pytest_collection_modifyitems`: each holds the test it runs and the next one (a worker needs its
+    next test to run one), and is given another as one ends. xdist's ``load`` hands out tests in chunks that
+    grow while tests are short, so a worker could hold a slow test of the front for minutes while the other
+    ran the tail."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self.maxschedchunk = 2  # the first tests: two a worker
+
+    def check_schedule(self, node: Any, duration: float = 0) -> None:
+        if node.shutting_down:
+            return
+        if not self.pending:
+            node.shutdown()
+            return
+        missing = 2 - len(self.node2pending[node])
+        if missing > 0:
+            self._send_tests(node, missing)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> OneQueue:
+    return OneQueue(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -46,10 +75,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``exclusive`` tests last, in their order: each waits for the test the other worker runs to end (and
-    keeps it idle for its call), which in the middle of the run costs that test's remaining minute, and at the
-    end overlaps the run's own tail."""
-    items.sort(key=lambda item: item.get_closest_marker("exclusive") is not None)
+    """The ``slow`` tests first, then the others, then the ``exclusive`` ones, each group in its order. Workers
+    take tests from the front of one queue (:class:`OneQueue`), so the run ends on short tests, both workers
+    busy to the end, instead of one test of a minute beside an idle worker. An exclusive test waits for the test the
+    other worker runs to end (and keeps it idle for its call): in the middle of the run that costs that test's
+    remaining minute, at the end it overlaps the run's own tail."""
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("exclusive") is not None,
+            item.get_closest_marker("slow") is None,
+        )
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)

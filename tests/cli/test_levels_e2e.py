@@ -22,7 +22,8 @@ import json
 from pathlib import Path
 
 import pytest
-from support import EXAMPLES, SCRIPTS, run_cli
+from filelock import FileLock
+from support import EXAMPLES, SCRIPTS, run_cli, run_folder
 
 from autobatch.core.levels import fraction
 from autobatch.errors import EXIT_OOM
@@ -87,11 +88,14 @@ def _holds(folder: Path, level: str, combo: dict, env: dict[str, str]) -> None:
         assert code == EXIT_OOM and report["kind"] == "oom", report
 
 
-# Session-scoped, though only this module's tests use them: the exclusive test among them runs at the end of
-# the run (tests/turns.py), after the module's other tests, and would otherwise tune the maxima again.
+# Session-scoped and shared by the run's workers, though only this module's tests use them: the exclusive test
+# among them runs at the end of the run (tests/turns.py), on either worker, and would otherwise tune the
+# maxima again.
 @pytest.fixture(scope="session")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("levels")
+    folder = run_folder(tmp_path_factory) / "levels"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +106,16 @@ def env(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def maxima(folder: Path, env: dict[str, str]) -> dict[str, dict]:
-    """The exact maxima of off, full and selective on the levers example."""
+    """The exact maxima of off, full and selective on the levers example, tuned once in a run: the first
+    worker that needs them tunes them, the other reads what it kept."""
+    kept = folder / "maxima.json"
+    with FileLock(folder / "maxima.lock"):
+        if not kept.exists():
+            kept.write_text(json.dumps(_tune_maxima(folder, env)))
+        return json.loads(kept.read_text())  # type: ignore[no-any-return]
+
+
+def _tune_maxima(folder: Path, env: dict[str, str]) -> dict[str, dict]:
     options = (
         *COMMON,
         *QUICK,

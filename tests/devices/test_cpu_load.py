@@ -39,10 +39,11 @@ def test_one_thread_of_our_own_does_not_wait() -> None:
 @pytest.mark.slow
 @pytest.mark.exclusive  # its neighbours must be the only ones on our cores
 def test_a_neighbour_on_our_cores_makes_our_threads_wait() -> None:
-    """As many spinning neighbours as cores we may run on, beside one thread of ours: it waits for a core
-    about a third of the time."""
+    """One spinning neighbour more than the cores we may run on, beside one thread of ours: it waits for a
+    core about half the time (with as many neighbours as cores, a third in theory, and 0.19 was seen at the
+    end of a full run, where the scheduler let ours run alone longer)."""
     cores = len(os.sched_getaffinity(0))
-    neighbours = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(cores)]
+    neighbours = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(cores + 1)]
     try:
         time.sleep(0.3)  # the neighbours' interpreters are up and spinning
         waited = _waited(1.0)
