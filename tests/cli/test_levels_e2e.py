@@ -19,6 +19,8 @@ the throughput tune that follows is served those probes, searches only the parti
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -179,6 +181,33 @@ def test_selective_maximum_lies_between_off_and_full(
     _holds(folder, "selective", maxima["selective"], env)
 
 
+#: A model compiled outside any cap: inductor precompiles its C++ header once per torch installation.
+WARM_COMPILE = """
+import torch
+from torch import nn
+
+model = torch.compile(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)))
+model(torch.randn(4, 8)).sum().backward()
+"""
+
+
+@pytest.fixture(scope="session")
+def compiler_header(folder: Path) -> None:
+    """inductor's precompiled C++ header, made once in a run for both workers outside the tests' caps.
+
+    Made in a probe, the header's compiler (a child of the probe) inherits the probe's data cap, and under
+    these tests' 512 MiB it runs out of memory: a first compiled tune on a machine where inductor never
+    compiled (a fresh CI machine, or a new environment) is "does not compile: CppCompileError" (seen in a fresh
+    clone's run, 2026-11-29). A known limit of the product (docs: Recomputation levels and compile), not what
+    these tests are about."""
+    with FileLock(folder / "compiler-header.lock"):
+        done = folder / "compiler-header.done"
+        if not done.exists():
+            subprocess.run([sys.executable, "-c", WARM_COMPILE], check=True, timeout=600, capture_output=True)
+            done.touch()
+
+
+@pytest.mark.usefixtures("compiler_header")
 @pytest.mark.parametrize(
     ("script", "multiple", "arguments"),
     [("mlp.py", "64", MLP_ARGS), ("gpt.py", "8", GPT_ARGS)],
