@@ -263,7 +263,7 @@ def scratch_root(under: str | None) -> str:
     """A new folder for one probe's scratch folders, in the folder ``under`` (the client's, which it removes
     with the server: a probe whose server was killed leaves nothing behind); the server removes it once the
     probe ended (:func:`remove_root`)."""
-    return tempfile.mkdtemp(prefix="probe-", dir=under if under and os.path.isdir(under) else None)
+    return tempfile.mkdtemp(prefix="files-", dir=under if under and os.path.isdir(under) else None)
 
 
 def remove_root(root: str) -> None:

@@ -233,9 +233,8 @@ def _fork_probe(request: ProbeRequest, init: dict[str, Any]) -> ProbeOutcome:
     log_path = (
         os.path.join(log_dir, f"probe-{os.getpid()}-{time.monotonic_ns()}.log") if log_dir else os.devnull
     )
-    scratch = scratch_root(
-        init.get("log_dir")
-    )  # the probe's scratch folders (autobatch.probe.files), removed once it ended
+    # the probe's scratch folders (autobatch.probe.files), removed once it ended
+    scratch = scratch_root(init.get("log_dir"))
     started = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # the probe process
