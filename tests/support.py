@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,17 @@ def run_folder(factory: Any) -> Path:
     each worker a folder of its own inside it; outside xdist, the run's own."""
     base = Path(factory.getbasetemp())
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def once_in_the_run(kept: Path, make: Callable[[], Any]) -> Any:
+    """``make()``'s answer (JSON), made by the first worker of the run that asks and kept in ``kept`` (a file of
+    :func:`run_folder`) for the others."""
+    from filelock import FileLock
+
+    with FileLock(f"{kept}.lock"):
+        if not kept.exists():
+            kept.write_text(json.dumps(make()))
+        return json.loads(kept.read_text())
 
 
 def run_cli(

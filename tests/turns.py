@@ -4,8 +4,8 @@ for a core) runs its call while no other worker runs a test.
 Every test holds a shared lock on one file for its run; an exclusive test takes it exclusively for its call
 alone (its fixtures, which may tune for a minute, set up beside other tests), and a turnstile lets a waiting
 exclusive test in before new ones. The slow tests run first, the exclusive ones last
-(:func:`pytest_collection_modifyitems`). ``tests/conftest.py`` imports these hooks; ``tests/test_turns.py`` holds
-them to it.
+(:func:`pytest_collection_modifyitems`). ``tests/conftest.py`` imports these hooks; ``tests/test_turns.py``
+holds them to it.
 """
 
 from __future__ import annotations
@@ -75,11 +75,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``slow`` tests first, then the others, then the ``exclusive`` ones, each group in its order. Workers
-    take tests from the front of one queue (:class:`OneQueue`), so the run ends on short tests, both workers
-    busy to the end, instead of one test of a minute beside an idle worker. An exclusive test waits for the test the
-    other worker runs to end (and keeps it idle for its call): in the middle of the run that costs that test's
-    remaining minute, at the end it overlaps the run's own tail."""
+    """The ``slow`` tests first, then the others, then the ``exclusive`` ones, each group in its order.
+
+    Workers take tests from the front of one queue (:class:`OneQueue`), so the run ends on short tests, both
+    workers busy to the end, instead of one test of a minute beside an idle worker. An exclusive test waits for
+    the test the other worker runs to end (and keeps it idle for its call): in the middle of the run that costs
+    that test's remaining minute, at the end it overlaps the run's own tail."""
     items.sort(
         key=lambda item: (
             item.get_closest_marker("exclusive") is not None,

@@ -24,8 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
-from support import EXAMPLES, SCRIPTS, run_cli, run_folder
+from support import EXAMPLES, SCRIPTS, once_in_the_run, run_cli, run_folder
 
 from autobatch.core.levels import fraction
 from autobatch.errors import EXIT_OOM
@@ -110,11 +109,8 @@ def env(folder: Path) -> dict[str, str]:
 def maxima(folder: Path, env: dict[str, str]) -> dict[str, dict]:
     """The exact maxima of off, full and selective on the levers example, tuned once in a run: the first
     worker that needs them tunes them, the other reads what it kept."""
-    kept = folder / "maxima.json"
-    with FileLock(folder / "maxima.lock"):
-        if not kept.exists():
-            kept.write_text(json.dumps(_tune_maxima(folder, env)))
-        return json.loads(kept.read_text())  # type: ignore[no-any-return]
+    maxima: dict[str, dict] = once_in_the_run(folder / "maxima.json", lambda: _tune_maxima(folder, env))
+    return maxima
 
 
 def _tune_maxima(folder: Path, env: dict[str, str]) -> dict[str, dict]:
@@ -196,15 +192,14 @@ def compiler_header(folder: Path) -> None:
     """inductor's precompiled C++ header, made once in a run for both workers outside the tests' caps.
 
     Made in a probe, the header's compiler (a child of the probe) inherits the probe's data cap, and under
-    these tests' 512 MiB it runs out of memory: a first compiled tune on a machine where inductor never
-    compiled (a fresh CI machine, or a new environment) is "does not compile: CppCompileError" (seen in a fresh
-    clone's run, 2026-11-29). A known limit of the product (docs: Recomputation levels and compile), not what
-    these tests are about."""
-    with FileLock(folder / "compiler-header.lock"):
-        done = folder / "compiler-header.done"
-        if not done.exists():
-            subprocess.run([sys.executable, "-c", WARM_COMPILE], check=True, timeout=600, capture_output=True)
-            done.touch()
+    these tests' 512 MiB it runs out of memory: a first compiled tune in an environment where inductor never
+    compiled (a fresh CI machine, a new venv) is "does not compile: CppCompileError". A known limit of the
+    product (docs: Recomputation levels and compile), not what these tests are about."""
+    compile_once = [sys.executable, "-c", WARM_COMPILE]
+    once_in_the_run(
+        folder / "compiler-header.json",
+        lambda: subprocess.run(compile_once, check=True, timeout=600, capture_output=True).returncode,
+    )
 
 
 @pytest.mark.usefixtures("compiler_header")
