@@ -3,8 +3,8 @@
 The server runs in a session and process group of its own (``start_new_session``) with every probe forked
 inside it. :meth:`ProbeClient.close` sends it SIGTERM, on which it kills every process below it, those the
 script moved to a session of their own included (:mod:`autobatch.probe.lineage`), then ``killpg`` ends
-whatever is left in its group. ``PR_SET_PDEATHSIG`` in the server (SIGTERM, the same clean-up) and in each
-probe covers the case where this process is killed outright.
+whatever is left in its group. ``PR_SET_PDEATHSIG`` in the server (SIGHUP: the same clean-up, and its
+folders removed) and in each probe covers the case where this process is killed outright.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ class ProbeClient:
 
     ``op_modules``: modules the server imports at start-up, before any fork, to register operations
     beyond the built-in ``probe`` and ``inspect`` (see :mod:`autobatch.probe.ops`). ``fork``: False starts
-    the server as a fresh Python even in a warm process (:data:`NOT_FORKED`).
+    the server as a fresh Python even in a warm process (:data:`NOT_FORKED`). ``folders``: the caller's
+    temporary folders, which the server removes with its own log folder when this process is killed outright.
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class ProbeClient:
         start_timeout: float = 300.0,
         op_modules: Sequence[str] = (),
         fork: bool = True,
+        folders: Sequence[str] = (),
     ) -> None:
         # a script's path, or a script spec record (autobatch.step.spec) that the server's load_script resolves
         self.script: str | dict[str, Any] = script if isinstance(script, dict) else str(script)
@@ -117,6 +119,7 @@ class ProbeClient:
             "script_args": list(script_args),
             "log_dir": self._log_dir.name,
             "op_modules": list(op_modules),
+            "client_folders": list(folders),
         }
         self.env = dict(env or {})
         self._start_timeout = start_timeout
@@ -325,10 +328,11 @@ def start_server(
     timeout: float,
     warn: Callable[[str], None],
     fork: bool = True,
+    folders: Sequence[str] = (),
 ) -> YieldingRunner:
     """The probe server a session probes through: the CPU allocator pinned, CUDA devices as the job sees them,
     its threads yielding once the CPU is busy; ``warn`` hears how probes start when it is not the plain case
-    (:func:`autobatch.probe.warming.describe`); ``fork`` as :class:`ProbeClient`'s."""
+    (:func:`autobatch.probe.warming.describe`); ``fork`` and ``folders`` as :class:`ProbeClient`'s."""
     client = ProbeClient(
         spec.to_init(),
         script_args,
@@ -336,6 +340,7 @@ def start_server(
         op_modules=op_modules,
         start_timeout=timeout + IMPORT_GRACE,  # importing the script counts like a probe
         fork=fork,
+        folders=folders,
     )
     cold = describe(client.start)
     if cold is not None:

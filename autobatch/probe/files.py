@@ -261,9 +261,10 @@ def _wrap_torch_save(files: ScriptFiles) -> None:
 
 def scratch_root(under: str | None) -> str:
     """A new folder for one probe's scratch folders, in the folder ``under`` (the client's, which it removes
-    with the server: a probe whose server was killed leaves nothing behind); the server removes it once the
-    probe ended (:func:`remove_root`)."""
-    return tempfile.mkdtemp(prefix="files-", dir=under if under and os.path.isdir(under) else None)
+    with the server: a probe whose server was killed leaves nothing behind; None: the temporary folder, for
+    the job's fresh processes the command starts itself); whoever made it removes it once the probe ended
+    (:func:`remove_root`)."""
+    return tempfile.mkdtemp(prefix="autobatch-files-", dir=under if under and os.path.isdir(under) else None)
 
 
 def remove_root(root: str) -> None:

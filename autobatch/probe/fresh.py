@@ -10,7 +10,6 @@ less autobatch's own imports, less forked) lowers every later probe's cap and ra
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -23,8 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autobatch.probe.files import install_for
-from autobatch.probe.lineage import die_with_parent, read_until_exit
+from autobatch.probe.files import SCRATCH_ENV, install_for, remove_root, scratch_root
+from autobatch.probe.lineage import (
+    become_subreaper,
+    die_with_parent,
+    end_descendants,
+    end_descendants_on,
+    end_tree,
+    read_until_exit,
+)
 from autobatch.probe.ops import register, write_report
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
@@ -154,6 +160,7 @@ def _forked_as_is(request: ProbeRequest, script: Any) -> ProbeOutcome:
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
+        die_with_parent()
         _as_is_steps(request, script, write_fd, 0)
     os.close(write_fd)
     data, _ = read_until_exit(read_fd, pid, None)  # the server's timeout bounds it
@@ -172,9 +179,9 @@ def _as_is_steps(request: ProbeRequest, script: Any, fd: int, own_import_bytes: 
     def report(outcome: ProbeOutcome) -> None:
         outcome.info = {**outcome.info, "settled_bytes": _data_bytes(), "own_import_bytes": own_import_bytes}
         write_report(fd, outcome)
+        end_descendants()  # what the script started ends with it
         os._exit(0)
 
-    die_with_parent()
     report(run_script(request, script, report))
 
 
@@ -241,10 +248,14 @@ class FreshAhead:
 
     def __init__(self, request: ProbeRequest, options: FreshOptions, env: Mapping[str, str]) -> None:
         self.request = request
+        #: The processes' scratch folders (autobatch.probe.files) go here, removed once they ended (or by the
+        #: probe server, when the command is killed outright: :func:`autobatch.probe.client.start_server`).
+        self.root = scratch_root(None)
         self._outcomes: list[ProbeOutcome] = []
         self._ranks: list[Rank] = []
+        env = {**env, SCRATCH_ENV: self.root}
         self._thread = threading.Thread(
-            target=self._run, args=(request, options, dict(env)), name="autobatch-fresh", daemon=True
+            target=self._run, args=(request, options, env), name="autobatch-fresh", daemon=True
         )
         self._thread.start()
 
@@ -253,6 +264,8 @@ class FreshAhead:
             self._outcomes = _run_fresh(request, options, env, self._ranks)
         except Exception:  # noqa: BLE001 - the run measures it again on its probe server, which reports why
             self._outcomes = []
+        finally:
+            remove_root(self.root)
 
     def cancel(self) -> None:
         """Stop the fresh processes and wait for the thread (its watch sees them exit and reaps them); a
@@ -260,8 +273,7 @@ class FreshAhead:
         while self._thread.is_alive():
             for rank in list(self._ranks):
                 if rank.pid:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(rank.pid, signal.SIGKILL)
+                    end_tree(rank.pid)
             self._thread.join(0.05)
         self._outcomes = []
 
@@ -291,7 +303,11 @@ def main() -> None:
     """A fresh process (``python -m autobatch.probe.fresh START``): torch, autobatch's modules (measured),
     the script, the steps; one report line on ``report_fd``."""
     start = json.loads(sys.argv[1])
-    die_with_parent()
+    # what the script starts stays below this process, where its end finds it (end_tree), and ends with it when
+    # the command is killed outright (unless the script takes SIGTERM for itself)
+    become_subreaper()
+    end_descendants_on(signal.SIGHUP)
+    die_with_parent(signal.SIGHUP)
     started = time.perf_counter()
     import torch  # noqa: F401  (first, as the job imports it)
 
@@ -313,6 +329,7 @@ def main() -> None:
     measure = settled(worker.measure_steps, own)
     if request.strategy == "none" or request.nproc_per_node < 2:
         write_report(start["report_fd"], measure(request, script, started))
+        end_descendants()
         os._exit(0)
     where = (start["rank"], start["port"], start["listen_fd"] if start["rank"] == 0 else -1)
     ranks.rank_main(request, script, measure, where, start["report_fd"], started)

@@ -9,6 +9,7 @@ started. Linux only (``prctl``, pidfds); elsewhere the prctl calls are no-ops an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -76,6 +77,34 @@ def end_descendants(grace: float = END_GRACE) -> None:
         time.sleep(0.005)
 
 
+def end_tree(pid: int) -> None:
+    """SIGKILL the process ``pid`` and every process below it, reaping none of them: for the job's fresh
+    processes, which the command starts itself, outside the probe server's reach. Each is a subreaper
+    (:func:`become_subreaper`), so what the script started is below it whatever it did; the tree is stopped
+    first (SIGSTOP) until no new process shows, so that none forks away while it is killed."""
+    import psutil
+
+    try:
+        top = psutil.Process(pid)
+    except psutil.Error:
+        return
+    tree: list[psutil.Process] = []
+    while True:
+        try:
+            now = [top, *top.children(recursive=True)]
+        except psutil.Error:
+            now = [top]
+        for process in now:
+            with contextlib.suppress(psutil.Error):
+                process.suspend()
+        if {p.pid for p in now} == {p.pid for p in tree}:
+            break
+        tree = now
+    for process in tree:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
 def group_running(group: int) -> bool:
     """Whether a process of the process group ``group`` still runs (a zombie, dead but not yet reaped, does
     not: its memory and files are gone)."""
@@ -115,17 +144,31 @@ def _reap_children() -> None:
             return
 
 
-def end_descendants_on_sigterm(then: Callable[[], None] | None = None) -> None:
-    """On SIGTERM, end every process below this one, call ``then``, and exit (status 143): how the probe
-    server stops."""
+#: The signals that end a probe server or a fresh process: its client's stop, its parent's death.
+ENDING = (signal.SIGTERM, signal.SIGHUP)
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        end_descendants()
-        if then is not None:
-            then()
-        os._exit(128 + signum)
 
-    signal.signal(signal.SIGTERM, stop)
+def end_descendants_on(signum: int, then: Callable[[], None] | None = None) -> None:
+    """On ``signum``, end every process below this one, call ``then``, and exit (status 128 + ``signum``): how
+    the probe server and the job's fresh processes stop.
+
+    Once: a parent that dies with several threads signals its child once per thread (the child is passed to
+    each next thread on the way, and ``PR_SET_PDEATHSIG`` fires each time). A second signal must neither
+    interrupt the first one's work nor find psutil half-imported by it, which raised and left the processes
+    below, and the folders, behind."""
+    import psutil  # noqa: F401  (imported now, not in the handler)
+
+    def stop(received: int, frame: FrameType | None) -> None:
+        for ending in ENDING:
+            signal.signal(ending, signal.SIG_IGN)
+        try:
+            end_descendants()
+            if then is not None:
+                then()
+        finally:
+            os._exit(128 + received)
+
+    signal.signal(signum, stop)
 
 
 def has_exited(pid: int) -> bool:

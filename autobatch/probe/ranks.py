@@ -21,7 +21,15 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from autobatch.probe.lineage import POLL, die_with_parent, drain, exit_fd, has_exited
+from autobatch.probe.lineage import (
+    POLL,
+    die_with_parent,
+    drain,
+    end_descendants,
+    end_tree,
+    exit_fd,
+    has_exited,
+)
 from autobatch.probe.ops import write_report
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.step.contract import UserScript
@@ -94,6 +102,7 @@ def run_ranks(
             read_fd, write_fd = os.pipe()
             pid = os.fork()
             if pid == 0:  # a rank process
+                die_with_parent()
                 os.close(read_fd)
                 for other in ranks:
                     os.close(other.fd)
@@ -257,13 +266,11 @@ def _died(rank: Rank) -> Rank:
 
 
 def stop(ranks: list[Rank]) -> None:
-    """SIGKILL every rank still running and reap it (see the module docstring for why SIGKILL)."""
+    """SIGKILL every rank still running, and what it started, and reap it (see the module docstring for why
+    SIGKILL)."""
     for rank in ranks:
         if rank.pid:
-            try:
-                os.kill(rank.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            end_tree(rank.pid)
     for rank in ranks:
         if rank.pid:
             try:
@@ -324,12 +331,11 @@ def rank_main(
     write_fd: int,
     t0: float,
 ) -> None:
-    """A rank process (``where``: rank, port, listening socket): run, report one line, wait to be
-    stopped (never returns)."""
+    """A rank process (``where``: rank, port, listening socket), which dies with its parent: run, report one
+    line, wait to be stopped (never returns)."""
     code = 0
     rank, port, listen_fd = where
     try:
-        die_with_parent()
         outcome, info = run_rank(request, script, measure, (rank, port, listen_fd if rank == 0 else None), t0)
         write_report(write_fd, outcome, rank_info=info)
         while True:  # peers may still be inside a collective with us: the coordinator ends us all
@@ -341,6 +347,7 @@ def rank_main(
         except BaseException:  # noqa: BLE001
             pass
     finally:
+        end_descendants()  # what the script started ends with its rank
         os._exit(code)
 
 

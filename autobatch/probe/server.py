@@ -22,7 +22,7 @@ from autobatch.probe.lineage import (
     become_subreaper,
     die_with_parent,
     end_descendants,
-    end_descendants_on_sigterm,
+    end_descendants_on,
     read_until_exit,
 )
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
@@ -57,11 +57,17 @@ def _leave_protocol() -> None:
             pass
 
 
+#: Seconds the server waits, on its client's death signal, for the client's process to be gone.
+ORPHAN_WAIT = 1.0
+
+
 def main() -> None:
     init = json.loads(sys.argv[1])
     parent = os.getppid()
-    end_descendants_on_sigterm(then=lambda: _orphaned(init, parent))
-    die_with_parent(signal.SIGTERM)  # the handler ends the probes and what they started, then the server
+    # the handlers end the probes and what they started, then the server: on the client's stop, and on its death
+    end_descendants_on(signal.SIGTERM)
+    end_descendants_on(signal.SIGHUP, then=lambda: _orphaned(init, parent))
+    die_with_parent(signal.SIGHUP)
     if os.getppid() != parent:  # the client died before we asked
         os._exit(1)
     proto = os.fdopen(os.dup(1), "w", buffering=1)
@@ -107,10 +113,17 @@ def main() -> None:
 
 
 def _orphaned(init: dict[str, Any], parent: int) -> None:
-    """On SIGTERM: when the client is gone (killed outright, its death signalled here), remove its folder
-    (the server's log, the probes' scratch folders), which nobody is left to read or remove."""
-    if os.getppid() != parent and init.get("log_dir"):
-        remove_root(init["log_dir"])
+    """On the signal of the client's death (the thread that started this server ended): once the client's
+    process is gone, remove its folders (the server's log, the probes' scratch folders, the job's fresh
+    processes' scratch folders), which nobody is left to read or remove. A dying client passes this process
+    from thread to thread before it is gone; one whose other threads live on keeps its folders."""
+    deadline = time.monotonic() + ORPHAN_WAIT
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if os.getppid() != parent:
+        for folder in [init.get("log_dir"), *init.get("client_folders", [])]:
+            if folder:
+                remove_root(folder)
 
 
 def _load(init: dict[str, Any]) -> dict[str, Any]:

@@ -202,7 +202,10 @@ class Session:
             # back by the fresh-process offset: not on the CPU device with the offset off.
             fork = self.settings.probe.fresh_baseline or self.settings.device.device.startswith("cuda")
             self.fresh_ahead = _fresh_ahead(self)
-            self.runner = start_server(self.spec, script_args, self.op_modules, timeout, self.warn, fork)
+            folders = [self.fresh_ahead.root] if self.fresh_ahead is not None else []
+            self.runner = start_server(
+                self.spec, script_args, self.op_modules, timeout, self.warn, fork, folders
+            )
             self.own_server = True
         if self.wiring.wrap_runner is not None:
             self.runner = self.wiring.wrap_runner(self.runner)

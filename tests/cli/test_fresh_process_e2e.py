@@ -25,15 +25,20 @@ pytestmark = pytest.mark.slow
 
 
 def _tune(tmp_path: Path, script: Path, memory: str, *extra: str) -> tuple[int, int, dict[str, object], str]:
-    """The tune's maximum, its budget, its device record and what it told the user (white space folded)."""
-    result = tmp_path / "result.json"
+    """The tune's maximum, its budget, its device record and what it told the user (white space folded). The
+    job's fresh processes, started beside the probe server, leave no temporary folder behind."""
+    result, temp = tmp_path / "result.json", tmp_path / "tmp"
+    temp.mkdir()
     command = [
         sys.executable, "-m", "autobatch", "tune", str(script), "--device", "cpu", "--memory", memory,
         "-p", "32-true", "-o", "adamw", "--no-recompute", "--no-cache", "--output", str(result), *extra,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "AUTOBATCH_FRESH_BASELINE"}  # the default: measured
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1200, env=env)
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=1200, env={**env, "TMPDIR": str(temp)}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert [p.name for p in temp.iterdir() if p.name.startswith(("autobatch-", "scratch-"))] == []
     data = json.loads(result.read_text())
     (combination,) = data["combinations"]
     told = " ".join(done.stderr.split())

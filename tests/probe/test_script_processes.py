@@ -109,12 +109,15 @@ def test_helpers_started_by_the_script_change_neither_the_answer_nor_outlive_the
     script: Path, tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "helpers.pid"
+    temp = tmp_path / "tmp"  # the tune's temporary folders: the server's log, the probes' scratch folders
+    temp.mkdir()
+    env = {"TMPDIR": str(temp)}
     try:
-        proc = run_cli(
-            "tune", *tune_args(script, "--pid-file", str(pid_file)), cwd=run_folder(tmp_path), timeout=400
-        )
+        args = tune_args(script, "--pid-file", str(pid_file))
+        proc = run_cli("tune", *args, cwd=run_folder(tmp_path), env=env, timeout=400)
         ended = time.time()
         assert proc.returncode == 0, proc.stderr
+        assert leftovers(temp, grace=0) == []  # removed before the command exits
         (combo,) = json.loads(proc.stdout)["combinations"]
         kinds = {probe["kind"] for probe in combo["trace"]}
         assert kinds <= {"fits", "oom"}, proc.stderr  # no probe waited for a helper until its timeout
@@ -130,28 +133,54 @@ def test_helpers_started_by_the_script_change_neither_the_answer_nor_outlive_the
     assert abs(combo["max_batch_size"] - without["max_batch_size"]) <= 0.01 * without["max_batch_size"]
 
 
+@pytest.mark.parametrize("script", [THREE_FUNCTIONS, AS_IS], ids=["three-functions", "as-is"])
+def test_the_jobs_fresh_process_leaves_neither_a_helper_nor_a_folder(script: Path, tmp_path: Path) -> None:
+    """The job's fresh process (measured by default, off elsewhere in the suite) is started by the command
+    itself, beside its probe server, outside the server's reach: what the script started there ends with it
+    (the shell's orphaned watchdog included), and so does its scratch folder."""
+    pid_file = tmp_path / "helpers.pid"
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {"TMPDIR": str(temp), "AUTOBATCH_FRESH_BASELINE": "true"}
+    try:
+        args = tune_args(script, "--pid-file", str(pid_file))
+        proc = run_cli("tune", *args, cwd=run_folder(tmp_path), env=env, timeout=400)
+        ended = time.time()
+        assert proc.returncode == 0, proc.stderr
+        assert "probes count as the job's fresh process" in " ".join(proc.stderr.split())
+        assert survivors(pid_file, ended) == []
+        assert leftovers(temp, grace=0) == []
+    finally:
+        end(pid_file)
+
+
 @pytest.mark.parametrize(
-    ("script", "sig", "code"),
+    ("script", "sig", "code", "fresh"),
     [
-        (AS_IS, signal.SIGINT, 130),
-        (AS_IS, signal.SIGTERM, 143),
-        (AS_IS, signal.SIGKILL, -9),
-        (THREE_FUNCTIONS, signal.SIGTERM, 143),
+        (AS_IS, signal.SIGINT, 130, False),
+        (AS_IS, signal.SIGTERM, 143, False),
+        (AS_IS, signal.SIGKILL, -9, False),
+        (AS_IS, signal.SIGKILL, -9, True),
+        (THREE_FUNCTIONS, signal.SIGTERM, 143, False),
     ],
-    ids=["as-is-SIGINT", "as-is-SIGTERM", "as-is-SIGKILL", "three-functions-SIGTERM"],
+    ids=["as-is-SIGINT", "as-is-SIGTERM", "as-is-SIGKILL", "as-is-SIGKILL-fresh", "three-functions-SIGTERM"],
 )
 def test_an_interrupted_tune_leaves_no_process_of_the_script(
-    script: Path, sig: signal.Signals, code: int, tmp_path: Path
+    script: Path, sig: signal.Signals, code: int, fresh: bool, tmp_path: Path
 ) -> None:
+    """``fresh``: the job's fresh process measured, as by default; the script's helpers start there first, and
+    the tune is killed while it steps (its death reaches that process, and the server, once per thread)."""
     pid_file = tmp_path / "helpers.pid"
     slow = ("--step-seconds", "0.5") if script == AS_IS else ()
     argv = [sys.executable, "-m", "autobatch", "tune", *tune_args(script, "--pid-file", str(pid_file), *slow)]
     temp = tmp_path / "tmp"  # the tune's temporary folders: the server's log, the probes' scratch folders
     temp.mkdir()
     env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)}
+    if fresh:
+        env["AUTOBATCH_FRESH_BASELINE"] = "true"
     try:
         proc = start_tune(argv, env, tmp_path, pid_file)
-        time.sleep(1)  # inside the probe (as is: in its slow steps)
+        time.sleep(0.3 if fresh else 1)  # inside the probe, or the fresh process (as is: in its slow steps)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)  # promptly, and no helper holds the tune's stderr open
         ended = time.time()
@@ -175,7 +204,9 @@ def leftovers(folder: Path, grace: float = 5.0) -> list[str]:
 
 def _temporaries(folder: Path) -> list[str]:
     return sorted(
-        name for name in os.listdir(folder) if name.startswith("autobatch-") and name != "autobatch-locks"
+        name
+        for name in os.listdir(folder)
+        if name.startswith(("autobatch-", "scratch-")) and name != "autobatch-locks"
     )
 
 
