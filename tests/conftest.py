@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from turns import (  # noqa: F401  # the hooks, found by pytest in this module
+from turns import (  # noqa: F401  # the hooks and the fixture, found by pytest in this module
+    alone,
     pytest_collection_modifyitems,
     pytest_configure_node,
     pytest_runtest_call,

@@ -18,7 +18,7 @@ TESTS = Path(__file__).resolve().parent
 CONFTEST = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
-from turns import pytest_configure_node, pytest_runtest_call, pytest_runtest_protocol, pytest_unconfigure
+from turns import alone, pytest_configure_node, pytest_runtest_call, pytest_runtest_protocol, pytest_unconfigure
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "exclusive: runs alone")
@@ -47,13 +47,23 @@ def test_alone(tuned):
     start = time.monotonic()
     time.sleep(1.0)
     record("exclusive", start)
+
+@pytest.mark.exclusive
+def test_a_part_alone(alone):
+    start = time.monotonic()
+    time.sleep(1.0)
+    record("beside", start)
+    with alone():
+        start = time.monotonic()
+        time.sleep(1.0)
+        record("part", start)
 """
 )
 
 SHARED = (
     RECORD
     + """
-@pytest.mark.parametrize("n", range(10))
+@pytest.mark.parametrize("n", range(16))
 def test_beside(n):
     start = time.monotonic()
     time.sleep(0.4)
@@ -79,13 +89,15 @@ def test_an_exclusive_call_runs_alone_and_its_fixtures_set_up_beside_other_tests
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     (setup,) = [(a, b) for what, a, b in runs if what == "setup"]
     (alone,) = [(a, b) for what, a, b in runs if what == "exclusive"]
+    (beside,) = [(a, b) for what, a, b in runs if what == "beside"]
+    (part,) = [(a, b) for what, a, b in runs if what == "part"]
     shared = [(a, b) for what, a, b in runs if what == "shared"]
-    assert len(shared) == 10
+    assert len(shared) == 16
     assert not [s for s in shared if _overlap(s, alone)], (alone, shared)  # the call ran alone
-    assert [s for s in shared if _overlap(s, setup)], (
-        setup,
-        shared,
-    )  # its setup did not keep the others waiting
+    assert [s for s in shared if _overlap(s, setup)], (setup, shared)  # its setup kept no other test waiting
+    # a test that asks for `alone` runs alone only what it puts under it
+    assert not [s for s in shared if _overlap(s, part)], (part, shared)
+    assert [s for s in shared if _overlap(s, beside)], (beside, shared)
 
 
 def _overlap(one: tuple[float, float], other: tuple[float, float]) -> bool:
@@ -103,7 +115,8 @@ def test_the_slow_tests_run_first_and_the_exclusive_ones_last_in_their_order(tmp
     conftest += '\n    config.addinivalue_line("markers", "slow: takes a while")\n'
     (tmp_path / "conftest.py").write_text(conftest)
     (tmp_path / "test_a_exclusive.py").write_text(
-        EXCLUSIVE + EXCLUSIVE.replace("test_alone", "test_alone_too")
+        EXCLUSIVE
+        + EXCLUSIVE.replace("test_alone", "test_alone_too").replace("test_a_part_alone", "test_part_too")
     )
     (tmp_path / "test_b_shared.py").write_text(SHARED)
     (tmp_path / "test_c_slow.py").write_text(
@@ -121,7 +134,9 @@ def test_the_slow_tests_run_first_and_the_exclusive_ones_last_in_their_order(tmp
     order = [line.partition("::")[2] for line in proc.stdout.splitlines() if "::" in line]
     assert order == [
         "test_long",
-        *(f"test_beside[{n}]" for n in range(10)),
+        *(f"test_beside[{n}]" for n in range(16)),
         "test_alone",
+        "test_a_part_alone",
         "test_alone_too",
+        "test_part_too",
     ], order

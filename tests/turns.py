@@ -2,8 +2,8 @@
 for a core) runs its call while no other worker runs a test.
 
 Every test holds a shared lock on one file for its run; an exclusive test takes it exclusively for its call
-alone (its fixtures, which may tune for a minute, set up beside other tests), and a turnstile lets a waiting
-exclusive test in before new ones. The slow tests run first, the exclusive ones last
+alone (its fixtures, which may tune for a minute, set up beside other tests), or only the parts it puts under
+the :func:`alone` fixture; a turnstile lets a waiting exclusive test in before new ones. The slow tests run first, the exclusive ones last
 (:func:`pytest_collection_modifyitems`). ``tests/conftest.py`` imports these hooks; ``tests/test_turns.py``
 holds them to it.
 """
@@ -13,7 +13,8 @@ from __future__ import annotations
 import fcntl
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +111,30 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    """An ``exclusive`` test's call (not its fixtures' setup, which may tune for a minute) runs alone."""
-    locks = item.stash.get(_LOCKS, None)
-    if locks is None or item.get_closest_marker("exclusive") is None:
+    """An ``exclusive`` test's call (not its fixtures' setup, which may tune for a minute) runs alone; one that
+    asks for :func:`alone` runs alone only what it puts under it."""
+    if item.get_closest_marker("exclusive") is None or "alone" in getattr(item, "fixturenames", ()):
+        yield
+        return
+    with _turn(item.stash.get(_LOCKS, None)):
+        yield
+
+
+#: What the :func:`alone` fixture gives: ``with alone():``.
+Alone = Callable[[], AbstractContextManager[None]]
+
+
+@pytest.fixture
+def alone(request: pytest.FixtureRequest) -> Alone:
+    """For a test marked ``exclusive`` whose call times only a part of what it does: ``with alone():`` runs that
+    part while no other worker runs a test, and the rest (a tune's checks, a server's start) beside them."""
+    return lambda: _turn(request.node.stash.get(_LOCKS, None))
+
+
+@contextmanager
+def _turn(locks: tuple[Any, Any] | None) -> Iterator[None]:
+    """The exclusive turn: no new test starts while this one waits for the running ones to end."""
+    if locks is None:  # outside xdist
         yield
         return
     turnstile, tests = locks
@@ -123,6 +145,6 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         try:
             yield
         finally:
-            fcntl.flock(tests, fcntl.LOCK_SH)  # back to a shared hold for the teardown
+            fcntl.flock(tests, fcntl.LOCK_SH)  # back to a shared hold for the rest of the test
     finally:
         fcntl.flock(turnstile, fcntl.LOCK_UN)

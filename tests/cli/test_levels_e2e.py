@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from support import EXAMPLES, SCRIPTS, once_in_the_run, run_cli, run_folder
+from turns import Alone
 
 from autobatch.core.levels import fraction
 from autobatch.errors import EXIT_OOM
@@ -128,15 +129,16 @@ def _tune_maxima(folder: Path, env: dict[str, str]) -> dict[str, dict]:
     return combos
 
 
-@pytest.mark.exclusive  # the throughput choice times steps
+@pytest.mark.exclusive  # the throughput choice times steps: the tune runs alone, its checks beside other tests
 def test_partial_level_runs_a_global_batch_just_above_off_in_one_micro_batch(
-    folder: Path, env: dict[str, str], maxima: dict[str, dict]
+    folder: Path, env: dict[str, str], maxima: dict[str, dict], alone: Alone
 ) -> None:
     off = maxima["off"]["max_batch_size"]
     for _ in range(2):  # a CPU maximum moves by a sample between runs: the plan must be above this run's
         target = off + 1 + (off + 1) % 2  # just above off's maximum, and even: off plans it as 2 x half
         options = (*QUICK, "--objective", "throughput", "--global-batch-size", str(target))
-        data = _tune(folder, LEVERS, *COMMON, *options, *_levels("off", "full", "partial"), env=env)
+        with alone():
+            data = _tune(folder, LEVERS, *COMMON, *options, *_levels("off", "full", "partial"), env=env)
         off = _by_level(data)["off"]["max_batch_size"]
         if off < target:
             break

@@ -8,10 +8,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import pytest
 from support import EXAMPLES, cpu_session
+from turns import Alone
 
 from autobatch.core.space import Combo
 from autobatch.probe.client import ProbeClient
@@ -19,8 +20,9 @@ from autobatch.probe.yielding import STALLED_WAIT, YieldingRunner, stalled
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.run.session import Session
 
-# every test starts a probe server, and spins neighbours on every core (no other test may run beside it)
-pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
+# every test starts a probe server; two spin neighbours on every core, and no other test may run beside them
+# from their session's start (a busy machine would restart the server early) to the busy probe
+pytestmark = pytest.mark.slow
 
 COMBO = Combo("32-true", "adamw")
 SPIN = "import time\nend = time.monotonic() + 20\nwhile time.monotonic() < end:\n    pass\n"
@@ -46,16 +48,19 @@ def _session() -> Session:
     return session
 
 
+@pytest.mark.exclusive
 def test_a_probe_beside_busy_cores_restarts_the_server_with_passive_threads(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, alone: Alone
 ) -> None:
     # the suite sets one (tests/conftest.py), and a user's own is kept: this test needs none
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    with _session() as session:
-        assert isinstance(session.runner, YieldingRunner)
-        first_server = session.runner.client.pid
-        with busy_cores():
-            busy = session.probe(COMBO, 8, min_steps=3, max_steps=3)
+    with ExitStack() as closing:
+        with alone():
+            session = closing.enter_context(_session())
+            assert isinstance(session.runner, YieldingRunner)
+            first_server = session.runner.client.pid
+            with busy_cores():
+                busy = session.probe(COMBO, 8, min_steps=3, max_steps=3)
         assert busy.fits and busy.cpu_wait is not None and busy.cpu_wait >= STALLED_WAIT, busy.cpu_wait
         assert busy.omp_wait_policy is None  # ran as the user's job would, spinning
         assert (
@@ -74,12 +79,15 @@ def test_a_probe_beside_busy_cores_restarts_the_server_with_passive_threads(
         assert again.omp_wait_policy == "PASSIVE" and len(session.warnings.messages) == 1
 
 
-def test_the_user_s_own_wait_policy_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.exclusive
+def test_the_user_s_own_wait_policy_is_kept(monkeypatch: pytest.MonkeyPatch, alone: Alone) -> None:
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    with _session() as session:
-        assert isinstance(session.runner, YieldingRunner)
-        with busy_cores():
-            busy = session.probe(COMBO, 8, min_steps=3, max_steps=3)
+    with ExitStack() as closing:
+        with alone():
+            session = closing.enter_context(_session())
+            assert isinstance(session.runner, YieldingRunner)
+            with busy_cores():
+                busy = session.probe(COMBO, 8, min_steps=3, max_steps=3)
         assert busy.cpu_wait is not None and busy.cpu_wait >= STALLED_WAIT
         after = session.probe(COMBO, 8, min_steps=3, max_steps=3)
         assert busy.omp_wait_policy == after.omp_wait_policy == "ACTIVE"
