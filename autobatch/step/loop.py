@@ -282,12 +282,27 @@ def run_steps(
                 report.grad_bytes = step.grad_bytes
             report.step_peaks.append(peak_now())
             report.steps = index
-            why = rule.why_stop(report.step_peaks)
+            why = _agreed(rule.why_stop(report.step_peaks))
             if why is not None:
                 report.stopped_above = why == "above"
                 break
     report.optimizer_state_bytes = optimizer_state_bytes(step.optimizer)
     return report
+
+
+def _agreed(why: str | None) -> str | None:
+    """On ranks, one answer for all: a rank stops only at the step after which every rank would. Each rank reads
+    its own peak, and one whose peak settled a step before its peers' would stop alone and leave them waiting in
+    the next step's first collective until the probe's timeout (seen here: FSDP2 on 2 ranks, rank 0 in its
+    forward's all-gather, rank 1 done)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return why
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    stop = torch.tensor([0 if why is None else 1], device=device)
+    dist.all_reduce(stop, op=dist.ReduceOp.MIN)
+    return why if int(stop.item()) else None
 
 
 def _timed(

@@ -82,3 +82,17 @@ def test_no_rank_stops_at_a_search_line_on_its_own() -> None:
         seconds = time.perf_counter() - started
     assert outcome.kind == "fits" and outcome.steps == 4 and outcome.stopped_above_bytes is None, outcome
     assert seconds < TIMEOUT / 4
+
+
+def test_no_rank_stops_at_a_steady_peak_on_its_own() -> None:
+    """Each rank reads its own peak, and rank 1's holds still four steps before rank 0's: every rank stops at
+    the step after which all would, not rank 1 alone (rank 0 then waited in DDP's all-reduce until the
+    timeout)."""
+    with ProbeClient(SCRIPTS / "rank_settles_late.py", env=dict(MALLOC_ENV)) as client:
+        started = time.perf_counter()
+        outcome = client.run(_request("ddp", min_steps=2, max_steps=10))
+        seconds = time.perf_counter() - started
+    assert outcome.kind == "fits", outcome
+    # rank 0's peak grows at each of its first four steps and holds still at its fifth
+    assert outcome.steps == len(outcome.step_peaks) == 5, outcome
+    assert seconds < TIMEOUT / 4, f"a rank was left waiting: {seconds:.1f} s"
