@@ -178,11 +178,16 @@ def _as_is_steps(request: ProbeRequest, script: Any, fd: int, own_import_bytes: 
 
     def report(outcome: ProbeOutcome) -> None:
         outcome.info = {**outcome.info, "settled_bytes": _data_bytes(), "own_import_bytes": own_import_bytes}
-        write_report(fd, outcome)
-        end_descendants()  # what the script started ends with it
-        os._exit(0)
+        _report_and_leave(fd, outcome)
 
     report(run_script(request, script, report))
+
+
+def _report_and_leave(fd: int, outcome: ProbeOutcome) -> None:
+    """Write the one report line on ``fd``, end what the script started, and exit (never returns)."""
+    write_report(fd, outcome)
+    end_descendants()
+    os._exit(0)
 
 
 def _run_fresh(
@@ -202,6 +207,12 @@ def _run_fresh(
     listener = socket.create_server(("127.0.0.1", 0)) if world > 1 else None
     port = listener.getsockname()[1] if listener is not None else 0
     quiet = env is not None
+    env = dict(os.environ if env is None else env)
+    # the processes' scratch folders (autobatch.probe.files) go into the caller's root (a probe's, or the
+    # command's: FreshAhead), or into one this run makes and removes
+    made = None if env.get(SCRATCH_ENV) else scratch_root(None)
+    if made is not None:
+        env[SCRATCH_ENV] = made
     ranks = [] if ranks is None else ranks
     try:
         for rank in range(world):
@@ -220,7 +231,7 @@ def _run_fresh(
             process = subprocess.Popen(
                 [sys.executable, "-m", "autobatch.probe.fresh", json.dumps(start)],
                 pass_fds=keep,
-                env={**(os.environ if env is None else env), **_launcher_env(rank, world, port)},
+                env={**env, **_launcher_env(rank, world, port)},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL if quiet else None,
                 stderr=subprocess.DEVNULL if quiet else None,
@@ -234,6 +245,8 @@ def _run_fresh(
         if listener is not None:
             listener.close()
         stop(ranks)
+        if made is not None:
+            remove_root(made)
     if failed is not None and failed.outcome is not None:
         return [failed.outcome]
     return [r.outcome for r in ranks if r.outcome is not None]
@@ -304,7 +317,7 @@ def main() -> None:
     the script, the steps; one report line on ``report_fd``."""
     start = json.loads(sys.argv[1])
     # what the script starts stays below this process, where its end finds it (end_tree), and ends with it when
-    # the command is killed outright (unless the script takes SIGTERM for itself)
+    # the command is killed outright (unless the script takes SIGHUP for itself)
     become_subreaper()
     end_descendants_on(signal.SIGHUP)
     die_with_parent(signal.SIGHUP)
@@ -328,9 +341,7 @@ def main() -> None:
 
     measure = settled(worker.measure_steps, own)
     if request.strategy == "none" or request.nproc_per_node < 2:
-        write_report(start["report_fd"], measure(request, script, started))
-        end_descendants()
-        os._exit(0)
+        _report_and_leave(start["report_fd"], measure(request, script, started))
     where = (start["rank"], start["port"], start["listen_fd"] if start["rank"] == 0 else -1)
     ranks.rank_main(request, script, measure, where, start["report_fd"], started)
 

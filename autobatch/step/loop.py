@@ -293,8 +293,7 @@ def run_steps(
 def _agreed(why: str | None) -> str | None:
     """On ranks, one answer for all: a rank stops only at the step after which every rank would. Each rank reads
     its own peak, and one whose peak settled a step before its peers' would stop alone and leave them waiting in
-    the next step's first collective until the probe's timeout (seen here: FSDP2 on 2 ranks, rank 0 in its
-    forward's all-gather, rank 1 done)."""
+    the next step's first collective until the probe's timeout."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:

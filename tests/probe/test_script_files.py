@@ -123,10 +123,13 @@ print(tempfile.gettempdir() == tempfile.gettempdir(), open("/proc/self/status").
 def test_the_scripts_first_look_at_the_temporary_folder_under_the_watch_does_not_hang(tmp_path: Path) -> None:
     # tempfile works the folder out under a lock and opens files to do it; a watch that asked tempfile for the
     # folder from inside its open hook waited for that lock for ever (a fresh venv's first tune hung 3 minutes)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOBATCH_WORKING_FOLDER": str(tmp_path)}
+    work, temp = tmp_path / "work", tmp_path / "tmp"  # the probe's scratch folder goes to the test's own
+    work.mkdir()
+    temp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOBATCH_WORKING_FOLDER": str(work), "TMPDIR": str(temp)}
     proc = subprocess.run(
         [sys.executable, "-c", FIRST_TEMPDIR],
-        cwd=tmp_path,
+        cwd=work,
         env=env,
         capture_output=True,
         text=True,
