@@ -30,9 +30,12 @@ MAX_MESSAGE = 4 << 20
 def main(fd: int) -> None:
     control = socket.socket(fileno=fd)
     started_with = dict(os.environ)  # what the native libraries read as they load
-    import torch  # noqa: F401  # warm: every command forked from here has it imported
+    from autobatch.probe.server import no_full_collections
 
-    _warm()
+    with no_full_collections():
+        import torch  # noqa: F401  # warm: every command forked from here has it imported
+
+        _warm()
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of `autobatch serve` is the daemon's to handle

@@ -9,12 +9,14 @@ protocol"); isolation: docs/how-a-tune-works.md ("Isolation and processes").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from autobatch.probe.files import SCRATCH_ENV, install_for, remove_root, scratch_root
@@ -40,6 +42,22 @@ def preload() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - an optional speed-up, never a failure
             pass
+
+
+@contextlib.contextmanager
+def no_full_collections() -> Iterator[None]:
+    """Imports that build objects which live as long as the process (torch's, the step's libraries'): the
+    collector keeps its young collections, which free short-lived cycles as they come, and skips the full
+    ones, which walk every object imported so far again and again (a fifth of importing torch and the
+    preloaded modules, with the same heap after; docs/how-a-tune-works.md, "Isolated probes")."""
+    import gc
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 #: The server's ends of the protocol's pipes. A child closes them first thing (:func:`_leave_protocol`): a
@@ -133,28 +151,31 @@ def _load(init: dict[str, Any]) -> dict[str, Any]:
     what to warm instead when warming started threads: the modules without the names taken from them
     when only the names did, else torch alone (with the reason, which the result notes).
     """
-    import torch  # noqa: F401  (imported once here, inherited by every probe)
+    with no_full_collections():
+        import torch  # noqa: F401  (imported once here, inherited by every probe)
 
-    from autobatch.probe.ops import load_operations
-    from autobatch.probe.warming import step_imports, thread_count, warm
+        from autobatch.probe.ops import load_operations
+        from autobatch.probe.warming import step_imports, thread_count, warm
 
-    load_operations(init.get("op_modules", []))
-    preload()
-    threads = thread_count()
-    level = init.get("warm", True)  # True: modules and names; "modules"; False: torch alone
-    wanted = step_imports(init["script"]) if level else []
-    warmed = warm([name for name in wanted if ":" not in name])
-    if thread_count() > threads:
-        started = thread_count() - threads
-        return {
-            "restart": True,
-            "warm": False,
-            "cold": f"importing {', '.join(warmed)} started {started} thread(s)",
-        }
-    if level is True:
-        warmed += warm([name for name in wanted if ":" in name])
-        if thread_count() > threads:  # a name loaded lazily started them: probes load the names themselves
-            return {"restart": True, "warm": "modules"}
+        load_operations(init.get("op_modules", []))
+        preload()
+        threads = thread_count()
+        level = init.get("warm", True)  # True: modules and names; "modules"; False: torch alone
+        wanted = step_imports(init["script"]) if level else []
+        warmed = warm([name for name in wanted if ":" not in name])
+        if thread_count() > threads:
+            started = thread_count() - threads
+            return {
+                "restart": True,
+                "warm": False,
+                "cold": f"importing {', '.join(warmed)} started {started} thread(s)",
+            }
+        if level is True:
+            warmed += warm([name for name in wanted if ":" in name])
+            if (
+                thread_count() > threads
+            ):  # a name loaded lazily started them: probes load the names themselves
+                return {"restart": True, "warm": "modules"}
     # Everything imported so far lives as long as the server: move it out of the collector's
     # reach, so the collection before each fork (_tidy_heap) walks only what requests left
     # behind (0.14 s per probe otherwise, walking torch's objects).

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import textwrap
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from autobatch.probe.server import no_full_collections
 from autobatch.probe.warming import describe, step_imports, warm
 
 #: A library that loads its names lazily, as transformers does: ``from lazylib import Thing`` loads a submodule,
@@ -117,3 +121,40 @@ def _pythonpath() -> str:
 
     current = os.environ.get("PYTHONPATH")
     return f":{current}" if current else ""
+
+
+def _collections_while(build: Callable[[], None]) -> Counter[int]:
+    """How many collections of each generation run while ``build`` runs."""
+    seen: Counter[int] = Counter()
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            seen[info["generation"]] += 1
+
+    gc.callbacks.append(count)
+    try:
+        build()
+    finally:
+        gc.callbacks.remove(count)
+    return seen
+
+
+def test_the_servers_imports_run_young_collections_and_no_full_one() -> None:
+    """Importing builds objects that live as long as the server: full collections would walk them again and
+    again. Under ``no_full_collections`` the young ones still run, the full ones do not, and the thresholds
+    are the caller's again after it."""
+    kept: list[list[object]] = []
+
+    def build() -> None:  # what an import does: many long-lived containers, some short-lived cycles
+        for _ in range(200_000):
+            cycle: list[object] = []
+            cycle.append(cycle)
+            kept.append([])
+
+    before = gc.get_threshold()
+    assert _collections_while(build)[2] > 0  # the collector's defaults run full collections here
+    kept.clear()
+    with no_full_collections():
+        seen = _collections_while(build)
+    assert seen[2] == 0 and seen[0] > 0, seen
+    assert gc.get_threshold() == before
