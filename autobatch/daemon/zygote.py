@@ -14,6 +14,7 @@ folder, environment and arguments, and runs :func:`autobatch.cli.main` as ``auto
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -36,6 +37,10 @@ def main(fd: int) -> None:
         import torch  # noqa: F401  # warm: every command forked from here has it imported
 
         _warm()
+    # what the warm imports built lives as long as this process: out of the collector's reach, so that no
+    # command forked from here walks it in a full collection of its own
+    gc.collect()
+    gc.freeze()
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of `autobatch serve` is the daemon's to handle
