@@ -49,6 +49,11 @@ class Place(NamedTuple):
         return self.folder / "daemon.pid"
 
     @property
+    def warm(self) -> Path:
+        """What the warm process's probe servers measured once for all of them (:func:`autobatch.probe.forked.kept`)."""
+        return self.folder / "warm.json"
+
+    @property
     def lock(self) -> Path:
         """Held by the running daemon for its whole life: the one-daemon guarantee, and how a socket is known stale."""
         return self.folder / "daemon.lock"

@@ -133,7 +133,7 @@ class Daemon:
     def start_zygote(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._zygote = subprocess.Popen(
-            [sys.executable, "-m", "autobatch.daemon.zygote", str(theirs.fileno())],
+            [sys.executable, "-m", "autobatch.daemon.zygote", str(theirs.fileno()), str(self.place.warm)],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env={**os.environ, **MALLOC_ENV},  # read by glibc at start: probe servers forked from it need it
@@ -553,5 +553,6 @@ def serve(place: Place, idle: float) -> None:
         place.socket.unlink(missing_ok=True)
         place.pid_file.unlink(missing_ok=True)
         daemon.close()
+        place.warm.unlink(missing_ok=True)
         log("stopped")
         held.close()

@@ -22,13 +22,16 @@ import signal
 import socket
 import sys
 import weakref
+from pathlib import Path
 from typing import Any
 
 #: Largest request message (the environment is the bulk of it); the server enforces a smaller limit.
 MAX_MESSAGE = 4 << 20
 
 
-def main(fd: int) -> None:
+def main(fd: int, kept: Path) -> None:
+    """Serve the daemon on the control socket ``fd``; what the probe servers forked from here measure once for
+    all of them is kept in ``kept`` (:func:`autobatch.probe.forked.keep_in`)."""
     control = socket.socket(fileno=fd)
     started_with = dict(os.environ)  # what the native libraries read as they load
     from autobatch.probe.server import no_full_collections
@@ -41,6 +44,9 @@ def main(fd: int) -> None:
     # command forked from here walks it in a full collection of its own
     gc.collect()
     gc.freeze()
+    from autobatch.probe import forked
+
+    forked.keep_in(kept)
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of `autobatch serve` is the daemon's to handle
@@ -197,4 +203,4 @@ def _run() -> int:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), Path(sys.argv[2]))

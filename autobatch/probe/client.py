@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autobatch.cache.folder import inductor_folder
+from autobatch.cache.keys import digest
 from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.devices.visible import PROBE_ENV
 from autobatch.errors import ProbeFailure
@@ -212,10 +213,32 @@ class ProbeClient:
                 + offsets[len(self._recount) :]
             )
             request = request.with_run(fresh_offset_bytes=counted)
-        outcome = self._send(request)
+        if request.op == "fresh_baseline" and request.options.get("kept") is not None and self.cold is None:
+            outcome = self._forked_half(request)
+        else:
+            outcome = self._send(request)
         if request.op == "fresh_baseline" and "offset_bytes" in outcome.info:
             settled = [int(b) for b in outcome.info["forked_settled_bytes"]]
             self._fresh = FreshMeasure(request, settled, forked=self.cold is None)
+        return outcome
+
+    def _forked_half(self, request: ProbeRequest) -> ProbeOutcome:
+        """The forked half of the fresh-process offset, counted against a kept fresh half, on a server forked
+        from the daemon's warm process: measured once per warm process, script and request, then replayed
+        (every server forked from it for the same script starts from the same heap; the probes of one vary
+        between each other as much as between servers)."""
+        init = {k: v for k, v in self._init.items() if k not in ("log_dir", "client_folders")}
+        asked = replace(request, run=replace(request.run, timeout=0.0)).to_dict()
+        key = digest([init, asked], length=32)
+        known = forked.kept(key)
+        if known is not None:
+            replayed = ProbeOutcome.from_dict(known)
+            replayed.cached = True
+            replayed.info = {**replayed.info, "forked_replayed": True}
+            return replayed
+        outcome = self._send(request)
+        if outcome.fits and "offset_bytes" in outcome.info:
+            forked.keep(key, outcome.to_dict())
         return outcome
 
     def _send(self, request: ProbeRequest) -> ProbeOutcome:

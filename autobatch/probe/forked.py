@@ -21,12 +21,14 @@ freed for reuse under an object that still holds it), Python's signal handlers r
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import IO, Any
 
 #: Prefixes of environment variables read once, when a library loads: a fork keeps what the warm process read.
@@ -48,6 +50,62 @@ LOAD_TIME = (
 _warm: dict[str, str] | None = None
 #: The threads this process ran when it was marked warm (a fork copies only the thread that forks).
 _threads = 1
+
+
+#: The warm process's file (in the daemon's folder) of outcomes that hold for every probe server forked from it:
+#: the forked half of the job's fresh-process offset (:func:`kept`). None: not a warm process, or none kept.
+_kept_in: Path | None = None
+#: The warm process the file belongs to: a file another warm process wrote is not read.
+_kept_by = 0
+#: Outcomes the file keeps at most (the oldest goes first).
+KEPT_AT_MOST = 64
+
+
+def keep_in(path: Path) -> None:
+    """In the warm process, at its start: keep what its probe servers measure once in ``path``, emptied now.
+    Its commands inherit the place; the daemon removes the file when it stops."""
+    global _kept_in, _kept_by
+    _kept_in, _kept_by = path, os.getpid()
+    _write({})
+
+
+def kept(key: str) -> dict[str, Any] | None:
+    """The outcome a probe server forked from this warm process measured for ``key`` (None: none)."""
+    return _read().get(key)
+
+
+def keep(key: str, outcome: dict[str, Any]) -> None:
+    """Keep ``outcome`` for ``key``, for the commands forked from this warm process after this one."""
+    if _kept_in is None:
+        return
+    entries = _read()
+    entries.pop(key, None)
+    entries[key] = outcome
+    while len(entries) > KEPT_AT_MOST:
+        entries.pop(next(iter(entries)))
+    _write(entries)
+
+
+def _read() -> dict[str, Any]:
+    if _kept_in is None:
+        return {}
+    try:
+        data = json.loads(_kept_in.read_text())
+    except (OSError, ValueError):
+        return {}
+    entries = data.get("kept") if isinstance(data, dict) and data.get("warm") == _kept_by else None
+    return entries if isinstance(entries, dict) else {}
+
+
+def _write(entries: dict[str, Any]) -> None:
+    """Replace the file whole (two commands writing at once: one's entry is lost, and measured again)."""
+    assert _kept_in is not None
+    temporary = _kept_in.with_name(f".{_kept_in.name}.{os.getpid()}")
+    try:
+        temporary.write_text(json.dumps({"warm": _kept_by, "kept": entries}))
+        os.replace(temporary, _kept_in)
+    except OSError:
+        temporary.unlink(missing_ok=True)
 
 
 def load_time_env(env: Mapping[str, str]) -> dict[str, str]:

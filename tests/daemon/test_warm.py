@@ -168,3 +168,41 @@ def test_the_daemons_memory_stays_flat_over_200_requests(place: Place, tmp_path:
     after = rss(daemon), rss(warm)
     assert after[0] < before[0] * 1.10, f"the daemon grew from {before[0]} to {after[0]} bytes"
     assert after[1] < before[1] * 1.10, f"the warm process grew from {before[1]} to {after[1]} bytes"
+
+
+@pytest.mark.slow
+def test_the_forked_half_is_measured_once_per_warm_process_and_replayed_until_it_restarts(
+    place: Place, tmp_path: Path
+) -> None:
+    """Every probe server the warm process forks for one script starts from the same heap: the forked half of
+    the fresh-process offset, counted against the kept fresh half, is measured by the first command and
+    replayed for the next ones. A new warm process (the daemon started again) measures it again."""
+    env = {
+        **common_env(place, tmp_path),
+        "AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"),
+        "AUTOBATCH_FRESH_BASELINE": "true",
+        "AUTOBATCH_DAEMON": "on",
+    }
+
+    def fresh_process(cap: int) -> dict:
+        # another cap each time: another result, not one served from the cache
+        tune = (*TUNE[:-4], "--max-batch-size", str(cap), "--json", "--output", "r.json")
+        done = run_cli(*tune, cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["device"]["fresh_process"]
+
+    assert run_cli("daemon", "start", env=env).returncode == 0
+    first = fresh_process(4)  # both halves measured, the fresh one kept in the cache
+    assert "kept" not in first and "forked_replayed" not in first, first
+    measured = fresh_process(5)  # the forked half measured on a server forked from the warm process
+    assert measured["kept"] and "forked_replayed" not in measured, measured
+    replayed = fresh_process(6)
+    assert replayed.get("forked_replayed") is True, replayed
+    assert replayed["offset_bytes"] == measured["offset_bytes"], (replayed, measured)
+    assert place.warm.exists()
+
+    assert run_cli("daemon", "stop", env=env).returncode == 0
+    assert not place.warm.exists()
+    assert run_cli("daemon", "start", env=env).returncode == 0
+    again = fresh_process(7)  # a new warm process: its servers' heap is measured again
+    assert again["kept"] and "forked_replayed" not in again, again
