@@ -69,12 +69,14 @@ def _result(
 def _run(
     tmp_path: Path, script: Path, *extra: str, cap_mib: int = CAP_MIB, env: dict[str, str] | None = None, **kw
 ) -> subprocess.CompletedProcess[str]:
-    work = tmp_path / "work"
+    work, temp = tmp_path / "work", tmp_path / "tmp"  # torchrun leaves a torchelastic_* folder in its TMPDIR
     work.mkdir(exist_ok=True)
+    temp.mkdir(exist_ok=True)
     return run_cli(
         "run", str(script), "--device", "cpu", "--memory", f"{cap_mib}MiB",
         "--result", str(_result(tmp_path, script, cap_mib=cap_mib, **kw)), *extra, *ARGS,
-        cwd=work, env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"), **(env or {})}, timeout=300,
+        cwd=work, env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"), "TMPDIR": str(temp), **(env or {})},
+        timeout=300,
     )  # fmt: skip
 
 

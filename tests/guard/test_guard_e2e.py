@@ -154,7 +154,9 @@ def run_ranks(tmp_path: Path, strategy: str) -> tuple[str, list[list[tuple[int, 
         *("--events", str(tmp_path / "events{rank}.jsonl"), "--out", str(tmp_path / "params{rank}.pt")),
         *("--step-log", str(tmp_path / "steps{rank}.jsonl")),
     ]
-    env = {**os.environ, **ENV, "PYTHONPATH": str(Path(__file__).parents[2])}
+    # torchrun leaves a torchelastic_* folder in its TMPDIR: the test's, not the machine's
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, **ENV, "PYTHONPATH": str(Path(__file__).parents[2]), "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.Popen(
         [sys.executable, *args],
         cwd=tmp_path,
