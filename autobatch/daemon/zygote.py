@@ -14,7 +14,6 @@ folder, environment and arguments, and runs :func:`autobatch.cli.main` as ``auto
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import select
@@ -34,16 +33,12 @@ def main(fd: int, kept: Path) -> None:
     all of them is kept in ``kept`` (:func:`autobatch.probe.forked.keep_in`)."""
     control = socket.socket(fileno=fd)
     started_with = dict(os.environ)  # what the native libraries read as they load
-    from autobatch.probe.server import no_full_collections
+    from autobatch.probe.server import lifelong_imports
 
-    with no_full_collections():
+    with lifelong_imports():  # then frozen: no command forked from here walks them in a collection of its own
         import torch  # noqa: F401  # warm: every command forked from here has it imported
 
         _warm()
-    # what the warm imports built lives as long as this process: out of the collector's reach, so that no
-    # command forked from here walks it in a full collection of its own
-    gc.collect()
-    gc.freeze()
     from autobatch.probe import forked
 
     forked.keep_in(kept)

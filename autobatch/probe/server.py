@@ -45,11 +45,13 @@ def preload() -> None:
 
 
 @contextlib.contextmanager
-def no_full_collections() -> Iterator[None]:
-    """Imports that build objects which live as long as the process (torch's, the step's libraries'): the
+def lifelong_imports() -> Iterator[None]:
+    """Imports whose objects live as long as the process (torch's, the step's libraries'). While they run, the
     collector keeps its young collections, which free short-lived cycles as they come, and skips the full
     ones, which walk every object imported so far again and again (a fifth of importing torch and the
-    preloaded modules, with the same heap after; docs/how-a-tune-works.md, "Isolated probes")."""
+    preloaded modules, with the same heap after; docs/how-a-tune-works.md, "Isolated probes"). Then one full
+    collection, and what they built is moved out of the collector's reach: no process forked from here walks
+    it again (the collection before each probe's fork, :func:`_tidy_heap`, took 0.14 s otherwise)."""
     import gc
 
     thresholds = gc.get_threshold()
@@ -58,6 +60,8 @@ def no_full_collections() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*thresholds)
+        gc.collect()
+        gc.freeze()
 
 
 #: The server's ends of the protocol's pipes. A child closes them first thing (:func:`_leave_protocol`): a
@@ -151,7 +155,7 @@ def _load(init: dict[str, Any]) -> dict[str, Any]:
     what to warm instead when warming started threads: the modules without the names taken from them
     when only the names did, else torch alone (with the reason, which the result notes).
     """
-    with no_full_collections():
+    with lifelong_imports():
         import torch  # noqa: F401  (imported once here, inherited by every probe)
 
         from autobatch.probe.ops import load_operations
@@ -172,17 +176,9 @@ def _load(init: dict[str, Any]) -> dict[str, Any]:
             }
         if level is True:
             warmed += warm([name for name in wanted if ":" in name])
-            if (
-                thread_count() > threads
-            ):  # a name loaded lazily started them: probes load the names themselves
+            # a name loaded lazily started them: probes load the names themselves
+            if thread_count() > threads:
                 return {"restart": True, "warm": "modules"}
-    # Everything imported so far lives as long as the server: move it out of the collector's
-    # reach, so the collection before each fork (_tidy_heap) walks only what requests left
-    # behind (0.14 s per probe otherwise, walking torch's objects).
-    import gc
-
-    gc.collect()
-    gc.freeze()
     return {"warmed": warmed, "cold": init.get("cold")}
 
 
