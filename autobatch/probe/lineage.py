@@ -44,10 +44,11 @@ def become_subreaper() -> None:
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
-def end_descendants(grace: float = END_GRACE) -> None:
+def end_descendants(grace: float = END_GRACE, spare: int | None = None) -> None:
     """SIGKILL every process below this one and reap the ones reparented here, until none is left (or ``grace``
     seconds passed). A process forked while its parent is killed is reparented to this subreaper and caught by
-    the next round.
+    the next round. ``spare``: a child of this process left running, with what is below it (the probe server's
+    compiler, which ends what its own probes start).
 
     The probe server is the subreaper of its probes' descendants (:func:`become_subreaper`): a process whose
     parent exits is reparented to the server, not to init, whatever session or process group it moved to, so the
@@ -62,8 +63,9 @@ def end_descendants(grace: float = END_GRACE) -> None:
     me = psutil.Process()
     deadline = time.monotonic() + grace
     while True:
+        spared = _tree(spare)
         try:
-            left = [p for p in me.children(recursive=True) if _running(p)]
+            left = [p for p in me.children(recursive=True) if _running(p) and p.pid not in spared]
         except psutil.Error:
             left = []
         for process in left:
@@ -75,6 +77,19 @@ def end_descendants(grace: float = END_GRACE) -> None:
         if not left or time.monotonic() > deadline:
             return
         time.sleep(0.005)
+
+
+def _tree(pid: int | None) -> set[int]:
+    """The pids of the running process ``pid`` and of every process below it (none for None or one gone)."""
+    import psutil
+
+    if pid is None:
+        return set()
+    try:
+        top = psutil.Process(pid)
+        return {pid, *(p.pid for p in top.children(recursive=True))} if _running(top) else set()
+    except psutil.Error:
+        return set()
 
 
 def end_tree(pid: int) -> None:

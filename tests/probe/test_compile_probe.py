@@ -4,6 +4,7 @@ carried by the request."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,51 @@ def test_a_compiled_probe_reports_its_compile_apart_and_the_next_probe_reuses_th
     # dynamic batch dimension
     assert second.compile_seconds < first.compile_seconds / 2, (first.compile_seconds, second.compile_seconds)
     assert any((tmp_path / "inductor").iterdir())
+
+
+RECORDING = """
+import json, os, sys, time
+import torch
+from torch import nn
+
+def build_model():
+    record = {"inductor": "torch._inductor.compile_fx" in sys.modules, "parent": os.getppid()}
+    with open(os.path.join(os.environ["RECORDS"], f"{time.monotonic_ns()}.json"), "w") as handle:
+        json.dump(record, handle)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+
+def make_batch(batch_size):
+    return torch.randn(batch_size, 32), torch.randn(batch_size, 1)
+
+def compute_loss(model, batch):
+    inputs, targets = batch
+    return nn.functional.mse_loss(model(inputs), targets)
+"""
+
+
+def test_compiled_probes_fork_from_a_compiler_and_eager_ones_from_the_server_as_before(
+    tmp_path: Path,
+) -> None:
+    script, records = tmp_path / "script" / "recording.py", tmp_path / "records"  # not the script's folder
+    script.parent.mkdir()
+    script.write_text(RECORDING)
+    records.mkdir()
+    env = {"AUTOBATCH_INDUCTOR_CACHE": str(tmp_path / "inductor"), "RECORDS": str(records)}
+    with ProbeClient(script, [], env=env) as client:
+        outcomes = [
+            client.run(_request(8)),
+            client.run(_request(8, compile=True)),
+            client.run(_request(16, compile=True)),
+            client.run(_request(8)),
+        ]
+    assert [o.kind for o in outcomes] == ["fits"] * 4, outcomes
+    seen = [json.loads(path.read_text()) for path in sorted(records.iterdir(), key=lambda p: int(p.stem))]
+    assert len(seen) == len(outcomes), seen  # each probe built the model once, in the order asked
+    # the compiled probes found the compiler imported, by the process they forked from (the same for both); the
+    # eager probe after them forked from the server, whose heap holds none of it, as an eager job's does not
+    assert [r["inductor"] for r in seen] == [False, True, True, False], seen
+    server, compiler = seen[0]["parent"], seen[1]["parent"]
+    assert compiler != server and seen[2]["parent"] == compiler and seen[3]["parent"] == server
 
 
 def test_a_model_that_does_not_compile_is_an_answer(tmp_path: Path) -> None:
