@@ -1,11 +1,17 @@
 """``autobatch check``: one isolated probe at one batch size, under the same budget as ``tune``.
 
-Exit status: 0 when the batch fits, 5 (``EXIT_OOM``) when it runs out of memory, 6 when the probe
+``-b`` given more than once probes each batch size in the order given, in one command (one start of the
+probe server, one inspection of the model): ``-b 40 -b 41`` asks whether a tune's answer fits and the next
+batch does not, for one start instead of two. A summary line per batch; ``--json`` writes the one
+report as an object, several as an array of them once every probe has answered.
+
+Exit status: 0 when every batch fits, 5 (``EXIT_OOM``) when one runs out of memory, 6 when a probe
 crashed or timed out, 3 when the script raised its own error.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -25,7 +31,12 @@ if TYPE_CHECKING:
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def check(
-    batch_size: opt.BatchSize,
+    batch_sizes: Annotated[
+        list[int],
+        typer.Option(
+            "--batch-size", "-b", min=1, help="The batch size to run; give it again to run several, in order."
+        ),
+    ],
     script: opt.Script = None,
     script_args: opt.ScriptArgs = None,
     n_steps: Annotated[
@@ -60,27 +71,30 @@ def check(
     verbose: opt.Verbose = False,
     quiet: opt.Quiet = False,
 ) -> None:
-    """Run one isolated probe: does this batch fit? Peak memory and step time."""
-    from autobatch.service.check import check as run_check
+    """Run isolated probes: does this batch fit? Peak memory and step time."""
+    from autobatch.service.check import checks
 
     settings = opt.load(locals())
     out = Output()
     devices: list[DeviceInfo] = []
+    reports: list[CheckResult] = []
     try:
-        report = run_check(
+        for report in checks(
             settings,
-            batch_size,
+            batch_sizes,
             out.hooks(on_device=devices.append),
             recompute=one_level or one_recompute,
             compile=one_compile,
             steps=n_steps,
-        )
+        ):
+            reports.append(report)
+            _print(report, report.combo, devices[0], out)
     finally:
         out.close()
-    _print(report, report.combo, devices[0], out)
     if as_json:
-        stdout_write(report.to_json())
-    if not report.fits:
+        one = len(reports) == 1
+        stdout_write(reports[0].to_json() if one else json.dumps([r.to_dict() for r in reports], indent=2))
+    if not all(report.fits for report in reports):
         raise typer.Exit(EXIT_OOM)
 
 

@@ -1,4 +1,4 @@
-"""``check`` behind every face: one batch size on one device, under the device's lock.
+"""``check`` behind every face: one batch size (or several, in order) on one device, under the device's lock.
 
 It opens its session through :func:`autobatch.service.sessions.open_session` (the same device, budget and
 lock as a tune), tells the face the device (:attr:`Hooks.on_device`), and refuses a precision the device
@@ -8,6 +8,7 @@ and :func:`started`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from autobatch.core.levels import PARTIAL, parse_level
@@ -56,6 +57,26 @@ def check(
 ) -> CheckResult:
     """One isolated probe of ``steps`` steps (default: ``confirm_steps``) at ``batch_size``; running out of
     memory is an answer (``fits`` false), the script's error, a crash or a timeout raise."""
+    (report,) = checks(
+        settings, (batch_size,), hooks, recompute=recompute, compile=compile, steps=steps, spec=spec
+    )
+    return report
+
+
+def checks(
+    settings: Settings,
+    batch_sizes: Sequence[int],
+    hooks: Hooks | None = None,
+    *,
+    recompute: bool | str = False,
+    compile: bool = False,
+    steps: int | None = None,
+    spec: ScriptSpec | None = None,
+) -> Iterator[CheckResult]:
+    """:func:`check` at each of ``batch_sizes`` in the order given, in one session (one device lock, one probe
+    server, one inspection of the model): each result as its probe ends. Each probe is forked from the same
+    server as a tune's are, so asking for the answer and the next batch at once measures what two commands
+    would, for one start."""
     from autobatch.core.space import SCRIPT_COMBO
     from autobatch.run.check import check_batch
 
@@ -70,7 +91,8 @@ def check(
         if session.as_is:  # its precision, optimizer and recomputation are the script's own
             combo = SCRIPT_COMBO.at(combo.seq_len)
         started(session, combo, hooks)
-        return check_batch(session, combo, batch_size, steps or settings.probe.confirm_steps)
+        for batch_size in batch_sizes:
+            yield check_batch(session, combo, batch_size, steps or settings.probe.confirm_steps)
 
 
 def started(session: Session, combo: Combo, hooks: Hooks) -> None:

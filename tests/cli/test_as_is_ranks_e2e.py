@@ -55,15 +55,15 @@ def test_a_ddp_script_is_tuned_on_its_ranks_and_checked(tmp_path) -> None:
     print(f"max batch {b_max} per rank, {combo['probes']} probes")
     assert 16 <= b_max <= 600, b_max
 
-    fits = run_cli("check", script, "--batch-size", str(b_max), *RANKS, "--json", *PLACEHOLDER, env=env)
-    assert fits.returncode == 0, fits.stderr
-    report = json.loads(fits.stdout)
-    assert report["fits"] and report["steps"] == 10
-    assert "rank 0" in fits.stderr and "rank 1" in fits.stderr  # every rank's peak is shown
-    larger = b_max + max(8, b_max // 10)
-    over = run_cli("check", script, "--batch-size", str(larger), *RANKS, "--json", *PLACEHOLDER, env=env)
-    assert over.returncode == EXIT_OOM, over.stderr
-    assert not json.loads(over.stdout)["fits"]
+    larger = b_max + max(8, b_max // 10)  # the maximum and a larger batch in one command, a probe each
+    both = run_cli(
+        "check", script, "-b", str(b_max), "-b", str(larger), *RANKS, "--json", *PLACEHOLDER, env=env
+    )
+    assert both.returncode == EXIT_OOM, both.stderr
+    report, over = json.loads(both.stdout)
+    assert report["fits"] and report["steps"] == 10, report
+    assert "rank 0" in both.stderr and "rank 1" in both.stderr  # every rank's peak is shown
+    assert not over["fits"] and over["batch_size"] == larger, over
     assert not _left(mark)
 
 

@@ -123,6 +123,25 @@ def test_check_fits_and_runs_out_of_memory(fake: FakeRunner) -> None:
     assert json.loads(out)["kind"] == "oom"
 
 
+def test_check_of_several_sizes_probes_each_in_order_in_one_session(fake: FakeRunner) -> None:
+    top = expected_max(BASE)
+    assert top is not None
+    sizes = ("-b", str(top + 200), "-b", str(top), "-b", "8")
+    code, out, err = run_main("check", "train.py", *sizes, "--device", "cpu", "--memory", "1GiB", "--json")
+    assert code == EXIT_OOM, err  # one of them ran out of memory
+    reports = json.loads(out)
+    assert [(r["batch_size"], r["fits"]) for r in reports] == [(top + 200, False), (top, True), (8, True)]
+    assert [r["kind"] for r in reports] == ["oom", "fits", "fits"]
+    probed = [r.batch_size for r in fake.requests if r.op == "probe"]
+    assert probed == [top + 200, top, 8], probed  # in the order given
+    assert len([r for r in fake.requests if r.op == "inspect"]) == 1, fake.requests  # one session for all
+    assert (
+        err.count("batch 8 on cpu: fits") == 1 and err.count(f"batch {top + 200} on cpu: out of memory") == 1
+    )
+    code, out, _ = run_main("check", "train.py", "-b", "8", "-b", "16", "--device", "cpu", "--memory", "1GiB")
+    assert code == 0
+
+
 def test_check_refuses_a_precision_the_device_cannot_run(fake: FakeRunner) -> None:
     fake.unsupported_precisions = {"bf16-true": "no bfloat16 here"}
     code, _, err = run_main("check", "train.py", "-b", "8", "-p", "bf16-true", "--device", "cpu")

@@ -81,21 +81,21 @@ def test_tune_maximum_holds_and_next_batch_does_not(script: str, memory: str, tm
         "10",
         "--json",
     )
-    fits = run_cli("check", str(EXAMPLES / script), "--batch-size", str(b_max), *common)
-    assert fits.returncode == 0, fits.stderr
-    checked = json.loads(fits.stdout)
+    # both in one command (-b twice: one probe server, a probe each, in the order given)
+    both = run_cli("check", str(EXAMPLES / script), "-b", str(b_max), "-b", str(b_max + 1), *common)
+    checked, report = json.loads(both.stdout)
+    assert checked["batch_size"] == b_max and report["batch_size"] == b_max + 1, both.stdout
     assert checked["fits"] is True and checked["steps"] == 10, checked
     # The next size runs out of memory, or fits the cap by about the margin that tune keeps (3 MiB here: a
     # fresh process can exceed a peak that close), give or take what a peak varies between fresh processes
-    # (steps of 1 MiB; two allowed).
-    over = run_cli("check", str(EXAMPLES / script), "--batch-size", str(b_max + 1), *common)
-    report = json.loads(over.stdout)
-    if over.returncode == 0:
+    # (steps of 1 MiB; two allowed). The command's status is 0 only when both fit.
+    if report["fits"]:
+        assert both.returncode == 0, both.stderr
         budget = data["device"]["budget_bytes"]
-        assert report["peak_bytes"] > budget - margin_bytes("cpu", budget) - (2 << 20), over.stderr
+        assert report["peak_bytes"] > budget - margin_bytes("cpu", budget) - (2 << 20), both.stderr
     else:
-        assert over.returncode == EXIT_OOM, over.stderr
-        assert report["fits"] is False and report["kind"] == "oom"
+        assert both.returncode == EXIT_OOM, both.stderr
+        assert report["kind"] == "oom", report
 
 
 def test_full_grid_table_chosen_and_plan(tmp_path) -> None:
@@ -186,14 +186,16 @@ def test_later_step_trap_is_caught(tmp_path) -> None:
         "adamw",
         "--json",
     )
-    assert run_cli("check", script, "--batch-size", str(b_max), "--steps", "10", *common).returncode == 0
     # The trap: a larger batch passes a single step... (6 MiB past the maximum: tune keeps its peak at least
     # the CPU margin of 3 MiB under the cap, so b_max + 1 may still fit in a check, which asks the cap alone)
     trap = b_max + 12
     one = run_cli("check", script, "--batch-size", str(trap), "--steps", "1", *common)
     assert one.returncode == 0, "the fixture should fit one step above the true maximum: " + one.stderr
-    # ...and runs out of memory once optimizer state is resident.
-    ten = run_cli("check", script, "--batch-size", str(trap), "--steps", "10", *common)
+    # ...and runs out of memory once optimizer state is resident, where the maximum holds ten steps.
+    ten = run_cli("check", script, "-b", str(b_max), "-b", str(trap), "--steps", "10", *common)
+    held, trapped = json.loads(ten.stdout)
+    assert held["fits"] and held["steps"] == 10, held
+    assert not trapped["fits"] and trapped["kind"] == "oom", trapped
     assert ten.returncode == EXIT_OOM
 
 

@@ -43,13 +43,16 @@ def tune(tmp_path: Path, attention: str, lengths: tuple[int, ...] = LENGTHS) -> 
     return table
 
 
-def check(tmp_path: Path, batch: int, seq_len: int) -> tuple[int, dict[str, Any]]:
+def check(tmp_path: Path, batch: int, seq_len: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``batch`` and the next one at ``seq_len``, in one command."""
     proc = run_cli(
-        "check", SCRIPT, *COMMON, "--no-recompute", "--batch-size", str(batch), "--seq-len", str(seq_len),
-        "--steps", STEPS, "--json", "--", "--attention", "eager", *TINY, cwd=tmp_path,
+        "check", SCRIPT, *COMMON, "--no-recompute", "-b", str(batch), "-b", str(batch + 1), "--seq-len",
+        str(seq_len), "--steps", STEPS, "--json", "--", "--attention", "eager", *TINY, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode in (0, EXIT_OOM), proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+    fits, over = json.loads(proc.stdout)
+    assert proc.returncode == (0 if fits["fits"] and over["fits"] else EXIT_OOM), proc.stderr
+    return fits, over
 
 
 def test_three_lengths_searched_checked_and_the_quadratic_term_only_where_attention_keeps_it(
@@ -66,10 +69,9 @@ def test_three_lengths_searched_checked_and_the_quadratic_term_only_where_attent
         # move by a few MiB with the batch and one more probe can be spent (issue 33's probe counts, open)
         assert rows[seq_len]["probes"] <= 4, (seq_len, rows[seq_len]["probes"])
     for seq_len, maximum in zip(LENGTHS, maxima):
-        code, report = check(tmp_path, maximum, seq_len)
-        assert code == 0 and report["seq_len"] == seq_len, (seq_len, maximum, report["reason"])
-        code, report = check(tmp_path, maximum + 1, seq_len)
-        if code == 0 and not report["within_margin"]:
+        fits, report = check(tmp_path, maximum, seq_len)
+        assert fits["fits"] and fits["seq_len"] == seq_len, (seq_len, maximum, fits["reason"])
+        if report["fits"] and not report["within_margin"]:
             # The tune's miss at the next batch was the margin's line, with the peak a process apart from this
             # check's: the line fell between two probe servers' peaks (up to two 1 MiB steps apart, as
             # tests/cli/test_e2e.py allows), not below the answer.
