@@ -35,6 +35,7 @@ INTRO = (
     "[Development](../development.md#what-ci-runs)."
 )
 SUMMARY = re.compile(r"^=*\s*(\d+ (passed|failed).*?) in [\d.]+s", re.M)
+FAILED = re.compile(r"^FAILED (\S+)", re.M)
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Round:
     idle: float  # the share of the machine's CPU time idle over the pytest half
     kernel: float  # the share spent in the kernel
     load_before: float
+    failed: list[str]  # the failing tests' ids, from pytest's short summary
 
     @property
     def total(self) -> float:
@@ -89,7 +91,8 @@ def one_round(folder: Path) -> Round:
     took, status = timed([str(clone / ".venv" / "bin" / "python"), "-m", "pytest"], clone, log)
     after = cpu_times()
     spent = [b - a for a, b in zip(before, after, strict=True)]
-    found = SUMMARY.findall(log.read_text(errors="replace"))
+    text = log.read_text(errors="replace")
+    found = SUMMARY.findall(text)
     return Round(
         setup_seconds=setup,
         pytest_seconds=took,
@@ -98,6 +101,7 @@ def one_round(folder: Path) -> Round:
         idle=(spent[3] + spent[4]) / sum(spent),
         kernel=(spent[2] + spent[5] + spent[6]) / sum(spent),
         load_before=load,
+        failed=FAILED.findall(text),
     )
 
 
@@ -112,6 +116,7 @@ def table(rounds: list[Round], goal: float) -> list[str]:
             f"| {number} | {r.setup_seconds:.0f} | {r.pytest_seconds:.0f} | {r.total:.0f} | {met} | {r.summary} | "
             f"{r.idle:.1%} | {r.kernel:.1%} | {r.load_before:.1f} |"
         )
+    lines.extend(f"- round {n} failed: `{test}`" for n, r in enumerate(rounds, 1) for test in r.failed)
     return lines
 
 

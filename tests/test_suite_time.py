@@ -11,7 +11,8 @@ import suite_time as st  # noqa: E402
 
 
 def _round(setup: float, pytest: float, status: int = 0) -> st.Round:
-    return st.Round(setup, pytest, status, "1718 passed, 2 skipped", 0.03, 0.2, 0.5)
+    failed = ["tests/test_a.py::test_b"] if status else []
+    return st.Round(setup, pytest, status, "1718 passed, 2 skipped", 0.03, 0.2, 0.5, failed)
 
 
 def test_pytest_summary_lines_are_read_in_their_quiet_and_their_framed_forms() -> None:
@@ -28,3 +29,9 @@ def test_the_goal_counts_the_setup_and_a_failing_run_never_meets_it() -> None:
         "| 2 | 37 | 870 | 907 | **missed** |" in rows[3]
     )  # pytest alone is under 900 s; with the setup, not
     assert "| 3 | 30 | 800 | 830 | **missed** |" in rows[4]
+    assert rows[5] == "- round 3 failed: `tests/test_a.py::test_b`"  # which tests, kept with the table
+
+
+def test_the_failing_tests_are_read_from_pytests_short_summary() -> None:
+    log = "=== short test summary info ===\nFAILED tests/x.py::test_y - AssertionError: no\nFAILED tests/z.py::t[a]\n"
+    assert st.FAILED.findall(log) == ["tests/x.py::test_y", "tests/z.py::t[a]"]

@@ -271,6 +271,32 @@ def remove_root(root: str) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+#: The longest folder name multiprocessing's sockets fit under: a socket's path holds 107 bytes, and
+#: multiprocessing names one ``listener-XXXXXXXX`` in a ``pymp-XXXXXXXX`` folder of its own.
+SOCKET_ROOM = 107 - len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+
+
+def multiprocessing_folder(under: str | None) -> str:
+    """A new folder for what the script's ``multiprocessing`` keeps in one (its ``pymp-*`` folder: the sockets
+    of a ``DataLoader``'s tensor sharing, a forkserver's, a manager's), made before a probe starts and removed
+    by whoever made it once the probe ended (:func:`remove_root`). multiprocessing makes that folder when first
+    asked and removes it at the process's normal exit, which a probe, ended by ``os._exit``, never reaches:
+    each probe of a script with ``DataLoader`` workers left one in the temporary folder. In the folder ``under``
+    (the client's, removed with it however the tune ends) when its name leaves the sockets room, else in the
+    temporary folder, where multiprocessing would have made it (a deeper path hung a probe: the socket's
+    name did not fit)."""
+    room = under is not None and os.path.isdir(under) and len(under) <= SOCKET_ROOM
+    return tempfile.mkdtemp(prefix="pymp-", dir=under if room else None)
+
+
+def use_multiprocessing_folder(folder: str) -> None:
+    """In a probe: ``multiprocessing`` keeps its files in ``folder`` (the configuration its
+    ``util.get_temp_dir`` reads, inherited by the processes the probe forks)."""
+    import multiprocessing.process
+
+    multiprocessing.process.current_process()._config["tempdir"] = folder  # type: ignore[attr-defined]
+
+
 def written_note(written: list[str], shown: int = 8) -> str | None:
     """The note that lists what the script tried to write (None: nothing)."""
     if not written:

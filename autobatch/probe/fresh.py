@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autobatch.probe.files import SCRATCH_ENV, install_for, remove_root, scratch_root
+from autobatch.probe.files import SCRATCH_ENV, install_for, multiprocessing_folder, remove_root, scratch_root
 from autobatch.probe.lineage import (
     become_subreaper,
     die_with_parent,
@@ -213,6 +213,7 @@ def _run_fresh(
     made = None if env.get(SCRATCH_ENV) else scratch_root(None)
     if made is not None:
         env[SCRATCH_ENV] = made
+    spool = multiprocessing_folder(env[SCRATCH_ENV])  # theirs: a process ended by os._exit leaves it
     ranks = [] if ranks is None else ranks
     try:
         for rank in range(world):
@@ -227,6 +228,7 @@ def _run_fresh(
                 "rank": rank,
                 "port": port,
                 "listen_fd": keep[1] if len(keep) > 1 else None,
+                "multiprocessing_folder": spool,
             }
             process = subprocess.Popen(
                 [sys.executable, "-m", "autobatch.probe.fresh", json.dumps(start)],
@@ -245,6 +247,7 @@ def _run_fresh(
         if listener is not None:
             listener.close()
         stop(ranks)
+        remove_root(spool)
         if made is not None:
             remove_root(made)
     if failed is not None and failed.outcome is not None:
@@ -321,6 +324,10 @@ def main() -> None:
     become_subreaper()
     end_descendants_on(signal.SIGHUP)
     die_with_parent(signal.SIGHUP)
+    if start.get("multiprocessing_folder"):
+        from autobatch.probe.files import use_multiprocessing_folder
+
+        use_multiprocessing_folder(start["multiprocessing_folder"])
     started = time.perf_counter()
     import torch  # noqa: F401  (first, as the job imports it)
 

@@ -19,7 +19,14 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-from autobatch.probe.files import SCRATCH_ENV, install_for, remove_root, scratch_root
+from autobatch.probe.files import (
+    SCRATCH_ENV,
+    install_for,
+    multiprocessing_folder,
+    remove_root,
+    scratch_root,
+    use_multiprocessing_folder,
+)
 from autobatch.probe.lineage import (
     become_subreaper,
     die_with_parent,
@@ -267,24 +274,25 @@ def _fork_probe(request: ProbeRequest, init: dict[str, Any], spare: int | None =
     log_path = (
         os.path.join(log_dir, f"probe-{os.getpid()}-{time.monotonic_ns()}.log") if log_dir else os.devnull
     )
-    # the probe's scratch folders (autobatch.probe.files), removed once it ended
-    scratch = scratch_root(init.get("log_dir"))
+    # the probe's scratch folders and multiprocessing's folder (autobatch.probe.files), removed once it ended
+    scratch, spool = scratch_root(init.get("log_dir")), multiprocessing_folder(init.get("log_dir"))
     started = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # the probe process
         os.close(read_fd)
         _leave_protocol()
         os.environ[SCRATCH_ENV] = scratch
+        use_multiprocessing_folder(spool)
         _child(request, init, write_fd, log_path)
     os.close(write_fd)
     data, status = read_until_exit(read_fd, pid, started + request.timeout)
     if status is None:  # timed out
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    end_descendants(
-        spare=spare
-    )  # whatever the script started, in a session of its own too, was reparented here
+    # whatever the script started, in a session of its own too, was reparented here
+    end_descendants(spare=spare)
     remove_root(scratch)
+    remove_root(spool)
     os.close(read_fd)
     wall = time.perf_counter() - started
     if status is None:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import psutil
 import pytest
@@ -109,9 +113,20 @@ def test_an_oom_the_script_catches_does_not_fit(tmp_path) -> None:
     assert "whether or not the script would catch it" in report["reason"]
 
 
-def test_workers_not_counted_finder_warned_and_nothing_survives(tmp_path) -> None:
-    proc = _check(AS_IS / "workers.py", 64)
-    assert proc.returncode == 0, proc.stderr
+def test_workers_not_counted_finder_warned_and_nothing_survives() -> None:
+    # The DataLoader's workers share tensors through sockets in multiprocessing's folder, whose path a socket's
+    # must hold (107 bytes): a temporary folder of the test's own, short as the system's is, not under tmp_path.
+    temp = Path(tempfile.mkdtemp(prefix="ab-"))
+    try:
+        # two probes, each ended by os._exit, never by multiprocessing's cleanup
+        sizes = ("-b", "64", "-b", "32")
+        proc = run_cli(
+            "check", str(AS_IS / "workers.py"), *sizes, *CPU, *PLACEHOLDER, env={"TMPDIR": str(temp)}
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert not [name for name in os.listdir(temp) if name.startswith("pymp-")], os.listdir(temp)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
     err = " ".join(proc.stderr.split())
     assert "started 2 process(es) of its own" in err and "not counted" in err
     assert "find_executable_batch_size" in err and "autobatch replaces it" in err
