@@ -375,11 +375,12 @@ class Compiler:
             die_with_parent()
             signal.signal(signal.SIGHUP, signal.SIG_DFL)  # the server's handler is the server's
             become_subreaper()
-            from autobatch.probe.warming import thread_count
+            from autobatch.probe.warming import thread_count, warm
 
             threads = thread_count()
             with lifelong_imports():
-                _warm_compiler()
+                warm(list(COMPILER_MODULES))  # never a failure: a probe imports what did not import here
+                _check_instruction_sets()
             replies = os.fdopen(replies_fd, "w", buffering=1)
             if thread_count() > threads:
                 replies.write("threads\n")
@@ -388,7 +389,7 @@ class Compiler:
             for line in os.fdopen(requests_fd, "r"):
                 request = ProbeRequest.from_dict(json.loads(line))
                 replies.write(json.dumps(_fork_probe(request, self.init).to_dict()) + "\n")
-        except BaseException:  # noqa: BLE001 - the server answers for it (a crash outcome), then forks itself
+        except BaseException:  # noqa: BLE001 - the server answers the request with a crash, and starts another
             code = 70
         finally:
             os._exit(code)
@@ -405,12 +406,9 @@ class Compiler:
         self.pid = None
 
 
-def _warm_compiler() -> None:
-    import importlib
-
+def _check_instruction_sets() -> None:
+    """inductor's check of the CPU's vector instruction sets, whose answer it keeps for the process."""
     try:
-        for name in COMPILER_MODULES:
-            importlib.import_module(name)
         from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
         valid_vec_isa_list()
