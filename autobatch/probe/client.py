@@ -29,7 +29,7 @@ from autobatch.devices.visible import PROBE_ENV
 from autobatch.errors import ProbeFailure
 from autobatch.probe import forked
 from autobatch.probe.lineage import group_running, has_exited
-from autobatch.probe.warming import describe
+from autobatch.probe.warming import Warming, describe
 from autobatch.probe.yielding import YieldingRunner
 from autobatch.records.failures import server_error
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
@@ -98,6 +98,7 @@ class ProbeClient:
     beyond the built-in ``probe`` and ``inspect`` (see :mod:`autobatch.probe.ops`). ``fork``: False starts
     the server as a fresh Python even in a warm process (:data:`NOT_FORKED`). ``folders``: the caller's
     temporary folders, which the server removes with its own log folder when this process is killed outright.
+    ``warming``: what the device allows the server's warm-up (:class:`autobatch.probe.warming.Warming`).
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class ProbeClient:
         op_modules: Sequence[str] = (),
         fork: bool = True,
         folders: Sequence[str] = (),
+        warming: Warming = Warming(),
     ) -> None:
         # a script's path, or a script spec record (autobatch.step.spec) that the server's load_script resolves
         self.script: str | dict[str, Any] = script if isinstance(script, dict) else str(script)
@@ -121,6 +123,7 @@ class ProbeClient:
             "log_dir": self._log_dir.name,
             "op_modules": list(op_modules),
             "client_folders": list(folders),
+            "warming": warming.to_dict(),
         }
         self.env = dict(env or {})
         self._start_timeout = start_timeout
@@ -352,10 +355,11 @@ def start_server(
     warn: Callable[[str], None],
     fork: bool = True,
     folders: Sequence[str] = (),
+    warming: Warming = Warming(),
 ) -> YieldingRunner:
     """The probe server a session probes through: the CPU allocator pinned, CUDA devices as the job sees them,
     its threads yielding once the CPU is busy; ``warn`` hears how probes start when it is not the plain case
-    (:func:`autobatch.probe.warming.describe`); ``fork`` and ``folders`` as :class:`ProbeClient`'s."""
+    (:func:`autobatch.probe.warming.describe`); ``fork``, ``folders`` and ``warming`` as :class:`ProbeClient`'s."""
     client = ProbeClient(
         spec.to_init(),
         script_args,
@@ -364,6 +368,7 @@ def start_server(
         start_timeout=timeout + IMPORT_GRACE,  # importing the script counts like a probe
         fork=fork,
         folders=folders,
+        warming=warming,
     )
     cold = describe(client.start)
     if cold is not None:

@@ -169,25 +169,28 @@ def _load(init: dict[str, Any]) -> dict[str, Any]:
         import torch  # noqa: F401  (imported once here, inherited by every probe)
 
         from autobatch.probe.ops import load_operations
-        from autobatch.probe.warming import step_imports, thread_count, warm
+        from autobatch.probe.warming import Warming, step_imports, thread_count, warm
 
         load_operations(init.get("op_modules", []))
         preload()
-        threads = thread_count()
+        warming = Warming.from_dict(init.get("warming"))
+        threads = thread_count(warming.fork_safe)
         level = init.get("warm", True)  # True: modules and names; "modules"; False: torch alone
         wanted = step_imports(init["script"]) if level else []
-        warmed = warm([name for name in wanted if ":" not in name])
-        if thread_count() > threads:
-            started = thread_count() - threads
+        with warming.importing():
+            warmed = warm([name for name in wanted if ":" not in name])
+        if thread_count(warming.fork_safe) > threads:
+            started = thread_count(warming.fork_safe) - threads
             return {
                 "restart": True,
                 "warm": False,
                 "cold": f"importing {', '.join(warmed)} started {started} thread(s)",
             }
         if level is True:
-            warmed += warm([name for name in wanted if ":" in name])
+            with warming.importing():
+                warmed += warm([name for name in wanted if ":" in name])
             # a name loaded lazily started them: probes load the names themselves
-            if thread_count() > threads:
+            if thread_count(warming.fork_safe) > threads:
                 return {"restart": True, "warm": "modules"}
     return {"warmed": warmed, "cold": init.get("cold")}
 

@@ -55,14 +55,22 @@ class YieldingRunner:
             self.client.reopen(YIELDING_ENV)
             self.on_switch(switch_note(*self._stalled))
         outcome = self.client.run(request)
-        # Only a single process's reading: a distributed probe's ranks split the cores between them
-        # (autobatch.probe.ranks; one thread each on the two cores here) and wait on each other by design.
-        if self._stalled is None and request.strategy == "none" and stalled(outcome):
+        if self._stalled is None and _judged(request) and stalled(outcome):
             self._stalled = (request, outcome)
         return outcome
 
     def close(self) -> None:
         self.client.close()
+
+
+def _judged(request: ProbeRequest) -> bool:
+    """Whether a request's wait for a core says the machine is busy: a probe of one process. Not a distributed
+    probe's (its ranks split the cores between them, one thread each on the two cores here, and wait on each
+    other by design), nor the command's own operations: the model's inspection, or the forked half of the job's
+    fresh-process measurement, which runs as the job's fresh Python, started beside the probe server, ends (its
+    three steps at batch 2 read a third of their time waiting in about half of the quadratic workload's tunes
+    here, and the server restarted for it: 1.5 s of a 5 s tune; docs/measurements/busy-threads.md)."""
+    return request.op == "probe" and request.strategy == "none"
 
 
 def stalled(outcome: ProbeOutcome) -> bool:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from autobatch.cache.fresh import FreshInputs, FreshStore
     from autobatch.devices.selection import Target
     from autobatch.probe.fresh import FreshAhead, FreshOptions
+    from autobatch.probe.warming import Warming
     from autobatch.settings import DistributedSettings, Settings
 
 #: Called after every probe with the combination, the outcome and whether it came from the journal.
@@ -204,7 +205,7 @@ class Session:
             self.fresh_ahead = _fresh_ahead(self)
             folders = [self.fresh_ahead.root] if self.fresh_ahead is not None else []
             self.runner = start_server(
-                self.spec, script_args, self.op_modules, timeout, self.warn, fork, folders
+                self.spec, script_args, self.op_modules, timeout, self.warn, fork, folders, _warming(self)
             )
             self.own_server = True
         if self.wiring.wrap_runner is not None:
@@ -590,6 +591,9 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
     device.notes.append(fresh_note(session.fresh_offsets, kept.made if kept else None))
     if device.baseline_bytes is not None:
         device.baseline_bytes += session.fresh_offsets[0]
+        # counted as the job's fresh process, the probe process may hold the whole budget before building (a
+        # script that loads a library reserving address space, uncapped, in the job's process)
+        cpu_budget(device.capacity_bytes, device.headroom, device.baseline_bytes)
 
 
 def _fresh_request(
@@ -606,6 +610,19 @@ def _fresh_request(
         budget_bytes=budget,
         device=device,
     )
+
+
+def _warming(session: Session) -> Warming:
+    """What the device asked for allows the probe server's warm-up (:class:`autobatch.probe.warming.Warming`):
+    on the CPU device with its memory given, threads that keep a fork safe, the imports under the budget; on a
+    GPU named, those threads, no limit; otherwise (``auto``, or the CPU's memory read at the inspection) the
+    plain case."""
+    from autobatch.probe.warming import Warming
+
+    asked = session.settings.device
+    if asked.device == "cpu" and asked.memory is not None:
+        return Warming(fork_safe=True, data_limit=cpu_budget(asked.memory, asked.headroom, None))
+    return Warming(fork_safe=asked.device.startswith("cuda"))
 
 
 def _fresh_ahead(session: Session) -> FreshAhead | None:

@@ -161,3 +161,94 @@ def test_the_servers_imports_run_young_collections_and_no_full_one() -> None:
         assert gc.get_threshold() == before
     finally:
         gc.unfreeze()  # what the context froze is this test worker's, not a server's
+
+
+#: ``from transformers import Trainer`` loads pyarrow, whose allocators start a jemalloc background thread and
+#: reserve address space by what they find; the data memory it leaves, as a probe reads it.
+TRAINER_IMPORT = (
+    "import sys\nimport torch\nfrom autobatch.probe.warming import Warming, thread_count\n"
+    "warming = Warming(fork_safe=True, data_limit=int(sys.argv[1]) or None)\nbefore = thread_count(True)\n"
+    "with warming.importing():\n    from transformers import Trainer\n"
+    "data = [l for l in open('/proc/self/status') if l.startswith('VmData')][0].split()[1]\n"
+    "print(int(data) * 1024, thread_count() - thread_count(True), thread_count(True) - before)\n"
+)
+
+
+@pytest.mark.slow  # two Pythons import transformers
+def test_trainer_imported_under_the_budget_reserves_what_a_capped_probe_would() -> None:
+    import subprocess
+
+    def imported(limit: int) -> tuple[int, int, int]:
+        out = subprocess.run(
+            [sys.executable, "-c", TRAINER_IMPORT, str(limit)], capture_output=True, text=True, check=True
+        )
+        data, fork_safe, others = (int(x) for x in out.stdout.split())
+        return data, fork_safe, others
+
+    free, free_safe, free_others = imported(0)
+    capped, capped_safe, capped_others = imported(900 << 20)
+    # the jemalloc thread is the only one the import starts, and the one that is not counted
+    assert free_safe == capped_safe == 1 and free_others == capped_others == 0
+    assert free > 1 << 30  # unlimited, its allocators reserve over a GiB of data memory
+    assert capped < 900 << 20  # under the cap they fit it, as in a probe that imports them itself
+
+
+HF_STEP = textwrap.dedent(
+    """
+    import torch
+    from transformers import Trainer  # noqa: F401  (as a Trainer script imports it)
+
+
+    def build_model():
+        return torch.nn.Linear(8, 2)
+
+
+    def make_batch(batch_size):
+        return torch.randn(batch_size, 8)
+
+
+    def compute_loss(model, batch):
+        return model(batch).pow(2).mean()
+    """
+)
+
+
+@pytest.mark.slow  # starts a probe server
+def test_a_trainer_script_s_probes_fork_with_trainer_loaded_under_the_cpu_budget(tmp_path: Path) -> None:
+    from support import session_settings
+
+    from autobatch.core.space import Combo
+    from autobatch.run.session import Session
+    from autobatch.step.spec import ScriptSpec
+
+    script = tmp_path / "train.py"
+    script.write_text(HF_STEP)
+    # the probes alone (the job's fresh process of this script: the next test)
+    settings = session_settings(memory=1 << 30, headroom=0.1, timeout=120, cache=False, fresh_baseline=False)
+    with Session(settings, spec=ScriptSpec.file(script)) as session:
+        start = session.runner.client.start
+        # before, the jemalloc thread restarted the server and every probe loaded Trainer itself (2.2 s here)
+        assert "transformers:Trainer" in start["warmed"] and describe(start) is None, start
+        probe = session.probe(Combo("32-true", "adamw"), 8, min_steps=3, max_steps=3)
+    # forked with the reservations an import under the cap makes (unlimited, the probe would start at 1.4 GiB)
+    assert probe.fits and probe.peak_bytes is not None and probe.peak_bytes < 800 << 20, probe
+
+
+@pytest.mark.slow  # a check command
+def test_a_job_process_that_holds_the_budget_before_building_is_refused_not_fitted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    monkeypatch.setenv("AUTOBATCH_FRESH_BASELINE", "true")  # what this test is about (the suite turns it off)
+
+    # The job's fresh process imports the script, and so Trainer, before any cap: its allocators reserve 1.2 GiB.
+    # Counted as that process, a probe holds more than the budget before building: refused, as the inspection
+    # refused it when it imported Trainer itself (a fitted probe "peak 1.38 GiB of budget 921.60 MiB" is wrong).
+    script = tmp_path / "train.py"
+    script.write_text(HF_STEP)
+    command = [sys.executable, "-m", "autobatch", "check", str(script), "--device", "cpu", "--memory", "1GiB"]
+    proc = subprocess.run([*command, "-b", "8", "--no-cache"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the CPU budget 921.60 MiB is below what a probe process holds before building" in proc.stderr
+    assert "hint: raise --memory" in proc.stderr and "Traceback" not in proc.stderr

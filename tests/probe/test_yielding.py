@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 import pytest
-from support import EXAMPLES, cpu_session
+from support import EXAMPLES, cpu_session, session_settings
 from turns import Alone
 
 from autobatch.core.space import Combo
@@ -19,6 +19,7 @@ from autobatch.probe.client import ProbeClient
 from autobatch.probe.yielding import STALLED_WAIT, YieldingRunner, stalled
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.run.session import Session
+from autobatch.step.spec import ScriptSpec
 
 # every test starts a probe server; two spin neighbours on every core, and no other test may run beside them
 # from their session's start (a busy machine would restart the server early) to the busy probe
@@ -92,6 +93,34 @@ def test_the_user_s_own_wait_policy_is_kept(monkeypatch: pytest.MonkeyPatch, alo
         after = session.probe(COMBO, 8, min_steps=3, max_steps=3)
         assert busy.omp_wait_policy == after.omp_wait_policy == "ACTIVE"
         assert not session.warnings.messages
+
+
+@pytest.mark.exclusive
+def test_the_command_s_own_operations_beside_busy_cores_do_not_restart_the_server(
+    monkeypatch: pytest.MonkeyPatch, alone: Alone
+) -> None:
+    # The session's start (the model's inspection, the job's fresh process and the forked half of its
+    # measurement) beside spinning neighbours: the forked half waits for a core as a busy probe does, but it
+    # runs as the command's own fresh Python ends, so it decides nothing (it restarted the server in about
+    # half of a quiet machine's tunes); the first probe of the search does.
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    settings = session_settings(memory=2 << 30, headroom=0.0, timeout=120, cache=False, fresh_baseline=True)
+    with ExitStack() as closing:
+        with alone():
+            with busy_cores():
+                session = closing.enter_context(Session(settings, spec=ScriptSpec.file(EXAMPLES / "mlp.py")))
+            assert session.fresh_offsets  # measured beside the busy cores
+            assert isinstance(session.runner, YieldingRunner)
+            first_server = session.runner.client.pid
+            quiet = session.probe(COMBO, 8, min_steps=3, max_steps=3)
+            assert quiet.fits and quiet.omp_wait_policy is None
+            assert session.runner.client.pid == first_server and not session.warnings.messages
+            with busy_cores():
+                session.probe(COMBO, 8, min_steps=3, max_steps=3)
+        after = session.probe(COMBO, 8, min_steps=3, max_steps=3)
+        assert after.omp_wait_policy == "PASSIVE" and session.runner.client.pid != first_server
+        (note,) = [w for w in session.warnings.messages if "OMP_WAIT_POLICY=PASSIVE" in w]
+        assert "batch 8" in note
 
 
 def test_a_quiet_probe_or_one_without_a_reading_changes_nothing() -> None:
