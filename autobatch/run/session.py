@@ -613,16 +613,16 @@ def _fresh_request(
 
 
 def _warming(session: Session) -> Warming:
-    """What the device asked for allows the probe server's warm-up (:class:`autobatch.probe.warming.Warming`):
-    on the CPU device with its memory given, threads that keep a fork safe, the imports under the budget; on a
-    GPU named, those threads, no limit; otherwise (``auto``, or the CPU's memory read at the inspection) the
-    plain case."""
+    """What the device probed allows the probe server's warm-up (:class:`autobatch.probe.warming.Warming`): on
+    the CPU device with its memory given, threads that keep a fork safe, the imports under the budget; on a GPU,
+    those threads, no limit; otherwise (``auto`` not resolved yet, or the CPU's memory read at the inspection)
+    the plain case. A tune's ``auto`` is resolved already (its target, from the inventory)."""
     from autobatch.probe.warming import Warming
 
-    asked = session.settings.device
-    if asked.device == "cpu" and asked.memory is not None:
+    device, asked = session.requested_device, session.settings.device
+    if device == "cpu" and asked.memory is not None:
         return Warming(fork_safe=True, data_limit=cpu_budget(asked.memory, asked.headroom, None))
-    return Warming(fork_safe=asked.device.startswith("cuda"))
+    return Warming(fork_safe=device.startswith("cuda"))
 
 
 def _fresh_ahead(session: Session) -> FreshAhead | None:

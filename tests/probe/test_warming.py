@@ -214,18 +214,28 @@ HF_STEP = textwrap.dedent(
 
 
 @pytest.mark.slow  # starts a probe server
-def test_a_trainer_script_s_probes_fork_with_trainer_loaded_under_the_cpu_budget(tmp_path: Path) -> None:
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_a_trainer_script_s_probes_fork_with_trainer_loaded_under_the_cpu_budget(
+    tmp_path: Path, device: str
+) -> None:
     from support import session_settings
 
     from autobatch.core.space import Combo
+    from autobatch.devices.selection import resolve_targets
     from autobatch.run.session import Session
     from autobatch.step.spec import ScriptSpec
 
     script = tmp_path / "train.py"
     script.write_text(HF_STEP)
     # the probes alone (the job's fresh process of this script: the next test)
-    settings = session_settings(memory=1 << 30, headroom=0.1, timeout=120, cache=False, fresh_baseline=False)
-    with Session(settings, spec=ScriptSpec.file(script)) as session:
+    settings = session_settings(
+        device=device, memory=1 << 30, headroom=0.1, timeout=120, cache=False, fresh_baseline=False
+    )
+    # as a tune runs it: ``auto`` resolved from the inventory before the server starts (the CPU here)
+    target = resolve_targets(device, 1 << 30)[0]
+    if target.device != "cpu":
+        pytest.skip("a GPU is visible: auto is not the CPU device here")
+    with Session(settings, spec=ScriptSpec.file(script), target=target) as session:
         start = session.runner.client.start
         # before, the jemalloc thread restarted the server and every probe loaded Trainer itself (2.2 s here)
         assert "transformers:Trainer" in start["warmed"] and describe(start) is None, start
