@@ -615,8 +615,9 @@ def _fresh_request(
 def _warming(session: Session) -> Warming:
     """What the device probed allows the probe server's warm-up (:class:`autobatch.probe.warming.Warming`): on
     the CPU device with its memory given, threads that keep a fork safe, the imports under the budget; on a GPU,
-    those threads, no limit; otherwise (``auto`` not resolved yet, or the CPU's memory read at the inspection)
-    the plain case. A tune's ``auto`` is resolved already (its target, from the inventory)."""
+    those threads, no limit; otherwise (``auto`` unresolved, or the CPU's memory read at the inspection) the
+    plain case. Every command's session has its target, ``auto`` resolved from the inventory
+    (:func:`autobatch.service.sessions.open_session`); only one built without a target keeps ``auto``."""
     from autobatch.probe.warming import Warming
 
     device, asked = session.requested_device, session.settings.device
