@@ -146,8 +146,11 @@ def release_heap() -> None:
 
 
 def apply_cap(budget_bytes: int) -> None:
-    """Cap this process's data memory (RLIMIT_DATA, soft and hard) at the budget."""
-    resource.setrlimit(resource.RLIMIT_DATA, (budget_bytes, budget_bytes))
+    """Cap this process's data memory (RLIMIT_DATA, soft and hard) at the budget. A budget at or below zero (a
+    fresh-process offset larger than the budget) allows no more data: ``setrlimit`` would take a negative value
+    as an unsigned one, no cap at all."""
+    cap = max(0, budget_bytes)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
 
 
 def total_bytes() -> int:

@@ -179,8 +179,8 @@ def _load(init: dict[str, Any]) -> dict[str, Any]:
         wanted = step_imports(init["script"]) if level else []
         with warming.importing():
             warmed = warm([name for name in wanted if ":" not in name])
-        if thread_count(warming.fork_safe) > threads:
-            started = thread_count(warming.fork_safe) - threads
+        started = thread_count(warming.fork_safe) - threads
+        if started > 0:
             return {
                 "restart": True,
                 "warm": False,

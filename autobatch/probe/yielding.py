@@ -68,8 +68,8 @@ def _judged(request: ProbeRequest) -> bool:
     probe's (its ranks split the cores between them, one thread each on the two cores here, and wait on each
     other by design), nor the command's own operations: the model's inspection, or the forked half of the job's
     fresh-process measurement, which runs as the job's fresh Python, started beside the probe server, ends (its
-    three steps at batch 2 read a third of their time waiting in about half of the quadratic workload's tunes
-    here, and the server restarted for it: 1.5 s of a 5 s tune; docs/measurements/busy-threads.md)."""
+    three steps at batch 2 read 27-56 % of their time waiting in five of six of the quadratic workload's tunes
+    here, and the server restarted for it: about 1.5 s of a 6 s tune; docs/measurements/busy-threads.md)."""
     return request.op == "probe" and request.strategy == "none"
 
 

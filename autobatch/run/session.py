@@ -620,10 +620,20 @@ def _warming(session: Session) -> Warming:
     (:func:`autobatch.service.sessions.open_session`); only one built without a target keeps ``auto``."""
     from autobatch.probe.warming import Warming
 
-    device, asked = session.requested_device, session.settings.device
-    if device == "cpu" and asked.memory is not None:
-        return Warming(fork_safe=True, data_limit=cpu_budget(asked.memory, asked.headroom, None))
+    device = session.requested_device
+    budget = _budget_ahead(device, session)
+    if budget is not None:
+        return Warming(fork_safe=True, data_limit=budget)
     return Warming(fork_safe=device.startswith("cuda"))
+
+
+def _budget_ahead(device: str, session: Session) -> int | None:
+    """The budget before the inspection measures anything: the CPU device's, when its memory is given (None
+    otherwise: a GPU's comes from the inspection, and so does the CPU's capacity without ``--memory``)."""
+    asked = session.settings.device
+    if device != "cpu" or asked.memory is None:
+        return None
+    return cpu_budget(asked.memory, asked.headroom, None)
 
 
 def _fresh_ahead(session: Session) -> FreshAhead | None:
@@ -634,8 +644,9 @@ def _fresh_ahead(session: Session) -> FreshAhead | None:
     from autobatch.probe.client import server_env
     from autobatch.probe.fresh import FreshAhead, FreshOptions
 
-    asked, env = session.settings.device, {**os.environ, **server_env()}
-    if asked.device != "cpu" or asked.memory is None or not session.settings.probe.fresh_baseline:
+    env = {**os.environ, **server_env()}
+    budget = _budget_ahead(session.settings.device.device, session)  # the device as asked: a target's
+    if budget is None or not session.settings.probe.fresh_baseline:
         return None
     if (session.as_is and session.ranks > 1) or forked.why_cold(env) is None:
         return None
@@ -643,7 +654,7 @@ def _fresh_ahead(session: Session) -> FreshAhead | None:
     if where is not None and not session.refresh and where[0].get(where[1]) is not None:
         return None
     options = FreshOptions(session.spec.to_init(), list(session.settings.script.script_args))
-    request = _fresh_request(session, options, "cpu", cpu_budget(asked.memory, asked.headroom, None))
+    request = _fresh_request(session, options, "cpu", budget)
     return FreshAhead(request, options, env)
 
 
