@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from autobatch.records.protocol import ProbeOutcome
+    from autobatch.step.spec import ScriptSpec
 
 #: Files up to this size are fingerprinted by their bytes; larger ones by their size and modification time.
 HASHED_BYTES = 256 << 20
@@ -57,6 +58,14 @@ def source_digests(script: str | Path, cwd: str | Path | None = None) -> dict[st
             continue
         out[_relative(path, roots)] = hashlib.sha256(data).hexdigest()
     return out
+
+
+def spec_sources(spec: ScriptSpec) -> dict[str, str]:
+    """The digests of a spec's script and its local modules (:func:`source_digests`); a spec of callables: its
+    content's (:meth:`autobatch.step.spec.ScriptSpec.content`)."""
+    if spec.is_file:
+        return source_digests(spec.target)
+    return {"spec": hashlib.sha256(spec.content()).hexdigest()}
 
 
 def file_fingerprint(path: str | Path, cwd: str | Path | None = None) -> str | None:

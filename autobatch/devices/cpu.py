@@ -167,6 +167,12 @@ def available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
+def machine_memory() -> dict[str, int]:
+    """The machine's memory as the inspection reports it (``available_bytes``, ``total_bytes``): what a replayed
+    inspection reads again (:meth:`autobatch.probe.client.ProbeClient.run`)."""
+    return {"available_bytes": available_bytes(), "total_bytes": total_bytes()}
+
+
 class CpuBackend:
     """The CPU device in a probe process (:class:`~autobatch.devices.backend.DeviceBackend`)."""
 
@@ -216,8 +222,7 @@ class CpuBackend:
 
         facts: dict[str, Any] = {
             "cuda_available": bool(torch.cuda.is_available()),
-            "available_bytes": available_bytes(),
-            "total_bytes": total_bytes(),
+            **machine_memory(),
             "baseline_bytes": read_status().data,  # read before the tiny steps below add to it
         }
         unsupported: dict[str, str] = {}

@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autobatch.cache.folder import inductor_folder
 from autobatch.cache.keys import digest
+from autobatch.cache.sources import changed_files, file_fingerprint, spec_sources
 from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.devices.visible import PROBE_ENV
 from autobatch.errors import ProbeFailure
 from autobatch.probe import forked
-from autobatch.probe.lineage import group_running, has_exited
+from autobatch.probe.lineage import exit_fd, group_running, has_exited
 from autobatch.probe.warming import Warming, describe
 from autobatch.probe.yielding import YieldingRunner
 from autobatch.records.failures import server_error
@@ -43,13 +44,31 @@ SERVER_GRACE = 30.0
 IMPORT_GRACE = 60.0
 #: Seconds the server gets to end the processes below it on SIGTERM before its group is killed.
 STOP_GRACE = 5.0
+#: The operations that build the model (or read the device) and run no step: a server forked from the daemon's
+#: warm process replays what one reported when the request's options allow it (:data:`REPLAYABLE`, the CPU device
+#: only: a GPU's free memory is read now), :meth:`ProbeClient._inspection`.
+INSPECTIONS = ("inspect", "as_is_inspect")
+REPLAYABLE = "replayable"
+#: The kept answer that a script imported cleanly on a server forked from the warm process (the files it read then):
+#: the next server forked for it is not asked to import it again before its first operation.
+IMPORTED = "imported"
+#: Variables a shell sets per command, which no script's model depends on.
+SHELL_KEYS = ("_", "OLDPWD", "SHLVL")
 #: Why a server asked not to fork (``fork=False``) starts as a fresh Python: its caller's device budget counts
 #: the whole probe process, and no fresh-process offset counts the warm process's memory back.
 NOT_FORKED = "the fresh-process offset is off, and a forked server's memory would count the warm process's"
 
 
 def _exited(pid: int, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for the child ``pid`` to exit, without reaping it."""
+    """Wait up to ``timeout`` seconds for the child ``pid`` to exit, without reaping it (woken by its exit where
+    the kernel offers a pidfd, else polled)."""
+    watch = exit_fd(pid)
+    if watch is not None:
+        try:
+            select.select([watch], [], [], timeout)
+        finally:
+            os.close(watch)
+        return has_exited(pid)
     deadline = time.monotonic() + timeout
     while not has_exited(pid):
         if time.monotonic() > deadline:
@@ -72,6 +91,11 @@ def _group_gone(group: int, timeout: float) -> bool:
 #: When set, starting a probe server is refused with its value as the reason: the test suite sets it for tests
 #: not marked ``slow``, so that the quick run cannot start one by accident.
 NO_SERVER_ENV = "AUTOBATCH_NO_PROBE_SERVER"
+
+
+def _timeless(request: ProbeRequest) -> dict[str, Any]:
+    """``request`` as a key: the same operation with any timeout."""
+    return replace(request, run=replace(request.run, timeout=0.0)).to_dict()
 
 
 def _signal_name(number: int) -> str:
@@ -144,7 +168,11 @@ class ProbeClient:
         self.cold = forked.why_cold(env) if self._fork else NOT_FORKED
         self._proc: subprocess.Popen[bytes] | forked.ForkedServer
         if self.cold is None:
-            self._proc = forked.start(json.dumps(self._init), env, self._stderr)
+            self._script_now = self._script_state()
+            known = forked.kept(self._kept_key(IMPORTED, *self._script_now))
+            checked = known is not None and not changed_files(known["read"])
+            init = {**self._init, "checked": True} if checked else self._init
+            self._proc = forked.start(json.dumps(init), env, self._stderr)
         else:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "autobatch.probe.server", json.dumps(self._init)],
@@ -171,6 +199,10 @@ class ProbeClient:
             self.close()
             raise server_error(hello.get("error", {}))
         self.import_seconds = float(hello.get("import_seconds", 0.0))
+        if self.cold is None and hello.get("script_reads") is not None:
+            read = {path: file_fingerprint(path) for path in hello["script_reads"]}
+            if None not in read.values():  # a file that cannot be fingerprinted: checked each time
+                forked.keep(self._kept_key(IMPORTED, *self._script_now), {"read": read})
         #: How probes start: the libraries the server warmed, or why it imports torch alone (probe.warming).
         self.start: dict[str, Any] = dict(hello.get("start") or {})
         self.torch_version = str(hello.get("torch_version", ""))
@@ -218,6 +250,8 @@ class ProbeClient:
             request = request.with_run(fresh_offset_bytes=counted)
         if request.op == "fresh_baseline" and request.options.get("kept") is not None and self.cold is None:
             outcome = self._forked_half(request)
+        elif request.op in INSPECTIONS and request.options.get(REPLAYABLE) and self.cold is None:
+            outcome = self._inspection(request)
         else:
             outcome = self._send(request)
         if request.op == "fresh_baseline" and "offset_bytes" in outcome.info:
@@ -230,9 +264,7 @@ class ProbeClient:
         from the daemon's warm process: measured once per warm process, script and request, then replayed
         (every server forked from it for the same script starts from the same heap; the probes of one vary
         between each other as much as between servers)."""
-        init = {k: v for k, v in self._init.items() if k not in ("log_dir", "client_folders")}
-        asked = replace(request, run=replace(request.run, timeout=0.0)).to_dict()
-        key = digest([init, asked], length=32)
+        key = self._kept_key(_timeless(request))
         known = forked.kept(key)
         if known is not None:
             replayed = ProbeOutcome.from_dict(known)
@@ -243,6 +275,44 @@ class ProbeClient:
         if outcome.fits and "offset_bytes" in outcome.info:
             forked.keep(key, outcome.to_dict())
         return outcome
+
+    def _inspection(self, request: ProbeRequest) -> ProbeOutcome:
+        """The model's inspection on the CPU, on a server forked from the daemon's warm process: run once per warm
+        process, script (its sources), request, working folder and environment, then replayed while every file it
+        read is as it was, with the machine's memory read now. Its model is built in a probe that forks from the
+        same heap each time, so what it reports (the parameters, the blocks, the data memory after the build)
+        is what it reported; a config file the script reads that changed builds it again."""
+        from autobatch.devices.cpu import machine_memory
+
+        key = self._kept_key(_timeless(request), *self._script_now)
+        known = forked.kept(key)
+        if known is not None:
+            replayed = ProbeOutcome.from_dict(known)
+            if not changed_files(replayed.files_read):
+                replayed.cached = True
+                replayed.info = {**replayed.info, **machine_memory(), "replayed": True}
+                return replayed
+        outcome = self._send(request)
+        read = {path: file_fingerprint(path) for path in outcome.files_read}
+        if outcome.fits and None not in read.values():  # a file that cannot be fingerprinted: run each time
+            forked.keep(key, replace(outcome, files_read=read).to_dict())
+        return outcome
+
+    def _kept_key(self, *inputs: object) -> str:
+        """What an answer kept by the warm process (:mod:`autobatch.probe.forked`) is kept under: the server's
+        start (the script, its arguments, the operation modules, the warm-up) and ``inputs``."""
+        init = {k: v for k, v in self._init.items() if k not in ("log_dir", "client_folders")}
+        return digest([init, *inputs], length=32)
+
+    def _script_state(self) -> list[object]:
+        """What else a script's import and model depend on, as the server starts: its sources and local modules,
+        the working folder and the environment (all of it, but for what a shell sets per command)."""
+        from autobatch.step.spec import ScriptSpec
+
+        script = self.script
+        spec = ScriptSpec.file(script) if isinstance(script, str) else ScriptSpec.from_dict(script)
+        environment = sorted((k, v) for k, v in os.environ.items() if k not in SHELL_KEYS)
+        return [spec_sources(spec), os.getcwd(), environment]
 
     def _send(self, request: ProbeRequest) -> ProbeOutcome:
         """``request`` to the server as it is; its outcome."""

@@ -42,13 +42,10 @@ PRELOAD = ("torch._dynamo", "torch.optim", "torch.utils.checkpoint", "torch.amp"
 
 
 def preload() -> None:
-    import importlib
+    """Import :data:`PRELOAD` (those that import cleanly: an optional speed-up, never a failure)."""
+    from autobatch.probe.warming import warm
 
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - an optional speed-up, never a failure
-            pass
+    warm(list(PRELOAD))
 
 
 @contextlib.contextmanager
@@ -121,7 +118,9 @@ def main() -> None:
             os.dup2(requests.fileno(), 0)
             again = json.dumps({**init, "warm": start["warm"], "cold": start.get("cold")})
             os.execv(sys.executable, [sys.executable, "-m", "autobatch.probe.server", again])
-        error = _check_script(init)
+        # a server forked from the daemon's warm process for a script one of its servers imported cleanly, with
+        # its sources and the files it read as they were then, is not checked again (autobatch.probe.client)
+        error, read = (None, None) if init.get("checked") else _check_script(init)
     except BaseException as exc:  # noqa: BLE001
         error = _startup_error(exc)
     if error is not None:
@@ -130,6 +129,8 @@ def main() -> None:
     import torch
 
     hello = {"pid": os.getpid(), "import_seconds": time.perf_counter() - started, "start": start}
+    if read is not None:
+        hello["script_reads"] = read
     _send(proto, {"ready": True, "torch_version": torch.__version__, **hello})
 
     compiler = Compiler(init)
@@ -201,16 +202,17 @@ def _as_is(init: dict[str, Any]) -> bool:
     return isinstance(script, dict) and script.get("kind") == "as_is"
 
 
-def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
-    """Import the script in a child and check the contract: the start-up error, or None when it holds.
+def _check_script(init: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str] | None]:
+    """Import the script in a child and check the contract: ``(the start-up error or None when it holds, the
+    files importing it read)``.
 
     A script run as it is would run its training loop if imported: only its syntax is checked (compiling
-    runs none of it); every probe then runs it as ``__main__``."""
+    runs none of it, and reads no file but the script: None); every probe then runs it as ``__main__``."""
     if _as_is(init):
         from autobatch.step.as_is import compile_error
 
         error = compile_error(init["script"]["target"])
-        return None if error is None else _startup_error(error)
+        return (None if error is None else _startup_error(error)), None
     read_fd, write_fd = os.pipe()
     scratch = scratch_root(init.get("log_dir"))
     pid = os.fork()
@@ -224,11 +226,11 @@ def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             from autobatch.step.contract import load_script
 
-            install_for(init)  # what the script does at import touches none of the user's files
+            files = install_for(init)  # what the script does at import touches none of the user's files
             load_script(init["script"], init.get("script_args", []))
-            answer: dict[str, Any] | None = None
+            answer: dict[str, Any] = {"read": sorted(files.outcome.files_read)}
         except BaseException as exc:  # noqa: BLE001
-            answer, code = _startup_error(exc), 1
+            answer, code = {"error": _startup_error(exc)}, 1
         finally:
             os.write(write_fd, json.dumps(answer).encode())
             os._exit(code)
@@ -238,8 +240,9 @@ def _check_script(init: dict[str, Any]) -> dict[str, Any] | None:
     end_descendants()  # what importing the script started (a helper, a pool) ends with this process
     remove_root(scratch)
     if not data:
-        return {"type": "crash", "message": f"importing the script ended the process (status {status})"}
-    return json.loads(data)  # type: ignore[no-any-return]
+        return {"type": "crash", "message": f"importing the script ended the process (status {status})"}, None
+    answer = json.loads(data)
+    return answer.get("error"), answer.get("read")
 
 
 def _startup_error(exc: BaseException) -> dict[str, Any]:

@@ -12,7 +12,6 @@ callbacks, a :class:`autobatch.run.locks.RunLock` held from start to close) come
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autobatch.cache import CacheFolder, ProbeJournal, fingerprint
-from autobatch.cache.sources import FilesSeen, source_digests
+from autobatch.cache.sources import FilesSeen, spec_sources
 from autobatch.core.space import Combo
 from autobatch.core.units import format_bytes
 from autobatch.devices.backend import backend_for
@@ -218,9 +217,7 @@ class Session:
     def sources(self) -> dict[str, str]:
         """The digests of the script and its local modules (a spec of callables: its content's), as the session
         starts: read once for the kept fresh process and the journal."""
-        if self.spec.is_file:
-            return source_digests(self.script)
-        return {"spec": hashlib.sha256(self.spec.content()).hexdigest()}
+        return spec_sources(self.spec)
 
     def _open_journal(self) -> None:
         assert self.device is not None
@@ -537,8 +534,17 @@ def _resolve(session: Session) -> tuple[str, dict[str, Any]]:
 
 
 def _inspect(session: Session, device: str) -> dict[str, Any]:
+    """What building the model (an as-is script: the device alone) found. On the CPU, with the cache on and no
+    ``--refresh``, a server forked from the daemon's warm process may replay what an earlier command's inspection
+    of the same script found (:meth:`autobatch.probe.client.ProbeClient.run`)."""
+    from autobatch.probe.client import REPLAYABLE
+
     op = "as_is_inspect" if session.as_is else "inspect"
-    request = session.request(INSPECT_COMBO, 0, steps=(0, 0), op=op, budget_bytes=0, device=device)
+    replayable = device == "cpu" and session.settings.probe.cache and not session.refresh
+    options = {REPLAYABLE: True} if replayable else None
+    request = session.request(
+        INSPECT_COMBO, 0, steps=(0, 0), op=op, budget_bytes=0, device=device, options=options
+    )
     outcome = session.run(request, what="building the model")
     raise_for(outcome, what="building the model")
     return outcome.info

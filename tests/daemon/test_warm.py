@@ -206,3 +206,52 @@ def test_the_forked_half_is_measured_once_per_warm_process_and_replayed_until_it
     assert run_cli("daemon", "start", env=env).returncode == 0
     again = fresh_process(7)  # a new warm process: its servers' heap is measured again
     assert again["kept"] and "forked_replayed" not in again, again
+
+
+@pytest.mark.slow
+def test_the_script_s_import_and_inspection_are_replayed_until_the_config_file_they_read_changes(
+    place: Place, tmp_path: Path
+) -> None:
+    """A command through the daemon replays what an earlier one's probe server found of the same script: that it
+    imports cleanly (no process imports it only to check it) and what its model's inspection found (its
+    blocks, its parameters: no probe builds the model for it). A config file the script read at import that
+    changed is a new model: checked and inspected again, and its blocks are the new ones. With the cache off,
+    the model is inspected each time."""
+    work = tmp_path / "run"
+    work.mkdir()
+    shutil.copy(SCRIPTS / "configured_blocks.py", work / "train.py")
+    config = work / "model.json"
+    config.write_text(json.dumps({"width": 64, "depth": 2}))
+    builds = tmp_path / "builds.log"
+    env = {
+        **common_env(place, tmp_path),
+        "AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"),
+        "AUTOBATCH_FRESH_BASELINE": "true",
+        "AUTOBATCH_DAEMON": "on",
+        "BUILDS_LOG": str(builds),
+    }
+
+    def explain(**more: str) -> tuple[int, int, list[str]]:
+        """The processes of an ``explain`` that only imported the script (the server's check) and that built the
+        model and no batch (inspections), and the blocks its recomputation lever names."""
+        builds.write_text("")
+        done = run_cli("explain", "train.py", "--device", "cpu", "--memory", "600MiB", "--batch-size", "8",
+                       "--json", cwd=work, env={**env, **more})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        seen: dict[str, set[str]] = {"import": set(), "build": set(), "batch": set()}
+        for line in builds.read_text().splitlines():
+            what, pid = line.split()
+            seen[what].add(pid)
+        levers = json.loads(done.stdout)["levers"]
+        notes = [lever["description"] for lever in levers if lever["name"] == "recompute"]
+        checks = seen["import"] - seen["build"] - seen["batch"]
+        return len(checks), len(seen["build"] - seen["batch"]), notes
+
+    two, three = ["activation checkpointing of Block x 2"], ["activation checkpointing of Block x 3"]
+    assert run_cli("daemon", "start", env=env).returncode == 0
+    assert explain() == (1, 1, two)
+    assert explain() == (0, 0, two)
+    config.write_text(json.dumps({"width": 64, "depth": 3}))
+    assert explain() == (1, 1, three)
+    assert explain() == (0, 0, three)
+    assert explain(AUTOBATCH_CACHE="false")[1] == 1  # the model inspected again
