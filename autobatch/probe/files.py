@@ -274,6 +274,8 @@ def remove_root(root: str) -> None:
 #: The longest folder name multiprocessing's sockets fit under: a socket's path holds 107 bytes, and
 #: multiprocessing names one ``listener-XXXXXXXX`` in a ``pymp-XXXXXXXX`` folder of its own.
 SOCKET_ROOM = 107 - len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+#: Where the sockets go when neither the client's folder nor the temporary folder leaves them room.
+SHORT_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 def multiprocessing_folder(under: str | None) -> str:
@@ -281,12 +283,33 @@ def multiprocessing_folder(under: str | None) -> str:
     of a ``DataLoader``'s tensor sharing, a forkserver's, a manager's), made before a probe starts and removed
     by whoever made it once the probe ended (:func:`remove_root`). multiprocessing makes that folder when first
     asked and removes it at the process's normal exit, which a probe, ended by ``os._exit``, never reaches:
-    each probe of a script with ``DataLoader`` workers left one in the temporary folder. In the folder ``under``
-    (the client's, removed with it however the tune ends) when its name leaves the sockets room, else in the
-    temporary folder, where multiprocessing would have made it (a deeper path hung a probe: the socket's
-    name did not fit)."""
-    room = under is not None and os.path.isdir(under) and len(under) <= SOCKET_ROOM
-    return tempfile.mkdtemp(prefix="pymp-", dir=under if room else None)
+    each probe of a script with ``DataLoader`` workers left one in the temporary folder. In the first folder
+    whose name leaves the sockets room: ``under`` (the client's, removed with it however the tune ends), the
+    temporary folder (where multiprocessing would have made it), a short system one (a deeper path hangs a
+    ``DataLoader``'s workers: the socket's name does not fit; :func:`deep_temp_note` tells the user); else
+    the temporary folder all the same."""
+    for folder in (under, tempfile.gettempdir(), *SHORT_FOLDERS):
+        if (
+            folder
+            and len(folder) <= SOCKET_ROOM
+            and os.path.isdir(folder)
+            and os.access(folder, os.W_OK | os.X_OK)
+        ):
+            return tempfile.mkdtemp(prefix="pymp-", dir=folder)
+    return tempfile.mkdtemp(prefix="pymp-")
+
+
+def deep_temp_note() -> str | None:
+    """The warning for a temporary folder too deep for multiprocessing's sockets (None: it leaves them room)."""
+    where = tempfile.gettempdir()
+    if len(where) <= SOCKET_ROOM:
+        return None
+    return (
+        f"the temporary folder ({where}, {len(where)} characters; TMPDIR) leaves multiprocessing's sockets no room "
+        f"(a socket's path holds 107 bytes, {SOCKET_ROOM} for the folder): a DataLoader with workers cannot bind "
+        "one under it and hangs, in your job as it would in a probe. Probes put theirs in a short folder; run the "
+        "job with a shorter TMPDIR (export TMPDIR=/tmp)"
+    )
 
 
 def use_multiprocessing_folder(folder: str) -> None:

@@ -26,8 +26,8 @@ from autobatch.probe.files import SCRATCH_ENV, install_for, multiprocessing_fold
 from autobatch.probe.lineage import (
     become_subreaper,
     die_with_parent,
-    end_descendants,
     end_descendants_on,
+    end_script_descendants,
     end_tree,
     read_until_exit,
 )
@@ -184,10 +184,16 @@ def _as_is_steps(request: ProbeRequest, script: Any, fd: int, own_import_bytes: 
 
 
 def _report_and_leave(fd: int, outcome: ProbeOutcome) -> None:
-    """Write the one report line on ``fd``, end what the script started, and exit (never returns)."""
-    write_report(fd, outcome)
-    end_descendants()
-    os._exit(0)
+    """Write the one report line on ``fd``, end what the script started, and exit (never returns): nothing
+    raised on the way out reaches the script, which would report again."""
+    code = 0
+    try:
+        write_report(fd, outcome)
+        end_script_descendants()
+    except BaseException:  # noqa: BLE001 - a report that failed is no report: the reader says so
+        code = 70
+    finally:
+        os._exit(code)
 
 
 def _run_fresh(

@@ -79,6 +79,14 @@ def end_descendants(grace: float = END_GRACE, spare: int | None = None) -> None:
         time.sleep(0.005)
 
 
+def end_script_descendants() -> None:
+    """:func:`end_descendants` in a process that ran the user's script, once it has reported: the script's
+    ``SIGCHLD`` handler is put back to the default first (a ``DataLoader``'s raises as its workers are killed,
+    and the error reached the script's loop, which reported a second time)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    end_descendants()
+
+
 def _tree(pid: int | None) -> set[int]:
     """The pids of the running process ``pid`` and of every process below it (none for None or one gone)."""
     import psutil

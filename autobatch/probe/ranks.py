@@ -25,7 +25,7 @@ from autobatch.probe.lineage import (
     POLL,
     die_with_parent,
     drain,
-    end_descendants,
+    end_script_descendants,
     end_tree,
     exit_fd,
     has_exited,
@@ -347,8 +347,10 @@ def rank_main(
         except BaseException:  # noqa: BLE001
             pass
     finally:
-        end_descendants()  # what the script started ends with its rank
-        os._exit(code)
+        try:
+            end_script_descendants()  # what the script started ends with its rank
+        finally:
+            os._exit(code)
 
 
 def run_rank(

@@ -28,6 +28,7 @@ from autobatch.core.units import format_bytes
 from autobatch.devices.backend import backend_for
 from autobatch.devices.budget import DeviceInfo, apply_margin, cpu_budget, cuda_name, device_info
 from autobatch.errors import DeviceError, UsageError
+from autobatch.probe.files import deep_temp_note
 from autobatch.records.failures import raise_for, with_last_lines
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner, RunConfig, StepConfig
 from autobatch.records.version import MEASURED_BY
@@ -190,6 +191,8 @@ class Session:
         self.spec.check()
         if self.as_is and (finder := finder_warning(self.spec.target)):
             self.warn(finder)
+        if deep := deep_temp_note():
+            self.warn(deep)
         self._script_digest = script_digest(Path(self.spec.target)) if self.spec.is_file else None
         if self.wiring.lock is not None:
             self._held.enter_context(self.wiring.lock)

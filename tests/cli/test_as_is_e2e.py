@@ -116,13 +116,14 @@ def test_an_oom_the_script_catches_does_not_fit(tmp_path) -> None:
 def test_workers_not_counted_finder_warned_and_nothing_survives() -> None:
     # The DataLoader's workers share tensors through sockets in multiprocessing's folder, whose path a socket's
     # must hold (107 bytes): a temporary folder of the test's own, short as the system's is, not under tmp_path.
+    # The job's fresh process is measured, as users run: its forked half, ended with its workers, reports once
+    # (their ending raised through the DataLoader's SIGCHLD handler into the script, which reported again).
     temp = Path(tempfile.mkdtemp(prefix="ab-"))
     try:
         # two probes, each ended by os._exit, never by multiprocessing's cleanup
         sizes = ("-b", "64", "-b", "32")
-        proc = run_cli(
-            "check", str(AS_IS / "workers.py"), *sizes, *CPU, *PLACEHOLDER, env={"TMPDIR": str(temp)}
-        )
+        env = {"TMPDIR": str(temp), "AUTOBATCH_FRESH_BASELINE": "true"}
+        proc = run_cli("check", str(AS_IS / "workers.py"), *sizes, *CPU, *PLACEHOLDER, env=env)
         assert proc.returncode == 0, proc.stderr
         assert not [name for name in os.listdir(temp) if name.startswith("pymp-")], os.listdir(temp)
     finally:
@@ -130,10 +131,32 @@ def test_workers_not_counted_finder_warned_and_nothing_survives() -> None:
     err = " ".join(proc.stderr.split())
     assert "started 2 process(es) of its own" in err and "not counted" in err
     assert "find_executable_batch_size" in err and "autobatch replaces it" in err
+    assert "could not be measured" not in err, err
     left = [
         p for p in psutil.process_iter(["cmdline"]) if "as_is/workers.py" in " ".join(p.info["cmdline"] or [])
     ]
     assert not left, [p.info["cmdline"] for p in left]
+
+
+def test_a_temporary_folder_too_deep_for_sockets_is_named_and_the_probes_answer() -> None:
+    """A TMPDIR deeper than multiprocessing's sockets allow (a socket's path holds 107 bytes) hangs a
+    DataLoader's workers, in the job as in a probe (before: the job's fresh process and the probe each ran out
+    their timeout, and the command exited 3 with no optimizer step seen). The command names the folder and the
+    fix, and its probes, their sockets in a short folder, answer."""
+    deep = Path(tempfile.mkdtemp(prefix="ab-")) / ("d" * 90)
+    deep.mkdir()
+    try:
+        env = {"TMPDIR": str(deep), "AUTOBATCH_FRESH_BASELINE": "true"}
+        args = ("check", str(AS_IS / "workers.py"), "-b", "16", *CPU, "--timeout", "60", *PLACEHOLDER)
+        proc = run_cli(*args, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert not [name for name in os.listdir(deep) if name.startswith("pymp-")], os.listdir(deep)
+    finally:
+        shutil.rmtree(deep.parent, ignore_errors=True)
+    err = " ".join(proc.stderr.split())
+    assert f"the temporary folder ({deep}, {len(str(deep))} characters; TMPDIR)" in err, err
+    assert "leaves multiprocessing's sockets no room" in err and "export TMPDIR=/tmp" in err, err
+    assert "could not be measured" not in err, err
 
 
 def test_a_maximum_counted_as_the_jobs_fresh_process_holds_in_one(tmp_path, monkeypatch) -> None:
