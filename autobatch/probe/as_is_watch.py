@@ -89,6 +89,7 @@ class StepWatch:
         )
         self.late = LateMemory(request)  # optimizers built and stepped, backward passes, frozen parameters
         self.backwards = BackwardCount(self._backward)
+        self.loaders = LoaderSizes()
 
     def install(self) -> None:
         from torch.optim.optimizer import (
@@ -101,6 +102,7 @@ class StepWatch:
         OomWatch(self).install()
         self.late.install()
         self.backwards.install()
+        self.loaders.install()
         deadline = self.request.timeout * NO_STEP_SHARE
         if deadline > 0:
             signal.signal(signal.SIGALRM, self._no_step)
@@ -204,13 +206,27 @@ class StepWatch:
             )
         else:
             needed = max(self.request.min_steps, 2)
-            error = ContractError(
-                f"{name} ended ({status}) after {steps} optimizer step(s) at batch {self.request.batch_size}: not "
-                f"enough data at this batch size (a probe needs {needed} at least, and more while the peak still "
-                f"grows, up to {self.request.max_steps}); {NOTHING_OF_MEMORY}",
-                hint="give the script more steps for the tune: more data or more epochs in the arguments after -- "
-                "(the probe ends the script once it has measured what it needs)",
-            )
+            batch = self.request.batch_size
+            held = self.loaders.smaller_than(batch)
+            if (
+                held is not None
+            ):  # each epoch is one batch of the whole dataset: the data, not memory, is the limit
+                error = ContractError(
+                    f"{name} ended ({status}) after {steps} optimizer step(s) at batch {batch}: its DataLoader holds "
+                    f"{held} samples, fewer than the batch, so each epoch was one batch of {held} (a batch above "
+                    f"{held} is {held} in this job; a probe needs {needed} steps at least, up to "
+                    f"{self.request.max_steps}); {NOTHING_OF_MEMORY}",
+                    hint=f"tune with --max-batch-size {held}, and give the script epochs for {self.request.max_steps} "
+                    f"steps at a batch of {held} in its arguments after -- (or more data)",
+                )
+            else:
+                error = ContractError(
+                    f"{name} ended ({status}) after {steps} optimizer step(s) at batch {batch}: not enough data at "
+                    f"this batch size (a probe needs {needed} at least, and more while the peak still grows, up to "
+                    f"{self.request.max_steps}); {NOTHING_OF_MEMORY}",
+                    hint="give the script more steps for the tune: more data or more epochs in the arguments after "
+                    "-- (the probe ends the script once it has measured what it needs)",
+                )
         return self._failed(error)
 
     def _failed(self, exc: BaseException) -> ProbeOutcome:
@@ -244,6 +260,34 @@ class StepWatch:
             outcome.info["child_processes"] = children
             outcome.info["note"] = not_counted_note(children)
         return outcome
+
+
+class LoaderSizes:
+    """The sizes of the datasets the script's data loaders batch (a wrapper around
+    ``DataLoader.__init__``): a batch larger than its dataset is the dataset, one batch an epoch, which a script
+    that ran out of steps at a large batch is told (:meth:`StepWatch.ended`)."""
+
+    def __init__(self) -> None:
+        self.built: list[tuple[int, int]] = []  # (batch_size, len(dataset)) of each map-style loader built
+
+    def install(self) -> None:
+        from torch.utils.data import DataLoader
+
+        built, init = self.built, DataLoader.__init__
+
+        def noted(loader: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
+            init(loader, dataset, *args, **kwargs)
+            try:
+                if loader.batch_size is not None and not loader.drop_last:
+                    built.append((int(loader.batch_size), len(dataset)))
+            except TypeError:  # an iterable dataset has no length: nothing to say
+                pass
+
+        DataLoader.__init__ = noted  # type: ignore[method-assign,assignment]
+
+    def smaller_than(self, batch_size: int) -> int | None:
+        """The size of a dataset a loader of ``batch_size`` batches that is smaller than the batch (None: none)."""
+        return next((size for batch, size in self.built if batch == batch_size and 0 < size < batch), None)
 
 
 class BackwardCount:

@@ -138,6 +138,16 @@ def test_workers_not_counted_finder_warned_and_nothing_survives() -> None:
     assert not left, [p.info["cmdline"] for p in left]
 
 
+def test_a_batch_above_the_script_s_data_names_the_data_and_the_fix() -> None:
+    """A batch larger than the script's dataset is one batch of the dataset an epoch: the script ran out of steps,
+    and the error says how many samples its DataLoader holds and what to tune with, not only "not enough data"."""
+    proc = _check(AS_IS / "small_data.py", 1000)
+    assert proc.returncode == EXIT_SCRIPT, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "its DataLoader holds 600 samples, fewer than the batch" in err, err
+    assert "a batch above 600 is 600 in this job" in err and "--max-batch-size 600" in err, err
+
+
 def test_a_temporary_folder_too_deep_for_sockets_is_named_and_the_probes_answer() -> None:
     """A TMPDIR deeper than multiprocessing's sockets allow (a socket's path holds 107 bytes) hangs a
     DataLoader's workers, in the job as in a probe (before: the job's fresh process and the probe each ran out
