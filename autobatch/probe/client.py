@@ -169,7 +169,7 @@ class ProbeClient:
         self._proc: subprocess.Popen[bytes] | forked.ForkedServer
         if self.cold is None:
             self._script_now = self._script_state()
-            known = forked.kept(self._kept_key(IMPORTED, *self._script_now))
+            known = forked.kept(self._kept_key(IMPORTED, *self._script_now)) if self._script_now else None
             checked = known is not None and not changed_files(known["read"])
             init = {**self._init, "checked": True} if checked else self._init
             self._proc = forked.start(json.dumps(init), env, self._stderr)
@@ -199,7 +199,7 @@ class ProbeClient:
             self.close()
             raise server_error(hello.get("error", {}))
         self.import_seconds = float(hello.get("import_seconds", 0.0))
-        if self.cold is None and hello.get("script_reads") is not None:
+        if self.cold is None and self._script_now and hello.get("script_reads") is not None:
             read = {path: file_fingerprint(path) for path in hello["script_reads"]}
             if None not in read.values():  # a file that cannot be fingerprinted: checked each time
                 forked.keep(self._kept_key(IMPORTED, *self._script_now), {"read": read})
@@ -284,6 +284,8 @@ class ProbeClient:
         is what it reported; a config file the script reads that changed builds it again."""
         from autobatch.devices.cpu import machine_memory
 
+        if not self._script_now:
+            return self._send(request)
         key = self._kept_key(_timeless(request), *self._script_now)
         known = forked.kept(key)
         if known is not None:
@@ -306,13 +308,19 @@ class ProbeClient:
 
     def _script_state(self) -> list[object]:
         """What else a script's import and model depend on, as the server starts: its sources and local modules,
-        the working folder and the environment (all of it, but for what a shell sets per command)."""
+        the working folder and the environment (all of it, but for what a shell sets per command); empty when
+        its sources cannot be read (nothing is replayed then: the server and the session say why)."""
+        from autobatch.errors import AutobatchError
         from autobatch.step.spec import ScriptSpec
 
         script = self.script
         spec = ScriptSpec.file(script) if isinstance(script, str) else ScriptSpec.from_dict(script)
+        try:
+            sources = spec_sources(spec)
+        except (OSError, AutobatchError):
+            return []
         environment = sorted((k, v) for k, v in os.environ.items() if k not in SHELL_KEYS)
-        return [spec_sources(spec), os.getcwd(), environment]
+        return [sources, os.getcwd(), environment]
 
     def _send(self, request: ProbeRequest) -> ProbeOutcome:
         """``request`` to the server as it is; its outcome."""
