@@ -205,29 +205,28 @@ class StepWatch:
                 "torch.optim.Optimizer",
             )
         else:
-            needed = max(self.request.min_steps, 2)
-            batch = self.request.batch_size
-            held = self.loaders.smaller_than(batch)
-            if (
-                held is not None
-            ):  # each epoch is one batch of the whole dataset: the data, not memory, is the limit
-                error = ContractError(
-                    f"{name} ended ({status}) after {steps} optimizer step(s) at batch {batch}: its DataLoader holds "
-                    f"{held} samples, fewer than the batch, so each epoch was one batch of {held} (a batch above "
-                    f"{held} is {held} in this job; a probe needs {needed} steps at least, up to "
-                    f"{self.request.max_steps}); {NOTHING_OF_MEMORY}",
-                    hint=f"tune with --max-batch-size {held}, and give the script epochs for {self.request.max_steps} "
-                    f"steps at a batch of {held} in its arguments after -- (or more data)",
-                )
-            else:
-                error = ContractError(
-                    f"{name} ended ({status}) after {steps} optimizer step(s) at batch {batch}: not enough data at "
-                    f"this batch size (a probe needs {needed} at least, and more while the peak still grows, up to "
-                    f"{self.request.max_steps}); {NOTHING_OF_MEMORY}",
-                    hint="give the script more steps for the tune: more data or more epochs in the arguments after "
-                    "-- (the probe ends the script once it has measured what it needs)",
-                )
+            error = self._out_of_steps(f"{name} ended ({status}) after {steps} optimizer step(s)")
         return self._failed(error)
+
+    def _out_of_steps(self, ended: str) -> ContractError:
+        """The error of a script that ``ended`` before its steps were enough: a batch above its DataLoader's
+        dataset (each epoch one batch of it: the data, not memory, is the limit), else too little data."""
+        batch, needed, most = self.request.batch_size, max(self.request.min_steps, 2), self.request.max_steps
+        held = self.loaders.smaller_than(batch)
+        if held is not None:
+            return ContractError(
+                f"{ended} at batch {batch}: its DataLoader holds {held} samples, fewer than the batch, so each epoch "
+                f"was one batch of {held} (a batch above {held} is {held} in this job; a probe needs {needed} steps "
+                f"at least, up to {most}); {NOTHING_OF_MEMORY}",
+                hint=f"tune with --max-batch-size {held}, and give the script epochs for {most} steps at a batch of "
+                f"{held} in its arguments after -- (or more data)",
+            )
+        return ContractError(
+            f"{ended} at batch {batch}: not enough data at this batch size (a probe needs {needed} at least, and more "
+            f"while the peak still grows, up to {most}); {NOTHING_OF_MEMORY}",
+            hint="give the script more steps for the tune: more data or more epochs in the arguments after -- (the "
+            "probe ends the script once it has measured what it needs)",
+        )
 
     def _failed(self, exc: BaseException) -> ProbeOutcome:
         describe_failure(self.outcome, exc)

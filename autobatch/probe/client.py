@@ -292,7 +292,7 @@ class ProbeClient:
             replayed = ProbeOutcome.from_dict(known)
             if not changed_files(replayed.files_read):
                 replayed.cached = True
-                replayed.info = {**replayed.info, **machine_memory(), "replayed": True}
+                replayed.info = {**replayed.info, **machine_memory()}
                 return replayed
         outcome = self._send(request)
         read = {path: file_fingerprint(path) for path in outcome.files_read}
