@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 #: Files up to this size are fingerprinted by their bytes; larger ones by their size and modification time.
 HASHED_BYTES = 256 << 20
+#: The fingerprint of a path the script tried to read where no file was (an optional config it looks for, a
+#: package's metadata file that is not there): a file that appears there later is a change.
+ABSENT = "absent"
 #: Folders whose files are installed packages, never the user's own sources.
 _INSTALLED_MARKERS = ("site-packages", "dist-packages")
 
@@ -69,11 +72,15 @@ def spec_sources(spec: ScriptSpec) -> dict[str, str]:
 
 
 def file_fingerprint(path: str | Path, cwd: str | Path | None = None) -> str | None:
-    """``sha256:<hex>`` of a file's bytes, or ``stat:<size>:<mtime ns>`` above :data:`HASHED_BYTES`; None when it
-    cannot be fingerprinted (gone, not a regular file, unreadable). A relative path is under ``cwd``."""
+    """``sha256:<hex>`` of a file's bytes, or ``stat:<size>:<mtime ns>`` above :data:`HASHED_BYTES`; :data:`ABSENT`
+    where there is no file; None when it cannot be fingerprinted (not a regular file, unreadable). A relative
+    path is under ``cwd``."""
     where = Path(cwd or Path.cwd()) / path
     try:
         info = where.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return ABSENT
+    try:
         if not stat.S_ISREG(info.st_mode):
             return None
         if info.st_size > HASHED_BYTES:

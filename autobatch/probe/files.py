@@ -30,6 +30,10 @@ SHARED_ENV = "AUTOBATCH_SCRATCH_FOLDER"
 #: Folders whose files are never the script's own inputs or outputs.
 _SYSTEM = ("/proc", "/sys", "/dev")
 _INSTALLED_MARKERS = ("site-packages", "dist-packages")
+#: Folders of an installed package's metadata (a development install's sit beside its sources).
+_METADATA = (".dist-info", ".egg-info")
+#: autobatch's own package: its files are never the script's.
+_AUTOBATCH = Path(__file__).resolve().parent.parent
 #: Flags of ``os.open`` (and ``open``'s) that write.
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 #: Audit events that change the file system at their first argument (the second too: :data:`_TWO_PATHS`).
@@ -66,8 +70,10 @@ class ScriptFiles:
         # worked out here, before the hook runs: tempfile works the folder out under a lock and opens files to
         # do it, so asking it from inside the hook, the first time, would wait for that lock for ever
         self.caches = _caches()
-        self.skipped = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
-        self.skipped += [Path(__file__).resolve().parent.parent, *(Path(p) for p in _SYSTEM)]
+        prefixes = {Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}} - {Path("/")}
+        self.prefixes = [p for p in prefixes if not any(_under(folder, p) for folder in self.protected)]
+        self.skipped = list(prefixes)
+        self.skipped += [_AUTOBATCH, *(Path(p) for p in _SYSTEM)]
         self.skipped = [p for p in self.skipped if p != Path("/")]
 
     # -- the hook -------------------------------------------------------------------------------
@@ -88,7 +94,7 @@ class ScriptFiles:
                 if _writes(mode, flags):
                     self.writing(path, "truncate" if _truncates(mode, flags) else "modify")
                 else:
-                    self.reading(path)
+                    self.reading(path, mode)
         elif event in _CHANGES:
             first, second = _TWO_PATHS.get(event, (_CHANGES[event], None))
             if first is not None and _is_path(args[0]):
@@ -128,7 +134,7 @@ class ScriptFiles:
         if not bytecode and not _under(real, *self.caches):
             self._note_write(str(real))  # not redirected: listed
 
-    def reading(self, path: Any) -> None:
+    def reading(self, path: Any, mode: Any = None) -> None:
         try:
             where = os.path.abspath(os.fsdecode(os.fspath(path)))
         except TypeError:
@@ -137,8 +143,14 @@ class ScriptFiles:
             return
         self.looked_at.add(where)
         real = Path(os.path.realpath(where))
+        if _under(real, self.scratch) and isinstance(mode, str) and not os.path.lexists(where):
+            # a file opened where the working folder has none (an optional config it tries): read as absent;
+            # not a descriptor-relative ``os.open`` (``shutil.rmtree``'s, whose names this cannot place)
+            real = self.user / real.relative_to(self.scratch)
         if _under(real, self.scratch) or real in self.own or "__pycache__" in real.parts:
             return  # the script's own files
+        if self._installed(real):
+            return
         if not any(_under(real, folder) for folder in self.protected) and self._not_an_input(real):
             return
         shown = self._shown(real)
@@ -157,11 +169,19 @@ class ScriptFiles:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _not_an_input(self, real: Path) -> bool:
-        """Python's, installed packages', autobatch's, the system's, or in the temporary folder (libraries'
-        caches, such as compilers')."""
-        if set(real.parts) & set(_INSTALLED_MARKERS):
+    def _installed(self, real: Path) -> bool:
+        """An installed package's file or the interpreter's, wherever it sits: a ``.venv`` inside the working
+        folder (as uv and Poetry make it) holds no input of the script's (the result's interpreter key covers
+        what is installed), nor does autobatch's own package or a development install's metadata beside the
+        sources, and importlib's search for package metadata that is not there is no read of the script's. A
+        prefix that holds the working folder (a project under ``/usr``) does not count."""
+        if set(real.parts) & set(_INSTALLED_MARKERS) or any(p.endswith(_METADATA) for p in real.parts):
             return True
+        return any(_under(real, prefix) for prefix in [*self.prefixes, _AUTOBATCH])
+
+    def _not_an_input(self, real: Path) -> bool:
+        """Python's, autobatch's, the system's, or in the temporary folder (libraries' caches, such as
+        compilers')."""
         return any(_under(real, folder) for folder in [*self.skipped, self.caches[0]])
 
     def _absolute(self, path: Any) -> Path | None:

@@ -55,8 +55,18 @@ def test_a_file_the_script_read_that_changed_measures_it_again(tmp_path: Path) -
 
 
 def test_a_file_that_cannot_be_fingerprinted_keeps_nothing(tmp_path: Path) -> None:
-    store = FreshStore(CacheFolder(tmp_path))
-    assert store.put(inputs(), KeptFresh.now([1]), "train.py", [str(tmp_path / "gone.txt")]) is None
+    store = FreshStore(CacheFolder(tmp_path / "cache"))
+    (tmp_path / "shards").mkdir()  # opened by the script: not a regular file
+    assert store.put(inputs(), KeptFresh.now([1]), "train.py", [str(tmp_path / "shards")]) is None
+    assert store.get(inputs()) is None
+
+
+def test_a_file_tried_where_there_is_none_is_kept_as_absent_until_it_appears(tmp_path: Path) -> None:
+    store = FreshStore(CacheFolder(tmp_path / "cache"))
+    local = tmp_path / "local.json"
+    assert store.put(inputs(), KeptFresh.now([1]), "train.py", [str(local)]) is not None
+    assert store.get(inputs()) is not None
+    local.write_text("{}")
     assert store.get(inputs()) is None
 
 

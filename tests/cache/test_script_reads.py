@@ -13,7 +13,7 @@ import pytest
 from support import FAKE_STEP, ONE_COMBINATION
 
 import autobatch
-from autobatch.cache.sources import HASHED_BYTES, changed_files, file_fingerprint
+from autobatch.cache.sources import ABSENT, HASHED_BYTES, changed_files, file_fingerprint
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.settings import FIELDS
 from autobatch.testing import FakeRunner, affine
@@ -73,18 +73,31 @@ def test_an_edited_file_the_script_reads_is_measured_again(tmp_path: Path) -> No
 
 def test_a_file_that_cannot_be_fingerprinted_keeps_the_result_out_of_the_cache(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    first = _tune(also="gone.json")  # read by the probes, gone since
-    assert first.script_files is not None and first.script_files["read"]["gone.json"] is None
-    assert any("not kept in the cache: the script reads gone.json" in note for note in first.notes)
-    again = _tune(also="gone.json")
+    (tmp_path / "shards").mkdir()  # opened by the probes: not a regular file
+    first = _tune(also="shards")
+    assert first.script_files is not None and first.script_files["read"]["shards"] is None
+    assert any("not kept in the cache: the script reads shards" in note for note in first.notes)
+    again = _tune(also="shards")
     assert not (again.cache or {}).get("served") and again.probes == first.probes
+
+
+def test_a_file_tried_where_there_is_none_is_part_of_the_key(tmp_path: Path) -> None:
+    """An optional override the script tries (absent): the result is kept, and the file appearing is a change."""
+    (tmp_path / "config.json").write_text("{}")
+    first = _tune(also="local.json")
+    assert first.script_files is not None and first.script_files["read"]["local.json"] == ABSENT
+    again = _tune(also="local.json")
+    assert again.cache is not None and again.cache["served"]
+    (tmp_path / "local.json").write_text('{"width": 2048}')
+    appeared = _tune(also="local.json")
+    assert not (appeared.cache or {}).get("served") and appeared.probes == first.probes
 
 
 def test_fingerprints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a.json").write_text("{}")
     fingerprint = file_fingerprint("a.json", tmp_path)
     assert fingerprint is not None and fingerprint.startswith("sha256:")
-    assert file_fingerprint("missing.json", tmp_path) is None and file_fingerprint(tmp_path) is None
+    assert file_fingerprint("missing.json", tmp_path) == ABSENT and file_fingerprint(tmp_path) is None
     assert changed_files({"a.json": fingerprint}, tmp_path) == []
     (tmp_path / "a.json").write_text("{ }")
     assert changed_files({"a.json": fingerprint, "b": None}, tmp_path) == ["a.json", "b"]

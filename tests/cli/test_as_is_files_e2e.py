@@ -82,6 +82,37 @@ def test_an_edited_config_is_measured_again_not_served(tmp_path) -> None:
     assert served["combinations"][0]["max_batch_size"] == narrow["combinations"][0]["max_batch_size"]
 
 
+def test_a_config_tried_and_absent_and_a_package_in_the_project_venv_keep_the_result_cacheable(
+    tmp_path,
+) -> None:
+    """A script that tries ``local.json`` (absent) and imports a package from the project's ``.venv``: the
+    result is kept and served (the absent file is part of the key, the installed package's files are not), and
+    the override appearing is a change."""
+    folder = tmp_path / "job"
+    package = folder / ".venv" / "lib" / "python3.11" / "site-packages" / "vocabpkg"
+    package.mkdir(parents=True)
+    (package / "words.txt").write_text("a b c d e f g h")
+    (package / "__init__.py").write_text(
+        "from pathlib import Path\nWORDS = (Path(__file__).parent / 'words.txt').read_text().split()\n"
+    )
+    shutil.copy(AS_IS / "optional_overrides.py", folder / "train.py")
+    env = {"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")}
+
+    first = _tune(folder, "train.py", "--batch-size", "{batch}", env=env)
+    assert first.returncode == 0, first.stderr
+    read = json.loads(first.stdout)["script_files"]["read"]
+    assert read["local.json"] == "absent" and not any(".venv" in path for path in read), read
+    assert "result kept in the cache" in first.stderr
+
+    again = _tune(folder, "train.py", "--batch-size", "{batch}", env=env)
+    assert again.returncode == 0 and json.loads(again.stdout)["cache"]["served"] is True, again.stderr
+
+    (folder / "local.json").write_text(json.dumps({"width": 4096}))  # AdamW's state alone is past the budget
+    edited = _tune(folder, "train.py", "--batch-size", "{batch}", env=env)
+    assert "measuring again: local.json changed" in edited.stderr
+    assert edited.returncode == EXIT_NOTHING_FITS, edited.stderr
+
+
 def test_a_tune_leaves_the_run_folder_as_it_was(tmp_path) -> None:
     folder = tmp_path / "run"
     (folder / "data").mkdir(parents=True)
