@@ -8,7 +8,10 @@ round to the next), with the real command in a folder of its own (the quick star
   cold: the issue's "cached command" (a ``check`` always probes: nothing of it is cached);
 * ``check``: one probe at batch 8, through the daemon and cold;
 * ``quickstart``: the quick-start tune (``autobatch tune`` on the root ``autobatch.toml``, each run with a fresh
-  cache folder), through the daemon and in-process.
+  cache folder), through the daemon and in-process;
+* ``trainer``: a ``check`` of ``examples/as_is/hf_trainer.py`` (a Hugging Face ``Trainer`` script run as it is),
+  after a first run on each side that is not a round (:data:`FIRST_RUNS`): through the daemon, from the warm
+  parent that keeps ``transformers`` imported.
 
 Prints a table and writes it, headed by the command, the date and the autobatch version, as a block of
 ``docs/measurements/daemon.md``.
@@ -53,7 +56,31 @@ CASES = {
         False,
     ),
     "quickstart": ("quick-start tune (fresh cache)", ["tune", "--output", "r.json", "--json"], 1 / 0.7, True),
+    "trainer": (
+        "check of a Hugging Face `Trainer` script (batch 16)",
+        [
+            "check",
+            "examples/as_is/hf_trainer.py",
+            "--device",
+            "cpu",
+            "--memory",
+            "1GiB",
+            "--batch-size",
+            "16",
+            "--steps",
+            "3",
+            "--json",
+            "--",
+            "--batch-size",
+            "{batch}",
+        ],  # fmt: skip
+        5.0,
+        False,
+    ),
 }
+#: Cases whose first run on each side is not a round: it measures what the next ones reuse (the job's fresh
+#: process, kept in the cache; through the daemon, the script's libraries, which a warm parent then keeps).
+FIRST_RUNS = ("trainer",)
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float, dict[str, Any]]:
@@ -69,13 +96,17 @@ def answer(output: dict[str, Any]) -> str:
     return "fits" if output.get("fits") else "does not fit"
 
 
-def measure(rounds: int, keys: list[str]) -> tuple[list[dict[str, Any]], float]:
+def measure(rounds: int, keys: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     cases = [CASES[key] for key in keys]
     with tempfile.TemporaryDirectory(prefix="abd-bench-") as tmp:
         work = Path(tmp) / "work"
         (work / "examples").mkdir(parents=True)
         shutil.copy(ROOT / "autobatch.toml", work / "autobatch.toml")
         shutil.copy(ROOT / "examples" / "gpt.py", work / "examples" / "gpt.py")
+        (work / "examples" / "as_is").mkdir()
+        shutil.copy(
+            ROOT / "examples" / "as_is" / "hf_trainer.py", work / "examples" / "as_is" / "hf_trainer.py"
+        )
         env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOBATCH_")}
         env.update(
             NO_COLOR="1",
@@ -93,6 +124,9 @@ def measure(rounds: int, keys: list[str]) -> tuple[list[dict[str, Any]], float]:
         try:
             if "cached" in keys:
                 run(CASES["cached"][1], env, work)  # fills the cache the cached case is served from
+            firsts = {
+                key: first_runs(CASES[key][1], env, daemon_env, work) for key in keys if key in FIRST_RUNS
+            }
             times: dict[tuple[str, str], list[float]] = {}
             answers: dict[tuple[str, str], set[str]] = {}
             fresh = 0
@@ -123,12 +157,41 @@ def measure(rounds: int, keys: list[str]) -> tuple[list[dict[str, Any]], float]:
                 "answers": (sorted(answers[(case, "cold")]), sorted(answers[(case, "daemon")])),
             }
         )
-    return rows, start_seconds
+    return rows, {"start": start_seconds, "firsts": firsts}
+
+
+def first_runs(
+    args: list[str], env: dict[str, str], daemon_env: dict[str, str], work: Path
+) -> dict[str, float | None]:
+    """A case's first run cold, then through the daemon, and how long after it the daemon's warm parent was
+    ready (seconds each; the parent's ready time is None when none came within a minute)."""
+    cold, _ = run(args, env, work)
+    daemon, _ = run(args, daemon_env, work)
+    ended = time.perf_counter()
+    ready: float | None = None
+    while time.perf_counter() - ended < 60:
+        _took, status = run(["daemon", "status", "--json"], daemon_env, work)
+        if any(parent["state"] == "ready" for parent in status.get("warm_parents", [])):
+            ready = time.perf_counter() - ended
+            break
+        time.sleep(0.2)
+    return {"cold": cold, "daemon": daemon, "parent_ready": ready}
 
 
 def render(
-    rows: list[dict[str, Any]], start: float, rounds: int, load: tuple[float, ...], command: str
+    rows: list[dict[str, Any]], more: dict[str, Any], rounds: int, load: tuple[float, ...], command: str
 ) -> list[str]:
+    firsts = [
+        f"- {CASES[key][0]}: its first run, not a round, took {first['cold']:.1f} s cold (the job's fresh process "
+        f"measured and kept in the cache) and {first['daemon']:.1f} s through the daemon (the script's libraries "
+        "imported by its probe server); the daemon's warm parent for them was ready "
+        + (
+            f"{first['parent_ready']:.1f} s after"
+            if first["parent_ready"] is not None
+            else "not within a minute"
+        )
+        for key, first in more["firsts"].items()
+    ]
     lines = [
         f"## Through the daemon and cold, side by side ({rounds} interleaved rounds)",
         "",
@@ -137,7 +200,8 @@ def render(
             extra=[
                 f"- load average {' / '.join(f'{x:.1f}' for x in load)} over 1 / 5 / 15 min when it began: the "
                 "machine was shared with other work, so only the ratios side by side mean anything",
-                f"- the daemon took {start:.1f} s to start (not counted in the rows)",
+                f"- the daemon took {more['start']:.1f} s to start (not counted in the rows)",
+                *firsts,
             ],
         ),
         "",
@@ -164,8 +228,8 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     args = parser.parse_args()
     load = os.getloadavg()
-    rows, start = measure(args.rounds, args.cases)
-    lines = render(rows, start, args.rounds, load, measurements.command_line("daemon_bench.py", sys.argv[1:]))
+    rows, more = measure(args.rounds, args.cases)
+    lines = render(rows, more, args.rounds, load, measurements.command_line("daemon_bench.py", sys.argv[1:]))
     print("\n".join(lines))
     measurements.update(PAGE, "daemon", lines, title=TITLE, intro=INTRO)
     print(f"written to {measurements.shown(PAGE)}")

@@ -64,7 +64,8 @@ def status(
     verbose: opt.Verbose = False,
     quiet: opt.Quiet = False,
 ) -> None:
-    """Show your daemon: versions, uptime, the requests running and queued. Exit 1 when none runs."""
+    """Show your daemon: versions, uptime, the requests running and queued, its warm parents. Exit 1 when none
+    runs."""
     from autobatch.daemon.client import Client
 
     answer = Client().status()
@@ -81,6 +82,19 @@ def status(
         f"autobatch daemon pid {answer['pid']}, up {answer['uptime_seconds']:.0f} s, {answer['served']} request(s) "
         f"served; autobatch {who['autobatch']}, torch {who['torch'] or '(none)'}; socket {answer['socket']}"
     )
+    from autobatch.core.units import format_bytes
+
+    for parent in answer.get("warm_parents", []):
+        limit = (
+            f", imported under a data limit of {format_bytes(parent['data_limit'])}"
+            if parent["data_limit"]
+            else ""
+        )
+        console.print(
+            f"  warm parent pid {parent['pid']} ({parent['state']}, since {parent['since']}, {parent['served']} "
+            f"request(s)): {', '.join(parent['modules'])} for {parent['cwd']}{limit}",
+            markup=False,
+        )
     for request in answer["requests"]:
         where = f" on {request['device']}" if request["device"] else ""
         console.print(

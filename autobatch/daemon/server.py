@@ -127,6 +127,8 @@ class Daemon:
         self._control: socket.socket | None = None
         self._send = threading.Lock()
         self.on_stop: Any = None  # set by serve(): stops the HTTP server
+        #: The warm parents the zygote keeps (autobatch.daemon.parents), as it last described them.
+        self.parents: list[dict[str, Any]] = []
 
     # The zygote -------------------------------------------------------------------------------------------
 
@@ -168,7 +170,9 @@ class Daemon:
                 return
             answer = json.loads(message)
             with self.lock:
-                if "started" in answer and answer["started"] in self.requests:
+                if "parents" in answer:
+                    self.parents = list(answer["parents"])
+                elif "started" in answer and answer["started"] in self.requests:
                     request = self.requests[answer["started"]]
                     request.pid = answer["pid"]
                     request.started.set()
@@ -223,6 +227,7 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         with self.lock:
             requests = [r.describe() for r in self.requests.values()]
+            parents = list(self.parents)
         return {
             "pid": os.getpid(),
             "identity": self.identity,
@@ -234,6 +239,7 @@ class Daemon:
             "idle_exit_seconds": self.idle,
             "served": self.served,
             "requests": requests,
+            "warm_parents": parents,
         }
 
     # Life ---------------------------------------------------------------------------------------------------

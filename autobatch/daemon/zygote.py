@@ -10,6 +10,11 @@ event pipes, forks, and answers ``{"started": id, "pid": pid}``; when a child ex
 ``{"exited": pid, "code": code}`` (``-N`` for a signal N). The child takes a session of its own (its process group is its
 pid, which the daemon signals to cancel it), dies with the zygote (``PR_SET_PDEATHSIG``), takes the client's
 folder, environment and arguments, and runs :func:`autobatch.cli.main` as ``autobatch ARGS`` would.
+
+A request of an environment whose probe servers warmed the script's libraries is passed to that environment's
+warm parent (:mod:`autobatch.daemon.parents`), a fork of this process that imported them and runs the same loop
+(:class:`_Forker`), so its command is forked there; the warm process relays the parent's answers. It tells the
+daemon its warm parents as they change (``{"parents": [...]}``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ import socket
 import sys
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autobatch.daemon.parents import Parents
 
 #: Largest request message (the environment is the bulk of it); the server enforces a smaller limit.
 MAX_MESSAGE = 4 << 20
@@ -38,7 +46,7 @@ def main(fd: int, kept: Path) -> None:
     with lifelong_imports():  # then frozen: no command forked from here walks them in a collection of its own
         import torch  # noqa: F401  # warm: every command forked from here has it imported
 
-        _warm()
+        group = _warm()
     from autobatch.probe import forked
 
     forked.keep_in(kept)
@@ -48,34 +56,91 @@ def main(fd: int, kept: Path) -> None:
     from autobatch.probe.lineage import die_with_parent
 
     die_with_parent(signal.SIGKILL)
-    woken, waking = _wake_on_child_exit()
+    from autobatch.daemon.parents import Parents
+
+    parents = Parents(
+        kept.parent,
+        serve=lambda channel: _Forker(channel, None, started_with).serve(),
+        script_of=lambda argv: _script_of(group, argv),
+    )
     control.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
-    children: dict[int, str] = {}
-    while True:
-        readable, _, _ = select.select([control.fileno(), woken], [], [], 5.0)
-        if woken in readable:
-            while _drained(woken):
-                pass
-        if control.fileno() in readable:
-            message, fds, _flags, _addr = socket.recv_fds(control, MAX_MESSAGE, 3)
-            if not message:
-                return  # the daemon is gone
-            request = json.loads(message)
+    _Forker(control, parents, started_with).serve()
+
+
+class _Forker:
+    """The loop of a process commands are forked from: for each request on ``channel``, fork its command (or
+    pass it to the warm parent of its environment, :mod:`autobatch.daemon.parents`), answer ``started`` and
+    ``exited`` on the channel. The warm process runs it with its ``parents``; a warm parent, with None."""
+
+    def __init__(self, channel: socket.socket, parents: Parents | None, started_with: dict[str, str]) -> None:
+        self.channel, self.parents, self.started_with = channel, parents, started_with
+        self.children: dict[int, dict[str, Any]] = {}
+        self.woken, self.waking = _wake_on_child_exit()
+        if parents is not None:
+            parents.in_child = self.in_child
+
+    def serve(self) -> None:
+        """Until the channel closes (the daemon, or for a warm parent the warm process, is gone)."""
+        while True:
+            watched = [self.channel.fileno(), self.woken, *(self.parents.channels() if self.parents else [])]
+            readable, _, _ = select.select(watched, [], [], 5.0)
+            if self.woken in readable:
+                while _drained(self.woken):
+                    pass
+            for answer in self.parents.heard(readable) if self.parents is not None else []:
+                self._answer(answer)
+            if self.channel.fileno() in readable and not self._take():
+                return
+            self._reap()
+            if self.parents is not None and self.parents.changed():
+                self._answer({"parents": self.parents.describe()})
+
+    def in_child(self) -> None:
+        """What a process forked from here closes first: this process's own descriptors and handlers."""
+        self.channel.close()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.close(self.woken)
+        os.close(self.waking)
+        if self.parents is not None:
+            self.parents.close()
+
+    def _take(self) -> bool:
+        """The next request: its command forked here or by a warm parent. False at the channel's end."""
+        message, fds, _flags, _addr = socket.recv_fds(self.channel, MAX_MESSAGE, 3)
+        if not message:
+            return False
+        request = json.loads(message)
+        if not (self.parents is not None and self.parents.take(request, fds)):
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                control.close()
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                os.close(woken)
-                os.close(waking)
-                _child(request, fds, started_with)
-            for each in fds:
-                os.close(each)
-            children[pid] = request["id"]
-            control.send(json.dumps({"started": request["id"], "pid": pid}).encode())
-        _reap(control, children)
+                self.in_child()
+                _child(request, fds, self.started_with)
+            self.children[pid] = request
+            self._answer({"started": request["id"], "pid": pid})
+        for each in fds:
+            os.close(each)
+        return True
+
+    def _reap(self) -> None:
+        """Answer ``exited`` for each command that ended (a warm parent's end: for the commands that died with
+        it); a command that ended may have taught its environment's warm parent what to import."""
+        from autobatch.probe.lineage import exited_children
+
+        for pid, status in exited_children():
+            request = self.children.pop(pid, None)
+            if request is not None:
+                self._answer({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+                if self.parents is not None:
+                    self.parents.learn(request)
+            elif self.parents is not None:
+                for answer in self.parents.ended(pid):
+                    self._answer(answer)
+
+    def _answer(self, answer: dict[str, Any]) -> None:
+        self.channel.send(json.dumps(answer).encode())
 
 
 def _wake_on_child_exit() -> tuple[int, int]:
@@ -97,10 +162,11 @@ def _drained(fd: int) -> bool:
         return False
 
 
-def _warm() -> None:
+def _warm() -> Any:
     """Import what the routed commands use (ours and the libraries they import on first use), build the app's
     command and parse each routed command's options once (Typer builds its converters on the first parse): a
-    fork inherits them all. The finalizers of what it imported do not run at each command's exit."""
+    fork inherits them all. The finalizers of what it imported do not run at each command's exit. Returns the
+    app's command (its routed commands parse a request's arguments: :func:`_script_of`)."""
     import filelock  # noqa: F401
 
     import autobatch.cli.root  # every command module registered and imported
@@ -124,18 +190,17 @@ def _warm() -> None:
     # command's os._exit, as a fresh process's exit leaves its own: not unregistered again by every command.
     for finalizer in getattr(weakref.finalize, "_registry", {}):
         finalizer.atexit = False
+    return group
 
 
-def _reap(control: socket.socket, children: dict[int, str]) -> None:
-    while children:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        children.pop(pid, None)
-        control.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+def _script_of(group: Any, argv: list[str]) -> list[Any]:
+    """What a request's command names of its script, parsed as the command parses it: the script and the
+    settings file (None each when it names none: ``./autobatch.toml``'s, then)."""
+    try:
+        params = group.commands[argv[0]].make_context(argv[0], list(argv[1:]), resilient_parsing=True).params
+    except Exception:  # noqa: BLE001 - the command itself reports what is wrong with its arguments
+        return [None, None]
+    return [params.get("script"), params.get("config")]
 
 
 def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]) -> None:
@@ -145,7 +210,8 @@ def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]
         os.setsid()
         from autobatch.probe import forked
 
-        forked.enable(started_with)  # its probe servers are forked from it when their environment allows
+        # its probe servers are forked from it when their environment allows
+        forked.enable(started_with, request.get("key", ""))
         from autobatch.probe.lineage import die_with_parent
 
         die_with_parent(signal.SIGKILL)

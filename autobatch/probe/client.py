@@ -150,6 +150,7 @@ class ProbeClient:
             "warming": warming.to_dict(),
         }
         self.env = dict(env or {})
+        self._warming = warming
         self._start_timeout = start_timeout
         self._fork = fork
         self.probes_run = 0
@@ -165,7 +166,7 @@ class ProbeClient:
             raise RuntimeError(f"a probe server may not start here ({NO_SERVER_ENV}): {forbidden}")
         env = {**os.environ, **self.env}
         #: Why the server started as a fresh Python rather than forked from a warm process (autobatch.probe.forked).
-        self.cold = forked.why_cold(env) if self._fork else NOT_FORKED
+        self.cold = forked.why_cold(env, self._warming) if self._fork else NOT_FORKED
         self._proc: subprocess.Popen[bytes] | forked.ForkedServer
         if self.cold is None:
             self._script_now = self._script_state()
@@ -205,6 +206,10 @@ class ProbeClient:
                 forked.keep(self._kept_key(IMPORTED, *self._script_now), {"read": read})
         #: How probes start: the libraries the server warmed, or why it imports torch alone (probe.warming).
         self.start: dict[str, Any] = dict(hello.get("start") or {})
+        if self._fork and not self.start.get("cold") and forked.why_cold(env, None) is None:
+            forked.learn(
+                list(self.start.get("warmed") or []), self._warming
+            )  # kept warm for the next command
         self.torch_version = str(hello.get("torch_version", ""))
         self.pid = int(hello.get("pid", self._proc.pid))
 
@@ -302,9 +307,10 @@ class ProbeClient:
 
     def _kept_key(self, *inputs: object) -> str:
         """What an answer kept by the warm process (:mod:`autobatch.probe.forked`) is kept under: the server's
-        start (the script, its arguments, the operation modules, the warm-up) and ``inputs``."""
+        start (the script, its arguments, the operation modules, the warm-up), the warm parent it descends from
+        (another heap) and ``inputs``."""
         init = {k: v for k, v in self._init.items() if k not in ("log_dir", "client_folders")}
-        return digest([init, *inputs], length=32)
+        return digest([init, forked.lineage(), *inputs], length=32)
 
     def _script_state(self) -> list[object]:
         """What else a script's import and model depend on, as the server starts: its sources and local modules,

@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from autobatch.probe.warming import Warming
+
 #: Prefixes of environment variables read once, when a library loads: a fork keeps what the warm process read.
 LOAD_TIME = (
     "MALLOC_",
@@ -51,6 +53,14 @@ _warm: dict[str, str] | None = None
 #: The threads this process ran when it was marked warm (a fork copies only the thread that forks).
 _threads = 1
 
+
+#: The warm parent this process descends from (:mod:`autobatch.daemon.parents`: its environment's key, the
+#: modules it imported and under which warming), None: the warm process itself, or none.
+_lineage: dict[str, Any] | None = None
+#: The environment key of the request this command runs (set by the warm process as it forks it).
+_request_key = ""
+#: What a command keeps for its environment: the modules its probe server warmed (:func:`learn`).
+LEARNED = "parent:"
 
 #: The warm process's file (in the daemon's folder) of outcomes that hold for every probe server forked from it:
 #: the forked half of the job's fresh-process offset (:func:`kept`). None: not a warm process, or none kept.
@@ -113,19 +123,57 @@ def load_time_env(env: Mapping[str, str]) -> dict[str, str]:
     return {key: value for key, value in env.items() if key.startswith(LOAD_TIME)}
 
 
-def enable(env: Mapping[str, str]) -> None:
-    """Mark this process (just forked from the warm one, started with ``env``) as one its probe servers may be
-    forked from."""
-    global _warm, _threads
+def enable(env: Mapping[str, str], request_key: str = "") -> None:
+    """Mark this process (just forked from the warm one, started with ``env``, for a request of the environment
+    ``request_key``) as one its probe servers may be forked from."""
+    global _warm, _threads, _request_key
     from autobatch.probe.warming import thread_count
 
-    _warm, _threads = load_time_env(env), thread_count()
+    _warm, _threads, _request_key = load_time_env(env), thread_count(), request_key
 
 
-def why_cold(env: Mapping[str, str]) -> str | None:
-    """Why a probe server with environment ``env`` cannot be forked from this process (None: it can)."""
+def descend(lineage: dict[str, Any]) -> None:
+    """In a warm parent: what it imported (``key``, ``modules``, ``warming``), which its commands inherit."""
+    global _lineage
+    _lineage = dict(lineage)
+
+
+def lineage() -> str:
+    """Which warm process this one descends from, for what is kept per warm process: "" for the warm process
+    itself, else its warm parent's environment, modules and warming."""
+    return json.dumps(_lineage, sort_keys=True) if _lineage else ""
+
+
+def learn(modules: list[str], warming: Warming) -> None:
+    """Keep, for this command's environment, the modules its probe server warmed and under which warming: the
+    warm process starts a parent that imports them for the environment's next commands."""
+    new = [
+        name for name in modules if not _loaded(name)
+    ]  # torch and what the warm process has: nothing to keep
+    if _request_key and new:
+        keep(LEARNED + _request_key, {"modules": new, "warming": warming.to_dict()})
+
+
+def _loaded(name: str) -> bool:
+    """Whether ``module`` (or ``module:name``, as :func:`autobatch.probe.warming.warm` takes it) is loaded here
+    already, its name too (a lazy module's is loaded once taken)."""
+    module, _, attribute = name.partition(":")
+    loaded = sys.modules.get(module)
+    return loaded is not None and (not attribute or attribute in vars(loaded))
+
+
+def why_cold(env: Mapping[str, str], warming: Warming | None) -> str | None:
+    """Why a probe server with environment ``env`` and warm-up ``warming`` cannot be forked from this process
+    (None: it can; ``warming`` None: whatever the warm-up)."""
     if _warm is None:
         return "not a warm process"
+    if warming is not None and _lineage is not None:
+        imported = Warming.from_dict(_lineage["warming"])
+        if imported != warming:
+            return (
+                f"its warm parent imported {', '.join(_lineage['modules'])} under another warm-up (its "
+                f"{imported.describe()}, this server's {warming.describe()})"
+            )
     wanted = load_time_env(env)
     if wanted != _warm:
         keys = sorted(k for k in wanted.keys() | _warm.keys() if wanted.get(k) != _warm.get(k))

@@ -14,7 +14,7 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 PR_SET_PDEATHSIG = 1
@@ -158,13 +158,20 @@ def _running(process: object) -> bool:
 
 def _reap_children() -> None:
     """Collect every child of this process that has exited (the zombies reparented to it included)."""
+    for _ in exited_children():
+        pass
+
+
+def exited_children() -> Iterator[tuple[int, int]]:
+    """(pid, wait status) of each child of this process that has exited, collected as they are yielded."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        yield pid, status
 
 
 #: The signals that end a probe server or a fresh process: its client's stop, its parent's death.

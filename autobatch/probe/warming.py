@@ -64,6 +64,14 @@ class Warming:
         limit = data.get("data_limit")
         return cls(bool(data.get("fork_safe")), int(limit) if limit is not None else None)
 
+    def describe(self) -> str:
+        """How the step's modules import, in words."""
+        if self.data_limit is None:
+            return "imports without a data limit"
+        from autobatch.core.units import format_bytes
+
+        return f"imports under a data limit of {format_bytes(self.data_limit)}"
+
     @contextmanager
     def importing(self) -> Iterator[None]:
         """While the step's modules import: the soft data limit, if any (the hard one stays; restored after)."""

@@ -657,7 +657,7 @@ def _fresh_ahead(session: Session) -> FreshAhead | None:
     budget = _budget_ahead(session.settings.device.device, session)  # the device as asked: a target's
     if budget is None or not session.settings.probe.fresh_baseline:
         return None
-    if (session.as_is and session.ranks > 1) or forked.why_cold(env) is None:
+    if (session.as_is and session.ranks > 1) or forked.why_cold(env, _warming(session)) is None:
         return None
     where = _fresh_store(session, "cpu")  # before a server reports its torch: the installed one's version
     if where is not None and not session.refresh and where[0].get(where[1]) is not None:

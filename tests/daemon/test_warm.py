@@ -7,6 +7,7 @@ import json
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -255,3 +256,86 @@ def test_the_script_s_import_and_inspection_are_replayed_until_the_config_file_t
     assert explain() == (1, 1, three)
     assert explain() == (0, 0, three)
     assert explain(AUTOBATCH_CACHE="false")[1] == 1  # the model inspected again
+
+
+#: A library of the user's: each process that imports it notes it in ``BUILDS_LOG``.
+LIBRARY = """import os
+with open(os.environ["BUILDS_LOG"], "a") as log:
+    log.write(f"library {os.getpid()}\\n")
+WIDTH = 64
+"""
+
+
+def _warm_parents(place: Place, count: int) -> list[dict]:
+    """The daemon's warm parents once ``count`` of them are ready (within a minute)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = Client(place).status()
+        assert status is not None
+        ready = [parent for parent in status["warm_parents"] if parent["state"] == "ready"]
+        if len(ready) >= count:
+            return ready
+        time.sleep(0.2)
+    raise AssertionError(f"no {count} ready warm parent(s): {status['warm_parents']}")
+
+
+@pytest.mark.slow
+def test_a_script_s_library_stays_imported_in_a_warm_parent_until_its_file_changes(
+    place: Place, tmp_path: Path
+) -> None:
+    """The modules a command's probe server warmed (the script's library) are imported once more, by a warm
+    parent of the command's environment, and the next commands of that environment are forked from it: no
+    process of theirs imports the library. An edited library file retires the parent (never stale code), and
+    a command whose server needs another warm-up (another --memory: another data limit for the imports) starts
+    its server as a fresh Python; each answers as the first."""
+    site = tmp_path / "site"
+    (site / "warmlib").mkdir(parents=True)
+    library = site / "warmlib" / "__init__.py"
+    library.write_text(LIBRARY)
+    imports = tmp_path / "imports.log"  # outside the working folder, which probes do not write into
+    work = tmp_path / "run"
+    work.mkdir()
+    env = {
+        **common_env(place, tmp_path),
+        "AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"),
+        "AUTOBATCH_FRESH_BASELINE": "true",
+        "AUTOBATCH_DAEMON": "on",
+        "BUILDS_LOG": str(imports),
+        "PYTHONPATH": str(site),
+    }
+
+    def check(memory: str = "600MiB") -> tuple[int, float]:
+        """(the processes that imported the library during a check through the daemon, its peak in MiB)."""
+        imports.write_text("")
+        done = run_cli("check", str(SCRIPTS / "library_user.py"), "--device", "cpu", "--memory", memory,
+                       "--batch-size", "16", "--steps", "3", "--json", cwd=work, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+        assert answer["fits"], answer
+        return len(imports.read_text().splitlines()), answer["peak_bytes"] / (1 << 20)
+
+    assert run_cli("daemon", "start", env=env).returncode == 0
+    first, peak = check()
+    assert first >= 1  # its probe server (and the job's fresh process) imported it
+    parent = _warm_parents(place, 1)[0]
+    assert parent["modules"] == ["warmlib"] and parent["cwd"] == str(work), (
+        parent
+    )  # torch: the warm process's
+    status = run_cli("daemon", "status", env=env)
+    assert f"warm parent pid {parent['pid']} (ready" in status.stderr, status.stderr
+
+    for _ in range(2):
+        again, peak_again = check()
+        assert again == 0, "a command forked from the warm parent imported the library"
+        assert abs(peak_again - peak) < 0.02 * peak, (peak_again, peak)
+
+    library.write_text(LIBRARY + "# edited\n")
+    edited, _ = check()
+    assert (
+        edited >= 1
+    )  # the parent is retired: the command came from the warm process, its server imported it
+    replaced = _warm_parents(place, 1)[0]
+    assert replaced["pid"] != parent["pid"]
+
+    other, peak_other = check("700MiB")  # imported under another data limit: a fresh server's own import
+    assert other >= 1 and abs(peak_other - peak) < 0.02 * peak, (peak_other, peak)

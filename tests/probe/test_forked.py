@@ -73,3 +73,27 @@ def test_a_server_restarted_as_a_fresh_python_counts_its_probes_as_the_forked_on
         before["peak_bytes"],
         after["peak_bytes"],
     )
+
+
+def test_a_command_of_a_warm_parent_forks_its_server_only_under_the_warm_up_its_libraries_were_imported_under(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A library imported under one data limit reserves by it: a server that needs another limit is not forked
+    from a warm parent that imported under the first (autobatch.daemon.parents)."""
+    from autobatch.probe import forked
+    from autobatch.probe.warming import Warming
+
+    env = dict(os.environ)
+    monkeypatch.setattr(forked, "_warm", forked.load_time_env(env))
+    monkeypatch.setattr(forked, "_threads", 10_000)  # this test's process: whatever its threads
+    monkeypatch.setattr(forked, "_lineage", None)
+    imported = Warming(fork_safe=True, data_limit=600 << 20)
+    assert forked.why_cold(env, imported) is None and forked.lineage() == ""
+    forked.descend(
+        {"key": "k", "modules": ["transformers", "transformers:Trainer"], "warming": imported.to_dict()}
+    )
+    assert forked.why_cold(env, imported) is None
+    assert forked.why_cold(env, None) is None  # whatever the warm-up: the load-time environment decides
+    why = forked.why_cold(env, Warming(fork_safe=True, data_limit=700 << 20))
+    assert why is not None and "imported transformers, transformers:Trainer under another warm-up" in why
+    assert forked.lineage() != ""  # what is kept per warm process is kept per parent too

@@ -1,0 +1,22 @@
+"""Fixture: a model whose width comes from a library of the user's (``warmlib``, installed in a folder that
+``PYTHONPATH`` names), imported at the script's top as people import ``transformers``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import warmlib
+from torch import nn
+
+
+def build_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, warmlib.WIDTH), nn.ReLU(), nn.Linear(warmlib.WIDTH, 10))
+
+
+def make_batch(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(batch_size, 32), torch.randint(0, 10, (batch_size,))
+
+
+def compute_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return F.cross_entropy(model(x), y)
