@@ -202,7 +202,15 @@ def _relay(response: http.client.HTTPResponse, state: dict[str, Any]) -> int:
             state["id"] = message["id"]
         elif "exit" in message:
             code = int(message["exit"])
-            return code if code >= 0 else 128 - code
+            if code >= 0:
+                return code
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            # what a shell prints of a command a signal ended: this one ran in the daemon, not in the shell
+            print(
+                f"autobatch: the command was ended by {name} in the daemon (autobatch daemon logs)",
+                file=sys.stderr,
+            )
+            return 128 - code
 
 
 def _pid(place: Place) -> int | None:

@@ -244,6 +244,8 @@ class Parents:
         for request_id, (owner, _request) in list(self.forwarded.items()):
             if owner is parent:  # never started: the daemon hears the command failed to start
                 del self.forwarded[request_id]
+        if parent.running:
+            self._log(f"warm parent {pid} ended: its {len(parent.running)} command(s) died with it")
         for command in parent.running:
             yield {"exited": command, "code": -signal.SIGKILL}
 

@@ -4,7 +4,9 @@ torch import) and answers as in-process; its memory stays flat over hundreds of 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -279,15 +281,9 @@ def _warm_parents(place: Place, count: int) -> list[dict]:
     raise AssertionError(f"no {count} ready warm parent(s): {status['warm_parents']}")
 
 
-@pytest.mark.slow
-def test_a_script_s_library_stays_imported_in_a_warm_parent_until_its_file_changes(
-    place: Place, tmp_path: Path
-) -> None:
-    """The modules a command's probe server warmed (the script's library) are imported once more, by a warm
-    parent of the command's environment, and the next commands of that environment are forked from it: no
-    process of theirs imports the library. An edited library file retires the parent (never stale code), and
-    a command whose server needs another warm-up (another --memory: another data limit for the imports) starts
-    its server as a fresh Python; each answers as the first."""
+def _library_env(place: Place, tmp_path: Path) -> tuple[dict[str, str], Path, Path, Path]:
+    """(the environment of commands whose script imports a library of the user's, their working folder, the
+    library's file, the file each process that imports it notes itself in)."""
     site = tmp_path / "site"
     (site / "warmlib").mkdir(parents=True)
     library = site / "warmlib" / "__init__.py"
@@ -303,6 +299,19 @@ def test_a_script_s_library_stays_imported_in_a_warm_parent_until_its_file_chang
         "BUILDS_LOG": str(imports),
         "PYTHONPATH": str(site),
     }
+    return env, work, library, imports
+
+
+@pytest.mark.slow
+def test_a_script_s_library_stays_imported_in_a_warm_parent_until_its_file_changes(
+    place: Place, tmp_path: Path
+) -> None:
+    """The modules a command's probe server warmed (the script's library) are imported once more, by a warm
+    parent of the command's environment, and the next commands of that environment are forked from it: no
+    process of theirs imports the library. An edited library file retires the parent (never stale code), and
+    a command whose server needs another warm-up (another --memory: another data limit for the imports) starts
+    its server as a fresh Python; each answers as the first."""
+    env, work, library, imports = _library_env(place, tmp_path)
 
     def check(memory: str = "600MiB") -> tuple[int, float]:
         """(the processes that imported the library during a check through the daemon, its peak in MiB)."""
@@ -339,3 +348,54 @@ def test_a_script_s_library_stays_imported_in_a_warm_parent_until_its_file_chang
 
     other, peak_other = check("700MiB")  # imported under another data limit: a fresh server's own import
     assert other >= 1 and abs(peak_other - peak) < 0.02 * peak, (peak_other, peak)
+
+
+@pytest.mark.slow
+def test_a_warm_parent_that_dies_costs_the_commands_it_ran_only(place: Place, tmp_path: Path) -> None:
+    """A warm parent killed under a running tune: that command ends (exit 128 + 9, and says where), no probe
+    process of it is left, and the next command is served (from the warm process)."""
+    env, work, _library, _imports = _library_env(place, tmp_path)
+    check = ("check", str(SCRIPTS / "library_user.py"), "--device", "cpu", "--memory", "600MiB", "-b", "16")
+    assert run_cli("daemon", "start", env=env).returncode == 0
+    assert run_cli(*check, cwd=work, env=env).returncode == 0
+    parent = _warm_parents(place, 1)[0]
+    tune = ("tune", str(SCRIPTS / "library_user.py"), "--device", "cpu", "--memory", "600MiB", "--no-cache",
+            "--output", str(tmp_path / "r.json"))  # fmt: skip
+    before = set(_pythons())
+    done: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: done.update(run=run_cli(*tune, cwd=work, env=env)))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = Client(place).status()
+        assert status is not None
+        if any(r["state"].startswith("running") and r["argv"][0] == "tune" for r in status["requests"]):
+            break
+        time.sleep(0.1)
+    os.kill(parent["pid"], signal.SIGKILL)
+    runner.join(120)
+    ended = done["run"]
+    assert ended.returncode == 128 + signal.SIGKILL, ended.stderr  # type: ignore[attr-defined]
+    assert "ended by SIGKILL in the daemon" in ended.stderr  # type: ignore[attr-defined]
+    status = Client(place).status()
+    assert status is not None and not status["requests"]
+    time.sleep(1.0)  # the servers die with the command (their parent-death signal), their probes with them
+    daemon = below(int(status["pid"]))
+    # forked from this test's daemon: its warm process's command line, which names the daemon's folder
+    ours = {pid: cmd for pid, cmd in _pythons().items() if str(place.folder) in cmd or str(tmp_path) in cmd}
+    assert not {pid: cmd for pid, cmd in ours.items() if pid not in before and pid not in daemon}
+    assert run_cli(*check, cwd=work, env=env).returncode == 0
+
+
+def _pythons() -> dict[int, str]:
+    """Every live Python process of the machine, with its command line (a zombie has none)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "python" in cmd:
+                found[int(entry.name)] = cmd
+    return found
