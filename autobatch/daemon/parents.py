@@ -123,6 +123,8 @@ class Parents:
         self.by_pid: dict[int, Parent] = {}
         #: (key, modules, warming) a parent refused: not tried again.
         self.refused: set[str] = set()
+        #: Modules whose import started a thread in a parent: never imported by one again.
+        self.unsafe: set[str] = set()
         #: Requests forwarded to a parent, not yet started: id -> (parent, request).
         self.forwarded: dict[str, tuple[Parent, dict[str, Any]]] = {}
         self.described: list[dict[str, Any]] = []
@@ -203,7 +205,10 @@ class Parents:
             self._ready(parent, answer)
         elif "refused" in answer:
             self._log(f"a warm parent for {parent.cwd} refused: {answer['refused']}")
-            self.refused.add(_identity(parent.key, parent.modules, parent.warming))
+            if answer.get("culprit"):
+                self.unsafe.add(answer["culprit"])  # the next parent imports the others
+            else:
+                self.refused.add(_identity(parent.key, parent.modules, parent.warming))
             self._retire(parent)
         elif "started" in answer:
             _, request = self.forwarded.pop(answer["started"], (parent, {}))
@@ -227,9 +232,10 @@ class Parents:
             parent.files_path.unlink(missing_ok=True)
         parent.files = {path: (int(size), int(changed)) for path, size, changed in files}
         parent.ready = True
+        imported = list(answer.get("imported", []))
+        shown = ", ".join(imported[:6]) + (f" and {len(imported) - 6} more" if len(imported) > 6 else "")
         self._log(
-            f"warm parent {parent.pid} for {parent.cwd}: {', '.join(answer.get('imported', []))} imported in "
-            f"{answer.get('seconds', 0):.1f} s"
+            f"warm parent {parent.pid} for {parent.cwd}: {shown} imported in {answer.get('seconds', 0):.1f} s"
         )
 
     def ended(self, pid: int) -> Iterator[dict[str, Any]]:
@@ -262,7 +268,8 @@ class Parents:
         learned = forked.kept(LEARNED + request["key"])
         if not learned or not learned.get("modules"):
             return
-        modules, warming = list(learned["modules"]), dict(learned.get("warming") or {})
+        modules = [name for name in learned["modules"] if name not in self.unsafe]
+        warming = dict(learned.get("warming") or {})
         now = self.by_key.get(request["key"])
         if now is not None and not now.retiring and now.warming == warming:
             # the union: scripts of one folder taking turns keep each other's
@@ -345,9 +352,9 @@ def _become_parent(
 
         die_with_parent(signal.SIGKILL)
         started = time.perf_counter()
-        imported, files, why = _import(request, modules, warming)
+        imported, files, why, culprit = _import(request, modules, warming)
         if why is not None:
-            channel.send(json.dumps({"refused": why}).encode())
+            channel.send(json.dumps({"refused": why, "culprit": culprit}).encode())
             return
         files_path.write_text(json.dumps(files))
         seconds = time.perf_counter() - started
@@ -364,9 +371,10 @@ def _become_parent(
 
 def _import(
     request: dict[str, Any], modules: list[str], warming: dict[str, Any]
-) -> tuple[list[str], list[tuple[str, int, int]], str | None]:
+) -> tuple[list[str], list[tuple[str, int, int]], str | None, str | None]:
     """Import ``modules`` in the request's folder, environment and ``sys.path``, under ``warming``: (the names
-    imported, each module file it imported with its size and last change, why it cannot serve or None)."""
+    imported, each module file it imported with its size and last change, why it cannot serve or None, the
+    module whose import started a thread or None)."""
     from autobatch.probe.server import lifelong_imports
     from autobatch.probe.warming import Warming, thread_count, warm
 
@@ -376,14 +384,16 @@ def _import(
     os.environ.update(request["env"])
     sys.path[:] = [request["cwd"], *request["sys_path"][1:]]  # a probe server's: the working folder first
     limits = Warming.from_dict(warming)
+    imported: list[str] = []
     with lifelong_imports(), limits.importing():
-        imported = warm(modules)
-    threads = thread_count(limits.fork_safe)
-    if threads > 1:
-        return imported, [], f"importing {', '.join(imported)} started {threads - 1} thread(s)"
+        for name in modules:  # one at a time: the one that starts a thread is named, and left out next time
+            imported += warm([name])
+            threads = thread_count(limits.fork_safe)
+            if threads > 1:
+                return imported, [], f"importing {name} started {threads - 1} thread(s)", name
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        return imported, [], f"importing {', '.join(imported)} made a CUDA context"
+        return imported, [], f"importing {', '.join(imported)} made a CUDA context", None
     forked.descend({"key": request["key"], "modules": modules, "warming": warming})
     files = []
     for name in set(sys.modules) - before:
@@ -394,4 +404,4 @@ def _import(
             except OSError:
                 continue
             files.append((path, info.st_size, info.st_mtime_ns))
-    return imported, files, None
+    return imported, files, None, None

@@ -30,6 +30,7 @@ from autobatch.devices.visible import PROBE_ENV
 from autobatch.errors import ProbeFailure
 from autobatch.probe import forked
 from autobatch.probe.lineage import exit_fd, group_running, has_exited
+from autobatch.probe.ops import LAZY_IMPORTS
 from autobatch.probe.warming import Warming, describe
 from autobatch.probe.yielding import YieldingRunner
 from autobatch.records.failures import server_error
@@ -151,6 +152,8 @@ class ProbeClient:
         }
         self.env = dict(env or {})
         self._warming = warming
+        #: The installed packages' modules this server's probes imported themselves (:meth:`_learn`).
+        self._lazy: set[str] = set()
         self._start_timeout = start_timeout
         self._fork = fork
         self.probes_run = 0
@@ -206,10 +209,10 @@ class ProbeClient:
                 forked.keep(self._kept_key(IMPORTED, *self._script_now), {"read": read})
         #: How probes start: the libraries the server warmed, or why it imports torch alone (probe.warming).
         self.start: dict[str, Any] = dict(hello.get("start") or {})
-        if self._fork and not self.start.get("cold") and forked.why_cold(env, None) is None:
-            forked.learn(
-                list(self.start.get("warmed") or []), self._warming
-            )  # kept warm for the next command
+        #: Whether what this server warmed (and its probes import) may be kept warm for the next command.
+        self._warm_ok = self._fork and not self.start.get("cold") and forked.why_cold(env, None) is None
+        if self._warm_ok:
+            forked.learn(list(self.start.get("warmed") or []), self._warming)
         self.torch_version = str(hello.get("torch_version", ""))
         self.pid = int(hello.get("pid", self._proc.pid))
 
@@ -259,10 +262,22 @@ class ProbeClient:
             outcome = self._inspection(request)
         else:
             outcome = self._send(request)
+        self._learn(outcome)
         if request.op == "fresh_baseline" and "offset_bytes" in outcome.info:
             settled = [int(b) for b in outcome.info["forked_settled_bytes"]]
             self._fresh = FreshMeasure(request, settled, forked=self.cold is None)
         return outcome
+
+    def _learn(self, outcome: ProbeOutcome) -> None:
+        """Take the installed packages' modules a probe imported itself off its outcome; on a server forked from
+        the daemon's warm process, keep them with the ones the server warmed for the environment's warm parent
+        (:func:`autobatch.probe.forked.learn`)."""
+        lazy = outcome.info.pop(LAZY_IMPORTS, None) or []
+        if self._lazy.issuperset(lazy) or not self._warm_ok:
+            return
+        self._lazy.update(lazy)
+        warmed = list(self.start.get("warmed") or [])
+        forked.learn([*warmed, *sorted(self._lazy - set(warmed))], self._warming)
 
     def _forked_half(self, request: ProbeRequest) -> ProbeOutcome:
         """The forked half of the fresh-process offset, counted against a kept fresh half, on a server forked

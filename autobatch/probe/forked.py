@@ -145,21 +145,14 @@ def lineage() -> str:
 
 
 def learn(modules: list[str], warming: Warming) -> None:
-    """Keep, for this command's environment, the modules its probe server warmed and under which warming: the
-    warm process starts a parent that imports them for the environment's next commands."""
-    new = [
-        name for name in modules if not _loaded(name)
-    ]  # torch and what the warm process has: nothing to keep
+    """Keep, for this command's environment, the modules its probe server warmed and its probes imported, and
+    under which warming: the warm process starts a parent that imports them for the environment's next
+    commands."""
+    # of packages this process has not loaded: torch's own submodules, imported as it goes, are not worth a
+    # parent (the warm process has torch), and a command forked from a parent has its packages already
+    new = [name for name in modules if name.partition(":")[0].partition(".")[0] not in sys.modules]
     if _request_key and new:
         keep(LEARNED + _request_key, {"modules": new, "warming": warming.to_dict()})
-
-
-def _loaded(name: str) -> bool:
-    """Whether ``module`` (or ``module:name``, as :func:`autobatch.probe.warming.warm` takes it) is loaded here
-    already, its name too (a lazy module's is loaded once taken)."""
-    module, _, attribute = name.partition(":")
-    loaded = sys.modules.get(module)
-    return loaded is not None and (not attribute or attribute in vars(loaded))
 
 
 def why_cold(env: Mapping[str, str], warming: Warming | None) -> str | None:
@@ -169,10 +162,11 @@ def why_cold(env: Mapping[str, str], warming: Warming | None) -> str | None:
         return "not a warm process"
     if warming is not None and _lineage is not None:
         imported = Warming.from_dict(_lineage["warming"])
-        if imported != warming:
+        if not imported.holds_no_more_than(warming):
+            shown = ", ".join(_lineage["modules"][:4]) + (" ..." if len(_lineage["modules"]) > 4 else "")
             return (
-                f"its warm parent imported {', '.join(_lineage['modules'])} under another warm-up (its "
-                f"{imported.describe()}, this server's {warming.describe()})"
+                f"its warm parent imported {shown} under a larger warm-up (its {imported.describe()}, this "
+                f"server's {warming.describe()})"
             )
     wanted = load_time_env(env)
     if wanted != _warm:

@@ -104,6 +104,13 @@ def dispatch(request: ProbeRequest, script: UserScript) -> ProbeOutcome:
 
 #: In a probe process: the pipe its outcome goes to (set by the server before it runs the request).
 outcome_fd: int | None = None
+#: The modules the probe process was forked with (None: not a probe process): what it imports besides is
+#: reported on its outcome (:data:`LAZY_IMPORTS`).
+modules_at_fork: frozenset[str] | None = None
+#: The outcome's ``info`` key of the installed packages' modules the probe imported itself (a library's lazy
+#: imports: ``accelerate``'s ``Accelerator()`` takes ``torch.distributed`` and ``sympy``); the daemon's warm
+#: parents import them too (:func:`autobatch.probe.forked.learn`).
+LAZY_IMPORTS = "lazy_imports"
 
 
 def write_report(fd: int, outcome: ProbeOutcome, **extra: Any) -> None:
@@ -119,8 +126,21 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def write_outcome(fd: int, outcome: ProbeOutcome) -> None:
-    """Write an outcome record to the probe's pipe (the server reads it to the end of the pipe)."""
+    """Write an outcome record to the probe's pipe (the server reads it to the end of the pipe), with the
+    installed packages' modules the probe imported itself."""
+    if modules_at_fork is not None:
+        outcome.info[LAZY_IMPORTS] = installed_since(modules_at_fork)
     write_all(fd, json.dumps(outcome.to_dict()).encode())
+
+
+def installed_since(before: frozenset[str]) -> list[str]:
+    """The modules imported since ``before`` that are installed packages' (their file in a site folder)."""
+    found = []
+    for name in set(sys.modules) - before:
+        path = getattr(sys.modules.get(name), "__file__", None) or ""
+        if ("site-packages" in path or "dist-packages" in path) and not name.startswith("__"):
+            found.append(name)
+    return sorted(found)
 
 
 def report_and_exit(outcome: ProbeOutcome) -> None:

@@ -464,6 +464,7 @@ def _child(request: ProbeRequest, init: dict[str, Any], write_fd: int, log_path:
         os.dup2(log, 2)
         os.close(log)
         ops.outcome_fd = write_fd  # for an operation that ends the process itself (ops.report_and_exit)
+        ops.modules_at_fork = frozenset(sys.modules)
         outcome = _run_request(request, init)
         ops.write_outcome(write_fd, outcome)
     except BaseException:  # noqa: BLE001

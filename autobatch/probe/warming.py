@@ -64,6 +64,18 @@ class Warming:
         limit = data.get("data_limit")
         return cls(bool(data.get("fork_safe")), int(limit) if limit is not None else None)
 
+    def holds_no_more_than(self, other: Warming) -> bool:
+        """Whether what imports under this warm-up reserves no more than it would under ``other``: the same, or a
+        data limit at most ``other``'s (a library reserves by the limit it finds). A server of ``other``'s may
+        then be forked from a process that imported under this one: the fresh-process offset, measured on that
+        server, counts the smaller reservation back, and nothing it holds before building can exceed what its
+        own imports would."""
+        if self == other:
+            return True
+        return self.data_limit is not None and (
+            other.data_limit is None or self.data_limit <= other.data_limit
+        )
+
     def describe(self) -> str:
         """How the step's modules import, in words."""
         if self.data_limit is None:

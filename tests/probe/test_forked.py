@@ -78,8 +78,8 @@ def test_a_server_restarted_as_a_fresh_python_counts_its_probes_as_the_forked_on
 def test_a_command_of_a_warm_parent_forks_its_server_only_under_the_warm_up_its_libraries_were_imported_under(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A library imported under one data limit reserves by it: a server that needs another limit is not forked
-    from a warm parent that imported under the first (autobatch.daemon.parents)."""
+    """A library imported under one data limit reserves by it: a server whose budget is smaller is not forked
+    from a warm parent that imported under the larger one (autobatch.daemon.parents); a larger one is."""
     from autobatch.probe import forked
     from autobatch.probe.warming import Warming
 
@@ -94,6 +94,11 @@ def test_a_command_of_a_warm_parent_forks_its_server_only_under_the_warm_up_its_
     )
     assert forked.why_cold(env, imported) is None
     assert forked.why_cold(env, None) is None  # whatever the warm-up: the load-time environment decides
-    why = forked.why_cold(env, Warming(fork_safe=True, data_limit=700 << 20))
-    assert why is not None and "imported transformers, transformers:Trainer under another warm-up" in why
+    # a larger budget: the parent's imports reserved less than the server's own would, which the offset counts
+    assert forked.why_cold(env, Warming(fork_safe=True, data_limit=700 << 20)) is None
+    why = forked.why_cold(env, Warming(fork_safe=True, data_limit=500 << 20))
+    assert why is not None and "imported transformers, transformers:Trainer under a larger warm-up" in why
+    assert forked.why_cold(env, Warming(fork_safe=True, data_limit=None)) is None  # a GPU's: no limit
+    forked.descend({"key": "k", "modules": ["lightning"], "warming": Warming(fork_safe=True).to_dict()})
+    assert forked.why_cold(env, imported) is not None  # imported unlimited (a GPU's): not for a CPU budget
     assert forked.lineage() != ""  # what is kept per warm process is kept per parent too

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,3 +92,30 @@ def test_an_unknown_operation_is_a_probe_failure_that_names_the_known_ones() -> 
 def test_loading_an_operations_module_that_does_not_exist() -> None:
     with pytest.raises(ProbeFailure, match="cannot import the operations module autobatch.nowhere"):
         ops.load_operations(["autobatch.nowhere"])
+
+
+def test_a_probe_reports_the_installed_modules_it_imported_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a library imports lazily (at its first call, not at its import) is named on the probe's outcome, for
+    the daemon's warm parents; a module of the user's own folder is not."""
+    site = tmp_path / "site-packages"
+    (site / "lazylib").mkdir(parents=True)
+    (site / "lazylib" / "__init__.py").write_text("def call():\n    from lazylib import heavy\n")
+    (site / "lazylib" / "heavy.py").write_text("")
+    (tmp_path / "mine.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(ops, "modules_at_fork", frozenset(sys.modules))
+    import lazylib  # type: ignore[import-not-found]
+    import mine  # type: ignore[import-not-found]  # noqa: F401
+
+    lazylib.call()
+    read, write = os.pipe()
+    ops.write_outcome(write, ProbeOutcome(kind="fits"))
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        info = json.loads(pipe.read())["info"]
+    assert info[ops.LAZY_IMPORTS] == ["lazylib", "lazylib.heavy"]
+    for name in ("lazylib", "lazylib.heavy", "mine"):
+        monkeypatch.delitem(sys.modules, name)

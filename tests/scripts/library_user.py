@@ -1,5 +1,5 @@
-"""Fixture: a model whose width comes from a library of the user's (``warmlib``, installed in a folder that
-``PYTHONPATH`` names), imported at the script's top as people import ``transformers``."""
+"""Fixture: a model whose width comes from an installed library (``warmlib``, in a folder that ``PYTHONPATH``
+names), imported at the script's top as people import ``transformers``; its ``width()`` imports more of it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import nn
 
 
 def build_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(32, warmlib.WIDTH), nn.ReLU(), nn.Linear(warmlib.WIDTH, 10))
+    return nn.Sequential(nn.Linear(32, warmlib.width()), nn.ReLU(), nn.Linear(warmlib.width(), 10))
 
 
 def make_batch(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
