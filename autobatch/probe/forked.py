@@ -148,11 +148,21 @@ def learn(modules: list[str], warming: Warming) -> None:
     """Keep, for this command's environment, the modules its probe server warmed and its probes imported, and
     under which warming: the warm process starts a parent that imports them for the environment's next
     commands."""
-    # of packages this process has not loaded: torch's own submodules, imported as it goes, are not worth a
-    # parent (the warm process has torch), and a command forked from a parent has its packages already
-    new = [name for name in modules if name.partition(":")[0].partition(".")[0] not in sys.modules]
+    # of packages the warm process has not loaded: torch's own submodules, imported as it goes, are not worth a
+    # parent (the warm process has torch); a parent's own packages are
+    parents = {_top(name) for name in (_lineage or {}).get("modules", [])}
+    new = [name for name in modules if _top(name) not in sys.modules or _top(name) in parents]
+    if _lineage is not None and Warming.from_dict(_lineage["warming"]).holds_no_more_than(warming):
+        # the parent serves this command's budget: kept under its warm-up, so the warm process keeps it (a
+        # smaller budget, whose server started cold, teaches it to replace the parent with one of that budget)
+        warming = Warming.from_dict(_lineage["warming"])
     if _request_key and new:
         keep(LEARNED + _request_key, {"modules": new, "warming": warming.to_dict()})
+
+
+def _top(name: str) -> str:
+    """The top-level package of ``module`` or ``module:name``."""
+    return name.partition(":")[0].partition(".")[0]
 
 
 def why_cold(env: Mapping[str, str], warming: Warming | None) -> str | None:

@@ -137,7 +137,10 @@ def installed_since(before: frozenset[str]) -> list[str]:
     """The modules imported since ``before`` that are installed packages' (their file in a site folder)."""
     found = []
     for name in set(sys.modules) - before:
-        path = getattr(sys.modules.get(name), "__file__", None) or ""
+        try:  # a lazy module's attribute may load more, or raise: never the probe's failure
+            path = str(getattr(sys.modules.get(name), "__file__", None) or "")
+        except Exception:  # noqa: BLE001
+            continue
         if ("site-packages" in path or "dist-packages" in path) and not name.startswith("__"):
             found.append(name)
     return sorted(found)

@@ -363,6 +363,13 @@ def test_a_script_s_library_stays_imported_in_a_warm_parent_until_its_file_chang
     # imported under a larger limit than this one's: a fresh server's own import
     smaller, peak_smaller = check("500MiB")
     assert smaller >= 1 and abs(peak_smaller - peak) < 0.02 * peak, (peak_smaller, peak)
+    # and the parent is replaced by one of the smaller limit, which serves both budgets
+    deadline = time.monotonic() + 60
+    while (now := _warm_parents(place, 1)[0])["data_limit"] == replaced["data_limit"]:
+        assert time.monotonic() < deadline, now
+        time.sleep(0.2)
+    assert now["data_limit"] < replaced["data_limit"]
+    assert check("500MiB")[0] == 0 and check()[0] == 0
 
 
 @pytest.mark.slow
