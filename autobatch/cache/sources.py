@@ -25,7 +25,7 @@ HASHED_BYTES = 256 << 20
 #: package's metadata file that is not there): a file that appears there later is a change.
 ABSENT = "absent"
 #: Folders whose files are installed packages, never the user's own sources.
-_INSTALLED_MARKERS = ("site-packages", "dist-packages")
+INSTALLED_MARKERS = ("site-packages", "dist-packages")
 
 
 def local_sources(script: str | Path, cwd: str | Path | None = None) -> list[Path]:
@@ -213,9 +213,14 @@ def _inside(path: Path, root: Path) -> bool:
         return False
 
 
+def in_site_folder(path: str | Path) -> bool:
+    """Whether ``path`` lies in a folder of installed packages (``site-packages``, ``dist-packages``)."""
+    return any(marker in Path(path).parts for marker in INSTALLED_MARKERS)
+
+
 def _installed(path: Path) -> bool:
     resolved = path.resolve()
-    if any(marker in resolved.parts for marker in _INSTALLED_MARKERS):
+    if in_site_folder(resolved):
         return True
     prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     return any(_inside(resolved, prefix) for prefix in prefixes if prefix != Path("/"))

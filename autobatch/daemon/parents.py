@@ -7,7 +7,8 @@ whose server was forked and warmed modules, the warm process forks a *warm paren
 server did (the request's working folder, environment and ``sys.path``; under the same :class:`Warming`: on the
 CPU the budget's soft data limit, which decides what a library reserves as it loads), then serves as the warm
 process does: the next commands of that environment and script are forked from it, and their probe servers
-find the modules imported. The rules of a fork hold there too: a parent whose imports started a thread its library does
+find the modules imported. What the probes import themselves as the script runs (a library's lazy imports)
+is imported there too (:func:`autobatch.probe.forked.learn`). The rules of a fork hold there too: a parent whose imports started a thread its library does
 not make fork-safe, or a CUDA context, refuses (and is not tried again for those modules).
 
 The key is a fingerprint (:func:`environment_key`): the script and settings file the request's arguments name
@@ -15,9 +16,9 @@ The key is a fingerprint (:func:`environment_key`): the script and settings file
 under another budget, keeps the warm process's path), the working folder, ``sys.path``, the environment's
 variables but a shell's per-command ones, and the interpreter's site folders' last change (a package installed
 or removed changes its folder). A parent is used only while every module file it imported is as it was (an
-editable install's source edited: a new parent, never stale code). A command whose server needs another
-warming (another ``--memory``) starts its server as a fresh Python (:func:`autobatch.probe.forked.why_cold`),
-and the parent is replaced after it. At most :data:`AT_MOST` parents live; the least recently used idle one
+editable install's source edited: a new parent, never stale code). A command whose budget is smaller than
+the one the parent imported under starts its server as a fresh Python (:func:`autobatch.probe.forked.why_cold`),
+and the parent is replaced after it by one of that budget; a larger one forks from the parent. At most :data:`AT_MOST` parents live; the least recently used idle one
 goes first. A parent dies with the warm process, and its commands with it.
 """
 
@@ -35,13 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from autobatch.probe import forked
+from autobatch.probe.warming import top_package
 
 #: Warm parents at most (each holds a Python with torch and its modules: a few hundred MiB).
 AT_MOST = 4
 #: Largest message a parent sends.
 MESSAGE = 1 << 16
-#: What a command keeps for its environment (:func:`autobatch.probe.forked.learn`), read as it ends.
-LEARNED = forked.LEARNED
 
 
 def environment_key(request: dict[str, Any], script: list[Any]) -> str:
@@ -51,9 +51,9 @@ def environment_key(request: dict[str, Any], script: list[Any]) -> str:
     is checked file by file besides (:meth:`Parent.fresh`)."""
     from autobatch.cache.fresh import interpreter
     from autobatch.cache.keys import digest
-    from autobatch.probe.client import SHELL_KEYS
+    from autobatch.probe.client import steady_environment
 
-    env = sorted((k, v) for k, v in request["env"].items() if k not in SHELL_KEYS)
+    env = steady_environment(request["env"])
     return digest([script, request["cwd"], request["sys_path"], env, interpreter()], length=32)
 
 
@@ -90,7 +90,7 @@ class Parent:
         return True
 
     def describe(self) -> dict[str, Any]:
-        tops = list(dict.fromkeys(name.partition(":")[0].partition(".")[0] for name in self.modules))
+        tops = list(dict.fromkeys(top_package(name) for name in self.modules))
         return {
             "pid": self.pid,
             "cwd": self.cwd[-120:],
@@ -193,9 +193,8 @@ class Parents:
             message = parent.channel.recv(MESSAGE)
         except OSError:
             message = b""
-        if (
-            not message
-        ):  # it died (its exit is reaped); before it was ready: its imports failed, not tried again
+        if not message:
+            # it died (its exit is reaped); before it was ready, its imports failed: not tried again
             if not parent.ready:
                 self.refused.add(_identity(parent.key, parent.modules, parent.warming))
             self._retire(parent)
@@ -255,9 +254,6 @@ class Parents:
         for command in parent.running:
             yield {"exited": command, "code": -signal.SIGKILL}
 
-    def owns(self, pid: int) -> bool:
-        return pid in self.by_pid
-
     # -- starting and ending ---------------------------------------------------------------------------------
 
     def learn(self, request: dict[str, Any]) -> None:
@@ -265,7 +261,7 @@ class Parents:
         probe server warmed, when it kept them (:func:`autobatch.probe.forked.learn`): with the parent's own too
         when they were imported under the same warm-up, so scripts of one folder taking turns do not replace
         each other's."""
-        learned = forked.kept(LEARNED + request["key"])
+        learned = forked.kept(forked.LEARNED + request["key"])
         if not learned or not learned.get("modules"):
             return
         modules = [name for name in learned["modules"] if name not in self.unsafe]
@@ -376,9 +372,9 @@ def _import(
     imported, each module file it imported with its size and last change, why it cannot serve or None, the
     module whose import started a thread or None)."""
     from autobatch.probe.server import lifelong_imports
-    from autobatch.probe.warming import Warming, thread_count, warm
+    from autobatch.probe.warming import Warming, loaded_since, thread_count, warm
 
-    before = set(sys.modules)
+    before = frozenset(sys.modules)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -396,12 +392,10 @@ def _import(
         return imported, [], f"importing {', '.join(imported)} made a CUDA context", None
     forked.descend({"key": request["key"], "modules": modules, "warming": warming})
     files = []
-    for name in set(sys.modules) - before:
-        path = getattr(sys.modules.get(name), "__file__", None)
-        if path:
-            try:
-                info = os.stat(path)
-            except OSError:
-                continue
-            files.append((path, info.st_size, info.st_mtime_ns))
+    for path in loaded_since(before).values():
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        files.append((path, info.st_size, info.st_mtime_ns))
     return imported, files, None, None

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -92,6 +92,11 @@ def _group_gone(group: int, timeout: float) -> bool:
 #: When set, starting a probe server is refused with its value as the reason: the test suite sets it for tests
 #: not marked ``slow``, so that the quick run cannot start one by accident.
 NO_SERVER_ENV = "AUTOBATCH_NO_PROBE_SERVER"
+
+
+def steady_environment(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``env`` as a key: every variable but what a shell sets per command (:data:`SHELL_KEYS`), sorted."""
+    return sorted((k, v) for k, v in env.items() if k not in SHELL_KEYS)
 
 
 def _timeless(request: ProbeRequest) -> dict[str, Any]:
@@ -340,8 +345,7 @@ class ProbeClient:
             sources = spec_sources(spec)
         except (OSError, AutobatchError):
             return []
-        environment = sorted((k, v) for k, v in os.environ.items() if k not in SHELL_KEYS)
-        return [sources, os.getcwd(), environment]
+        return [sources, os.getcwd(), steady_environment(os.environ)]
 
     def _send(self, request: ProbeRequest) -> ProbeOutcome:
         """``request`` to the server as it is; its outcome."""

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autobatch.cache.sources import in_site_folder
 from autobatch.records.protocol import ProbeOutcome
 
 #: The folder the probe server makes for each probe: scratch folders are made inside it, and it is removed
@@ -29,7 +30,6 @@ WORKING_ENV = "AUTOBATCH_WORKING_FOLDER"
 SHARED_ENV = "AUTOBATCH_SCRATCH_FOLDER"
 #: Folders whose files are never the script's own inputs or outputs.
 _SYSTEM = ("/proc", "/sys", "/dev")
-_INSTALLED_MARKERS = ("site-packages", "dist-packages")
 #: Folders of an installed package's metadata (a development install's sit beside its sources).
 _METADATA = (".dist-info", ".egg-info")
 #: autobatch's own package: its files are never the script's.
@@ -71,10 +71,9 @@ class ScriptFiles:
         # do it, so asking it from inside the hook, the first time, would wait for that lock for ever
         self.caches = _caches()
         prefixes = {Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}} - {Path("/")}
+        #: The interpreter's prefixes but one that holds the working folder (a project under ``/usr``).
         self.prefixes = [p for p in prefixes if not any(_under(folder, p) for folder in self.protected)]
-        self.skipped = list(prefixes)
-        self.skipped += [_AUTOBATCH, *(Path(p) for p in _SYSTEM)]
-        self.skipped = [p for p in self.skipped if p != Path("/")]
+        self.skipped = [*prefixes, *(Path(p) for p in _SYSTEM)]
 
     # -- the hook -------------------------------------------------------------------------------
 
@@ -175,13 +174,12 @@ class ScriptFiles:
         what is installed), nor does autobatch's own package or a development install's metadata beside the
         sources, and importlib's search for package metadata that is not there is no read of the script's. A
         prefix that holds the working folder (a project under ``/usr``) does not count."""
-        if set(real.parts) & set(_INSTALLED_MARKERS) or any(p.endswith(_METADATA) for p in real.parts):
+        if in_site_folder(real) or any(p.endswith(_METADATA) for p in real.parts):
             return True
         return any(_under(real, prefix) for prefix in [*self.prefixes, _AUTOBATCH])
 
     def _not_an_input(self, real: Path) -> bool:
-        """Python's, autobatch's, the system's, or in the temporary folder (libraries' caches, such as
-        compilers')."""
+        """Python's, the system's, or in the temporary folder (libraries' caches, such as compilers')."""
         return any(_under(real, folder) for folder in [*self.skipped, self.caches[0]])
 
     def _absolute(self, path: Any) -> Path | None:

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from autobatch.probe.warming import Warming
+from autobatch.probe.warming import Warming, thread_count, top_package
 
 #: Prefixes of environment variables read once, when a library loads: a fork keeps what the warm process read.
 LOAD_TIME = (
@@ -127,8 +127,6 @@ def enable(env: Mapping[str, str], request_key: str = "") -> None:
     """Mark this process (just forked from the warm one, started with ``env``, for a request of the environment
     ``request_key``) as one its probe servers may be forked from."""
     global _warm, _threads, _request_key
-    from autobatch.probe.warming import thread_count
-
     _warm, _threads, _request_key = load_time_env(env), thread_count(), request_key
 
 
@@ -150,19 +148,14 @@ def learn(modules: list[str], warming: Warming) -> None:
     commands."""
     # of packages the warm process has not loaded: torch's own submodules, imported as it goes, are not worth a
     # parent (the warm process has torch); a parent's own packages are
-    parents = {_top(name) for name in (_lineage or {}).get("modules", [])}
-    new = [name for name in modules if _top(name) not in sys.modules or _top(name) in parents]
+    parents = {top_package(name) for name in (_lineage or {}).get("modules", [])}
+    new = [name for name in modules if top_package(name) not in sys.modules or top_package(name) in parents]
     if _lineage is not None and Warming.from_dict(_lineage["warming"]).holds_no_more_than(warming):
         # the parent serves this command's budget: kept under its warm-up, so the warm process keeps it (a
         # smaller budget, whose server started cold, teaches it to replace the parent with one of that budget)
         warming = Warming.from_dict(_lineage["warming"])
     if _request_key and new:
         keep(LEARNED + _request_key, {"modules": new, "warming": warming.to_dict()})
-
-
-def _top(name: str) -> str:
-    """The top-level package of ``module`` or ``module:name``."""
-    return name.partition(":")[0].partition(".")[0]
 
 
 def why_cold(env: Mapping[str, str], warming: Warming | None) -> str | None:
@@ -182,8 +175,6 @@ def why_cold(env: Mapping[str, str], warming: Warming | None) -> str | None:
     if wanted != _warm:
         keys = sorted(k for k in wanted.keys() | _warm.keys() if wanted.get(k) != _warm.get(k))
         return f"the load-time environment differs from the warm process's ({', '.join(keys)})"
-    from autobatch.probe.warming import thread_count
-
     if thread_count() > _threads:
         return f"the command started {thread_count() - _threads} thread(s)"
     torch = sys.modules.get("torch")

@@ -135,15 +135,12 @@ def write_outcome(fd: int, outcome: ProbeOutcome) -> None:
 
 def installed_since(before: frozenset[str]) -> list[str]:
     """The modules imported since ``before`` that are installed packages' (their file in a site folder)."""
-    found = []
-    for name in set(sys.modules) - before:
-        try:  # a lazy module's attribute may load more, or raise: never the probe's failure
-            path = str(getattr(sys.modules.get(name), "__file__", None) or "")
-        except Exception:  # noqa: BLE001
-            continue
-        if ("site-packages" in path or "dist-packages" in path) and not name.startswith("__"):
-            found.append(name)
-    return sorted(found)
+    from autobatch.cache.sources import in_site_folder
+    from autobatch.probe.warming import loaded_since
+
+    return sorted(
+        n for n, path in loaded_since(before).items() if in_site_folder(path) and not n.startswith("__")
+    )
 
 
 def report_and_exit(outcome: ProbeOutcome) -> None:

@@ -137,8 +137,8 @@ def step_imports(spec: str | Mapping[str, Any]) -> list[str]:
     for file in files:
         names.extend(_top_level_imports(file))
     local = {file.resolve().parent for file in files if file.is_file()}
-    third_party = {top for top in {_top(name) for name in names} if _third_party(top, local)}
-    return [name for name in dict.fromkeys(names) if _top(name) in third_party]
+    third_party = {top for top in {top_package(name) for name in names} if _third_party(top, local)}
+    return [name for name in dict.fromkeys(names) if top_package(name) in third_party]
 
 
 def warm(names: list[str]) -> list[str]:
@@ -182,9 +182,22 @@ def _top_level_imports(path: Path) -> list[str]:
     return names
 
 
-def _top(name: str) -> str:
+def top_package(name: str) -> str:
     """The top-level package of ``module`` or ``module:name``."""
     return name.partition(":")[0].partition(".")[0]
+
+
+def loaded_since(before: frozenset[str] | set[str]) -> dict[str, str]:
+    """The modules imported since ``before`` (a snapshot of ``sys.modules``) that have a file: name -> file."""
+    found = {}
+    for name in set(sys.modules) - before:
+        try:  # a lazy module's attribute may load more, or raise: never the caller's failure
+            path = getattr(sys.modules.get(name), "__file__", None)
+        except Exception:  # noqa: BLE001
+            continue
+        if path:
+            found[name] = str(path)
+    return found
 
 
 def _standard(name: str) -> bool:
