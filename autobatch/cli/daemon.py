@@ -64,8 +64,8 @@ def status(
     verbose: opt.Verbose = False,
     quiet: opt.Quiet = False,
 ) -> None:
-    """Show your daemon: versions, uptime, the requests running and queued, its warm parents. Exit 1 when none
-    runs."""
+    """Show your daemon: versions, uptime, the inventory it serves, the requests running and queued, its warm
+    parents. Exit 1 when none runs."""
     from autobatch.daemon.client import Client
 
     answer = Client().status()
@@ -84,6 +84,12 @@ def status(
     )
     from autobatch.core.units import format_bytes
 
+    counts = answer.get("inventory")
+    if counts and counts["reads"]:
+        console.print(
+            f"  inventory: {counts['reads']} read(s) served; NVML started {counts['starts']} time(s), the GPUs' "
+            f"fixed facts read {counts['fixed_reads']} time(s)"
+        )
     for parent in answer.get("warm_parents", []):
         limit = (
             f", imported under a data limit of {format_bytes(parent['data_limit'])}"

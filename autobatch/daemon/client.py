@@ -19,10 +19,13 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autobatch.daemon.place import Place, identity
 from autobatch.errors import EXIT_SIGINT, EXIT_SIGTERM, DaemonError
+
+if TYPE_CHECKING:
+    from autobatch.devices.inventory import NvmlFacts
 
 #: The commands that run through the daemon when it is used.
 ROUTED = ("tune", "check", "explain", "estimate")
@@ -60,6 +63,20 @@ def request(
     except BaseException:
         connection.close()
         raise
+
+
+def served_facts(socket_path: str) -> NvmlFacts:
+    """NVML's facts as the daemon's reader has them now (``GET /v1/inventory``): how a command the daemon runs
+    reads its inventory."""
+    from autobatch.devices.inventory import NvmlFacts
+
+    answer = request(socket_path, "GET", "/v1/inventory", timeout=30.0)
+    try:
+        if answer.status != 200:
+            raise DaemonError(f"the daemon did not serve the inventory ({answer.status})")
+        return NvmlFacts.from_dict(json.loads(answer.read())["facts"])
+    finally:
+        answer.close()
 
 
 class Client:

@@ -1,6 +1,11 @@
 """The daemon: HTTP/1.0 over a Unix socket (the standard library's ``http.server``), one thread per connection.
 
 * ``GET /v1/status``: versions, pid, uptime, the requests running and queued.
+* ``GET /v1/inventory``: what NVML says of the node's GPUs now (:class:`autobatch.devices.inventory.NvmlFacts`,
+  as ``{"facts": ..., "counts": ...}``), from a reader open for the daemon's life: NVML started once, the GPUs'
+  fixed facts read once and again when they change, their memory and processes read at each request. The
+  commands the daemon runs read their inventory here; a scheduler can too, with no Python of its own
+  (``curl --unix-socket SOCKET http://localhost/v1/inventory``).
 * ``POST /v1/run`` (a JSON body: argv, cwd, env, sys_path): the command runs in a child forked from the
   zygote; the answer is a stream of JSON lines (``{"id", "pid"}``, then ``{"out": text}`` and ``{"err": text}``
   as the child writes them, then ``{"exit": code}``), ended by closing the connection. A client that goes away
@@ -39,6 +44,7 @@ from typing import Any
 
 from autobatch.daemon.place import Place, identity
 from autobatch.devices.cpu import MALLOC_ENV
+from autobatch.devices.inventory import NvmlReader
 from autobatch.errors import DaemonError
 
 #: Largest request body (the client's environment is its bulk).
@@ -129,6 +135,8 @@ class Daemon:
         self.on_stop: Any = None  # set by serve(): stops the HTTP server
         #: The warm parents the zygote keeps (autobatch.daemon.parents), as it last described them.
         self.parents: list[dict[str, Any]] = []
+        #: NVML, open for the daemon's life (``GET /v1/inventory``); started at the first request for it.
+        self.inventory = NvmlReader()
 
     # The zygote -------------------------------------------------------------------------------------------
 
@@ -195,6 +203,7 @@ class Daemon:
             self.requests[request.id] = request
             self.last_active = time.monotonic()
         message = {"id": request.id, **{k: body[k] for k in ("argv", "cwd", "env", "sys_path")}}
+        message["socket"] = str(self.place.socket)  # where the command reads its inventory
         assert self._control is not None
         with self._send:
             socket.send_fds(self._control, [json.dumps(message).encode()], list(pipes))
@@ -240,6 +249,7 @@ class Daemon:
             "served": self.served,
             "requests": requests,
             "warm_parents": parents,
+            "inventory": dict(self.inventory.counts),
         }
 
     # Life ---------------------------------------------------------------------------------------------------
@@ -265,6 +275,7 @@ class Daemon:
                 self.stop()
 
     def close(self) -> None:
+        self.inventory.close()
         if self._control is not None:
             # shut down before closing: the thread that hears the zygote is blocked in recv on this socket, and
             # a close alone leaves the connection open under it, so the zygote never read end of file and the
@@ -335,6 +346,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/v1/status":
             self._json(200, self.server.daemon.status())
+        elif self.path == "/v1/inventory":
+            reader = self.server.daemon.inventory
+            facts = reader.read()
+            self._json(200, {"facts": facts.to_dict(), "counts": dict(reader.counts)})
         else:
             self._json(404, {"error": f"no such endpoint: GET {self.path}"})
 

@@ -212,6 +212,7 @@ def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]
 
         # its probe servers are forked from it when their environment allows
         forked.enable(started_with, request.get("key", ""))
+        _read_inventory_from(request.get("socket"))
         from autobatch.probe.lineage import die_with_parent
 
         die_with_parent(signal.SIGKILL)
@@ -235,6 +236,19 @@ def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]
         code = _run()
     finally:
         os._exit(code)
+
+
+def _read_inventory_from(socket_path: str | None) -> None:
+    """The command reads NVML's facts from the daemon's reader (:func:`autobatch.devices.inventory.served_by`):
+    NVML is not started again in every command."""
+    if socket_path is None:
+        return
+    import functools
+
+    from autobatch.daemon.client import served_facts
+    from autobatch.devices.inventory import served_by
+
+    served_by(functools.partial(served_facts, socket_path))
 
 
 def _run() -> int:

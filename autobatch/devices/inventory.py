@@ -12,11 +12,13 @@ as held by processes NVML does not list.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import platform
 import socket
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -69,6 +71,32 @@ class HostMemory:
 
 
 @dataclass
+class NvmlFacts:
+    """What NVML says of the machine's GPUs, before a process's view of them (its indices under
+    ``CUDA_VISIBLE_DEVICES``) is put on it: what :class:`NvmlReader` reads, and what the daemon serves its
+    commands (:meth:`to_dict`, :meth:`from_dict`)."""
+
+    gpus: list[Gpu] = field(default_factory=list)
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    no_gpu: str | None = None  # why no GPU is listed (no driver, no pynvml, ...)
+    nvml: str = "ok"  # "ok", "no-driver" (NVML cannot start: no CUDA either), "missing" (no pynvml: unknown)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NvmlFacts:
+        return cls(**{**data, "gpus": [_gpu_from(g) for g in data.get("gpus", ())]})
+
+
+def _gpu_from(data: Mapping[str, Any]) -> Gpu:
+    processes = [GpuProcess(**p) for p in data.get("processes", ())]
+    return Gpu(**{**data, "processes": processes, "mig": [_gpu_from(m) for m in data.get("mig", ())]})
+
+
+@dataclass
 class Inventory:
     host: HostMemory
     gpus: list[Gpu] = field(default_factory=list)
@@ -79,6 +107,16 @@ class Inventory:
     visibility: str = ""
     notes: list[str] = field(default_factory=list)
 
+    @classmethod
+    def seen(cls, facts: NvmlFacts, env: Mapping[str, str]) -> Inventory:
+        """The machine as a process with environment ``env`` sees it: NVML's ``facts``, this host's memory, and
+        each GPU's index under ``CUDA_VISIBLE_DEVICES``."""
+        inventory = cls(host=host_memory(), visibility=describe_variable(env), **asdict(facts))
+        inventory.gpus = copy.deepcopy(facts.gpus)  # asdict made dicts of them; the reader's stay its own
+        if inventory.gpus:
+            _place(inventory, env)
+        return inventory
+
     def visible(self) -> list[Gpu]:
         """GPUs and MIG instances this process sees, by index."""
         every = [g for gpu in self.gpus for g in (gpu, *gpu.mig)]
@@ -88,50 +126,148 @@ class Inventory:
         return asdict(self)
 
 
+#: Where a command run by the daemon gets NVML's facts: the daemon's reader, open for its life
+#: (:func:`served_by`); None: this process reads NVML itself.
+_served: Callable[[], NvmlFacts] | None = None
+
+
+def served_by(source: Callable[[], NvmlFacts] | None) -> None:
+    """Read NVML's facts from ``source`` (the daemon's, for a command it runs) rather than in this process; a
+    source that fails is passed over for a read of this process's own."""
+    global _served
+    _served = source
+
+
 def read_inventory(nvml: Any = None, env: Mapping[str, str] | None = None) -> Inventory:
-    """The inventory now (``nvml``: the pynvml module, imported when None)."""
+    """The inventory now (``nvml``: the pynvml module, imported when None), NVML opened for this read alone; in a
+    command the daemon runs, from the daemon's reader (:func:`served_by`)."""
     env = os.environ if env is None else env
-    inventory = Inventory(host=host_memory(), visibility=describe_variable(env))
-    if nvml is None:
+    facts = None
+    if nvml is None and _served is not None:
         try:
-            nvml = importlib.import_module("pynvml")
-        except ImportError as exc:
-            inventory.no_gpu = f"pynvml is not importable ({exc}): pip install nvidia-ml-py"
-            inventory.nvml = "missing"
-            return inventory
-    errors = _errors(nvml)
-    try:
-        nvml.nvmlInit()
-    except (*errors, OSError) as exc:  # type: ignore[misc]
-        inventory.no_gpu = f"no NVIDIA driver: NVML cannot start ({exc})"
-        inventory.nvml = "no-driver"
-        return inventory
-    try:
-        _read_gpus(nvml, inventory, env)
-    except errors as exc:
-        inventory.no_gpu = f"NVML started but cannot list the GPUs ({exc})"
-    finally:
+            facts = _served()
+        except Exception:  # noqa: BLE001 - the daemon went away: this process reads NVML itself
+            facts = None
+    if facts is None:
+        reader = NvmlReader(nvml)
         try:
-            nvml.nvmlShutdown()
-        except errors:
-            pass
-    return inventory
+            facts = reader.read()
+        finally:
+            reader.close()
+    return Inventory.seen(facts, env)
 
 
-def _read_gpus(nvml: Any, inventory: Inventory, env: Mapping[str, str]) -> None:
-    inventory.driver_version = _text(_call(nvml, "nvmlSystemGetDriverVersion"))
-    cuda = _call(nvml, "nvmlSystemGetCudaDriverVersion")
-    inventory.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None
-    for index in range(nvml.nvmlDeviceGetCount()):
+@dataclass
+class _Fixed:
+    """A GPU's facts that stay while NVML is open and the GPU is not reconfigured, and its handle."""
+
+    handle: Any
+    gpu: Gpu  # name, UUID, PCI bus, MIG mode; no memory, processes or instances
+
+
+class NvmlReader:
+    """NVML opened once: the GPUs' fixed facts (driver, names, UUIDs, PCI buses, MIG modes) read at the first
+    call and again only when they change (another device count or MIG mode); what moves (memory, processes, MIG
+    instances) read at every call. An NVML call that fails the whole read (a GPU lost, the driver reloaded)
+    starts NVML again, once. :func:`read_inventory` opens one for a single read; the daemon keeps one for its life,
+    so its commands never start NVML themselves. Thread-safe (one read at a time)."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        self._given = nvml
+        self._nvml: Any = None  # the module, while NVML is started
+        self._fixed: list[_Fixed] = []
+        self._count = -1  # NVML's device count when the fixed facts were read
+        self._base = NvmlFacts()  # the driver's versions and the fixed read's notes
+        self._lock = threading.Lock()
+        #: NVML started, fixed facts read, reads served: what ``autobatch daemon status`` shows.
+        self.counts = {"starts": 0, "fixed_reads": 0, "reads": 0}
+
+    def read(self) -> NvmlFacts:
+        with self._lock:
+            self.counts["reads"] += 1
+            for attempt in (1, 2):
+                facts = self._start()
+                if facts is not None:  # NVML cannot start (or pynvml is missing): said why
+                    return facts
+                try:
+                    return self._read()
+                except _errors(self._nvml) as exc:
+                    self._stop()
+                    if attempt == 2:
+                        return NvmlFacts(no_gpu=f"NVML started but cannot list the GPUs ({exc})")
+            raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def _start(self) -> NvmlFacts | None:
+        """NVML started (None), or the facts of why it cannot be."""
+        if self._nvml is not None:
+            return None
+        nvml = self._given
+        if nvml is None:
+            try:
+                nvml = importlib.import_module("pynvml")
+            except ImportError as exc:
+                return NvmlFacts(
+                    no_gpu=f"pynvml is not importable ({exc}): pip install nvidia-ml-py", nvml="missing"
+                )
         try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        except _errors(nvml) as exc:
-            inventory.notes.append(f"NVML device {index} cannot be read ({exc})")
-            continue
-        inventory.gpus.append(_gpu(nvml, handle, index))
-    if not inventory.gpus:
-        inventory.no_gpu = "NVML lists no GPU on this machine"
-        return
+            nvml.nvmlInit()
+        except (*_errors(nvml), OSError) as exc:  # type: ignore[misc]
+            return NvmlFacts(no_gpu=f"no NVIDIA driver: NVML cannot start ({exc})", nvml="no-driver")
+        self._nvml, self._count = nvml, -1
+        self.counts["starts"] += 1
+        return None
+
+    def _stop(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except _errors(self._nvml):
+                pass
+        self._nvml, self._fixed, self._count = None, [], -1
+
+    def _read(self) -> NvmlFacts:
+        nvml = self._nvml
+        count = nvml.nvmlDeviceGetCount()
+        if count != self._count or any(
+            _mig_enabled(nvml, f.handle) != f.gpu.mig_enabled for f in self._fixed
+        ):
+            self._read_fixed(nvml, count)
+        facts = copy.deepcopy(self._base)
+        for fixed in self._fixed:
+            gpu = copy.deepcopy(fixed.gpu)
+            _usage(nvml, fixed.handle, gpu)
+            if gpu.mig_enabled:
+                gpu.mig = _instances(nvml, fixed.handle, gpu.nvml_index, gpu.uuid)
+            facts.gpus.append(gpu)
+        if not facts.gpus:
+            facts.no_gpu = "NVML lists no GPU on this machine"
+        return facts
+
+    def _read_fixed(self, nvml: Any, count: int) -> None:
+        self.counts["fixed_reads"] += 1
+        cuda = _call(nvml, "nvmlSystemGetCudaDriverVersion")
+        self._base = NvmlFacts(
+            driver_version=_text(_call(nvml, "nvmlSystemGetDriverVersion")),
+            cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
+        )
+        self._fixed, self._count = [], count
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            except _errors(nvml) as exc:
+                self._base.notes.append(f"NVML device {index} cannot be read ({exc})")
+                continue
+            gpu = _identity(nvml, handle, index)
+            gpu.mig_enabled = _mig_enabled(nvml, handle)
+            self._fixed.append(_Fixed(handle, gpu))
+
+
+def _place(inventory: Inventory, env: Mapping[str, str]) -> None:
+    """Each GPU's index as this process sees it, and what the reader should know of that view."""
     physical = [Physical(g.uuid, g.pci_bus_id or "", tuple(m.uuid for m in g.mig)) for g in inventory.gpus]
     indices = visible_indices(physical, env.get("CUDA_VISIBLE_DEVICES"))
     for gpu in inventory.gpus:
@@ -155,7 +291,8 @@ def _read_gpus(nvml: Any, inventory: Inventory, env: Mapping[str, str]) -> None:
         )
 
 
-def _gpu(nvml: Any, handle: Any, nvml_index: int, parent: str | None = None) -> Gpu:
+def _identity(nvml: Any, handle: Any, nvml_index: int, parent: str | None = None) -> Gpu:
+    """A GPU's (or MIG instance's) name, UUID and, for a GPU, PCI bus."""
     gpu = Gpu(
         nvml_index=nvml_index,
         name=_text(_call(nvml, "nvmlDeviceGetName", handle)) or "unknown GPU",
@@ -165,6 +302,16 @@ def _gpu(nvml: Any, handle: Any, nvml_index: int, parent: str | None = None) -> 
     if parent is None:
         pci = _call(nvml, "nvmlDeviceGetPciInfo", handle)
         gpu.pci_bus_id = _text(getattr(pci, "busId", None)) if pci is not None else None
+    return gpu
+
+
+def _mig_enabled(nvml: Any, handle: Any) -> bool:
+    mode = _call(nvml, "nvmlDeviceGetMigMode", handle)
+    return bool(mode) and mode[0] == NVML_DEVICE_MIG_ENABLE
+
+
+def _usage(nvml: Any, handle: Any, gpu: Gpu) -> Gpu:
+    """``gpu`` with its memory and processes now."""
     memory = _call(nvml, "nvmlDeviceGetMemoryInfo", handle)
     if memory is not None:
         gpu.total_bytes, gpu.used_bytes, gpu.free_bytes = (
@@ -173,11 +320,6 @@ def _gpu(nvml: Any, handle: Any, nvml_index: int, parent: str | None = None) -> 
             int(memory.free),
         )
     _processes(nvml, handle, gpu)
-    if parent is None:
-        mode = _call(nvml, "nvmlDeviceGetMigMode", handle)
-        gpu.mig_enabled = bool(mode) and mode[0] == NVML_DEVICE_MIG_ENABLE
-        if gpu.mig_enabled:
-            gpu.mig = _instances(nvml, handle, nvml_index, gpu.uuid)
     return gpu
 
 
@@ -187,7 +329,7 @@ def _instances(nvml: Any, handle: Any, nvml_index: int, parent: str) -> list[Gpu
     for slot in range(int(slots)):
         instance = _call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
         if instance is not None:
-            found.append(_gpu(nvml, instance, nvml_index, parent=parent))
+            found.append(_usage(nvml, instance, _identity(nvml, instance, nvml_index, parent=parent)))
     return found
 
 

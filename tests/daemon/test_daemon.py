@@ -97,6 +97,58 @@ def test_check_through_the_daemon_answers_as_in_process(place: Place, tmp_path: 
 
 
 @pytest.mark.slow
+def test_commands_through_the_daemon_read_its_inventory_and_nvml_starts_once(
+    place: Place, tmp_path: Path
+) -> None:
+    """``--device auto`` reads the inventory; through the daemon, from its reader (NVML started once in the
+    daemon's process, never in a command), with the answer an in-process run gives. The reader follows the
+    GPUs: one appearing is listed with no new start, a lost session starts NVML again. A stand-in ``pynvml``
+    (``fake_pynvml/``) lists one GPU, hidden by ``CUDA_VISIBLE_DEVICES`` so that ``auto`` is the CPU here."""
+    state = tmp_path / "nvml.json"
+    gpu = {"uuid": "GPU-aaaa", "bus": "00000000:17:00.0", "name": "NVIDIA A100-SXM4-80GB", "total": 80 << 30}
+    state.write_text(json.dumps({"devices": [{**gpu, "used": 1 << 30}]}))
+    fake = {
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parent / "fake_pynvml"), os.environ.get("PYTHONPATH", "")]
+        ),
+        "AUTOBATCH_FAKE_NVML": str(state),
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    auto = [a if a != "cpu" else "auto" for a in CHECK]
+    here = run_cli(*auto, cwd=tmp_path, env=fake)
+    starts = state.with_suffix(".log")
+    assert here.returncode == 0, here.stderr
+    (in_process,) = starts.read_text().splitlines()  # the command started NVML itself
+    runs = [run_cli(*auto, cwd=tmp_path, env={**fake, **env_for(place)}) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
+    pid = daemon_pid(place)
+    assert starts.read_text().splitlines() == [in_process, f"init {pid}"]  # once, in the daemon
+    status = Client(place).status()
+    assert status is not None and status["served"] == 2
+    assert status["inventory"] == {"starts": 1, "fixed_reads": 1, "reads": 2}
+    ours, theirs = json.loads(here.stdout), json.loads(runs[-1].stdout)
+    for key in MEASURED:
+        ours.pop(key), theirs.pop(key)
+    assert ours == theirs
+    assert "device auto found no CUDA device" in runs[-1].stderr
+
+    state.write_text(
+        json.dumps({"devices": [{**gpu, "used": 3 << 30}, {**gpu, "uuid": "GPU-bbbb", "used": 0}]})
+    )
+    code, served = Client(place).ask("GET", "/v1/inventory")
+    assert code == 200 and [(g["uuid"], g["used_bytes"]) for g in served["facts"]["gpus"]] == [
+        ("GPU-aaaa", 3 << 30),
+        ("GPU-bbbb", 0),
+    ]
+    assert served["counts"] == {"starts": 1, "fixed_reads": 2, "reads": 3}
+    state.write_text(json.dumps({**json.loads(state.read_text()), "lost": 1}))
+    code, served = Client(place).ask("GET", "/v1/inventory")
+    assert code == 200 and len(served["facts"]["gpus"]) == 2
+    assert served["counts"] == {"starts": 2, "fixed_reads": 3, "reads": 4}
+    assert starts.read_text().splitlines()[-1] == f"init {pid}"
+
+
+@pytest.mark.slow
 def test_a_bad_script_exits_through_the_daemon_as_in_process(place: Place, tmp_path: Path) -> None:
     args = (
         "tune",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from fake_nvml import A, B, FakeDevice, FakeNvml, GiB, M, MiB, machine, proc
+from fake_nvml import A, B, FakeDevice, FakeNvml, FakeNvmlError, GiB, M, MiB, machine, proc
 
 from autobatch.devices.inventory import read_inventory
 from autobatch.devices.selection import targets_for
@@ -225,3 +225,82 @@ def test_cgroup_memory_limit_v2_and_unlimited(tmp_path, monkeypatch: pytest.Monk
     assert inventory.cgroup_memory_limit(root=str(tmp_path)) == 16 * GiB
     limit.write_text("max\n")
     assert inventory.cgroup_memory_limit(root=str(tmp_path)) is None
+
+
+class CountingNvml(FakeNvml):
+    """A fake that counts NVML's starts and the name reads (one per GPU and fixed read), and can lose its
+    session once (the next device count fails, as after a GPU reset or a driver reload)."""
+
+    def __init__(self, devices) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(devices)
+        self.starts = self.names = 0
+        self.lost = False
+
+    def nvmlInit(self) -> None:
+        self.starts += 1
+
+    def nvmlDeviceGetName(self, h):  # type: ignore[no-untyped-def]
+        self.names += 1
+        return h.name
+
+    def nvmlDeviceGetCount(self) -> int:
+        if self.lost:
+            self.lost = False
+            raise FakeNvmlError("GPU is lost")
+        return len(self.devices)
+
+
+def test_a_reader_kept_open_starts_nvml_once_and_reads_fixed_facts_again_only_when_they_change() -> None:
+    """The daemon's reader: memory and processes read at every call, the GPUs' names and identities once, again
+    when a GPU appears or its MIG mode changes; a lost session starts NVML again, once."""
+    from autobatch.devices.inventory import Inventory, NvmlFacts, NvmlReader
+
+    a = FakeDevice(A, "00000000:17:00.0", used=1 * GiB)
+    fake = CountingNvml([a])
+    reader = NvmlReader(fake)
+    first = reader.read()
+    a.used, a.procs = 5 * GiB, [proc(os.getpid(), 4 * GiB)]
+    second = reader.read()
+    assert (fake.starts, fake.names) == (1, 1)  # the second read asked only what moves
+    assert (first.gpus[0].used_bytes, second.gpus[0].used_bytes) == (1 * GiB, 5 * GiB)
+    assert [p.pid for p in second.gpus[0].processes] == [os.getpid()] and first.gpus[0].processes == []
+    assert second == NvmlFacts.from_dict(second.to_dict())  # as the daemon serves it
+    # what a process sees of the facts is its own: the reader's copy keeps no index
+    assert Inventory.seen(second, {}).gpus[0].index == 0 and reader.read().gpus[0].index is None
+
+    fake.devices.append(FakeDevice(B, "00000000:65:00.0"))  # a GPU appears (or comes back after a reset)
+    assert [g.uuid for g in reader.read().gpus] == [A, B] and (fake.starts, fake.names) == (1, 3)
+    a.mig = [None, FakeDevice(M, None, name="NVIDIA A100-SXM4-80GB MIG 1g.10gb")]  # MIG switched on
+    (mig_on, _) = reader.read().gpus
+    assert mig_on.mig_enabled and [m.uuid for m in mig_on.mig] == [M] and fake.starts == 1
+    fake.lost = True
+    assert [g.uuid for g in reader.read().gpus] == [A, B] and fake.starts == 2
+    assert reader.counts == {"starts": 2, "fixed_reads": 4, "reads": 6}
+    reader.close()
+
+
+def test_a_reader_whose_nvml_keeps_failing_says_so_and_a_missing_driver_is_tried_again() -> None:
+    from autobatch.devices.inventory import NvmlReader
+
+    class Broken(CountingNvml):
+        def nvmlDeviceGetCount(self) -> int:
+            raise FakeNvmlError("Unknown Error")
+
+    broken = Broken([FakeDevice(A, "00000000:17:00.0")])
+    facts = NvmlReader(broken).read()
+    assert facts.gpus == [] and "cannot list the GPUs (Unknown Error)" in (facts.no_gpu or "")
+    assert broken.starts == 2  # started again once, then it says why
+
+    class NoDriverYet(CountingNvml):
+        ready = False
+
+        def nvmlInit(self) -> None:
+            if not self.ready:
+                raise FakeNvmlError("Driver Not Loaded")
+            super().nvmlInit()
+
+    later = NoDriverYet([FakeDevice(A, "00000000:17:00.0")])
+    reader = NvmlReader(later)
+    assert reader.read().nvml == "no-driver"
+    later.ready = True  # the driver loaded while a daemon ran
+    assert [g.uuid for g in reader.read().gpus] == [A]
