@@ -84,6 +84,11 @@ def status(
     )
     from autobatch.core.units import format_bytes
 
+    for warm in (w for w in answer.get("warm_processes", []) if not w["own"]):
+        variables = " ".join(f"{k}={v}" for k, v in warm["load_time_env"].items())
+        console.print(
+            f"  warm process pid {warm['pid']} (since {warm['since']}) for {variables}", markup=False
+        )
     counts = answer.get("inventory")
     if counts and counts["reads"]:
         console.print(

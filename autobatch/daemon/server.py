@@ -28,6 +28,7 @@ import io
 import itertools
 import json
 import os
+import queue
 import select
 import signal
 import socket
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -61,6 +63,9 @@ ZYGOTE_START = 300.0
 ZYGOTE_EXIT = 10.0
 #: Seconds a connection may take to send its request.
 READ_TIMEOUT = 30.0
+#: Warm processes at most: the daemon's own, and one per other load-time environment its clients run with (the
+#: least recently used one without a running command makes room for a new one).
+MAX_WARM = 3
 
 
 def log(message: str) -> None:
@@ -94,6 +99,7 @@ class Request:
     since: float = field(default_factory=time.time)
     pid: int | None = None
     state: str = "starting"  # then "queued" or "running" as the device lock says
+    warm: str = ""  # the key of the warm process that forked it (load_time_key)
     device: str = ""
     exit_code: int | None = None
     started: threading.Event = field(default_factory=threading.Event)
@@ -129,66 +135,118 @@ class Daemon:
         self.stopping = threading.Event()
         self.last_active = time.monotonic()
         self._ids = itertools.count(1)
-        self._zygote: subprocess.Popen[bytes] | None = None
-        self._control: socket.socket | None = None
-        self._send = threading.Lock()
+        #: The warm processes by load-time environment (:func:`load_time_key`); the daemon's own is ``default``.
+        self.warm: dict[str, Warm] = {}
+        self.default: Warm | None = None
+        self._starts: queue.SimpleQueue[Warm | None] = queue.SimpleQueue()
+        threading.Thread(target=self._starter, name="warm starter", daemon=True).start()
         self.on_stop: Any = None  # set by serve(): stops the HTTP server
-        #: The warm parents the zygote keeps (autobatch.daemon.parents), as it last described them.
-        self.parents: list[dict[str, Any]] = []
         #: NVML, open for the daemon's life (``GET /v1/inventory``); started at the first request for it.
         self.inventory = NvmlReader()
 
-    # The zygote -------------------------------------------------------------------------------------------
+    # The warm processes ---------------------------------------------------------------------------------
 
     def start_zygote(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._zygote = subprocess.Popen(
-            [sys.executable, "-m", "autobatch.daemon.zygote", str(theirs.fileno()), str(self.place.warm)],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **MALLOC_ENV},  # read by glibc at start: probe servers forked from it need it
-        )
-        theirs.close()
-        ours.settimeout(ZYGOTE_START)
-        try:
-            hello = ours.recv(4096)
-        except OSError:
-            hello = b""
-        if not hello:
-            self._zygote.kill()
-            raise DaemonError(
-                "the daemon's warm process did not start (importing torch and autobatch failed)",
-                hint="run `autobatch check` without the daemon to see the error, or read `autobatch daemon logs`",
-            )
-        ours.settimeout(None)
-        self._control = ours
-        threading.Thread(target=self._hear_zygote, name="zygote", daemon=True).start()
+        """Start the daemon's own warm process, with the daemon's environment; returns once it is ready."""
+        warm = Warm(self, {**os.environ, **MALLOC_ENV}, self.place.warm)
+        warm.start()
+        self.default = warm
+        self.warm[warm.key] = warm
 
-    def _hear_zygote(self) -> None:
-        assert self._control is not None
+    def _warm_for(self, request: Request, env: dict[str, str]) -> Warm:
+        """The warm process ``request``, of environment ``env``, is forked from: the one started with its load-time
+        environment when it is ready; else the daemon's own (whose forks start their probe servers as a fresh
+        Python, as every command of another load-time environment did), and one of ``env``'s is started beside
+        it for the next commands."""
+        key = load_time_key(env)
+        assert self.default is not None
+        with self.lock:
+            found = self.warm.get(key)
+            if found is None and not self.stopping.is_set() and self._room():
+                found = Warm(self, _warm_env(env), self.place.folder / f"warm-{_digest(key)}.json")
+                self.warm[key] = found
+                self._starts.put(found)
+            if found is None or not found.ready.is_set():
+                found = self.default
+            found.last_used = time.monotonic()
+            request.warm = found.key  # from now on it is busy: not ended to make room
+            return found
+
+    def _room(self) -> bool:
+        """Whether another warm process may start (the least recently used one without a command ended if need
+        be); called with the lock held."""
+        if len(self.warm) < MAX_WARM:
+            return True
+        busy = {r.warm for r in self.requests.values()}
+        idle = [
+            w
+            for w in self.warm.values()
+            if w is not self.default and (w.ready.is_set() or w.failed) and w.key not in busy
+        ]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda w: w.last_used)
+        del self.warm[oldest.key]
+        log(f"warm process {oldest.pid} ({oldest.describe()['load_time_env']}) ended to make room")
+        threading.Thread(target=oldest.close, daemon=True).start()
+        return True
+
+    def _starter(self) -> None:
+        """Start the warm processes asked for, one at a time, for the daemon's life: from this thread, which
+        outlives them (a warm process dies with the thread that started it: ``PR_SET_PDEATHSIG`` is the
+        thread's)."""
         while True:
-            try:
-                message = self._control.recv(4096)
-            except OSError:
-                message = b""
-            if not message:
-                if not self.stopping.is_set():
-                    log("the warm process died; stopping")
-                    self.stop()
+            warm = self._starts.get()
+            if warm is None:
                 return
-            answer = json.loads(message)
-            with self.lock:
-                if "parents" in answer:
-                    self.parents = list(answer["parents"])
-                elif "started" in answer and answer["started"] in self.requests:
-                    request = self.requests[answer["started"]]
-                    request.pid = answer["pid"]
-                    request.started.set()
-                elif "exited" in answer:
-                    for request in self.requests.values():
-                        if request.pid == answer["exited"]:
-                            request.exit_code = answer["code"]
-                            request.exited.set()
+            self._start(warm)
+
+    def _start(self, warm: Warm) -> None:
+        try:
+            warm.start()
+        except DaemonError as exc:
+            warm.failed = (
+                True  # kept, never ready: not started again for this environment, unless room is made
+            )
+            log(
+                f"a warm process for {warm.describe()['load_time_env']} did not start ({exc}): its commands are "
+                "forked from the daemon's own"
+            )
+            return
+        log(f"warm process {warm.pid} started for {warm.describe()['load_time_env']}")
+
+    def heard(self, warm: Warm, answer: dict[str, Any]) -> None:
+        """What a warm process answered: the warm parents it keeps, a command forked, a command ended."""
+        with self.lock:
+            if "parents" in answer:
+                warm.parents = list(answer["parents"])
+            elif "started" in answer and answer["started"] in self.requests:
+                request = self.requests[answer["started"]]
+                request.pid = answer["pid"]
+                request.started.set()
+            elif "exited" in answer:
+                for request in self.requests.values():
+                    if request.pid == answer["exited"]:
+                        request.exit_code = answer["code"]
+                        request.exited.set()
+
+    def lost(self, warm: Warm) -> None:
+        """A warm process's end: the daemon's own stops the daemon; another one's costs its commands only (they
+        died with it: SIGKILL)."""
+        if self.stopping.is_set() or not warm.ready.is_set() or warm.closing:
+            return
+        if warm is self.default:
+            log("the warm process died; stopping")
+            self.stop()
+            return
+        log(f"warm process {warm.pid} died: its commands ended with it")
+        with self.lock:
+            if self.warm.get(warm.key) is warm:
+                del self.warm[warm.key]
+            for request in self.requests.values():
+                if request.warm == warm.key and request.exit_code is None:
+                    request.exit_code = -signal.SIGKILL
+                    request.exited.set()
 
     # Requests ---------------------------------------------------------------------------------------------
 
@@ -204,9 +262,7 @@ class Daemon:
             self.last_active = time.monotonic()
         message = {"id": request.id, **{k: body[k] for k in ("argv", "cwd", "env", "sys_path")}}
         message["socket"] = str(self.place.socket)  # where the command reads its inventory
-        assert self._control is not None
-        with self._send:
-            socket.send_fds(self._control, [json.dumps(message).encode()], list(pipes))
+        self._warm_for(request, body["env"]).fork(message, pipes)
         if not request.started.wait(60):
             self.forget(request)
             raise _Refused(500, "the daemon's warm process did not fork the command")
@@ -236,7 +292,9 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         with self.lock:
             requests = [r.describe() for r in self.requests.values()]
-            parents = list(self.parents)
+            ready = [w for w in self.warm.values() if w.ready.is_set()]
+            parents = [parent for w in ready for parent in w.parents]
+            warm = [w.describe() for w in ready]
         return {
             "pid": os.getpid(),
             "identity": self.identity,
@@ -248,6 +306,7 @@ class Daemon:
             "idle_exit_seconds": self.idle,
             "served": self.served,
             "requests": requests,
+            "warm_processes": warm,
             "warm_parents": parents,
             "inventory": dict(self.inventory.counts),
         }
@@ -276,19 +335,130 @@ class Daemon:
 
     def close(self) -> None:
         self.inventory.close()
+        self._starts.put(None)
+        with self.lock:
+            every = list(self.warm.values())
+        for warm in every:
+            warm.close()
+
+
+class Warm:
+    """A warm process (:mod:`autobatch.daemon.zygote`) started with one load-time environment (the variables
+    native libraries read as they load: a process forked from it keeps what it read), and what the daemon knows of
+    it: the warm parents it keeps, when it was last used. Its answers go to :meth:`Daemon.heard`."""
+
+    def __init__(self, daemon: Daemon, env: dict[str, str], kept: Path) -> None:
+        self.daemon, self.env, self.kept = daemon, env, kept
+        self.key = load_time_key(env)
+        self.pid: int | None = None
+        self.since = time.time()
+        self.last_used = time.monotonic()
+        self.ready = threading.Event()
+        self.failed = self.closing = False
+        #: The warm parents it keeps (autobatch.daemon.parents), as it last described them.
+        self.parents: list[dict[str, Any]] = []
+        self._process: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+        self._send = threading.Lock()
+
+    def start(self) -> None:
+        """Start it and wait until it has imported torch and autobatch (:data:`ZYGOTE_START` at most)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "autobatch.daemon.zygote", str(theirs.fileno()), str(self.kept)],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=self.env,  # MALLOC_ENV is read by glibc at start: probe servers forked from it need it
+        )
+        theirs.close()
+        ours.settimeout(ZYGOTE_START)
+        try:
+            hello = ours.recv(4096)
+        except OSError:
+            hello = b""
+        if not hello:
+            self._process.kill()
+            ours.close()
+            raise DaemonError(
+                "the daemon's warm process did not start (importing torch and autobatch failed)",
+                hint="run `autobatch check` without the daemon to see the error, or read `autobatch daemon logs`",
+            )
+        ours.settimeout(None)
+        self._control, self.pid = ours, self._process.pid
+        self.since = time.time()
+        self.ready.set()
+        threading.Thread(target=self._hear, name=f"warm {self.pid}", daemon=True).start()
+
+    def fork(self, message: dict[str, Any], pipes: tuple[int, int, int]) -> None:
+        """Ask it to fork the command ``message`` describes, with ``pipes``."""
+        assert self._control is not None
+        with self._send:
+            socket.send_fds(self._control, [json.dumps(message).encode()], list(pipes))
+
+    def _hear(self) -> None:
+        assert self._control is not None
+        while True:
+            try:
+                message = self._control.recv(4096)
+            except OSError:
+                message = b""
+            if not message:
+                self.daemon.lost(self)
+                return
+            self.daemon.heard(self, json.loads(message))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "own": self
+            is self.daemon.default,  # the daemon's own (else started for its commands' environment)
+            "load_time_env": json.loads(self.key),
+            "since": datetime.datetime.fromtimestamp(self.since).astimezone().isoformat(timespec="seconds"),
+            "kept": self.kept.name,
+        }
+
+    def close(self) -> None:
+        self.closing = True
         if self._control is not None:
-            # shut down before closing: the thread that hears the zygote is blocked in recv on this socket, and
-            # a close alone leaves the connection open under it, so the zygote never read end of file and the
-            # stop waited out the timeout below (10 s for every `autobatch daemon stop`)
+            # shut down before closing: the thread that hears it is blocked in recv on this socket, and a close
+            # alone leaves the connection open under it, so the warm process never read end of file and the stop
+            # waited out the timeout below (10 s for every `autobatch daemon stop`)
             with contextlib.suppress(OSError):
                 self._control.shutdown(socket.SHUT_RDWR)
-            self._control.close()  # the zygote reads end of file and exits
-        if self._zygote is not None:
+            self._control.close()  # it reads end of file and exits
+        if self._process is not None:
             try:
-                self._zygote.wait(ZYGOTE_EXIT)
+                self._process.wait(ZYGOTE_EXIT)
             except subprocess.TimeoutExpired:
-                log(f"the warm process did not exit within {ZYGOTE_EXIT:g} s of its end of file: killed")
-                self._zygote.kill()
+                log(
+                    f"the warm process {self.pid} did not exit within {ZYGOTE_EXIT:g} s of its end of file: killed"
+                )
+                self._process.kill()
+        self.kept.unlink(missing_ok=True)
+
+
+def load_time_key(env: Mapping[str, str]) -> str:
+    """Which warm process a command of environment ``env`` is forked from: what native libraries read of it as
+    they load (:func:`autobatch.probe.forked.load_time_env`), with the CPU's allocator pinned as every warm
+    process and probe server starts."""
+    from autobatch.probe.forked import load_time_env
+
+    return json.dumps(load_time_env({**env, **MALLOC_ENV}), sort_keys=True)
+
+
+def _warm_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a warm process for commands of ``env``: the daemon's own, its load-time variables those
+    of ``env``."""
+    from autobatch.probe.forked import load_time_env
+
+    ours = {k: v for k, v in os.environ.items() if k not in load_time_env(os.environ)}
+    return {**ours, **load_time_env({**env, **MALLOC_ENV})}
+
+
+def _digest(key: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 class _Refused(Exception):

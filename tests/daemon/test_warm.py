@@ -19,7 +19,7 @@ from support import ROOT, run_cli
 from autobatch.daemon.client import Client
 from autobatch.daemon.place import Place
 
-from .test_daemon import run_through
+from .test_daemon import run_through, wait_for
 
 SCRIPTS = ROOT / "tests" / "scripts"
 #: A small tune whose maximum is below any cap, with room above the probe process's 310 MiB of imports (under
@@ -142,6 +142,65 @@ def test_with_the_fresh_process_offset_off_the_probe_server_starts_cold_and_answ
             mine,
             other,
         )
+
+
+@pytest.mark.slow
+def test_commands_of_another_load_time_environment_get_a_warm_process_of_their_own(
+    place: Place, tmp_path: Path
+) -> None:
+    """A client whose OpenMP threads differ from the daemon's (``OMP_NUM_THREADS``, read as the library loads):
+    its first command is forked from the daemon's own warm process and starts its probe server as a fresh Python
+    (a fork would keep the daemon's threads), a warm process of its environment starts beside it, and the next
+    commands are forked from that one: no fresh Python, the answer in-process gives. That warm process killed
+    costs the daemon nothing: the next command of its environment is served, and another one starts."""
+    env = {**common_env(place, tmp_path), "AUTOBATCH_FRESH_BASELINE": "true", "AUTOBATCH_DAEMON": "on"}
+    other = {**env, "OMP_NUM_THREADS": "1"}
+    check = ("check", str(SCRIPTS / "small_cnn.py"), "--batch-size", "4", "--device", "cpu", "--memory", "700MiB",
+             "-p", "32-true", "-o", "sgd", "--steps", "3", "--json")  # fmt: skip
+    here = run_cli(*check, cwd=tmp_path, env={**other, "AUTOBATCH_DAEMON": "off"})
+    assert here.returncode == 0, here.stderr
+    assert run_cli("daemon", "start", env=env).returncode == 0
+    status = Client(place).status()
+    assert status is not None and len(status["warm_processes"]) == 1
+    daemon = int(status["pid"])
+
+    def through(expect_fresh: bool) -> dict:
+        seen: dict[int, str] = {}
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.05):
+                seen.update(below(daemon))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            run = run_cli(*check, cwd=tmp_path, env=other)
+        finally:
+            done.set()
+            watcher.join()
+        assert run.returncode == 0, run.stderr
+        fresh = [cmd for cmd in seen.values() if "autobatch.probe.server" in cmd]
+        assert bool(fresh) is expect_fresh, seen
+        return json.loads(run.stdout)
+
+    def theirs() -> dict:
+        ready = wait_for(lambda: [w for w in Client(place).status()["warm_processes"] if not w["own"]])  # type: ignore[index]
+        (warm,) = ready
+        assert warm["load_time_env"]["OMP_NUM_THREADS"] == "1", warm
+        return warm
+
+    through(expect_fresh=True)
+    first = theirs()
+    answer = through(expect_fresh=False)
+    assert abs(answer["peak_bytes"] - json.loads(here.stdout)["peak_bytes"]) < 8 << 20, (answer, here.stdout)
+    assert answer["fits"] is json.loads(here.stdout)["fits"] is True
+    os.kill(first["pid"], signal.SIGKILL)
+    wait_for(lambda: all(w["pid"] != first["pid"] for w in Client(place).status()["warm_processes"]))  # type: ignore[index]
+    through(expect_fresh=True)  # from the daemon's own again, while another one of its environment starts
+    assert theirs()["pid"] != first["pid"]
+    status = Client(place).status()
+    assert status is not None and int(status["pid"]) == daemon
 
 
 @pytest.mark.slow
