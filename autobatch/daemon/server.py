@@ -720,6 +720,8 @@ def serve(place: Place, idle: float) -> None:
             f"an autobatch daemon already runs for you on this node (pid {pid}, {place.socket})",
             hint="autobatch daemon status shows it; autobatch daemon stop ends it",
         ) from None
+    for left in place.folder.glob("warm-*.json"):  # a daemon killed outright left its warm processes' files
+        left.unlink(missing_ok=True)
     daemon = Daemon(place, idle)
     daemon.start_zygote()
     place.socket.unlink(missing_ok=True)  # a daemon that died left it: this one holds the lock now
@@ -743,7 +745,6 @@ def serve(place: Place, idle: float) -> None:
         server.server_close()  # waits for every request's stream to end
         place.socket.unlink(missing_ok=True)
         place.pid_file.unlink(missing_ok=True)
-        daemon.close()
-        place.warm.unlink(missing_ok=True)
+        daemon.close()  # each warm process's file removed with it
         log("stopped")
         held.close()

@@ -171,8 +171,12 @@ def test_a_temporary_folder_too_deep_for_sockets_is_named_and_the_probes_answer(
 
 def test_a_maximum_counted_as_the_jobs_fresh_process_holds_in_one(tmp_path, monkeypatch) -> None:
     """The CPU device's fresh-process offset is measured for a script run as it is (the conftest turns it
-    off for the other tests): the maximum lies within 1 % above and 3 % below the independent harness's, which
-    runs the script in a fresh process under the same cap (tests/harness/as_is_process.py, no autobatch code)."""
+    off for the other tests): the maximum lies within 1 % above the independent harness's, which runs the script
+    in a fresh process under the same cap (tests/harness/as_is_process.py, no autobatch code), and no further
+    below it than the CPU margin and one sample (issue 33's bound, a sample's worth for the offset's own noise).
+    Here (460.8 MiB, 1.75 MiB a sample) the answer is 86 and the harness fits 88 (459.0 MiB); 89 peaks within
+    30 KB of the cap, so it fits one fresh process in a few: a fixed "3 % below" (89 must not fit) failed CI
+    twice on that edge."""
     from harness.as_is_process import fits_as_is
 
     monkeypatch.delenv("AUTOBATCH_FRESH_BASELINE")
@@ -189,8 +193,9 @@ def test_a_maximum_counted_as_the_jobs_fresh_process_holds_in_one(tmp_path, monk
     assert fits_as_is(script, ["--batch-size", str(math.ceil(b_max / 1.01))], budget), (
         f"more than 1 % above: {said}"
     )
-    below = math.floor(b_max / 0.97) + 1
-    assert not fits_as_is(script, ["--batch-size", str(below)], budget), f"more than 3 % below: {said}"
+    per_sample = data["combinations"][0]["bytes_per_sample"]
+    below = b_max + math.ceil(margin_bytes("cpu", budget) / per_sample) + 2
+    assert not fits_as_is(script, ["--batch-size", str(below)], budget), f"more than the margin below: {said}"
 
 
 def test_gradient_accumulation_of_the_scripts_own_is_said(tmp_path) -> None:
