@@ -2,8 +2,9 @@
 
 * ``GET /v1/status``: versions, pid, uptime, the requests running and queued.
 * ``GET /v1/inventory``: what NVML says of the node's GPUs now (:class:`autobatch.devices.inventory.NvmlFacts`,
-  as ``{"facts": ..., "counts": ...}``), from a reader open for the daemon's life: NVML started once, the GPUs'
-  fixed facts read once and again when they change, their memory and processes read at each request. The
+  as ``{"facts": ..., "counts": ...}``), from a reader kept open while it is used: NVML started once, the GPUs'
+  fixed facts read once and again when they change, their memory and processes read at each request; after
+  :data:`NVML_IDLE` without a read, NVML is let go and started again by the next. The
   commands the daemon runs read their inventory here; a scheduler can too, with no Python of its own
   (``curl --unix-socket SOCKET http://localhost/v1/inventory``).
 * ``POST /v1/run`` (a JSON body: argv, cwd, env, sys_path): the command runs in a child forked from the
@@ -63,6 +64,9 @@ ZYGOTE_START = 300.0
 ZYGOTE_EXIT = 10.0
 #: Seconds a connection may take to send its request.
 READ_TIMEOUT = 30.0
+#: Seconds without an inventory read after which the daemon lets NVML go (its device files closed: nothing of
+#: ours holds the GPUs between bursts of jobs, say for a reset in a job's epilog); the next read starts it again.
+NVML_IDLE = 300.0
 #: Warm processes at most: the daemon's own, and one per other load-time environment its clients run with (the
 #: least recently used one without a running command makes room for a new one).
 MAX_WARM = 3
@@ -327,6 +331,7 @@ class Daemon:
 
     def watch_idle(self) -> None:
         while not self.stopping.wait(1.0):
+            self.inventory.close_if_idle(NVML_IDLE)
             with self.lock:
                 idle = not self.requests and time.monotonic() - self.last_active > self.idle
             if idle:

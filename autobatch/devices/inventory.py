@@ -18,6 +18,7 @@ import os
 import platform
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -179,12 +180,14 @@ class NvmlReader:
         self._count = -1  # NVML's device count when the fixed facts were read
         self._base = NvmlFacts()  # the driver's versions and the fixed read's notes
         self._lock = threading.Lock()
+        self._last = time.monotonic()  # the last read
         #: NVML started, fixed facts read, reads served: what ``autobatch daemon status`` shows.
         self.counts = {"starts": 0, "fixed_reads": 0, "reads": 0}
 
     def read(self) -> NvmlFacts:
         with self._lock:
             self.counts["reads"] += 1
+            self._last = time.monotonic()
             for attempt in (1, 2):
                 facts = self._start()
                 if facts is not None:  # NVML cannot start (or pynvml is missing): said why
@@ -200,6 +203,12 @@ class NvmlReader:
     def close(self) -> None:
         with self._lock:
             self._stop()
+
+    def close_if_idle(self, seconds: float) -> None:
+        """Let NVML go when nothing read it for ``seconds`` (the next read starts it again)."""
+        with self._lock:
+            if self._nvml is not None and time.monotonic() - self._last > seconds:
+                self._stop()
 
     def _start(self) -> NvmlFacts | None:
         """NVML started (None), or the facts of why it cannot be."""

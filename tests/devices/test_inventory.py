@@ -276,6 +276,10 @@ def test_a_reader_kept_open_starts_nvml_once_and_reads_fixed_facts_again_only_wh
     fake.lost = True
     assert [g.uuid for g in reader.read().gpus] == [A, B] and fake.starts == 2
     assert reader.counts == {"starts": 2, "fixed_reads": 4, "reads": 6}
+    reader.close_if_idle(60.0)  # read a moment ago: kept
+    assert [g.uuid for g in reader.read().gpus] == [A, B] and fake.starts == 2
+    reader.close_if_idle(0.0)  # idle: NVML let go, started again by the next read
+    assert [g.uuid for g in reader.read().gpus] == [A, B] and fake.starts == 3
     reader.close()
 
 
