@@ -161,16 +161,38 @@ def cpu_budget(capacity_bytes: int, headroom: float, baseline_bytes: int | None)
     return budget
 
 
-def check_cpu_memory(memory: int | None, total_bytes: int | None) -> None:
-    """Refuse a CPU ``--memory`` above the machine's physical memory: the cap (RLIMIT_DATA) could never
-    be what stops a probe; the kernel's out-of-memory killer would, and that reads as a crash."""
-    if memory and total_bytes and memory > total_bytes:
-        raise UsageError(
-            f"--memory {format_bytes(memory)} is more than this machine's physical memory "
-            f"({format_bytes(total_bytes)}): on the CPU device the cap could never be reached",
-            hint=f"pass at most {format_bytes(total_bytes)} (leave --memory unset to use the memory available now); "
-            "to plan for a bigger machine, use `autobatch estimate --memory`",
-        )
+def check_cpu_memory(memory: int | None, info: dict[str, Any]) -> None:
+    """Refuse a CPU ``--memory`` above the most a process here can hold (the machine's physical memory, or its
+    memory cgroup's limit: ``info`` as :func:`autobatch.devices.cpu.machine_memory` reports it): the cap
+    (RLIMIT_DATA) could never be what stops a probe; the kernel's out-of-memory killer would, and that reads as
+    a crash."""
+    total = info.get("total_bytes")
+    if not (memory and total and memory > total):
+        return
+    limit = info.get("cgroup_limit_bytes")
+    what = (
+        f"this process's memory cgroup allows ({format_bytes(limit)}: a container's limit or a job's --mem)"
+        if limit is not None and limit <= total
+        else f"this machine's physical memory ({format_bytes(total)})"
+    )
+    raise UsageError(
+        f"--memory {format_bytes(memory)} is more than {what}: on the CPU device the cap could never be reached",
+        hint=f"pass at most {format_bytes(total)} (leave --memory unset to use the memory available now); "
+        "to plan for a bigger machine, use `autobatch estimate --memory`",
+    )
+
+
+def cgroup_note(info: dict[str, Any]) -> str | None:
+    """What the device's capacity came from when the memory cgroup left less than the host has available."""
+    if "cgroup_limit_bytes" not in info:
+        return None
+    return (
+        f"capacity: the room left in this process's memory cgroup ({format_bytes(info['available_bytes'])}: "
+        f"limit {format_bytes(info['cgroup_limit_bytes'])}, {format_bytes(info['cgroup_used_bytes'])} in use, "
+        "this tune's own processes included), less than the host's "
+        f"{format_bytes(info['host_available_bytes'])} available; a container's limit or a job's --mem, which the "
+        "kernel enforces by killing a process; pass --memory for the job's own share"
+    )
 
 
 def device_info(device: str, info: dict[str, Any], *, memory: int | None, headroom: float) -> DeviceInfo:
@@ -187,19 +209,22 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         from autobatch.devices.cpu import MEMORY_DEFINITION
 
         capacity = memory or int(info["available_bytes"])
-        check_cpu_memory(memory, info.get("total_bytes"))
+        check_cpu_memory(memory, info)
         baseline = info.get("baseline_bytes")
         budget = cpu_budget(capacity, headroom, baseline)
         info_ = DeviceInfo(
             "cpu", "cpu", capacity, budget, headroom, MEMORY_DEFINITION, baseline_bytes=baseline, **common
         )
         available = info.get("available_bytes")
+        where = "its memory cgroup has room for" if "cgroup_limit_bytes" in info else "the host has available"
         if memory and available and memory > int(available):
             info_.warn(
-                f"--memory {format_bytes(memory)} is more than the host has available now "
+                f"--memory {format_bytes(memory)} is more than {where} now "
                 f"({format_bytes(int(available))}): a probe may be killed for want of memory before it "
                 "reaches the cap"
             )
+        elif memory is None and (note := cgroup_note(info)):
+            info_.notes.append(note)
         return info_
     from autobatch.devices import cuda
 

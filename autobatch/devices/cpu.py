@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autobatch.devices.cgroup import cgroup_memory
+
 if TYPE_CHECKING:
     from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
@@ -153,24 +155,27 @@ def apply_cap(budget_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
 
 
-def total_bytes() -> int:
-    """The machine's physical memory (a CPU ``--memory`` above it can never be the limit)."""
-    import psutil
-
-    return int(psutil.virtual_memory().total)
-
-
-def available_bytes() -> int:
-    """Memory available on the machine now (the CPU capacity when ``--memory`` is not given)."""
-    import psutil
-
-    return int(psutil.virtual_memory().available)
-
-
 def machine_memory() -> dict[str, int]:
-    """The machine's memory as the inspection reports it (``available_bytes``, ``total_bytes``): what a replayed
-    inspection reads again (:meth:`autobatch.probe.client.ProbeClient.run`)."""
-    return {"available_bytes": available_bytes(), "total_bytes": total_bytes()}
+    """The machine's memory as the inspection reports it (``available_bytes``, ``total_bytes``: the cgroup's
+    when it is tighter, and then ``host_available_bytes`` and the cgroup's ``cgroup_limit_bytes`` and
+    ``cgroup_used_bytes`` for the device's note): what a replayed inspection reads again
+    (:meth:`autobatch.probe.client.ProbeClient.run`)."""
+    import psutil
+
+    memory = psutil.virtual_memory()
+    found = {"available_bytes": int(memory.available), "total_bytes": int(memory.total)}
+    cgroup = cgroup_memory()
+    if cgroup is not None and cgroup.room_bytes < found["available_bytes"]:
+        found = {
+            "available_bytes": cgroup.room_bytes,
+            "total_bytes": min(found["total_bytes"], cgroup.limit_bytes),
+            "host_available_bytes": found["available_bytes"],
+            "cgroup_limit_bytes": cgroup.limit_bytes,
+            "cgroup_used_bytes": cgroup.used_bytes,
+        }
+    elif cgroup is not None:
+        found["total_bytes"] = min(found["total_bytes"], cgroup.limit_bytes)
+    return found
 
 
 class CpuBackend:

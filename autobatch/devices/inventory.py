@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autobatch.devices.cgroup import cgroup_memory
 from autobatch.devices.cuda.nvml import NVML_DEVICE_MIG_ENABLE, _errors, running_processes
 from autobatch.devices.visible import Physical, describe_variable, visible_indices
 
@@ -408,34 +409,8 @@ def host_memory() -> HostMemory:
         total_bytes=int(vm.total),
         available_bytes=int(vm.available),
         used_bytes=int(vm.total - vm.available),
-        cgroup_limit_bytes=cgroup_memory_limit(),
+        cgroup_limit_bytes=cgroup.limit_bytes if (cgroup := cgroup_memory()) is not None else None,
     )
-
-
-def cgroup_memory_limit(root: str = "/sys/fs/cgroup") -> int | None:
-    """This process's cgroup memory limit (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``)."""
-    try:
-        with open("/proc/self/cgroup") as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            candidates = [os.path.join(root, path.lstrip("/"), "memory.max")]
-        elif "memory" in controllers.split(","):
-            candidates = [os.path.join(root, "memory", path.lstrip("/"), "memory.limit_in_bytes")]
-        else:
-            continue
-        for candidate in candidates:
-            try:
-                with open(candidate) as handle:
-                    text = handle.read().strip()
-            except OSError:
-                continue
-            if text.isdigit() and int(text) < (1 << 60):
-                return int(text)
-    return None
 
 
 def cpu_model() -> str:

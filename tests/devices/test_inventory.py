@@ -205,28 +205,6 @@ def test_node_type_names_the_models_for_job_scripts() -> None:
     assert node_type(read_inventory(fake, env={"CUDA_VISIBLE_DEVICES": ""})).startswith("cpu-")
 
 
-def test_cgroup_memory_limit_v2_and_unlimited(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import builtins
-
-    from autobatch.devices import inventory
-
-    real_open = builtins.open
-
-    def fake_open(path, *args, **kwargs):
-        if path == "/proc/self/cgroup":
-            return real_open(tmp_path / "cgroup", *args, **kwargs)
-        return real_open(path, *args, **kwargs)
-
-    (tmp_path / "cgroup").write_text("0::/slurm/uid_0/job_7/step_batch\n")
-    limit = tmp_path / "slurm" / "uid_0" / "job_7" / "step_batch" / "memory.max"
-    limit.parent.mkdir(parents=True)
-    limit.write_text(f"{16 * GiB}\n")
-    monkeypatch.setattr(builtins, "open", fake_open)
-    assert inventory.cgroup_memory_limit(root=str(tmp_path)) == 16 * GiB
-    limit.write_text("max\n")
-    assert inventory.cgroup_memory_limit(root=str(tmp_path)) is None
-
-
 class CountingNvml(FakeNvml):
     """A fake that counts NVML's starts and the name reads (one per GPU and fixed read), and can lose its
     session once (the next device count fails, as after a GPU reset or a driver reload)."""

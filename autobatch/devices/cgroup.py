@@ -1,0 +1,93 @@
+"""The memory cgroup this process runs in: a container's ``-m``, a SLURM job's ``--mem``, a systemd unit's
+``MemoryMax``. Its limit, not the host's free memory, is what a probe on the CPU device can grow into: past it
+the kernel's out-of-memory killer ends the probe (a SIGKILL that reads as a crash), and under SLURM it marks the
+job step as killed for memory.
+
+Every level from this process's cgroup up to the root counts; the tightest one decides (a job's cgroup limited,
+its step's not). cgroup v2 (``memory.max``, ``memory.current``) and v1's memory controller
+(``memory.limit_in_bytes``, ``memory.usage_in_bytes``). In use means the working set: the usage less the
+inactive page cache (``memory.stat``'s ``inactive_file``, v1 ``total_inactive_file``), which the kernel reclaims
+before it kills anything (as container runtimes count it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: A limit at or above this is none (v1 writes "no limit" as a page-rounded 2**63 - 1).
+UNLIMITED = 1 << 60
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """One cgroup level's memory: its limit and its working set (bytes)."""
+
+    limit_bytes: int
+    used_bytes: int
+
+    @property
+    def room_bytes(self) -> int:
+        """What the processes of this cgroup may still take before the kernel kills one of them."""
+        return max(0, self.limit_bytes - self.used_bytes)
+
+
+def cgroup_memory(root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> CgroupMemory | None:
+    """The tightest memory cgroup level above this process (least room), or None when no level is limited or
+    the cgroups cannot be read. ``root``: where the hierarchies are mounted; ``own``: this process's list."""
+    try:
+        with open(own) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    levels = [level for line in lines for level in _levels(root, line)]
+    limited = [memory for memory in map(_read, levels) if memory is not None]
+    return min(limited, key=lambda m: m.room_bytes, default=None)
+
+
+def _levels(root: str, line: str) -> list[tuple[str, bool]]:
+    """The folders of one hierarchy's line in ``/proc/self/cgroup``, this process's first, and whether they are
+    v2's (none for a hierarchy without the memory controller)."""
+    _, controllers, path = line.split(":", 2)
+    if controllers == "":
+        base, v2 = root, True
+    elif "memory" in controllers.split(","):
+        base, v2 = os.path.join(root, "memory"), False
+    else:
+        return []
+    parts = [p for p in path.split("/") if p]
+    return [(os.path.join(base, *parts[:depth]), v2) for depth in range(len(parts), -1, -1)]
+
+
+def _read(level: tuple[str, bool]) -> CgroupMemory | None:
+    folder, v2 = level
+    limit = _number(os.path.join(folder, "memory.max" if v2 else "memory.limit_in_bytes"))
+    if limit is None or limit >= UNLIMITED:
+        return None
+    usage = _number(os.path.join(folder, "memory.current" if v2 else "memory.usage_in_bytes"))
+    if usage is None:
+        return CgroupMemory(limit, 0)
+    inactive = _stat(os.path.join(folder, "memory.stat"), "inactive_file" if v2 else "total_inactive_file")
+    return CgroupMemory(limit, max(0, usage - (inactive or 0)))
+
+
+def _number(path: str) -> int | None:
+    """A file's integer (None: absent, unreadable, or "max")."""
+    try:
+        with open(path) as handle:
+            text = handle.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _stat(path: str, key: str) -> int | None:
+    try:
+        with open(path) as handle:
+            for line in handle:
+                name, _, value = line.partition(" ")
+                if name == key and value.strip().isdigit():
+                    return int(value)
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,102 @@
+"""A tune inside a real memory cgroup (a container's ``-m``, a SLURM job's ``--mem``): the CPU device's
+capacity is the cgroup's room, not the host's free memory. Before, a 1.5 GiB cgroup on this 24 GiB machine
+gave a 20.6 GiB budget, 20 probes, 26 kills by the kernel and an exit blaming "a crash, not memory".
+
+Needs a memory cgroup this test may create (root, cgroup v1's memory controller or v2 with it delegated);
+skipped, not faked, where there is none."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import EXAMPLES
+
+pytestmark = pytest.mark.slow
+
+LIMIT = 1536 << 20
+
+
+class Cgroup:
+    """A memory cgroup of the test's own, limited to ``LIMIT``."""
+
+    def __init__(self, folder: Path, v2: bool) -> None:
+        self.folder, self.v2 = folder, v2
+        (folder / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(LIMIT))
+
+    def oom_kills(self) -> int:
+        events = (self.folder / ("memory.events" if self.v2 else "memory.oom_control")).read_text()
+        counts = dict(line.split() for line in events.splitlines())
+        return int(counts.get("oom_kill", 0))
+
+    def run(self, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        command = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "autobatch", *args))
+        procs = shlex.quote(str(self.folder / "cgroup.procs"))
+        return subprocess.run(
+            ["sh", "-c", f"echo $$ > {procs} && exec {command}"], cwd=cwd, capture_output=True, text=True,
+            env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}, timeout=600, check=False,
+        )  # fmt: skip
+
+
+def _make(tmp_name: str) -> Cgroup | None:
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "memory.limit_in_bytes").exists():
+        parent, v2 = v1, False
+    elif "memory" in _read(Path("/sys/fs/cgroup/cgroup.subtree_control")).split():
+        parent, v2 = Path("/sys/fs/cgroup"), True
+    else:
+        return None
+    folder = parent / tmp_name
+    try:
+        folder.mkdir()
+        return Cgroup(folder, v2)
+    except OSError:
+        if folder.exists():
+            folder.rmdir()
+        return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+@pytest.fixture
+def cgroup(tmp_path: Path) -> Iterator[Cgroup]:
+    made = _make(f"autobatch-test-{os.getpid()}-{tmp_path.name}")
+    if made is None:
+        pytest.skip("no memory cgroup can be created here (not root, or no memory controller)")
+    yield made
+    deadline = time.monotonic() + 30
+    while _read(made.folder / "cgroup.procs").strip() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    made.folder.rmdir()
+
+
+def test_a_tune_in_a_memory_cgroup_fits_the_cgroup_not_the_host(cgroup: Cgroup, tmp_path: Path) -> None:
+    tune = ("tune", str(EXAMPLES / "mlp.py"), "--device", "cpu", "-p", "32-true", "-o", "adamw", "--no-recompute",
+            "--no-cache", "--json", "--output", "r.json")  # fmt: skip
+    done = cgroup.run(*tune, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["device"]["capacity_bytes"] < LIMIT, data["device"]
+    (combination,) = data["combinations"]
+    assert combination["status"] == "exact" and combination["max_batch_size"] > 8, combination
+    assert not [t for t in combination["trace"] if t["kind"] == "crash"], combination["trace"]
+    assert cgroup.oom_kills() == 0  # the cap stopped every probe, never the kernel
+    assert any("the room left in this process's memory cgroup" in note for note in data["notes"]), data[
+        "notes"
+    ]
+    # A cap the cgroup would never let a probe reach is refused, naming the cgroup.
+    over = cgroup.run(*tune[:4], "--memory", "4GiB", *tune[4:], cwd=tmp_path)
+    assert over.returncode == 2, over.stderr
+    assert "more than this process's memory cgroup allows (1.50 GiB" in " ".join(over.stderr.split())

@@ -1,0 +1,48 @@
+"""The memory cgroup's limit and room, read from cgroup v1 and v2 trees written here (the real cgroups are
+exercised end to end in tests/cli/test_cgroup_e2e.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autobatch.devices.cgroup import CgroupMemory, cgroup_memory
+
+GiB, MiB = 1 << 30, 1 << 20
+
+
+def level(folder: Path, **files: object) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, value in files.items():
+        (folder / name.replace("__", ".")).write_text(f"{value}\n")
+
+
+def test_v2_the_tightest_level_decides_and_inactive_cache_is_not_in_use(tmp_path: Path) -> None:
+    own = tmp_path / "self-cgroup"
+    own.write_text("0::/slurm/uid_0/job_7/step_batch\n")
+    job, step = tmp_path / "slurm" / "uid_0" / "job_7", tmp_path / "slurm" / "uid_0" / "job_7" / "step_batch"
+    level(job, memory__max=16 * GiB, memory__current=3 * GiB, memory__stat=f"anon 1\ninactive_file {GiB}")
+    level(step, memory__max="max", memory__current=2 * GiB)  # the step unlimited: its job's limit holds
+    assert cgroup_memory(str(tmp_path), str(own)) == CgroupMemory(16 * GiB, 2 * GiB)
+    level(step, memory__max=4 * GiB, memory__current=3 * GiB, memory__stat=f"inactive_file {512 * MiB}")
+    found = cgroup_memory(str(tmp_path), str(own))
+    assert found == CgroupMemory(4 * GiB, 3 * GiB - 512 * MiB) and found.room_bytes == 1536 * MiB
+    level(job, memory__max="max")
+    level(step, memory__max="max")
+    assert cgroup_memory(str(tmp_path), str(own)) is None
+
+
+def test_v1_memory_controller_and_its_unlimited_root(tmp_path: Path) -> None:
+    own = tmp_path / "self-cgroup"
+    own.write_text("9:name=systemd:/\n4:memory:/docker/abc\n1:cpu:/\n0::/\n")
+    root, container = tmp_path / "memory", tmp_path / "memory" / "docker" / "abc"
+    level(root, memory__limit_in_bytes=9223372036854771712, memory__usage_in_bytes=20 * GiB)
+    level(container, memory__limit_in_bytes=2 * GiB, memory__usage_in_bytes=GiB,
+          memory__stat=f"cache 5\ntotal_inactive_file {256 * MiB}")  # fmt: skip
+    assert cgroup_memory(str(tmp_path), str(own)) == CgroupMemory(2 * GiB, 768 * MiB)
+
+
+def test_no_cgroup_file_or_no_memory_controller_is_no_limit(tmp_path: Path) -> None:
+    assert cgroup_memory(str(tmp_path), str(tmp_path / "absent")) is None
+    own = tmp_path / "self-cgroup"
+    own.write_text("3:cpuset:/\n")
+    assert cgroup_memory(str(tmp_path), str(own)) is None
