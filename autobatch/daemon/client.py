@@ -172,7 +172,18 @@ class Client:
 
         Ctrl-C (and SIGTERM) is passed on to the command, which stops its probes and keeps what it measured,
         as in-process; a second one leaves without waiting (the daemon then ends the command)."""
-        body = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "sys_path": list(sys.path)}
+        from autobatch.devices.cgroup import cgroup_memory
+
+        cgroup = (
+            cgroup_memory()
+        )  # the job's (a container's, a job's --mem): the command's probes run in the daemon's
+        body: dict[str, Any] = {
+            "argv": list(argv),
+            "cwd": os.getcwd(),
+            "env": dict(os.environ),
+            "sys_path": list(sys.path),
+            "cgroup": list(cgroup) if cgroup is not None else None,
+        }
         response = request(str(self.place.socket), "POST", "/v1/run", json.dumps(body).encode())
         if response.status != 200:
             refused = json.loads(response.read() or b"{}")

@@ -265,6 +265,9 @@ class Daemon:
             self.requests[request.id] = request
             self.last_active = time.monotonic()
         message = {"id": request.id, **{k: body[k] for k in ("argv", "cwd", "env", "sys_path")}}
+        message["cgroup"] = body.get(
+            "cgroup"
+        )  # the client's memory cgroup (autobatch.devices.cgroup.for_job)
         message["socket"] = str(self.place.socket)  # where the command reads its inventory
         self._warm_for(request, body["env"]).fork(message, pipes)
         if not request.started.wait(60):
@@ -624,6 +627,11 @@ def _checked(body: Any) -> dict[str, Any]:
         problems.append("env: an object of strings")
     if not (isinstance(body.get("sys_path"), list) and all(isinstance(a, str) for a in body["sys_path"])):
         problems.append("sys_path: a list of strings")
+    cgroup = body.get("cgroup")
+    if cgroup is not None and not (
+        isinstance(cgroup, list) and len(cgroup) == 2 and all(isinstance(n, int) and n >= 0 for n in cgroup)
+    ):
+        problems.append("cgroup: null or [limit, used] in bytes")
     if problems:
         raise _Refused(400, "malformed run request; expected " + "; ".join(problems))
     return body

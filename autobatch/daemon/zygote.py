@@ -213,6 +213,9 @@ def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]
         # its probe servers are forked from it when their environment allows
         forked.enable(started_with, request.get("key", ""))
         _read_inventory_from(request.get("socket"))
+        from autobatch.devices.cgroup import CgroupMemory, for_job
+
+        for_job(CgroupMemory(*request["cgroup"]) if request.get("cgroup") else None)  # the client's, not ours
         from autobatch.probe.lineage import die_with_parent
 
         die_with_parent(signal.SIGKILL)

@@ -171,7 +171,7 @@ def check_cpu_memory(memory: int | None, info: dict[str, Any]) -> None:
         return
     limit = info.get("cgroup_limit_bytes")
     what = (
-        f"this process's memory cgroup allows ({format_bytes(limit)}: a container's limit or a job's --mem)"
+        f"the job's memory cgroup allows ({format_bytes(limit)}: a container's limit or a job's --mem)"
         if limit is not None and limit <= total
         else f"this machine's physical memory ({format_bytes(total)})"
     )
@@ -187,7 +187,7 @@ def cgroup_note(info: dict[str, Any]) -> str | None:
     if "cgroup_limit_bytes" not in info:
         return None
     return (
-        f"capacity: the room left in this process's memory cgroup ({format_bytes(info['available_bytes'])}: "
+        f"capacity: the room left in the job's memory cgroup ({format_bytes(info['available_bytes'])}: "
         f"limit {format_bytes(info['cgroup_limit_bytes'])}, {format_bytes(info['cgroup_used_bytes'])} in use, "
         "this tune's own processes included), less than the host's "
         f"{format_bytes(info['host_available_bytes'])} available; a container's limit or a job's --mem, which the "
@@ -206,8 +206,10 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         "block_params": [int(n) for n in info.get("block_params", [])],
     }
     if device == "cpu":
-        from autobatch.devices.cpu import MEMORY_DEFINITION
+        from autobatch.devices.cgroup import job_cgroup
+        from autobatch.devices.cpu import MEMORY_DEFINITION, within
 
+        info = within(job_cgroup(), info)  # the job's cgroup, where the probes run in another (the daemon's)
         capacity = memory or int(info["available_bytes"])
         check_cpu_memory(memory, info)
         baseline = info.get("baseline_bytes")

@@ -13,15 +13,15 @@ before it kills anything (as container runtimes count it).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 #: A limit at or above this is none (v1 writes "no limit" as a page-rounded 2**63 - 1).
 UNLIMITED = 1 << 60
 
 
-@dataclass(frozen=True)
-class CgroupMemory:
-    """One cgroup level's memory: its limit and its working set (bytes)."""
+class CgroupMemory(NamedTuple):
+    """One cgroup level's memory: its limit and its working set (bytes). A named tuple: the daemon's client reads
+    its own cgroup on every command, and importing dataclasses would cost it more than the reading."""
 
     limit_bytes: int
     used_bytes: int
@@ -32,17 +32,49 @@ class CgroupMemory:
         return max(0, self.limit_bytes - self.used_bytes)
 
 
+#: The memory cgroup of the job a command runs for, when that is not this process's: a command the daemon runs
+#: (:func:`for_job`). None: the job's cgroup is this process's.
+_job: CgroupMemory | None = None
+
+
+def for_job(memory: CgroupMemory | None) -> None:
+    """The job's memory cgroup as its client read it (the daemon's command: its probes run in the daemon's
+    cgroup, the job in its own); :func:`job_cgroup` takes the tighter."""
+    global _job
+    _job = memory
+
+
+def job_cgroup() -> CgroupMemory | None:
+    """The cgroup whose room bounds the job (the client's, for a command the daemon runs), or None."""
+    return _job
+
+
 def cgroup_memory(root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> CgroupMemory | None:
     """The tightest memory cgroup level above this process (least room), or None when no level is limited or
     the cgroups cannot be read. ``root``: where the hierarchies are mounted; ``own``: this process's list."""
+    levels = [level for hierarchy in _hierarchies(root, own) for level in hierarchy]
+    limited = [memory for memory in map(_read, levels) if memory is not None]
+    return min(limited, key=lambda m: m.room_bytes, default=None)
+
+
+def oom_kills(root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed in this process's memory cgroup (v2
+    ``memory.events``, v1 ``memory.oom_control``); None where it cannot be read."""
+    for (folder, v2), *_ in _hierarchies(root, own):
+        found = _stat(os.path.join(folder, "memory.events" if v2 else "memory.oom_control"), "oom_kill")
+        if found is not None:
+            return found
+    return None
+
+
+def _hierarchies(root: str, own: str) -> list[list[tuple[str, bool]]]:
+    """Each hierarchy's folders that may hold this process's memory cgroup, its own first (:func:`_levels`)."""
     try:
         with open(own) as handle:
             lines = handle.read().splitlines()
     except OSError:
-        return None
-    levels = [level for line in lines for level in _levels(root, line)]
-    limited = [memory for memory in map(_read, levels) if memory is not None]
-    return min(limited, key=lambda m: m.room_bytes, default=None)
+        return []
+    return [levels for line in lines if (levels := _levels(root, line))]
 
 
 def _levels(root: str, line: str) -> list[tuple[str, bool]]:

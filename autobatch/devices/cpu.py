@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autobatch.devices.cgroup import cgroup_memory
+from autobatch.devices.cgroup import CgroupMemory, cgroup_memory
 
 if TYPE_CHECKING:
     from autobatch.records.protocol import ProbeOutcome, ProbeRequest
@@ -156,26 +156,32 @@ def apply_cap(budget_bytes: int) -> None:
 
 
 def machine_memory() -> dict[str, int]:
-    """The machine's memory as the inspection reports it (``available_bytes``, ``total_bytes``: the cgroup's
-    when it is tighter, and then ``host_available_bytes`` and the cgroup's ``cgroup_limit_bytes`` and
-    ``cgroup_used_bytes`` for the device's note): what a replayed inspection reads again
+    """The machine's memory as the inspection reports it (``available_bytes``, ``total_bytes``), bounded by this
+    process's memory cgroup (:func:`within`): what a replayed inspection reads again
     (:meth:`autobatch.probe.client.ProbeClient.run`)."""
     import psutil
 
     memory = psutil.virtual_memory()
-    found = {"available_bytes": int(memory.available), "total_bytes": int(memory.total)}
-    cgroup = cgroup_memory()
-    if cgroup is not None and cgroup.room_bytes < found["available_bytes"]:
-        found = {
-            "available_bytes": cgroup.room_bytes,
-            "total_bytes": min(found["total_bytes"], cgroup.limit_bytes),
-            "host_available_bytes": found["available_bytes"],
-            "cgroup_limit_bytes": cgroup.limit_bytes,
-            "cgroup_used_bytes": cgroup.used_bytes,
-        }
-    elif cgroup is not None:
-        found["total_bytes"] = min(found["total_bytes"], cgroup.limit_bytes)
-    return found
+    return within(
+        cgroup_memory(), {"available_bytes": int(memory.available), "total_bytes": int(memory.total)}
+    )
+
+
+def within(cgroup: CgroupMemory | None, found: dict[str, int]) -> dict[str, int]:
+    """``found`` (the memory a process here may take) bounded by ``cgroup``: its limit as the total, and its
+    room as what is available when that is less, said with ``host_available_bytes``, ``cgroup_limit_bytes`` and
+    ``cgroup_used_bytes`` for the device's note."""
+    if cgroup is None:
+        return found
+    bounded = {**found, "total_bytes": min(found["total_bytes"], cgroup.limit_bytes)}
+    if cgroup.room_bytes < found["available_bytes"]:
+        bounded.update(
+            available_bytes=cgroup.room_bytes,
+            host_available_bytes=found.get("host_available_bytes", found["available_bytes"]),
+            cgroup_limit_bytes=cgroup.limit_bytes,
+            cgroup_used_bytes=cgroup.used_bytes,
+        )
+    return bounded
 
 
 class CpuBackend:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from autobatch.devices.cgroup import oom_kills
 from autobatch.devices.cpu import read_status
 from autobatch.probe.lineage import become_subreaper, end_descendants
 from autobatch.probe.oom import explain_traceback
@@ -346,28 +347,3 @@ def peak_data(pid: int) -> int | None:
     except (OSError, ValueError, IndexError, KeyError):
         return None
     return status.peak - status.not_data
-
-
-def oom_kills() -> int | None:
-    """How many processes the kernel's OOM killer has killed in this process's memory cgroup (v2
-    ``memory.events``, v1 ``memory.oom_control``); None where it cannot be read."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        number, controllers, path = line.split(":", 2)
-        if number == "0" and not controllers:
-            where = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events"
-        elif "memory" in controllers.split(","):
-            where = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"
-        else:
-            continue
-        try:
-            for entry in where.read_text().splitlines():
-                name, _, value = entry.partition(" ")
-                if name == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            continue
-    return None

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,10 +95,38 @@ def test_a_tune_in_a_memory_cgroup_fits_the_cgroup_not_the_host(cgroup: Cgroup, 
     assert combination["status"] == "exact" and combination["max_batch_size"] > 8, combination
     assert not [t for t in combination["trace"] if t["kind"] == "crash"], combination["trace"]
     assert cgroup.oom_kills() == 0  # the cap stopped every probe, never the kernel
-    assert any("the room left in this process's memory cgroup" in note for note in data["notes"]), data[
-        "notes"
-    ]
+    assert any("the room left in the job's memory cgroup" in note for note in data["notes"]), data["notes"]
     # A cap the cgroup would never let a probe reach is refused, naming the cgroup.
     over = cgroup.run(*tune[:4], "--memory", "4GiB", *tune[4:], cwd=tmp_path)
     assert over.returncode == 2, over.stderr
-    assert "more than this process's memory cgroup allows (1.50 GiB" in " ".join(over.stderr.split())
+    assert "more than the job's memory cgroup allows (1.50 GiB" in " ".join(over.stderr.split())
+
+
+def test_through_a_daemon_outside_the_cgroup_the_clients_cgroup_bounds_the_answer(
+    cgroup: Cgroup, tmp_path: Path
+) -> None:
+    """A daemon started outside the job's cgroup (a prolog's, a unit's) runs the command's probes in its own;
+    the job runs in the client's. The client sends its cgroup with the request, and the capacity is its room."""
+    from autobatch.daemon.client import Client
+    from autobatch.daemon.place import Place
+
+    place = Place(Path(tempfile.mkdtemp(prefix="abc-")) / "rt")
+    daemon = {"AUTOBATCH_DAEMON_DIR": str(place.folder), "AUTOBATCH_DAEMON": "on"}
+    os.environ.update(daemon)  # the client inside the cgroup inherits it
+    try:
+        started = subprocess.run([sys.executable, "-m", "autobatch", "daemon", "start"], capture_output=True,
+                                 text=True, timeout=300, check=False)  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        tune = ("tune", str(EXAMPLES / "mlp.py"), "--device", "cpu", "-p", "32-true", "-o", "adamw",
+                "--no-recompute", "--no-cache", "--json", "--output", "r.json")  # fmt: skip
+        done = cgroup.run(*tune, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert Client(place).status()["served"] == 1  # type: ignore[index]  # it went through the daemon
+        data = json.loads(done.stdout)
+        assert data["device"]["capacity_bytes"] < LIMIT, data["device"]
+        assert any("the room left in the job's memory cgroup" in note for note in data["notes"])
+    finally:
+        for key in daemon:
+            os.environ.pop(key, None)
+        Client(place).stop(timeout=60)
+        shutil.rmtree(place.folder.parent, ignore_errors=True)

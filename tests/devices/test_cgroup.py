@@ -46,3 +46,17 @@ def test_no_cgroup_file_or_no_memory_controller_is_no_limit(tmp_path: Path) -> N
     own = tmp_path / "self-cgroup"
     own.write_text("3:cpuset:/\n")
     assert cgroup_memory(str(tmp_path), str(own)) is None
+
+
+def test_the_kernels_kills_are_read_from_the_own_cgroup_in_either_version(tmp_path: Path) -> None:
+    from autobatch.devices.cgroup import oom_kills
+
+    own = tmp_path / "self-cgroup"
+    own.write_text("4:memory:/job\n0::/\n")
+    level(tmp_path / "memory" / "job", memory__oom_control="oom_kill_disable 0\nunder_oom 0\noom_kill 3")
+    assert oom_kills(str(tmp_path), str(own)) == 3
+    own.write_text("0::/user/job\n")
+    level(tmp_path / "user" / "job", memory__events="low 0\nhigh 0\nmax 2\noom 1\noom_kill 1")
+    assert oom_kills(str(tmp_path), str(own)) == 1
+    own.write_text("3:cpuset:/\n")
+    assert oom_kills(str(tmp_path), str(own)) is None
