@@ -145,7 +145,7 @@ class Daemon:
         self._starts: queue.SimpleQueue[Warm | None] = queue.SimpleQueue()
         threading.Thread(target=self._starter, name="warm starter", daemon=True).start()
         self.on_stop: Any = None  # set by serve(): stops the HTTP server
-        #: NVML, open for the daemon's life (``GET /v1/inventory``); started at the first request for it.
+        #: NVML, open while commands read it (``GET /v1/inventory``): started at the first read, let go when idle.
         self.inventory = NvmlReader()
 
     # The warm processes ---------------------------------------------------------------------------------

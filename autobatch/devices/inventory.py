@@ -171,8 +171,8 @@ class NvmlReader:
     """NVML opened once: the GPUs' fixed facts (driver, names, UUIDs, PCI buses, MIG modes) read at the first
     call and again only when they change (another device count or MIG mode); what moves (memory, processes, MIG
     instances) read at every call. An NVML call that fails the whole read (a GPU lost, the driver reloaded)
-    starts NVML again, once. :func:`read_inventory` opens one for a single read; the daemon keeps one for its life,
-    so its commands never start NVML themselves. Thread-safe (one read at a time)."""
+    starts NVML again, once. :func:`read_inventory` opens one for a single read; the daemon keeps one (let go when
+    idle: :meth:`close_if_idle`), so its commands never start NVML themselves. Thread-safe (one read at a time)."""
 
     def __init__(self, nvml: Any = None) -> None:
         self._given = nvml
