@@ -173,7 +173,7 @@ def within(cgroup: CgroupMemory | None, found: dict[str, int]) -> dict[str, int]
     ``cgroup_used_bytes`` for the device's note."""
     if cgroup is None:
         return found
-    bounded = {**found, "total_bytes": min(found["total_bytes"], cgroup.limit_bytes)}
+    bounded = {**found, "total_bytes": min(found.get("total_bytes", cgroup.limit_bytes), cgroup.limit_bytes)}
     if cgroup.room_bytes < found["available_bytes"]:
         bounded.update(
             available_bytes=cgroup.room_bytes,
