@@ -60,3 +60,23 @@ def test_the_kernels_kills_are_read_from_the_own_cgroup_in_either_version(tmp_pa
     assert oom_kills(str(tmp_path), str(own)) == 1
     own.write_text("3:cpuset:/\n")
     assert oom_kills(str(tmp_path), str(own)) is None
+
+
+def test_the_jobs_cgroup_bounds_the_cpu_capacity_where_the_probes_run_in_another() -> None:
+    """A command the daemon runs: its inspection reads the daemon's memory, the job's cgroup came with the
+    request (:func:`autobatch.devices.cgroup.for_job`); the tighter is the capacity, and the note says why."""
+    from autobatch.devices.budget import device_info
+    from autobatch.devices.cgroup import for_job
+
+    host = {"available_bytes": 20 * GiB, "total_bytes": 24 * GiB, "baseline_bytes": 300 * MiB}
+    assert device_info("cpu", host, memory=None, headroom=0.1).capacity_bytes == 20 * GiB
+    for_job(CgroupMemory(2 * GiB, 512 * MiB))
+    try:
+        found = device_info("cpu", host, memory=None, headroom=0.1)
+        assert found.capacity_bytes == 1536 * MiB
+        assert any(
+            "the room left in the job's memory cgroup (1.50 GiB: limit 2.00 GiB" in n for n in found.notes
+        )
+        assert "20.00 GiB available" in " ".join(found.notes)
+    finally:
+        for_job(None)
