@@ -18,9 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autobatch.devices.cgroup import CgroupMemory, cgroup_memory
-
 if TYPE_CHECKING:
+    from autobatch.devices.cgroup import CgroupMemory
     from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 #: Environment that pins glibc's malloc in CPU probe processes (set before the process starts).
@@ -160,6 +159,8 @@ def machine_memory() -> dict[str, int]:
     process's memory cgroup (:func:`within`): what a replayed inspection reads again
     (:meth:`autobatch.probe.client.ProbeClient.run`)."""
     import psutil
+
+    from autobatch.devices.cgroup import cgroup_memory
 
     memory = psutil.virtual_memory()
     return within(

@@ -128,7 +128,10 @@ def test_the_fresh_process_holds_what_the_jobs_own_process_holds_after_its_steps
     (fresh,) = _run_fresh(request, FreshOptions(str(script), []))
     job = run_trial(script, [], 2, 2 * GIB, steps=3)
     assert fresh.fits and job.kind == "fits" and job.vm_data_end is not None, (fresh, job.detail)
-    # the job's reading keeps its model and AdamW's moments (under 4 MiB, most of it small blocks whose heap
-    # space a settled process keeps anyway); before, the two were 15 MiB apart
+    # the job's reading keeps its model and AdamW's moments (a few MiB, most of it small blocks whose heap
+    # space a settled process keeps anyway); before, the two were 15 MiB apart. autobatch's own imports are
+    # read as a difference of two VmData readings, which moves with where the heap's end falls: 0.29 to 1.82 MiB
+    # for the same modules (2026-11-30), so the two readings were 1.6 to 3.8 MiB apart in 15 runs here, and
+    # 4.19 once in a loaded CI run; 5 MiB keeps the 15 MiB fault well outside.
     ours = fresh.info["settled_bytes"] - fresh.info["own_import_bytes"]
-    assert abs(job.vm_data_end - ours) < 4 * MIB, (job.vm_data_end / MIB, ours / MIB)
+    assert abs(job.vm_data_end - ours) < 5 * MIB, (job.vm_data_end / MIB, ours / MIB)
