@@ -53,6 +53,10 @@ TAIL_BYTES = 64 << 10
 SAMPLE_SECONDS = 0.2
 #: torchrun's line for a rank that a signal ended ("Signal 9 (SIGKILL) received by PID 1234").
 _RANK_KILLED = "Signal 9 (SIGKILL) received by PID"
+#: A rank's line under torchrun.
+_RANK_LINE = re.compile(r"\[rank(\d+)\]: ")
+#: What a rank says when a peer failed first (gloo's closed connection; an abort on it).
+_PEER_FAILED = re.compile(r"Connection closed by peer|remote worker crashing|exitcode\s*:\s*-6 .*SIGABRT")
 #: torchrun's report of a failed job, naming the rank that failed first.
 _ROOT_CAUSE = re.compile(
     r"ChildFailedError.*?Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S
@@ -145,13 +149,22 @@ def launch(spec: JobSpec, budget_bytes: int | None = None, on_peak: Warn | None 
 def _oom_reason(
     returncode: int, text: str, killed_before: int | None, peak: int | None, budget: int | None
 ) -> str | None:
-    text = root_cause(text) or text
-    verdict = explain_traceback(text, used_bytes=peak, budget_bytes=budget)
-    if verdict is not None and verdict.kind == "oom":
-        line = next(
-            (ln for ln in reversed(text.splitlines()) if verdict.rule and _names_rule(ln, verdict.rule)), ""
-        )
-        return line.strip()[:200] or verdict.reason
+    cause = root_cause(text)
+    # the named rank failed because a peer did (its connection closed, or it aborted on it): a peer's
+    # out-of-memory error is the cause, whichever rank torchrun saw exit first
+    candidates = [cause or text, *(_ranks(text) if cause is not None and _PEER_FAILED.search(text) else [])]
+    for candidate in candidates:
+        verdict = explain_traceback(candidate, used_bytes=peak, budget_bytes=budget)
+        if verdict is not None and verdict.kind == "oom":
+            line = next(
+                (
+                    ln
+                    for ln in reversed(candidate.splitlines())
+                    if verdict.rule and _names_rule(ln, verdict.rule)
+                ),
+                "",
+            )
+            return line.strip()[:200] or verdict.reason
     if returncode == 128 + signal.SIGKILL or _RANK_KILLED in text:
         after = oom_kills()
         if killed_before is None or after is None:
@@ -177,6 +190,15 @@ def root_cause(text: str) -> str | None:
         return "\n".join(lines)
     ours = text.rfind("Traceback (most recent call last):", 0, found.start())
     return text[:ours] if ours > 0 else None
+
+
+def _ranks(text: str) -> list[str]:
+    """Each rank's stderr lines (torchrun's ``[rankN]:`` prefix taken off), one text per rank."""
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if (match := _RANK_LINE.match(line)) is not None:
+            found.setdefault(match.group(1), []).append(line[match.end() :])
+    return ["\n".join(lines) for lines in found.values()]
 
 
 def _names_rule(line: str, rule: str) -> bool:
