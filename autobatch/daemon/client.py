@@ -70,11 +70,20 @@ def served_facts(socket_path: str) -> NvmlFacts:
     reads its inventory."""
     from autobatch.devices.inventory import NvmlFacts
 
-    answer = request(socket_path, "GET", "/v1/inventory", timeout=30.0)
+    code, answer = ask(socket_path, "GET", "/v1/inventory")
+    if code != 200:
+        raise DaemonError(f"the daemon did not serve the inventory ({code})")
+    return NvmlFacts.from_dict(answer["facts"])
+
+
+def ask(
+    socket_path: str, method: str, path: str, body: Any = None, timeout: float = 30.0
+) -> tuple[int, dict[str, Any]]:
+    """One request with a JSON body (or none) and its JSON answer: the status code and the decoded object."""
+    data = b"" if body is None else json.dumps(body).encode()
+    answer = request(socket_path, method, path, data, timeout)
     try:
-        if answer.status != 200:
-            raise DaemonError(f"the daemon did not serve the inventory ({answer.status})")
-        return NvmlFacts.from_dict(json.loads(answer.read())["facts"])
+        return answer.status, json.loads(answer.read() or b"{}")
     finally:
         answer.close()
 
@@ -88,12 +97,7 @@ class Client:
     def ask(
         self, method: str, path: str, body: Any = None, timeout: float = 30.0
     ) -> tuple[int, dict[str, Any]]:
-        data = b"" if body is None else json.dumps(body).encode()
-        answer = request(str(self.place.socket), method, path, data, timeout)
-        try:
-            return answer.status, json.loads(answer.read() or b"{}")
-        finally:
-            answer.close()
+        return ask(str(self.place.socket), method, path, body, timeout)
 
     def status(self) -> dict[str, Any] | None:
         """The daemon's status, or None when no daemon answers."""

@@ -126,7 +126,7 @@ class Request:
 
 
 class Daemon:
-    """The requests, the zygote they are forked from, and the daemon's life (idle exit, clean stop)."""
+    """The requests, the warm processes they are forked from, and the daemon's life (idle exit, clean stop)."""
 
     def __init__(self, place: Place, idle: float, owner: int | None = None) -> None:
         self.place, self.idle = place, idle
@@ -150,7 +150,7 @@ class Daemon:
 
     # The warm processes ---------------------------------------------------------------------------------
 
-    def start_zygote(self) -> None:
+    def start_own_warm(self) -> None:
         """Start the daemon's own warm process, with the daemon's environment; returns once it is ready."""
         warm = Warm(self, {**os.environ, **MALLOC_ENV}, self.place.warm)
         warm.start()
@@ -736,7 +736,7 @@ def serve(place: Place, idle: float) -> None:
     for left in place.folder.glob("warm-*.json"):  # a daemon killed outright left its warm processes' files
         left.unlink(missing_ok=True)
     daemon = Daemon(place, idle)
-    daemon.start_zygote()
+    daemon.start_own_warm()
     place.socket.unlink(missing_ok=True)  # a daemon that died left it: this one holds the lock now
     server = Server(str(place.socket), daemon)
     daemon.on_stop = server.shutdown

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from autobatch.devices.cgroup import cgroup_memory
@@ -113,8 +113,9 @@ class Inventory:
     def seen(cls, facts: NvmlFacts, env: Mapping[str, str]) -> Inventory:
         """The machine as a process with environment ``env`` sees it: NVML's ``facts``, this host's memory, and
         each GPU's index under ``CUDA_VISIBLE_DEVICES``."""
-        inventory = cls(host=host_memory(), visibility=describe_variable(env), **asdict(facts))
-        inventory.gpus = copy.deepcopy(facts.gpus)  # asdict made dicts of them; the reader's stay its own
+        own = copy.deepcopy(facts)  # the reader's facts stay its own
+        nvml = {f.name: getattr(own, f.name) for f in fields(NvmlFacts)}
+        inventory = cls(host=host_memory(), visibility=describe_variable(env), **nvml)
         if inventory.gpus:
             _place(inventory, env)
         return inventory

@@ -152,7 +152,8 @@ def _oom_reason(
     cause = root_cause(text)
     # the named rank failed because a peer did (its connection closed, or it aborted on it): a peer's
     # out-of-memory error is the cause, whichever rank torchrun saw exit first
-    candidates = [cause or text, *(_ranks(text) if cause is not None and _PEER_FAILED.search(text) else [])]
+    peers = _rank_texts(text).values() if cause is not None and _PEER_FAILED.search(text) else []
+    candidates = [cause or text, *peers]
     for candidate in candidates:
         verdict = explain_traceback(candidate, used_bytes=peak, budget_bytes=budget)
         if verdict is not None and verdict.kind == "oom":
@@ -184,21 +185,20 @@ def root_cause(text: str) -> str | None:
     found = _ROOT_CAUSE.search(text)
     if found is None:
         return None
-    prefix = f"[rank{found.group(1)}]: "
-    lines = [line[len(prefix) :] for line in text.splitlines() if line.startswith(prefix)]
-    if lines:
-        return "\n".join(lines)
+    named = _rank_texts(text).get(int(found.group(1)))
+    if named is not None:
+        return named
     ours = text.rfind("Traceback (most recent call last):", 0, found.start())
     return text[:ours] if ours > 0 else None
 
 
-def _ranks(text: str) -> list[str]:
-    """Each rank's stderr lines (torchrun's ``[rankN]:`` prefix taken off), one text per rank."""
-    found: dict[str, list[str]] = {}
+def _rank_texts(text: str) -> dict[int, str]:
+    """Each rank's stderr lines by rank number, torchrun's ``[rankN]:`` prefix taken off."""
+    found: dict[int, list[str]] = {}
     for line in text.splitlines():
         if (match := _RANK_LINE.match(line)) is not None:
-            found.setdefault(match.group(1), []).append(line[match.end() :])
-    return ["\n".join(lines) for lines in found.values()]
+            found.setdefault(int(match.group(1)), []).append(line[match.end() :])
+    return {rank: "\n".join(lines) for rank, lines in found.items()}
 
 
 def _names_rule(line: str, rule: str) -> bool:
