@@ -42,6 +42,13 @@ SLACK = 3
 #: A bracket this many times wider than its fitting end (after the model overshot) is split at its
 #: geometric middle: an extrapolation errs by a factor there, not by an amount.
 GEOMETRIC_RATIO = 32
+#: A line through the first two fits that reaches further than this times the larger one is tested halfway
+#: (geometrically) before it is believed: on the quadratic workload (a batch x batch loss) 8 and 1296 drew
+#: the boundary at 6616, which failed at once (the maximum was 3143), and the geometric middle came next; on
+#: the benchmark's other workloads the line reached 1.05-1.22x (mlp, cnn, gpt, lstm, vit_small) and 2.6x
+#: (param_heavy, whose line follows the rising readings: left to the model). scripts/probe_counts.py measures
+#: it.
+FAR_REACH = 3
 #: The same after a miss that ran out of memory in its first step with no peak: an allocation failed, the
 #: curve passed the cap by more than the margin, far from the line the model drew (docs/how-a-tune-works.md).
 FAR_MISS_RATIO = 4
@@ -306,7 +313,8 @@ class _State:
         """Probe the largest candidate the model says fits, else the smallest it says does not,
         if that probe, should the model be right, cuts the remaining work as much as a fallback."""
         prediction = predict(self.points, prior, self.min_fail, budget, floor, self.static)
-        if prediction is None:
+        if prediction is None or prediction.high < (self.lo + 1) * self.m:
+            # None, or refuted by a known fit: it puts the boundary under the bracket's fitting end
             return None
         # The end game reads the model's noise: a line through two points alone has none to read.
         planned = len(self.points) >= 3 or prior is not None
@@ -314,6 +322,9 @@ class _State:
             step = self._endgame(prediction, budget)
             if step is not None:
                 return step
+        middle = self._reach_middle(prediction) if prior is None else None
+        if middle is not None:
+            return middle, True, False
         low = min(self._index_at_or_below(prediction.low), self.hi - 1)
         high = max(self._index_at_or_below(prediction.high) + 1, self.lo + 1)
         convex = prediction.bends and self.hi - self.lo > endgame.WIDTH  # nearer, the end game plans
@@ -331,6 +342,23 @@ class _State:
             # crossing step whatever its length.
             return high, False, prediction.reported and high == low + 1
         return None
+
+    def _reach_middle(self, prediction: Prediction) -> int | None:
+        """A line through two fits that puts the boundary more than :data:`FAR_REACH` times beyond the larger
+        one says little of a curve that bends: the geometric middle, a fit there the third point that shows the
+        bend. Only where the fits reported their own static memory: the second probe then aimed at an affine
+        curve's boundary (on the benchmark's workloads from 3 % above it to 60 % below:
+        :data:`~autobatch.core.model.LIKELY_SHORT`), and a line reaching three times past it contradicts the
+        curve it aimed at; a guess scaled from nothing is only a
+        lower bound, and a long reach past it is no news. None: the reach is short, the line follows the rising
+        phase's readings, more points drew it (and the caller passes over it where a prior did)."""
+        top = (self.lo + 1) * self.m
+        if len(self.points) != 2 or self.of_readings or self.static is None or not prediction.reported:
+            return None
+        if not prediction.low > FAR_REACH * top:
+            return None
+        middle = math.isqrt(int(top * prediction.low)) // self.m - 1
+        return middle if self.lo < middle < self.hi else None
 
     def _endgame(self, prediction: Prediction, budget: int) -> tuple[int, bool, bool] | None:
         """Near the model's boundary, the probe with the fewest expected probes left (:mod:`endgame`)."""

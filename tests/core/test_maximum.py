@@ -233,6 +233,26 @@ def test_phases_wrong_or_right_the_answer_is_exact_and_confirmed(
     assert answer.probes <= probe_bound(LIMITS.max_batch_size) + CONFIRM_ROUNDS
 
 
+def test_a_line_that_a_known_fit_refutes_is_not_followed_a_candidate_at_a_time() -> None:
+    # Found by the property above: rising readings 5 % high drew a line that put the boundary at 1011.7 whatever
+    # fitted above it, and the search probed its neighbour, expecting a miss, eleven times in a row (1012 to
+    # 1025 fitted), then again after its confirmation failed: 38 probes, over the bound. A line whose boundary
+    # lies under a known fit no longer guides the search.
+    curve = plateau(0.5 * GiB, 0.1 * GiB, 0.000842558504397665 * GiB)
+
+    class Skewed(FakeStepProbe):
+        def __call__(self, batch: int, steps: tuple[int, int], purpose: str):  # type: ignore[no-untyped-def]
+            obs = super().__call__(batch, steps, purpose)
+            if obs.rising_bytes is None:
+                return obs
+            return type(obs)(**{**obs.__dict__, "rising_bytes": int(obs.rising_bytes * 1.05)})
+
+    probe = Skewed(curve, GiB, phases=True, fails_long=lambda b, _p: b == 1068)
+    answer = find_maximum(probe, budget_bytes=GiB, limits=LIMITS)
+    assert answer.max_batch_size == 1067 and confirmed(probe, 1067)
+    assert answer.probes <= 16, [b for b, _, _ in probe.calls]
+
+
 def test_a_confirmation_runs_six_steps_then_stops_once_its_peak_holds_still() -> None:
     """The leak rule reads six steps; after them a confirmation stops at the first step whose peak held still
     (up to ``confirm_steps``). Before: ten steps every time, the better part of an expensive model's tune."""

@@ -43,14 +43,16 @@ def test_a_batch_by_batch_loss_is_searched_along_its_bend() -> None:
     # Before: 8 218 20834(6+) 2131 4708 3710 2920 3028 2974 3015(6+) 3016(6+): the line through the fits
     # overshot the convex curve twice; the parabola through 8, 218 and 2131 puts the maximum at 3015. Then
     # 8 218 20834(6+) 2131 4272 3015 3016(6+) 3015(6+): the parabola set only the interval's low end, and a step
-    # there had to cut the bisection's count, so the search probed the line's end (4272) first. Now the
-    # parabola's answer is probed first, as long as a confirmation.
+    # there had to cut the bisection's count, so the search probed the line's end (4272) first. Then the
+    # parabola's answer was probed first, as long as a confirmation, after 20834, where the line through 8 and 218
+    # put the boundary (95 times the larger fit: it failed at once). Now a line that reaches more than three
+    # times past its larger fit is tested at the geometric middle first (search.FAR_REACH).
     probe = FakeStepProbe(
         CONTRASTIVE, CONTRASTIVE_LINE, phases=True, state_bytes=MiB // 10, static_bytes=305 * MiB
     )
     answer = find_maximum(probe, budget_bytes=CONTRASTIVE_LINE, limits=LIMITS)
     assert answer.max_batch_size == true_max(CONTRASTIVE, CONTRASTIVE_LINE, LIMITS.max_batch_size) == 3015
-    assert calls(probe) == ["8", "218", "20834(6+)", "2131", "3015(6+)", "3016(6+)"]
+    assert calls(probe) == ["8", "218", "2131", "3015(6+)", "3016(6+)"]
 
 
 @dataclass
