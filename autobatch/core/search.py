@@ -43,15 +43,17 @@ SLACK = 3
 #: geometric middle: an extrapolation errs by a factor there, not by an amount.
 GEOMETRIC_RATIO = 32
 #: A line through the first two fits that reaches further than this times the larger one is tested halfway
-#: (geometrically) before it is believed: on the quadratic workload (a batch x batch loss) 8 and 1296 drew
-#: the boundary at 6616, which failed at once (the maximum was 3143), and the geometric middle came next; on
-#: the benchmark's other workloads the line reached 1.05-1.22x (mlp, cnn, gpt, lstm, vit_small) and 2.6x
-#: (param_heavy, whose line follows the rising readings: left to the model). scripts/probe_counts.py measures
-#: it.
-FAR_REACH = 3
+#: (geometrically) before it is believed. On the quadratic workload (a batch x batch loss) 8 and 1296 drew the
+#: boundary at 6616 (the maximum was 3143), and 8 and 1846 at 4991 (3142), 8 and 1920 at 4914 (3169): each
+#: failed at once, and two of those tunes took 9 probes; on the benchmark's other workloads the line reached
+#: 1.05-1.22x past its larger fit (mlp, cnn, gpt, lstm, vit_small), and 2.6x on param_heavy, whose line
+#: follows the rising readings (left to the model). Those three tunes replayed (2026-11-30): 8, 6 and 7 probes.
+FAR_REACH = 2.5
 #: The same after a miss that ran out of memory in its first step with no peak: an allocation failed, the
 #: curve passed the cap by more than the margin, far from the line the model drew (docs/how-a-tune-works.md).
-FAR_MISS_RATIO = 4
+#: With 4, the quadratic workload's miss at 4991 over a fit at 1846 (2.7x) was split at 3418, which failed at
+#: once too, then 2632 fitted; the geometric middle, 3035, fits.
+FAR_MISS_RATIO = 2
 
 
 @dataclass(frozen=True)
@@ -348,8 +350,8 @@ class _State:
         one says little of a curve that bends: the geometric middle, a fit there the third point that shows the
         bend. Only where the fits reported their own static memory: the second probe then aimed at an affine
         curve's boundary (on the benchmark's workloads from 3 % above it to 60 % below:
-        :data:`~autobatch.core.model.LIKELY_SHORT`), and a line reaching three times past it contradicts the
-        curve it aimed at; a guess scaled from nothing is only a
+        :data:`~autobatch.core.model.LIKELY_SHORT`), and a line reaching more than :data:`FAR_REACH` times past it
+        contradicts the curve it aimed at; a guess scaled from nothing is only a
         lower bound, and a long reach past it is no news. None: the reach is short, the line follows the rising
         phase's readings, more points drew it (and the caller passes over it where a prior did)."""
         top = (self.lo + 1) * self.m

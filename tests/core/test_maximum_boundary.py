@@ -45,8 +45,8 @@ def test_a_batch_by_batch_loss_is_searched_along_its_bend() -> None:
     # 8 218 20834(6+) 2131 4272 3015 3016(6+) 3015(6+): the parabola set only the interval's low end, and a step
     # there had to cut the bisection's count, so the search probed the line's end (4272) first. Then the
     # parabola's answer was probed first, as long as a confirmation, after 20834, where the line through 8 and 218
-    # put the boundary (95 times the larger fit: it failed at once). Now a line that reaches more than three
-    # times past its larger fit is tested at the geometric middle first (search.FAR_REACH).
+    # put the boundary (95 times the larger fit: it failed at once). Now a line that reaches more than
+    # search.FAR_REACH (2.5) times past its larger fit is tested at the geometric middle first.
     probe = FakeStepProbe(
         CONTRASTIVE, CONTRASTIVE_LINE, phases=True, state_bytes=MiB // 10, static_bytes=305 * MiB
     )

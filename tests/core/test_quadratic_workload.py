@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import statistics
 
+import pytest
+
 from autobatch.core.maximum import Limits, find_maximum
 from autobatch.core.model import Affine, model_points, predict
 from autobatch.core.search import Guidance, Observation, search_max_batch
@@ -67,23 +69,35 @@ def test_a_line_that_reaches_far_past_the_second_fit_is_tested_at_the_geometric_
     assert all(CURVE(b) <= CAP for b, _, _ in probe.calls)
 
 
-def test_after_an_allocation_that_failed_far_above_the_fits_the_geometric_middle() -> None:
-    # A line another combination drew (a prior: the rule above leaves it be) through 8 and 1235 ends far past
-    # the maximum; that probe fails its first allocation, and the geometric middle of the bracket comes next.
-    first, second = fit(8, 296.2), fit(1235, 318.4)
-    assert first.peak_bytes is not None and second.peak_bytes is not None
-    slope = (second.peak_bytes - first.peak_bytes) / (1235 - 8)
-    prior = Affine(second.peak_bytes - slope * 1235, slope)
+@pytest.mark.parametrize(("second", "mib"), [(1235, 318.4), (1846, 343.04)])
+def test_after_an_allocation_that_failed_far_above_the_fits_the_geometric_middle(
+    second: int, mib: float
+) -> None:
+    # A line another combination drew (a prior: the rule above leaves it be) through 8 and the second fit ends
+    # far past the maximum; that probe fails its first allocation, and the geometric middle of the bracket comes
+    # next. With 1846 (a real tune, 2026-11-30) the miss came at 4991, 2.7 times the fit: the bracket was split
+    # at its middle, 3418, which failed at once too (search.FAR_MISS_RATIO was 4).
+    first, fitted = fit(8, 296.2), fit(second, mib)
+    assert first.peak_bytes is not None and fitted.peak_bytes is not None
+    slope = (fitted.peak_bytes - first.peak_bytes) / (second - 8)
+    prior = Affine(fitted.peak_bytes - slope * second, slope)
     probe = FakeStepProbe(CURVE, LINE, cap_bytes=CAP)
     search_max_batch(
         lambda b: probe(b, (3, 8), "search"),
         budget_bytes=LINE,
         max_batch_size=LIMITS.max_batch_size,
-        known=[first, second],
+        known=[first, fitted],
         guidance=Guidance(prior=prior, floor_bytes=FLOOR),
     )
     far, after = probe.calls[0][0], probe.calls[1][0]
-    assert CURVE(far) > CAP and after == math.isqrt(1235 * far)
+    assert CURVE(far) > CAP and after == math.isqrt(second * far)
+
+
+def test_a_second_fit_at_two_fifths_of_the_lines_boundary_is_followed_by_the_geometric_middle() -> None:
+    # A real tune (2026-11-30): 8 and 1846 drew the boundary at 4991 (2.7 times the larger fit), which failed at
+    # once; then 3418 did too, and 2632 fitted: 9 probes to 3142. The middle of 1846 and 4991 fits.
+    first = search([fit(8, 297.55), fit(1846, 343.04)])[0]
+    assert 1846 < first < true_max(CURVE, LINE, LIMITS.max_batch_size), first
 
 
 def test_three_fits_that_bend_probe_the_parabolas_root() -> None:
