@@ -33,6 +33,9 @@ ROUTED = ("tune", "check", "explain", "estimate")
 START_TIMEOUT = 180.0
 #: Seconds a stopping daemon may take to end its requests and exit.
 STOP_TIMEOUT = 60.0
+#: The resource limits of the client's process that bound what a job started from its shell may hold: a
+#: command the daemon runs takes them on.
+LIMITS = ("RLIMIT_DATA", "RLIMIT_AS")
 
 
 class _Connection(http.client.HTTPConnection):
@@ -176,6 +179,8 @@ class Client:
 
         Ctrl-C (and SIGTERM) is passed on to the command, which stops its probes and keeps what it measured,
         as in-process; a second one leaves without waiting (the daemon then ends the command)."""
+        import resource
+
         from autobatch.devices.cgroup import cgroup_memory
 
         cgroup = (
@@ -187,6 +192,8 @@ class Client:
             "env": dict(os.environ),
             "sys_path": list(sys.path),
             "cgroup": list(cgroup) if cgroup is not None else None,
+            # the job's own (a job script's ulimit): the command takes them on (autobatch.daemon.zygote)
+            "limits": {name: list(resource.getrlimit(getattr(resource, name))) for name in LIMITS},
         }
         response = request(str(self.place.socket), "POST", "/v1/run", json.dumps(body).encode())
         if response.status != 200:

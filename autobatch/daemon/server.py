@@ -45,6 +45,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+from autobatch.daemon.client import LIMITS
 from autobatch.daemon.place import Place, identity
 from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.devices.inventory import NvmlReader
@@ -268,6 +269,7 @@ class Daemon:
         message["cgroup"] = body.get(
             "cgroup"
         )  # the client's memory cgroup (autobatch.devices.cgroup.for_job)
+        message["limits"] = body.get("limits")  # the client's resource limits (autobatch.daemon.zygote)
         message["socket"] = str(self.place.socket)  # where the command reads its inventory
         self._warm_for(request, body["env"]).fork(message, pipes)
         if not request.started.wait(60):
@@ -632,6 +634,16 @@ def _checked(body: Any) -> dict[str, Any]:
         isinstance(cgroup, list) and len(cgroup) == 2 and all(isinstance(n, int) and n >= 0 for n in cgroup)
     ):
         problems.append("cgroup: null or [limit, used] in bytes")
+    limits = body.get("limits")
+    if limits is not None and not (
+        isinstance(limits, dict)
+        and set(limits) <= set(LIMITS)
+        and all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, int) and n >= -1 for n in pair)
+            for pair in limits.values()
+        )
+    ):
+        problems.append(f"limits: null or an object of {', '.join(LIMITS)} to [soft, hard] (-1: unlimited)")
     if problems:
         raise _Refused(400, "malformed run request; expected " + "; ".join(problems))
     return body

@@ -203,6 +203,27 @@ def _script_of(group: Any, argv: list[str]) -> list[Any]:
     return [params.get("script"), params.get("config")]
 
 
+def _take_limits(limits: dict[str, list[int]]) -> None:
+    """Take on the client's resource limits (``RLIMIT_DATA``, ``RLIMIT_AS``: a job script's ``ulimit``), which
+    the job started from its shell inherits and the probes must run under. Lowered only: a limit above the
+    daemon's hard one stays at that (the daemon's is then what bounds the command, and its capacity says so)."""
+    import resource
+
+    for name, (soft, hard) in limits.items():
+        which = getattr(resource, name)
+        _, own = resource.getrlimit(which)
+        resource.setrlimit(which, (_lowered(soft, own), _lowered(hard, own)))
+
+
+def _lowered(value: int, hard: int) -> int:
+    """``value`` as a limit under ``hard`` (either may be ``RLIM_INFINITY``, -1)."""
+    import resource
+
+    if hard == resource.RLIM_INFINITY:
+        return value
+    return hard if value == resource.RLIM_INFINITY else min(value, hard)
+
+
 def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]) -> None:
     """Become the client's ``autobatch ARGS`` and exit with its code; never returns."""
     code = 1
@@ -216,6 +237,7 @@ def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]
         from autobatch.devices.cgroup import CgroupMemory, for_job
 
         for_job(CgroupMemory(*request["cgroup"]) if request.get("cgroup") else None)  # the client's, not ours
+        _take_limits(request.get("limits") or {})
         from autobatch.probe.lineage import die_with_parent
 
         die_with_parent(signal.SIGKILL)

@@ -162,14 +162,22 @@ def cpu_budget(capacity_bytes: int, headroom: float, baseline_bytes: int | None)
 
 
 def check_cpu_memory(memory: int | None, info: dict[str, Any]) -> None:
-    """Refuse a CPU ``--memory`` above the most a process here can hold (the machine's physical memory, or its
-    memory cgroup's limit: ``info`` as :func:`autobatch.devices.cpu.machine_memory` reports it): the cap
-    (RLIMIT_DATA) could never be what stops a probe; the kernel's out-of-memory killer would, and that reads as
-    a crash."""
+    """Refuse a CPU ``--memory`` above the most a process here can hold (the machine's physical memory, its
+    memory cgroup's limit, or its own resource limits: ``info`` as :func:`autobatch.devices.cpu.machine_memory`
+    reports it): the cap (RLIMIT_DATA) could never be what stops a probe; the kernel's out-of-memory killer would,
+    which reads as a crash, or the job's own limit, which the probe's cap would have lifted."""
     total = info.get("total_bytes")
     if not (memory and total and memory > total):
         return
     limit = info.get("cgroup_limit_bytes")
+    if info.get("process_limit_bytes") == total:
+        raise UsageError(
+            f"--memory {format_bytes(memory)} is more than this process's {info['process_limit_name']} lets it "
+            f"hold ({format_bytes(total)}), which the job started from this shell inherits: a probe would measure "
+            "memory the job cannot have",
+            hint=f"pass at most {format_bytes(total)}, or raise the limit (`ulimit -S -d unlimited`, `ulimit -S -v "
+            "unlimited`, within the hard limit) where the job runs too",
+        )
     what = (
         f"the job's memory cgroup allows ({format_bytes(limit)}: a container's limit or a job's --mem)"
         if limit is not None and limit <= total
@@ -182,8 +190,15 @@ def check_cpu_memory(memory: int | None, info: dict[str, Any]) -> None:
     )
 
 
-def cgroup_note(info: dict[str, Any]) -> str | None:
-    """What the device's capacity came from when the memory cgroup left less than the host has available."""
+def capacity_note(info: dict[str, Any]) -> str | None:
+    """What the device's capacity came from when the process's own limits or its memory cgroup left less than
+    the host has available."""
+    if "process_limit_bytes" in info:
+        return (
+            f"capacity: what this process's {info['process_limit_name']} leaves for its data memory "
+            f"({format_bytes(info['process_limit_bytes'])}), less than there is room for; the job started from "
+            "this shell inherits the limit, and past it an allocation fails"
+        )
     if "cgroup_limit_bytes" not in info:
         return None
     return (
@@ -225,7 +240,7 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
                 f"({format_bytes(int(available))}): a probe may be killed for want of memory before it "
                 "reaches the cap"
             )
-        elif memory is None and (note := cgroup_note(info)):
+        elif memory is None and (note := capacity_note(info)):
             info_.notes.append(note)
         return info_
     from autobatch.devices import cuda

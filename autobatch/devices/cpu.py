@@ -16,7 +16,7 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from autobatch.devices.cgroup import CgroupMemory
@@ -147,14 +147,54 @@ def release_heap() -> None:
 
 
 def apply_cap(budget_bytes: int) -> None:
-    """Cap this process's data memory (RLIMIT_DATA, soft and hard) at the budget. A budget at or below zero (a
+    """Cap this process's data memory (RLIMIT_DATA, soft and hard) at the budget, never above the hard limit the
+    process was started with (a job's ``ulimit -d``: raising it is refused). A budget at or below zero (a
     fresh-process offset larger than the budget) allows no more data: ``setrlimit`` would take a negative value
     as an unsigned one, no cap at all."""
-    cap = max(0, budget_bytes)
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    cap = max(0, budget_bytes if hard == resource.RLIM_INFINITY else min(budget_bytes, hard))
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
 
 
-def machine_memory() -> dict[str, int]:
+class ProcessLimit(NamedTuple):
+    """The most data memory this process's own resource limits let it hold (bytes), and which limit says so."""
+
+    bytes: int
+    name: str  # "RLIMIT_DATA (ulimit -d)" or "RLIMIT_AS (ulimit -v)"
+
+
+def process_limit(status: VmStatus | None = None) -> ProcessLimit | None:
+    """What this process's soft resource limits leave for its data memory, a job started from the same shell
+    inheriting them (a job script's ``ulimit``, limits SLURM carries over from where the job was submitted), or
+    None when neither is set. ``RLIMIT_DATA`` bounds data memory itself; ``RLIMIT_AS`` the whole address space,
+    of which the process's mappings that are not data (its libraries, mapped files: ``status``, read now when
+    not given) take their share first."""
+    status = status or read_status()
+    found = []
+    data, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    if data != resource.RLIM_INFINITY:
+        found.append(ProcessLimit(data, "RLIMIT_DATA (ulimit -d)"))
+    space, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if space != resource.RLIM_INFINITY:
+        found.append(ProcessLimit(max(0, space - status.not_data), "RLIMIT_AS (ulimit -v)"))
+    return min(found, default=None)
+
+
+def within_limit(limit: ProcessLimit | None, found: dict[str, int]) -> dict[str, Any]:
+    """``found`` (the memory a process here may take) bounded by this process's resource ``limit``, said with
+    ``process_limit_bytes`` and ``process_limit_name`` for the device's note."""
+    if limit is None or limit.bytes >= found["available_bytes"]:
+        return found
+    return {
+        **found,
+        "available_bytes": limit.bytes,
+        "total_bytes": min(found.get("total_bytes", limit.bytes), limit.bytes),
+        "process_limit_bytes": limit.bytes,
+        "process_limit_name": limit.name,
+    }
+
+
+def machine_memory() -> dict[str, Any]:
     """The machine's memory as the inspection reports it (``available_bytes``, ``total_bytes``), bounded by this
     process's memory cgroup (:func:`within`): what a replayed inspection reads again
     (:meth:`autobatch.probe.client.ProbeClient.run`)."""
@@ -163,9 +203,10 @@ def machine_memory() -> dict[str, int]:
     from autobatch.devices.cgroup import cgroup_memory
 
     memory = psutil.virtual_memory()
-    return within(
+    found = within(
         cgroup_memory(), {"available_bytes": int(memory.available), "total_bytes": int(memory.total)}
     )
+    return within_limit(process_limit(), found)
 
 
 def within(cgroup: CgroupMemory | None, found: dict[str, int]) -> dict[str, int]:

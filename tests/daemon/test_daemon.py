@@ -260,6 +260,9 @@ def test_malformed_and_oversized_requests_get_errors_and_the_daemon_serves_on(pl
     assert code == 400 and "argv" in str(answer["error"]) and "cwd" in str(answer["error"])
     code, answer = raw(place, b"x" * (10 << 20))
     assert code == 413 and "at most" in str(answer["error"])
+    limits = {"argv": ["check"], "cwd": "/", "env": {}, "sys_path": [], "limits": {"RLIMIT_NOFILE": [8, 8]}}
+    code, answer = raw(place, json.dumps(limits).encode())  # only the memory limits, as [soft, hard]
+    assert code == 400 and "limits: null or an object of RLIMIT_DATA, RLIMIT_AS" in str(answer["error"])
     with socket.socket(socket.AF_UNIX) as sock:  # not even HTTP
         sock.connect(str(place.socket))
         sock.sendall(b"\x00\x01garbage\r\n\r\n")

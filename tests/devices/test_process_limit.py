@@ -1,0 +1,50 @@
+"""The CPU capacity under the process's own resource limits (a job script's ``ulimit -d`` / ``ulimit -v``):
+what they leave for data memory, how it bounds the capacity, and a ``--memory`` above it refused."""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Iterator
+
+import pytest
+
+from autobatch.devices.budget import capacity_note, check_cpu_memory
+from autobatch.devices.cpu import ProcessLimit, VmStatus, process_limit, within_limit
+from autobatch.errors import UsageError
+
+MiB, GiB = 1 << 20, 1 << 30
+HOST = {"available_bytes": 20 * GiB, "total_bytes": 24 * GiB}
+
+
+@pytest.fixture
+def soft_limits() -> Iterator[None]:
+    """The soft limits of this process, restored after (a soft limit may be raised again up to the hard one)."""
+    saved = {which: resource.getrlimit(which) for which in (resource.RLIMIT_DATA, resource.RLIMIT_AS)}
+    yield
+    for which, limits in saved.items():
+        resource.setrlimit(which, limits)
+
+
+def test_the_data_limit_bounds_data_memory_and_the_address_space_limit_less_the_other_mappings(
+    soft_limits: None,
+) -> None:
+    status = VmStatus(data=300 * MiB, size=300 * MiB + GiB, peak=300 * MiB + GiB)  # 1 GiB of libraries, files
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (8 * GiB, hard))
+    assert process_limit(status) == ProcessLimit(7 * GiB, "RLIMIT_AS (ulimit -v)")
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (2 * GiB, hard))
+    assert process_limit(status) == ProcessLimit(2 * GiB, "RLIMIT_DATA (ulimit -d)")  # the tighter of the two
+
+
+def test_a_limit_bounds_the_capacity_only_where_it_is_the_tighter(soft_limits: None) -> None:
+    assert within_limit(None, HOST) == HOST
+    assert within_limit(ProcessLimit(32 * GiB, "RLIMIT_DATA (ulimit -d)"), HOST) == HOST
+    bounded = within_limit(ProcessLimit(2 * GiB, "RLIMIT_DATA (ulimit -d)"), HOST)
+    assert bounded["available_bytes"] == bounded["total_bytes"] == bounded["process_limit_bytes"] == 2 * GiB
+    note = capacity_note(bounded)
+    assert note is not None and "RLIMIT_DATA (ulimit -d) leaves for its data memory (2.00 GiB)" in note
+    check_cpu_memory(2 * GiB, bounded)  # at the limit: allowed
+    with pytest.raises(UsageError, match=r"RLIMIT_DATA \(ulimit -d\) lets it hold \(2.00 GiB\)") as raised:
+        check_cpu_memory(3 * GiB, bounded)
+    assert "ulimit -S -d unlimited" in (raised.value.hint or "")
