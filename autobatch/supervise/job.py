@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from pathlib import Path
 from types import FrameType
 
 from autobatch.devices.cgroup import oom_kills
-from autobatch.devices.cpu import read_status
+from autobatch.devices.cpu import apply_cap, read_status
 from autobatch.probe.lineage import become_subreaper, end_descendants
 from autobatch.probe.oom import explain_traceback
 
@@ -110,7 +109,7 @@ def launch(spec: JobSpec, budget_bytes: int | None = None, on_peak: Warn | None 
         cwd=spec.cwd,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))) if cap else None,
+        preexec_fn=(lambda: apply_cap(cap)) if cap else None,  # never above the hard limit it inherits
     )
     assert proc.stderr is not None
     killed_before = oom_kills()

@@ -4,6 +4,8 @@ what they leave for data memory, how it bounds the capacity, and a ``--memory`` 
 from __future__ import annotations
 
 import resource
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -48,3 +50,21 @@ def test_a_limit_bounds_the_capacity_only_where_it_is_the_tighter(soft_limits: N
     with pytest.raises(UsageError, match=r"RLIMIT_DATA \(ulimit -d\) lets it hold \(2.00 GiB\)") as raised:
         check_cpu_memory(3 * GiB, bounded)
     assert "ulimit -S -d unlimited" in (raised.value.hint or "")
+
+
+def test_no_cap_is_set_above_the_hard_limit_the_process_inherited() -> None:
+    # A job script's `ulimit -d` sets the hard limit too: raising it is refused ("not allowed to raise maximum
+    # limit"), which failed the first probe, and would fail `autobatch run`'s launch of the job.
+    code = (
+        "import resource\n"
+        "from autobatch.devices.cpu import apply_cap\n"
+        f"resource.setrlimit(resource.RLIMIT_DATA, ({GiB}, {GiB}))\n"
+        f"apply_cap({4 * GiB})\n"
+        f"assert resource.getrlimit(resource.RLIMIT_DATA) == ({GiB}, {GiB})\n"
+        f"apply_cap({GiB // 2})\n"
+        f"assert resource.getrlimit(resource.RLIMIT_DATA) == ({GiB // 2}, {GiB // 2})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
