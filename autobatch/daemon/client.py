@@ -183,9 +183,8 @@ class Client:
 
         from autobatch.devices.cgroup import cgroup_memory
 
-        cgroup = (
-            cgroup_memory()
-        )  # the job's (a container's, a job's --mem): the command's probes run in the daemon's
+        # the job's (a container's, a job's --mem): the command's probes run in the daemon's
+        cgroup = cgroup_memory()
         body: dict[str, Any] = {
             "argv": list(argv),
             "cwd": os.getcwd(),

@@ -266,10 +266,8 @@ class Daemon:
             self.requests[request.id] = request
             self.last_active = time.monotonic()
         message = {"id": request.id, **{k: body[k] for k in ("argv", "cwd", "env", "sys_path")}}
-        message["cgroup"] = body.get(
-            "cgroup"
-        )  # the client's memory cgroup (autobatch.devices.cgroup.for_job)
-        message["limits"] = body.get("limits")  # the client's resource limits (autobatch.daemon.zygote)
+        # the client's memory cgroup (autobatch.devices.cgroup.for_job) and resource limits (autobatch.daemon.zygote)
+        message.update(cgroup=body.get("cgroup"), limits=body.get("limits"))
         message["socket"] = str(self.place.socket)  # where the command reads its inventory
         self._warm_for(request, body["env"]).fork(message, pipes)
         if not request.started.wait(60):

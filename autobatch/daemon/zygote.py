@@ -209,19 +209,12 @@ def _take_limits(limits: dict[str, list[int]]) -> None:
     daemon's hard one stays at that (the daemon's is then what bounds the command, and its capacity says so)."""
     import resource
 
+    from autobatch.devices.cpu import under_hard
+
     for name, (soft, hard) in limits.items():
         which = getattr(resource, name)
         _, own = resource.getrlimit(which)
-        resource.setrlimit(which, (_lowered(soft, own), _lowered(hard, own)))
-
-
-def _lowered(value: int, hard: int) -> int:
-    """``value`` as a limit under ``hard`` (either may be ``RLIM_INFINITY``, -1)."""
-    import resource
-
-    if hard == resource.RLIM_INFINITY:
-        return value
-    return hard if value == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (under_hard(soft, own), under_hard(hard, own)))
 
 
 def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]) -> None:

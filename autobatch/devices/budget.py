@@ -193,7 +193,7 @@ def check_cpu_memory(memory: int | None, info: dict[str, Any]) -> None:
 def capacity_note(info: dict[str, Any]) -> str | None:
     """What the device's capacity came from when the process's own limits or its memory cgroup left less than
     the host has available."""
-    if "process_limit_bytes" in info:
+    if info.get("process_limit_bytes") == info.get("available_bytes"):  # not a tighter cgroup of the job's
         return (
             f"capacity: what this process's {info['process_limit_name']} leaves for its data memory "
             f"({format_bytes(info['process_limit_bytes'])}), less than there is room for; the job started from "

@@ -152,8 +152,16 @@ def apply_cap(budget_bytes: int) -> None:
     fresh-process offset larger than the budget) allows no more data: ``setrlimit`` would take a negative value
     as an unsigned one, no cap at all."""
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    cap = max(0, budget_bytes if hard == resource.RLIM_INFINITY else min(budget_bytes, hard))
+    cap = under_hard(max(0, budget_bytes), hard)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+
+
+def under_hard(value: int, hard: int) -> int:
+    """``value`` as a resource limit a process may set under its ``hard`` one (raising that is refused); either
+    may be ``RLIM_INFINITY``."""
+    if hard == resource.RLIM_INFINITY:
+        return value
+    return hard if value == resource.RLIM_INFINITY else min(value, hard)
 
 
 class ProcessLimit(NamedTuple):
@@ -169,14 +177,14 @@ def process_limit(status: VmStatus | None = None) -> ProcessLimit | None:
     None when neither is set. ``RLIMIT_DATA`` bounds data memory itself; ``RLIMIT_AS`` the whole address space,
     of which the process's mappings that are not data (its libraries, mapped files: ``status``, read now when
     not given) take their share first."""
-    status = status or read_status()
     found = []
     data, _ = resource.getrlimit(resource.RLIMIT_DATA)
     if data != resource.RLIM_INFINITY:
         found.append(ProcessLimit(data, "RLIMIT_DATA (ulimit -d)"))
     space, _ = resource.getrlimit(resource.RLIMIT_AS)
     if space != resource.RLIM_INFINITY:
-        found.append(ProcessLimit(max(0, space - status.not_data), "RLIMIT_AS (ulimit -v)"))
+        not_data = (status or read_status()).not_data
+        found.append(ProcessLimit(max(0, space - not_data), "RLIMIT_AS (ulimit -v)"))
     return min(found, default=None)
 
 

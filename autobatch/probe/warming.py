@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autobatch.devices.cpu import under_hard
+
 #: Threads whose library makes a fork with them safe, by the name the kernel shows (``/proc/.../comm``):
 #: jemalloc's background purging thread (pyarrow's jemalloc starts one as it loads, and ``from transformers
 #: import Trainer`` loads pyarrow): jemalloc's own fork handlers take its locks before a fork and, in the child,
@@ -91,8 +93,7 @@ class Warming:
             yield
             return
         soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-        limit = self.data_limit if hard == resource.RLIM_INFINITY else min(self.data_limit, hard)
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+        resource.setrlimit(resource.RLIMIT_DATA, (under_hard(self.data_limit, hard), hard))
         try:
             yield
         finally:

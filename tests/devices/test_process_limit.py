@@ -68,3 +68,13 @@ def test_no_cap_is_set_above_the_hard_limit_the_process_inherited() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_note_names_the_job_cgroup_when_it_is_tighter_than_the_process_limit() -> None:
+    from autobatch.devices.cgroup import CgroupMemory
+    from autobatch.devices.cpu import within
+
+    limited = within_limit(ProcessLimit(4 * GiB, "RLIMIT_DATA (ulimit -d)"), HOST)
+    bounded = within(CgroupMemory(3 * GiB, GiB), limited)  # a daemon's client in a cgroup with 2 GiB of room
+    note = capacity_note(bounded)
+    assert note is not None and "the room left in the job's memory cgroup (2.00 GiB" in note
