@@ -169,8 +169,7 @@ def check_cpu_memory(memory: int | None, info: dict[str, Any]) -> None:
     total = info.get("total_bytes")
     if not (memory and total and memory > total):
         return
-    limit = info.get("cgroup_limit_bytes")
-    if info.get("process_limit_bytes") == total:
+    if info.get("total_by") == "process":
         raise UsageError(
             f"--memory {format_bytes(memory)} is more than this process's {info['process_limit_name']} lets it "
             f"hold ({format_bytes(total)}), which the job started from this shell inherits: a probe would measure "
@@ -179,8 +178,8 @@ def check_cpu_memory(memory: int | None, info: dict[str, Any]) -> None:
             "unlimited`, within the hard limit) where the job runs too",
         )
     what = (
-        f"the job's memory cgroup allows ({format_bytes(limit)}: a container's limit or a job's --mem)"
-        if limit is not None and limit <= total
+        f"the job's memory cgroup allows ({format_bytes(total)}: a container's limit or a job's --mem)"
+        if info.get("total_by") == "cgroup"
         else f"this machine's physical memory ({format_bytes(total)})"
     )
     raise UsageError(
@@ -193,13 +192,13 @@ def check_cpu_memory(memory: int | None, info: dict[str, Any]) -> None:
 def capacity_note(info: dict[str, Any]) -> str | None:
     """What the device's capacity came from when the process's own limits or its memory cgroup left less than
     the host has available."""
-    if info.get("process_limit_bytes") == info.get("available_bytes"):  # not a tighter cgroup of the job's
+    if info.get("available_by") == "process":
         return (
             f"capacity: what this process's {info['process_limit_name']} leaves for its data memory "
             f"({format_bytes(info['process_limit_bytes'])}), less than there is room for; the job started from "
             "this shell inherits the limit, and past it an allocation fails"
         )
-    if "cgroup_limit_bytes" not in info:
+    if info.get("available_by") != "cgroup":
         return None
     return (
         f"capacity: the room left in the job's memory cgroup ({format_bytes(info['available_bytes'])}: "
@@ -224,7 +223,9 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         from autobatch.devices.cgroup import job_cgroup
         from autobatch.devices.cpu import MEMORY_DEFINITION, within
 
-        info = within(job_cgroup(), info)  # the job's cgroup, where the probes run in another (the daemon's)
+        info = within(
+            info, cgroup=job_cgroup()
+        )  # the job's cgroup, where the probes run in another (the daemon's)
         capacity = memory or int(info["available_bytes"])
         check_cpu_memory(memory, info)
         baseline = info.get("baseline_bytes")
@@ -233,7 +234,10 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
             "cpu", "cpu", capacity, budget, headroom, MEMORY_DEFINITION, baseline_bytes=baseline, **common
         )
         available = info.get("available_bytes")
-        where = "its memory cgroup has room for" if "cgroup_limit_bytes" in info else "the host has available"
+        where = {
+            "cgroup": "its memory cgroup has room for",
+            "process": f"its {info.get('process_limit_name')} leaves",
+        }.get(info.get("available_by", ""), "the host has available")
         if memory and available and memory > int(available):
             info_.warn(
                 f"--memory {format_bytes(memory)} is more than {where} now "

@@ -14,7 +14,7 @@ import ctypes
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -188,50 +188,63 @@ def process_limit(status: VmStatus | None = None) -> ProcessLimit | None:
     return min(found, default=None)
 
 
-def within_limit(limit: ProcessLimit | None, found: dict[str, int]) -> dict[str, Any]:
-    """``found`` (the memory a process here may take) bounded by this process's resource ``limit``, said with
-    ``process_limit_bytes`` and ``process_limit_name`` for the device's note."""
-    if limit is None or limit.bytes >= found["available_bytes"]:
-        return found
-    return {
-        **found,
-        "available_bytes": limit.bytes,
-        "total_bytes": min(found.get("total_bytes", limit.bytes), limit.bytes),
-        "process_limit_bytes": limit.bytes,
-        "process_limit_name": limit.name,
-    }
-
-
 def machine_memory() -> dict[str, Any]:
     """The machine's memory as the inspection reports it (``available_bytes``, ``total_bytes``), bounded by this
-    process's memory cgroup (:func:`within`): what a replayed inspection reads again
+    process's memory cgroup and its own resource limits (:func:`within`): what a replayed inspection reads again
     (:meth:`autobatch.probe.client.ProbeClient.run`)."""
     import psutil
 
     from autobatch.devices.cgroup import cgroup_memory
 
     memory = psutil.virtual_memory()
-    found = within(
-        cgroup_memory(), {"available_bytes": int(memory.available), "total_bytes": int(memory.total)}
-    )
-    return within_limit(process_limit(), found)
+    host = {"available_bytes": int(memory.available), "total_bytes": int(memory.total)}
+    return within(host, cgroup=cgroup_memory(), limit=process_limit())
 
 
-def within(cgroup: CgroupMemory | None, found: dict[str, int]) -> dict[str, int]:
-    """``found`` (the memory a process here may take) bounded by ``cgroup``: its limit as the total, and its
-    room as what is available when that is less, said with ``host_available_bytes``, ``cgroup_limit_bytes`` and
-    ``cgroup_used_bytes`` for the device's note."""
-    if cgroup is None:
-        return found
-    bounded = {**found, "total_bytes": min(found.get("total_bytes", cgroup.limit_bytes), cgroup.limit_bytes)}
-    if cgroup.room_bytes < found["available_bytes"]:
-        bounded.update(
-            available_bytes=cgroup.room_bytes,
-            host_available_bytes=found.get("host_available_bytes", found["available_bytes"]),
-            cgroup_limit_bytes=cgroup.limit_bytes,
-            cgroup_used_bytes=cgroup.used_bytes,
-        )
+#: The keys :func:`within` adds: what bounded the figures, and the figures of the bounds that did.
+BOUND_KEYS = (
+    "total_by",
+    "available_by",
+    "host_available_bytes",
+    "cgroup_limit_bytes",
+    "cgroup_used_bytes",
+    "process_limit_bytes",
+    "process_limit_name",
+)
+
+
+def within(
+    found: Mapping[str, Any], *, cgroup: CgroupMemory | None = None, limit: ProcessLimit | None = None
+) -> dict[str, Any]:
+    """``found`` (the memory a process here may take: ``total_bytes``, ``available_bytes``) bounded by a memory
+    ``cgroup`` (its limit bounds the total, its room what is available) and by the process's resource ``limit``
+    (both). ``total_by`` and ``available_by`` name the bound that decided each ("cgroup", "process"; absent: the
+    host's figure), with that bound's own figures for the device's notes: ``host_available_bytes``,
+    ``cgroup_limit_bytes``, ``cgroup_used_bytes``; ``process_limit_bytes``, ``process_limit_name``."""
+    bounded = dict(found)
+    if cgroup is not None:
+        details = {
+            "cgroup_limit_bytes": cgroup.limit_bytes,
+            "cgroup_used_bytes": cgroup.used_bytes,
+            "host_available_bytes": found.get("host_available_bytes", found["available_bytes"]),
+        }
+        _lower(bounded, "cgroup", cgroup.limit_bytes, cgroup.room_bytes, details)
+    if limit is not None:
+        details = {"process_limit_bytes": limit.bytes, "process_limit_name": limit.name}
+        _lower(bounded, "process", limit.bytes, limit.bytes, details)
     return bounded
+
+
+def _lower(found: dict[str, Any], by: str, total: int, available: int, details: Mapping[str, Any]) -> None:
+    lowered = False
+    if total < found.get("total_bytes", total + 1):
+        found.update(total_bytes=total, total_by=by)
+        lowered = True
+    if available < found["available_bytes"]:
+        found.update(available_bytes=available, available_by=by)
+        lowered = True
+    if lowered:
+        found.update(details)
 
 
 class CpuBackend:

@@ -307,7 +307,7 @@ class ProbeClient:
         read is as it was, with the machine's memory read now. Its model is built in a probe that forks from the
         same heap each time, so what it reports (the parameters, the blocks, the data memory after the build)
         is what it reported; a config file the script reads that changed builds it again."""
-        from autobatch.devices.cpu import machine_memory
+        from autobatch.devices.cpu import BOUND_KEYS, machine_memory
 
         if not self._script_now:
             return self._send(request)
@@ -317,7 +317,10 @@ class ProbeClient:
             replayed = ProbeOutcome.from_dict(known)
             if not changed_files(replayed.files_read):
                 replayed.cached = True
-                replayed.info = {**replayed.info, **machine_memory()}
+                kept = {
+                    k: v for k, v in replayed.info.items() if k not in BOUND_KEYS
+                }  # bounds are read again
+                replayed.info = {**kept, **machine_memory()}
                 return replayed
         outcome = self._send(request)
         read = {path: file_fingerprint(path) for path in outcome.files_read}

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from autobatch.devices.budget import capacity_note, check_cpu_memory
-from autobatch.devices.cpu import ProcessLimit, VmStatus, process_limit, within_limit
+from autobatch.devices.cgroup import CgroupMemory
+from autobatch.devices.cpu import ProcessLimit, VmStatus, process_limit, within
 from autobatch.errors import UsageError
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -40,10 +41,11 @@ def test_the_data_limit_bounds_data_memory_and_the_address_space_limit_less_the_
 
 
 def test_a_limit_bounds_the_capacity_only_where_it_is_the_tighter(soft_limits: None) -> None:
-    assert within_limit(None, HOST) == HOST
-    assert within_limit(ProcessLimit(32 * GiB, "RLIMIT_DATA (ulimit -d)"), HOST) == HOST
-    bounded = within_limit(ProcessLimit(2 * GiB, "RLIMIT_DATA (ulimit -d)"), HOST)
+    assert within(HOST) == HOST
+    assert within(HOST, limit=ProcessLimit(32 * GiB, "RLIMIT_DATA (ulimit -d)")) == HOST
+    bounded = within(HOST, limit=ProcessLimit(2 * GiB, "RLIMIT_DATA (ulimit -d)"))
     assert bounded["available_bytes"] == bounded["total_bytes"] == bounded["process_limit_bytes"] == 2 * GiB
+    assert bounded["available_by"] == bounded["total_by"] == "process"
     note = capacity_note(bounded)
     assert note is not None and "RLIMIT_DATA (ulimit -d) leaves for its data memory (2.00 GiB)" in note
     check_cpu_memory(2 * GiB, bounded)  # at the limit: allowed
@@ -71,10 +73,29 @@ def test_no_cap_is_set_above_the_hard_limit_the_process_inherited() -> None:
 
 
 def test_the_note_names_the_job_cgroup_when_it_is_tighter_than_the_process_limit() -> None:
-    from autobatch.devices.cgroup import CgroupMemory
-    from autobatch.devices.cpu import within
-
-    limited = within_limit(ProcessLimit(4 * GiB, "RLIMIT_DATA (ulimit -d)"), HOST)
-    bounded = within(CgroupMemory(3 * GiB, GiB), limited)  # a daemon's client in a cgroup with 2 GiB of room
+    limited = within(HOST, limit=ProcessLimit(4 * GiB, "RLIMIT_DATA (ulimit -d)"))
+    bounded = within(
+        limited, cgroup=CgroupMemory(3 * GiB, GiB)
+    )  # a daemon's client in a cgroup with 2 GiB of room
+    assert (bounded["total_by"], bounded["available_by"]) == ("cgroup", "cgroup")
     note = capacity_note(bounded)
     assert note is not None and "the room left in the job's memory cgroup (2.00 GiB" in note
+    # the same bounds read in one process: the cgroup first, then the limit, which decides neither
+    at_once = within(HOST, cgroup=CgroupMemory(3 * GiB, GiB), limit=ProcessLimit(4 * GiB, "x"))
+    figures = ("total_bytes", "available_bytes", "total_by", "available_by")
+    assert [at_once[key] for key in figures] == [bounded[key] for key in figures]
+
+
+def test_each_figure_names_the_bound_that_decided_it() -> None:
+    # A cgroup whose limit is under the machine's memory, with more room than the host has available: it bounds
+    # the total, not what is available. A --memory above its limit named it; it named the machine's physical
+    # memory (at the cgroup's figure) when only the available figure said which bound decided.
+    host = {"available_bytes": 10 * GiB, "total_bytes": 24 * GiB}
+    bounded = within(host, cgroup=CgroupMemory(16 * GiB, GiB))
+    assert (bounded["total_bytes"], bounded.get("total_by")) == (16 * GiB, "cgroup")
+    assert (bounded["available_bytes"], bounded.get("available_by")) == (10 * GiB, None)
+    assert capacity_note(bounded) is None  # the capacity is the host's available memory
+    with pytest.raises(UsageError, match=r"the job's memory cgroup allows \(16.00 GiB"):
+        check_cpu_memory(20 * GiB, bounded)
+    with pytest.raises(UsageError, match=r"this machine's physical memory \(24.00 GiB"):
+        check_cpu_memory(30 * GiB, host)
