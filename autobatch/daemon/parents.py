@@ -14,7 +14,7 @@ not make fork-safe, or a CUDA context, refuses (and is not tried again for those
 The key is a fingerprint (:func:`environment_key`): the script and settings file the request's arguments name
 (parsed as its command parses them: another script of the same folder, whose server would warm other modules
 under another budget, keeps the warm process's path), the working folder, ``sys.path``, the environment's
-variables but a shell's per-command ones, and the interpreter's site folders' last change (a package installed
+variables but a shell's per-command ones and a scheduler's job's name and id, and the interpreter's site folders' last change (a package installed
 or removed changes its folder). A parent is used only while every module file it imported is as it was (an
 editable install's source edited: a new parent, never stale code). A command whose budget is smaller than
 the one the parent imported under starts its server as a fresh Python (:func:`autobatch.probe.forked.why_cold`),
@@ -44,16 +44,25 @@ AT_MOST = 4
 MESSAGE = 1 << 16
 
 
+#: Prefixes of the variables a batch scheduler sets to name the job (its id, its nodes, its tasks, its start):
+#: new in every job, read as the job runs, not as a library loads. They are left out of a parent's key, so that
+#: the next job's commands of the same script and environment are forked from the parent the last one left
+#: (with their own values: a command takes its client's whole environment). ``TMPDIR`` stays in the key: a
+#: library may keep a path under it as it loads, and a job's folder goes with the job.
+JOB_IDENTITY = ("SLURM_", "SLURMD_", "PBS_", "LSB_", "LSF_", "SGE_", "FLUX_")
+
+
 def environment_key(request: dict[str, Any], script: list[Any]) -> str:
     """The fingerprint of a request's environment and ``script`` (what its arguments name of it: the script,
-    the settings file): its working folder, ``sys.path``, the environment but what a shell sets per command,
-    and the interpreter's site folders' last change (a package installed or removed). What a parent imported
-    is checked file by file besides (:meth:`Parent.fresh`)."""
+    the settings file): its working folder, ``sys.path``, the environment but what a shell sets per command
+    and what a scheduler sets to name the job (:data:`JOB_IDENTITY`), and the interpreter's site folders' last
+    change (a package installed or removed). What a parent imported is checked file by file besides
+    (:meth:`Parent.fresh`)."""
     from autobatch.cache.fresh import interpreter
     from autobatch.cache.keys import digest
     from autobatch.probe.client import steady_environment
 
-    env = steady_environment(request["env"])
+    env = [(k, v) for k, v in steady_environment(request["env"]) if not k.startswith(JOB_IDENTITY)]
     return digest([script, request["cwd"], request["sys_path"], env, interpreter()], length=32)
 
 
@@ -376,8 +385,7 @@ def _import(
 
     before = frozenset(sys.modules)
     os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    forked.take_environment(request["env"])
     sys.path[:] = [request["cwd"], *request["sys_path"][1:]]  # a probe server's: the working folder first
     limits = Warming.from_dict(warming)
     imported: list[str] = []

@@ -242,8 +242,7 @@ def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]
         for each in (stdin, fds[0], fds[1]):
             os.close(each)
         os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
+        forked.take_environment(request["env"])
         sys.path[:] = request["sys_path"]
         sys.argv = ["autobatch", *request["argv"]]
         from autobatch.cli.app import reset_console

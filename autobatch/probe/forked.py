@@ -48,6 +48,20 @@ LOAD_TIME = (
     "PYTORCH_",
 )
 
+
+def take_environment(env: Mapping[str, str]) -> None:
+    """Replace this process's environment with ``env`` (a request's, in a fork of the daemon's warm process or of
+    a warm parent), and forget what Python worked out from the one before: the temporary folder, which
+    :mod:`tempfile` reads from ``TMPDIR`` once and keeps. Kept, every temporary file of the command, its probes
+    and its script went to the daemon's ``TMPDIR``: a job's folder that the scheduler removes when that job
+    ends (the daemon outlives the job that started it), where the next job's script failed to create one."""
+    import tempfile
+
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None
+
+
 #: The load-time environment the warm process started with (None: this process is not a warm one).
 _warm: dict[str, str] | None = None
 #: The threads this process ran when it was marked warm (a fork copies only the thread that forks).

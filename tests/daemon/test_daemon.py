@@ -174,6 +174,43 @@ def test_a_bad_script_exits_through_the_daemon_as_in_process(place: Place, tmp_p
 
 
 @pytest.mark.slow
+def test_a_command_through_the_daemon_keeps_its_own_temporary_folder(place: Place, tmp_path: Path) -> None:
+    """A cluster job's ``TMPDIR`` is a folder of that job's, removed when it ends; the daemon (started by the first
+    job's command, or a prolog) outlives it. Python's ``tempfile`` reads ``TMPDIR`` once and keeps it, so every
+    command forked from the warm process used the first job's folder: after that job's end, a script that
+    creates a temporary file at import failed in every probe of the next job."""
+    jobs = Path(tempfile.mkdtemp(prefix="abj-"))  # short: a TMPDIR too long for sockets is warned about
+    first, second, work = jobs / "1", jobs / "2", tmp_path / "work"
+    for folder in (first, second, work):
+        folder.mkdir()
+    script = SCRIPTS / "scratch_at_import.py"
+    record = tmp_path / "where.txt"
+    env = {**env_for(place), "RECORD_TO": str(record)}
+    args = (
+        "check",
+        str(script),
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--memory",
+        "512MiB",
+        "--steps",
+        "3",
+    )
+    started = run_cli(*args, cwd=work, env={**env, "TMPDIR": str(first)})  # starts the daemon in job 1
+    assert started.returncode == 0, started.stderr
+    shutil.rmtree(first)  # job 1 ended: the scheduler's epilog removes its folder
+    record.unlink()
+    through = run_cli(*args, cwd=work, env={**env, "TMPDIR": str(second)})
+    assert through.returncode == 0, through.stderr
+    assert Client(place).status()["served"] == 2  # type: ignore[index]
+    assert set(record.read_text().split()) == {str(second)}  # the fresh process's and the probes'
+    assert "warning" not in through.stderr
+    shutil.rmtree(jobs)
+
+
+@pytest.mark.slow
 def test_start_status_stop_and_the_modes_of_its_files(place: Place) -> None:
     env = {"AUTOBATCH_DAEMON_DIR": str(place.folder)}
     started = run_cli("daemon", "start", env=env)

@@ -432,6 +432,33 @@ def test_a_script_s_library_stays_imported_in_a_warm_parent_until_its_file_chang
 
 
 @pytest.mark.slow
+def test_the_next_job_of_the_same_environment_forks_from_the_parent_the_last_one_left(
+    place: Place, tmp_path: Path
+) -> None:
+    """Ten jobs of one user on a node: each job's scheduler variables name it (its id, its task's pid), and
+    the script's libraries stay imported for the next job all the same; a variable of another kind (a setting a
+    library may read as it loads) makes an environment of its own."""
+    env, work, _, imports = _library_env(place, tmp_path)
+
+    def job(number: int, **more: str) -> int:
+        """The processes that imported the library during a check of job ``number`` through the daemon."""
+        imports.write_text("")
+        scheduler = {"SLURM_JOB_ID": str(1000 + number), "SLURM_JOBID": str(1000 + number),
+                     "SLURM_TASK_PID": str(40000 + number), "SLURM_JOB_NAME": f"train-{number}"}  # fmt: skip
+        done = run_cli("check", str(SCRIPTS / "library_user.py"), "--device", "cpu", "--memory", "600MiB",
+                       "--batch-size", "16", "--steps", "3", cwd=work, env={**env, **scheduler, **more})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return len(imports.read_text().splitlines())
+
+    assert run_cli("daemon", "start", env=env).returncode == 0
+    assert job(1) >= 1
+    parent = _warm_parents(place, 1)[0]
+    assert job(2) == 0 and job(3) == 0  # forked from job 1's parent
+    assert [p["pid"] for p in _warm_parents(place, 1)] == [parent["pid"]]
+    assert job(4, WARMLIB_MODE="other") >= 1  # another environment: not from that parent
+
+
+@pytest.mark.slow
 def test_a_warm_parent_that_dies_costs_the_commands_it_ran_only(place: Place, tmp_path: Path) -> None:
     """A warm parent killed under a running tune: that command ends (exit 128 + 9, and says where), no probe
     process of it is left, and the next command is served (from the warm process)."""
