@@ -193,6 +193,7 @@ class Client:
             "cgroup": list(cgroup) if cgroup is not None else None,
             # the job's own (a job script's ulimit): the command takes them on (autobatch.daemon.zygote)
             "limits": {name: list(resource.getrlimit(getattr(resource, name))) for name in LIMITS},
+            "umask": _umask(),  # the files the command writes get the modes they get in-process
         }
         response = request(str(self.place.socket), "POST", "/v1/run", json.dumps(body).encode())
         if response.status != 200:
@@ -346,3 +347,10 @@ def _setting(ours: Sequence[str]) -> tuple[str, float] | None:
     except (ConfigError, OSError):
         return None
     return settings.daemon.daemon, settings.daemon.daemon_idle
+
+
+def _umask() -> int:
+    """This process's file mode creation mask (read by setting it, and set back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask

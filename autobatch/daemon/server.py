@@ -267,7 +267,7 @@ class Daemon:
             self.last_active = time.monotonic()
         message = {"id": request.id, **{k: body[k] for k in ("argv", "cwd", "env", "sys_path")}}
         # the client's memory cgroup (autobatch.devices.cgroup.for_job) and resource limits (autobatch.daemon.zygote)
-        message.update(cgroup=body.get("cgroup"), limits=body.get("limits"))
+        message.update(cgroup=body.get("cgroup"), limits=body.get("limits"), umask=body.get("umask"))
         message["socket"] = str(self.place.socket)  # where the command reads its inventory
         self._warm_for(request, body["env"]).fork(message, pipes)
         if not request.started.wait(60):
@@ -642,6 +642,11 @@ def _checked(body: Any) -> dict[str, Any]:
         )
     ):
         problems.append(f"limits: null or an object of {', '.join(LIMITS)} to [soft, hard] (-1: unlimited)")
+    umask = body.get("umask")
+    if umask is not None and not (
+        isinstance(umask, int) and not isinstance(umask, bool) and 0 <= umask <= 0o777
+    ):
+        problems.append("umask: null or a file mode creation mask (0 to 0o777)")
     if problems:
         raise _Refused(400, "malformed run request; expected " + "; ".join(problems))
     return body

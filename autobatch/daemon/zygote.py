@@ -231,6 +231,8 @@ def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]
 
         for_job(CgroupMemory(*request["cgroup"]) if request.get("cgroup") else None)  # the client's, not ours
         _take_limits(request.get("limits") or {})
+        if request.get("umask") is not None:  # the client's: the files it writes get their in-process modes
+            os.umask(request["umask"])
         from autobatch.probe.lineage import die_with_parent
 
         die_with_parent(signal.SIGKILL)

@@ -211,6 +211,34 @@ def test_a_command_through_the_daemon_keeps_its_own_temporary_folder(place: Plac
 
 
 @pytest.mark.slow
+def test_the_files_a_command_writes_through_the_daemon_get_its_clients_modes(
+    place: Place, tmp_path: Path
+) -> None:
+    """A daemon started under a umask that lets the group read (a prolog's, a shared project's 002) writes a
+    client's files under the client's own umask (077: readable by its user alone), as an in-process run does:
+    the result of a tune, its emitted configuration."""
+
+    def run(mask: int, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "autobatch", *args],
+            cwd=tmp_path, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=600,
+            preexec_fn=lambda: os.umask(mask), check=False,
+        )  # fmt: skip
+
+    assert run(0o002, "daemon", "start", env=env_for(place)).returncode == 0
+    tune = ("tune", str(SCRIPTS / "small_cnn.py"), "--device", "cpu", "--memory", "512MiB", "-p", "32-true",
+            "-o", "sgd", "--no-recompute", "--emit", "env")  # fmt: skip
+    here = run(0o077, *tune, "--output", "here.json")
+    assert here.returncode == 0, here.stderr
+    through = run(0o077, *tune, "--output", "through.json", env=env_for(place, "on"))
+    assert through.returncode == 0, through.stderr
+    assert Client(place).status()["served"] == 1  # type: ignore[index]
+    written = {path.name: stat.S_IMODE(path.stat().st_mode) for path in tmp_path.iterdir() if path.is_file()}
+    assert written["here.json"] == written["through.json"] == 0o600, written
+    assert set(written.values()) == {0o600}, written  # the emitted file too
+
+
+@pytest.mark.slow
 def test_start_status_stop_and_the_modes_of_its_files(place: Place) -> None:
     env = {"AUTOBATCH_DAEMON_DIR": str(place.folder)}
     started = run_cli("daemon", "start", env=env)
@@ -300,6 +328,8 @@ def test_malformed_and_oversized_requests_get_errors_and_the_daemon_serves_on(pl
     limits = {"argv": ["check"], "cwd": "/", "env": {}, "sys_path": [], "limits": {"RLIMIT_NOFILE": [8, 8]}}
     code, answer = raw(place, json.dumps(limits).encode())  # only the memory limits, as [soft, hard]
     assert code == 400 and "limits: null or an object of RLIMIT_DATA, RLIMIT_AS" in str(answer["error"])
+    code, answer = raw(place, json.dumps({**limits, "limits": None, "umask": 0o1777}).encode())
+    assert code == 400 and "umask: null or a file mode creation mask" in str(answer["error"])
     with socket.socket(socket.AF_UNIX) as sock:  # not even HTTP
         sock.connect(str(place.socket))
         sock.sendall(b"\x00\x01garbage\r\n\r\n")
