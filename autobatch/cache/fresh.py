@@ -25,18 +25,6 @@ from autobatch.cache.keys import digest
 from autobatch.cache.sources import changed_files, file_fingerprint
 
 SUFFIX = ".fresh.json"
-#: The environment a fresh process's memory depends on: the allocator, the thread pools, what it imports.
-ENV_PREFIXES = (
-    "MALLOC_",
-    "GLIBC_TUNABLES",
-    "LD_PRELOAD",
-    "LD_LIBRARY_PATH",
-    "OMP_",
-    "MKL_",
-    "KMP_",
-    "PYTORCH_",
-)
-ENV_NAMES = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE")
 
 
 def interpreter() -> dict[str, Any]:
@@ -50,11 +38,6 @@ def interpreter() -> dict[str, Any]:
         except OSError:
             continue
     return {"executable": sys.executable, "site": changed}
-
-
-def environment() -> dict[str, str]:
-    """The variables of this process's environment that a fresh process's memory depends on."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
 
 
 @dataclass(frozen=True)

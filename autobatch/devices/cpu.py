@@ -188,6 +188,35 @@ def process_limit(status: VmStatus | None = None) -> ProcessLimit | None:
     return min(found, default=None)
 
 
+#: The environment a CPU process's memory depends on: the allocator, the thread pools, what it imports.
+ENV_PREFIXES = (
+    "MALLOC_",
+    "GLIBC_TUNABLES",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "PYTORCH_",
+)
+ENV_NAMES = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE")
+
+
+def environment() -> dict[str, str]:
+    """The variables of this process's environment that a CPU process's memory depends on."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity: ``taskset``, a job's CPU binding): unless told
+    otherwise (``OMP_NUM_THREADS``), torch starts a thread per core, and each holds memory of its own (a tune of
+    examples/mlp.py under 600 MiB found 161 bound to one core of two, 134 on both)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def machine_memory() -> dict[str, Any]:
     """The machine's memory as the inspection reports it (``available_bytes``, ``total_bytes``), bounded by this
     process's memory cgroup and its own resource limits (:func:`within`): what a replayed inspection reads again

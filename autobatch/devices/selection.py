@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from autobatch.devices.cpu import cores, environment
 from autobatch.devices.inventory import Gpu, Inventory, cpu_model
 
 CPU_NOT_CACHED = (
@@ -81,6 +82,10 @@ def cpu_target(memory: int | None, inventory: Inventory | None = None) -> Target
         "machine": platform.machine(),
         "processor": cpu_model(),
         "libc": " ".join(platform.libc_ver()).strip(),
+        # what a process's memory depends on beyond the script: its threads (one per core it may run on, unless
+        # OMP_NUM_THREADS says otherwise), its allocator's settings
+        "cores": cores(),
+        "environment": environment(),
     }
     return Target(
         device="cpu",

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autobatch.cache.sources import in_site_folder
+from autobatch.cache.sources import INSTALLED_MARKERS, in_site_folder
 from autobatch.records.protocol import ProbeOutcome
 
 #: The folder the probe server makes for each probe: scratch folders are made inside it, and it is removed
@@ -51,6 +51,10 @@ _CHANGES = {
 }
 _WATCHED = frozenset({"open", *_CHANGES})
 _TWO_PATHS = {"os.rename": ("move", "replace"), "os.link": (None, "create"), "os.symlink": (None, "create")}
+
+
+#: The watch this probe process installed (:func:`install`), None before.
+_watch: ScriptFiles | None = None
 
 
 class ScriptFiles:
@@ -157,6 +161,28 @@ class ScriptFiles:
             self.read.add(shown)
             self.outcome.files_read[shown] = None  # the tuner fingerprints it
 
+    def sources(self, outcome: ProbeOutcome) -> None:
+        """List on ``outcome``, as files read, the Python sources of the user's own modules this process ran:
+        every imported module whose file is not an installed package's, the interpreter's or autobatch's, nor in a
+        cache (:meth:`_not_an_input`). The script's folder and the working folder are followed through their
+        imports before any probe (:func:`autobatch.cache.sources.source_digests`); this adds what that cannot
+        see: a module found on ``PYTHONPATH``, a project installed for development (its sources outside
+        ``site-packages``), one imported under a name computed at run time, and those the probe server imported
+        before it forked (a module outside the script's folder reads as a library's: warmed, never opened
+        here)."""
+        installed = tuple(f"{os.sep}{marker}{os.sep}" for marker in INSTALLED_MARKERS)
+        interpreter = tuple(f"{prefix}{os.sep}" for prefix in self.prefixes)
+        for module in list(sys.modules.values()):
+            path = getattr(module, "__file__", None)
+            if not isinstance(path, str) or not path.endswith(".py") or not os.path.isabs(path):
+                continue  # no source, or a name and no path (torch.ops's "_ops.py")
+            if path.startswith(interpreter) or any(marker in path for marker in installed):
+                continue  # most of them, torch's and Python's own, told by their path alone
+            real = Path(os.path.realpath(path))
+            if _under(real, self.scratch) or self._installed(real) or self._not_an_input(real):
+                continue
+            outcome.files_read.setdefault(self._shown(real), None)
+
     def report(self, outcome: ProbeOutcome) -> ProbeOutcome:
         """``outcome`` with what this watch saw (when it listed on another outcome)."""
         if outcome is not self.outcome:
@@ -230,8 +256,9 @@ def install(outcome: ProbeOutcome, script: Path | None) -> ScriptFiles:
     module docstring): the process's working folder changes to it, and what the script reads and writes is
     listed on ``outcome``. ``script``: the script's file (its folder is protected too), None for a step that
     is not a file."""
+    global _watch
     user, scratch = scratch_folder()
-    files = ScriptFiles(outcome, script, user, scratch)
+    files = _watch = ScriptFiles(outcome, script, user, scratch)
     os.chdir(scratch)
     os.environ["PWD"] = str(scratch)
     sys.addaudithook(files.audit)
@@ -252,6 +279,13 @@ def scratch_folder() -> tuple[Path, Path]:
         (scratch / entry).symlink_to(user / entry)
     os.environ.update({WORKING_ENV: str(user), SHARED_ENV: str(scratch.resolve())})
     return user, scratch.resolve()
+
+
+def note_sources(outcome: ProbeOutcome) -> None:
+    """:meth:`ScriptFiles.sources` of this probe process's watch onto ``outcome`` as it is reported (none
+    without a watch: a process that runs no script of the user's)."""
+    if _watch is not None:
+        _watch.sources(outcome)
 
 
 def install_for(init: dict[str, Any]) -> ScriptFiles:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from autobatch.errors import ProbeFailure
+from autobatch.probe.files import note_sources
 from autobatch.records.failures import describe_failure
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
@@ -114,7 +115,9 @@ LAZY_IMPORTS = "lazy_imports"
 
 
 def write_report(fd: int, outcome: ProbeOutcome, **extra: Any) -> None:
-    """One report line on a pipe: ``{"outcome": ..., **extra}`` (a rank's, a fresh process's)."""
+    """One report line on a pipe: ``{"outcome": ..., **extra}`` (a rank's, a fresh process's), with the user's
+    modules it ran among its files read (:func:`autobatch.probe.files.note_sources`)."""
+    note_sources(outcome)
     write_all(fd, (json.dumps({"outcome": outcome.to_dict(), **extra}) + "\n").encode())
 
 
@@ -127,7 +130,9 @@ def write_all(fd: int, data: bytes) -> None:
 
 def write_outcome(fd: int, outcome: ProbeOutcome) -> None:
     """Write an outcome record to the probe's pipe (the server reads it to the end of the pipe), with the
-    installed packages' modules the probe imported itself."""
+    installed packages' modules the probe imported itself and the user's own modules it ran among its files read
+    (:func:`autobatch.probe.files.note_sources`)."""
+    note_sources(outcome)
     if modules_at_fork is not None:
         outcome.info[LAZY_IMPORTS] = installed_since(modules_at_fork)
     write_all(fd, json.dumps(outcome.to_dict()).encode())

@@ -672,8 +672,9 @@ def _fresh_store(
 ) -> tuple[FreshStore, FreshInputs] | None:
     """Where the job's fresh process is kept and what it depends on (None: the cache is off); ``torch``: the
     version the probe server reported (None: the installed one's, :func:`autobatch.cache.keys.versions`)."""
-    from autobatch.cache.fresh import FreshInputs, FreshStore, environment, interpreter
+    from autobatch.cache.fresh import FreshInputs, FreshStore, interpreter
     from autobatch.cache.keys import versions
+    from autobatch.devices.cpu import cores, environment
 
     if not session.settings.probe.cache:
         return None
@@ -684,6 +685,7 @@ def _fresh_store(
         "ranks": [strategy, session.ranks] if strategy != "none" else None,
         "seq_len": session.plan_seq_len,
         "as_is": dict(session.spec.options) if session.as_is else None,
+        "cores": cores(),
     }
     inputs = FreshInputs(
         sources=session.sources,

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from autobatch.cache import CacheFolder
-from autobatch.cache.fresh import FreshInputs, FreshStore, KeptFresh, environment
+from autobatch.cache.fresh import FreshInputs, FreshStore, KeptFresh
 from autobatch.cache.manage import clear, entries
+from autobatch.devices.cpu import environment
 
 MIB = 1 << 20
 

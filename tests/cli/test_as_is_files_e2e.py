@@ -82,6 +82,57 @@ def test_an_edited_config_is_measured_again_not_served(tmp_path) -> None:
     assert served["combinations"][0]["max_batch_size"] == narrow["combinations"][0]["max_batch_size"]
 
 
+#: The model of a project whose package is on PYTHONPATH (``export PYTHONPATH=$HOME/project/src``).
+WIDTH_MODEL = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WIDTH = 64
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 10))
+
+
+def make_batch(batch_size):
+    return torch.randn(batch_size, WIDTH), torch.randint(0, 10, (batch_size,))
+
+
+def compute_loss(model, batch):
+    inputs, labels = batch
+    return F.cross_entropy(model(inputs), labels)
+"""
+
+
+def test_an_edited_module_on_pythonpath_is_measured_again_not_served(tmp_path) -> None:
+    """The script's model comes from a package of the user's on ``PYTHONPATH``, outside the script's folder and
+    the working folder: its source counts as a file the script read. Edited, the stored answer was served (a
+    width of 64 -> 4096, where nothing fits)."""
+    source, folder, temporary = tmp_path / "src", tmp_path / "job", tmp_path / "tmp"
+    for each in (source, folder, temporary):
+        each.mkdir()
+    module = source / "widthmodel.py"
+    module.write_text(WIDTH_MODEL)
+    (folder / "train.py").write_text(
+        "from widthmodel import build_model, compute_loss, make_batch  # noqa: F401\n"
+    )
+    # the temporary folder elsewhere: this test's folder sits in the system's, whose files are never an input
+    env = {
+        "AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONPATH": str(source),
+        "TMPDIR": str(temporary),
+    }
+    first = _tune(folder, "train.py", env=env)
+    assert first.returncode == 0, first.stderr
+    assert str(module) in json.loads(first.stdout)["script_files"]["read"]
+
+    module.write_text(WIDTH_MODEL.replace("WIDTH = 64", "WIDTH = 8192"))  # 4 x 256 MiB of weights and state
+    second = _tune(folder, "train.py", env=env)
+    assert f"measuring again: {module} changed" in second.stderr
+    assert second.returncode == EXIT_NOTHING_FITS, second.stderr
+
+
 def test_a_config_tried_and_absent_and_a_package_in_the_project_venv_keep_the_result_cacheable(
     tmp_path,
 ) -> None:
