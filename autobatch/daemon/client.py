@@ -194,6 +194,7 @@ class Client:
             # the job's own (a job script's ulimit): the command takes them on (autobatch.daemon.zygote)
             "limits": {name: list(resource.getrlimit(getattr(resource, name))) for name in LIMITS},
             "umask": _umask(),  # the files the command writes get the modes they get in-process
+            "cores": sorted(os.sched_getaffinity(0)),  # a job's CPU binding: its threads, and their memory
         }
         response = request(str(self.place.socket), "POST", "/v1/run", json.dumps(body).encode())
         if response.status != 200:

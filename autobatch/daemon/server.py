@@ -267,7 +267,8 @@ class Daemon:
             self.last_active = time.monotonic()
         message = {"id": request.id, **{k: body[k] for k in ("argv", "cwd", "env", "sys_path")}}
         # the client's memory cgroup (autobatch.devices.cgroup.for_job) and resource limits (autobatch.daemon.zygote)
-        message.update(cgroup=body.get("cgroup"), limits=body.get("limits"), umask=body.get("umask"))
+        for bound in ("cgroup", "limits", "umask", "cores"):
+            message[bound] = body.get(bound)
         message["socket"] = str(self.place.socket)  # where the command reads its inventory
         self._warm_for(request, body["env"]).fork(message, pipes)
         if not request.started.wait(60):
@@ -647,6 +648,11 @@ def _checked(body: Any) -> dict[str, Any]:
         isinstance(umask, int) and not isinstance(umask, bool) and 0 <= umask <= 0o777
     ):
         problems.append("umask: null or a file mode creation mask (0 to 0o777)")
+    cores = body.get("cores")
+    if cores is not None and not (
+        isinstance(cores, list) and cores and all(isinstance(n, int) and n >= 0 for n in cores)
+    ):
+        problems.append("cores: null or a list of the CPU numbers the client may run on")
     if problems:
         raise _Refused(400, "malformed run request; expected " + "; ".join(problems))
     return body

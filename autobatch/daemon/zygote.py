@@ -217,6 +217,19 @@ def _take_limits(limits: dict[str, list[int]]) -> None:
         resource.setrlimit(which, (under_hard(soft, own), under_hard(hard, own)))
 
 
+def _take_cores(cores: list[int] | None) -> None:
+    """Run on the client's cores (a job's CPU binding, ``taskset``), those of them the daemon may use: what the
+    command starts (a fresh probe server, the job's fresh process, ranks) starts a thread per core as the job
+    does. A probe server forked from here keeps the warm process's threads, so the command's servers start as
+    a fresh Python then (:func:`autobatch.probe.forked.why_cold`)."""
+    if not cores:
+        return
+    allowed = os.sched_getaffinity(0)
+    wanted = set(cores) & allowed
+    if wanted and wanted != allowed:
+        os.sched_setaffinity(0, wanted)
+
+
 def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]) -> None:
     """Become the client's ``autobatch ARGS`` and exit with its code; never returns."""
     code = 1
@@ -233,6 +246,7 @@ def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]
         _take_limits(request.get("limits") or {})
         if request.get("umask") is not None:  # the client's: the files it writes get their in-process modes
             os.umask(request["umask"])
+        _take_cores(request.get("cores"))
         from autobatch.probe.lineage import die_with_parent
 
         die_with_parent(signal.SIGKILL)

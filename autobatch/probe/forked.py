@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from autobatch.devices.cpu import cores
 from autobatch.probe.warming import Warming, thread_count, top_package
 
 #: Prefixes of environment variables read once, when a library loads: a fork keeps what the warm process read.
@@ -66,6 +67,8 @@ def take_environment(env: Mapping[str, str]) -> None:
 _warm: dict[str, str] | None = None
 #: The threads this process ran when it was marked warm (a fork copies only the thread that forks).
 _threads = 1
+#: The cores the warm process could run on (:func:`autobatch.devices.cpu.cores`) when it imported torch.
+_cores = 0
 
 
 #: The warm parent this process descends from (:mod:`autobatch.daemon.parents`: its environment's key, the
@@ -140,8 +143,8 @@ def load_time_env(env: Mapping[str, str]) -> dict[str, str]:
 def enable(env: Mapping[str, str], request_key: str = "") -> None:
     """Mark this process (just forked from the warm one, started with ``env``, for a request of the environment
     ``request_key``) as one its probe servers may be forked from."""
-    global _warm, _threads, _request_key
-    _warm, _threads, _request_key = load_time_env(env), thread_count(), request_key
+    global _warm, _threads, _request_key, _cores
+    _warm, _threads, _request_key, _cores = load_time_env(env), thread_count(), request_key, cores()
 
 
 def descend(lineage: dict[str, Any]) -> None:
@@ -189,6 +192,11 @@ def why_cold(env: Mapping[str, str], warming: Warming | None) -> str | None:
     if wanted != _warm:
         keys = sorted(k for k in wanted.keys() | _warm.keys() if wanted.get(k) != _warm.get(k))
         return f"the load-time environment differs from the warm process's ({', '.join(keys)})"
+    if cores() != _cores:
+        return (
+            f"it may run on {cores()} core(s), the warm process on {_cores}: torch's threads, one per core, were "
+            "counted as the warm process imported it"
+        )
     if thread_count() > _threads:
         return f"the command started {thread_count() - _threads} thread(s)"
     torch = sys.modules.get("torch")

@@ -239,6 +239,36 @@ def test_the_files_a_command_writes_through_the_daemon_get_its_clients_modes(
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: a client cannot be bound to fewer")
+def test_a_client_bound_to_fewer_cores_gets_the_answer_its_job_has(place: Place, tmp_path: Path) -> None:
+    """torch starts a thread per core the process may run on, each with memory of its own: the maximum of
+    examples/mlp.py under 600 MiB was 161 bound to one core of two and 134 on both. A command through the
+    daemon ran on the daemon's cores, with the warm process's threads, and a bound job got 134."""
+    one = {min(os.sched_getaffinity(0))}
+
+    def tune(env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "autobatch", "tune", str(ROOT / "examples" / "mlp.py"), "--device", "cpu",
+             "--memory", "600MiB", "-p", "32-true", "-o", "sgd", "--no-recompute", "--objective", "max-batch",
+             "--no-cache", "--json"],
+            cwd=tmp_path, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=600,
+            preexec_fn=lambda: os.sched_setaffinity(0, one), check=False,
+        )  # fmt: skip
+
+    here = tune()
+    assert here.returncode == 0, here.stderr
+    assert run_cli("daemon", "start", env=env_for(place)).returncode == 0
+    through = tune(env_for(place, "on"))
+    assert through.returncode == 0, through.stderr
+    assert Client(place).status()["served"] == 1  # type: ignore[index]
+
+    def maximum(done: subprocess.CompletedProcess[str]) -> int:
+        return int(json.loads(done.stdout)["combinations"][0]["max_batch_size"])
+
+    assert abs(maximum(through) - maximum(here)) <= 1, (maximum(here), maximum(through))
+
+
+@pytest.mark.slow
 def test_start_status_stop_and_the_modes_of_its_files(place: Place) -> None:
     env = {"AUTOBATCH_DAEMON_DIR": str(place.folder)}
     started = run_cli("daemon", "start", env=env)
@@ -330,6 +360,8 @@ def test_malformed_and_oversized_requests_get_errors_and_the_daemon_serves_on(pl
     assert code == 400 and "limits: null or an object of RLIMIT_DATA, RLIMIT_AS" in str(answer["error"])
     code, answer = raw(place, json.dumps({**limits, "limits": None, "umask": 0o1777}).encode())
     assert code == 400 and "umask: null or a file mode creation mask" in str(answer["error"])
+    code, answer = raw(place, json.dumps({**limits, "limits": None, "cores": []}).encode())
+    assert code == 400 and "cores: null or a list of the CPU numbers" in str(answer["error"])
     with socket.socket(socket.AF_UNIX) as sock:  # not even HTTP
         sock.connect(str(place.socket))
         sock.sendall(b"\x00\x01garbage\r\n\r\n")

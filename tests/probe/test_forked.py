@@ -80,6 +80,7 @@ def test_a_command_of_a_warm_parent_forks_its_server_only_under_the_warm_up_its_
 ) -> None:
     """A library imported under one data limit reserves by it: a server whose budget is smaller is not forked
     from a warm parent that imported under the larger one (autobatch.daemon.parents); a larger one is."""
+    from autobatch.devices.cpu import cores
     from autobatch.probe import forked
     from autobatch.probe.warming import Warming
 
@@ -87,6 +88,10 @@ def test_a_command_of_a_warm_parent_forks_its_server_only_under_the_warm_up_its_
     monkeypatch.setattr(forked, "_warm", forked.load_time_env(env))
     monkeypatch.setattr(forked, "_threads", 10_000)  # this test's process: whatever its threads
     monkeypatch.setattr(forked, "_lineage", None)
+    monkeypatch.setattr(forked, "_cores", cores() + 1)  # torch imported on more cores than this process has
+    why = forked.why_cold(env, None)
+    assert why is not None and f"it may run on {cores()} core(s), the warm process on {cores() + 1}" in why
+    monkeypatch.setattr(forked, "_cores", cores())
     imported = Warming(fork_safe=True, data_limit=600 << 20)
     assert forked.why_cold(env, imported) is None and forked.lineage() == ""
     forked.descend(
