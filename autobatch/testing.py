@@ -378,7 +378,7 @@ class FakeRunner:
             and (heap := int(curve(batch)) + self.job_heap_bytes) > request.budget_bytes + TIMING_ROOM
         ):
             return ProbeOutcome(kind="oom", batch_size=batch, steps=1, peak_bytes=heap, job_allocator=True)
-        peak = int(curve.measure(batch))
+        peak = int(curve.measure(batch)) + (self.job_heap_bytes if job_allocator else 0)
         seconds = self.step_seconds
         if self.level_seconds is not None:
             seconds = self.level_seconds(step.level)

@@ -145,19 +145,32 @@ class Chooser:
                 entry.global_batch_seconds = round(timing.global_time, 4)
         return decision
 
+    def _needs_pinning(self, outcome: ProbeOutcome) -> bool:
+        """Whether a timing probe under glibc's default allocator (the job's) needed more than the budget: it ran
+        out of memory with room for its heap, or peaked above the budget in that room (a job capped at
+        ``--memory`` would run out: a step at micro-batch 4096 peaked 851.75 MiB under a capacity of 700)."""
+        if not outcome.job_allocator:
+            return False
+        assert self.session.device is not None
+        return outcome.kind == "oom" or (outcome.peak_bytes or 0) > self.session.device.budget_bytes
+
     def _pin_allocator(self, combo: Combo, outcome: ProbeOutcome) -> None:
-        """A timing probe under glibc's default allocator (the job's) ran out of memory with room for its heap:
-        the maximum holds under the probes' pinned allocator only. From now on the job runs it (the plan's
-        command and ``env`` carry it: :attr:`~autobatch.records.result.Chosen.environment`), and every contender
-        is timed under it (the steps timed under the job's allocator stop counting)."""
+        """A timing probe under the job's allocator needed more than the budget (:meth:`_needs_pinning`): the
+        maximum holds under the probes' pinned allocator only. From now on the job runs it (the plan's command
+        and ``env`` carry it: :attr:`~autobatch.records.result.Chosen.environment`), and every contender is timed
+        under it (the steps timed under the job's allocator stop counting)."""
         self.step_times.pinned = True
         settings = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
         peak = f" (peak {format_bytes(outcome.peak_bytes)})" if outcome.peak_bytes else ""
+        what = (
+            f"ran out of memory{peak} with {format_bytes(TIMING_ROOM)} of room above the budget"
+            if outcome.kind == "oom"
+            else f"peaked {format_bytes(outcome.peak_bytes)}, above the budget"
+        )
         self.result.notes.append(
             f"{combo.key}: at micro-batch {outcome.batch_size} a timing probe under glibc's default allocator, as a "
-            f"job runs it, ran out of memory{peak} with {format_bytes(TIMING_ROOM)} of room above the budget: the "
-            f"maxima hold under the allocator the probes ran ({settings}), so the plan's command and the env "
-            "format set it, and the contenders were timed under it"
+            f"job runs it, {what}: the maxima hold under the allocator the probes ran ({settings}), so the plan's "
+            "command and the env format set it, and the contenders were timed under it"
         )
 
     def _throughput_at(
@@ -183,7 +196,7 @@ class Chooser:
             pinned_allocator=self.step_times.pinned,
         )
         self.record(entry, outcome, "throughput")
-        if outcome.kind == "oom" and outcome.job_allocator:  # the job's allocator needs more than the budget
+        if self._needs_pinning(outcome):  # the job's allocator needs more than the budget
             self._pin_allocator(combo, outcome)
             return self._throughput_at(combo, entry, micro, again=True)
         if outcome.fits:

@@ -207,6 +207,22 @@ def test_timing_probes_that_run_out_under_the_jobs_allocator_are_timed_under_the
     assert "export MALLOC_ARENA_MAX=1" in env and "export MALLOC_MMAP_THRESHOLD_=65536" in env
 
 
+def test_a_timing_probe_that_peaks_above_the_budget_under_the_jobs_allocator_pins_the_plans_allocator(
+    fake: FakeRunner,
+) -> None:
+    """The job's allocator holds more than the budget at the maximum, within the room a timing probe has above
+    it (a red-team's script: 851.75 MiB at micro-batch 4096 under a capacity of 700 MiB, 591 MiB pinned): the
+    plan carries the pinned allocator, as when the timing probe runs out. It carried nothing: the job ran out."""
+    fake.curve = slower_with_recompute
+    fake.job_heap_bytes = 100 * MiB  # under the room a timing probe has above the budget: it fits there
+    code, data, err = tune("-p", "32-true", "-o", "sgd", "--recompute-level", "off", "--global-batch-size", "4096",
+                           "--emit", "env")  # fmt: skip
+    assert code == 0, err
+    assert data["chosen"]["environment"] == {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    assert any("above the budget" in n and "MALLOC_ARENA_MAX=1" in n for n in data["notes"]), data["notes"]
+    assert "export MALLOC_ARENA_MAX=1" in Path("autobatch.env").read_text()
+
+
 def test_memory_that_grows_past_the_search_steps_gets_the_batch_that_holds_a_confirmation(
     fake: FakeRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
