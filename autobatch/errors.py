@@ -20,7 +20,7 @@
 ``autobatch check`` exits with 5 when the batch runs out of memory (an answer, not an error), and so does
 ``autobatch lengths --fail-on-overflow`` when a batch of the data would. ``autobatch run`` otherwise exits
 with its job's own exit code.
-An interrupted run exits with 130 (SIGINT) or 143 (SIGTERM).
+An interrupted run exits with 128 + the signal: 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP).
 Every error carries a ``hint``: what to do about it.
 """
 
@@ -36,6 +36,7 @@ EXIT_DEVICE = 7
 EXIT_LEAK = 8
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
+EXIT_SIGHUP = 129
 
 
 class AutobatchError(Exception):

@@ -1,4 +1,8 @@
-"""The Typer application object and the shared console (stderr). Commands register themselves here."""
+"""The Typer application object and the shared console (stderr). Commands register themselves here.
+
+The console writes to whatever ``sys.stderr`` is when it prints: the guarded stream :func:`autobatch.cli.main`
+installs (:mod:`autobatch.cli.streams`).
+"""
 
 from __future__ import annotations
 
@@ -21,13 +25,20 @@ app = typer.Typer(
 )
 
 
+#: The console's width when stderr is not a terminal: no table is cut, each as wide as its content.
+UNWRAPPED = 100_000
+
+
 def _console_options() -> dict[str, object]:
+    terminal = sys.stderr is not None and sys.stderr.isatty()
     return {
         "stderr": True,
         "no_color": bool(os.environ.get("NO_COLOR")),
         "highlight": False,
-        # Not a terminal (CI logs, files): wide enough that tables and messages are not cut to 80 columns.
-        "width": None if sys.stderr.isatty() else int(os.environ.get("COLUMNS") or 160),
+        # Not a terminal (a job's log, a file, a pipe): no line is ever wrapped, however long, and no table is cut
+        # (docs/commands.md, "Output a log file can read").
+        "width": None if terminal else UNWRAPPED,
+        "soft_wrap": not terminal,
     }
 
 

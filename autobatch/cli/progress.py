@@ -2,7 +2,8 @@
 
 Three modes, chosen per run: **terminal** (stderr is a TTY: a live rich line for the probe in flight,
 redrawn four times a second, each finished probe a line above it), **log** (a file or a pipe: plain
-timestamped lines, never wrapped) and **quiet** (``--quiet``: errors and the final summary line only).
+timestamped lines, never wrapped: :mod:`.app`'s console wraps nothing off a terminal) and **quiet**
+(``--quiet``: errors and the final summary line only).
 ``NO_COLOR`` turns colour off in every mode (:mod:`.app`); docs/commands.md shows the output.
 """
 
@@ -24,20 +25,11 @@ from autobatch.cli.state import STATE
 from autobatch.core.units import format_bytes
 
 if TYPE_CHECKING:
-    from rich.console import Console, RenderableType
+    from rich.console import RenderableType
 
     from autobatch.core.space import Combo
     from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
     from autobatch.service.hooks import Hooks
-
-
-def unwrapped_console() -> Console:
-    """The console's twin for a log: stderr, as wide as the content (tables are never wrapped)."""
-    from rich.console import Console
-
-    return Console(
-        stderr=True, no_color=console.no_color, highlight=False, width=100_000, quiet=console.quiet
-    )
 
 
 def timestamp() -> str:
@@ -63,7 +55,7 @@ class Output:
         if self.live:
             console.print(message, style=style, markup=markup, highlight=False)
         else:
-            console.print(f"{timestamp()} {message}", markup=markup, highlight=False, soft_wrap=True)
+            console.print(f"{timestamp()} {message}", markup=markup, highlight=False)
 
     def status(self, message: str) -> None:
         self.line(message)

@@ -2,13 +2,15 @@
 
 ``main()`` catches :class:`autobatch.errors.AutobatchError` once, prints ``error:`` and ``hint:`` to
 stderr and exits with the error's documented code (no traceback unless ``--verbose``). SIGINT exits
-with 130 and SIGTERM with 143, after the command has cleaned up its probe processes. It runs what the daemon
+with 130, SIGTERM with 143 and SIGHUP with 129 (128 + the signal), after the command has cleaned up its probe
+processes. It runs what the daemon
 did not answer (:func:`autobatch.cli.main` asks it first).
 """
 
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any, Optional
@@ -18,7 +20,7 @@ from rich.markup import escape
 
 # Command modules register themselves on `app` when imported (keep this list; one line per module).
 from autobatch.cli import check, emit, init, tune, validate  # noqa: E402,F401,I001
-from autobatch.errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, AutobatchError
+from autobatch.errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_USAGE, AutobatchError
 
 from autobatch.cli import cache, devices  # noqa: E402,F401  # isort: skip
 
@@ -90,12 +92,16 @@ def main(failed: BaseException | None = None) -> None:
         console.print("[cyan]hint[/]: rerun with --verbose for the traceback, and report it")
         sys.exit(EXIT_INTERNAL)
     if code == EXIT_SIGINT or signalled:
-        what = "terminated" if signalled else "interrupted"
+        what = ENDED_BY.get(signalled[0], "terminated") if signalled else "interrupted"
         console.quiet = False
         console.print(f"[yellow]{what}[/]: probes stopped; the probes measured so far are kept")
-        sys.exit(EXIT_SIGTERM if signalled else EXIT_SIGINT)
+        sys.exit(128 + signalled[0] if signalled else EXIT_SIGINT)
     if isinstance(code, int) and code != 0:
         sys.exit(code)
+
+
+#: What the last line calls the end a signal made (SIGINT: "interrupted").
+ENDED_BY: dict[int, str] = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
 
 
 def report_error(exc: AutobatchError) -> None:

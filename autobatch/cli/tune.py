@@ -13,7 +13,7 @@ from rich.table import Table
 
 from autobatch.cli import options as opt
 from autobatch.cli.app import app, console, stdout_write
-from autobatch.cli.progress import Output, unwrapped_console
+from autobatch.cli.progress import Output
 from autobatch.core.levels import SELECTIVE, fraction
 from autobatch.core.space import block_labels, ident_of
 from autobatch.core.units import format_bytes
@@ -217,8 +217,7 @@ def print_table(result: TuneResult) -> None:
         cells += [f"{c.global_batch_seconds:.3f}" if c.global_batch_seconds else "-"] if timed else []
         cells += [str(c.probes), escape(_note(c))]
         table.add_row(*cells, style="bold" if chosen else None)
-    # In a log (not a terminal) no cell is wrapped: the table is as wide as its content.
-    (console if console.is_terminal else unwrapped_console()).print(table)
+    console.print(table)  # in a log (not a terminal) no cell is wrapped: the table is as wide as its content
 
 
 def print_lengths(result: TuneResult) -> None:
@@ -245,11 +244,10 @@ def print_lengths(result: TuneResult) -> None:
             f"{share:.0%}" if share is not None else "-",
             f"{error:.1%}" if error is not None else "-",
         )
-    (console if console.is_terminal else unwrapped_console()).print(table)
+    console.print(table)
     console.print(
         "~: predicted from the surface a + b·B·L + c·B·L², never measured; token budget: the most tokens per "
         "micro-batch (B·L) that fit at every searched length; L² share: of the activations at the plan's length",
-        soft_wrap=not console.is_terminal,
         style="dim",
     )
 
@@ -270,7 +268,6 @@ def print_chosen(result: TuneResult) -> None:
     ch = result.chosen
     if ch is None:
         return
-    unwrapped = not console.is_terminal  # a log: one line each, however long
     console.print(
         f"[bold green]chosen[/] ({result.objective}): {ch.precision} / {ch.optimizer} / recompute "
         f"{ {'full': 'on'}.get(ch.ident.level, ch.ident.level) }{' / torch.compile' if ch.compile else ''}: "
@@ -278,16 +275,15 @@ def print_chosen(result: TuneResult) -> None:
         f"{ch.accumulation_words} x world {ch.world_size} = global {ch.global_batch_size}"
         + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else "")
         + (f", at {ch.seq_len} tokens per sample" if ch.seq_len else ""),
-        soft_wrap=unwrapped,
     )
     if ch.decided_by:
-        console.print(f"decided by: {escape(ch.decided_by)}", soft_wrap=unwrapped)
+        console.print(f"decided by: {escape(ch.decided_by)}")
     command = command_text(result)  # a script tuned as it is: the job's command line, the plan filled in
     if command is not None:
         console.print(f"[bold]command[/]: {escape(command)}", soft_wrap=True)
         for caveat in args_caveats(result, make_options("")):
-            console.print(f"[yellow]note[/]: {escape(caveat)}", soft_wrap=unwrapped)
+            console.print(f"[yellow]note[/]: {escape(caveat)}")
     if ch.note:
-        console.print(f"[yellow]note[/]: {escape(ch.note)}", soft_wrap=unwrapped)
+        console.print(f"[yellow]note[/]: {escape(ch.note)}")
     for note in result.notes:
-        console.print(f"[dim]- {escape(note)}[/]", soft_wrap=unwrapped)
+        console.print(f"[dim]- {escape(note)}[/]")

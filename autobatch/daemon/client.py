@@ -177,8 +177,8 @@ class Client:
     def run(self, argv: Sequence[str]) -> int:
         """Run ``autobatch ARGV`` through the daemon, printing its output as it comes; its exit code.
 
-        Ctrl-C (and SIGTERM) is passed on to the command, which stops its probes and keeps what it measured,
-        as in-process; a second one leaves without waiting (the daemon then ends the command)."""
+        Ctrl-C (and SIGTERM, SIGHUP) is passed on to the command, which stops its probes and keeps what it
+        measured, as in-process; a second one leaves without waiting (the daemon then ends the command)."""
         import resource
 
         from autobatch.devices.cgroup import cgroup_memory
@@ -208,11 +208,11 @@ class Client:
             if state["signals"] > 1 or state["id"] is None:
                 raise KeyboardInterrupt
             try:
-                self.cancel(state["id"], "INT" if signum == signal.SIGINT else "TERM")
+                self.cancel(state["id"], signal.Signals(signum).name.removeprefix("SIG"))
             except (OSError, http.client.HTTPException, DaemonError, ValueError):
                 raise KeyboardInterrupt from None
 
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             return _relay(response, state)
         except KeyboardInterrupt:

@@ -59,6 +59,8 @@ MAX_DRAIN = 64 << 20
 MAX_REQUESTS = 64
 #: Seconds a cancelled command gets to stop its probes and keep its partial results before SIGKILL.
 CANCEL_GRACE = 20.0
+#: The signals a client passes on to its command (``/v1/cancel/ID?signal=NAME``; anything else: SIGTERM).
+CANCEL_SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP}
 #: Seconds the zygote may take to import torch and autobatch.
 ZYGOTE_START = 300.0
 #: Seconds the zygote gets to exit once it read end of file, before SIGKILL.
@@ -544,7 +546,7 @@ class Handler(BaseHTTPRequestHandler):
                     request = daemon.requests.get(rid)
                 if request is None:
                     raise _Refused(404, f"no request {rid} runs")
-                daemon.cancel(request, signal.SIGINT if query == "signal=INT" else signal.SIGTERM)
+                daemon.cancel(request, CANCEL_SIGNALS.get(query.removeprefix("signal="), signal.SIGTERM))
                 self._json(200, {"cancelled": rid})
             elif self.path == "/v1/stop":
                 self._json(200, {"stopping": True})
@@ -743,7 +745,7 @@ class _Stream:
 
 
 def serve(place: Place, idle: float) -> None:
-    """Run the daemon in this process until it is stopped (SIGTERM, SIGINT, ``/v1/stop``, idle)."""
+    """Run the daemon in this process until it is stopped (SIGTERM, SIGINT, SIGHUP, ``/v1/stop``, idle)."""
     place.make()
     held = open(place.lock, "a+")  # noqa: SIM115  # held for the daemon's whole life
     try:
@@ -767,8 +769,8 @@ def serve(place: Place, idle: float) -> None:
         log(f"{signal.Signals(signum).name}: stopping")
         daemon.stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for each in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the session `serve` ran in closed
+        signal.signal(each, on_signal)
     threading.Thread(target=daemon.watch_idle, daemon=True).start()
     log(
         f"serving on {place.socket} (autobatch {daemon.identity['autobatch']}, torch {daemon.identity['torch']})"

@@ -105,10 +105,13 @@ def read_run_wait() -> RunWait | None:
 def waiting_share(start: RunWait | None, end: RunWait | None) -> float | None:
     """How long the threads waited for a core between two readings, over the wall time between them (None
     without both): about 0 when nothing else wanted their cores; a neighbour that keeps one of two cores
-    busy reads about 0.9 for torch's two threads here, however many cores others keep busy elsewhere."""
+    busy reads about 0.9 for torch's two threads here, however many cores others keep busy elsewhere.
+
+    The run-queue times are summed over the threads, so threads that wait at once add up past the wall time
+    (1.5-1.7 for two on a loaded machine here); a share, it stops at 1: all of the time."""
     if start is None or end is None or end.wall <= start.wall:
         return None
-    return max(0.0, end.waited - start.waited) / (end.wall - start.wall)
+    return min(1.0, max(0.0, end.waited - start.waited) / (end.wall - start.wall))
 
 
 def job_allocator() -> bool:

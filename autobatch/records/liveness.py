@@ -49,7 +49,7 @@ def unfinished(result: dict[str, Any]) -> str | None:
             return f"the tune that wrote this result was killed before it finished ({who} is gone)"
         return "the tune that wrote this result had not finished when it last wrote it (status running)"
     if status == "interrupted":
-        return "the tune that wrote this result was interrupted (SIGINT or SIGTERM) before it chose"
+        return "the tune that wrote this result was interrupted (SIGINT, SIGTERM or SIGHUP) before it chose"
     if status == "failed":
         return "the tune that wrote this result failed before it chose (its notes say why)"
     return None

@@ -71,9 +71,19 @@ class RunLock:
         self._lock: Any = None
 
     @classmethod
-    def device(cls, key: str, label: str, *, folder: str | Path | None = None, **options: Any) -> RunLock:
-        """The lock of the device (or other shared thing) ``key``, named ``label`` in messages, in ``folder``
-        (default: :func:`default_lock_dir`, made shared). ``options``: timeout, on_wait, on_warning, command."""
+    def device(
+        cls,
+        key: str,
+        label: str,
+        *,
+        folder: str | Path | None = None,
+        waits_for: str | None = None,
+        **options: Any,
+    ) -> RunLock:
+        """The lock of the device (or other shared thing) ``key``, named ``label`` in messages ("LABEL is free
+        after 12 s"), and ``waits_for`` where a run waits for it (default ``label``: "waiting for WAITS_FOR:
+        held by ..."), in ``folder`` (default: :func:`default_lock_dir`, made shared). ``options``: timeout,
+        on_wait, on_warning, command."""
         where = Path(folder) if folder else default_lock_dir()
 
         def busy(timeout: float, holder: dict[str, Any]) -> AutobatchError:
@@ -83,7 +93,7 @@ class RunLock:
             )
 
         use = _Use(
-            waits_for=label,
+            waits_for=waits_for or label,
             name=label,
             unguarded=f"cannot lock {label} in {where} ({{why}}): probing without the one-tuner-per-device "
             "guarantee; set lock_dir to a writable local folder",

@@ -72,10 +72,11 @@ def tune_target(request: TuneRequest, target: Target, hooks: Hooks) -> TuneResul
                 device_lock(
                     settings,
                     f"computing-{key}",
-                    f"the tune {key}, which another run is computing",
+                    f"the tune {key}",
                     hooks,
                     warnings,
                     folder.path / "locks",
+                    waits_for=f"the tune {key}, which another run is computing",
                 )
             )
             hit = store.get(inputs, target.used_bytes)

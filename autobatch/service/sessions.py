@@ -31,13 +31,16 @@ def device_lock(
     hooks: Hooks,
     warn: Callable[[str], None],
     folder: str | Path | None = None,
+    waits_for: str | None = None,
 ) -> RunLock:
     """A lock named ``key`` (a device's, or a tune's in the cache folder), waiting as the settings say;
-    ``warn`` is told when it cannot be taken (the run's :class:`~autobatch.run.session.Warnings`)."""
+    ``warn`` is told when it cannot be taken (the run's :class:`~autobatch.run.session.Warnings`); ``label`` and
+    ``waits_for``: what the messages call it (:meth:`RunLock.device`)."""
     return RunLock.device(
         key,
         label,
         folder=settings.probe.lock_dir if folder is None else folder,
+        waits_for=waits_for,
         timeout=settings.probe.lock_timeout,
         on_wait=hooks.on_wait,
         on_warning=warn,

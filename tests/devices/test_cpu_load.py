@@ -58,3 +58,10 @@ def test_no_readings_no_figure() -> None:
     assert now is not None and now.waited >= 0
     assert cpu.waiting_share(None, now) is None and cpu.waiting_share(now, None) is None
     assert cpu.waiting_share(now, now) is None  # no time passed
+
+
+def test_the_share_of_time_waited_stops_at_all_of_it() -> None:
+    """Run-queue times add up over the threads: two waiting at once for 0.8 s of a second read 1.6, which a
+    warning showed as "waited for a core 160% of its time". A share stops at 1."""
+    assert cpu.waiting_share(cpu.RunWait(0.0, 10.0), cpu.RunWait(1.6, 11.0)) == 1.0
+    assert cpu.waiting_share(cpu.RunWait(0.0, 10.0), cpu.RunWait(0.4, 11.0)) == pytest.approx(0.4)

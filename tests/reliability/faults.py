@@ -1,5 +1,5 @@
 """Fault injection against the real command (issue #10): a probe killed, segfaulting, hanging or exhausting
-memory; the probe server killed; the tune killed with SIGKILL, SIGINT or SIGTERM; the script edited
+memory; the probe server killed; the tune killed with SIGKILL, SIGINT, SIGTERM or SIGHUP; the script edited
 between probes. Each run watches the whole process tree of the tune (psutil, by pid, never by name) and
 reports the processes that outlived it and the probes it lost (measured before the fault, in neither
 the final result nor the probe journal).
@@ -253,7 +253,7 @@ def slow_copy(folder: Path) -> Path:
 
 SLOW = {"SLOW_STEP_SECONDS": "0.3"}
 #: The exit code each fault must end with (the README's table): retried probes and a memory hog end
-#: well; a persistent crash or timeout and a dead server exit 6; signals 130/143 (SIGKILL: -9, nothing
+#: well; a persistent crash or timeout and a dead server exit 6; signals 130/143/129 (SIGKILL: -9, nothing
 #: can run); an edited script 2.
 EXPECTED = {
     "probe SIGKILLed": 0,
@@ -265,6 +265,7 @@ EXPECTED = {
     "tune SIGKILL": -9,
     "tune SIGINT": 130,
     "tune SIGTERM": 143,
+    "tune SIGHUP": 129,
     "script edited": 2,
 }
 
@@ -307,7 +308,7 @@ def all_faults(base: Path) -> list[FaultRun]:
     )
     f = folder("server killed")
     runs.append(run_fault("server killed", f, str(slow_copy(f)), kill_the_server, env=SLOW))
-    for sig in (signal.SIGKILL, signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGKILL, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         f = folder(f"tune {sig.name}")
         runs.append(run_fault(f"tune {sig.name}", f, str(slow_copy(f)), signal_the_tune(sig), env=SLOW))
     f = folder("script edited")

@@ -78,8 +78,10 @@ def test_the_probe_server_killed_ends_the_run_clearly(tmp_path: Path) -> None:
         (signal.SIGKILL, -9, "running"),
         (signal.SIGINT, 130, "interrupted"),
         (signal.SIGTERM, 143, "interrupted"),
+        # a closed ssh session; before, it killed the tune as SIGKILL does, its locks left in the folder
+        (signal.SIGHUP, 129, "interrupted"),
     ],
-    ids=["SIGKILL", "SIGINT", "SIGTERM"],
+    ids=["SIGKILL", "SIGINT", "SIGTERM", "SIGHUP"],
 )
 def test_the_tune_killed_leaves_no_process_and_keeps_its_probes(
     sig: signal.Signals, code: int, status: str, tmp_path: Path
@@ -93,6 +95,8 @@ def test_the_tune_killed_leaves_no_process_and_keeps_its_probes(
         assert run_state(run.result) == "dead"  # a reader tells it from a live run
     else:
         assert "probes measured so far are kept" in run.stderr
+        # the result file's lock and its holder's file went with the run, not left in the user's folder
+        assert [p.name for p in tmp_path.glob(".autobatch-result.json.*")] == []
 
 
 def test_the_script_edited_between_probes_is_detected(tmp_path: Path) -> None:
