@@ -1,8 +1,9 @@
 """Emitters: the tune result as the config files launchers already read.
 
 Each format module has a pure ``render_<fmt>(result, options) -> str`` and a ``caveats(result, options)
--> list[str]`` (what the file cannot say). :func:`emit` renders every requested file first, so that a
-rendering error writes nothing, then writes each atomically. Launcher configs of a CPU result are refused
+-> list[str]`` (what the file cannot say). :func:`targets` checks every requested path before anything is
+rendered (a tune checks them before its first probe); :func:`emit` renders every requested file first, so
+that a rendering error writes nothing, then writes each atomically. Launcher configs of a CPU result are refused
 unless the CPU was asked for (:func:`~autobatch.emit.common.check_device`). The formats, their default
 files and consumers: docs/clusters.md ("Launcher configs").
 """
@@ -26,7 +27,7 @@ from autobatch.emit.common import (
     script_own,
 )
 from autobatch.errors import UsageError
-from autobatch.records.files import write_atomic
+from autobatch.records.files import preflight, write_atomic
 from autobatch.records.liveness import unfinished
 from autobatch.records.result import TuneResult
 
@@ -110,23 +111,29 @@ def emit(
 ) -> list[Path]:
     """Render every spec (``"FORMAT[=PATH]"`` or ``(format, path)``), then write them; returns the paths.
 
-    Nothing is written if any file fails to render, or if two specs name the same path.
+    Nothing is written if any file fails to render, if two specs name the same path, or if a path cannot be
+    written (:func:`targets`).
     """
-    targets = _targets(specs)
-    rendered = [(path, render(result, fmt, options)) for fmt, path in targets]
+    rendered = [(path, render(result, fmt, options)) for fmt, path in targets(specs)]
     return [write_atomic(path, text) for path, text in rendered]
 
 
-def _targets(specs: Iterable[str | tuple[str, str | Path]]) -> list[tuple[str, Path]]:
-    targets: list[tuple[str, Path]] = []
+#: How to name a launcher config's file, on every face (``tune --emit``, ``emit --format``, ``emit=`` in the API).
+FIX = "give it as FORMAT=PATH (tune --emit, emit --format) with PATH a file in a folder you can write"
+
+
+def targets(specs: Iterable[str | tuple[str, str | Path]]) -> list[tuple[str, Path]]:
+    """Every spec's format and path: a UsageError when a format is unknown, two specs name the same path, or a
+    path cannot be written (a folder, under a file, a folder this process cannot write: named with the fix)."""
+    found: list[tuple[str, Path]] = []
     for spec in specs:
         if isinstance(spec, str):
-            targets.append(parse_emit_spec(spec))
+            found.append(parse_emit_spec(spec))
         else:
             fmt, path = spec
-            targets.append((get_format(fmt).name, Path(path)))
+            found.append((get_format(fmt).name, Path(path)))
     seen: dict[Path, str] = {}
-    for fmt, path in targets:
+    for fmt, path in found:
         key = Path(path).resolve()
         if key in seen:
             raise UsageError(
@@ -134,7 +141,9 @@ def _targets(specs: Iterable[str | tuple[str, str | Path]]) -> list[tuple[str, P
                 hint="give each format its own file with FORMAT=PATH",
             )
         seen[key] = fmt
-    return targets
+    for fmt, path in found:
+        preflight(path, f"{fmt} file", FIX)
+    return found
 
 
 def refuse_fallback(specs: Iterable[str], allow_cpu: bool) -> None:

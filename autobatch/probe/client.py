@@ -449,8 +449,17 @@ class ProbeClient:
 
 def server_env() -> dict[str, str]:
     """What a session's probe server adds to the environment (and so every process it starts: probes, the job's
-    fresh process): the CPU allocator pinned, CUDA devices as the job sees them, the compile cache's folder."""
-    return {**MALLOC_ENV, **PROBE_ENV, "AUTOBATCH_INDUCTOR_CACHE": inductor_folder()}
+    fresh process): the CPU allocator pinned, CUDA devices as the job sees them, the compile cache's folder, and
+    in place of the variables a launcher set for a rank of its job, those ``torchrun`` gives a world of one
+    (:func:`autobatch.probe.ranks.one_process_env`; the ranks of a probe set their own)."""
+    from autobatch.probe.ranks import one_process_env
+
+    return {
+        **MALLOC_ENV,
+        **PROBE_ENV,
+        "AUTOBATCH_INDUCTOR_CACHE": inductor_folder(),
+        **one_process_env(os.environ),
+    }
 
 
 def start_server(

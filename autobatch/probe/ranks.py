@@ -16,7 +16,7 @@ import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -142,16 +142,44 @@ def _agent_store(listen_fd: int, port: int, world: int, timeout: float) -> Any:
 
 def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
     """The environment ``torchrun --nproc-per-node world`` gives rank ``rank`` on one node (its agent hosts
-    the store on ``port``; ``OMP_NUM_THREADS`` is 1 unless the user set it, torchrun's default for
-    several ranks)."""
-    return {
+    the store on ``port``; for several ranks ``OMP_NUM_THREADS`` is 1 unless the user set it, torchrun's
+    default)."""
+    env = {
         "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
         "ROLE_NAME": "default", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
         "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_RUN_ID": "autobatch", "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }  # fmt: skip
+    if world > 1:
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    return env
+
+
+#: The variables by which ``torchrun`` (and launchers that imitate it) names a worker of its job.
+TORCHRUN_VARIABLES = (*torchrun_env(0, 1, 0), "TORCHELASTIC_ERROR_FILE")
+
+
+def launcher_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` that name a worker of a launched job (:data:`TORCHRUN_VARIABLES`)."""
+    return {name: environ[name] for name in TORCHRUN_VARIABLES if name in environ}
+
+
+def one_process_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a single-process probe takes instead of the launcher's variables in ``environ`` (a wrapper's, or
+    those of the rank a command runs in): nothing when there are none (the script runs as ``python script.py``
+    runs it); else the environment ``torchrun`` gives a world of one: rank 0 of 1, and a rendezvous of its own
+    (``MASTER_PORT=0``: the script's store binds a port the kernel picks; no agent store; no other worker's
+    error file). A script that joins its process group (``init_process_group("env://")``) then starts
+    at once, instead of waiting until the probe's timeout for the peers the variables name. The ranks of a
+    probe (:func:`torchrun_env`) set their own over it. Why: docs/as-is.md ("A launcher's variables")."""
+    if not launcher_variables(environ):
+        return {}
+    return {
+        **torchrun_env(0, 1, 0),
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": "",
+    }
 
 
 def watch(ranks: list[Rank], deadline: float) -> Rank | None:

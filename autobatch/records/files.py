@@ -1,5 +1,8 @@
 """Atomic file writes: a reader sees the old file or the new one, never half of one.
 
+:func:`preflight` says, before a run measures anything, that a path cannot be written, so that a file the
+run writes at its end (the result, a launcher config) never fails after the work it records.
+
 The temporary file ``mkstemp`` creates is private (0600); before it replaces the target it gets the
 mode a plain ``open(path, "w")`` would give: the existing file's mode when it replaces one, else
 0666 less the process's umask. Configs written on shared storage stay as readable to the team as
@@ -12,6 +15,8 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+
+from autobatch.errors import UsageError
 
 
 def current_umask() -> int:
@@ -56,3 +61,25 @@ def write_atomic(path: str | Path, text: str | bytes) -> Path:
             pass
         raise
     return path
+
+
+def preflight(path: Path, what: str, fix: str) -> None:
+    """Raise a :class:`UsageError` naming ``what`` (``"result file"``) and ``path``, with ``fix`` as its hint,
+    when :func:`write_atomic` could not write ``path``: it is a folder, under a file, or in a folder this process
+    cannot write. A missing folder is fine: it is created when the file is written."""
+    if path.is_dir():
+        raise UsageError(f"the {what} {path} is a folder", hint=f"name a file, not a folder: {fix}")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"cannot write the {what} {path}: {parent} is a file, not a folder", hint=fix)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write the {what} {path}: {parent} is not writable", hint=fix)
+    try:  # what the OS says, for root too (a read-only mount, /proc)
+        with tempfile.TemporaryFile(dir=parent, prefix=".autobatch-check-"):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the {what} {path}: {parent} is not writable ({exc.strerror or exc})", hint=fix
+        ) from None

@@ -29,6 +29,7 @@ from autobatch.devices.backend import backend_for
 from autobatch.devices.budget import DeviceInfo, apply_margin, cpu_budget, cuda_name, device_info
 from autobatch.errors import DeviceError, UsageError
 from autobatch.probe.files import deep_temp_note
+from autobatch.probe.ranks import launcher_variables
 from autobatch.records.failures import raise_for, with_last_lines
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner, RunConfig, StepConfig
 from autobatch.records.version import MEASURED_BY
@@ -193,6 +194,8 @@ class Session:
             self.warn(finder)
         if deep := deep_temp_note():
             self.warn(deep)
+        if self.as_is and self.ranks <= 1 and (named := launcher_variables(os.environ)):
+            self.warn(_one_process_note(named))
         self._script_digest = script_digest(Path(self.spec.target)) if self.spec.is_file else None
         if self.wiring.lock is not None:
             self._held.enter_context(self.wiring.lock)
@@ -643,6 +646,22 @@ def _budget_ahead(device: str, session: Session) -> int | None:
     if device != "cpu" or asked.memory is None:
         return None
     return cpu_budget(asked.memory, asked.headroom, None)
+
+
+def _one_process_note(named: dict[str, str]) -> str:
+    """What a single-process tune of a script says when the environment names a worker of a launched job."""
+    key = [
+        f"{name}={named[name]}"
+        for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        if name in named
+    ]
+    shown = " ".join(key or [f"{name}={value}" for name, value in named.items()][:4])
+    shown += " ..." if len(named) > len(shown.split()) else ""
+    return (
+        f"the environment names a worker of a launched job ({shown}): each probe runs the script as one process, "
+        "rank 0 of a world of one with a rendezvous of its own (RANK=0, WORLD_SIZE=1, MASTER_PORT=0), as "
+        "`torchrun --nproc-per-node 1` starts it; to measure the job's ranks, pass --nproc-per-node N"
+    )
 
 
 def _fresh_ahead(session: Session) -> FreshAhead | None:

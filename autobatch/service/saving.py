@@ -1,8 +1,8 @@
 """Writing the result file so that a bad path or a full disk costs nothing already measured.
 
-:func:`preflight` checks the output path before any probe; :class:`ResultSaver` writes the result atomically
-after every probe (a failed write is warned about once, the tune goes on; :meth:`ResultSaver.finish` raises
-exit 2 naming the path and the fix); :func:`started_result` is what the file says from a run's start.
+The output path is checked before any probe (:func:`autobatch.records.files.preflight`, with :data:`FIX`);
+:class:`ResultSaver` writes the result atomically after every probe (a failed write is warned about once, the
+tune goes on; :meth:`ResultSaver.finish` raises exit 2 naming the path and the fix); :func:`started_result` is what the file says from a run's start.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import datetime
 import errno
 import os
 import socket
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,29 +23,6 @@ if TYPE_CHECKING:
     from autobatch.settings import Settings
 
 FIX = "pass --output PATH (or set [output] result) to a file in a folder you can write"
-
-
-def preflight(path: Path, what: str = "result file") -> None:
-    """Raise a :class:`UsageError` when ``path`` cannot be written as a file (before any probe runs).
-
-    A missing folder is fine: it is created when the file is written.
-    """
-    if path.is_dir():
-        raise UsageError(f"the {what} {path} is a folder", hint=f"name a file, not a folder: {FIX}")
-    parent = path.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"cannot write the {what} {path}: {parent} is a file, not a folder", hint=FIX)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write the {what} {path}: {parent} is not writable", hint=FIX)
-    try:  # what the OS says, for root too (a read-only mount, /proc)
-        with tempfile.TemporaryFile(dir=parent, prefix=".autobatch-check-"):
-            pass
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write the {what} {path}: {parent} is not writable ({exc.strerror or exc})", hint=FIX
-        ) from None
 
 
 def explain_os_error(path: Path, exc: OSError, what: str = "result file") -> UsageError:

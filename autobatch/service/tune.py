@@ -15,13 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autobatch.emit import refuse_fallback
+from autobatch.emit import refuse_fallback, targets
 from autobatch.errors import AutobatchError, NothingFitsError, UsageError
+from autobatch.records.files import preflight
 from autobatch.run.locks import RunLock
 from autobatch.run.options import TuneOptions, TuneRequest
 from autobatch.service.hooks import Hooks
 from autobatch.service.per_device import tune_devices
-from autobatch.service.saving import ResultSaver, preflight, started_result
+from autobatch.service.saving import FIX, ResultSaver, started_result
 from autobatch.service.sessions import script_strategy
 from autobatch.settings import planned_world
 
@@ -54,7 +55,8 @@ def tune(
     settings = request.settings
     saver = ResultSaver(Path(result_file), hooks.on_warning) if result_file is not None else None
     if saver is not None:
-        preflight(saver.path)
+        preflight(saver.path, "result file", FIX)
+    targets(settings.output.emit)  # the launcher configs' paths, checked as the result file's
     held = (
         RunLock.result_file(saver.path, timeout=settings.probe.lock_timeout, on_wait=hooks.on_wait,
                             on_warning=hooks.on_warning)

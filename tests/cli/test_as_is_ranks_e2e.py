@@ -9,6 +9,7 @@ rank that fails ends every rank with its own error; no process of the script out
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 
 import psutil
@@ -79,3 +80,32 @@ def test_a_rank_that_fails_ends_every_rank_with_its_error() -> None:
     assert "[rank 1 of 2] rank 1 could not open its shard" in err
     assert "Traceback" not in err
     assert not _left(mark)
+
+
+def test_a_launchers_variables_for_rank_1_leave_each_probe_a_world_of_one(tmp_path) -> None:
+    """A wrapper's torchrun variables name rank 1 of 2 and a rendezvous nobody hosts: without --nproc-per-node
+    each probe (and the job's fresh process) runs the script as rank 0 of a world of one instead of waiting in
+    ``init_process_group`` until its timeout; the plan is still for WORLD_SIZE=2. Before the fix every probe
+    timed out (so does a regression here: --timeout 20, then the command's own)."""
+    with socket.socket() as free:  # a port no one listens on: a probe that joins it waits
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = {
+        "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "AUTOBATCH_FRESH_BASELINE": "true",  # the job's fresh process too (the suite turns it off)
+    }  # fmt: skip
+    script = str(EXAMPLES / "as_is" / "ddp_torchrun.py")
+    proc = run_cli(
+        "tune", script, "--device", "cpu", "--memory", "600MiB", "--timeout", "20", "--no-cache",
+        "--max-batch-size", "16", "--output", str(tmp_path / "r.json"), "--json", *PLACEHOLDER,
+        env=env, timeout=150,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    (combo,) = data["combinations"]
+    assert combo["max_batch_size"] == 16 and combo["probes"] <= 4, combo  # every probe fitted, none timed out
+    assert data["chosen"]["world_size"] == 2 and "world size 2 from WORLD_SIZE=2" in data["notes"]
+    err = " ".join(proc.stderr.split())
+    assert "timed out" not in err and "rank 0 of a world of one" in err and "--nproc-per-node N" in err
+    assert "probes count as the job's fresh process" in " ".join(data["notes"])  # measured, not timed out

@@ -9,8 +9,9 @@ import pytest
 from requesting import probe_request
 from support import EXAMPLES
 
-from autobatch.probe.client import ProbeClient
+from autobatch.probe.client import ProbeClient, server_env
 from autobatch.probe.fresh import FreshOptions, _launcher_env
+from autobatch.probe.ranks import TORCHRUN_VARIABLES
 from autobatch.records.protocol import ProbeRequest
 from autobatch.run.session import fresh_note
 
@@ -98,6 +99,33 @@ def test_rank_processes_get_the_environment_torchrun_gives(monkeypatch: pytest.M
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     assert _launcher_env(0, 2, 1)["OMP_NUM_THREADS"] == "4"  # the user's own, as torchrun keeps it
     assert _launcher_env(0, 1, 0) == {}
+
+
+#: What a wrapper of a two-rank job sets for its rank 1, torchrun's agent store included.
+RANK_1_OF_2 = {
+    "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29533",
+    "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_ERROR_FILE": "/tmp/torchelastic_x/error.json",
+}  # fmt: skip
+
+
+def test_a_launchers_variables_become_a_world_of_one_for_the_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in TORCHRUN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert not set(server_env()) & set(TORCHRUN_VARIABLES)  # no launcher: the script runs as python runs it
+    for name, value in RANK_1_OF_2.items():
+        monkeypatch.setenv(name, value)
+    env = server_env()
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+        "0",
+        "0",
+        "1",
+        "1",
+    )
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "0")  # a store of its own, any free port
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False" and env["TORCHELASTIC_ERROR_FILE"] == ""
+    assert "OMP_NUM_THREADS" not in env  # torchrun leaves one process's threads alone
+    # the ranks of a probe set their own over it
+    assert {**env, **_launcher_env(1, 2, 4242)}["TORCHELASTIC_USE_AGENT_STORE"] == "True"
 
 
 def test_the_note_states_each_offset() -> None:
