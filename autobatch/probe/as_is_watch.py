@@ -168,12 +168,23 @@ class StepWatch:
         if self.report.steps or self.reported:
             return  # stepping, only slowly: the server's timeout answers
         seconds = self.request.timeout * NO_STEP_SHARE
-        error = ContractError(
-            f"no optimizer step seen within {seconds:g} s at batch {self.request.batch_size}",
-            hint="autobatch ends a script run as it is after its optimizer steps, seen through torch.optim's "
-            "step hooks: an optimizer that is not a torch.optim.Optimizer is never seen. If the script is only "
-            "slow to reach its first step (preparing data, compiling), raise --timeout",
-        )
+        seen = f"no optimizer step seen within {seconds:g} s at batch {self.request.batch_size}"
+        children = _children()
+        if children and not self.backwards.count and self.report.first_backward_peak is None:
+            error = ContractError(
+                f"{seen}, and no backward pass in the script's own process, while it runs {children} process(es) "
+                "it started: training in a process of its own (torch.multiprocessing.spawn, "
+                "multiprocessing.Process) is out of the probe's sight",
+                hint="call the training function in the script's own process for the tune (mp.spawn(train, "
+                "nprocs=1) is train(0)), or start its ranks with torchrun and tune them with --nproc-per-node N",
+            )
+        else:
+            error = ContractError(
+                seen,
+                hint="autobatch ends a script run as it is after its optimizer steps, seen through torch.optim's "
+                "step hooks: an optimizer that is not a torch.optim.Optimizer is never seen. If the script is "
+                "only slow to reach its first step (preparing data, compiling), raise --timeout",
+            )
         self.emit(self._failed(error))
 
     # -- the outcome ------------------------------------------------------------------------------

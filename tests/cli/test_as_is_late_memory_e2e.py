@@ -65,6 +65,17 @@ def test_a_hand_written_update_stops_after_a_few_backward_passes(tmp_path) -> No
     assert "within" not in err  # not "no optimizer step seen within N s": it did not wait for the timeout
 
 
+def test_training_in_a_spawned_process_is_named_not_blamed_on_the_optimizer(tmp_path) -> None:
+    """A real AdamW stepping in a process ``torch.multiprocessing.spawn`` started: the probe sees no step and no
+    backward pass in the script's own process. The error said an optimizer that is not a torch.optim.Optimizer
+    is never seen, while the child's own lines, in the same error, counted its steps."""
+    proc = _tune("spawned_loop.py", "--timeout", "20", tmp_path=tmp_path)
+    assert proc.returncode == EXIT_SCRIPT, proc.stderr[-3000:]
+    err = " ".join(proc.stderr.split())
+    assert "training in a process of its own (torch.multiprocessing.spawn" in err, err[-3000:]
+    assert "--nproc-per-node" in err and "not a torch.optim.Optimizer" not in err
+
+
 def test_an_optimizer_stepping_every_100_backward_passes_is_capped(tmp_path) -> None:
     proc = _tune("accumulates_100.py", "--timeout", "60", tmp_path=tmp_path)
     assert proc.returncode == EXIT_SCRIPT, proc.stderr[-3000:]
