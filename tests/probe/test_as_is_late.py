@@ -83,6 +83,24 @@ def test_frozen_parameters_in_the_optimizer_and_in_the_scripts_modules(late) -> 
     assert "frozen parameters" in note and f"{8 * 8 + 8 + 2 * 2 + 2:,}" in note
 
 
+def test_a_frozen_copy_of_the_model_is_no_frozen_parameter_to_come() -> None:
+    """An exponential moving average of the weights (``copy.deepcopy(model).requires_grad_(False)``) is never
+    unfrozen: not noted. A frozen module of other shapes beside the model still is (a backbone held apart)."""
+    import copy
+    import sys
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    ema = copy.deepcopy(model).requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 8)).sum().backward()
+    optimizer.step()
+    assert ema is not None and frozen_parameters([optimizer], sys._getframe()) == []
+    encoder = nn.Linear(8, 4).requires_grad_(False)
+    assert {id(p) for p in frozen_parameters([optimizer], sys._getframe())} == {
+        id(p) for p in encoder.parameters()
+    }
+
+
 def test_the_live_line_hears_what_the_probe_waits_for(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(torch.optim.Optimizer, "__init__", torch.optim.Optimizer.__init__)
     path = str(tmp_path / "step")
