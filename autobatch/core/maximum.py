@@ -334,6 +334,14 @@ def reason(
         if baseline_bytes
         else ""
     )
+    if (
+        not static.total
+    ):  # nothing measured it (a script run as it is ran out before its first step's reading)
+        return (
+            f"batch {batch_multiple} does not fit in the budget of {format_bytes(budget_bytes)}{process}, and no "
+            "probe ran far enough to tell the model's own memory (parameters, gradients, optimizer state) from "
+            "the batch's"
+        )
     static_text = (
         f"parameters {format_bytes(static.parameters)} + gradients {format_bytes(static.gradients)} + optimizer "
         f"state {format_bytes(static.optimizer_state)} = {format_bytes(static.total)} of static memory"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autobatch.core.levels import FULL, OFF
-from autobatch.core.space import Combo, Ident, ident_of
+from autobatch.core.space import SCRIPT_OWN, Combo, Ident, ident_of
 from autobatch.core.units import format_bytes
 from autobatch.errors import AutobatchError, NoBlocksError, NothingFitsError, ProbeFailure
 from autobatch.records.schema import SCHEMA_VERSION
@@ -370,6 +370,15 @@ def nothing_fits(result: TuneResult, budget_bytes: int) -> AutobatchError:
             "--seq-len), or give it more --memory",
         )
     first = f": {searched[0].key}: {searched[0].reason}" if searched and searched[0].reason else ""
+    if entries and all(
+        e.precision == SCRIPT_OWN for e in entries
+    ):  # a script run as it is: no lever to search
+        return NothingFitsError(
+            f"the script does not fit even the smallest batch within the budget of {format_bytes(budget_bytes)}"
+            f"{first}",
+            hint="a script run as it is keeps its own precision, optimizer and model: give it more --memory, or "
+            "run it smaller (its arguments, its config: a narrower model, bf16, a lighter optimizer)",
+        )
     return NothingFitsError(
         f"no combination fits even the smallest batch within the budget of {format_bytes(budget_bytes)}{first}",
         hint="see each combination's reason (static memory vs budget); try bf16, a lighter optimizer, "
