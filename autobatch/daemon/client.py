@@ -312,7 +312,13 @@ def route(argv: Sequence[str]) -> int | None:
         if mode == "on":
             if isinstance(exc, DaemonError):
                 raise
-            raise DaemonError(f"the daemon cannot be reached: {exc}", hint="autobatch daemon logs") from exc
+            hint = "autobatch daemon logs"
+            if isinstance(exc, OSError) and str(exc.filename or "").startswith(str(client.place.folder)):
+                hint = (
+                    f"the daemon's folder {client.place.folder} cannot be made or used: point AUTOBATCH_DAEMON_DIR "
+                    "(or XDG_RUNTIME_DIR) at a folder of yours, or run in-process (AUTOBATCH_DAEMON=auto or off)"
+                )
+            raise DaemonError(f"the daemon cannot be reached: {exc}", hint=hint) from exc
         why = exc.message if isinstance(exc, DaemonError) else str(exc)
         print(
             f"note: the autobatch daemon cannot be reached ({why}); running in this process", file=sys.stderr

@@ -370,6 +370,17 @@ def test_malformed_and_oversized_requests_get_errors_and_the_daemon_serves_on(pl
     assert status is not None and status["requests"] == []
 
 
+def test_a_daemon_folder_that_cannot_be_made_is_named_with_the_fix(tmp_path: Path) -> None:
+    """With the daemon on, a folder for it that cannot be made (an unwritable XDG_RUNTIME_DIR, a path under a
+    file) is an error naming the folder and the fix; the hint was "autobatch daemon logs", which had none."""
+    (tmp_path / "a-file").write_text("")
+    folder = tmp_path / "a-file" / "daemon"
+    done = run_cli(*CHECK, cwd=tmp_path, env={"AUTOBATCH_DAEMON_DIR": str(folder), "AUTOBATCH_DAEMON": "on"})
+    assert done.returncode == 1, done.stderr
+    assert f"hint: the daemon's folder {folder} cannot be made or used" in done.stderr
+    assert "AUTOBATCH_DAEMON_DIR" in done.stderr and "daemon logs" not in done.stderr
+
+
 def test_another_uid_is_refused_with_a_clear_message() -> None:
     assert refusal(1000, 1000) is None
     assert "belongs to uid 1000" in str(refusal(1001, 1000))
