@@ -233,10 +233,11 @@ class StepWatch:
                 f"{held} in its arguments after -- (or more data)",
             )
         return ContractError(
-            f"{ended} at batch {batch}: not enough data at this batch size (a probe needs {needed} at least, and more "
-            f"while the peak still grows, up to {most}); {NOTHING_OF_MEMORY}",
-            hint="give the script more steps for the tune: more data or more epochs in the arguments after -- (the "
-            "probe ends the script once it has measured what it needs)",
+            f"{ended} at batch {batch}: not enough data at this batch size, or a number of steps of its own (a "
+            f"--steps or --max-steps argument) that holds at every batch size (a probe needs {needed} at least, and "
+            f"more while the peak still grows, up to {most}); {NOTHING_OF_MEMORY}",
+            hint=f"give the script at least {most} steps for the tune: more steps, data or epochs in the arguments "
+            "after -- (the probe ends the script once it has measured what it needs)",
         )
 
     def _failed(self, exc: BaseException) -> ProbeOutcome:

@@ -89,6 +89,8 @@ def test_too_little_data_says_so_and_nothing_of_memory(tmp_path) -> None:
     err = " ".join(proc.stderr.split())
     assert "after 2 optimizer step(s)" in err and "not enough data" in err
     assert "says nothing about memory" in err
+    # a script with a fixed number of steps ends the same way at every batch size: named too, not only data
+    assert "or a number of steps of its own (a --steps or --max-steps argument)" in err
 
 
 def test_no_optimizer_step_seen(tmp_path) -> None:
