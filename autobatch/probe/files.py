@@ -49,7 +49,7 @@ _CHANGES = {
     "os.link": "create",
     "os.symlink": "create",
 }
-_WATCHED = frozenset({"open", *_CHANGES})
+_WATCHED = frozenset({"open", "os.chdir", *_CHANGES})
 _TWO_PATHS = {"os.rename": ("move", "replace"), "os.link": (None, "create"), "os.symlink": (None, "create")}
 
 
@@ -98,12 +98,32 @@ class ScriptFiles:
                     self.writing(path, "truncate" if _truncates(mode, flags) else "modify")
                 else:
                     self.reading(path, mode)
+        elif event == "os.chdir":
+            if _is_path(args[0]):
+                self.entering(args[0])
         elif event in _CHANGES:
             first, second = _TWO_PATHS.get(event, (_CHANGES[event], None))
             if first is not None and _is_path(args[0]):
                 self.writing(args[0], first)
             if second is not None and _is_path(args[1]):
                 self.writing(args[1], second)
+
+    def entering(self, path: Any) -> None:
+        """Before ``os.chdir(path)``: a folder of the working folder's entered through the scratch folder (a link
+        there) becomes the scratch folder's own, its entries links, so that the process stays in the scratch
+        folder and what it writes relative to its new folder lands there, as in the job. Entered through the link,
+        the process's folder was the working folder's own, and every write there was refused (a Hydra-style
+        ``os.chdir("outputs")``)."""
+        where = self._absolute(path)
+        if where is None or not _under(where, self.scratch):
+            return
+        inside = where.relative_to(self.scratch)
+        if inside.parts:
+            self.busy = True
+            try:
+                self._copy_on_write(inside, "modify")
+            finally:
+                self.busy = False
 
     def writing(self, path: Any, how: str) -> None:
         """Before a write to ``path``: make it land in the scratch folder, or refuse it."""

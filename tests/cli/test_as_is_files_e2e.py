@@ -170,6 +170,26 @@ def test_a_config_tried_and_absent_and_a_package_in_the_project_venv_keep_the_re
     assert edited.returncode == EXIT_NOTHING_FITS, edited.stderr
 
 
+def test_a_script_that_moves_into_its_outputs_folder_writes_there_in_the_scratch_folder(tmp_path) -> None:
+    """``os.chdir("outputs")`` (as Hydra runs do), then its metrics and checkpoint relative to it: the probes' writes
+    land in the scratch folder, the user's outputs stay as they were. They were refused ("reached by a path other
+    than one relative to the working folder"): the folder was entered through the scratch folder's link."""
+    folder = tmp_path / "run"
+    (folder / "outputs").mkdir(parents=True)
+    shutil.copy(AS_IS / "chdir_outputs.py", folder / "train.py")
+    (folder / "outputs" / "metrics.csv").write_text("0,1.0\n")
+    (folder / "outputs" / "last.pt").write_bytes(b"last week's model")
+    before = _snapshot(folder)
+    proc = _tune(
+        folder, "train.py", "--batch-size", "{batch}", env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "c")}
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _snapshot(folder) == before
+    assert {"outputs/metrics.csv", "outputs/last.pt"} <= set(
+        json.loads(proc.stdout)["script_files"]["written"]
+    )
+
+
 def test_a_tune_leaves_the_run_folder_as_it_was(tmp_path) -> None:
     folder = tmp_path / "run"
     (folder / "data").mkdir(parents=True)
