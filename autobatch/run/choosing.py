@@ -10,7 +10,7 @@ times) and the function that records a probe, and calls :meth:`Chooser.plan_and_
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autobatch.core.choice import Contender, Decision, dominated, preference
 from autobatch.core.plan import Candidate, Plan, choose, plan_accumulation, plan_with_script_accumulation
@@ -43,6 +43,9 @@ class Chooser:
     script_accumulation: int = (
         1  # a script run as it is: micro-batches per optimizer step of its own (else 1)
     )
+    #: Combination key -> the timing probe under the job's allocator that fitted the room it has above the
+    #: budget but peaked above the budget (:meth:`_over_budget`): that plan holds under the pinned allocator only.
+    over_budget: dict[str, ProbeOutcome] = field(default_factory=dict)
 
     def plan_and_choose(self, combos: list[Combo]) -> None:
         """Each answered combination's plan into its row, and the chosen one into :attr:`TuneResult.chosen`."""
@@ -74,6 +77,8 @@ class Chooser:
             self.result.chosen.script_accumulation = self.script_accumulation
         if self.step_times.pinned:  # the answer holds under the probes' allocator only: the job runs it
             self.result.chosen.environment = dict(MALLOC_ENV)
+        elif entry.key in self.over_budget:
+            self._over_budget(entry.key, self.over_budget[entry.key])
         if opts.objective == "throughput" and decision is None and len(plans) > 1:
             self.result.notes.append(
                 f"chosen without a time: no contender's timing probe ran its steps, so the largest maximum "
@@ -145,32 +150,36 @@ class Chooser:
                 entry.global_batch_seconds = round(timing.global_time, 4)
         return decision
 
-    def _needs_pinning(self, outcome: ProbeOutcome) -> bool:
-        """Whether a timing probe under glibc's default allocator (the job's) needed more than the budget: it ran
-        out of memory with room for its heap, or peaked above the budget in that room (a job capped at
-        ``--memory`` would run out: a step at micro-batch 4096 peaked 851.75 MiB under a capacity of 700)."""
-        if not outcome.job_allocator:
-            return False
-        assert self.session.device is not None
-        return outcome.kind == "oom" or (outcome.peak_bytes or 0) > self.session.device.budget_bytes
-
     def _pin_allocator(self, combo: Combo, outcome: ProbeOutcome) -> None:
-        """A timing probe under the job's allocator needed more than the budget (:meth:`_needs_pinning`): the
-        maximum holds under the probes' pinned allocator only. From now on the job runs it (the plan's command
-        and ``env`` carry it: :attr:`~autobatch.records.result.Chosen.environment`), and every contender is timed
-        under it (the steps timed under the job's allocator stop counting)."""
+        """A timing probe under glibc's default allocator (the job's) ran out of memory with room for its heap:
+        the maximum holds under the probes' pinned allocator only. From now on the job runs it (the plan's
+        command and ``env`` carry it: :attr:`~autobatch.records.result.Chosen.environment`), and every contender
+        is timed under it (the steps timed under the job's allocator stop counting)."""
         self.step_times.pinned = True
         settings = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
         peak = f" (peak {format_bytes(outcome.peak_bytes)})" if outcome.peak_bytes else ""
-        what = (
-            f"ran out of memory{peak} with {format_bytes(TIMING_ROOM)} of room above the budget"
-            if outcome.kind == "oom"
-            else f"peaked {format_bytes(outcome.peak_bytes)}, above the budget"
-        )
         self.result.notes.append(
             f"{combo.key}: at micro-batch {outcome.batch_size} a timing probe under glibc's default allocator, as a "
-            f"job runs it, {what}: the maxima hold under the allocator the probes ran ({settings}), so the plan's "
-            "command and the env format set it, and the contenders were timed under it"
+            f"job runs it, ran out of memory{peak} with {format_bytes(TIMING_ROOM)} of room above the budget: the "
+            f"maxima hold under the allocator the probes ran ({settings}), so the plan's command and the env "
+            "format set it, and the contenders were timed under it"
+        )
+
+    def _over_budget(self, key: str, outcome: ProbeOutcome) -> None:
+        """The chosen plan's timing probe under glibc's defaults fitted its room but peaked above the budget (a
+        red-team's plan of 4096: 851.75 MiB under a capacity of 700 MiB, 591 MiB pinned): the plan holds under
+        the probes' pinned allocator only, which the plan's command and ``env`` carry. Only the chosen plan's
+        counts: another contender's (the quick start's recomputing one, 592 MiB at 64 under a 450 MiB budget)
+        says nothing of a plan that runs under glibc's defaults within the budget."""
+        assert self.result.chosen is not None and self.session.device is not None
+        self.result.chosen.environment = dict(MALLOC_ENV)
+        settings = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
+        self.result.notes.append(
+            f"{key}: at micro-batch {outcome.batch_size} a timing probe under glibc's default allocator, as a job "
+            f"runs it, peaked {format_bytes(outcome.peak_bytes)}, above the budget of "
+            f"{format_bytes(self.session.device.budget_bytes)}: the plan holds under the allocator the probes ran "
+            f"({settings}), which the plan's command and the env format set (its time was taken under glibc's "
+            "defaults)"
         )
 
     def _throughput_at(
@@ -196,9 +205,18 @@ class Chooser:
             pinned_allocator=self.step_times.pinned,
         )
         self.record(entry, outcome, "throughput")
-        if self._needs_pinning(outcome):  # the job's allocator needs more than the budget
+        if outcome.kind == "oom" and outcome.job_allocator:  # the job's allocator needs more than the budget
             self._pin_allocator(combo, outcome)
             return self._throughput_at(combo, entry, micro, again=True)
+        assert self.session.device is not None
+        if (
+            outcome.fits
+            and outcome.job_allocator
+            and (outcome.peak_bytes or 0) > self.session.device.budget_bytes
+        ):
+            self.over_budget[entry.key] = (
+                outcome  # within the room above the budget: the chosen plan's counts
+            )
         if outcome.fits:
             entry.samples_per_second = outcome.samples_per_second
         note = edge_note(combo.key, entry.max_batch_size, outcome, self.session.device)

@@ -212,7 +212,7 @@ def test_a_timing_probe_that_peaks_above_the_budget_under_the_jobs_allocator_pin
 ) -> None:
     """The job's allocator holds more than the budget at the maximum, within the room a timing probe has above
     it (a red-team's script: 851.75 MiB at micro-batch 4096 under a capacity of 700 MiB, 591 MiB pinned): the
-    plan carries the pinned allocator, as when the timing probe runs out. It carried nothing: the job ran out."""
+    plan carries the pinned allocator, with a note. It carried nothing: the job ran out."""
     fake.curve = slower_with_recompute
     fake.job_heap_bytes = 100 * MiB  # under the room a timing probe has above the budget: it fits there
     code, data, err = tune("-p", "32-true", "-o", "sgd", "--recompute-level", "off", "--global-batch-size", "4096",
