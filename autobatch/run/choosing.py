@@ -75,10 +75,13 @@ class Chooser:
         )
         if self.script_accumulation > 1:
             self.result.chosen.script_accumulation = self.script_accumulation
-        if self.step_times.pinned:  # the answer holds under the probes' allocator only: the job runs it
+        over = None if self.step_times.pinned else self.over_budget.get(entry.key)
+        if (
+            self.step_times.pinned or over is not None
+        ):  # it holds under the probes' allocator only: the job runs it
             self.result.chosen.environment = dict(MALLOC_ENV)
-        elif entry.key in self.over_budget:
-            self._over_budget(entry.key, self.over_budget[entry.key])
+        if over is not None:
+            self._over_budget(entry.key, over)
         if opts.objective == "throughput" and decision is None and len(plans) > 1:
             self.result.notes.append(
                 f"chosen without a time: no contender's timing probe ran its steps, so the largest maximum "
@@ -156,30 +159,31 @@ class Chooser:
         command and ``env`` carry it: :attr:`~autobatch.records.result.Chosen.environment`), and every contender
         is timed under it (the steps timed under the job's allocator stop counting)."""
         self.step_times.pinned = True
-        settings = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
         peak = f" (peak {format_bytes(outcome.peak_bytes)})" if outcome.peak_bytes else ""
         self.result.notes.append(
-            f"{combo.key}: at micro-batch {outcome.batch_size} a timing probe under glibc's default allocator, as a "
-            f"job runs it, ran out of memory{peak} with {format_bytes(TIMING_ROOM)} of room above the budget: the "
-            f"maxima hold under the allocator the probes ran ({settings}), so the plan's command and the env "
-            "format set it, and the contenders were timed under it"
+            _glibc_note(
+                combo.key,
+                outcome,
+                f"ran out of memory{peak} with {format_bytes(TIMING_ROOM)} of room above the budget: the maxima hold",
+                "so the plan's command and the env format set it, and the contenders were timed under it",
+            )
         )
 
     def _over_budget(self, key: str, outcome: ProbeOutcome) -> None:
-        """The chosen plan's timing probe under glibc's defaults fitted its room but peaked above the budget (a
-        red-team's plan of 4096: 851.75 MiB under a capacity of 700 MiB, 591 MiB pinned): the plan holds under
-        the probes' pinned allocator only, which the plan's command and ``env`` carry. Only the chosen plan's
+        """The note on a chosen plan whose timing probe under glibc's defaults fitted its room but peaked above the
+        budget (a red-team's plan of 4096: 851.75 MiB under a capacity of 700 MiB, 591 MiB pinned): the plan holds
+        under the probes' pinned allocator only, which the plan's command and ``env`` carry. Only the chosen plan's
         counts: another contender's (the quick start's recomputing one, 592 MiB at 64 under a 450 MiB budget)
         says nothing of a plan that runs under glibc's defaults within the budget."""
-        assert self.result.chosen is not None and self.session.device is not None
-        self.result.chosen.environment = dict(MALLOC_ENV)
-        settings = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
+        assert self.session.device is not None
+        budget = format_bytes(self.session.device.budget_bytes)
         self.result.notes.append(
-            f"{key}: at micro-batch {outcome.batch_size} a timing probe under glibc's default allocator, as a job "
-            f"runs it, peaked {format_bytes(outcome.peak_bytes)}, above the budget of "
-            f"{format_bytes(self.session.device.budget_bytes)}: the plan holds under the allocator the probes ran "
-            f"({settings}), which the plan's command and the env format set (its time was taken under glibc's "
-            "defaults)"
+            _glibc_note(
+                key,
+                outcome,
+                f"peaked {format_bytes(outcome.peak_bytes)}, above the budget of {budget}: the plan holds",
+                "which the plan's command and the env format set (its time was taken under glibc's defaults)",
+            )
         )
 
     def _throughput_at(
@@ -223,3 +227,13 @@ class Chooser:
         if note:
             self.result.notes.append(note)
         return outcome.samples_per_second
+
+
+def _glibc_note(key: str, outcome: ProbeOutcome, found: str, so: str) -> str:
+    """A note on a timing probe under glibc's default allocator that needed more than the budget: what it
+    ``found``, the allocator the probes ran, and ``so``, what the plan does about it."""
+    settings = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
+    return (
+        f"{key}: at micro-batch {outcome.batch_size} a timing probe under glibc's default allocator, as a job "
+        f"runs it, {found} under the allocator the probes ran ({settings}), {so}"
+    )
