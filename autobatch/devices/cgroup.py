@@ -39,7 +39,7 @@ _job: CgroupMemory | None = None
 
 def for_job(memory: CgroupMemory | None) -> None:
     """The job's memory cgroup as its client read it (the daemon's command: its probes run in the daemon's
-    cgroup, the job in its own); :func:`job_cgroup` takes the tighter."""
+    cgroup, the job in its own); :func:`bounding` takes the tighter of the two."""
     global _job
     _job = memory
 
@@ -47,6 +47,14 @@ def for_job(memory: CgroupMemory | None) -> None:
 def job_cgroup() -> CgroupMemory | None:
     """The cgroup whose room bounds the job (the client's, for a command the daemon runs), or None."""
     return _job
+
+
+def bounding() -> CgroupMemory | None:
+    """The cgroup whose room bounds a command: the tighter of this process's and the job's (:func:`for_job`),
+    or None when neither is limited. A command the daemon runs is bounded by both: its probes run in the
+    daemon's cgroup, the job it plans for in the client's."""
+    limited = [memory for memory in (cgroup_memory(), _job) if memory is not None]
+    return min(limited, key=lambda m: m.room_bytes, default=None)
 
 
 def cgroup_memory(root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> CgroupMemory | None:

@@ -80,3 +80,20 @@ def test_the_jobs_cgroup_bounds_the_cpu_capacity_where_the_probes_run_in_another
         assert "20.00 GiB available" in " ".join(found.notes)
     finally:
         for_job(None)
+
+
+def test_the_host_line_names_the_jobs_cgroup_limit_for_a_command_the_daemon_runs() -> None:
+    """The inventory's host memory names the limit that bounds the command: the job's cgroup (the client's,
+    :func:`autobatch.devices.cgroup.for_job`) where it is tighter than this process's (none here)."""
+    from autobatch.devices.cgroup import bounding, cgroup_memory, for_job
+    from autobatch.devices.inventory import host_memory
+
+    own = cgroup_memory()
+    for_job(CgroupMemory(3 * GiB, 1 * GiB))
+    try:
+        tighter = own is None or own.room_bytes > 2 * GiB
+        assert bounding() == (CgroupMemory(3 * GiB, 1 * GiB) if tighter else own)
+        assert host_memory().cgroup_limit_bytes == (3 * GiB if tighter else own.limit_bytes)
+    finally:
+        for_job(None)
+    assert bounding() == own
