@@ -185,6 +185,24 @@ def test_one_target_per_gpu_model_and_the_one_named() -> None:
     assert missing.not_cached and "index 5" in missing.not_cached
 
 
+def test_a_gpus_identity_holds_the_caching_allocators_settings_when_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # expandable_segments changes what the caching allocator reserves (what the budget caps): a tune under it must
+    # not be served to a job without it, as the CPU's identity holds its allocator's variables.
+    inventory = read_inventory(FakeNvml([FakeDevice(A, "00000000:17:00.0")]), env={})
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING"):
+        monkeypatch.delenv(name, raising=False)
+    (plain,) = targets_for("cuda:0", None, inventory)
+    assert (
+        "environment" not in plain.identity
+    )  # the identities (cache keys) of tunes without one stay as they were
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    (expandable,) = targets_for("cuda:0", None, inventory)
+    assert expandable.identity["environment"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert {**expandable.identity, "environment": None} == {**plain.identity, "environment": None}
+
+
 def test_the_cpu_machine_has_no_gpu_and_the_devices_command_says_why() -> None:
     """On this machine (no NVIDIA driver): the real NVML path, the host memory and the no-driver line."""
     from support import run_main
