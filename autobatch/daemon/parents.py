@@ -9,7 +9,8 @@ CPU the budget's soft data limit, which decides what a library reserves as it lo
 process does: the next commands of that environment and script are forked from it, and their probe servers
 find the modules imported. What the probes import themselves as the script runs (a library's lazy imports)
 is imported there too (:func:`autobatch.probe.forked.learn`). The rules of a fork hold there too: a parent whose imports started a thread its library does
-not make fork-safe, or a CUDA context, refuses (and is not tried again for those modules).
+not make fork-safe, or after which a forked child could not use CUDA (a CUDA context, or CUDA's driver started by
+``torch.cuda.is_available()``), refuses (and is not tried again for those modules).
 
 The key is a fingerprint (:func:`environment_key`): the script and settings file the request's arguments name
 (parsed as its command parses them: another script of the same folder, whose server would warm other modules
@@ -380,6 +381,7 @@ def _import(
     """Import ``modules`` in the request's folder, environment and ``sys.path``, under ``warming``: (the names
     imported, each module file it imported with its size and last change, why it cannot serve or None, the
     module whose import started a thread or None)."""
+    from autobatch.devices.cuda.runtime import fork_breaks_cuda
     from autobatch.probe.server import lifelong_imports
     from autobatch.probe.warming import Warming, loaded_since, thread_count, warm
 
@@ -395,9 +397,8 @@ def _import(
             threads = thread_count(limits.fork_safe)
             if threads > 1:
                 return imported, [], f"importing {name} started {threads - 1} thread(s)", name
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return imported, [], f"importing {', '.join(imported)} made a CUDA context", None
+    if (why := fork_breaks_cuda()) is not None:
+        return imported, [], f"after importing {', '.join(imported)} this process {why}", None
     forked.descend({"key": request["key"], "modules": modules, "warming": warming})
     files = []
     for path in loaded_since(before).values():

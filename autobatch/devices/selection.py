@@ -9,6 +9,7 @@ of one type (docs/clusters.md).
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 from dataclasses import dataclass, field
@@ -16,6 +17,10 @@ from typing import Any
 
 from autobatch.devices.cpu import cores, environment
 from autobatch.devices.inventory import Gpu, Inventory, cpu_model
+
+#: The environment what a CUDA process's caching allocator reserves depends on (expandable segments, split sizes,
+#: garbage collection; caching at all): a tune under one setting says nothing of a job under another.
+CUDA_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING")
 
 CPU_NOT_CACHED = (
     "on the CPU without --memory the capacity is the memory available when the tune starts, which "
@@ -58,7 +63,8 @@ def targets_for(device: str, memory: int | None, inventory: Inventory) -> list[T
     * Without pynvml, or for a GPU NVML does not list, a CUDA request stays as given: the session resolves
       it, the lock is keyed by host and index, and the result is not cached (nothing identifies the card).
 
-    An identity holds the model's name, total memory, MIG profile, driver and CUDA driver versions.
+    An identity holds the model's name, total memory, MIG profile, driver and CUDA driver versions, and the
+    allocator's variables (:data:`CUDA_ENV`) where any is set.
     """
     visible = inventory.visible()
     if device == "cpu" or (device == "auto" and not visible and inventory.nvml != "missing"):
@@ -97,7 +103,7 @@ def cpu_target(memory: int | None, inventory: Inventory | None = None) -> Target
 
 
 def gpu_target(gpu: Gpu, inventory: Inventory, indices: tuple[int, ...] = ()) -> Target:
-    identity = {
+    identity: dict[str, Any] = {
         "type": "cuda",
         "name": gpu.name,
         "total_bytes": gpu.total_bytes,
@@ -105,6 +111,10 @@ def gpu_target(gpu: Gpu, inventory: Inventory, indices: tuple[int, ...] = ()) ->
         "driver": inventory.driver_version,
         "cuda_driver": inventory.cuda_driver_version,
     }
+    if allocator := {name: os.environ[name] for name in CUDA_ENV if name in os.environ}:
+        identity["environment"] = (
+            allocator  # only when set: the identities of tunes without one stay as they were
+        )
     kind = "mig" if gpu.parent_uuid else "gpu"
     return Target(
         device=f"cuda:{gpu.index}",

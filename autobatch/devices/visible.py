@@ -1,14 +1,17 @@
 """Which GPUs a CUDA process sees, and as which index: ``CUDA_VISIBLE_DEVICES`` read as CUDA reads it.
 
 Pure: the GPUs come in as :class:`Physical` records (from NVML, see :mod:`.inventory`), the variable as a
-string; :func:`visible_indices` applies CUDA's documented rules (indices, GPU UUIDs or their unique prefixes,
-``MIG-`` UUIDs, the list stopping at the first entry that matches nothing) in PCI bus order, which the probe
-server is started with (:data:`PROBE_ENV`, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). docs/commands.md (``devices``)
-says what a user sees.
+string; :func:`visible_indices` applies CUDA's rules (indices, GPU UUIDs or their unique prefixes, ``MIG-``
+UUIDs; the list of the first entry's kind, stopping at the first entry that matches nothing or is of another
+kind; a device named twice leaves none visible) in PCI bus order, which the probe server is started with
+(:data:`PROBE_ENV`, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). The rules are those PyTorch counts devices by without
+starting CUDA (``torch.cuda._parse_visible_devices``, ``_transform_uuid_to_ordinals``), so this module and
+``torch.cuda.device_count()`` agree. docs/commands.md (``devices``) says what a user sees.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -33,36 +36,58 @@ def cuda_order(gpus: Sequence[Physical]) -> list[Physical]:
 def visible_indices(gpus: Sequence[Physical], cuda_visible_devices: str | None) -> dict[str, int]:
     """UUID (a GPU's, or a MIG instance's) -> the index a CUDA process started with this variable sees.
 
-    Unset: every GPU, in order; set but empty: none. Otherwise a comma-separated list of entries, each an
-    index (into PCI bus order), a GPU UUID or a unique prefix of one (``GPU-8f0c``), or a MIG instance's
-    ``MIG-`` UUID; the visible devices are the listed ones in the listed order, and the list stops at the
-    first entry that matches nothing (or repeats one). A MIG-enabled GPU reached by index or GPU UUID keeps
-    its index here, but which of its instances CUDA opens is the driver's choice."""
+    Unset: every GPU, in order; set but empty: none. Otherwise a comma-separated list whose first entry decides
+    its kind: indices (into PCI bus order; like ``strtoul``, ``1gpu2`` is 1), GPU UUIDs or unique prefixes of
+    them (``GPU-8f0c``), or MIG instances' ``MIG-`` UUIDs. The visible devices are the listed ones in the listed
+    order; the list stops at the first entry of another kind or that matches nothing (an index past the last
+    GPU, a negative one, an unknown or ambiguous prefix), and a device named twice leaves none visible. A
+    MIG-enabled GPU reached by index or GPU UUID keeps its index here, but which of its instances CUDA opens is
+    the driver's choice."""
     ordered = cuda_order(gpus)
     if cuda_visible_devices is None:
         return {gpu.uuid: index for index, gpu in enumerate(ordered)}
+    entries = _entries(cuda_visible_devices)
     seen: dict[str, int] = {}
-    for token in (t.strip() for t in cuda_visible_devices.split(",")):
-        uuid = _match(token, ordered)
-        if uuid is None or uuid in seen:
+    for entry in entries:
+        uuid = _match(entry, ordered)
+        if uuid is None:
             break
+        if uuid in seen:  # two entries that name one device (a prefix and the full UUID): none is visible
+            return {}
         seen[uuid] = len(seen)
     return seen
 
 
-def _match(token: str, ordered: Sequence[Physical]) -> str | None:
-    if not token:
-        return None
-    if token.lstrip("-").isdigit():
-        index = int(token)
-        return ordered[index].uuid if 0 <= index < len(ordered) else None
-    upper = token.upper()
-    if upper.startswith("GPU-"):
-        found = [g.uuid for g in ordered if g.uuid.upper().startswith(upper)]
-    elif upper.startswith("MIG-"):
-        found = [m for g in ordered for m in g.mig_uuids if m.upper().startswith(upper)]
+def _entries(variable: str) -> list[str | int]:
+    """The variable's entries of its first entry's kind (an index as an int, a UUID as given), up to the first of
+    another kind or a negative index; none when one repeats."""
+    tokens = [t.strip() for t in variable.split(",")]
+    kind = next((p for p in ("GPU-", "MIG-") if tokens[0].upper().startswith(p)), None)
+    entries: list[str | int] = []
+    for token in tokens:
+        entry: str | int
+        if kind is not None:
+            if not token.upper().startswith(kind):
+                break
+            entry = token.upper()
+        else:
+            digits = re.match(r"[+-]?\d+", token)
+            if digits is None or int(digits.group()) < 0:
+                break
+            entry = int(digits.group())
+        if entry in entries:
+            return []
+        entries.append(entry)
+    return entries
+
+
+def _match(entry: str | int, ordered: Sequence[Physical]) -> str | None:
+    if isinstance(entry, int):
+        return ordered[entry].uuid if entry < len(ordered) else None
+    if entry.startswith("GPU-"):
+        found = [g.uuid for g in ordered if g.uuid.upper().startswith(entry)]
     else:
-        return None
+        found = [m for g in ordered for m in g.mig_uuids if m.upper().startswith(entry)]
     return found[0] if len(found) == 1 else None
 
 

@@ -5,8 +5,8 @@ Events go to the ``autobatch`` logger and, when a path is given, to a JSON Lines
 flushed as written). The summary is a plain value (:class:`GuardSummary`, JSON-able through
 :meth:`GuardSummary.to_dict`). When the guard knows the tuned key of its plan (:class:`Evidence`), the run's
 end goes into that key's runtime evidence (:class:`autobatch.cache.evidence.EvidenceStore`) through
-:class:`EvidenceRecorder`. The peak is the device's: on CUDA ``torch.cuda.max_memory_allocated``; on the CPU
-the process's data high-water mark, read as the CPU device reads a probe's
+:class:`EvidenceRecorder`. The peak is the device's, as the tune's probes measured it: on CUDA
+``torch.cuda.max_memory_reserved``; on the CPU the process's data high-water mark, read as the CPU device reads a probe's
 (:func:`autobatch.devices.cpu.peak_data_bytes`, from the guard's start).
 """
 
@@ -77,10 +77,12 @@ class GuardSummary:
 
 
 class PeakMeter:
-    """The device's peak since the guard started (bytes)."""
+    """The device's peak since the guard started (bytes), in the quantity the tune's budget caps and its probes
+    measured: on CUDA the caching allocator's reserved memory (segments, fragmentation included), which is never
+    below the memory its tensors hold (``max_memory_allocated``) and is what runs out."""
 
     HOW = {
-        "cuda": "torch.cuda.max_memory_allocated",
+        "cuda": "torch.cuda.max_memory_reserved",
         "cpu": "the process's data high-water mark (VmPeak less non-data mappings), read from /proc/self/status",
     }
 
@@ -93,7 +95,7 @@ class PeakMeter:
         if self.device_type == "cuda":
             import torch
 
-            return int(torch.cuda.max_memory_allocated(self.device_index))
+            return int(torch.cuda.max_memory_reserved(self.device_index))
         if self.start is not None:
             try:
                 return peak_data_bytes(self.start, read_status())

@@ -11,7 +11,8 @@ its interpreter's start and torch's import. It does so only when the fork is wha
   process's start: the CPU device's pinned allocator (``MALLOC_ENV``) is among them, so the daemon starts
   its warm process with it;
 * the command started no thread (a fork copies only the forking thread, with every lock another one held);
-* no CUDA context exists in it.
+* no CUDA context exists in it, and it did not start CUDA's driver either (after which a forked child cannot
+  initialise CUDA: :func:`autobatch.devices.cuda.runtime.fork_breaks_cuda`).
 
 The child is made to look like an exec'd one: its own session, the pipes on 0 and 1 and the log on 2,
 every other descriptor replaced by ``/dev/null`` (locks and pipes of the command released, and no number
@@ -199,9 +200,10 @@ def why_cold(env: Mapping[str, str], warming: Warming | None) -> str | None:
         )
     if thread_count() > _threads:
         return f"the command started {thread_count() - _threads} thread(s)"
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "the command holds a CUDA context"
+    from autobatch.devices.cuda.runtime import fork_breaks_cuda
+
+    if (why := fork_breaks_cuda()) is not None:
+        return f"the command {why}"
     return None
 
 

@@ -164,13 +164,16 @@ def _load(init: dict[str, Any]) -> dict[str, Any]:
 
     Returns how probes start (:mod:`autobatch.probe.warming`): the modules warmed, or ``restart`` with
     what to warm instead when warming started threads: the modules without the names taken from them
-    when only the names did, else torch alone (with the reason, which the result notes).
+    when only the names did, else torch alone (with the reason, which the result notes). Torch alone too
+    when the warm imports left a forked probe unable to use CUDA (a library that asks
+    ``torch.cuda.is_available()`` as it loads).
     """
     with lifelong_imports():
         import torch  # noqa: F401  (imported once here, inherited by every probe)
 
+        from autobatch.devices.cuda.runtime import fork_breaks_cuda
         from autobatch.probe.ops import load_operations
-        from autobatch.probe.warming import Warming, step_imports, thread_count, warm
+        from autobatch.probe.warming import Warming, step_imports, thread_count, top_package, warm
 
         load_operations(init.get("op_modules", []))
         preload()
@@ -193,6 +196,13 @@ def _load(init: dict[str, Any]) -> dict[str, Any]:
             # a name loaded lazily started them: probes load the names themselves
             if thread_count(warming.fork_safe) > threads:
                 return {"restart": True, "warm": "modules"}
+        if warmed and (why := fork_breaks_cuda()) is not None:  # every probe would fail to initialise CUDA
+            named = [name for name in warmed if top_package(name) != "torch"] or warmed
+            return {
+                "restart": True,
+                "warm": False,
+                "cold": f"after importing {', '.join(named)} the server {why}",
+            }
     return {"warmed": warmed, "cold": init.get("cold")}
 
 

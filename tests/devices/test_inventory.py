@@ -36,18 +36,48 @@ def gpus() -> list[Physical]:
         ("2,0", {C: 0, A: 1}),
         ("1, 0", {B: 0, A: 1}),
         ("GPU-cccc", {C: 0}),
-        ("GPU-cccc,0", {C: 0, A: 1}),
-        ("0,7,1", {A: 0}),  # an index that matches nothing ends the list
+        ("GPU-cccc,0", {C: 0}),  # an entry of another kind ends the list
+        ("0,7,1", {A: 0}),  # an index that matches nothing ends it
         ("0,-1,1", {A: 0}),
-        ("0,0,1", {A: 0}),  # a repeat ends it too
+        ("1gpu2,2ampere", {B: 0, C: 1}),  # read as strtoul reads them
+        ("0,0,1", {}),  # a device named twice: none is visible
+        ("0,7,0", {}),
+        ("GPU-cccc,GPU-cccccccc-1111", {}),  # two prefixes of one UUID
         ("GPU-", {}),  # a prefix of every UUID is not unique
         ("MIG-cccc", {M: 0}),
-        ("MIG-cccc,1", {M: 0, B: 1}),
+        ("MIG-cccc,1", {M: 0}),
         ("nonsense,0", {}),
     ],
 )
 def test_cuda_visible_devices_as_cuda_reads_it(variable: str | None, expected: dict[str, int]) -> None:
     assert visible_indices(gpus(), variable) == expected
+
+
+@pytest.mark.parametrize(
+    "variable",
+    ["", "0", "2,0", "1, 0", "0,7,1", "0,-1,1", "1gpu2,2ampere", "0,0,1", "0,7,0", "junk", "GPU-cccc",
+     "GPU-cccc,0", "GPU-bbbb,GPU-aaaa", "GPU-cccc,GPU-cccccccc-1111", "GPU-", "GPU-ffff,GPU-aaaa", "0,GPU-aaaa"],
+)  # fmt: skip
+def test_cuda_visible_devices_agrees_with_torchs_count(
+    variable: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PyTorch counts the visible devices without starting CUDA (NVML and the variable, by CUDA's rules): its
+    # parser over the same GPUs, in PCI bus order as NVML numbers them, names the same devices in the same order.
+    torch_cuda = pytest.importorskip("torch.cuda")
+    ordered = [A, B, C]  # PCI bus order (gpus())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", variable)
+    parsed = torch_cuda._parse_visible_devices()
+    if parsed and isinstance(parsed[0], str):
+        ordinals = torch_cuda._transform_uuid_to_ordinals(parsed, ordered)
+    else:
+        ordinals = list(parsed)
+        for position, ordinal in enumerate(
+            ordinals
+        ):  # torch's count stops at the first index past the last GPU
+            if ordinal >= len(ordered):
+                ordinals = ordinals[:position]
+                break
+    assert visible_indices(gpus(), variable) == {ordered[o]: i for i, o in enumerate(ordinals)}
 
 
 def test_inventory_lists_gpus_in_pci_order_with_memory_and_versions() -> None:
@@ -155,6 +185,24 @@ def test_one_target_per_gpu_model_and_the_one_named() -> None:
     assert missing.not_cached and "index 5" in missing.not_cached
 
 
+def test_a_gpus_identity_holds_the_caching_allocators_settings_when_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # expandable_segments changes what the caching allocator reserves (what the budget caps): a tune under it must
+    # not be served to a job without it, as the CPU's identity holds its allocator's variables.
+    inventory = read_inventory(FakeNvml([FakeDevice(A, "00000000:17:00.0")]), env={})
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING"):
+        monkeypatch.delenv(name, raising=False)
+    (plain,) = targets_for("cuda:0", None, inventory)
+    assert (
+        "environment" not in plain.identity
+    )  # the identities (cache keys) of tunes without one stay as they were
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    (expandable,) = targets_for("cuda:0", None, inventory)
+    assert expandable.identity["environment"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert {**expandable.identity, "environment": None} == {**plain.identity, "environment": None}
+
+
 def test_the_cpu_machine_has_no_gpu_and_the_devices_command_says_why() -> None:
     """On this machine (no NVIDIA driver): the real NVML path, the host memory and the no-driver line."""
     from support import run_main
@@ -188,6 +236,25 @@ def test_the_devices_command_on_injected_nvml(monkeypatch: pytest.MonkeyPatch) -
     indices = {g["uuid"]: g["index"] for g in data["gpus"]}
     assert indices[B] == 0 and indices[A] == 1
     assert "cuda:0" in err and "CUDA_VISIBLE_DEVICES=1,0" in err
+
+
+def test_the_devices_command_shows_no_gpu_visible_when_one_is_named_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # CUDA (and torch.cuda.device_count()) see no device under CUDA_VISIBLE_DEVICES=1,1: the command must not list
+    # cuda:0 for a tune to pick.
+    import json
+    import sys
+
+    from support import run_main
+
+    monkeypatch.setitem(sys.modules, "pynvml", machine())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,1")
+    code, out, err = run_main("devices", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert [g["index"] for g in data["gpus"]] == [None, None, None]
+    assert "none visible here (CUDA_VISIBLE_DEVICES=1,1)" in data["no_gpu"]
 
 
 def test_node_type_names_the_models_for_job_scripts() -> None:

@@ -240,3 +240,19 @@ def test_a_peak_near_the_budget_warns_once(tmp_path: Path, caplog: pytest.LogCap
             g.step(model, optimizer, batch, loss_up_to(100))
     warnings = [r.getMessage() for r in caplog.records if "it may run out of memory later" in r.getMessage()]
     assert len(warnings) == 1 and "of its budget 64.00 MiB" in warnings[0], warnings
+
+
+def test_on_cuda_the_peak_is_what_the_budget_caps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tune's probes measured, and its budget caps, the caching allocator's reserved memory: a job whose
+    # tensors (max_memory_allocated) stay under the budget while its segments (max_memory_reserved) passed it has
+    # used more than it was tuned for. torch.cuda's counters are replaced: there is no GPU here.
+    from autobatch.devices.budget import EarlyWarning
+    from autobatch.guard.events import PeakMeter
+
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda index=None: 70 << 20)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda index=None: 50 << 20)
+    meter = PeakMeter("cuda", 0)
+    assert meter.peak() == 70 << 20 and PeakMeter.HOW["cuda"] == "torch.cuda.max_memory_reserved"
+    warned: list[str] = []
+    assert EarlyWarning("cuda", 64 << 20, warned.append).check(meter.peak())
+    assert "the job's peak reached 70.00 MiB" in warned[0]

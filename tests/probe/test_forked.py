@@ -107,3 +107,35 @@ def test_a_command_of_a_warm_parent_forks_its_server_only_under_the_warm_up_its_
     forked.descend({"key": "k", "modules": ["lightning"], "warming": Warming(fork_safe=True).to_dict()})
     assert forked.why_cold(env, imported) is not None  # imported unlimited (a GPU's): not for a CPU budget
     assert forked.lineage() != ""  # what is kept per warm process is kept per parent too
+
+
+def test_a_command_that_started_cudas_driver_forks_no_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.cuda.is_available()`` starts CUDA's driver without a context on a torch built with CUDA, after which
+    torch refuses CUDA in every forked child while ``torch.cuda.is_initialized()`` stays False: a probe server
+    forked from such a command could run no CUDA probe. The CPU build here stands in for the CUDA build's calls
+    as tests/libs/gpukernels does (a ``pthread_atfork`` child handler sets the flag ``_is_in_bad_fork`` reads)."""
+    import torch
+
+    from autobatch.devices.cpu import cores
+    from autobatch.probe import forked
+
+    env = dict(os.environ)
+    monkeypatch.setattr(forked, "_warm", forked.load_time_env(env))
+    monkeypatch.setattr(forked, "_threads", 10_000)
+    monkeypatch.setattr(forked, "_lineage", None)
+    monkeypatch.setattr(forked, "_cores", cores())
+    assert forked.why_cold(env, None) is None
+    marked: list[bool] = []
+
+    def device_count() -> int:
+        os.register_at_fork(after_in_child=lambda: marked.append(True))
+        return 0
+
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", device_count, raising=False)
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: bool(marked))
+    assert forked.why_cold(env, None) is None  # a CUDA build whose driver nothing started: forks use CUDA
+    assert not torch.cuda.is_available() and not torch.cuda.is_initialized()
+    why = forked.why_cold(env, None)
+    assert why is not None and why.startswith(
+        "the command started CUDA's driver (torch.cuda.is_available()"
+    ), why

@@ -34,7 +34,7 @@ class CudaSnapshot:
     free_bytes: int  # torch.cuda.mem_get_info
     torch_reserved_bytes: int = 0  # reserved by this process's caching allocator when taken
     nvml_used_by_others_bytes: int | None = None  # other PIDs (None: unknown or our PID not visible)
-    nvml_device_used_bytes: int | None = None  # nvmlDeviceGetMemoryInfo().used
+    nvml_device_used_bytes: int | None = None  # nvmlDeviceGetMemoryInfo().used: recorded, never subtracted
     nvml_process_bytes: int | None = None  # this PID, None when NVML cannot see it
     context_bytes: int = DEFAULT_CONTEXT_BYTES
     context_source: str = "estimate"  # "nvml" (measured) | "estimate"
@@ -44,9 +44,11 @@ class CudaSnapshot:
 
     @property
     def outside_bytes(self) -> int:
-        """Memory in use on the device that this process's caching allocator does not hold."""
-        used = max(self.total_bytes - self.free_bytes, self.nvml_device_used_bytes or 0)
-        return max(0, used - self.torch_reserved_bytes)
+        """Memory in use on the device that this process's caching allocator does not hold, by CUDA's own count
+        (``cudaMemGetInfo``: total less free), the count the capacity is in. NVML's device-level ``used`` is not
+        on that footing: it adds the memory the driver and firmware reserve, which CUDA's total already leaves
+        out (hundreds of MiB on an idle GPU), so it would be counted as other processes' memory."""
+        return max(0, self.total_bytes - self.free_bytes - self.torch_reserved_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -2,13 +2,16 @@
 
 Kept thin: the arithmetic is in :mod:`.budget`, the NVML reads in :mod:`.nvml`. Each function imports
 torch inside it, so importing this module is cheap. :func:`snapshot` initialises CUDA: call it in a
-probe process, never in a process that forks probes afterwards. Written against PyTorch's documented
+probe process, never in a process that forks probes afterwards (:func:`fork_breaks_cuda` tells whether
+one already did). Written against PyTorch's documented
 ``torch.cuda`` API; not run on a GPU here (the development machines have none; tests marked ``gpu``
 run only where CUDA is available).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from autobatch.devices.cuda.budget import (
@@ -133,3 +136,33 @@ def capabilities(device_index: int) -> dict[str, str | None]:
         except TypeError:  # torch without the keyword: decide by compute capability
             native = props.major >= 8
     return precision_support(props.name, props.major, props.minor, native)
+
+
+def fork_breaks_cuda() -> str | None:
+    """Why a process forked from this one could not use CUDA, as what this process did ("holds a CUDA context";
+    None: it could, or torch is not imported here).
+
+    A CUDA context is one reason (``torch.cuda.is_initialized()``). The other leaves no context:
+    ``torch.cuda.is_available()`` (unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``), or ``torch.cuda.device_count()``
+    where NVML cannot count, starts CUDA's driver, and torch then marks every process forked afterwards as one
+    that must not initialise CUDA ("Cannot re-initialize CUDA in forked subprocess"), while
+    ``is_initialized()`` stays False. A library that asks at import (to pick its kernels) does it. Torch shows
+    the mark only in the child (``torch.cuda._is_in_bad_fork()``), so a child forked for the question answers
+    it and exits at once; a torch built without CUDA has nothing to mark."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if torch.cuda.is_initialized():
+        return "holds a CUDA context"
+    if not torch.cuda._is_compiled():
+        return None
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child answers with its exit status
+        os._exit(3 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 3:
+        return None
+    return (
+        "started CUDA's driver (torch.cuda.is_available() without PYTORCH_NVML_BASED_CUDA_CHECK=1, or "
+        "torch.cuda.device_count() where NVML cannot count): a process forked from it cannot initialise CUDA"
+    )

@@ -68,6 +68,31 @@ def test_device_level_usage_wins_over_a_smaller_nvml_sum():
     assert b.budget_bytes == 80 * GiB - 6 * GiB - context
 
 
+def test_the_drivers_reservation_nvml_counts_as_used_is_not_other_processes():
+    # An idle A10 under driver 535: NVML's device-level `used` (nvmlDeviceGetMemoryInfo, v1: "Sum of Reserved and
+    # Allocated device memory") was 517 MiB with no process listed, memory the driver and firmware reserve outside
+    # the total CUDA reports (cudaMemGetInfo). Only this process's context is in use by CUDA's count.
+    from autobatch.devices.budget import device_info
+
+    context = 300 * MiB
+    s = snap(
+        name="NVIDIA A10",
+        total_bytes=22 * GiB,
+        free_bytes=22 * GiB - context,
+        nvml_used_by_others_bytes=0,
+        nvml_device_used_bytes=517 * MiB + context,
+        nvml_process_bytes=context,
+        context_bytes=context,
+        context_source="nvml",
+    )
+    b = cuda_budget(s, memory=None, headroom=0.0)
+    assert (b.others_bytes, b.held_by_others_bytes) == (0, 0)
+    assert b.budget_bytes == 22 * GiB - context and b.process_limit_bytes == 22 * GiB
+    assert cuda_budget(s, memory=22 * GiB, headroom=0.1).capacity_bytes == 22 * GiB  # the whole card is free
+    info = device_info("cuda:0", {"snapshot": s.to_dict()}, memory=None, headroom=0.1)
+    assert info.others_bytes == 0 and not any("other processes hold" in w for w in info.warnings)
+
+
 def test_container_without_visible_pid_estimates_the_context():
     # NVML cannot see our PID: others unknown (None), context estimated; the device-level figure
     # (total - free - reserved) still accounts for everything that is not PyTorch's.
