@@ -212,6 +212,9 @@ class Client:
             "limits": {name: list(resource.getrlimit(getattr(resource, name))) for name in LIMITS},
             "umask": _umask(),  # the files the command writes get the modes they get in-process
             "cores": sorted(os.sched_getaffinity(0)),  # a job's CPU binding: its threads, and their memory
+            "nice": os.getpriority(
+                os.PRIO_PROCESS, 0
+            ),  # a job's `nice -n`: its probes get the job's share of the CPU
         }
         response = request(str(self.place.socket), "POST", "/v1/run", json.dumps(body).encode())
         if response.status != 200:

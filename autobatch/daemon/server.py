@@ -267,7 +267,7 @@ class Daemon:
             self.last_active = time.monotonic()
         message = {"id": request.id, **{k: body[k] for k in ("argv", "cwd", "env", "sys_path")}}
         # the client's memory cgroup (autobatch.devices.cgroup.for_job) and resource limits (autobatch.daemon.zygote)
-        for bound in ("cgroup", "limits", "umask", "cores"):
+        for bound in ("cgroup", "limits", "umask", "cores", "nice"):
             message[bound] = body.get(bound)
         message["socket"] = str(self.place.socket)  # where the command reads its inventory
         self._warm_for(request, body["env"]).fork(message, pipes)
@@ -656,6 +656,9 @@ def _checked(body: Any) -> dict[str, Any]:
         isinstance(cores, list) and cores and all(isinstance(n, int) and n >= 0 for n in cores)
     ):
         problems.append("cores: null or a list of the CPU numbers the client may run on")
+    nice = body.get("nice")
+    if nice is not None and not (isinstance(nice, int) and not isinstance(nice, bool) and -20 <= nice <= 19):
+        problems.append("nice: null or the client's niceness (-20 to 19)")
     if problems:
         raise _Refused(400, "malformed run request; expected " + "; ".join(problems))
     return body
