@@ -6,7 +6,8 @@ torch, so ``autobatch --help`` and a command answered by the daemon stay light. 
 ``auto`` or ``on``, ``tune``, ``check``, ``explain`` and ``estimate`` run through the daemon (started on first
 use; replaced when its versions differ from this client's), and their output and exit code are the command's.
 A daemon that cannot be reached leaves the command to run in-process with a note (``auto``) or is an error
-(``on``).
+(``on``). So does a connection that breaks while the daemon runs the command, once the daemon's run of it has
+ended (:meth:`Client.run`): never beside it, and a tune then picks up the probes that run measured.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ STOP_TIMEOUT = 60.0
 #: The resource limits of the client's process that bound what a job started from its shell may hold: a
 #: command the daemon runs takes them on.
 LIMITS = ("RLIMIT_DATA", "RLIMIT_AS")
+#: Seconds the daemon gives a cancelled command to stop its probes and keep what they measured before SIGKILL.
+CANCEL_GRACE = 20.0
+#: Seconds a client whose connection broke waits for the daemon's run of its command to end.
+END_WAIT = CANCEL_GRACE + 10.0
 
 
 class _Connection(http.client.HTTPConnection):
@@ -89,6 +94,15 @@ def ask(
         return answer.status, json.loads(answer.read() or b"{}")
     finally:
         answer.close()
+
+
+class _Broken(DaemonError):
+    """The connection broke while the daemon ran the command (a read error, the answer cut short): ``state`` is
+    what the client heard of it (the request's id and pid, whether its stdout was written)."""
+
+    def __init__(self, why: str, state: dict[str, Any]) -> None:
+        super().__init__(why)
+        self.state = state
 
 
 class Client:
@@ -178,7 +192,10 @@ class Client:
         """Run ``autobatch ARGV`` through the daemon, printing its output as it comes; its exit code.
 
         Ctrl-C (and SIGTERM, SIGHUP) is passed on to the command, which stops its probes and keeps what it
-        measured, as in-process; a second one leaves without waiting (the daemon then ends the command)."""
+        measured, as in-process; a second one leaves without waiting (the daemon then ends the command). A
+        connection that breaks once the daemon runs the command is closed (the daemon ends the command, as for
+        any client that goes away), the command's end is waited for (:meth:`outlive`), and :class:`_Broken` says
+        what was heard of it: whatever runs the command next runs after it."""
         import resource
 
         from autobatch.devices.cgroup import cgroup_memory
@@ -195,13 +212,16 @@ class Client:
             "limits": {name: list(resource.getrlimit(getattr(resource, name))) for name in LIMITS},
             "umask": _umask(),  # the files the command writes get the modes they get in-process
             "cores": sorted(os.sched_getaffinity(0)),  # a job's CPU binding: its threads, and their memory
+            "nice": os.getpriority(
+                os.PRIO_PROCESS, 0
+            ),  # a job's `nice -n`: its probes get the job's share of the CPU
         }
         response = request(str(self.place.socket), "POST", "/v1/run", json.dumps(body).encode())
         if response.status != 200:
             refused = json.loads(response.read() or b"{}")
             response.close()
             raise DaemonError(f"the daemon refused the command: {refused.get('error', response.status)}")
-        state: dict[str, Any] = {"id": None, "signals": 0}
+        state: dict[str, Any] = {"id": None, "pid": None, "signals": 0, "wrote": False}
 
         def on_signal(signum: int, _frame: Any) -> None:
             state["signals"] += 1
@@ -217,10 +237,30 @@ class Client:
             return _relay(response, state)
         except KeyboardInterrupt:
             return EXIT_SIGINT if state["signals"] < 2 else EXIT_SIGTERM
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            response.close()
+            self.outlive(state)
+            raise _Broken(str(exc) or type(exc).__name__, state) from exc
         finally:
             for each, handler in previous.items():
                 signal.signal(each, handler)
             response.close()
+
+    def outlive(self, state: dict[str, Any]) -> None:
+        """Wait until the command the daemon ran for this client has ended, :data:`END_WAIT` at most (the
+        connection closed, the daemon ends it as it ends any client's that goes away: SIGTERM, then SIGKILL after
+        :data:`CANCEL_GRACE`; a second SIGTERM of ours would cut short the clean-up that keeps what it measured).
+        ``state["ended"]`` says whether it did, ``state["daemon"]`` whether the daemon still answers (one that
+        died took its commands with it)."""
+        pid = state["pid"]
+        deadline = time.monotonic() + END_WAIT
+        while pid is not None and not _ended(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        state["ended"] = pid is None or _ended(pid)
+        try:
+            state["daemon"] = self.status() is not None
+        except DaemonError:
+            state["daemon"] = True
 
 
 def _relay(response: http.client.HTTPResponse, state: dict[str, Any]) -> int:
@@ -228,18 +268,17 @@ def _relay(response: http.client.HTTPResponse, state: dict[str, Any]) -> int:
     while True:
         line = response.readline()
         if not line:
-            raise DaemonError(
-                "the daemon stopped answering before the command ended", hint="autobatch daemon logs"
-            )
+            raise ConnectionError("the answer ended before the command did")
         message = json.loads(line)
         if "out" in message:
+            state["wrote"] = True
             sys.stdout.write(message["out"])
             sys.stdout.flush()
         elif "err" in message:
             sys.stderr.write(message["err"])
             sys.stderr.flush()
         elif "id" in message:
-            state["id"] = message["id"]
+            state["id"], state["pid"] = message["id"], message.get("pid")
         elif "exit" in message:
             code = int(message["exit"])
             if code >= 0:
@@ -308,6 +347,9 @@ def route(argv: Sequence[str]) -> int | None:
                 return None  # the command reports what is wrong with its settings
             client.start(setting[1])
         return client.run(argv)
+    except _Broken as broken:
+        _after_break(broken, mode)
+        return None
     except (OSError, http.client.HTTPException, DaemonError, ValueError) as exc:
         if mode == "on":
             if isinstance(exc, DaemonError):
@@ -324,6 +366,38 @@ def route(argv: Sequence[str]) -> int | None:
             f"note: the autobatch daemon cannot be reached ({why}); running in this process", file=sys.stderr
         )
         return None
+
+
+def _after_break(broken: _Broken, mode: str) -> None:
+    """The note that the command runs here, after a connection that broke while the daemon ran it
+    (:meth:`Client.run` waited for the daemon's run of it to end); an error under ``on``, or once the command's
+    answer had begun on stdout (run again, it would be written twice)."""
+    state = broken.state
+    where = (
+        "the autobatch daemon ended"
+        if not state["daemon"]
+        else "the connection to the autobatch daemon broke"
+    )
+    what = f"{where} while it ran this command ({broken.message})"
+    if state["wrote"]:
+        raise DaemonError(
+            f"{what}, after the command's answer had begun on stdout: not run again, which would write it twice",
+            hint="run it again (a tune it finished is served from the cache); autobatch daemon logs says how it ended",
+        )
+    ended = (
+        "its run there has ended"
+        if state["ended"]
+        else f"its run there has not ended after {END_WAIT:g} s, and is waited for as any run on the device"
+    )
+    if mode == "on":
+        raise DaemonError(
+            f"{what}; {ended}",
+            hint="run it again: a tune picks up the probes measured so far (autobatch daemon logs)",
+        )
+    print(
+        f"note: {what}; {ended}: running it in this process (a tune picks up the probes measured so far)",
+        file=sys.stderr,
+    )
 
 
 def _mode(ours: Sequence[str]) -> str | None:

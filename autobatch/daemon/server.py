@@ -45,7 +45,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from autobatch.daemon.client import LIMITS
+from autobatch.daemon.client import CANCEL_GRACE, LIMITS
 from autobatch.daemon.place import Place, identity
 from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.devices.inventory import NvmlReader
@@ -57,8 +57,6 @@ MAX_BODY = 1 << 20
 MAX_DRAIN = 64 << 20
 #: Requests running or queued at once.
 MAX_REQUESTS = 64
-#: Seconds a cancelled command gets to stop its probes and keep its partial results before SIGKILL.
-CANCEL_GRACE = 20.0
 #: The signals a client passes on to its command (``/v1/cancel/ID?signal=NAME``; anything else: SIGTERM).
 CANCEL_SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP}
 #: Seconds the zygote may take to import torch and autobatch.
@@ -269,7 +267,7 @@ class Daemon:
             self.last_active = time.monotonic()
         message = {"id": request.id, **{k: body[k] for k in ("argv", "cwd", "env", "sys_path")}}
         # the client's memory cgroup (autobatch.devices.cgroup.for_job) and resource limits (autobatch.daemon.zygote)
-        for bound in ("cgroup", "limits", "umask", "cores"):
+        for bound in ("cgroup", "limits", "umask", "cores", "nice"):
             message[bound] = body.get(bound)
         message["socket"] = str(self.place.socket)  # where the command reads its inventory
         self._warm_for(request, body["env"]).fork(message, pipes)
@@ -614,6 +612,9 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             for fd in (out_r, err_r, ev_r):
                 os.close(fd)
+            if request.exit_code is None:  # the stream failed: its command ends, never left running unseen
+                daemon.cancel(request)
+                request.exited.wait()
             daemon.forget(request)
 
 
@@ -655,6 +656,9 @@ def _checked(body: Any) -> dict[str, Any]:
         isinstance(cores, list) and cores and all(isinstance(n, int) and n >= 0 for n in cores)
     ):
         problems.append("cores: null or a list of the CPU numbers the client may run on")
+    nice = body.get("nice")
+    if nice is not None and not (isinstance(nice, int) and not isinstance(nice, bool) and -20 <= nice <= 19):
+        problems.append("nice: null or the client's niceness (-20 to 19)")
     if problems:
         raise _Refused(400, "malformed run request; expected " + "; ".join(problems))
     return body
@@ -685,6 +689,13 @@ class _Stream:
             log(f"{self.request.id}: the client went away")
             self.daemon.cancel(self.request)
 
+    def _closed(self) -> bool:
+        """Has the client closed its end (a reset: it closed with output of ours unread, as a killed one does)?"""
+        try:
+            return not self.connection.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
+
     def run(self, out: int, err: int, events: int) -> None:
         request = self.request
         self.send({"id": request.id, "pid": request.pid})
@@ -696,7 +707,7 @@ class _Stream:
         while open_fds:
             watched = list(open_fds) + ([] if self.gone else [self.connection.fileno()])
             readable, _, _ = select.select(watched, [], [], 0.1)
-            if self.connection.fileno() in readable and not self.connection.recv(1, socket.MSG_PEEK):
+            if self.connection.fileno() in readable and self._closed():
                 self._client_gone()
             for fd in readable:
                 if fd not in open_fds:

@@ -9,7 +9,8 @@ receives the request (argv, working folder, environment, ``sys.path``) and the r
 event pipes, forks, and answers ``{"started": id, "pid": pid}``; when a child exits it answers
 ``{"exited": pid, "code": code}`` (``-N`` for a signal N). The child takes a session of its own (its process group is its
 pid, which the daemon signals to cancel it), dies with the zygote (``PR_SET_PDEATHSIG``), takes the client's
-folder, environment and arguments, and runs :func:`autobatch.cli.main` as ``autobatch ARGS`` would.
+folder, environment, arguments and bounds (memory limits, umask, cores, niceness), and runs
+:func:`autobatch.cli.main` as ``autobatch ARGS`` would.
 
 A request of an environment whose probe servers warmed the script's libraries is passed to that environment's
 warm parent (:mod:`autobatch.daemon.parents`), a fork of this process that imported them and runs the same loop
@@ -230,6 +231,25 @@ def _take_cores(cores: list[int] | None) -> None:
         os.sched_setaffinity(0, wanted)
 
 
+def _take_nice(nice: int | None) -> str | None:
+    """Run at the client's niceness (a job script's ``nice -n 10``): the command's probes, and what it starts, get
+    the share of a busy CPU its job's processes get. A niceness above the daemon's is always taken; one below it
+    only where the daemon may lower its own (``CAP_SYS_NICE``, ``RLIMIT_NICE``): otherwise the command runs at the
+    daemon's, and the note returned says so (docs/daemon.md says why it is not refused)."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice is None or nice == own:
+        return None
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except PermissionError:
+        return (
+            f"note: this command runs at the autobatch daemon's niceness {own}, not its own {nice} (the daemon may "
+            f"not lower a command's): on a busy CPU its steps run slower than its job's will; to run at {nice} "
+            f"through the daemon, stop it (autobatch daemon stop) and let a command at nice {nice} start it"
+        )
+    return None
+
+
 def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]) -> None:
     """Become the client's ``autobatch ARGS`` and exit with its code; never returns."""
     code = 1
@@ -247,6 +267,7 @@ def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]
         if request.get("umask") is not None:  # the client's: the files it writes get their in-process modes
             os.umask(request["umask"])
         _take_cores(request.get("cores"))
+        note = _take_nice(request.get("nice"))
         from autobatch.probe.lineage import die_with_parent
 
         die_with_parent(signal.SIGKILL)
@@ -266,6 +287,8 @@ def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]
 
         events.attach(fds[2])
         reset_console()
+        if note:
+            print(note, file=sys.stderr, flush=True)
         code = _run()
     finally:
         os._exit(code)

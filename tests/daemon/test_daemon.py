@@ -268,6 +268,100 @@ def test_a_client_bound_to_fewer_cores_gets_the_answer_its_job_has(place: Place,
     assert abs(maximum(through) - maximum(here)) <= 1, (maximum(here), maximum(through))
 
 
+def niceness(pid: int) -> set[int]:
+    """The niceness of each thread of process ``pid`` (Linux keeps one per thread; none once it has gone)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found.add(int((task / "stat").read_text().split(")")[-1].split()[16]))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def probing(place: Place, client: subprocess.Popen[str]) -> dict[int, set[int]]:
+    """The niceness of the command the daemon runs for ``client`` and of every process below it (its probe
+    server, its probe), read while it probes."""
+
+    def tree() -> list[int] | None:
+        running = [r for r in (Client(place).status() or {}).get("requests", []) if r["pid"]]
+        if not running:
+            return None
+        below = descendants(int(running[0]["pid"]))
+        return [int(running[0]["pid"]), *below] if len(below) >= 2 else None
+
+    seen = {pid: niceness(pid) for pid in wait_for(tree, 180)}
+    return {pid: values for pid, values in seen.items() if values}
+
+
+#: A check whose one probe lives for seconds (20 steps of a slow source): its processes are read as it runs.
+SLOW_CHECK = ("check", str(SCRIPTS / "as_is" / "slow_source.py"), "--batch-size", "8", "--device", "cpu",
+              "--memory", "512MiB", "--steps", "20", "--", "--batch-size", "{batch}")  # fmt: skip
+
+
+def nice_client(place: Place, folder: Path, *prefix: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*prefix, sys.executable, "-m", "autobatch", *SLOW_CHECK], cwd=folder, text=True,
+        env={**os.environ, "NO_COLOR": "1", "STEP_SECONDS": "0.3", **env_for(place, "on")},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_command_through_the_daemon_probes_at_its_clients_niceness(place: Place, tmp_path: Path) -> None:
+    """A job script's `nice -n 5 autobatch check ...` through a daemon started at the job's own niceness: the
+    command, its probe server and its probe run 5 above it, as they do in-process (they ran at the daemon's)."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert run_cli("daemon", "start", env=env_for(place)).returncode == 0
+    client = nice_client(place, tmp_path, "nice", "-n", "5")
+    try:
+        seen = probing(place, client)
+        _, err = client.communicate(timeout=300)
+    finally:
+        client.kill()
+    assert client.returncode == 0, err
+    assert len(seen) >= 3 and all(values == {min(19, base + 5)} for values in seen.values()), seen
+    assert "niceness" not in err
+
+
+@pytest.mark.slow
+def test_a_client_below_the_daemons_niceness_is_served_at_the_daemons_with_a_note(
+    place: Place, tmp_path: Path
+) -> None:
+    """A daemon at nice 10 (started by a niced job's first command) may not lower a command's niceness: the
+    command runs at 10, and says so in one line, with the fix."""
+    import resource
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if 20 - resource.getrlimit(resource.RLIMIT_NICE)[0] <= base:
+        pytest.skip("RLIMIT_NICE lets the daemon lower its niceness")
+    unprivileged: tuple[str, ...] = ()
+    if os.getuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("no setpriv to start a root daemon without CAP_SYS_NICE")
+        unprivileged = ("setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice")
+    started = subprocess.run(
+        ["nice", "-n", "10", *unprivileged, sys.executable, "-m", "autobatch", "daemon", "start"],
+        env={**os.environ, **env_for(place)}, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    daemon = min(19, base + 10)
+    client = nice_client(place, tmp_path)
+    try:
+        seen = probing(place, client)
+        _, err = client.communicate(timeout=300)
+    finally:
+        client.kill()
+    assert client.returncode == 0, err
+    assert len(seen) >= 3 and all(values == {daemon} for values in seen.values()), seen
+    notes = [line for line in err.splitlines() if "niceness" in line]
+    assert notes == [
+        f"note: this command runs at the autobatch daemon's niceness {daemon}, not its own {base} (the daemon may "
+        f"not lower a command's): on a busy CPU its steps run slower than its job's will; to run at {base} "
+        f"through the daemon, stop it (autobatch daemon stop) and let a command at nice {base} start it"
+    ], err
+
+
 @pytest.mark.slow
 def test_start_status_stop_and_the_modes_of_its_files(place: Place) -> None:
     env = {"AUTOBATCH_DAEMON_DIR": str(place.folder)}
