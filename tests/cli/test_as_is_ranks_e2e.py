@@ -109,3 +109,27 @@ def test_a_launchers_variables_for_rank_1_leave_each_probe_a_world_of_one(tmp_pa
     err = " ".join(proc.stderr.split())
     assert "timed out" not in err and "rank 0 of a world of one" in err and "--nproc-per-node N" in err
     assert "probes count as the job's fresh process" in " ".join(data["notes"])  # measured, not timed out
+
+
+def test_a_plan_for_the_launchers_world_is_launched_as_that_world(tmp_path) -> None:
+    """``WORLD_SIZE=2`` and no --nproc-per-node: the probes run one process and the plan is for 2 (global = micro
+    x accumulation x 2), so the job's command line starts 2 processes, in the table, in --json (the plan's
+    processes per node x nodes) and in the emitted files. Before the fix it was ``python script.py ...``: a world
+    of one, half the planned global batch."""
+    script = str(EXAMPLES / "as_is" / "ddp_torchrun.py")
+    job, env_file = tmp_path / "job.sh", tmp_path / "autobatch.env"
+    proc = run_cli(
+        "tune", script, "--device", "cpu", "--memory", "600MiB", "--no-cache", "--max-batch-size", "16",
+        "--global-batch-size", "64", "--output", str(tmp_path / "r.json"), "--emit", f"args={job}",
+        "--emit", f"env={env_file}", "--json", *PLACEHOLDER, env={"WORLD_SIZE": "2"}, timeout=150,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    chosen = json.loads(proc.stdout)["chosen"]
+    assert (chosen["micro_batch_size"], chosen["accumulation_steps"], chosen["world_size"]) == (16, 2, 2)
+    assert chosen["nproc_per_node"] * chosen["num_nodes"] == chosen["world_size"], chosen
+    line = f"torchrun --nproc-per-node=2 {script} --batch-size 16"
+    err = " ".join(proc.stderr.split())
+    assert f"command: {line}" in err
+    assert "the plan is for a world of 2 processes and its micro-batch was measured in one" in err
+    assert job.read_text().splitlines()[-1] == line
+    assert f"export AUTOBATCH_COMMAND='{line}'" in env_file.read_text().splitlines()
