@@ -21,6 +21,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from autobatch.records.result import Circumstance
+
 Warn = Callable[[str], None]
 
 LOCK_NAME = ".autobatch-cache.lock"
@@ -62,12 +64,13 @@ class CacheFolder:
         self._warned: set[str] = set()
 
     def warn(self, message: str) -> None:
-        """Report a problem once per folder (the run goes on)."""
+        """Report a problem once per folder (the run goes on): a circumstance of this run, which a result served
+        from the cache later says as this run's."""
         if message in self._warned:
             return
         self._warned.add(message)
         if self._warn is not None:
-            self._warn(message)
+            self._warn(Circumstance(message))
 
     @property
     def writable(self) -> bool:

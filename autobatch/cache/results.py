@@ -7,14 +7,14 @@ while its inputs, the files its script read and the device's load are as they we
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autobatch.cache.folder import CacheFolder, stamp
 from autobatch.cache.keys import TuneInputs
 from autobatch.cache.sources import changed_files
-from autobatch.records.result import TuneResult
+from autobatch.records.result import WARNING, Circumstance, TuneResult
 
 SUFFIX = ".result.json"
 #: More memory held by other processes than this (bytes) counts as a busier device.
@@ -28,6 +28,8 @@ class StoredResult:
     inputs: dict[str, Any]
     device_used_bytes: int | None
     result: TuneResult
+    #: The result's notes about the circumstances of the run that measured (:class:`Circumstance`).
+    circumstances: list[str] = field(default_factory=list)
 
 
 def busier(used_now: int | None, used_then: int | None, tolerance: int = BUSIER_TOLERANCE) -> bool:
@@ -40,9 +42,11 @@ def busier(used_now: int | None, used_then: int | None, tolerance: int = BUSIER_
 class ResultStore:
     """The stored results of one cache folder.
 
-    A file holds ``{"kind": "result", "key", "made", "inputs", "device_used_bytes", "result"}``: the inputs
-    (:class:`autobatch.cache.keys.TuneInputs`), when it was made, the memory other processes held on the
-    device then (CUDA, from NVML; None on the CPU) and the complete result. It is served only when the stored
+    A file holds ``{"kind": "result", "key", "made", "inputs", "device_used_bytes", "result", "circumstances"}``:
+    the inputs (:class:`autobatch.cache.keys.TuneInputs`), when it was made, the memory other processes held on the
+    device then (CUDA, from NVML; None on the CPU), the complete result and which of its notes were about the
+    circumstances of the run that measured (:class:`~autobatch.records.result.Circumstance`: its load, its
+    environment), which :func:`served` says as that run's. It is served only when the stored
     inputs equal the current ones (not only the key, so a hash collision cannot serve a wrong answer), no file
     its script read changed, and the device is not :func:`busier`. A served result's file is touched, so
     ``cache clear --older-than`` counts from its last use.
@@ -84,6 +88,7 @@ class ResultStore:
                 inputs=dict(data["inputs"]),
                 device_used_bytes=data.get("device_used_bytes"),
                 result=result,
+                circumstances=[str(note) for note in data.get("circumstances") or []],
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self.folder.move_aside(path, f"not a stored result: {type(exc).__name__}: {exc}")
@@ -105,6 +110,7 @@ class ResultStore:
             "inputs": inputs.to_dict(),
             "device_used_bytes": device_used_bytes,
             "result": result.to_dict(),
+            "circumstances": [note for note in result.notes if isinstance(note, Circumstance)],
         }
         return self.folder.write_json(self.path(key), document)
 
@@ -122,9 +128,16 @@ def unfingerprinted(result: TuneResult) -> list[str]:
 def served(
     stored: StoredResult, script: str, script_args: list[str], folder: str | None = None
 ) -> TuneResult:
-    """The stored result as this run reports it: every probe marked cached, none run now."""
+    """The stored result as this run reports it: every probe marked cached, none run now, and what the run that
+    measured warned of its own circumstances (the machine's load, its environment) said as that run's, with its
+    date, not as this run's; its other notes of its circumstances (where its world size came from) are left to
+    this run to state."""
     result = TuneResult.from_dict(stored.result.to_dict())
     result.script, result.script_args = script, list(script_args)
+    when = result.created or stored.made
+    result.notes = [
+        said for note in result.notes if (said := _as_served(note, stored.circumstances, when)) is not None
+    ]
     for combo in result.combinations:
         for record in combo.trace:
             record.cached = True
@@ -133,3 +146,12 @@ def served(
     if folder is not None:
         result.cache["folder"] = folder  # where the key's runtime evidence goes (the guard records there)
     return result
+
+
+def _as_served(note: str, circumstances: list[str], when: str) -> str | None:
+    """A stored note as a run served from the cache says it (None: left out)."""
+    if note not in circumstances:
+        return note
+    if note.startswith(WARNING):
+        return f"the run that measured, on {when}, warned: {note.removeprefix(WARNING)}"
+    return None

@@ -2,7 +2,9 @@
 
 A tune with a strategy measures one node's ``nproc_per_node`` ranks; the job's world size is
 ``nproc_per_node x nnodes`` unless ``world_size`` is set (:func:`strategy_world`), and the emitted
-configs name the strategy, the processes per node and the nodes (:func:`strategy_fields`).
+configs name the strategy, the processes per node and the nodes (:func:`strategy_fields`). A plan for
+several processes measured in one (no strategy: ``world_size``, ``WORLD_SIZE`` or SLURM's variables) is launched
+as that many processes on one node, the split the job's command can name without knowing its nodes.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ def strategy_world(
 
 
 def strategy_fields(strategy: str, nproc_per_node: int, world_size: int) -> dict[str, Any]:
-    """The ``Chosen`` fields of a strategy: processes per node and nodes (1 node when they do not divide)."""
+    """The ``Chosen`` fields of a strategy: processes per node and nodes (1 node when they do not divide).
+
+    Without a strategy the plan's whole world on one node: its command (``torchrun --nproc-per-node=W``) then
+    runs the world the global batch is planned for, not one process of it."""
     if strategy == "none":
-        return {"strategy": "none", "nproc_per_node": 1, "num_nodes": 1}
+        return {"strategy": "none", "nproc_per_node": world_size, "num_nodes": 1}
     nodes = world_size // nproc_per_node if world_size % nproc_per_node == 0 else 1
     return {"strategy": strategy, "nproc_per_node": nproc_per_node, "num_nodes": max(1, nodes)}

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autobatch.core.units import format_bytes
 from autobatch.errors import DeviceError, UsageError
+from autobatch.records.result import Circumstance, warning_note
 
 if TYPE_CHECKING:
     from autobatch.records.protocol import ProbeOutcome
@@ -67,7 +68,7 @@ def others_warning(device: str, others_bytes: int, capacity_bytes: int, subtract
         if subtracted
         else "not subtracted (--memory calibrates for a dedicated card), but it must fit beside them"
     )
-    return (
+    return Circumstance(
         f"other processes hold {format_bytes(others_bytes)} on {device}: {how}; `autobatch devices` "
         "lists them"
     )
@@ -126,7 +127,7 @@ class DeviceInfo:
     def warn(self, message: str) -> None:
         """A warning about the device: shown, and kept in the result's notes."""
         self.warnings.append(message)
-        self.notes.append(f"warning: {message}")
+        self.notes.append(warning_note(message))
 
     def unsupported(self, precision: str) -> str | None:
         """Why this device cannot run ``precision`` (None when it can): the one precision-support check."""
@@ -240,9 +241,11 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         }.get(info.get("available_by", ""), "the host has available")
         if memory and available and memory > int(available):
             info_.warn(
-                f"--memory {format_bytes(memory)} is more than {where} now "
-                f"({format_bytes(int(available))}): a probe may be killed for want of memory before it "
-                "reaches the cap"
+                Circumstance(  # the machine's memory when it measured
+                    f"--memory {format_bytes(memory)} is more than {where} now "
+                    f"({format_bytes(int(available))}): a probe may be killed for want of memory before it "
+                    "reaches the cap"
+                )
             )
         elif memory is None and (note := capacity_note(info)):
             info_.notes.append(note)

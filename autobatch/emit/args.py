@@ -2,8 +2,9 @@
 
 The script's arguments (with the chosen variant's) get the chosen micro-batch in place of ``{batch}`` (or
 ``NAME=value`` before the command for ``batch_env``), the accumulation in place of ``{accum}``, and the
-launcher the plan needs (``python``, or ``torchrun --nproc-per-node N``). The ``args`` format writes it as a
-shell file, ``env`` exports it as ``AUTOBATCH_COMMAND``: docs/as-is.md ("The answer in the form you run").
+launcher of the plan's world (``python`` for one process, else ``torchrun`` starting the world the global batch is
+planned for, measured as ranks or not). The ``args`` format writes it as a shell file, ``env`` exports it as
+``AUTOBATCH_COMMAND``: docs/as-is.md ("The answer in the form you run").
 """
 
 from __future__ import annotations
@@ -35,12 +36,17 @@ def command(result: TuneResult) -> list[str] | None:
 
 
 def launcher(chosen: Chosen) -> list[str]:
-    """``python``, or ``torchrun`` with the plan's processes per node and nodes."""
-    if chosen.strategy == "none" or chosen.nproc_per_node < 2:
+    """``python`` for a world of one, else ``torchrun`` starting the plan's world: its nodes (when they divide
+    the world) and the processes per node that make it up. From the world size, never from how many ranks were
+    measured: a plan for 2 measured in one process (``WORLD_SIZE=2``) is a job of 2 processes, and ``python``
+    would run half its global batch."""
+    world = chosen.world_size
+    if world < 2:
         return ["python"]
-    words = ["torchrun", f"--nproc-per-node={chosen.nproc_per_node}"]
-    if chosen.num_nodes > 1:
-        words.append(f"--nnodes={chosen.num_nodes}")
+    nodes = chosen.num_nodes if chosen.num_nodes >= 1 and world % chosen.num_nodes == 0 else 1
+    words = ["torchrun", f"--nproc-per-node={world // nodes}"]
+    if nodes > 1:
+        words.append(f"--nnodes={nodes}")
     return words
 
 
@@ -68,13 +74,25 @@ def render_args(result: TuneResult, options: EmitOptions) -> str:
 
 
 def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
+    """What the command line cannot say: a world it starts that no probe measured as ranks, an accumulation
+    the script's arguments cannot carry."""
     chosen = require_chosen(result)
-    if result.as_is is None or chosen.accumulation_steps == (chosen.script_accumulation or 1):
+    if result.as_is is None:
         return []
-    if any(ACCUM_PLACEHOLDER in arg for arg in result.script_args):
-        return []
-    return [
-        f"the plan accumulates {chosen.accumulation_steps} micro-batches per optimizer step, and the script's "
-        "arguments have no {accum} to carry it: pass it the way the script takes it (or tune with {accum} in "
-        "the arguments)"
-    ]
+    notes = []
+    if chosen.strategy == "none" and chosen.world_size > 1:
+        notes.append(
+            f"the plan is for a world of {chosen.world_size} processes and its micro-batch was measured in one, "
+            "not beside its peers (a DDP rank holds more: its gradient buckets): the line starts them on one machine "
+            "(on several, give torchrun --nnodes and --nproc-per-node whose product is "
+            f"{chosen.world_size}); to measure the ranks, tune with --nproc-per-node N"
+        )
+    if chosen.accumulation_steps != (chosen.script_accumulation or 1) and not any(
+        ACCUM_PLACEHOLDER in arg for arg in result.script_args
+    ):
+        notes.append(
+            f"the plan accumulates {chosen.accumulation_steps} micro-batches per optimizer step, and the script's "
+            "arguments have no {accum} to carry it: pass it the way the script takes it (or tune with {accum} in "
+            "the arguments)"
+        )
+    return notes

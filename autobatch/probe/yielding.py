@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner
+from autobatch.records.result import Circumstance
 
 #: What the restarted server's probes inherit: OpenMP threads that sleep while they wait.
 YIELDING_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -81,9 +82,10 @@ def stalled(outcome: ProbeOutcome) -> bool:
     return outcome.cpu_wait is not None and outcome.cpu_wait >= STALLED_WAIT and outcome.steps >= 1
 
 
-def switch_note(request: ProbeRequest, outcome: ProbeOutcome) -> str:
+def switch_note(request: ProbeRequest, outcome: ProbeOutcome) -> Circumstance:
+    """The warning on the switch: the machine's load when the run measured, not a fact of its answer."""
     wait = outcome.cpu_wait or 0.0
-    return (
+    return Circumstance(
         f"another process kept the CPU busy: the probe at batch {request.batch_size} waited for a core "
         f"{wait:.0%} of its time, so the probes after it ran with OMP_WAIT_POLICY=PASSIVE (torch's threads "
         "sleep instead of spinning while they wait; a busy core stalls spinning ones: a gpt step ran 9x "

@@ -42,14 +42,18 @@ def new_file_mode(path: Path) -> int:
 
 
 def write_atomic(path: str | Path, text: str | bytes) -> Path:
-    """Write ``text`` (or bytes) to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    """Write ``text`` (or bytes) to ``path`` through a temporary file in the same folder and ``os.replace``.
+
+    Text is written as UTF-8, and a file name the locale could not decode (``données/`` under ``LC_ALL=C``, where
+    Python holds it as surrogate escapes, as ``os.fsdecode`` does) as the bytes the file system has: a command
+    line in the file (``args``, ``env``) then names the file that is there."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = new_file_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode("utf-8") if isinstance(text, str) else text)
+            handle.write(text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text)
             handle.flush()
             os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())

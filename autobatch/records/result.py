@@ -23,7 +23,16 @@ if TYPE_CHECKING:
     from autobatch.core.plan import Plan
     from autobatch.records.protocol import ProbeOutcome
 
-__all__ = ["SCHEMA_VERSION", "Chosen", "ComboResult", "ProbeRecord", "TuneResult"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Chosen",
+    "Circumstance",
+    "ComboResult",
+    "ProbeRecord",
+    "TuneResult",
+    "WARNING",
+    "warning_note",
+]
 #: Fields added after the first release that are left out of the document while unset.
 _ABSENT_WHEN_NONE = (
     "cache",
@@ -34,6 +43,23 @@ _ABSENT_WHEN_NONE = (
     "lengths",
     "script_files",
 )  # written by a tune only
+
+
+class Circumstance(str):
+    """A note about the circumstances of the run that measured (the machine's load, the environment it ran in, the
+    cache and lock folders it found), not about its answer: true of that run only. A result served from the cache
+    says it as that run's, with its date (:func:`autobatch.cache.results.served`). The kind does not survive JSON:
+    the cache keeps which notes were circumstances beside the result it stores."""
+
+
+#: How a warning begins among a result's notes.
+WARNING = "warning: "
+
+
+def warning_note(message: str) -> str:
+    """A warning as a result's note, ``warning: MESSAGE``; a circumstance's note is one too."""
+    note = WARNING + message
+    return Circumstance(note) if isinstance(message, Circumstance) else note
 
 
 @dataclass

@@ -58,8 +58,8 @@ def merge_models(results: list[TuneResult], targets: list[Target], options: Tune
         f"one job spans {len(targets)} GPU models ({'; '.join(t.model for t in targets)}): each combination's "
         "maximum is the smallest over the models, its throughput the slowest model's (at that model's maximum)"
     )
-    if options.world_size_source != "default":
-        merged.notes.append(f"world size {options.world_size} from {options.world_size_source}")
+    if options.world_note:
+        merged.notes.append(options.world_note)
     for result, target in zip(results, targets, strict=False):
         merged.notes.extend(f"{target.model}: {note}" for note in result.notes)
     if merged.chosen is None:

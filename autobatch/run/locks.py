@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from autobatch.errors import AutobatchError, DeviceError, UsageError
+from autobatch.records.result import Circumstance
 
 #: Seconds between "still waiting" messages.
 REPORT_EVERY = 60.0
@@ -147,7 +148,7 @@ class RunLock:
                     break
                 lock.release()  # its holder removed the file as this run took it: take the one there now
         except OSError as exc:
-            self.on_warning(self.use.unguarded.format(why=exc.strerror or exc))
+            self.on_warning(Circumstance(self.use.unguarded.format(why=exc.strerror or exc)))
             return
         self._lock = lock
         self._write_holder()

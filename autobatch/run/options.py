@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autobatch.core.maximum import Limits
+from autobatch.records.result import Circumstance
 from autobatch.run.lengths import plan_lengths
 
 if TYPE_CHECKING:
@@ -31,6 +32,14 @@ class TuneOptions:
     compile: tuple[bool, ...] = (False,)
     seq_lens: tuple[int, ...] = ()  # lengths searched, ascending (the plan's among them); empty: one shape
     plan_seq_len: int | None = None
+
+    @property
+    def world_note(self) -> Circumstance | None:
+        """The note on where the plan's world size came from: a circumstance of the run (its flags, its
+        environment), so a result served from the cache states the serving run's instead."""
+        if self.world_size_source == "default":
+            return None
+        return Circumstance(f"world size {self.world_size} from {self.world_size_source}")
 
     @classmethod
     def from_settings(cls, settings: Settings, world_size: int, world_size_source: str) -> TuneOptions:

@@ -32,6 +32,7 @@ from autobatch.probe.files import deep_temp_note
 from autobatch.probe.ranks import launcher_variables
 from autobatch.records.failures import raise_for, with_last_lines
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner, RunConfig, StepConfig
+from autobatch.records.result import Circumstance, warning_note
 from autobatch.records.version import MEASURED_BY
 from autobatch.run.lengths import plan_lengths
 from autobatch.settings.values import plain
@@ -67,14 +68,14 @@ class Warnings:
             return
         self.messages.append(message)
         if self.notes is not None:
-            self.notes.append(f"warning: {message}")
+            self.notes.append(warning_note(message))
         if self.show is not None:
             self.show(message)
 
     def keep_in(self, notes: list[str]) -> None:
         """From now on, every warning is a note in ``notes`` (the ones so far too)."""
         self.notes = notes
-        notes.extend(f"warning: {message}" for message in self.messages)
+        notes.extend(warning_note(message) for message in self.messages)
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class Session:
         if self.as_is and (finder := finder_warning(self.spec.target)):
             self.warn(finder)
         if deep := deep_temp_note():
-            self.warn(deep)
+            self.warn(Circumstance(deep))  # the run's TMPDIR
         if self.as_is and self.ranks <= 1 and (named := launcher_variables(os.environ)):
             self.warn(_one_process_note(named))
         self._script_digest = script_digest(Path(self.spec.target)) if self.spec.is_file else None
@@ -648,7 +649,7 @@ def _budget_ahead(device: str, session: Session) -> int | None:
     return cpu_budget(asked.memory, asked.headroom, None)
 
 
-def _one_process_note(named: dict[str, str]) -> str:
+def _one_process_note(named: dict[str, str]) -> Circumstance:
     """What a single-process tune of a script says when the environment names a worker of a launched job."""
     key = [
         f"{name}={named[name]}"
@@ -657,7 +658,7 @@ def _one_process_note(named: dict[str, str]) -> str:
     ]
     shown = " ".join(key or [f"{name}={value}" for name, value in named.items()][:4])
     shown += " ..." if len(named) > len(shown.split()) else ""
-    return (
+    return Circumstance(
         f"the environment names a worker of a launched job ({shown}): each probe runs the script as one process, "
         "rank 0 of a world of one with a rendezvous of its own (RANK=0, WORLD_SIZE=1, MASTER_PORT=0), as "
         "`torchrun --nproc-per-node 1` starts it; to measure the job's ranks, pass --nproc-per-node N"

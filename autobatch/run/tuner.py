@@ -123,8 +123,8 @@ class Tuner:
             line = device.budget_bytes - device.margin_bytes
             multiple = options.limits.batch_multiple
             self.lengths = LengthSearch(self.result, options.seq_lens, options.plan_seq_len, line, multiple)
-        if options.world_size_source != "default":
-            self.result.notes.append(f"world size {options.world_size} from {options.world_size_source}")
+        if options.world_note:
+            self.result.notes.append(options.world_note)
 
     def run(self) -> TuneResult:
         device = self.session.device

@@ -132,6 +132,9 @@ def _serve(
     hit: Any, request: TuneRequest, hooks: Hooks, warnings: Warnings, folder: CacheFolder
 ) -> TuneResult:
     result = served(hit, request.spec.label, list(request.settings.script.script_args), str(folder.path))
+    note = request.options.world_note  # this run's, where the run that measured stated its own
+    if note and note not in result.notes:
+        result.notes.append(note)
     warnings.keep_in(result.notes)
     hooks.on_status(
         f"served from the cache: nothing that decides memory changed since {hit.made} "

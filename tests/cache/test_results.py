@@ -8,12 +8,16 @@ import time
 from pathlib import Path
 
 import pytest
+from requesting import probe_request
 
 from autobatch.cache import CacheFolder, ResultStore, TuneInputs
 from autobatch.cache.manage import clear, entries, find, parse_age
 from autobatch.cache.results import busier, served
 from autobatch.errors import UsageError
-from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult
+from autobatch.probe.yielding import switch_note
+from autobatch.records.protocol import ProbeOutcome
+from autobatch.records.result import Chosen, Circumstance, ComboResult, ProbeRecord, TuneResult
+from autobatch.run.session import Warnings
 
 GiB = 1 << 30
 
@@ -77,6 +81,33 @@ def test_what_is_served_says_so(tmp_path: Path) -> None:
     assert answer.script == "elsewhere/train.py" and all(
         p.cached for c in answer.combinations for p in c.trace
     )
+
+
+def test_what_the_measuring_run_warned_of_its_circumstances_is_served_as_that_run_s(tmp_path: Path) -> None:
+    """A busy CPU (the server's switch to passive threads) and the run's world source are that run's; a peak that
+    depends on the data is the answer's. Served: the first labelled with the run's date, the second left to the
+    serving run to state, the third as it was; a document stored before circumstances were kept, as it was."""
+    run = Warnings()
+    kept = result()
+    kept.created = "2026-11-30T23:53:55+00:00"
+    kept.notes.append(Circumstance("world size 2 from WORLD_SIZE=2"))
+    run.keep_in(kept.notes)
+    busy = switch_note(probe_request(8), ProbeOutcome("fits", cpu_wait=0.6, steps=3))
+    run(busy)
+    run("32-true/adamw/no-recompute: the peak depends on the data")
+    s = store(tmp_path)
+    s.put(inputs(), kept)
+    hit = s.get(inputs())
+    assert hit is not None
+    assert served(hit, "train.py", []).notes == [
+        f"the run that measured, on 2026-11-30T23:53:55+00:00, warned: {busy}",
+        "warning: 32-true/adamw/no-recompute: the peak depends on the data",
+    ]
+    document = json.loads(s.path(inputs().key()).read_text())
+    del document["circumstances"]
+    s.path(inputs().key()).write_text(json.dumps(document))
+    old = s.get(inputs())
+    assert old is not None and served(old, "train.py", []).notes == kept.notes
 
 
 def test_only_complete_and_cacheable_results_are_stored(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -214,3 +216,51 @@ def test_a_tune_leaves_the_run_folder_as_it_was(tmp_path) -> None:
     assert any(path.startswith("runs/") for path in written)
     assert "ckpt_last.pt" in proc.stderr
     assert "data/train.csv" in json.loads(proc.stdout)["script_files"]["read"]
+
+
+def test_a_folder_named_in_letters_the_locale_cannot_decode_survives_the_result_the_cache_and_the_files(
+    tmp_path,
+) -> None:
+    """A script and its config in ``données/``, tuned under ``LC_ALL=C`` without Python's UTF-8 mode: Python holds
+    the name as surrogate escapes. The result file, the cache (served the second time, its files read checked) and
+    the printed table survive it, and the job's command line in the ``args`` and ``env`` files names the folder as
+    the file system has it, from the tune and from ``autobatch emit`` of the result. Before the fix the files
+    failed after the tune: "internal error: UnicodeEncodeError: 'utf-8' codec can't encode characters ...:
+    surrogates not allowed" (exit 1)."""
+    folder = tmp_path / "données"
+    folder.mkdir()
+    shutil.copy(AS_IS / "config_width.py", folder / "train.py")
+    (folder / "config.json").write_text(json.dumps({"width": 64}))
+    env = {"LC_ALL": "C", "PYTHONUTF8": "0", "AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")}
+    job, exported, output = tmp_path / "job.sh", tmp_path / "autobatch.env", tmp_path / "result.json"
+    args = ("tune", "données/train.py", *CPU, "--max-batch-size", "64", "--output", str(output), "--json")
+    script_args = ("--", "--config", "données/config.json", "--batch-size", "{batch}")
+    emits = ("--emit", f"args={job}", "--emit", f"env={exported}")
+    first = run_cli(*args, *emits, *script_args, cwd=tmp_path, env=env, timeout=150)
+    assert first.returncode == 0, first.stderr
+    measured = json.loads(first.stdout)
+    script = folder / "train.py"
+    assert os.fsencode(measured["script"]) == os.fsencode(
+        str(script)
+    )  # the name's bytes, as the locale held it
+    assert b"donn\xc3\xa9es/config.json" in [os.fsencode(path) for path in measured["script_files"]["read"]]
+    line = shlex.join(
+        ["python", str(script), "--config", "données/config.json", "--batch-size", "64"]
+    ).encode()
+    assert job.read_bytes().splitlines()[-1] == line
+    assert (
+        f"export AUTOBATCH_COMMAND={shlex.quote(line.decode())}".encode()
+        in exported.read_bytes().splitlines()
+    )
+
+    second = run_cli(*args, *script_args, cwd=tmp_path, env=env, timeout=150)
+    assert second.returncode == 0, second.stderr
+    served = json.loads(second.stdout)
+    assert served["cache"]["served"] and served["probes"] == 0
+    assert (
+        "| script" in second.stderr and "donn\\udcc3\\udca9es/train.py" in second.stderr
+    )  # the table, escaped
+
+    again = run_cli("emit", str(output), "--format", f"args={tmp_path / 'again.sh'}", cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "again.sh").read_bytes().splitlines()[-1] == line

@@ -109,3 +109,65 @@ def test_a_launchers_variables_for_rank_1_leave_each_probe_a_world_of_one(tmp_pa
     err = " ".join(proc.stderr.split())
     assert "timed out" not in err and "rank 0 of a world of one" in err and "--nproc-per-node N" in err
     assert "probes count as the job's fresh process" in " ".join(data["notes"])  # measured, not timed out
+
+
+def test_a_plan_for_the_launchers_world_is_launched_as_that_world(tmp_path) -> None:
+    """``WORLD_SIZE=2`` and no --nproc-per-node: the probes run one process and the plan is for 2 (global = micro
+    x accumulation x 2), so the job's command line starts 2 processes, in the table, in --json (the plan's
+    processes per node x nodes) and in the emitted files. Before the fix it was ``python script.py ...``: a world
+    of one, half the planned global batch."""
+    script = str(EXAMPLES / "as_is" / "ddp_torchrun.py")
+    job, env_file = tmp_path / "job.sh", tmp_path / "autobatch.env"
+    proc = run_cli(
+        "tune", script, "--device", "cpu", "--memory", "600MiB", "--no-cache", "--max-batch-size", "16",
+        "--global-batch-size", "64", "--output", str(tmp_path / "r.json"), "--emit", f"args={job}",
+        "--emit", f"env={env_file}", "--json", *PLACEHOLDER, env={"WORLD_SIZE": "2"}, timeout=150,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    chosen = json.loads(proc.stdout)["chosen"]
+    assert (chosen["micro_batch_size"], chosen["accumulation_steps"], chosen["world_size"]) == (16, 2, 2)
+    assert chosen["nproc_per_node"] * chosen["num_nodes"] == chosen["world_size"], chosen
+    line = f"torchrun --nproc-per-node=2 {script} --batch-size 16"
+    err = " ".join(proc.stderr.split())
+    assert f"command: {line}" in err
+    assert "the plan is for a world of 2 processes and its micro-batch was measured in one" in err
+    assert job.read_text().splitlines()[-1] == line
+    assert f"export AUTOBATCH_COMMAND='{line}'" in env_file.read_text().splitlines()
+
+
+def test_a_result_served_from_the_cache_says_the_launchers_variables_were_the_measuring_runs(
+    tmp_path,
+) -> None:
+    """A tune under a wrapper's torchrun variables warns of them (each probe ran as a world of one). The same tune
+    without them, its world given as --world-size 2 (the same key), is served from the cache: it says that warning
+    as the run that measured's, with its date, never as its own, and where its own world size came from. Before
+    the fix it repeated "warning: the environment names a worker ..." and "world size 2 from WORLD_SIZE=2"."""
+    script = str(EXAMPLES / "as_is" / "plain_loop.py")
+    cache = str(tmp_path / "cache")
+    args = ("tune", script, "--device", "cpu", "--memory", "600MiB", "--max-batch-size", "16", "--json")
+    first = run_cli(
+        *args, "--output", str(tmp_path / "r1.json"), *PLACEHOLDER,
+        env={"WORLD_SIZE": "2", "RANK": "0", "AUTOBATCH_CACHE_DIR": cache}, timeout=150,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    measured = json.loads(first.stdout)
+    launcher = "the environment names a worker of a launched job (RANK=0 WORLD_SIZE=2)"
+    assert f"warning: {launcher}" in " ".join(measured["notes"]) and measured["probes"] > 0
+    second = run_cli(
+        *args, "--world-size", "2", "--output", str(tmp_path / "r2.json"), *PLACEHOLDER,
+        env={"AUTOBATCH_CACHE_DIR": cache}, timeout=150,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    answer = json.loads(second.stdout)
+    assert answer["cache"]["served"] and answer["probes"] == 0
+    notes = answer["notes"]
+    assert not [note for note in notes if note.startswith("warning:")], notes
+    assert any(
+        note.startswith(f"the run that measured, on {measured['created']}, warned: {launcher}")
+        for note in notes
+    ), notes
+    assert (
+        "world size 2 from the world_size setting" in notes and "world size 2 from WORLD_SIZE=2" not in notes
+    )
+    err = " ".join(second.stderr.split())
+    assert "warning: the environment" not in err and f"warned: {launcher}" in err

@@ -60,6 +60,21 @@ def test_ranks_run_under_torchrun() -> None:
     assert command(result) == ["torchrun", "--nproc-per-node=2", "train.py", "--batch-size", "16"]
 
 
+def test_a_world_measured_in_one_process_is_launched_as_the_planned_world() -> None:
+    """A plan for WORLD_SIZE=2 measured in one process (no strategy): torchrun starts the 2 processes the global
+    batch is planned for, also from a record of before (1 process per node x 1 node), with a caveat."""
+    result = _as_is(["--batch-size", "{batch}"], micro=16, accumulation=2)
+    assert result.chosen is not None
+    result.chosen = replace(result.chosen, world_size=2, global_batch_size=64)
+    assert command(result) == ["torchrun", "--nproc-per-node=2", "train.py", "--batch-size", "16"]
+    world, accumulation = caveats(result, "args", OPTIONS)
+    assert (
+        "a world of 2 processes" in world and "measured in one" in world and "accumulates 2" in accumulation
+    )
+    result.chosen = replace(result.chosen, world_size=8, nproc_per_node=4, num_nodes=2, strategy="ddp")
+    assert command(result)[:3] == ["torchrun", "--nproc-per-node=4", "--nnodes=2"]  # type: ignore[index]
+
+
 def test_a_three_function_result_has_no_command_line() -> None:
     result = Case("plain", "32-true", "adamw", False, 8, 1, 1, None, device="cpu").result()
     assert command(result) is None

@@ -42,6 +42,11 @@ def test_world_size_is_nproc_times_nodes_unless_set() -> None:
     assert strategy_world("ddp", 4, None, {"SLURM_JOB_NUM_NODES": "3"})[0] == 12  # type: ignore[index]
     assert strategy_world("ddp", 2, None, {})[0] == 2  # type: ignore[index]
     assert strategy_fields("fsdp", 4, 8) == {"strategy": "fsdp", "nproc_per_node": 4, "num_nodes": 2}
+    assert strategy_fields("none", 1, 2) == {
+        "strategy": "none",
+        "nproc_per_node": 2,
+        "num_nodes": 1,
+    }  # one node
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

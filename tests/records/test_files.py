@@ -41,3 +41,10 @@ def test_a_replaced_file_keeps_its_mode(tmp_path: Path, umask: None) -> None:
     write_atomic(path, "new")
     assert mode(path) == 0o640 and path.read_text() == "new"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_a_name_held_as_surrogate_escapes_is_written_as_the_file_system_s_bytes(tmp_path: Path) -> None:
+    """Under LC_ALL=C Python holds ``données`` as ``donn\\udcc3\\udca9es``: written back as its bytes, é in UTF-8."""
+    held = b"python /data/donn\xc3\xa9es/train.py".decode("ascii", "surrogateescape")  # os.fsdecode's, there
+    written = write_atomic(tmp_path / "job.sh", held)
+    assert written.read_bytes() == "python /data/données/train.py".encode()
