@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,6 +54,7 @@ def run(settings: Settings, options: RunOptions, hooks: Hooks, say: Say, warn: S
     """Launch the job with its plan, relaunch it smaller when it runs out of memory; the job's exit code."""
     result, key = plan_of(settings, options, hooks)
     chosen = _check(result, options)
+    _not_in_a_worker(chosen, os.environ)
     store = EvidenceStore(CacheFolder(settings.probe.cache_dir, warn=warn)) if key is not None else None
     if key is None:
         warn(
@@ -160,6 +161,26 @@ def _check(result: TuneResult, options: RunOptions) -> Chosen:
     if options.max_restarts < 0:
         raise UsageError(f"--max-restarts {options.max_restarts}", hint="give 0 or more relaunches")
     return chosen
+
+
+#: What a launcher sets in each worker it starts (torchrun, accelerate, Lightning's and DeepSpeed's launchers).
+WORKER_VARIABLES = ("RANK", "LOCAL_RANK")
+
+
+def _not_in_a_worker(plan: Chosen, environ: Mapping[str, str]) -> None:
+    """Refuse to start a plan's world of several processes from inside a launched worker: every worker of the
+    launcher would start the whole world again (a plan for ``WORLD_SIZE=2``, run in each of torchrun's two
+    ranks, four processes in two worlds)."""
+    named = {name: environ[name] for name in WORKER_VARIABLES if name in environ}
+    if plan.world_size > 1 and named:
+        words = " ".join(f"{name}={value}" for name, value in named.items())
+        raise UsageError(
+            f"autobatch run is running inside a worker of a launched job ({words}), and the plan's command starts "
+            f"its own world of {plan.world_size} processes: each worker would start the whole world again",
+            hint="run `autobatch run` once, outside the launcher (it starts the ranks itself); or run the script "
+            f"in each worker with the plan's micro-batch {plan.micro_batch_size} and accumulation "
+            f"{plan.accumulation_steps}",
+        )
 
 
 def smaller(plan: Chosen) -> tuple[int, int] | None:

@@ -133,6 +133,15 @@ def test_a_plan_for_the_launchers_world_is_launched_as_that_world(tmp_path) -> N
     assert "the plan is for a world of 2 processes and its micro-batch was measured in one" in err
     assert job.read_text().splitlines()[-1] == line
     assert f"export AUTOBATCH_COMMAND='{line}'" in env_file.read_text().splitlines()
+    # that command, run by `autobatch run` in each worker of a launcher, would start the world in each: refused
+    nested = run_cli(
+        "run", script, "--result", str(tmp_path / "r.json"), "--max-restarts", "0", "--device", "cpu",
+        *PLACEHOLDER, env={"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}, timeout=60,
+    )  # fmt: skip
+    assert nested.returncode == 2, nested.stderr
+    said = " ".join(nested.stderr.split())
+    assert "inside a worker of a launched job (RANK=1 LOCAL_RANK=1)" in said and "Traceback" not in said
+    assert "its own world of 2 processes" in said and "micro-batch 16 and accumulation 2" in said
 
 
 def test_a_result_served_from_the_cache_says_the_launchers_variables_were_the_measuring_runs(
