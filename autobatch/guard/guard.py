@@ -334,6 +334,10 @@ class Guard:
                 if inject:
                     inject = False
                     run_out_of_memory(next(model.parameters()).device)
+                if not share and whole and not self._fsdp:
+                    # it counts for nothing, and its loss may be 0/0 (a token mean without tokens), whose
+                    # backward times 0 is NaN; under FSDP every rank must run every micro-batch's collectives
+                    continue
                 loss = loss_fn(model, part)
                 if len(parts) == 1 and whole:
                     scaled = loss  # the whole batch's share is 1
