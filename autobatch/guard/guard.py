@@ -473,8 +473,8 @@ def shapes(batch: Any) -> list[list[int]]:
 
 def split(batch: Any, size: int, n: int | None = None) -> Iterator[Any]:
     """The batch in micro-batches of ``size`` samples (the last may be shorter): every tensor whose first
-    dimension is the batch's (``n``, found when not given) is sliced; other tensors and values are passed to
-    every micro-batch unchanged."""
+    dimension is the batch's (``n``, found when not given) is sliced, and so is every list of the samples' own
+    items (:func:`per_sample`); other tensors and values are passed to every micro-batch unchanged."""
     n = samples(batch) if n is None else n
     for start in range(0, n, size):
         yield _slice(batch, n, start, min(start + size, n))
@@ -489,9 +489,34 @@ def _slice(batch: Any, n: int, start: int, stop: int) -> Any:
         return {key: _slice(value, n, start, stop) for key, value in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
         return type(batch)(*(_slice(value, n, start, stop) for value in batch))
+    if per_sample(batch, n):
+        return batch[start:stop]
     if isinstance(batch, (list, tuple)):
         return type(batch)(_slice(value, n, start, stop) for value in batch)
     return batch
 
 
-__all__ = ["Guard", "GuardStep", "LossFn", "samples", "shapes", "split"]
+def per_sample(value: Any, n: int) -> bool:
+    """True for a list or tuple of the samples' own items: as many as the batch's ``n`` samples, not all of them
+    batched themselves. The default collate leaves strings (names, paths) and tensors of their own sizes so; a
+    container of batched values, ``(ids, labels)``, is not one even when the batch has 2 samples."""
+    if not isinstance(value, (list, tuple)) or hasattr(value, "_fields") or len(value) != n:
+        return False
+    return not all(_batched(item, n) for item in value)
+
+
+def _batched(value: Any, n: int) -> bool:
+    """Whether ``value`` carries the batch's dimension: a tensor of ``n`` rows, a list of ``n`` items, or a
+    container of one."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.dim() > 0 and value.shape[0] == n
+    if isinstance(value, Mapping):
+        return any(_batched(item, n) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return len(value) == n or any(_batched(item, n) for item in value)
+    return False
+
+
+__all__ = ["Guard", "GuardStep", "LossFn", "per_sample", "samples", "shapes", "split"]

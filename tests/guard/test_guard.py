@@ -60,6 +60,22 @@ def test_split_slices_every_batch_tensor_and_keeps_the_rest() -> None:
     assert torch.equal(torch.cat([p["mask"][0] for p in parts]), batch["mask"][0])
 
 
+def test_split_slices_the_samples_own_lists_not_a_container_of_batched_values() -> None:
+    names, sizes = (
+        ["a", "b", "c"],
+        [torch.ones(3), torch.ones(1), torch.ones(2)],
+    )  # one of 3 rows: not batched
+    parts = list(split({"x": torch.zeros(3, 2), "names": names, "sizes": sizes, "pair": ("en", "fr")}, 2))
+    assert [p["names"] for p in parts] == [["a", "b"], ["c"]]
+    assert [len(p["sizes"]) for p in parts] == [2, 1] and parts[1]["sizes"][0] is sizes[2]
+    assert all(p["pair"] == ("en", "fr") for p in parts)  # 2 items, not 3: the same in every micro-batch
+    pair = (
+        torch.zeros(2, 3),
+        ["u", "v"],
+    )  # two samples: the tuple holds batched values, it is no sample list
+    assert [(len(x), names) for x, names in split(pair, 1)] == [(1, ["u"]), (1, ["v"])]
+
+
 @pytest.mark.parametrize("micro", [1, 3, 4, 10])
 def test_the_gradient_is_the_mean_over_the_batch_whatever_the_split(micro: int) -> None:
     model, batch = model_and_batch()

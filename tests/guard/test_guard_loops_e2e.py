@@ -54,3 +54,14 @@ def test_a_micro_batch_without_tokens_adds_nothing_to_a_token_mean(tmp_path: Pat
     reference = [json.loads(line)["loss"] for line in (tmp_path / "reference.jsonl").read_text().splitlines()]
     assert guarded == pytest.approx(reference, rel=1e-9)
     assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
+
+
+def test_the_lists_a_collate_leaves_one_item_a_sample_are_split_with_the_tensors(tmp_path: Path) -> None:
+    """The default collate leaves strings (the samples' source names, their files) as lists of one item per
+    sample: a micro-batch takes its own samples' items, as it takes their rows."""
+    run_script(tmp_path, "tagged_samples.py", "--out", "reference.pt")
+    out = run_script(
+        tmp_path, "tagged_samples.py", "--guard", "--out", "guarded.pt", env={"AUTOBATCH_GUARD_FAIL_AT": "1"}
+    )
+    assert "micro-batch lowered 16 -> 8" in out
+    assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
