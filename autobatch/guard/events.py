@@ -164,7 +164,9 @@ class Evidence:
 
 
 class EvidenceRecorder:
-    """Records a guarded run's end, once, under its tuned key (the cache's runtime evidence).
+    """Records a guarded run under its tuned key (the cache's runtime evidence): each change of the micro-batch
+    as it happens, so that a job ended by a signal (a preemption's SIGTERM) keeps what it saw, and the run's end
+    once.
 
     Rank 0 records the run (how it ended, steps held, peak against the tuned peak) and the guard's other changes;
     an out-of-memory lowering is recorded by every rank that ran out itself, with its own batch's shapes."""
@@ -176,64 +178,65 @@ class EvidenceRecorder:
         self.run = uuid.uuid4().hex[:12]
         self.done = False
 
-    def events(
-        self, summary: GuardSummary, outcome: str, reason: str = "", shapes: list[list[int]] | None = None
-    ) -> list[Event]:
-        """The run's evidence as this rank records it (see the class)."""
-        ev = self.evidence
-        common = {"source": "guard", "accumulation_steps": ev.accumulation_steps, "world_size": ev.world_size}
-        found = [
-            Event(
-                kind="change",
-                micro_batch_size=e.old,
-                new_micro_batch_size=e.new,
-                step=e.step,
-                reason=e.reason,
-                peak_bytes=e.peak_bytes,
-                shapes=e.shapes or None,
-                extra={"run": self.run, "rank": e.rank, "samples": e.samples},
-                **common,  # type: ignore[arg-type]
-            )  # fmt: skip
-            for e in summary.events
-            if (e.ran_out if e.reason == "out of memory" else self.rank == 0)
-        ]
-        if self.rank == 0:
-            found.append(
+    def change(self, event: GuardEvent) -> None:
+        """Append one change of the micro-batch now, when this rank records it (see the class)."""
+        if event.ran_out if event.reason == "out of memory" else self.rank == 0:
+            self._store(
                 Event(
-                    kind="run",
-                    micro_batch_size=summary.start_micro_batch_size,
-                    outcome=outcome,
-                    step=summary.steps,
-                    new_micro_batch_size=summary.micro_batch_size,
-                    peak_bytes=summary.peak_bytes,
-                    peak_how=self.peak_how if summary.peak_bytes else None,
-                    tuned_peak_bytes=ev.tuned_peak_bytes,
-                    budget_bytes=ev.budget_bytes,
-                    reason=reason,
-                    shapes=shapes or None,
-                    extra={
-                        "run": self.run,
-                        "smallest": summary.smallest_micro_batch_size,
-                        "reruns": summary.out_of_memory,
-                    },
-                    **common,  # type: ignore[arg-type]
-                )  # fmt: skip
+                    kind="change",
+                    micro_batch_size=event.old,
+                    new_micro_batch_size=event.new,
+                    step=event.step,
+                    reason=event.reason,
+                    peak_bytes=event.peak_bytes,
+                    shapes=event.shapes or None,
+                    extra={"run": self.run, "rank": event.rank, "samples": event.samples},
+                    **self._common(),
+                )
             )
-        return found
 
     def record(
         self, summary: GuardSummary, outcome: str, reason: str = "", shapes: list[list[int]] | None = None
     ) -> None:
-        """Append the run's evidence to the cache (once; a folder that cannot be written is warned about)."""
+        """Append the run's end (once, on rank 0): how it ended, the batches it completed, its peak."""
         if self.done:
             return
         self.done = True
+        if self.rank != 0:
+            return
+        ev = self.evidence
+        self._store(
+            Event(
+                kind="run",
+                micro_batch_size=summary.start_micro_batch_size,
+                outcome=outcome,
+                step=summary.steps,
+                new_micro_batch_size=summary.micro_batch_size,
+                peak_bytes=summary.peak_bytes,
+                peak_how=self.peak_how if summary.peak_bytes else None,
+                tuned_peak_bytes=ev.tuned_peak_bytes,
+                budget_bytes=ev.budget_bytes,
+                reason=reason,
+                shapes=shapes or None,
+                extra={
+                    "run": self.run,
+                    "smallest": summary.smallest_micro_batch_size,
+                    "reruns": summary.out_of_memory,
+                },
+                **self._common(),
+            )
+        )
+
+    def _common(self) -> dict[str, Any]:
+        ev = self.evidence
+        return {"source": "guard", "accumulation_steps": ev.accumulation_steps, "world_size": ev.world_size}
+
+    def _store(self, event: Event) -> None:
+        """Append one line under the folder's lock (a folder that cannot be written is warned about)."""
         folder = CacheFolder(
             self.evidence.cache_dir or os.environ.get("AUTOBATCH_CACHE_DIR"), warn=logger.warning
         )
-        store = EvidenceStore(folder)
-        for event in self.events(summary, outcome, reason, shapes):
-            store.record(self.evidence.key, event)
+        EvidenceStore(folder).record(self.evidence.key, event)
 
 
 __all__ = ["Evidence", "EvidenceRecorder", "EventLog", "GuardEvent", "GuardSummary", "PeakMeter"]

@@ -412,6 +412,8 @@ class Guard:
         self.summary.micro_batch_size = move.new
         self.summary.smallest_micro_batch_size = min(self.summary.smallest_micro_batch_size, move.new)
         self._log.event(event)
+        if self._recorder is not None:
+            self._recorder.change(event)
 
 
 def fail_at_from_env() -> frozenset[int]:

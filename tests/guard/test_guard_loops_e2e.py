@@ -65,3 +65,35 @@ def test_the_lists_a_collate_leaves_one_item_a_sample_are_split_with_the_tensors
     )
     assert "micro-batch lowered 16 -> 8" in out
     assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
+
+
+def test_a_preempted_run_keeps_its_out_of_memory_evidence(tmp_path: Path) -> None:
+    """SIGTERM ends a Python job without running its ``with`` blocks' exits (a scheduler's preemption, and how
+    ``autobatch run`` forwards one): the lowering at batch 3 is in the key's evidence all the same."""
+    import signal
+
+    from autobatch.cache import CacheFolder, EvidenceStore
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [sys.executable, str(GUARD_SCRIPTS / "preemptible_job.py"), "--key", "k1"],
+        cwd=tmp_path, env={**env, "AUTOBATCH_GUARD_FAIL_AT": "3"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == "step 5":
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]
+    assert "step 3: micro-batch lowered 8 -> 4" in err
+    events = EvidenceStore(CacheFolder(str(tmp_path / "cache"))).read("k1")
+    assert [(e.kind, e.step, e.micro_batch_size, e.new_micro_batch_size, e.reason) for e in events] == [
+        ("change", 3, 8, 4, "out of memory")
+    ]
+    assert events[0].shapes == [[16, 32], [16, 1]]
