@@ -11,9 +11,9 @@ agreed by every rank, so every rank's ladder moves the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 Reason = Literal["out of memory", "allocator retries", "grow"]
 
@@ -76,6 +76,32 @@ class Ladder:
         if every[0] < 1:
             raise ValueError(f"micro-batch sizes must be >= 1, got {every[0]}")
         return cls(every, size, every[-1], settings or LadderSettings())
+
+    def state(self) -> dict[str, Any]:
+        """Where it stands, as plain values (for a job's checkpoint); :meth:`resumed` takes it back."""
+        return {
+            "micro_batch_size": self.size,
+            "ceiling": self.ceiling,
+            "clean": self.clean,
+            "retried": self.retried,
+            "failures": [list(pair) for pair in self.failures],
+        }
+
+    def resumed(self, state: Mapping[str, Any]) -> Ladder:
+        """This ladder where :meth:`state` left one (its size and ceiling join the rungs); KeyError, TypeError
+        or ValueError for what :meth:`state` did not write."""
+        size, ceiling = int(state["micro_batch_size"]), int(state["ceiling"])
+        if not 1 <= size <= ceiling:
+            raise ValueError(f"micro-batch {size} and ceiling {ceiling} are not 1 <= size <= ceiling")
+        return replace(
+            self,
+            sizes=tuple(sorted(set(self.sizes) | {size, ceiling})),
+            size=size,
+            ceiling=ceiling,
+            clean=int(state.get("clean", 0)),
+            retried=int(state.get("retried", 0)),
+            failures=tuple(sorted((int(k), int(v)) for k, v in state.get("failures", []))),
+        )
 
     def failures_at(self, size: int) -> int:
         return dict(self.failures).get(size, 0)

@@ -260,6 +260,32 @@ class Guard:
         assert self.last is not None
         return self.last
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the guard stands, for a checkpoint (plain JSON-able values): the batches it completed, its
+        micro-batch, the ceiling it may grow to and its counts. :meth:`load_state_dict` takes it back."""
+        return {
+            "steps": self.summary.steps,
+            "smallest_micro_batch_size": self.summary.smallest_micro_batch_size,
+            **self.ladder.state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a checkpoint's :meth:`state_dict`: the next batch is numbered after the checkpoint's
+        (events, evidence, ``AUTOBATCH_GUARD_FAIL_AT``) and runs at the micro-batch the guard had reached,
+        with the sizes that ran out still counted against."""
+        try:
+            self.ladder = self.ladder.resumed(state)
+            steps = int(state["steps"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(
+                f"the guard's state is not one Guard.state_dict() wrote ({type(exc).__name__}: {exc})",
+                hint="save guard.state_dict() in the checkpoint and give it back as it was",
+            ) from None
+        self.summary.steps = steps
+        self.summary.micro_batch_size = self.ladder.size
+        smallest = int(state.get("smallest_micro_batch_size", self.ladder.size))
+        self.summary.smallest_micro_batch_size = min(smallest, self.ladder.size)
+
     def summary_now(self) -> GuardSummary:
         """The summary with the peak read now."""
         self.summary.peak_bytes = self._meter_().peak() if self._meter is not None else None

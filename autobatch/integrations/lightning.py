@@ -58,6 +58,7 @@ class AutoBatch(Callback):
         self.result: TuneResult | None = None
         self.use_guard = guard
         self.guard: Guard | None = None
+        self._resumed: dict[str, Any] | None = None  # the guard's state from a checkpoint (ckpt_path=)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         chosen = None
@@ -77,6 +78,8 @@ class AutoBatch(Callback):
 
             assert self.result is not None  # one process: rank 0 tuned
             self.guard = Guard.from_result(self.result)
+            if self._resumed is not None:
+                self.guard.load_state_dict(self._resumed)
             micro, accumulation = micro * accumulation, 1  # the loader's batch: the guard splits it
             trainer.accumulate_grad_batches = 1
         if not set_batch_size(pl_module, trainer.datamodule, self.batch_attr, micro):
@@ -98,6 +101,14 @@ class AutoBatch(Callback):
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         remove_guard(pl_module)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The guard's state, in Lightning's checkpoints (none before the guard exists)."""
+        return {"guard": self.guard.state_dict()} if self.guard is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Kept for the guard ``on_fit_start`` builds (Lightning restores callbacks before that hook)."""
+        self._resumed = state_dict.get("guard")
 
     def _tune(self, trainer: Any, pl_module: Any) -> TuneResult:
         from autobatch.api import tune
@@ -134,6 +145,14 @@ class Guarded(Callback):
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         remove_guard(pl_module)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The guard's state, in Lightning's checkpoints: ``fit(ckpt_path=...)`` resumes where it stood."""
+        return {"guard": self.guard.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "guard" in state_dict:
+            self.guard.load_state_dict(state_dict["guard"])
 
 
 def install_guard(trainer: Any, pl_module: Any, guard: Guard) -> None:

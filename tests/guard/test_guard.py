@@ -272,3 +272,11 @@ def test_on_cuda_the_peak_is_what_the_budget_caps(monkeypatch: pytest.MonkeyPatc
     warned: list[str] = []
     assert EarlyWarning("cuda", 64 << 20, warned.append).check(meter.peak())
     assert "the job's peak reached 70.00 MiB" in warned[0]
+
+
+def test_a_state_the_guard_did_not_write_is_a_usage_error() -> None:
+    guard = Guard(8, sizes=[2, 4])
+    guard.load_state_dict(Guard(8, sizes=[2, 4]).state_dict() | {"steps": 7, "micro_batch_size": 4})
+    assert (guard.summary.steps, guard.micro_batch_size) == (7, 4)
+    with pytest.raises(UsageError, match="not one Guard.state_dict"):
+        guard.load_state_dict({"steps": 3})

@@ -97,3 +97,35 @@ def test_a_preempted_run_keeps_its_out_of_memory_evidence(tmp_path: Path) -> Non
         ("change", 3, 8, 4, "out of memory")
     ]
     assert events[0].shapes == [[16, 32], [16, 1]]
+
+
+def batches(out: str) -> list[dict[str, int]]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_a_run_resumed_from_its_checkpoint_goes_on_where_the_guard_stood(tmp_path: Path) -> None:
+    """Lowered at batch 1, checkpointed after batch 5, preempted after batch 6: the resumed run goes on at the
+    lowered micro-batch and numbers its batches after the checkpoint's (the test hook's batch 8 is the loop's 8),
+    batch by batch as the run that was never stopped."""
+    hook = {"AUTOBATCH_GUARD_FAIL_AT": "1,8"}
+    whole = batches(run_script(tmp_path, "resumable_loop.py", "--checkpoint", "whole.pt", env=hook))
+    first = batches(run_script(tmp_path, "resumable_loop.py", "--stop-after", "6", env=hook))
+    second = batches(run_script(tmp_path, "resumable_loop.py", "--resume", env=hook))
+    assert [b["micro"] for b in first] == [16] + [8] * 6
+    assert [(b["step"], b["guard_step"]) for b in second] == [(s, s) for s in range(6, 12)]
+    assert second == whole[6:]  # at 8, then lowered to 4 at batch 8 (lowered again at batch 8)
+    assert [b["micro"] for b in second] == [8, 8, 4, 4, 4, 4] and second[2]["attempts"] == 2
+
+
+def test_lightning_resumed_from_its_checkpoint_goes_on_where_the_guard_stood(tmp_path: Path) -> None:
+    """``Guarded`` keeps the guard's state in Lightning's checkpoints: lowered at batch 1 and checkpointed after
+    batch 2, the run resumed with ``ckpt_path="last"`` goes on at the lowered micro-batch from batch 3."""
+    pytest.importorskip("lightning")
+    first = batches(
+        run_script(tmp_path, "lightning_resume.py", "--max-steps", "4", env={"AUTOBATCH_GUARD_FAIL_AT": "1"})
+    )
+    assert [(b["guard_step"], b["micro"]) for b in first] == [(0, 8), (1, 4), (2, 4), (3, 4)]
+    second = batches(run_script(tmp_path, "lightning_resume.py", "--resume"))
+    assert [(b["global_step"], b["guard_step"], b["micro"]) for b in second] == [
+        (s, s, 4) for s in range(3, 8)
+    ]
