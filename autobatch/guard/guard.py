@@ -126,6 +126,7 @@ class Guard:
         self._recorder: EvidenceRecorder | None = None
         self._model: torch.nn.Module | None = None
         self._fsdp = self._ddp = False
+        self._running: tuple[torch.Tensor, ...] = ()  # BatchNorm's running statistics in the model
         self._warning: EarlyWarning | None = None
         self._checked = 0.0
         self._retries = 0  # the allocator's retries when last read
@@ -204,12 +205,16 @@ class Guard:
         group = self._start(model)
         if self._model is not model:  # what the model is, looked at once (a walk over its modules)
             self._model, self._fsdp, self._ddp = model, is_fsdp(model), is_ddp(model)
+            self._running = running_statistics(model)
             if self._fsdp:
                 check_fsdp(group, model)
         ddp, fsdp = self._ddp, self._fsdp
+        before = Before.take(self._running, self._meter_())
         attempts = 0
         while True:
             attempts += 1
+            if attempts > 1:
+                before.restore()
             failure = None
             loss = None
             inject = attempts == 1 and self.summary.steps in self.fail_at
@@ -440,6 +445,53 @@ class Guard:
         self._log.event(event)
         if self._recorder is not None:
             self._recorder.change(event)
+
+
+@dataclass(frozen=True)
+class Before:
+    """What a batch's forward changes besides the gradients, as it was before the batch: the device's random
+    state (dropout's masks) and BatchNorm's running statistics. A batch run again after an out-of-memory failure
+    starts from it, as if the failed attempt never ran: the same masks, the statistics moved once."""
+
+    rng: Any
+    device_rng: Any  # CUDA's generator of the model's device (None on the CPU)
+    device_index: int | None
+    buffers: tuple[tuple[Any, Any], ...]  # (buffer, its copy)
+
+    @classmethod
+    def take(cls, running: tuple[torch.Tensor, ...], meter: PeakMeter) -> Before:
+        """Now, for a model whose running statistics are ``running`` (:func:`running_statistics`)."""
+        import torch
+
+        return cls(
+            torch.get_rng_state(),
+            torch.cuda.get_rng_state(meter.device_index or 0) if meter.device_type == "cuda" else None,
+            meter.device_index,
+            tuple((buffer, buffer.detach().clone()) for buffer in running),
+        )
+
+    def restore(self) -> None:
+        import torch
+
+        torch.set_rng_state(self.rng)
+        if self.device_rng is not None:
+            torch.cuda.set_rng_state(self.device_rng, self.device_index or 0)
+        with torch.no_grad():
+            for buffer, copy in self.buffers:
+                buffer.copy_(copy)
+
+
+def running_statistics(model: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    """The running statistics of the model's BatchNorm layers (what a training forward updates in place)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return tuple(
+        buffer
+        for module in model.modules()
+        if isinstance(module, _BatchNorm) and module.track_running_stats
+        for buffer in (module.running_mean, module.running_var, module.num_batches_tracked)
+        if buffer is not None
+    )
 
 
 def fail_at_from_env() -> frozenset[int]:

@@ -129,3 +129,19 @@ def test_lightning_resumed_from_its_checkpoint_goes_on_where_the_guard_stood(tmp
     assert [(b["global_step"], b["guard_step"], b["micro"]) for b in second] == [
         (s, s, 4) for s in range(3, 8)
     ]
+
+
+def test_a_batch_run_again_draws_the_same_dropout_and_keeps_batchnorm_statistics_once(tmp_path: Path) -> None:
+    """Batch 2 runs out in its second micro-batch, after the first drew its dropout masks and moved BatchNorm's
+    running statistics. Run again at 4, it is the batch a run lowered before touching it ran (the test hook
+    fails before the first forward): the same masks, the statistics moved once."""
+    out = run_script(tmp_path, "dropout_batchnorm.py", "--heavy-step", "2", "--out", "mid.pt")
+    assert "step 2: micro-batch lowered 8 -> 4" in out
+    run_script(tmp_path, "dropout_batchnorm.py", "--out", "before.pt", env={"AUTOBATCH_GUARD_FAIL_AT": "2"})
+    import torch
+
+    mid, before = torch.load(tmp_path / "mid.pt"), torch.load(tmp_path / "before.pt")
+    assert int(mid["1.num_batches_tracked"]) == int(before["1.num_batches_tracked"]) == 2 * 2 + 4 * 4
+    assert all(torch.equal(mid[k], before[k]) for k in before), [
+        k for k in before if not torch.equal(mid[k], before[k])
+    ]
