@@ -199,8 +199,9 @@ class Guard:
         """Run one per-rank batch's forward and backward as micro-batches, surviving out-of-memory failures;
         return its loss (detached). The optimizer step is the caller's (a ``training_step`` returns this).
 
-        Gradients must be empty on entry (``zero_grad(set_to_none=True)`` after the last step): a failure
-        clears them. ``weight(micro_batch)``: what a micro-batch's share counts (default: its samples; give
+        Gradients already there on entry (another batch before the optimizer steps) are set aside while the
+        batch runs and added back after it, so that a failure drops only this batch's (under FSDP2 they must be
+        empty: ``zero_grad(set_to_none=True)``). ``weight(micro_batch)``: what a micro-batch's share counts (default: its samples; give
         the loss's token count when the loss is a mean over tokens). ``scaler``: a ``GradScaler`` for fp16."""
         group = self._start(model)
         if self._model is not model:  # what the model is, looked at once (a walk over its modules)
@@ -209,7 +210,7 @@ class Guard:
             if self._fsdp:
                 check_fsdp(group, model)
         ddp, fsdp = self._ddp, self._fsdp
-        before = Before.take(self._running, self._meter_())
+        before = Before.take(model, self._running, self._meter_(), keep_grads=not fsdp)
         attempts = 0
         while True:
             attempts += 1
@@ -236,6 +237,7 @@ class Guard:
                     average_gradients(group, model)
                     if getattr(model, "broadcast_buffers", False):
                         broadcast_buffers(model)
+                before.add_grads()
                 self._completed(batch, loss, count, attempts, retried)
                 return loss
             del loss
@@ -449,26 +451,42 @@ class Guard:
 
 @dataclass(frozen=True)
 class Before:
-    """What a batch's forward changes besides the gradients, as it was before the batch: the device's random
-    state (dropout's masks) and BatchNorm's running statistics. A batch run again after an out-of-memory failure
-    starts from it, as if the failed attempt never ran: the same masks, the statistics moved once."""
+    """What a batch changes, as it was before the batch: the device's random state (dropout's masks),
+    BatchNorm's running statistics, and the gradients already there (set aside, out of reach of a failure's
+    clearing). A batch run again after an out-of-memory failure starts from it, as if the failed attempt never
+    ran: the same masks, the statistics moved once; the gradients set aside are added back when it completes."""
 
     rng: Any
     device_rng: Any  # CUDA's generator of the model's device (None on the CPU)
     device_index: int | None
     buffers: tuple[tuple[Any, Any], ...]  # (buffer, its copy)
+    grads: tuple[tuple[Any, Any], ...]  # (parameter, its gradient before the batch)
 
     @classmethod
-    def take(cls, running: tuple[torch.Tensor, ...], meter: PeakMeter) -> Before:
-        """Now, for a model whose running statistics are ``running`` (:func:`running_statistics`)."""
+    def take(
+        cls, model: torch.nn.Module, running: tuple[torch.Tensor, ...], meter: PeakMeter, keep_grads: bool
+    ) -> Before:
+        """Now, for a model whose running statistics are ``running`` (:func:`running_statistics`); with
+        ``keep_grads``, the model's gradients are set aside (each parameter's ``grad`` is None after)."""
         import torch
 
+        grads = tuple((p, p.grad) for p in model.parameters() if p.grad is not None) if keep_grads else ()
+        for parameter, _ in grads:
+            parameter.grad = None
         return cls(
             torch.get_rng_state(),
             torch.cuda.get_rng_state(meter.device_index or 0) if meter.device_type == "cuda" else None,
             meter.device_index,
             tuple((buffer, buffer.detach().clone()) for buffer in running),
+            grads,
         )
+
+    def add_grads(self) -> None:
+        """Add the gradients set aside to the batch's (in place, into the tensors that were there)."""
+        for parameter, grad in self.grads:
+            if parameter.grad is not None:
+                grad.add_(parameter.grad)
+            parameter.grad = grad
 
     def restore(self) -> None:
         import torch

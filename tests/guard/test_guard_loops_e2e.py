@@ -145,3 +145,14 @@ def test_a_batch_run_again_draws_the_same_dropout_and_keeps_batchnorm_statistics
     assert all(torch.equal(mid[k], before[k]) for k in before), [
         k for k in before if not torch.equal(mid[k], before[k])
     ]
+
+
+def test_a_failure_in_the_second_batch_of_a_step_keeps_the_first_batch_gradients(tmp_path: Path) -> None:
+    """Two batches through ``guard.backward`` before one optimizer step: the second runs out of memory at once,
+    and its run again adds to the first batch's gradients, which the failure left alone."""
+    run_script(tmp_path, "two_sources.py", "--out", "reference.pt")
+    out = run_script(
+        tmp_path, "two_sources.py", "--guard", "--out", "guarded.pt", env={"AUTOBATCH_GUARD_FAIL_AT": "1"}
+    )
+    assert "step 1: micro-batch lowered 16 -> 8" in out
+    assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
