@@ -27,7 +27,7 @@ from autobatch.core.plan import plan_accumulation
 from autobatch.core.units import format_bytes
 from autobatch.devices.budget import EarlyWarning
 from autobatch.emit.args import command
-from autobatch.errors import AutobatchError, JobOutOfMemory, UsageError
+from autobatch.errors import AutobatchError, GuardError, JobOutOfMemory, UsageError
 from autobatch.records.result import Chosen, TuneResult
 from autobatch.service.hooks import Hooks
 from autobatch.service.tune import tune, tune_request
@@ -80,6 +80,13 @@ def run(settings: Settings, options: RunOptions, hooks: Hooks, say: Say, warn: S
             )
         if outcome.oom is None:
             return outcome.returncode
+        if f"{GuardError.__name__}:" in outcome.oom:  # the line naming the failure is the guard's own error
+            raise JobOutOfMemory(
+                f"the job's guard gave up on launch {number} ({outcome.oom}): a relaunch at a smaller micro-batch "
+                "would run the same batch, which the guard already ran one sample at a time",
+                hint="shorten or bucket the batch's longest samples, or make each sample cheaper (bf16, "
+                "recomputation); `autobatch tune` at its lengths says what fits",
+            )
         if number > options.max_restarts:
             raise JobOutOfMemory(
                 f"the job ran out of memory at micro-batch {micro} x accumulation {accumulation} on launch {number} "

@@ -142,6 +142,18 @@ def test_the_jobs_own_error_is_not_relaunched_and_its_code_passes_through(tmp_pa
     assert "autobatch run: relaunch" not in proc.stderr and "launch 1: peak" in proc.stderr
 
 
+def test_a_job_whose_guard_gave_up_at_one_sample_is_not_relaunched_smaller(tmp_path: Path) -> None:
+    """The job's own guard ran its batch one sample at a time and still ran out (a real failure under the cap):
+    a smaller micro-batch runs the same batch, so one launch ends it (it took every relaunch, each failing
+    the same way)."""
+    proc = _run(tmp_path, AS_IS / "guarded_overlong.py", micro=4)
+    assert proc.returncode == EXIT_OOM, proc.stderr
+    text = " ".join(proc.stderr.split())
+    assert "guard: step 3: micro-batch lowered 2 -> 1" in text and "autobatch run: relaunch" not in text
+    assert "error: the job's guard gave up on launch 1 (autobatch.errors.GuardError: batch 3" in text
+    assert "hint: shorten or bucket the batch's longest samples" in text
+
+
 def test_restarts_used_up_is_a_clear_error(tmp_path: Path) -> None:
     proc = _run(tmp_path, AS_IS / "long_batch_at_step.py", "--max-restarts", "1", cap_mib=500)
     assert proc.returncode == EXIT_OOM, proc.stderr
