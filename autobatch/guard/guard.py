@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,21 +249,28 @@ class Guard:
     def step(
         self,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
         batch: Any,
         loss_fn: LossFn,
         *,
         weight: Callable[[Any], float] | None = None,
         scaler: Any = None,
     ) -> GuardStep:
-        """One global batch of a plain loop: :meth:`backward`, then one optimizer step and ``zero_grad``."""
+        """One global batch of a plain loop: :meth:`backward`, then one step and ``zero_grad`` of the optimizer,
+        or of each of several over one model's parameter groups (AdamW for the matrices and another for the
+        rest, say); with ``scaler``, ``scaler.step`` of each and one ``scaler.update``, as PyTorch's AMP recipe
+        for several optimizers does. Checked before the batch runs: an optimizer is a thing that steps."""
+        optimizers = _optimizers(optimizer)
         self.backward(model, batch, loss_fn, weight=weight, scaler=scaler)
+        for each in optimizers:
+            if scaler is not None:
+                scaler.step(each)
+            else:
+                each.step()
         if scaler is not None:
-            scaler.step(optimizer)
             scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for each in optimizers:
+            each.zero_grad(set_to_none=True)
         assert self.last is not None
         return self.last
 
@@ -618,3 +625,22 @@ def _batched(value: Any, n: int) -> bool:
 
 
 __all__ = ["Guard", "GuardStep", "LossFn", "per_sample", "samples", "shapes", "split"]
+
+
+def _optimizers(given: Any) -> list[Any]:
+    """The optimizers :meth:`Guard.step` steps: one, or each of a list or tuple of them; anything without
+    ``step`` and ``zero_grad`` is refused before the batch runs (a dict of them, say)."""
+    optimizers = list(given) if isinstance(given, (list, tuple)) else [given]
+    wrong = [
+        o
+        for o in optimizers
+        if not (callable(getattr(o, "step", None)) and callable(getattr(o, "zero_grad", None)))
+    ]
+    if not optimizers or wrong:
+        what = type(wrong[0]).__name__ if wrong else "an empty list"
+        raise UsageError(
+            f"guard.step takes an optimizer or a list of them, and got {what}",
+            hint="pass the optimizer (guard.step(model, optimizer, batch, loss_fn)), or a list of the optimizers "
+            "that step together ([adamw, sgd]); a loop that steps them itself calls guard.backward",
+        )
+    return optimizers

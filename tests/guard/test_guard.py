@@ -280,3 +280,14 @@ def test_a_state_the_guard_did_not_write_is_a_usage_error() -> None:
     assert (guard.summary.steps, guard.micro_batch_size) == (7, 4)
     with pytest.raises(UsageError, match="not one Guard.state_dict"):
         guard.load_state_dict({"steps": 3})
+
+
+def test_step_refuses_what_is_not_an_optimizer_before_the_batch_runs() -> None:
+    """A dict of optimizers (or anything without ``step``) is a usage error that names the fix, raised before the
+    forward and backward (which would leave gradients behind)."""
+    model = nn.Linear(4, 1)
+    optimizers = {"adamw": torch.optim.AdamW(model.parameters())}
+    guard = Guard(4, sizes=[2, 4])
+    with pytest.raises(UsageError, match="an optimizer or a list of them, and got dict"):
+        guard.step(model, optimizers, torch.randn(4, 4), lambda m, b: m(b).mean())  # type: ignore[arg-type]
+    assert all(p.grad is None for p in model.parameters())

@@ -156,3 +156,17 @@ def test_a_failure_in_the_second_batch_of_a_step_keeps_the_first_batch_gradients
     )
     assert "step 1: micro-batch lowered 16 -> 8" in out
     assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
+
+
+def test_a_step_of_two_optimizers_over_one_models_groups_matches_the_loop_without_the_guard(
+    tmp_path: Path,
+) -> None:
+    """``guard.step(model, [adamw, sgd], ...)``: each optimizer steps once per batch and its gradients are the
+    whole batch's, lowered 16 -> 8 at batch 1 as without a failure. Before, a list failed after the backward had
+    run (``'list' object has no attribute 'step'``)."""
+    run_script(tmp_path, "two_optimizers.py", "--out", "reference.pt")
+    out = run_script(
+        tmp_path, "two_optimizers.py", "--guard", "--out", "guarded.pt", env={"AUTOBATCH_GUARD_FAIL_AT": "1"}
+    )
+    assert "micro-batch lowered 16 -> 8" in out and "step 3: micro-batch 8" in out
+    assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
