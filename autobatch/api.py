@@ -234,9 +234,10 @@ def _identity(found: Any) -> str:
     Lightning script run again), so that it keys the same cache entry and probe journal.
 
     Its pickle is not: cloudpickle gives each class it carries by value (one defined in a notebook or in
-    ``__main__``) a random id per process, and torch pickles a tensor's storage under its memory address. Here
-    tensors are pickled as their dtype, shape, strides and a digest of their bytes, and the class ids as their
-    order of appearance.
+    ``__main__``) a random id per process, torch pickles a tensor's storage under its memory address, and a set
+    of strings comes out in the order of their hashes (seeded per process). Here tensors are pickled as their
+    dtype, shape, strides and a digest of their bytes, sets sorted, and the class ids as their order of
+    appearance.
     """
     import io
 
@@ -247,6 +248,10 @@ def _identity(found: Any) -> str:
 
     class Identifying(cloudpickle.Pickler):
         def persistent_id(self, obj: Any) -> Any:
+            if isinstance(
+                obj, (set, frozenset)
+            ):  # in the order of their items' hashes, which vary for strings
+                return (type(obj).__name__, tuple(sorted(obj, key=repr)))
             if torch is None or not isinstance(obj, torch.Tensor):
                 return None
             try:

@@ -179,8 +179,8 @@ def test_a_model_that_does_not_build_leaves_no_probe_server_and_no_lock(tmp_path
 
 #: A notebook whose model is a class of its own (defined in ``__main__``, carried to the probes by value) and whose
 #: data is a tensor prepared in a cell, run twice as two kernels are: cloudpickle gives such a class a random id in
-#: each process and torch pickles a tensor under its memory address, which made the same cells a new step each
-#: time (a tune from scratch, the probe journal of the first never replayed).
+#: each process, torch pickles a tensor under its memory address and a set of strings comes out in its hash order,
+#: which made the same cells a new step each time (a tune from scratch, the first's probe journal never replayed).
 OWN_CLASS = textwrap.dedent("""
     import json
     import torch
@@ -195,8 +195,12 @@ OWN_CLASS = textwrap.dedent("""
         def forward(self, x):
             return self.layer(x).mean()
 
+    NO_DECAY = {"layer.bias", "norm.weight", "embed.weight"}
+
     def build_model():
-        return Net()
+        model = Net()
+        model.no_decay = [n for n, _ in model.named_parameters() if n in NO_DECAY]
+        return model
 
     DATA = torch.randn(64, 256, 64, generator=torch.Generator().manual_seed(0))
 
