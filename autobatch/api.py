@@ -8,6 +8,7 @@ are described in docs/python-api.md.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -217,14 +218,60 @@ def _pickled(found: Any, path: Path, label: str) -> ScriptSpec:
     from autobatch.step.spec import ScriptSpec
 
     try:
-        path.write_bytes(cloudpickle.dumps(found))
+        payload = cloudpickle.dumps(found)
     except Exception as exc:  # noqa: BLE001 - what cloudpickle cannot carry (locks, open files, ...)
         raise UsageError(
             f"cannot send {label} to the probe server: {type(exc).__name__}: {exc}",
             hint="the step's functions must be picklable with cloudpickle: keep open files, locks and "
             "processes out of what they reference, or put them in an importable module",
         ) from None
-    return ScriptSpec("pickled", str(path), sys_path=_sys_path(), label=label)
+    path.write_bytes(payload)
+    return ScriptSpec("pickled", str(path), {"identity": _identity(found)}, sys_path=_sys_path(), label=label)
+
+
+def _identity(found: Any) -> str:
+    """A digest of the step that is the same in every process that builds the same step (a kernel restarted, a
+    Lightning script run again), so that it keys the same cache entry and probe journal.
+
+    Its pickle is not: cloudpickle gives each class it carries by value (one defined in a notebook or in
+    ``__main__``) a random id per process, torch pickles a tensor's storage under its memory address, and a set
+    of strings comes out in the order of their hashes (seeded per process). Here tensors are pickled as their
+    dtype, shape, strides and a digest of their bytes, sets sorted, and the class ids as their order of
+    appearance.
+    """
+    import io
+
+    import cloudpickle
+    from cloudpickle import cloudpickle as internals
+
+    torch = sys.modules.get("torch")  # a step that holds tensors imported it
+
+    class Identifying(cloudpickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            if isinstance(
+                obj, (set, frozenset)
+            ):  # in the order of their items' hashes, which vary for strings
+                return (type(obj).__name__, tuple(sorted(obj, key=repr)))
+            if torch is None or not isinstance(obj, torch.Tensor):
+                return None
+            try:
+                data = obj.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+            except Exception:  # noqa: BLE001 - sparse, meta, quantized: pickled as they are
+                return None
+            digest = hashlib.sha256(data.tobytes()).hexdigest()
+            return (type(obj).__name__, str(obj.dtype), obj.shape, obj.stride(), obj.requires_grad, digest)
+
+    out = io.BytesIO()
+    Identifying(out).dump(found)
+    payload = out.getvalue()
+    ids = [
+        i.encode()
+        for i in list(getattr(internals, "_DYNAMIC_CLASS_TRACKER_BY_ID", {}))
+        if i.encode() in payload
+    ]
+    for n, class_id in enumerate(sorted(ids, key=payload.find)):
+        payload = payload.replace(class_id, f"{n:032x}".encode())
+    return hashlib.sha256(payload).hexdigest()
 
 
 def _sys_path() -> tuple[str, ...]:

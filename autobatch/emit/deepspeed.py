@@ -70,13 +70,31 @@ def deepspeed_config(
 
 
 def _optimizer(current: dict[str, Any] | None, ds_type: str, params: dict[str, Any]) -> dict[str, Any]:
-    if current and str(current.get("type", "")).lower() == ds_type.lower():
-        kept = dict(current.get("params") or {})
-        return {**current, "type": ds_type, "params": {**params, **kept}}
     old = dict((current or {}).get("params") or {})
-    portable = {k: old[k] for k in _PORTABLE_PARAMS if k in old}
-    merged = {**portable, **params}
+    algorithms = {_algorithm(current or {}), _algorithm({"type": ds_type, "params": params})}
+    if current and len(algorithms) == 1:
+        return {**current, "params": {**params, **old}}
+    if algorithms <= {"adam", "adamw"}:  # the same hyperparameters, but for the one that tells them apart
+        carried = {k: v for k, v in old.items() if k != "adam_w_mode"}
+    else:
+        carried = {k: old[k] for k in _PORTABLE_PARAMS if k in old}
+    merged = {**carried, **params}
     return {"type": ds_type, "params": merged} if merged else {"type": ds_type}
+
+
+def _algorithm(section: dict[str, Any]) -> str:
+    """What an optimizer section runs: its type, in lower case, except that DeepSpeed's ``Adam`` is AdamW unless
+    its ``adam_w_mode`` is false (so a base's ``Adam`` is the adamw a tune measured, and keeps its params)."""
+    kind = str(section.get("type", "")).lower()
+    params = section.get("params") or {}
+    return "adamw" if kind == "adam" and params.get("adam_w_mode", True) is not False else kind
+
+
+def _dropped(chosen: Chosen, base_optimizer: dict[str, Any]) -> list[str]:
+    """The base optimizer's params that the tuned optimizer's section leaves out (it replaced the base's)."""
+    ds_type, params = OPTIMIZERS[chosen.optimizer]
+    written = _optimizer(base_optimizer, ds_type, params).get("params", {})
+    return [name for name in base_optimizer.get("params") or {} if name not in written]
 
 
 def _section(value: Any) -> dict[str, Any]:
@@ -142,6 +160,12 @@ def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
     base_optimizer = base.get("optimizer") if base is not None else None
     if isinstance(base_optimizer, dict) or options.deepspeed_optimizer:
         params = base_optimizer.get("params") if isinstance(base_optimizer, dict) else None
+        if isinstance(base_optimizer, dict) and (dropped := _dropped(chosen, base_optimizer)):
+            notes.append(
+                f"the base config's optimizer {base_optimizer.get('type')} is replaced by "
+                f"{OPTIMIZERS[chosen.optimizer][0]}, the one tuned, without its {', '.join(dropped)} "
+                "(tune with -o for your optimizer to keep them)"
+            )
         if not (isinstance(params, dict) and "lr" in params):
             notes.append(
                 "the optimizer section sets no learning rate: DeepSpeed's default applies unless your code "

@@ -128,7 +128,13 @@ class AutoBatch(Callback):
             defaults["optimizers"] = [optimizer]
         if self.global_batch_size is not None:
             defaults["global_batch_size"] = self.global_batch_size
-        return tune(script, on_probe=self.on_probe, **{**defaults, **self.settings})
+        settings = {**defaults, **self.settings}
+        samples = train_samples(trainer, pl_module)
+        if (
+            samples is not None
+        ):  # no batch is larger than the data set (Lightning's own finder stops there too)
+            settings["max_batch_size"] = min(samples, settings.get("max_batch_size") or samples)
+        return tune(script, on_probe=self.on_probe, **settings)
 
 
 class Guarded(Callback):
@@ -215,6 +221,17 @@ def remove_guard(pl_module: Any) -> None:
     """The module's own ``training_step`` and ``backward`` again (after ``fit``)."""
     for name in ("training_step", "backward"):
         pl_module.__dict__.pop(name, None)
+
+
+def train_samples(trainer: Any, pl_module: Any) -> int | None:
+    """The samples one process's training loader can hold in a batch: the training data set's length over the
+    processes (None: not known, an iterable data set or loaders given to ``fit`` itself)."""
+    source = trainer.datamodule if trainer.datamodule is not None else pl_module
+    try:
+        samples = len(source.train_dataloader().dataset)
+    except Exception:  # noqa: BLE001 - the probes build the loader again and report its errors
+        return None
+    return max(-(-samples // trainer.world_size), 1)
 
 
 def trainer_device(trainer: Any) -> str:

@@ -113,8 +113,11 @@ class ScriptSpec:
             return Path(self.target).read_bytes()
         if self.kind == "as_is":  # the batch's way in changes what runs
             return head + Path(self.target).read_bytes()
-        if self.kind == "pickled":  # its file is a temporary one: the same step pickles to the same bytes
-            return json.dumps([self.kind, self.label]).encode() + Path(self.target).read_bytes()
+        if self.kind == "pickled":  # a temporary file; its identity is the same in every process
+            identity = self.options.get("identity")
+            return json.dumps([self.kind, self.label, identity]).encode() + (
+                b"" if identity else Path(self.target).read_bytes()
+            )
         if self.kind == "hf":
             return head + hf_config_file(self.target).read_bytes()
         files: list[Path | None] = []

@@ -175,3 +175,53 @@ def test_a_model_that_does_not_build_leaves_no_probe_server_and_no_lock(tmp_path
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.splitlines()[-1])
     assert report == {"errors": ["ScriptError", "ScriptError"], "left": []}, report
+
+
+#: A notebook whose model is a class of its own (defined in ``__main__``, carried to the probes by value) and whose
+#: data is a tensor prepared in a cell, run twice as two kernels are: cloudpickle gives such a class a random id in
+#: each process, torch pickles a tensor under its memory address and a set of strings comes out in its hash order,
+#: which made the same cells a new step each time (a tune from scratch, the first's probe journal never replayed).
+OWN_CLASS = textwrap.dedent("""
+    import json
+    import torch
+    from torch import nn
+    import autobatch
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.layer(x).mean()
+
+    NO_DECAY = {"layer.bias", "norm.weight", "embed.weight"}
+
+    def build_model():
+        model = Net()
+        model.no_decay = [n for n, _ in model.named_parameters() if n in NO_DECAY]
+        return model
+
+    DATA = torch.randn(64, 256, 64, generator=torch.Generator().manual_seed(0))
+
+    def make_batch(batch_size):
+        return DATA[:batch_size]
+
+    def compute_loss(model, batch):
+        return model(batch)
+
+    events = []
+    result = autobatch.tune(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss,
+                            on_probe=events.append, device="cpu", memory="600MiB", precisions=["32-true"],
+                            optimizers=["adamw"], recompute=False, confirm_steps=3, max_batch_size=8)
+    print(json.dumps({"cache": result.cache, "probes": len(events), "max": result.combinations[0].max_batch_size}))
+""")
+
+
+def test_a_notebook_run_again_in_a_new_process_is_served_from_the_cache(tmp_path: Path) -> None:
+    first, second = (run_notebook(tmp_path, OWN_CLASS, timeout=300) for _ in range(2))
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    before, after = (json.loads(p.stdout.splitlines()[-1]) for p in (first, second))
+    assert before["probes"] > 0 and not before["cache"]["served"], before
+    assert after["cache"]["served"] and after["probes"] == 0, after  # no probe: the same step, the same key
+    assert after["cache"]["key"] == before["cache"]["key"] and after["max"] == before["max"]

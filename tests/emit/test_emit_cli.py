@@ -14,8 +14,7 @@ import pytest
 from emit_cases import BY_NAME, DATA
 from typer.testing import CliRunner
 
-import autobatch.cli.emit  # noqa: F401  (registers the command on the app)
-from autobatch.cli.app import app
+from autobatch.cli.root import app  # every command registered (with one, Typer takes "emit" for RESULT_FILE)
 from autobatch.errors import UsageError
 from autobatch.records.result import TuneResult
 
@@ -91,6 +90,33 @@ def test_output_and_base_and_batch_key(tmp_path: Path, result_file: Path) -> Non
     )
     assert out.exit_code == 0, out.output  # type: ignore[attr-defined]
     assert "    batch_size: 12" in (tmp_path / "lightning_overlay.yaml").read_text()
+
+
+#: DeepSpeed's own examples' optimizer: its "Adam" is AdamW (adam_w_mode defaults to true), the algorithm the
+#: result's adamw is; it was taken for another type and replaced by an AdamW without its betas and eps, silently.
+ADAM_BASE = {"optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8}}}
+
+
+@pytest.mark.parametrize(
+    ("base", "optimizer", "note"),
+    [
+        (ADAM_BASE, ADAM_BASE["optimizer"], None),
+        (
+            {"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": True}}},
+            {"type": "AdamW", "params": {"lr": 0.1}},
+            "the base config's optimizer SGD is replaced by AdamW, the one tuned, without its momentum, nesterov",
+        ),
+    ],
+)
+def test_a_base_optimizer_keeps_its_params_or_names_those_left_out(
+    tmp_path: Path, result_file: Path, base: dict, optimizer: dict, note: str | None
+) -> None:
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    out = invoke(result_file.name, "--format", "deepspeed", "--base", "base.json", cwd=tmp_path)
+    assert out.exit_code == 0, out.output  # type: ignore[attr-defined]
+    assert json.loads((tmp_path / "ds_config.json").read_text())["optimizer"] == optimizer
+    stderr = out.stderr  # type: ignore[attr-defined]
+    assert (note in stderr) if note else ("base config's optimizer" not in stderr), stderr
 
 
 @pytest.mark.parametrize(

@@ -111,3 +111,26 @@ def test_callback_with_the_guard_keeps_the_global_batch_through_an_out_of_memory
     assert set(model.seen) <= {chosen.micro_batch_size, event.new, 48 % chosen.micro_batch_size or 1,
                                48 % event.new or 1}  # fmt: skip
     assert "training_step" not in vars(model)
+
+
+def test_callback_searches_no_batch_larger_than_the_data_set(tmp_path: Path) -> None:
+    """A data set smaller than the maximum: the search stops at its size, as Lightning's finder does (it went past
+    it, and the first batch larger than the data set ended ``fit`` with a ContractError)."""
+    from lightning.pytorch import Trainer
+    from lit_app import LitData, LitMLP
+
+    from autobatch.integrations.lightning import AutoBatch
+
+    callback = AutoBatch(memory="520MiB", confirm_steps=5)  # the maximum is larger than 20 (the tests above)
+    model, data = LitMLP(width=64), LitData(width=64, tokens=256, samples=20)
+    trainer = Trainer(
+        accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+        default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    trainer.fit(model, datamodule=data)
+
+    assert callback.result is not None
+    (combo,) = callback.result.combinations
+    assert (combo.status, combo.max_batch_size) == ("capped", 20), combo
+    assert data.batch_size == 20 and model.seen == [20]
