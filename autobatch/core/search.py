@@ -54,6 +54,9 @@ FAR_REACH = 2.5
 #: With 4, the quadratic workload's miss at 4991 over a fit at 1846 (2.7x) was split at 3418, which failed at
 #: once too, then 2632 fitted; the geometric middle, 3035, fits.
 FAR_MISS_RATIO = 2
+#: A line's boundary this little (relatively) under a known fit is that fit's, rounded: a fit whose peak met the
+#: budget exactly (28.999999999999964 for a fit at 29 drew the search to the cap and back, a sixth probe).
+ROUNDING = 1e-9
 
 
 @dataclass(frozen=True)
@@ -315,8 +318,9 @@ class _State:
         """Probe the largest candidate the model says fits, else the smallest it says does not,
         if that probe, should the model be right, cuts the remaining work as much as a fallback."""
         prediction = predict(self.points, prior, self.min_fail, budget, floor, self.static)
-        if prediction is None or prediction.high < (self.lo + 1) * self.m:
-            # None, or refuted by a known fit: it puts the boundary under the bracket's fitting end
+        if prediction is None or prediction.high < (self.lo + 1) * self.m * (1 - ROUNDING):
+            # None, or refuted by a known fit: it puts the boundary under the bracket's fitting end (not by the
+            # rounding of its arithmetic, which puts a fit whose peak met the budget exactly a hair above it)
             return None
         # The end game reads the model's noise: a line through two points alone has none to read.
         planned = len(self.points) >= 3 or prior is not None

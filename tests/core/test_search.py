@@ -161,6 +161,16 @@ def test_affine_without_prior_needs_at_most_five_probes(scenario: tuple[Curve, i
     assert result.probes <= 5
 
 
+def test_a_fit_whose_peak_meets_the_budget_exactly_is_the_lines_boundary_not_its_refutation() -> None:
+    """Found by the property test above (random examples each run): at 29 the peak is the budget to the byte, and
+    the line through the fits put its boundary at 28.999999999999964, under the fit; read as refuted, the search
+    went to the cap (31) and back, six probes."""
+    curve = affine(1044333107.8543957, 1014093.66019325)
+    result, _ = check(curve, 31, 1)
+    assert (result.max_batch_size, result.status) == (29, "exact")
+    assert [o.batch_size for o in result.trace] == [1, 2, 28, 29, 30]
+
+
 @PROPERTY
 @given(scenarios(), st.integers(0, 5000))
 def test_pruning_stops_only_below_the_threshold(scenario: tuple[Curve, int, int], threshold: int) -> None:
