@@ -160,7 +160,10 @@ def _scenarios(
         if target.card is not None and not target.card.bf16 and combo.precision.startswith("bf16"):
             skip = f"{target.card.name} has no native bfloat16"
         elif combo.recompute_level == PARTIAL:
-            skip = "partial is the K a tune chooses from the measured off and full; name a level: --recompute-level 6/12"
+            skip = (
+                "partial is the K a tune chooses from the measured off and full; name a level: --recompute-level "
+                "K/N, the first K of the model's N repeated blocks"
+            )
         if skip is not None:
             entries.append(ComboResult.of(combo, status="skipped", reason=skip))
             continue

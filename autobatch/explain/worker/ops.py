@@ -12,6 +12,7 @@ import functools
 from dataclasses import replace
 from typing import Any
 
+from autobatch.core.units import format_bytes
 from autobatch.explain.pure.maxima import (
     Offset,
     ScenarioEstimate,
@@ -100,7 +101,8 @@ def _offset(options: EstimateOptions, sim: Simulator, info: dict[str, Any]) -> O
     baseline = cpu.read_status().data
     info["baseline_bytes"] = baseline
     runtime = options.cpu_runtime_bytes
-    return Offset(baseline + runtime, 0.0, f"baseline VmData {baseline} B + runtime buffers {runtime} B")
+    how = f"baseline VmData {format_bytes(baseline)} + runtime buffers {format_bytes(runtime)}"
+    return Offset(baseline + runtime, 0.0, how)
 
 
 def _estimate(
