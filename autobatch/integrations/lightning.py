@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch import Callback
 
 from autobatch.errors import UsageError
-from autobatch.step.lightning import LightningScript, recipe, set_batch_size, set_length
+from autobatch.step.lightning import (
+    LightningScript,
+    recipe,
+    refuse_manual_optimization,
+    set_batch_size,
+    set_length,
+)
 
 if TYPE_CHECKING:
     from autobatch.api import ProbeEvent
@@ -112,6 +118,8 @@ class AutoBatch(Callback):
 
     def _tune(self, trainer: Any, pl_module: Any) -> TuneResult:
         from autobatch.api import tune
+
+        refuse_manual_optimization(pl_module)  # before any probe: each would refuse it after its imports
 
         datamodule = trainer.datamodule
         script = LightningScript(

@@ -47,13 +47,7 @@ class LightningScript:
 
     def build_model(self) -> Any:
         module = self.make_module()
-        if getattr(module, "automatic_optimization", True) is False:
-            raise ContractError(
-                f"{type(module).__name__} uses manual optimization (automatic_optimization = False): its "
-                "training_step steps the optimizer itself",
-                hint="autobatch runs the optimizer step; write a script with build_model, make_batch and "
-                "compute_loss for this module",
-            )
+        refuse_manual_optimization(module)
         module.configure_model()
         self._module = module
         return module
@@ -248,3 +242,17 @@ class _Copy:
         import pickle
 
         return pickle.loads(self.payload)
+
+
+def refuse_manual_optimization(module: Any) -> None:
+    """A module that steps its optimizers itself (``automatic_optimization = False``, a GAN's two) cannot be
+    tuned through its recipe, whose probes run the optimizer step: a :class:`ContractError` that points to the
+    training script run as it is (its own steps are seen whoever calls them). The callback asks before any
+    probe, the probe's build again."""
+    if getattr(module, "automatic_optimization", True) is False:
+        raise ContractError(
+            f"{type(module).__name__} uses manual optimization (automatic_optimization = False): its "
+            "training_step steps the optimizers itself, and a tune through the module runs the optimizer step",
+            hint="tune the training script as it is, which sees its own optimizer steps: autobatch tune train.py "
+            "-- --batch-size {batch} (docs/as-is.md)",
+        )

@@ -134,3 +134,40 @@ def test_callback_searches_no_batch_larger_than_the_data_set(tmp_path: Path) -> 
     (combo,) = callback.result.combinations
     assert (combo.status, combo.max_batch_size) == ("capped", 20), combo
     assert data.batch_size == 20 and model.seen == [20]
+
+
+def test_callback_refuses_a_module_that_optimizes_manually_before_any_probe(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A GAN-like module (``automatic_optimization = False``) with the callback: ``fit`` ends at once with a
+    ContractError that points to the script run as it is, before any probe server starts (the refusal came from
+    inside a probe, after its imports: 78 s on a loaded machine)."""
+    from lightning.pytorch import Trainer
+    from lit_app import LitData, LitMLP
+
+    from autobatch.errors import ContractError
+    from autobatch.integrations.lightning import AutoBatch
+    from autobatch.probe.client import NO_SERVER_ENV
+
+    monkeypatch.setenv(NO_SERVER_ENV, "the refusal must come before any probe server")
+
+    class Manual(LitMLP):
+        def __init__(self) -> None:
+            super().__init__(width=16)
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            optimizer = self.optimizers()
+            loss = super().training_step(batch, batch_idx)
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+
+    trainer = Trainer(
+        accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[AutoBatch(memory="520MiB")],
+        default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    with pytest.raises(ContractError, match="uses manual optimization") as raised:
+        trainer.fit(Manual(), datamodule=LitData(width=16, tokens=16, samples=64))
+    assert "autobatch tune train.py -- --batch-size {batch}" in (raised.value.hint or "")
