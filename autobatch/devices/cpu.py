@@ -2,8 +2,9 @@
 
 ``--memory`` is the capacity of the probe process's data memory (Linux's ``VmData``, imports included),
 enforced with ``RLIMIT_DATA``; the peak is ``VmData`` at the probe's start plus the growth of ``VmPeak``
-less the non-data mappings, so it counts exactly what the cap counts; glibc's allocator is pinned in probe
-processes so that fit or no fit is repeatable. The definition is in docs/how-a-tune-works.md.
+less the non-data mappings of the reading at which it rose (:class:`DataPeak`, with a :class:`Ballast`), so it
+counts exactly what the cap counts; glibc's allocator is pinned in probe processes so that fit or no fit is
+repeatable. The definition is in docs/how-a-tune-works.md.
 :class:`CpuBackend` holds what only this device has: the job's fresh-process offset, the job's allocator for
 timing probes and the OpenMP wait policy.
 """
@@ -11,8 +12,10 @@ timing probes and the OpenMP wait policy.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import resource
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -74,6 +77,80 @@ def peak_data_bytes(start: VmStatus, now: VmStatus) -> int:
     growth = now.peak - start.size
     not_data_growth = max(0, now.not_data - start.not_data)
     return start.data + max(0, growth - not_data_growth)
+
+
+class DataPeak:
+    """A process's data high-water mark, read again and again (a probe's steps, the guard's batches, a supervised
+    job's samples): the largest of :func:`peak_data_bytes` at each reading where ``VmPeak`` rose since the one
+    before, and of the data memory at every reading.
+
+    ``VmPeak`` is the high-water mark of the whole address space; what it holds above the data is known only at a
+    reading, as the mappings that are not data then. Those come and go in a training loop: a ``DataLoader`` with
+    workers receives each batch as shared memory the worker filled (a mapping the size of the batch, which
+    ``RLIMIT_DATA`` does not count), one to three at a time as the workers' batches arrive in order or not, the
+    most in the first steps, while the workers start. A batch arrives in the loop's ``next()`` and stays mapped
+    through the step, so the reading after a step holds the mappings its peak had: a mark is read with the
+    mappings of the reading at which it rose, never with a later one's. Read with a later reading's (as
+    :func:`peak_data_bytes` alone was), a mark set under three batches' mappings counted two of them as data:
+    peaks that fell from step to step, a step that "raised the peak" by a batch's size, readings above the cap
+    the kernel enforces.
+
+    The other way round, a mark set under more such mappings hides a later rise of the data smaller than them
+    (the optimizer's state at the second step, under the first step's batches): :attr:`mark_not_data` is what
+    :class:`Ballast` keeps the mappings at, so that a rise shows from the next step on.
+    ``start``: the first reading of a period (a probe's, in a freshly forked process); None: since the process
+    began (its whole ``VmPeak``)."""
+
+    def __init__(self, start: VmStatus | None = None) -> None:
+        self.start = start if start is not None else VmStatus(0, 0, 0)
+        self.mark = self.start.peak  # VmPeak at the reading that last saw it rise
+        self.mark_not_data = self.start.not_data  # the mappings that are not data at that reading
+        self.high = self.start.data
+
+    def read(self, now: VmStatus) -> int:
+        """The data high-water mark since the start, with ``now`` (a reading of the process's status) seen."""
+        if now.peak > self.mark:
+            self.high = max(self.high, peak_data_bytes(self.start, now))
+            self.mark, self.mark_not_data = now.peak, now.not_data
+        self.high = max(self.high, now.data)
+        return self.high
+
+
+class Ballast:
+    """Address space that holds no memory: an anonymous mapping without access (``PROT_NONE``: no pages, not data,
+    outside ``RLIMIT_DATA``), sized at each reading so that the mappings that are not data stay where they were
+    when ``VmPeak`` last rose (:attr:`DataPeak.mark_not_data`). A ``DataLoader``'s first steps hold more of its
+    batches' shared mappings than the steps after (its workers' batches arrive together as they start), and a
+    mark set under them hid any rise of the data smaller than the batches no longer mapped: the optimizer's state
+    at the second step was seen in some probes of one batch and not in others (2.1 MiB at batch 7200 of
+    tests/scripts/as_is/loader_workers.py), and a search read that as noise. Held up to the mark's level, the
+    mappings let a rise of the data lift the mark again, read at the next step. Not where the address space
+    itself is capped (``RLIMIT_AS``: the ballast would count there), which :meth:`CpuBackend.apply` checks."""
+
+    def __init__(self) -> None:
+        self._map: mmap.mmap | None = None
+        self.size = 0
+
+    def hold(self, size: int) -> None:
+        """Hold ``size`` bytes of address space (rounded up to pages; at or below zero: none), the old mapping
+        unmapped first, so that the swap itself never lifts ``VmPeak``."""
+        size = -(-max(0, size) // mmap.PAGESIZE) * mmap.PAGESIZE
+        if size == self.size:
+            return
+        if self._map is not None:
+            self._map.close()
+        self._map, self.size = None, 0
+        if size:
+            try:
+                self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0)
+            except OSError:  # no address space for it: the readings go on without
+                return
+            self.size = size
+
+    def follow(self, meter: DataPeak, now: VmStatus) -> None:
+        """Size the ballast after the reading ``now``: the mark's non-data mappings less those there are now
+        besides the ballast."""
+        self.hold(meter.mark_not_data - (now.not_data - self.size))
 
 
 @dataclass(frozen=True)
@@ -287,7 +364,10 @@ class CpuBackend:
     ranks_share_memory = True
 
     def __init__(self) -> None:
-        self.start: VmStatus | None = None
+        self.data_peak: DataPeak | None = None
+        self.ballast: Ballast | None = None
+        # a peak is read in the script's other threads too (where an out-of-memory error is raised)
+        self._reading = threading.Lock()
         self.offset = 0
 
     def apply(self, request: ProbeRequest, outcome: ProbeOutcome) -> None:
@@ -302,12 +382,22 @@ class CpuBackend:
         apply_cap(request.budget_bytes - self.offset + (TIMING_ROOM if outcome.job_allocator else 0))
         # torch's thread pool is left to start in the first step, as the job's does: started ahead of it (a small
         # product), a process holds 10-30 MiB less after a step than one whose first parallel work is the step
-        self.start = read_status()
-        outcome.baseline_bytes = self.start.data + self.offset
+        start = read_status()
+        self.data_peak = DataPeak(start)
+        space, _ = resource.getrlimit(resource.RLIMIT_AS)
+        self.ballast = Ballast() if space == resource.RLIM_INFINITY else None
+        outcome.baseline_bytes = start.data + self.offset
 
     def peak(self) -> int:
-        assert self.start is not None, "apply() first"
-        return peak_data_bytes(self.start, read_status()) + self.offset
+        """The data high-water mark since :meth:`apply`, raised by the offset (:class:`DataPeak`; the
+        :class:`Ballast` follows each reading)."""
+        assert self.data_peak is not None, "apply() first"
+        with self._reading:
+            now = read_status()
+            high = self.data_peak.read(now)
+            if self.ballast is not None:
+                self.ballast.follow(self.data_peak, now)
+        return high + self.offset
 
     def synchronize(self) -> None:
         """Nothing queued: the CPU's work is done when the call returns."""

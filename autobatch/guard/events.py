@@ -6,8 +6,8 @@ flushed as written). The summary is a plain value (:class:`GuardSummary`, JSON-a
 :meth:`GuardSummary.to_dict`). When the guard knows the tuned key of its plan (:class:`Evidence`), the run's
 end goes into that key's runtime evidence (:class:`autobatch.cache.evidence.EvidenceStore`) through
 :class:`EvidenceRecorder`. The peak is the device's, as the tune's probes measured it: on CUDA
-``torch.cuda.max_memory_reserved``; on the CPU the process's data high-water mark, read as the CPU device reads a probe's
-(:func:`autobatch.devices.cpu.peak_data_bytes`, from the guard's start).
+``torch.cuda.max_memory_reserved``; on the CPU the process's data high-water mark, read as the CPU device reads a
+probe's (:class:`autobatch.devices.cpu.DataPeak`, from the guard's start).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import IO, Any, Optional
 
 from autobatch.cache.evidence import Event, EvidenceStore
 from autobatch.cache.folder import CacheFolder
-from autobatch.devices.cpu import VmStatus, peak_data_bytes, read_status
+from autobatch.devices.cpu import DataPeak, read_status
 
 logger = logging.getLogger("autobatch")
 
@@ -89,16 +89,16 @@ class PeakMeter:
     def __init__(self, device_type: str, device_index: int | None = None) -> None:
         self.device_type = device_type
         self.device_index = device_index
-        self.start: VmStatus | None = read_status() if device_type == "cpu" else None
+        self.data_peak = DataPeak(read_status()) if device_type == "cpu" else None
 
     def peak(self) -> int | None:
         if self.device_type == "cuda":
             import torch
 
             return int(torch.cuda.max_memory_reserved(self.device_index))
-        if self.start is not None:
+        if self.data_peak is not None:
             try:
-                return peak_data_bytes(self.start, read_status())
+                return self.data_peak.read(read_status())
             except (OSError, KeyError):
                 return None
         return None

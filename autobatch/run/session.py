@@ -135,6 +135,8 @@ class Session:
         #: Every warning of the session, once (shared with the run that wired it, which keeps them in its notes).
         self.warnings = self.wiring.warnings if self.wiring.warnings is not None else Warnings()
         self.fresh_offsets: list[int] = []  # per rank (autobatch.probe.fresh)
+        # the processes a script run as it is starts are named once, with the first probe's figure
+        self._children_noted = False
         self.fresh_ahead: FreshAhead | None = None  # the job's fresh process, started beside the probe server
         self._held = ExitStack()
 
@@ -366,8 +368,9 @@ class Session:
             self.cache_hits += 1
         if strict:
             apply_margin(outcome, self.device)
-        if outcome.info.get("note") and self.device.type == "cpu":
-            self.warn(str(outcome.info["note"]))  # processes the script started: not counted
+        if outcome.info.get("note") and self.device.type == "cpu" and not self._children_noted:
+            self._children_noted = True  # processes the script started: not counted (their figure, once)
+            self.warn(str(outcome.info["note"]))
         for note in outcome.info.get("script_notes", []):  # what a script run as it is does of its own
             self.warn(str(note))
         if self.wiring.on_probe:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autobatch.core.units import format_bytes
 from autobatch.errors import ScriptError, UsageError
 
 #: The placeholder the probe's micro-batch replaces in the script's arguments.
@@ -264,9 +265,24 @@ def own_finder(source: str) -> str | None:
     )
 
 
-def not_counted_note(children: int) -> str:
-    """The note of a CPU probe whose script started processes of its own (DataLoader workers, ...)."""
+def not_counted_note(children: int, own_bytes: int | None = None) -> str:
+    """The note of a CPU probe whose script started processes of its own (DataLoader workers, ...), which held
+    ``own_bytes`` of their own (unique to them: None, not read) when the probe reported.
+
+    What counts, and why: the budget and the peak are the data memory of the script's own process, the process
+    that trains, which ``RLIMIT_DATA`` caps as a job's ``ulimit -d`` caps each of its processes on its own. A
+    worker's memory is its own process's: each worker runs under the same cap (inherited, as in the job), and its
+    memory counts in no other process's. A spawned worker is a whole interpreter of its own (torch and the script's
+    top level imported again: 190 MiB each of tests/scripts/as_is/loader_workers.py's); a forked one shares its
+    parent's pages until it writes them. The batches the workers send are shared memory, the data of no process:
+    ``RLIMIT_DATA`` does not count them, in the probe or in the job (:class:`autobatch.devices.cpu.DataPeak`).
+    A memory cgroup (a container's limit, a SLURM job's ``--mem``) counts every process in it, the workers and
+    the batches in flight too: there the job needs room for them beside the budget, which the note's figure
+    sizes."""
+    held = f", which held {format_bytes(own_bytes)} of their own when the probe reported" if own_bytes else ""
     return (
-        f"the script started {children} process(es) of its own (DataLoader workers, ...): on the CPU device "
-        "their memory is their own processes', not counted in the probe's peak or budget"
+        f"the script started {children} process(es) of its own (DataLoader workers, ...){held}: on the CPU device "
+        "their memory is their own processes', not counted in the probe's peak or budget (each process has its own "
+        "cap, as under ulimit -d); where the job's limit is a memory cgroup (a container's, a SLURM --mem), which "
+        "counts them too, tune with --memory at its room less theirs"
     )

@@ -16,8 +16,10 @@ measured, how it ended read.
   or cannot be read). Anything else is the job's own end, its exit code passed through (128 + N for signal N).
 * **Its peak** on the CPU device: the largest data memory of any of its processes, the quantity ``RLIMIT_DATA``
   caps (:mod:`autobatch.devices.cpu`), read from ``/proc/PID/status`` every :data:`SAMPLE_SECONDS` as the
-  kernel's high-water mark of the address space (``VmPeak``) less the mappings that are not data. A high-water
-  mark misses nothing between two readings, only what a process grows in its last interval before it exits.
+  kernel's high-water mark of the address space (``VmPeak``) less the mappings that are not data at the reading
+  where the mark rose (:class:`autobatch.devices.cpu.DataPeak`: a DataLoader's batches are shared mappings that
+  come and go, not data). A high-water mark misses nothing between two readings, only what a process grows in
+  its last interval before it exits.
   ``--memory`` caps every process of the job with ``RLIMIT_DATA`` at the device's capacity, as a card of that
   size would. On CUDA: the device memory NVML lists for the job's processes on its busiest device, sampled as
   often (:class:`autobatch.devices.cuda.nvml.JobMeter`); it counts each process's CUDA context, which a
@@ -40,7 +42,7 @@ from pathlib import Path
 from types import FrameType
 
 from autobatch.devices.cgroup import oom_kills
-from autobatch.devices.cpu import apply_cap, read_status
+from autobatch.devices.cpu import DataPeak, apply_cap, read_status
 from autobatch.probe.lineage import become_subreaper, end_descendants
 from autobatch.probe.oom import explain_traceback
 
@@ -297,13 +299,26 @@ def _meter(device: str) -> tuple[PeakReader, Callable[[], None]]:
 
         meter = JobMeter()
         return meter.read, meter.close
-    return _data_peak, lambda: None
+    return DataPeaks().read, lambda: None
 
 
-def _data_peak(pids: set[int]) -> int | None:
-    """The largest peak data memory of these processes (None: none readable)."""
-    peaks = [peak for peak in map(peak_data, pids) if peak is not None]
-    return max(peaks) if peaks else None
+class DataPeaks:
+    """The peak data memory of the job's processes, each read as a probe's (:class:`DataPeak`, from the process's
+    start): a mark read again at a later sample keeps the mappings of the sample at which it rose."""
+
+    def __init__(self) -> None:
+        self.meters: dict[int, DataPeak] = {}
+
+    def read(self, pids: set[int]) -> int | None:
+        """The largest peak data memory of these processes (None: none readable)."""
+        peaks = []
+        for pid in pids:
+            try:
+                status = read_status(pid)
+            except (OSError, ValueError, IndexError, KeyError):  # gone, a zombie, or not readable
+                continue
+            peaks.append(self.meters.setdefault(pid, DataPeak()).read(status))
+        return max(peaks) if peaks else None
 
 
 class _Sampler(threading.Thread):
@@ -358,13 +373,3 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
-
-
-def peak_data(pid: int) -> int | None:
-    """The process's peak data memory: ``VmPeak`` less its mappings that are not data (``VmSize - VmData``),
-    in bytes (None: gone, a zombie, or not readable)."""
-    try:
-        status = read_status(pid)
-    except (OSError, ValueError, IndexError, KeyError):
-        return None
-    return status.peak - status.not_data
