@@ -307,19 +307,25 @@ def nice_client(place: Place, folder: Path, *prefix: str) -> subprocess.Popen[st
     )  # fmt: skip
 
 
-@pytest.mark.slow
-def test_a_command_through_the_daemon_probes_at_its_clients_niceness(place: Place, tmp_path: Path) -> None:
-    """A job script's `nice -n 5 autobatch check ...` through a daemon started at the job's own niceness: the
-    command, its probe server and its probe run 5 above it, as they do in-process (they ran at the daemon's)."""
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert run_cli("daemon", "start", env=env_for(place)).returncode == 0
-    client = nice_client(place, tmp_path, "nice", "-n", "5")
+def probed(place: Place, client: subprocess.Popen[str]) -> tuple[dict[int, set[int]], str]:
+    """The niceness each process of ``client``'s command showed while it probed (:func:`probing`), and its
+    standard error once it ended (it must exit 0)."""
     try:
         seen = probing(place, client)
         _, err = client.communicate(timeout=300)
     finally:
         client.kill()
     assert client.returncode == 0, err
+    return seen, err
+
+
+@pytest.mark.slow
+def test_a_command_through_the_daemon_probes_at_its_clients_niceness(place: Place, tmp_path: Path) -> None:
+    """A job script's `nice -n 5 autobatch check ...` through a daemon started at the job's own niceness: the
+    command, its probe server and its probe run 5 above it, as they do in-process (they ran at the daemon's)."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert run_cli("daemon", "start", env=env_for(place)).returncode == 0
+    seen, err = probed(place, nice_client(place, tmp_path, "nice", "-n", "5"))
     assert len(seen) >= 3 and all(values == {min(19, base + 5)} for values in seen.values()), seen
     assert "niceness" not in err
 
@@ -346,13 +352,7 @@ def test_a_client_below_the_daemons_niceness_is_served_at_the_daemons_with_a_not
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
     daemon = min(19, base + 10)
-    client = nice_client(place, tmp_path)
-    try:
-        seen = probing(place, client)
-        _, err = client.communicate(timeout=300)
-    finally:
-        client.kill()
-    assert client.returncode == 0, err
+    seen, err = probed(place, nice_client(place, tmp_path))
     assert len(seen) >= 3 and all(values == {daemon} for values in seen.values()), seen
     notes = [line for line in err.splitlines() if "niceness" in line]
     assert notes == [
