@@ -103,6 +103,8 @@ class DeviceInfo:
     requested: str | None = None  # the --device asked for ("auto", "cpu", "cuda:1"); None: not recorded
     # CPU: the job's fresh process measured against a forked probe (autobatch.probe.fresh); empty: not measured
     fresh_process: dict[str, Any] = field(default_factory=dict)
+    # CUDA: the allocator's settings in effect in the probes, as torch reports them; empty: not reported
+    allocator: dict[str, Any] = field(default_factory=dict)
 
     @property
     def fell_back(self) -> bool:
@@ -147,6 +149,7 @@ class DeviceInfo:
             "process_limit_bytes": self.process_limit_bytes,
             "others_bytes": self.others_bytes,
             **({"fresh_process": self.fresh_process} if self.fresh_process else {}),
+            **({"allocator": self.allocator} if self.allocator else {}),
         }
 
 
@@ -264,11 +267,14 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         notes=list(found.breakdown),
         process_limit_bytes=found.process_limit_bytes,
         others_bytes=found.held_by_others_bytes,
+        allocator=dict(snapshot.allocator_effective),
         **common,
     )
     warning = others_warning(device, found.held_by_others_bytes, found.total_bytes, not found.calibrated)
     if warning:
         info_.warn(warning)
+    for mismatch in cuda.allocator_mismatches(snapshot.allocator_asked, snapshot.allocator_effective):
+        info_.warn(mismatch)
     return info_
 
 

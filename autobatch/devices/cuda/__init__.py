@@ -10,6 +10,6 @@ Importing any of them imports neither torch nor pynvml.
 
 from __future__ import annotations
 
-from autobatch.devices.cuda.budget import MEMORY_DEFINITION, CudaSnapshot, cuda_budget
+from autobatch.devices.cuda.budget import MEMORY_DEFINITION, CudaSnapshot, allocator_mismatches, cuda_budget
 
-__all__ = ["MEMORY_DEFINITION", "CudaSnapshot", "cuda_budget"]
+__all__ = ["MEMORY_DEFINITION", "CudaSnapshot", "allocator_mismatches", "cuda_budget"]

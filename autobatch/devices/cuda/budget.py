@@ -8,7 +8,8 @@ definition and every term: docs/how-a-tune-works.md ("The CUDA budget in detail"
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from autobatch.core.units import format_bytes
@@ -41,6 +42,12 @@ class CudaSnapshot:
     uuid: str | None = None
     pci_bus_id: str | None = None
     notes: tuple[str, ...] = ()
+    allocator_asked: dict[str, str] = field(
+        default_factory=dict
+    )  # ALLOC_CONF_VARIABLES set in the probe process
+    allocator_effective: dict[str, Any] = field(
+        default_factory=dict
+    )  # runtime.allocator_settings(): torch's word
 
     @property
     def outside_bytes(self) -> int:
@@ -61,6 +68,65 @@ class CudaSnapshot:
         values = {k: v for k, v in data.items() if k in known}
         values["notes"] = tuple(values.get("notes", ()))
         return cls(**values)
+
+
+#: The variables PyTorch's caching allocator reads its settings from. Releases differ in which one wins when both
+#: are set (2.13 reads PYTORCH_CUDA_ALLOC_CONF first, others PYTORCH_ALLOC_CONF), so what is in effect is torch's
+#: word (:func:`autobatch.devices.cuda.runtime.allocator_settings`), never guessed from these.
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def asked_settings(conf: str) -> dict[str, str]:
+    """``expandable_segments:True,max_split_size_mb:128`` -> ``{"expandable_segments": "True", ...}`` (a list
+    in brackets, ``roundup_power2_divisions:[256:1,>:2]``, kept whole; a key given twice: its last value)."""
+    items, depth, start = [], 0, 0
+    for at, char in enumerate(conf + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth <= 0:
+            items.append(conf[start:at])
+            start = at + 1
+    asked = {}
+    for item in items:
+        key, colon, value = item.partition(":")
+        if colon and key.strip():
+            asked[key.strip()] = value.strip()
+    return asked
+
+
+def allocator_mismatches(asked: Mapping[str, str], effective: Mapping[str, Any]) -> list[str]:
+    """What the allocator variables ``asked`` for (variable -> settings) and the allocator does not run with, as
+    torch reports it (``effective``: ``expandable_segments``, ``backend``; a setting torch does not report is not
+    judged). Expandable segments on that no variable asked for are said too (set at run time)."""
+    said = []
+    other = ", or the other variable, also set, read first" if len(asked) > 1 else ""
+    for variable, conf in asked.items():
+        wanted = asked_settings(conf)
+        want = wanted.get("expandable_segments")
+        runs = effective.get("expandable_segments")
+        if want in ("True", "False") and runs is not None and (want == "True") != bool(runs):
+            how = (
+                f"with expandable segments (set at run time, by the script or a library{other})"
+                if runs
+                else f"without expandable segments (a torch build, platform or driver without them{other})"
+            )
+            said.append(
+                f"{variable} asks for expandable_segments:{want}, but PyTorch's caching allocator runs {how}: the "
+                "maxima are for the allocator as it runs"
+            )
+        backend, runs_on = wanted.get("backend"), effective.get("backend")
+        if backend in ("native", "cudaMallocAsync") and runs_on is not None and backend != runs_on:
+            said.append(
+                f"{variable} asks for backend:{backend}, but PyTorch's CUDA allocator is {runs_on}: the maxima are "
+                "for the allocator as it runs"
+            )
+    if effective.get("expandable_segments") and not any(
+        "expandable_segments" in asked_settings(conf) for conf in asked.values()
+    ):
+        said.append(
+            "PyTorch's caching allocator runs with expandable segments, which no allocator variable asks for (set "
+            "at run time, by the script or a library): the maxima are for the allocator as it runs"
+        )
+    return said
 
 
 def estimate_context(nvml_process_bytes: int | None, torch_reserved_bytes: int) -> tuple[int, str]:

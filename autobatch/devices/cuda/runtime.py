@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from autobatch.devices.cuda.budget import (
+    ALLOC_CONF_VARIABLES,
     CudaSnapshot,
     CudaStepStats,
     estimate_context,
@@ -54,6 +55,7 @@ def snapshot(device_index: int) -> CudaSnapshot:
         elif proc is None:
             notes.append("NVML cannot see this PID (a container?): the CUDA context is estimated")
     context, source = estimate_context(proc, reserved)
+    asked = {name: os.environ[name] for name in ALLOC_CONF_VARIABLES if name in os.environ}
     return CudaSnapshot(
         device_index=device_index,
         name=torch.cuda.get_device_name(device_index),
@@ -68,7 +70,34 @@ def snapshot(device_index: int) -> CudaSnapshot:
         uuid=uuid,
         pci_bus_id=pci,
         notes=tuple(notes),
+        allocator_asked=asked,
+        allocator_effective=allocator_settings(),
     )
+
+
+def allocator_settings() -> dict[str, Any]:
+    """The CUDA allocator's settings in effect, as this torch reports them: ``backend``
+    (``torch.cuda.memory.get_allocator_backend()``: ``native`` or ``cudaMallocAsync``) and, for the native caching
+    allocator, ``expandable_segments`` (its parsed setting, as its memory snapshot reports it:
+    ``torch.cuda.memory._snapshot()["allocator_settings"]``, the snapshot the memory visualizer reads; torch has no
+    public call for it). A setting this torch does not report (an older release, a build without CUDA) is left out.
+    Call it after CUDA is initialised."""
+    import torch
+
+    found: dict[str, Any] = {}
+    try:
+        found["backend"] = str(torch.cuda.memory.get_allocator_backend())
+    except (AttributeError, RuntimeError):  # a release before 2.0, a build without CUDA
+        pass
+    if found.get("backend", "native") != "native":  # cudaMallocAsync refuses a snapshot
+        return found
+    try:
+        settings = torch.cuda.memory._snapshot().get("allocator_settings", {})
+    except (AttributeError, RuntimeError, TypeError):
+        return found
+    if "expandable_segments" in settings:
+        found["expandable_segments"] = bool(settings["expandable_segments"])
+    return found
 
 
 def snapshot_dict(device_index: int) -> dict[str, Any]:
