@@ -24,6 +24,11 @@ class FakeMismatch(Exception):
 
 
 class FakeDevice:
+    #: The driver's reservation, which memory info v2 reports apart (None: a driver with version 1 only); set on a
+    #: device after it is made, as ``ids``, a MIG instance's (GPU instance id, compute instance id).
+    reserved: int | None = None
+    ids: tuple[int, int] | None = None
+
     def __init__(
         self,
         uuid,
@@ -102,8 +107,28 @@ class FakeNvml:
     def nvmlDeviceGetGraphicsRunningProcesses(self, h):
         return [p for p in h.procs if getattr(p, "kind", "compute") == "graphics"]
 
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(total=h.total, free=h.total - h.used, used=h.used)
+    nvmlMemory_v2 = 0x02000028
+
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        """Version 1 counts the driver's reservation as used; version 2 reports it apart (a driver without it:
+        nvidia-ml-py raises FunctionNotFound, an NVMLError)."""
+        reserved = h.reserved or 0
+        free = h.total - h.used - reserved
+        if not version:
+            return SimpleNamespace(total=h.total, free=free, used=h.used + reserved)
+        if h.reserved is None:
+            raise FakeNvmlError("Function Not Found")
+        return SimpleNamespace(version=version, total=h.total, reserved=reserved, free=free, used=h.used)
+
+    def nvmlDeviceGetGpuInstanceId(self, h):
+        if h.ids is None:
+            raise FakeNvmlError("Not Supported")
+        return h.ids[0]
+
+    def nvmlDeviceGetComputeInstanceId(self, h):
+        if h.ids is None:
+            raise FakeNvmlError("Not Supported")
+        return h.ids[1]
 
     def nvmlDeviceGetName(self, h):
         return h.name

@@ -113,6 +113,11 @@ def _processes(inventory: Inventory, out: Output) -> None:
             used = format_bytes(proc.used_bytes) if proc.used_bytes is not None else "unknown"
             out.status(f"{where}: pid {proc.pid} ({name}) holds {used}")
         if gpu.unlisted_bytes:
+            why = (
+                "processes NVML does not list, as in a container"
+                if gpu.reserved_bytes is not None
+                else "the driver's reservation, which this driver counts as used, or processes NVML does not list"
+            )
             out.status(
-                f"{where}: {format_bytes(gpu.unlisted_bytes)} in use that no listed process accounts for (the driver's reservation, or processes NVML does not list)"
+                f"{where}: {format_bytes(gpu.unlisted_bytes)} in use that no listed process accounts for ({why})"
             )

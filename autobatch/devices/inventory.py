@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from autobatch.devices.cgroup import bounding
-from autobatch.devices.cuda.nvml import NVML_DEVICE_MIG_ENABLE, _errors, running_processes
+from autobatch.devices.cuda.nvml import NVML_DEVICE_MIG_ENABLE, _errors, device_memory, running_processes
 from autobatch.devices.visible import Physical, describe_variable, visible_indices
 
 
@@ -45,10 +45,11 @@ class Gpu:
     index: int | None = None  # as CUDA (torch) sees it here under CUDA_VISIBLE_DEVICES; None: not visible
     pci_bus_id: str | None = None
     total_bytes: int | None = None
-    used_bytes: int | None = None
+    used_bytes: int | None = None  # allocated by processes (NVML v2); with the driver's reservation under v1
     free_bytes: int | None = None
+    reserved_bytes: int | None = None  # the driver's and firmware's (None: this driver reports v1 only)
     processes: list[GpuProcess] = field(default_factory=list)
-    unlisted_bytes: int | None = None  # used memory no listed process accounts for
+    unlisted_bytes: int | None = None  # used memory no listed process accounts for (v1: reservation in it)
     mig_enabled: bool = False
     mig: list[Gpu] = field(default_factory=list)
     parent_uuid: str | None = None
@@ -322,14 +323,15 @@ def _mig_enabled(nvml: Any, handle: Any) -> bool:
 
 
 def _usage(nvml: Any, handle: Any, gpu: Gpu) -> Gpu:
-    """``gpu`` with its memory and processes now."""
-    memory = _call(nvml, "nvmlDeviceGetMemoryInfo", handle)
+    """``gpu`` with its memory and processes now; its used memory on CUDA's footing where the driver reports it
+    apart from the driver's reservation (:func:`~autobatch.devices.cuda.nvml.device_memory`), as a tune counts it."""
+    try:
+        memory = device_memory(nvml, handle)
+    except _errors(nvml):
+        memory = None
     if memory is not None:
-        gpu.total_bytes, gpu.used_bytes, gpu.free_bytes = (
-            int(memory.total),
-            int(memory.used),
-            int(memory.free),
-        )
+        gpu.total_bytes, gpu.used_bytes, gpu.free_bytes = memory.total, memory.used, memory.free
+        gpu.reserved_bytes = memory.reserved
     _processes(nvml, handle, gpu)
     return gpu
 

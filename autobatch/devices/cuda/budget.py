@@ -35,7 +35,7 @@ class CudaSnapshot:
     free_bytes: int  # torch.cuda.mem_get_info
     torch_reserved_bytes: int = 0  # reserved by this process's caching allocator when taken
     nvml_used_by_others_bytes: int | None = None  # other PIDs (None: unknown or our PID not visible)
-    nvml_device_used_bytes: int | None = None  # nvmlDeviceGetMemoryInfo().used: recorded, never subtracted
+    nvml_device_used_bytes: int | None = None  # nvml.device_memory().used: recorded, never subtracted
     nvml_process_bytes: int | None = None  # this PID, None when NVML cannot see it
     context_bytes: int = DEFAULT_CONTEXT_BYTES
     context_source: str = "estimate"  # "nvml" (measured) | "estimate"

@@ -64,6 +64,35 @@ def _device_handles(nvml: Any) -> Iterator[Any]:
                 continue
 
 
+@dataclass(frozen=True)
+class DeviceMemory:
+    """A device's memory as NVML reports it (bytes). ``used`` is what processes allocated; ``reserved`` the memory
+    the driver and firmware set aside, which CUDA's total (``cudaMemGetInfo``) already leaves out, so ``used`` is on
+    CUDA's footing. ``reserved`` None: the driver reports only version 1, whose ``used`` includes the reservation."""
+
+    total: int
+    used: int
+    free: int
+    reserved: int | None
+
+
+def device_memory(nvml: Any, handle: Any) -> DeviceMemory:
+    """The device's memory, version 2 of ``nvmlDeviceGetMemoryInfo`` where the driver and nvidia-ml-py have it
+    (``reserved`` apart from ``used``), else version 1 (``used`` with the reservation in it): the one reader of a
+    device's used memory. Raises NVML's errors."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    # a driver without nvmlDeviceGetMemoryInfo_v2 (NVML's FunctionNotFound), a pynvml without the keyword
+    no_v2: tuple[type[BaseException], ...] = (*_errors(nvml), TypeError, AttributeError)
+    if version is not None:
+        try:
+            info = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            return DeviceMemory(int(info.total), int(info.used), int(info.free), int(info.reserved))
+        except no_v2:
+            pass
+    info = nvml.nvmlDeviceGetMemoryInfo(handle)
+    return DeviceMemory(int(info.total), int(info.used), int(info.free), None)
+
+
 def pick_nvml_handle(nvml: Any, torch_uuid: str | None, pci_bus_id: str | None) -> Any | None:
     """The NVML handle of torch's device: by UUID (physical or MIG), else by PCI bus id, else None.
 
@@ -239,7 +268,7 @@ class NvmlView:
         if self.handle is None:
             return None
         try:
-            return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+            return device_memory(self.nvml, self.handle).used
         except _errors(self.nvml):
             return None
 

@@ -138,3 +138,15 @@ def test_without_nvml_a_jobs_cuda_peak_is_unknown_and_the_job_runs():
     if not nvml_available()[0]:
         assert cuda.peak_bytes is None
     assert cpu.peak_bytes is not None and cpu.peak_bytes > 64 << 20
+
+
+def test_device_memory_reads_version_2_with_the_drivers_reservation_apart_else_version_1():
+    from autobatch.devices.cuda.nvml import DeviceMemory, device_memory
+
+    idle = FakeDevice(A, None, total=22 * GiB)  # an idle A10 under driver 535
+    idle.reserved = 517 * MiB
+    old = FakeDevice(B, None, total=22 * GiB, used=517 * MiB)  # a driver with version 1 alone
+    nvml = FakeNvml([idle, old])
+    assert device_memory(nvml, idle) == DeviceMemory(22 * GiB, 0, 22 * GiB - 517 * MiB, 517 * MiB)
+    assert device_memory(nvml, old) == DeviceMemory(22 * GiB, 517 * MiB, 22 * GiB - 517 * MiB, None)
+    assert NvmlView(nvml, idle).device_used_bytes() == 0  # the snapshot's record, on CUDA's footing
