@@ -25,7 +25,7 @@ from typing import Any
 
 from autobatch.devices.cgroup import bounding
 from autobatch.devices.cuda.nvml import NVML_DEVICE_MIG_ENABLE, _errors, device_memory, running_processes
-from autobatch.devices.visible import Physical, describe_variable, visible_indices
+from autobatch.devices.visible import MigInstance, Physical, describe_variable, visible_indices
 
 
 @dataclass
@@ -53,6 +53,9 @@ class Gpu:
     mig_enabled: bool = False
     mig: list[Gpu] = field(default_factory=list)
     parent_uuid: str | None = None
+    # a MIG instance's GPU and compute instance ids (None: not an instance, or NVML cannot tell)
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -280,7 +283,14 @@ class NvmlReader:
 
 def _place(inventory: Inventory, env: Mapping[str, str]) -> None:
     """Each GPU's index as this process sees it, and what the reader should know of that view."""
-    physical = [Physical(g.uuid, g.pci_bus_id or "", tuple(m.uuid for m in g.mig)) for g in inventory.gpus]
+    physical = [
+        Physical(
+            g.uuid,
+            g.pci_bus_id or "",
+            tuple(MigInstance(m.uuid, m.gpu_instance_id, m.compute_instance_id) for m in g.mig),
+        )
+        for g in inventory.gpus
+    ]
     indices = visible_indices(physical, env.get("CUDA_VISIBLE_DEVICES"))
     for gpu in inventory.gpus:
         gpu.index = indices.get(gpu.uuid)
@@ -342,7 +352,10 @@ def _instances(nvml: Any, handle: Any, nvml_index: int, parent: str) -> list[Gpu
     for slot in range(int(slots)):
         instance = _call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
         if instance is not None:
-            found.append(_usage(nvml, instance, _identity(nvml, instance, nvml_index, parent=parent)))
+            mig = _identity(nvml, instance, nvml_index, parent=parent)
+            mig.gpu_instance_id = _call(nvml, "nvmlDeviceGetGpuInstanceId", instance)
+            mig.compute_instance_id = _call(nvml, "nvmlDeviceGetComputeInstanceId", instance)
+            found.append(_usage(nvml, instance, mig))
     return found
 
 

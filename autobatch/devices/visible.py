@@ -2,8 +2,9 @@
 
 Pure: the GPUs come in as :class:`Physical` records (from NVML, see :mod:`.inventory`), the variable as a
 string; :func:`visible_indices` applies CUDA's rules (indices, GPU UUIDs or their unique prefixes, ``MIG-``
-UUIDs; the list of the first entry's kind, stopping at the first entry that matches nothing or is of another
-kind; a device named twice leaves none visible) in PCI bus order, which the probe server is started with
+UUIDs or, as drivers before R470 named MIG instances, ``MIG-GPU-<uuid>/<gi>/<ci>``; the list of the first
+entry's kind, stopping at the first entry that matches nothing or is of another kind; a device named twice
+leaves none visible) in PCI bus order, which the probe server is started with
 (:data:`PROBE_ENV`, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). The rules are those PyTorch counts devices by without
 starting CUDA (``torch.cuda._parse_visible_devices``, ``_transform_uuid_to_ordinals``), so this module and
 ``torch.cuda.device_count()`` agree. docs/commands.md (``devices``) says what a user sees.
@@ -20,12 +21,22 @@ PROBE_ENV: dict[str, str] = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """A MIG instance as NVML lists it: its UUID (``MIG-...``) and its GPU and compute instance ids (None: NVML
+    did not say), which the older form of ``CUDA_VISIBLE_DEVICES`` names it by."""
+
+    uuid: str
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+
+
+@dataclass(frozen=True)
 class Physical:
-    """A physical GPU as NVML lists it: UUID (``GPU-...``), PCI bus id, and its MIG instances' UUIDs."""
+    """A physical GPU as NVML lists it: UUID (``GPU-...``), PCI bus id, and its MIG instances."""
 
     uuid: str
     pci_bus_id: str = ""
-    mig_uuids: tuple[str, ...] = field(default_factory=tuple)
+    mig: tuple[MigInstance, ...] = field(default_factory=tuple)
 
 
 def cuda_order(gpus: Sequence[Physical]) -> list[Physical]:
@@ -38,7 +49,9 @@ def visible_indices(gpus: Sequence[Physical], cuda_visible_devices: str | None) 
 
     Unset: every GPU, in order; set but empty: none. Otherwise a comma-separated list whose first entry decides
     its kind: indices (into PCI bus order; like ``strtoul``, ``1gpu2`` is 1), GPU UUIDs or unique prefixes of
-    them (``GPU-8f0c``), or MIG instances' ``MIG-`` UUIDs. The visible devices are the listed ones in the listed
+    them (``GPU-8f0c``), or MIG instances: their ``MIG-`` UUIDs, or their GPU's full UUID with their GPU and
+    compute instance ids (``MIG-GPU-8f0c.../1/0``, the form before driver R470; torch parses both as ``MIG-``
+    entries, one kind). The visible devices are the listed ones in the listed
     order; the list stops at the first entry of another kind or that matches nothing (an index past the last
     GPU, a negative one, an unknown or ambiguous prefix), and a device named twice leaves none visible. A
     MIG-enabled GPU reached by index or GPU UUID keeps its index here, but which of its instances CUDA opens is
@@ -81,13 +94,26 @@ def _entries(variable: str) -> list[str | int]:
     return entries
 
 
+#: A MIG instance in the form of drivers before R470: its GPU's UUID, GPU instance id, compute instance id.
+_OLD_MIG = re.compile(r"MIG-(GPU-[^/]+)/(\d+)/(\d+)")
+
+
 def _match(entry: str | int, ordered: Sequence[Physical]) -> str | None:
     if isinstance(entry, int):
         return ordered[entry].uuid if entry < len(ordered) else None
     if entry.startswith("GPU-"):
         found = [g.uuid for g in ordered if g.uuid.upper().startswith(entry)]
+    elif old := _OLD_MIG.fullmatch(entry):
+        gpu, ids = old.group(1), (int(old.group(2)), int(old.group(3)))
+        found = [
+            m.uuid
+            for g in ordered
+            if g.uuid.upper() == gpu
+            for m in g.mig
+            if (m.gpu_instance, m.compute_instance) == ids
+        ]
     else:
-        found = [m for g in ordered for m in g.mig_uuids if m.upper().startswith(entry)]
+        found = [m.uuid for g in ordered for m in g.mig if m.uuid.upper().startswith(entry)]
     return found[0] if len(found) == 1 else None
 
 

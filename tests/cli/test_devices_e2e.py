@@ -14,6 +14,8 @@ from support import ROOT, run_cli
 FAKE = ROOT / "tests" / "daemon" / "fake_pynvml"
 MiB, GiB = 1 << 20, 1 << 30
 A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+MIG_A = "MIG-cccccccc-1111-2222-3333-444444444444"
+MIG_B = "MIG-dddddddd-1111-2222-3333-444444444444"
 
 
 def devices(tmp_path: Path, gpus: list[dict[str, Any]], **env: str) -> tuple[dict[str, Any], str]:
@@ -46,3 +48,32 @@ def test_an_idle_gpus_driver_reservation_is_not_memory_of_unlisted_processes(tmp
     (gpu,) = inventory["gpus"]
     assert (gpu["used_bytes"], gpu["reserved_bytes"], gpu["unlisted_bytes"]) == (517 * MiB, None, 517 * MiB)
     assert "the driver's reservation" in " ".join(said.split())
+
+
+def instance(uuid: str, gpu_instance: int) -> dict[str, Any]:
+    """A 3g.40gb MIG instance of the A100: ``gpu_instance``, compute instance 0."""
+    name = "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+    return {"uuid": uuid, "name": name, "gi": gpu_instance, "ci": 0, "total": 40 * GiB, "used": 0}
+
+
+def test_a_mig_instance_named_in_the_form_before_r470_is_visible(tmp_path: Path) -> None:
+    # CUDA_VISIBLE_DEVICES=MIG-GPU-<uuid>/<gpu instance>/<compute instance>, as drivers before R470 named a MIG
+    # instance (and job scripts written then still do): the instance with those ids on that GPU is cuda:0.
+    a100 = {
+        "uuid": A,
+        "bus": "00000000:17:00.0",
+        "name": "NVIDIA A100-SXM4-80GB",
+        "total": 80 * GiB,
+        "used": 0,
+    }
+    split = [{**a100, "mig": [instance(MIG_A, 1), instance(MIG_B, 2)]}]
+    inventory, said = devices(tmp_path, split, CUDA_VISIBLE_DEVICES=f"MIG-{A}/2/0")
+    (parent,) = inventory["gpus"]
+    assert [(m["uuid"], m["index"]) for m in parent["mig"]] == [(MIG_A, None), (MIG_B, 0)]
+    assert (parent["mig"][1]["gpu_instance_id"], parent["mig"][1]["compute_instance_id"]) == (2, 0)
+    assert inventory["no_gpu"] is None and "cuda:0" in said
+    # the new form names the same instance; both forms of one instance leave none visible, as a device named twice
+    (parent,) = devices(tmp_path, split, CUDA_VISIBLE_DEVICES=MIG_B)[0]["gpus"]
+    assert parent["mig"][1]["index"] == 0
+    named_twice = devices(tmp_path, split, CUDA_VISIBLE_DEVICES=f"MIG-{A}/2/0,{MIG_B}")[0]
+    assert named_twice["no_gpu"] and all(m["index"] is None for m in named_twice["gpus"][0]["mig"])

@@ -14,16 +14,18 @@ from fake_nvml import A, B, FakeDevice, FakeNvml, FakeNvmlError, GiB, M, MiB, ma
 
 from autobatch.devices.inventory import read_inventory
 from autobatch.devices.selection import targets_for
-from autobatch.devices.visible import Physical, visible_indices
+from autobatch.devices.visible import MigInstance, Physical, visible_indices
 
 C = "GPU-cccccccc-1111-2222-3333-444444444444"
+#: M (GPU instance 1, compute instance 0 on A) in the form of drivers before R470, upper and lower case.
+OLD_M = f"MIG-{A}/1/0"
 
 
 def gpus() -> list[Physical]:
     # NVML lists them out of PCI order on purpose: CUDA numbers by PCI bus id.
     return [
         Physical(B, "00000000:65:00.0"),
-        Physical(A, "00000000:17:00.0", (M,)),
+        Physical(A, "00000000:17:00.0", (MigInstance(M, 1, 0),)),
         Physical(C, "00000000:CA:00.0"),
     ]
 
@@ -46,6 +48,13 @@ def gpus() -> list[Physical]:
         ("GPU-", {}),  # a prefix of every UUID is not unique
         ("MIG-cccc", {M: 0}),
         ("MIG-cccc,1", {M: 0}),
+        (OLD_M, {M: 0}),  # the form before driver R470: the GPU's UUID, GPU and compute instance ids
+        (OLD_M.lower(), {M: 0}),
+        (f"{OLD_M},0", {M: 0}),
+        (f"MIG-{A}/1/1", {}),  # no such compute instance
+        (f"MIG-{B}/1/0", {}),  # no such instance on that GPU
+        (f"MIG-{A[:12]}/1/0", {}),  # the GPU's UUID in full, not a prefix
+        (f"{OLD_M},MIG-cccc", {}),  # one instance named in both forms: none is visible
         ("nonsense,0", {}),
     ],
 )
@@ -78,6 +87,19 @@ def test_cuda_visible_devices_agrees_with_torchs_count(
                 ordinals = ordinals[:position]
                 break
     assert visible_indices(gpus(), variable) == {ordered[o]: i for i, o in enumerate(ordinals)}
+
+
+@pytest.mark.parametrize(
+    "variable", [OLD_M, f"{OLD_M},0", f"{OLD_M},MIG-cccc", "MIG-cccc,1", f"MIG-cccc,{OLD_M},GPU-aaaa"]
+)
+def test_mig_entries_are_the_ones_torch_parses(variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch reads both forms of a MIG instance as entries of one kind, MIG-, and leaves matching them to CUDA
+    # (its NVML count skips MIG): the entries this module matches are torch's.
+    from autobatch.devices.visible import _entries
+
+    torch_cuda = pytest.importorskip("torch.cuda")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", variable)
+    assert _entries(variable) == [entry.upper() for entry in torch_cuda._parse_visible_devices()]
 
 
 def test_inventory_lists_gpus_in_pci_order_with_memory_and_versions() -> None:
