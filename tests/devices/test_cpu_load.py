@@ -32,8 +32,11 @@ def _waited(seconds: float) -> float | None:
 
 @pytest.mark.exclusive  # how long our threads wait for a core: no other test may run beside it
 def test_one_thread_of_our_own_does_not_wait() -> None:
-    waited = _waited(0.5)
-    assert waited is not None and quiet(waited)
+    """Quiet in one of three windows: work outside the suite (another user's job on the machine) comes in
+    bursts and can load one window, where a neighbour on our cores loads every one (the test below)."""
+    readings = [_waited(0.5) for _ in range(3)]
+    assert all(w is not None for w in readings)
+    assert any(quiet(w) for w in readings if w is not None), readings
 
 
 @pytest.mark.slow
