@@ -210,6 +210,11 @@ class ProcessNoise:
         self._rng = random.Random(self.seed)
         self._tune = self._rng.uniform(-self.tune_bytes, self.tune_bytes)
 
+    @property
+    def tune_offset(self) -> int:
+        """The tune's own baseline shift, which every probe of the tune shares."""
+        return math.ceil(self._tune)
+
     def draw(self, long: bool) -> int:
         """The offset of one probe's process (a confirmation-length probe's included)."""
         process = self._rng.uniform(-self.process_bytes, self.process_bytes)
@@ -259,6 +264,10 @@ class FakeStepProbe:
         total, peak = self.curve(batch_size) + shift, self.curve.measure(batch_size) + shift
         rising = self.curve.rising(batch_size) + shift if self.phases else None
         if self.cap_bytes is not None and total > self.cap_bytes:
+            # An allocation failed. When the first forward and backward fitted (the optimizer state came
+            # after), the probe read the rising phase and stopped in its first step, as a real one does.
+            if rising is not None and rising - self.state_bytes <= self.cap_bytes:
+                return Observation(batch_size, fits=False, kind="oom", steps=1, rising_bytes=rising)
             return Observation(batch_size, fits=False, kind="oom", steps=0)
         if self.cap_bytes is not None and total > self.budget_bytes:
             return Observation(

@@ -58,6 +58,11 @@ Point = tuple[int, int]  # (batch size, peak bytes) of a fitting probe
 #: benchmark's workloads (the first backward's reading at batch 8 less the probe's own static memory): the
 #: guess lay 1-3 % above the maximum on three of seven, up to 60 % below on the rest.
 LIKELY_SHORT = 0.95
+#: The least share of the scout's reading the guess after it scales (bytes above the static memory the scout
+#: measured): a peak moves 0.1-0.5 MiB between processes, so a smaller share says only that a sample costs little.
+#: The quadratic workload's scout at batch 8 holds 36 kB of its own (2026-12-01): read as 0.14-0.3 MB, it put the
+#: guess at 4078-7112 over a maximum of 3134, each a miss that failed at once.
+SCOUT_SHARE = 1 << 20
 #: The reported line's base reaches at least this far below its largest point (a fraction of its batch).
 REPORTED_BASE = 0.75
 #: The least rise between two points a local fit reads (:func:`_spaced`): a choice, above the 0.2-0.4 MiB by
@@ -156,7 +161,8 @@ def _proportional(point: Point, floor: int, likely_floor: int | None, budget: in
     batch's whole share (the quadratic workload simulated so: 0.07 MiB left above the floor at batch 8)."""
     b, p = point
     if likely_floor is not None and likely_floor < p:
-        guess = _exact(Affine(float(likely_floor), (p - likely_floor) / b), budget, reported=False)
+        share = max(p - likely_floor, SCOUT_SHARE)
+        guess = _exact(Affine(float(likely_floor), share / b), budget, reported=False)
         if guess is not None:
             return replace(guess, low=LIKELY_SHORT * guess.low)
     base = floor if 0 < floor < p else 0
@@ -189,8 +195,9 @@ Reading = tuple[int, Optional[int], Optional[int]]  # (batch, peak, rising phase
 
 
 def rising_gap(fits: list[Reading]) -> int:
-    """How far the step's peak lies above the rising phase's reading once that phase sets it (0: unknown),
-    from fits ``(batch, peak, rising)``.
+    """How far the step's peak lies above the rising phase's reading once that phase sets it (0: unknown;
+    negative: under it, as the quadratic workload's peaks lie 0.1 MB under their readings), from fits
+    ``(batch, peak, rising)``.
 
     The rising phase's reading misses what later steps add (an autocast cache, allocator creep): measured
     here near the boundary, 0.1 MiB at 32-true and 8 MiB at bf16-mixed. It is read at the largest fit when
@@ -209,7 +216,7 @@ def rising_gap(fits: list[Reading]) -> int:
     grew, peak_grew, gap = ends
     if grew <= 0 or peak_grew < grew / 4 or (peak_grew < 3 * grew / 4 and gap > grew):
         return 0
-    return max(0, gap)
+    return gap
 
 
 def model_points(
@@ -281,7 +288,7 @@ def _phase_gap(fits: list[Reading], misses: list[tuple[int | None, int | None]],
     miss reached 8 MiB above its reading, and without it the search crept down a sample a probe).
     """
     proven = [max(line, p or 0) - r for p, r in misses if r is not None]
-    return max(0, rising_gap(fits), *proven)
+    return max([rising_gap(fits), *proven])
 
 
 def peak_keeps_pace(fits: list[Reading]) -> bool:
@@ -347,9 +354,23 @@ def _local(items: list[Point], budget: int) -> Prediction | None:
             # the root at 3166 against a maximum of 3160, and a spread from that surprise 622 samples wide
             # drew a probe at 2776).
             return Prediction(line, low, high, bends=bends)
+        if len(items) == 3 and items[-2][1] < budget <= items[-1][1] and _bends(items):
+            # A fit and a miss's point above the budget that bend with the point below them: the boundary lies
+            # between the two, at or past the chord's crossing (the curve is convex) and at most the parabola's
+            # root. The surprise is the bend, not noise, and the chord is the likelier end: a rising reading is
+            # straight above the batch where the build's own high-water mark stops setting it (param_heavy: 8,
+            # 376 and a miss at 847 cross at 621.7, the maximum 621; the spread from the surprise drew a 3-step
+            # probe at 611, and two more to the boundary).
+            return Prediction(line, low, high, bends=True)
         (b, p), rest = items[-1], items[:-1]
-        guess = _parabola(rest[-3:], b) if len(rest) >= 3 else _secant(rest[-2], rest[-1]).predict(b)
-        noise = _noise(abs(guess - p), rest[-1][0] - rest[-2][0], b - rest[-1][0])
+        # The surprise neither the secant nor the parabola below the last point explains: a curve that bends
+        # everywhere (a batch x batch loss) follows the parabola; one that bent once, at its smallest point, and
+        # is straight since, the secant (param_heavy: the parabola through 8, 376 and 611 missed 847 by 39 MiB, the
+        # secant through 376 and 611 by 0.03; read as noise, the 39 drew a probe 21 samples past the boundary).
+        surprise = abs(_secant(rest[-2], rest[-1]).predict(b) - p)
+        if len(rest) >= 3:
+            surprise = min(surprise, abs(_parabola(rest[-3:], b) - p))
+        noise = _noise(surprise, rest[-1][0] - rest[-2][0], b - rest[-1][0])
         spread = noise * (1 + max(0.0, center - b) / (b - rest[-1][0])) / line.slope
         low, high = min(low, center - spread), max(high, center + spread)
     return Prediction(line, low, high, bends=bends)

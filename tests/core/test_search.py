@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autobatch.core.model import LIKELY_SHORT
+from autobatch.core.model import LIKELY_SHORT, SCOUT_SHARE
 from autobatch.core.search import (
     SLACK,
     Affine,
@@ -405,6 +405,11 @@ def test_a_fit_s_own_static_memory_puts_the_second_probe_near_the_maximum() -> N
         counts.append(near.probes)
         best = near.max_batch_size
         assert best is not None and near.trace[1].fits
+        if 8 * slope < SCOUT_SHARE - (static - measured):
+            # A share under what a process moves its peak by is read as that much: a lower bound, nearer
+            # than the floor's (test_endgame_six.py).
+            assert plain.trace[1].batch_size <= near.trace[1].batch_size <= best
+            continue
         assert 0.9 * LIKELY_SHORT * best - 1 <= near.trace[1].batch_size <= best
         reach.append(near.trace[1].batch_size / best)
         plain_reach.append(plain.trace[1].batch_size / best)
