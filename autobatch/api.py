@@ -8,13 +8,12 @@ are described in docs/python-api.md.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
 import tempfile
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
     from autobatch.records.result import TuneResult
     from autobatch.service.hooks import Hooks
     from autobatch.settings import Settings
+    from autobatch.settings.levers import Door
     from autobatch.step.spec import ScriptSpec
 
 logger = logging.getLogger("autobatch")
@@ -82,11 +82,44 @@ def tune(
     ``autobatch.toml``) and where progress goes; ``refresh`` measures again instead of serving the
     result cache. Raises what ``autobatch tune`` exits with.
     """
+    loaded = _settings("tune", config, script, settings)
+    return _tune(loaded, script, (build_model, make_batch, compute_loss), on_probe, runner, refresh)
+
+
+def callback_tune(
+    script: Any,
+    implied: Mapping[str, tuple[Any, str]],
+    *,
+    config: str | Path | None = None,
+    on_probe: Callable[[ProbeEvent], None] | None = None,
+    runner: ProbeRunner | None = None,
+    refresh: bool = False,
+    **settings: Any,
+) -> TuneResult:
+    """:func:`tune` for the Lightning callback: ``settings`` are the keywords its user gave ``AutoBatch``, and
+    ``implied`` what the fit runs, each value with where it came from (the Trainer's device, precision and world
+    size, the training data's size), which the user's keywords replace. Its messages name keywords, and a
+    value implied by the fit as the fit's, not as a keyword its user never wrote."""
+    given = dict(settings)
+    loaded = _settings(
+        "AutoBatch", config, script, {**{name: value for name, (value, _) in implied.items()}, **given},
+        door="callback", labels={name: by for name, (_, by) in implied.items() if name not in given},
+    )  # fmt: skip
+    return _tune(loaded, script, (None, None, None), on_probe, runner, refresh)
+
+
+def _tune(
+    loaded: Settings,
+    script: Any,
+    functions: tuple[Any, ...],
+    on_probe: Callable[[ProbeEvent], None] | None,
+    runner: ProbeRunner | None,
+    refresh: bool,
+) -> TuneResult:
     from autobatch.service.tune import tune as run_tune
 
-    loaded = _settings("tune", config, script, settings)
     result_file = loaded.output.result if loaded.origin("result") != "default" else None
-    with _spec(script, loaded, (build_model, make_batch, compute_loss)) as spec:
+    with _spec(script, loaded, functions) as spec:
         return run_tune(
             loaded,
             _hooks(on_probe, runner, on_result=_log_chosen),
@@ -146,8 +179,16 @@ def check(
 # -- settings and the step ----------------------------------------------------------------------------
 
 
-def _settings(what: str, config: str | Path | None, script: Any, given: dict[str, Any]) -> Settings:
-    """Keyword arguments as settings (unknown names are a TypeError, as Python reports them)."""
+def _settings(
+    what: str,
+    config: str | Path | None,
+    script: Any,
+    given: dict[str, Any],
+    door: Door = "api",
+    labels: Mapping[str, str] | None = None,
+) -> Settings:
+    """Keyword arguments as settings (unknown names are a TypeError, as Python reports them), their messages in
+    ``door``'s words; ``labels``: where the ones the caller's user did not write came from."""
     import difflib
 
     from autobatch.settings import load_settings
@@ -163,7 +204,7 @@ def _settings(what: str, config: str | Path | None, script: Any, given: dict[str
     overrides = dict(given)
     if isinstance(script, (str, os.PathLike)):
         overrides["script"] = os.fspath(script)
-    return load_settings(config=config, overrides=overrides, use_default_file=False)
+    return load_settings(config=config, overrides=overrides, use_default_file=False, door=door, labels=labels)
 
 
 @contextmanager
@@ -215,6 +256,7 @@ def _pickled(found: Any, path: Path, label: str) -> ScriptSpec:
     import cloudpickle
 
     from autobatch.errors import UsageError
+    from autobatch.step.identity import step_identity
     from autobatch.step.spec import ScriptSpec
 
     try:
@@ -226,52 +268,9 @@ def _pickled(found: Any, path: Path, label: str) -> ScriptSpec:
             "processes out of what they reference, or put them in an importable module",
         ) from None
     path.write_bytes(payload)
-    return ScriptSpec("pickled", str(path), {"identity": _identity(found)}, sys_path=_sys_path(), label=label)
-
-
-def _identity(found: Any) -> str:
-    """A digest of the step that is the same in every process that builds the same step (a kernel restarted, a
-    Lightning script run again), so that it keys the same cache entry and probe journal.
-
-    Its pickle is not: cloudpickle gives each class it carries by value (one defined in a notebook or in
-    ``__main__``) a random id per process, torch pickles a tensor's storage under its memory address, and a set
-    of strings comes out in the order of their hashes (seeded per process). Here tensors are pickled as their
-    dtype, shape, strides and a digest of their bytes, sets sorted, and the class ids as their order of
-    appearance.
-    """
-    import io
-
-    import cloudpickle
-    from cloudpickle import cloudpickle as internals
-
-    torch = sys.modules.get("torch")  # a step that holds tensors imported it
-
-    class Identifying(cloudpickle.Pickler):
-        def persistent_id(self, obj: Any) -> Any:
-            if isinstance(
-                obj, (set, frozenset)
-            ):  # in the order of their items' hashes, which vary for strings
-                return (type(obj).__name__, tuple(sorted(obj, key=repr)))
-            if torch is None or not isinstance(obj, torch.Tensor):
-                return None
-            try:
-                data = obj.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
-            except Exception:  # noqa: BLE001 - sparse, meta, quantized: pickled as they are
-                return None
-            digest = hashlib.sha256(data.tobytes()).hexdigest()
-            return (type(obj).__name__, str(obj.dtype), obj.shape, obj.stride(), obj.requires_grad, digest)
-
-    out = io.BytesIO()
-    Identifying(out).dump(found)
-    payload = out.getvalue()
-    ids = [
-        i.encode()
-        for i in list(getattr(internals, "_DYNAMIC_CLASS_TRACKER_BY_ID", {}))
-        if i.encode() in payload
-    ]
-    for n, class_id in enumerate(sorted(ids, key=payload.find)):
-        payload = payload.replace(class_id, f"{n:032x}".encode())
-    return hashlib.sha256(payload).hexdigest()
+    return ScriptSpec(
+        "pickled", str(path), {"identity": step_identity(found)}, sys_path=_sys_path(), label=label
+    )
 
 
 def _sys_path() -> tuple[str, ...]:

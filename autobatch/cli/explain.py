@@ -75,8 +75,12 @@ def explain(
     from autobatch.service.check import combination
     from autobatch.service.explain import explain as run_explain
 
-    console.print(f"[bold]autobatch explain[/] {escape(script_path)}: starting the probe server")
     devices: list[DeviceInfo] = []
+
+    def show_status(
+        text: str,
+    ) -> None:  # the service's word that it starts (after refusing what it cannot run)
+        console.print(f"[bold]autobatch explain[/] {escape(script_path)}: {escape(text)}")
 
     def show_device(info: DeviceInfo) -> None:
         devices.append(info)
@@ -89,7 +93,7 @@ def explain(
     report = run_explain(
         settings,
         batch_size,
-        Output().hooks(on_device=show_device, on_probe=None),
+        Output().hooks(on_device=show_device, on_probe=None, on_status=show_status),
         recompute=one_recompute,
         vocab_trim=vocab_trim,
         verify=verify,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from autobatch.core.units import format_bytes
 from autobatch.errors import DeviceError, UsageError
 from autobatch.records.result import Circumstance, warning_note
+from autobatch.settings.levers import Door, lever
 
 if TYPE_CHECKING:
     from autobatch.records.protocol import ProbeOutcome
@@ -153,19 +154,20 @@ class DeviceInfo:
         }
 
 
-def cpu_budget(capacity_bytes: int, headroom: float, baseline_bytes: int | None) -> int:
-    """``capacity x (1 - headroom)``; refused when it leaves nothing above the probe process itself."""
+def cpu_budget(capacity_bytes: int, headroom: float, baseline_bytes: int | None, door: Door = "cli") -> int:
+    """``capacity x (1 - headroom)``; refused when it leaves nothing above the probe process itself (the fix
+    named as ``door`` names it)."""
     budget = int(capacity_bytes * (1 - headroom))
     if baseline_bytes and budget <= baseline_bytes:
         raise UsageError(
             f"the CPU budget {format_bytes(budget)} is below what a probe process holds before building the model "
             f"({format_bytes(baseline_bytes)}: Python, torch and the script)",
-            hint="raise --memory: on the CPU device it caps the whole probe process, imports included",
+            hint=f"raise {lever(door, 'memory')}: on the CPU device it caps the whole probe process, imports included",
         )
     return budget
 
 
-def check_cpu_memory(memory: int | None, info: dict[str, Any]) -> None:
+def check_cpu_memory(memory: int | None, info: dict[str, Any], door: Door = "cli") -> None:
     """Refuse a CPU ``--memory`` above the most a process here can hold (the machine's physical memory, its
     memory cgroup's limit, or its own resource limits: ``info`` as :func:`autobatch.devices.cpu.machine_memory`
     reports it): the cap (RLIMIT_DATA) could never be what stops a probe; the kernel's out-of-memory killer would,
@@ -173,9 +175,10 @@ def check_cpu_memory(memory: int | None, info: dict[str, Any]) -> None:
     total = info.get("total_bytes")
     if not (memory and total and memory > total):
         return
+    asked = lever(door, "memory", format_bytes(memory))
     if info.get("total_by") == "process":
         raise UsageError(
-            f"--memory {format_bytes(memory)} is more than this process's {info['process_limit_name']} lets it "
+            f"{asked} is more than this process's {info['process_limit_name']} lets it "
             f"hold ({format_bytes(total)}), which the job started from this shell inherits: a probe would measure "
             "memory the job cannot have",
             hint=f"pass at most {format_bytes(total)}, or raise the limit (`ulimit -S -d unlimited`, `ulimit -S -v "
@@ -187,8 +190,8 @@ def check_cpu_memory(memory: int | None, info: dict[str, Any]) -> None:
         else f"this machine's physical memory ({format_bytes(total)})"
     )
     raise UsageError(
-        f"--memory {format_bytes(memory)} is more than {what}: on the CPU device the cap could never be reached",
-        hint=f"pass at most {format_bytes(total)} (leave --memory unset to use the memory available now); "
+        f"{asked} is more than {what}: on the CPU device the cap could never be reached",
+        hint=f"pass at most {format_bytes(total)} (leave {lever(door, 'memory')} unset to use the memory available now); "
         "to plan for a bigger machine, use `autobatch estimate --memory`",
     )
 
@@ -213,8 +216,11 @@ def capacity_note(info: dict[str, Any]) -> str | None:
     )
 
 
-def device_info(device: str, info: dict[str, Any], *, memory: int | None, headroom: float) -> DeviceInfo:
-    """The :class:`DeviceInfo` of ``device`` ("cpu" or "cuda:N") from an ``inspect`` answer."""
+def device_info(
+    device: str, info: dict[str, Any], *, memory: int | None, headroom: float, door: Door = "cli"
+) -> DeviceInfo:
+    """The :class:`DeviceInfo` of ``device`` ("cpu" or "cuda:N") from an ``inspect`` answer; its refusals name
+    ``--memory`` as ``door`` does."""
     common: dict[str, Any] = {
         "unsupported_precisions": dict(info.get("unsupported_precisions", {})),
         "recompute_blocks": list(info.get("recompute_blocks", [])),
@@ -231,9 +237,9 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
             info, cgroup=job_cgroup()
         )  # the job's cgroup, where the probes run in another (the daemon's)
         capacity = memory or int(info["available_bytes"])
-        check_cpu_memory(memory, info)
+        check_cpu_memory(memory, info, door)
         baseline = info.get("baseline_bytes")
-        budget = cpu_budget(capacity, headroom, baseline)
+        budget = cpu_budget(capacity, headroom, baseline, door)
         info_ = DeviceInfo(
             "cpu", "cpu", capacity, budget, headroom, MEMORY_DEFINITION, baseline_bytes=baseline, **common
         )
@@ -245,7 +251,7 @@ def device_info(device: str, info: dict[str, Any], *, memory: int | None, headro
         if memory and available and memory > int(available):
             info_.warn(
                 Circumstance(  # the machine's memory when it measured
-                    f"--memory {format_bytes(memory)} is more than {where} now "
+                    f"{lever(door, 'memory', format_bytes(memory))} is more than {where} now "
                     f"({format_bytes(int(available))}): a probe may be killed for want of memory before it "
                     "reaches the cap"
                 )

@@ -30,6 +30,7 @@ from autobatch.errors import UsageError
 from autobatch.records.files import preflight, write_atomic
 from autobatch.records.liveness import unfinished
 from autobatch.records.result import TuneResult
+from autobatch.settings.levers import Door, lever
 
 Renderer = Callable[[TuneResult, EmitOptions], str]
 
@@ -146,15 +147,17 @@ def targets(specs: Iterable[str | tuple[str, str | Path]]) -> list[tuple[str, Pa
     return found
 
 
-def refuse_fallback(specs: Iterable[str], allow_cpu: bool) -> None:
+def refuse_fallback(specs: Iterable[str], allow_cpu: bool, door: Door = "cli") -> None:
     """Before probing: ``--device auto`` fell back to the CPU and ``specs`` ask for launcher configs
-    (which :func:`render` would refuse after the whole tune): say so now, unless ``allow_cpu``."""
+    (which :func:`render` would refuse after the whole tune): say so now, unless ``allow_cpu`` (the fixes named
+    as ``door`` names them)."""
     launchers = [fmt for fmt, _ in map(parse_emit_spec, specs) if FORMATS[fmt].needs_choice]
     if launchers and not allow_cpu:
         raise UsageError(
             "device auto found no CUDA device and would tune the CPU, but emit asks for launcher configs "
             f"({', '.join(launchers)}) that would carry CPU numbers into a GPU job",
-            hint="run on a machine with the GPU; to train on the CPU, pass --device cpu (or --allow-cpu)",
+            hint=f"run on a machine with the GPU; to train on the CPU, pass {lever(door, 'device', 'cpu')} (or "
+            f"{lever(door, 'allow_cpu', True)})",
         )
 
 

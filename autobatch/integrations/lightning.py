@@ -117,7 +117,7 @@ class AutoBatch(Callback):
         self._resumed = state_dict.get("guard")
 
     def _tune(self, trainer: Any, pl_module: Any) -> TuneResult:
-        from autobatch.api import tune
+        from autobatch.api import callback_tune
 
         refuse_manual_optimization(pl_module)  # before any probe: each would refuse it after its imports
 
@@ -125,24 +125,24 @@ class AutoBatch(Callback):
         script = LightningScript(
             recipe(pl_module), recipe(datamodule) if datamodule is not None else None, self.batch_attr
         )
-        defaults: dict[str, Any] = {
-            "device": trainer_device(trainer),
-            "precisions": [str(trainer.precision)],
-            "recompute": False,
-            "world_size": trainer.world_size,
+        implied: dict[str, tuple[Any, str]] = {
+            "device": (trainer_device(trainer), "the Trainer's device"),
+            "precisions": ([str(trainer.precision)], "the Trainer's precision"),
+            "recompute": (False, "the Trainer (no recomputation)"),
+            "world_size": (trainer.world_size, "the Trainer's world_size"),
         }
         optimizer = optimizer_name(trainer.optimizers[0]) if trainer.optimizers else None
         if optimizer is not None:
-            defaults["optimizers"] = [optimizer]
+            implied["optimizers"] = ([optimizer], "configure_optimizers()")
+        settings = dict(self.settings)
         if self.global_batch_size is not None:
-            defaults["global_batch_size"] = self.global_batch_size
-        settings = {**defaults, **self.settings}
+            settings["global_batch_size"] = self.global_batch_size
         samples = train_samples(trainer, pl_module)
-        if (
-            samples is not None
-        ):  # no batch is larger than the data set (Lightning's own finder stops there too)
-            settings["max_batch_size"] = min(samples, settings.get("max_batch_size") or samples)
-        return tune(script, on_probe=self.on_probe, **settings)
+        if samples is not None and samples < (settings.get("max_batch_size") or samples + 1):
+            # no batch is larger than the data set (Lightning's own finder stops there too)
+            settings.pop("max_batch_size", None)
+            implied["max_batch_size"] = (samples, f"the training data's {samples} samples per process")
+        return callback_tune(script, implied, on_probe=self.on_probe, **settings)
 
 
 class Guarded(Callback):

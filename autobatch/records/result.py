@@ -18,6 +18,7 @@ from autobatch.core.space import SCRIPT_OWN, Combo, Ident, ident_of
 from autobatch.core.units import format_bytes
 from autobatch.errors import AutobatchError, NoBlocksError, NothingFitsError, ProbeFailure
 from autobatch.records.schema import SCHEMA_VERSION
+from autobatch.settings.levers import Door, lever
 
 if TYPE_CHECKING:
     from autobatch.core.plan import Plan
@@ -343,7 +344,7 @@ def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in names}
 
 
-def limited_failure(result: TuneResult) -> ProbeFailure | None:
+def limited_failure(result: TuneResult, door: Door = "cli") -> ProbeFailure | None:
     """The error that ends a tune some of whose maxima a crash or timeout limited (exit 6), or None.
 
     Raised by :meth:`Tuner.run` when nothing else could be chosen; otherwise ``tune`` raises it after the
@@ -356,7 +357,7 @@ def limited_failure(result: TuneResult) -> ProbeFailure | None:
     return ProbeFailure(
         f"{len(limited)} combination(s) ended on a crash or timeout, not on memory:\n  " + "\n  ".join(lines),
         hint="run `autobatch check SCRIPT --batch-size N --verbose` at that batch to see the probe's log; a timeout "
-        "needs a larger --timeout, a crash is a bug in the script or a native library (not memory)",
+        f"needs a larger {lever(door, 'timeout')}, a crash is a bug in the script or a native library (not memory)",
     )
 
 
@@ -364,18 +365,20 @@ def limited_failure(result: TuneResult) -> ProbeFailure | None:
 NO_BLOCKS = "no repeated blocks to recompute"
 
 
-def nothing_fits(result: TuneResult, budget_bytes: int) -> AutobatchError:
+def nothing_fits(result: TuneResult, budget_bytes: int, door: Door = "cli") -> AutobatchError:
     """The error of a tune that chose nothing, naming what stopped it: recomputation asked of a model with no
     repeated blocks (every combination skipped, no probe: a broken contract, exit 3), a sequence length at
-    which not one sample fits beside static memory, else static memory against the budget (exit 4)."""
+    which not one sample fits beside static memory, else static memory against the budget (exit 4). Its fixes
+    name the levers as ``door`` does."""
+    memory = lever(door, "memory")
     entries = result.combinations
     if entries and all(e.status == "skipped" and NO_BLOCKS in (e.reason or "") for e in entries):
         levels = ", ".join(dict.fromkeys(e.recompute_level or "full" for e in entries))
         return NoBlocksError(
             f"recomputation ({levels}) asked for, but the model has no repeated blocks to wrap, and every "
             "combination asked recomputes: nothing was probed",
-            hint="name the block classes with --recompute-class (or RECOMPUTE_CLASSES in the script), or search "
-            "without recomputation: --recompute-level off",
+            hint=f"name the block classes with {lever(door, 'recompute_classes')} (or RECOMPUTE_CLASSES in the "
+            f"script), or search without recomputation: {lever(door, 'recompute', 'off')}",
         )
     unheld = [e for e in entries if e.status == "incomplete"]
     if unheld and all(e.status in ("incomplete", "skipped") for e in entries):
@@ -383,17 +386,18 @@ def nothing_fits(result: TuneResult, budget_bytes: int) -> AutobatchError:
             f"no batch held a probe as long as a confirmation within the budget of {format_bytes(budget_bytes)}, "
             f"though shorter probes fitted: {unheld[0].key}: {unheld[0].reason}",
             hint="memory grows over the steps (a leak, a cache that fills) or the boundary flickers: "
-            "`autobatch check -b N --steps 20` shows each step's peak; give it more --memory",
+            "`autobatch check -b N --steps 20` shows each step's peak; give it more "
+            f"{memory}",
         )
     searched = [e for e in entries if e.status == "infeasible"]
     long = [e for e in searched if e.seq_len is not None and "tokens per sample" in (e.reason or "")]
     if searched and len(long) == len(searched):
         length = max(e.seq_len or 0 for e in long)
         return NothingFitsError(
-            f"no combination fits one sample of {length:,} tokens (--seq-len {length}) within the budget of "
+            f"no combination fits one sample of {length:,} tokens ({lever(door, 'seq_lens', [length])}) within the budget of "
             f"{format_bytes(budget_bytes)}: {long[0].key}: {long[0].reason}",
             hint="static memory leaves room, the length does not: tune at the lengths the job runs (a shorter "
-            "--seq-len), or give it more --memory",
+            f"{lever(door, 'seq_lens')}), or give it more {memory}",
         )
     first = f": {searched[0].key}: {searched[0].reason}" if searched and searched[0].reason else ""
     if entries and all(
@@ -402,11 +406,11 @@ def nothing_fits(result: TuneResult, budget_bytes: int) -> AutobatchError:
         return NothingFitsError(
             f"the script does not fit even the smallest batch within the budget of {format_bytes(budget_bytes)}"
             f"{first}",
-            hint="a script run as it is keeps its own precision, optimizer and model: give it more --memory, or "
+            hint=f"a script run as it is keeps its own precision, optimizer and model: give it more {memory}, or "
             "run it smaller (its arguments, its config: a narrower model, bf16, a lighter optimizer)",
         )
     return NothingFitsError(
         f"no combination fits even the smallest batch within the budget of {format_bytes(budget_bytes)}{first}",
         hint="see each combination's reason (static memory vs budget); try bf16, a lighter optimizer, "
-        "recomputation, or more --memory",
+        f"recomputation, or more {memory}",
     )

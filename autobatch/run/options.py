@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from autobatch.core.maximum import Limits
 from autobatch.records.result import Circumstance
 from autobatch.run.lengths import plan_lengths
+from autobatch.settings.levers import lever
 
 if TYPE_CHECKING:
     from autobatch.settings import Settings
@@ -32,14 +33,9 @@ class TuneOptions:
     compile: tuple[bool, ...] = (False,)
     seq_lens: tuple[int, ...] = ()  # lengths searched, ascending (the plan's among them); empty: one shape
     plan_seq_len: int | None = None
-
-    @property
-    def world_note(self) -> Circumstance | None:
-        """The note on where the plan's world size came from: a circumstance of the run (its flags, its
-        environment), so a result served from the cache states the serving run's instead."""
-        if self.world_size_source == "default":
-            return None
-        return Circumstance(f"world size {self.world_size} from {self.world_size_source}")
+    #: Where the plan's world size came from (:func:`world_note`): a circumstance of the run (its flags, its
+    #: environment), so a result served from the cache states the serving run's instead.
+    world_note: Circumstance | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, world_size: int, world_size_source: str) -> TuneOptions:
@@ -59,7 +55,25 @@ class TuneOptions:
             strict=search.strict,
             seq_lens=seq_lens,
             plan_seq_len=plan_seq_len,
+            world_note=world_note(settings, world_size, world_size_source),
         )
+
+
+def world_note(settings: Settings, world_size: int, source: str) -> Circumstance | None:
+    """The note on where the plan's world size came from, when it tells something: a world of several processes
+    (from a flag, a keyword, a variable, a file, a launcher, a strategy or the Trainer); a world of 1 that nothing
+    gave only when a global batch is planned over it (the job may run more processes than the tune was told of).
+    A world of 1 that something gave is what it says, and the plan shows it."""
+    from autobatch.settings import DEFAULT_WORLD
+
+    if world_size > 1:
+        return Circumstance(f"world size {world_size} from {source}")
+    if source != DEFAULT_WORLD or settings.plan.global_batch_size is None:
+        return None
+    return Circumstance(
+        f"world size 1: nothing gave one (no {lever(settings.door, 'world_size')}, WORLD_SIZE or SLURM variables), "
+        f"so the global batch of {settings.plan.global_batch_size} is planned for one process"
+    )
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner, 
 from autobatch.records.result import Circumstance, warning_note
 from autobatch.records.version import MEASURED_BY
 from autobatch.run.lengths import plan_lengths
+from autobatch.settings.levers import Door, lever
 from autobatch.settings.values import plain
 from autobatch.step.as_is import finder_warning
 from autobatch.step.scriptpath import script_digest
@@ -516,7 +517,7 @@ def inspect_device(session: Session) -> DeviceInfo:
     backend = backend_for(device)
     if memory is None and backend.ranks_share_memory and session.ranks > 1 and info.get("available_bytes"):
         memory = int(info["available_bytes"]) // session.ranks  # the ranks share the machine
-    found = device_info(device, info, memory=memory, headroom=asked.headroom)
+    found = device_info(device, info, memory=memory, headroom=asked.headroom, door=session.settings.door)
     found.requested = asked.device  # "auto" stays "auto" when a target was picked for it
     if found.fell_back:
         found.notes.insert(0, FALLBACK_NOTE.format(torch=session.torch_version))
@@ -537,8 +538,10 @@ def _resolve(session: Session) -> tuple[str, dict[str, Any]]:
         device = "cuda:0" if info.get("cuda_available") else "cpu"
     elif device.startswith("cuda") and not info.get("cuda_available"):
         raise DeviceError(
-            f"--device {device} asked for, but torch sees no CUDA device (torch {session.torch_version})",
-            hint="use --device cpu (or auto), or install a CUDA build of torch on a machine with a GPU",
+            f"{lever(session.settings.door, 'device', device)} asked for, but torch sees no CUDA device "
+            f"(torch {session.torch_version})",
+            hint=f"use {lever(session.settings.door, 'device', 'cpu')} (or auto), or install a CUDA build of torch "
+            "on a machine with a GPU",
         )
     return device, info if device == "cpu" else _inspect(session, cuda_name(device))
 
@@ -604,12 +607,12 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
         store.put(
             inputs, KeptFresh.now(outcome.info["job_bytes"]), str(session.script), list(outcome.files_read)
         )
-    device.notes.append(fresh_note(session.fresh_offsets, kept.made if kept else None))
+    device.notes.append(fresh_note(session.fresh_offsets, kept.made if kept else None, session.settings.door))
     if device.baseline_bytes is not None:
         device.baseline_bytes += session.fresh_offsets[0]
         # counted as the job's fresh process, the probe process may hold the whole budget before building (a
         # script that loads a library reserving address space, uncapped, in the job's process)
-        cpu_budget(device.capacity_bytes, device.headroom, device.baseline_bytes)
+        cpu_budget(device.capacity_bytes, device.headroom, device.baseline_bytes, session.settings.door)
 
 
 def _fresh_request(
@@ -649,7 +652,7 @@ def _budget_ahead(device: str, session: Session) -> int | None:
     asked = session.settings.device
     if device != "cpu" or asked.memory is None:
         return None
-    return cpu_budget(asked.memory, asked.headroom, None)
+    return cpu_budget(asked.memory, asked.headroom, None, session.settings.door)
 
 
 def _one_process_note(named: dict[str, str]) -> Circumstance:
@@ -721,9 +724,9 @@ def _fresh_store(
     return FreshStore(CacheFolder(session.settings.probe.cache_dir, warn=session.warn)), inputs
 
 
-def fresh_note(offsets: list[int], kept: str | None = None) -> str:
+def fresh_note(offsets: list[int], kept: str | None = None, door: Door = "cli") -> str:
     """The result's note on the fresh-process offsets (one, or one per rank); ``kept``: when the fresh half
-    was measured, by an earlier run (:mod:`autobatch.cache.fresh`)."""
+    was measured, by an earlier run (:mod:`autobatch.cache.fresh`), and how ``door`` measures both again."""
 
     def signed(offset: int) -> str:
         return ("+" if offset >= 0 else "") + format_bytes(offset)
@@ -740,6 +743,6 @@ def fresh_note(offsets: list[int], kept: str | None = None) -> str:
         )
     return (
         f"probes count as {who} from the probe server (the fresh process as measured at {kept} and kept in "
-        f"the cache, the forked one in this run, after the steps of batch {FRESH_BATCH}; --no-cache measures "
-        "both)"
+        f"the cache, the forked one in this run, after the steps of batch {FRESH_BATCH}; {lever(door, 'cache', False)} "
+        "measures both)"
     )

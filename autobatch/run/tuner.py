@@ -163,11 +163,12 @@ class Tuner:
             self.result.notes.append(note)
         self.result.status = "complete"
         self._update()
-        failure = limited_failure(self.result)
+        door = self.session.settings.door
+        failure = limited_failure(self.result, door)
         if self.result.chosen is None and failure is not None:
             raise failure
         if self.result.chosen is None:
-            raise nothing_fits(self.result, device.budget_bytes)
+            raise nothing_fits(self.result, device.budget_bytes, door)
         return self.result
 
     # -- per combination ------------------------------------------------------------------------

@@ -37,8 +37,9 @@ def explain(
 
     hooks = hooks or Hooks()
     combo = combination(settings, recompute)
-    if (spec or spec_from_settings(settings)).kind == "as_is":
+    if (spec or spec_from_settings(settings)).kind == "as_is":  # refused before anything starts
         raise not_measured_by("explain", "breaks a peak down by running autobatch's own step on its parts")
+    hooks.on_status("starting the probe server")
     with open_session(settings, hooks, spec=spec, op_modules=OP_MODULES) as session:
         started(session, combo, hooks)
         return explain_batch(

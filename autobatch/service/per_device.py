@@ -17,6 +17,7 @@ from autobatch.cache.evidence import summary
 from autobatch.cache.results import served, unfingerprinted
 from autobatch.run.session import Warnings
 from autobatch.service.sessions import device_lock, open_session
+from autobatch.settings.levers import lever
 
 if TYPE_CHECKING:
     from autobatch.devices.inventory import Inventory
@@ -138,7 +139,8 @@ def _serve(
     warnings.keep_in(result.notes)
     hooks.on_status(
         f"served from the cache: nothing that decides memory changed since {hit.made} "
-        f"(key {hit.key}; `autobatch cache show {hit.key}`; --refresh measures again)"
+        f"(key {hit.key}; `autobatch cache show {hit.key}`; {lever(request.settings.door, 'refresh', True)} measures "
+        "again)"
     )
     _evidence_note(folder, hit.key, result)
     return result

@@ -25,6 +25,7 @@ from autobatch.service.per_device import tune_devices
 from autobatch.service.saving import FIX, ResultSaver, started_result
 from autobatch.service.sessions import script_strategy
 from autobatch.settings import planned_world
+from autobatch.settings.levers import lever
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -80,6 +81,7 @@ def tune_request(settings: Settings, spec: ScriptSpec | None, refresh: bool) -> 
 
     settings = script_strategy(settings, spec)
     world, world_source = planned_world(settings, os.environ)
+    check_world_split(settings, world, world_source)
     check_global_batch(settings, world, world_source)
     options = TuneOptions.from_settings(settings, world, world_source)
     return TuneRequest(settings, spec or spec_from_settings(settings), options, refresh)
@@ -106,7 +108,7 @@ def _measure(request: TuneRequest, hooks: Hooks, saver: ResultSaver | None) -> T
 
     def device(info: DeviceInfo) -> None:
         if info.fell_back:
-            refuse_fallback(settings.output.emit, settings.output.allow_cpu)
+            refuse_fallback(settings.output.emit, settings.output.allow_cpu, settings.door)
         hooks.on_device(info)
 
     inner = replace(hooks, on_start=keep, on_update=update, on_device=device)
@@ -116,7 +118,9 @@ def _measure(request: TuneRequest, hooks: Hooks, saver: ResultSaver | None) -> T
             result.device.get("requested"),
             result.device.get("type"),
         ) == ("auto", "cpu"):
-            refuse_fallback(settings.output.emit, settings.output.allow_cpu)  # as a tune run now would have
+            refuse_fallback(
+                settings.output.emit, settings.output.allow_cpu, settings.door
+            )  # as a tune run now would have
     except BaseException as exc:
         if latest:
             _keep_partial(latest[0], exc, saver, hooks)
@@ -133,8 +137,26 @@ def check_global_batch(settings: Settings, world: int, world_source: str) -> Non
         raise UsageError(
             f"global_batch_size {global_batch} is smaller than the world size {world} (from {world_source}) x "
             f"batch multiple {multiple}: every process needs at least {multiple} sample(s) per step",
-            hint=f"raise --global-batch-size to a multiple of {world * multiple}, or lower --world-size",
+            hint=f"raise {lever(settings.door, 'global_batch_size')} to a multiple of {world * multiple}, or lower "
+            f"{lever(settings.door, 'world_size')}",
         )
+
+
+def check_world_split(settings: Settings, world: int, world_source: str) -> None:
+    """A strategy's world is nodes of ``nproc_per_node`` ranks each, every node as measured: a world that is not
+    a multiple of it has no such split (its command would start another number of processes than it plans for)."""
+    dist = settings.distributed
+    if dist.strategy == "none" or world % dist.nproc_per_node == 0:
+        return
+    per_node = dist.nproc_per_node
+    lower, upper = world // per_node * per_node, (world // per_node + 1) * per_node
+    worlds = " or ".join(lever(settings.door, "world_size", n) for n in (lower, upper) if n >= per_node)
+    raise UsageError(
+        f"world size {world} (from {world_source}) is not a multiple of nproc_per_node {per_node}: "
+        f"{world} / {per_node} = {world / per_node:.2f} nodes of the {per_node} ranks the probes measure",
+        hint=f"plan for whole nodes ({worlds}), or measure the ranks of one node of the job (an "
+        f"{lever(settings.door, 'nproc_per_node')} that divides {world})",
+    )
 
 
 def _keep_partial(result: TuneResult, exc: BaseException, saver: ResultSaver | None, hooks: Hooks) -> None:

@@ -29,7 +29,13 @@ from autobatch.settings.groups import (
     SearchSettings,
     Settings,
 )
-from autobatch.settings.load import DEFAULT_FILE, load_settings, planned_world, resolve_world_size
+from autobatch.settings.load import (
+    DEFAULT_FILE,
+    DEFAULT_WORLD,
+    load_settings,
+    planned_world,
+    resolve_world_size,
+)
 
 __all__ = [
     "DEFAULT_FILE",
@@ -50,6 +56,7 @@ __all__ = [
     "help_for",
     "load_settings",
     "planned_world",
+    "DEFAULT_WORLD",
     "render_markdown_table",
     "render_starter_toml",
     "resolve_world_size",

@@ -24,7 +24,7 @@ from autobatch.core.space import (
     canonical_precision,
 )
 from autobatch.errors import ConfigError, UsageError
-from autobatch.settings.values import HINT, Bad, coerce, plain, setting
+from autobatch.settings.values import HINT, Bad, Door, coerce, plain, setting
 
 #: Formats of ``--emit FORMAT[=PATH]``.
 EMIT_FORMATS: tuple[str, ...] = ("deepspeed", "hf", "lightning", "accelerate", "env", "args", "json", "toml")
@@ -379,6 +379,7 @@ class Settings:
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     source_files: tuple[str, ...] = ()
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
+    door: Door = field(default="cli", compare=False)  # who asked: how a message names a lever
 
     def require_script(self) -> str:
         """The training script; a clear error when none was given (the one place that says so)."""
@@ -407,7 +408,7 @@ class Settings:
         raise KeyError(f"not a setting: {name!r}")
 
     def origin(self, name: str) -> str:
-        """Where ``name`` came from: "default", a file path, ``AUTOBATCH_X`` or a flag."""
+        """Where ``name`` came from: "default", a file path, ``AUTOBATCH_X``, a flag or a keyword argument."""
         return self.origins.get(name, "default")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

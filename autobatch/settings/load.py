@@ -21,6 +21,7 @@ from autobatch.core.references import is_file_reference, is_reference, split_ref
 from autobatch.errors import ConfigError
 from autobatch.settings.docs import BY_NAME, FIELDS, META
 from autobatch.settings.groups import GROUPS, SECTIONS, Settings, relations
+from autobatch.settings.levers import Door, given_by
 from autobatch.settings.values import HINT, Bad, coerce, show
 
 DEFAULT_FILE = "autobatch.toml"
@@ -42,14 +43,18 @@ def load_settings(
     cwd: Path | None = None,
     use_default_file: bool = True,
     check_paths: bool = False,
+    door: Door = "cli",
+    labels: Mapping[str, str] | None = None,
 ) -> Settings:
     """Merge defaults < config file < ``AUTOBATCH_*`` variables < ``overrides`` (flat field names from
-    flags; None means "not given") and check everything, raising one :class:`ConfigError` that lists
-    every problem. ``check_paths`` also requires ``script`` and ``deepspeed_base`` to exist."""
+    ``door``'s flags or keywords; None means "not given") and check everything, raising one :class:`ConfigError`
+    that lists every problem. ``check_paths`` also requires ``script`` and ``deepspeed_base`` to exist.
+    ``labels``: where overrides the door's user did not give came from (the callback's Trainer)."""
     cwd = Path(cwd) if cwd is not None else Path.cwd()
     problems: list[str] = []
+    named = _Named(door, labels or {})
     given, source_files = _gather(
-        config, os.environ if env is None else env, overrides, cwd, use_default_file, problems
+        config, os.environ if env is None else env, overrides, named, cwd, use_default_file, problems
     )
     values = _coerce_all(given, check_paths, problems)
     _relate(values, given, cwd, problems)
@@ -59,13 +64,22 @@ def load_settings(
         section: cls(**{f.name: values[f.name] for f in fields(cls)}) for section, cls in GROUPS.items()
     }
     origins = {name: g.origin for name, g in given.items()}
-    return Settings(**groups, source_files=tuple(source_files), origins=origins)
+    return Settings(**groups, source_files=tuple(source_files), origins=origins, door=door)
+
+
+class _Named(NamedTuple):
+    door: Door
+    labels: Mapping[str, str]
+
+    def origin(self, name: str, raw: Any) -> str:
+        return self.labels.get(name) or given_by(self.door, name, raw)
 
 
 def _gather(
     config: str | Path | None,
     env: Mapping[str, str],
     overrides: Mapping[str, Any] | None,
+    named: _Named,
     cwd: Path,
     use_default_file: bool,
     problems: list[str],
@@ -87,8 +101,8 @@ def _gather(
         if name not in BY_NAME:
             raise ValueError(f"not a setting: {name!r}")
         if value is not None:
-            flag = BY_NAME[name].flag or name
-            given[name] = _Given(value, flag, flag, True, cwd)
+            origin = named.origin(name, value)
+            given[name] = _Given(value, origin, origin, True, cwd)
     return given, source_files
 
 
@@ -224,21 +238,28 @@ MOVED = {
 # --- world size ----------------------------------------------------------------------------------------
 
 
-def resolve_world_size(value: int | None, env: Mapping[str, str]) -> tuple[int, str]:
+#: Where a world size came from when nothing gave one (:func:`resolve_world_size`).
+DEFAULT_WORLD = "default"
+
+
+def resolve_world_size(
+    value: int | None, env: Mapping[str, str], origin: str = "the world_size setting"
+) -> tuple[int, str]:
     """The number of data-parallel processes and where it came from, first found wins:
 
-    1. ``value`` (the ``world_size`` setting: flag, variable or file);
+    1. ``value`` (the ``world_size`` setting: ``origin`` names where it was given, a flag, a keyword, a
+       variable or a file);
     2. ``WORLD_SIZE`` (torchrun, accelerate and DeepSpeed launchers set it);
     3. SLURM: the number of tasks, ``SLURM_NTASKS``, else ``SLURM_JOB_NUM_NODES`` x
        ``SLURM_NTASKS_PER_NODE``; except when that is one task per node on nodes with several GPUs
        (``SLURM_GPUS_ON_NODE`` > 1: one launcher per node, such as torchrun, starting one process per
        GPU), where it is nodes x GPUs per node; with no task counts, nodes x ``SLURM_GPUS_ON_NODE``;
-    4. 1.
+    4. 1, from :data:`DEFAULT_WORLD`.
     """
     if value is not None:
         if value < 1:
             raise ConfigError([f"world_size: expected an integer >= 1, found {value}"])
-        return value, "the world_size setting"
+        return value, origin
     world = _env_int(env, "WORLD_SIZE")
     if world is not None:
         return world, f"WORLD_SIZE={world}"
@@ -252,7 +273,7 @@ def resolve_world_size(value: int | None, env: Mapping[str, str]) -> tuple[int, 
         return tasks, f"{tasks_from} ({tasks} tasks)"
     if gpus is not None:
         return (nodes or 1) * gpus, f"SLURM_JOB_NUM_NODES x SLURM_GPUS_ON_NODE ({nodes or 1} x {gpus})"
-    return 1, "default (no WORLD_SIZE or SLURM variables)"
+    return 1, DEFAULT_WORLD
 
 
 def planned_world(settings: Settings, env: Mapping[str, str]) -> tuple[int, str]:
@@ -266,7 +287,7 @@ def planned_world(settings: Settings, env: Mapping[str, str]) -> tuple[int, str]
         implied = strategy_world(dist.strategy, dist.nproc_per_node, dist.nnodes, env)
         if implied is not None:
             return implied
-    return resolve_world_size(settings.plan.world_size, env)
+    return resolve_world_size(settings.plan.world_size, env, settings.origin("world_size"))
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:

@@ -14,13 +14,17 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from autobatch.core.levels import FULL, OFF, PARTIAL, parse_level
 from autobatch.core.space import OPTIMIZERS
 from autobatch.core.units import parse_size
 
 #: Hint of every ConfigError about settings.
+#: Who asked for a run, which decides how its messages name a lever (:mod:`autobatch.settings.levers`): the
+#: command (and the daemon's client, which is the command), the Python API, the Lightning callback.
+Door = Literal["cli", "api", "callback"]
+
 HINT = (
     "fix each one; `autobatch init` writes a starter file that lists every key, its default and its meaning"
 )

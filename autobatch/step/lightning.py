@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch import LightningDataModule, LightningModule
 
 from autobatch.errors import ContractError, UsageError
+from autobatch.step.identity import Identified, step_identity
 from autobatch.step.importing import import_reference
 from autobatch.step.lightning_yaml import init_arguments, instantiate
 
@@ -223,8 +224,10 @@ def _covers(cls: type, kwargs: Mapping[str, Any]) -> bool:
     return required <= set(kwargs) and (takes_any or set(kwargs) <= named)
 
 
-class _Copy:
-    """A pickled copy of an object, unpickled afresh in each probe process (``trainer`` left behind)."""
+class _Copy(Identified):
+    """A pickled copy of an object, unpickled afresh in each probe process (``trainer`` left behind). Its
+    identity is the object without its tensors' contents: a module built without ``save_hyperparameters()``
+    travels with its weights, initialised at random in each run, and the cache would miss at every run."""
 
     def __init__(self, obj: Any) -> None:
         import cloudpickle
@@ -234,6 +237,7 @@ class _Copy:
             obj.trainer = None
         try:
             self.payload = cloudpickle.dumps(obj)
+            self.identity = step_identity(obj, values=False)
         finally:
             if trainer is not None:
                 obj.trainer = trainer

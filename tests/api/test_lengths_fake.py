@@ -128,7 +128,7 @@ def test_an_attention_that_keeps_no_scores_shows_no_quadratic_share() -> None:
 
 
 def test_bad_lengths_are_named() -> None:
-    with pytest.raises(autobatch.ConfigError, match="--seq-len: expected a list of integers >= 1"):
+    with pytest.raises(autobatch.ConfigError, match=r"seq_lens=\[0, 128\]: expected a list of integers >= 1"):
         autobatch.tune(**STEP, **ONE, seq_lens=[0, 128], runner=surface())
     with pytest.raises(UsageError, match="runs one length"):
         autobatch.check(**STEP, **ONE, batch_size=4, seq_lens=[128, 256], runner=surface())

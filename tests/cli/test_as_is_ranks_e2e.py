@@ -175,8 +175,6 @@ def test_a_result_served_from_the_cache_says_the_launchers_variables_were_the_me
         note.startswith(f"the run that measured, on {measured['created']}, warned: {launcher}")
         for note in notes
     ), notes
-    assert (
-        "world size 2 from the world_size setting" in notes and "world size 2 from WORLD_SIZE=2" not in notes
-    )
+    assert "world size 2 from --world-size" in notes and "world size 2 from WORLD_SIZE=2" not in notes
     err = " ".join(second.stderr.split())
     assert "warning: the environment" not in err and f"warned: {launcher}" in err
