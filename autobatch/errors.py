@@ -11,7 +11,8 @@
     ├── ScriptError                (exit 3)  the training script raised during a probe
     ├── NothingFitsError           (exit 4)  no combination fits even the smallest batch
     ├── JobOutOfMemory             (exit 5)  ``run``: the job ran out of memory and no relaunch is left
-    ├── GuardError                 (exit 5)  in a job: the guard ran out of memory at a micro-batch of 1
+    ├── GuardError                 (exit 5)  in a job: the guard ran out of memory at a micro-batch of 1, or
+    │                                        the model refused a micro-batch of 1 (BatchNorm)
     ├── ProbeFailure               (exit 6)  a probe crashed or timed out where an answer was needed
     ├── DeviceError                (exit 7)  the device cannot be used (no driver, no GPU, ...)
     ├── LeakError                  (exit 8)  the step's peak grows at every step: no batch holds for a job
@@ -109,8 +110,12 @@ class JobOutOfMemory(AutobatchError):
 
 
 class GuardError(AutobatchError):
-    """In a job, :class:`autobatch.Guard` ran out of memory with a micro-batch of 1: the batch it names does not
-    fit even one sample at a time (``step``: the global batch, 0-based; ``shapes``: its tensors' shapes)."""
+    """In a job, :class:`autobatch.Guard` cannot run the batch it names (``step``: the global batch, 0-based;
+    ``shapes``: its tensors' shapes): it ran out of memory even one sample at a time, or the model refused a
+    micro-batch of 1 sample (BatchNorm in training).
+
+    It is raised in the user's own script, whose traceback prints ``str(error)``, not autobatch's CLI, which prints
+    the hint on a line of its own: so its text carries the hint too."""
 
     exit_code = EXIT_OOM
 
@@ -120,6 +125,9 @@ class GuardError(AutobatchError):
         super().__init__(message, hint)
         self.step = step
         self.shapes = shapes or []
+
+    def __str__(self) -> str:
+        return f"{self.message}\nhint: {self.hint}" if self.hint else self.message
 
 
 class ProbeFailure(AutobatchError):

@@ -60,7 +60,7 @@ class GuardSummary:
     start_micro_batch_size: int = 0
     micro_batch_size: int = 0
     smallest_micro_batch_size: int = 0
-    out_of_memory: int = 0  # batches re-run after an out-of-memory failure (on any rank)
+    out_of_memory: int = 0  # out-of-memory failures handled: each lowered and ran its batch again (any rank)
     peak_bytes: Optional[int] = None
     events: list[GuardEvent] = field(default_factory=list)
 
@@ -113,11 +113,16 @@ class PeakMeter:
 
 
 class EventLog:
-    """Writes events to the logger and, when given a path, to a JSON Lines file (appended, line by line)."""
+    """Writes events to the logger and, when given a path, to a JSON Lines file (appended, line by line).
+
+    The file's last line is the summary so far (``"final": false``), rewritten in place as the run goes
+    (:meth:`summary`), until :meth:`close` writes the last one (``"final": true``): a job that a signal ends
+    (SIGTERM, which skips ``with`` blocks and ``atexit``) keeps a summary of what it did, up to its last update."""
 
     def __init__(self, path: str | Path | None, rank: int = 0) -> None:
         self.rank = rank
         self.handle: IO[str] | None = None
+        self._summary_at: int | None = None  # where the summary so far starts in the file
         if path is not None:
             text = str(path)
             if "{rank}" in text:
@@ -136,17 +141,34 @@ class EventLog:
         self.write(event.to_dict())
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append a line in place of the summary so far (the guard writes the summary again after a change)."""
         if self.handle is not None:
+            self._drop_summary()
             self.handle.write(json.dumps(record) + "\n")
             self.handle.flush()
 
-    def close(self, summary: GuardSummary) -> None:
+    def summary(self, summary: GuardSummary, final: bool = False) -> None:
+        """Write ``summary`` as the file's last line, in place of the summary so far."""
         if self.handle is not None:
             record = summary.to_dict()
             record.pop("events")
-            self.write({"event": "summary", **record})
+            self._drop_summary()
+            start = os.fstat(self.handle.fileno()).st_size
+            self.handle.write(json.dumps({"event": "summary", **record, "final": final}) + "\n")
+            self.handle.flush()
+            self._summary_at = None if final else start
+
+    def close(self, summary: GuardSummary) -> None:
+        if self.handle is not None:
+            self.summary(summary, final=True)
             self.handle.close()
             self.handle = None
+
+    def _drop_summary(self) -> None:
+        assert self.handle is not None
+        if self._summary_at is not None:
+            self.handle.truncate(self._summary_at)
+            self._summary_at = None
 
 
 @dataclass(frozen=True)

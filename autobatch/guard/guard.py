@@ -7,14 +7,15 @@ the allocator's cache, lowers the size one rung (:mod:`autobatch.core.ladder`) a
 again; the optimizer steps once per batch. Every rank agrees on the outcome before any rank goes on
 (:mod:`autobatch.guard.ranks`). A guard built from a tune's result records the run's end under that result's
 cache key (:class:`autobatch.guard.events.EvidenceRecorder`) and warns once when the run's peak nears the
-tune's budget. Usage, the rank design and its limits: docs/guard.md.
+tune's budget. How a batch is read and split: :mod:`autobatch.guard.batches`. Usage, the rank design and its
+limits: docs/guard.md.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from autobatch.core.ladder import Ladder, LadderSettings, Move, after_step, lower, rungs
 from autobatch.devices.budget import EarlyWarning
 from autobatch.errors import GuardError, UsageError
+from autobatch.guard.batches import bounds, samples, shapes, split
 from autobatch.guard.events import (
     EventLog,
     Evidence,
@@ -57,6 +59,9 @@ PEAK_CHECK_SECONDS = 1.0
 #: ``loss_fn(model, micro_batch)``: the micro-batch's loss, a mean over its samples (or over what
 #: ``weight`` counts).
 LossFn = Callable[[Any, Any], "torch.Tensor"]
+
+#: BatchNorm's refusal of a micro-batch of 1 sample in training (``torch.nn.functional.batch_norm``'s ValueError).
+ONE_SAMPLE_REFUSED = "Expected more than 1 value per channel when training"
 
 #: A testing aid: the batches (0-based, comma-separated) whose first attempt runs out of memory for real.
 FAIL_AT_ENV = "AUTOBATCH_GUARD_FAIL_AT"
@@ -210,6 +215,7 @@ class Guard:
             if self._fsdp:
                 check_fsdp(group, model)
         ddp, fsdp = self._ddp, self._fsdp
+        samples(batch)  # a batch whose parts disagree is refused before anything is set aside
         before = Before.take(model, self._running, self._meter_(), keep_grads=not fsdp)
         attempts = 0
         while True:
@@ -243,7 +249,6 @@ class Guard:
             del loss
             if fsdp:
                 reset_fsdp(model)
-            self.summary.out_of_memory += 1
             self._recover(model, batch, failure, group)
 
     def step(
@@ -362,15 +367,17 @@ class Guard:
         inject: bool,
     ) -> tuple[torch.Tensor, int]:
         n, size = samples(batch), self.ladder.size
-        parts = [batch] if size >= n else list(split(batch, size, n))  # the whole batch as it is: no slicing
+        cuts = bounds(n, size)
+        # one micro-batch is the batch as it is, not a slice of it
+        parts = [batch] if len(cuts) == 1 else list(split(batch, size, n))
         if weight is not None:
             shares = [float(weight(part)) for part in parts]
         else:
-            shares = [float(min(size, n - start)) for start in range(0, n, size)]
+            shares = [float(stop - start) for start, stop in cuts]
         whole = sum(shares)
         total: torch.Tensor | None = None
         with model.no_sync() if ddp else nullcontext():  # type: ignore[operator]
-            for part, share in zip(parts, shares, strict=False):
+            for part, share, (start, stop) in zip(parts, shares, cuts, strict=True):
                 if inject:
                     inject = False
                     run_out_of_memory(next(model.parameters()).device)
@@ -378,7 +385,12 @@ class Guard:
                     # it counts for nothing, and its loss may be 0/0 (a token mean without tokens), whose
                     # backward times 0 is NaN; under FSDP every rank must run every micro-batch's collectives
                     continue
-                loss = loss_fn(model, part)
+                try:
+                    loss = loss_fn(model, part)
+                except ValueError as exc:
+                    if stop - start == 1 and ONE_SAMPLE_REFUSED in str(exc):
+                        raise self._refused_one_sample(batch, n, size, exc) from exc
+                    raise
                 if len(parts) == 1 and whole:
                     scaled = loss  # the whole batch's share is 1
                 else:
@@ -396,11 +408,21 @@ class Guard:
         self.ladder, move = after_step(self.ladder, retried)
         if move is not None:
             self._record(move, batch, step)
-        if self._warning is not None and not self._warning.warned:
+        # at most once a second: the early warning, and the events file's summary so far (which a job that a
+        # signal ends keeps)
+        keeping = self._log is not None and self._log.handle is not None
+        warning = self._warning is not None and not self._warning.warned
+        if keeping or warning:
             now = time.monotonic()
             if now - self._checked >= PEAK_CHECK_SECONDS:
                 self._checked = now
-                self._warning.check(self._meter_().peak())
+                summary = self.summary_now()
+                if warning:
+                    assert self._warning is not None
+                    self._warning.check(summary.peak_bytes)
+                if keeping:
+                    assert self._log is not None
+                    self._log.summary(summary)
 
     def _recover(self, model: torch.nn.Module, batch: Any, failure: str | None, group: Group) -> None:
         for parameter in model.parameters():
@@ -419,7 +441,36 @@ class Guard:
                 shapes=shapes(batch),
             )
         self.ladder, move = lowered
+        self.summary.out_of_memory += 1  # handled: the batch runs again (a failure at 1 is the GuardError's)
         self._record(move, batch, self.summary.steps, ran_out=failure is not None)
+
+    def _refused_one_sample(self, batch: Any, n: int, size: int, exc: ValueError) -> GuardError:
+        """The error for a model that refused a micro-batch of 1 sample (BatchNorm in training), saying why the
+        batch had one and what to change; the run's end is recorded with it."""
+        if n == 1:
+            why = "the batch itself is one sample"
+            fix = "drop a last batch that short (DataLoader(..., drop_last=True))"
+        elif size == 1:
+            why = "the guard had lowered the micro-batch to 1, as 2 samples ran out of memory"
+            fix = (
+                "replace BatchNorm with a norm of each sample alone (GroupNorm, LayerNorm), or make 2 samples fit "
+                "(shorten or bucket the longest samples, bf16, recomputation)"
+            )
+        else:
+            why = f"{n} samples at most {size} a micro-batch cannot be split without one of 1"
+            fix = (
+                "give batches that split into parts of 2 or more at the guard's sizes (an even per-rank batch), "
+                "or replace BatchNorm with a norm of each sample alone (GroupNorm, LayerNorm)"
+            )
+        error = GuardError(
+            f"batch {self.summary.steps} ({n} samples, shapes {shapes(batch)}) ran a micro-batch of 1 sample, "
+            f"which the model refuses in training ({str(exc).splitlines()[0][:200]}): {why}",
+            hint=f"BatchNorm cannot normalise one sample: {fix}",
+            step=self.summary.steps,
+            shapes=shapes(batch),
+        )
+        self._finish("error", error.message, error.shapes)
+        return error
 
     def _release(self) -> None:
         meter = self._meter_()
@@ -451,7 +502,9 @@ class Guard:
         self.summary.events.append(event)
         self.summary.micro_batch_size = move.new
         self.summary.smallest_micro_batch_size = min(self.summary.smallest_micro_batch_size, move.new)
+        self.summary.peak_bytes = event.peak_bytes
         self._log.event(event)
+        self._log.summary(self.summary)
         if self._recorder is not None:
             self._recorder.change(event)
 
@@ -545,86 +598,7 @@ def _warn(message: str) -> None:
     logger.warning("guard: %s", message)
 
 
-# --- batches ------------------------------------------------------------------------------------------
-
-
-def _tensors(batch: Any) -> Iterator[torch.Tensor]:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            yield from _tensors(value)
-    elif isinstance(batch, (list, tuple)):
-        for value in batch:
-            yield from _tensors(value)
-
-
-def samples(batch: Any) -> int:
-    """The batch's samples: the first dimension of its first tensor (with at least one dimension)."""
-    first = next((t for t in _tensors(batch) if t.dim() > 0), None)
-    if first is None:
-        raise UsageError(
-            "the guard found no tensor with a batch dimension in the batch",
-            hint="pass a tensor, or tuples, lists or dicts of tensors whose first dimension is the sample",
-        )
-    return int(first.shape[0])
-
-
-def shapes(batch: Any) -> list[list[int]]:
-    return [list(t.shape) for t in _tensors(batch)]
-
-
-def split(batch: Any, size: int, n: int | None = None) -> Iterator[Any]:
-    """The batch in micro-batches of ``size`` samples (the last may be shorter): every tensor whose first
-    dimension is the batch's (``n``, found when not given) is sliced, and so is every list of the samples' own
-    items (:func:`per_sample`); other tensors and values are passed to every micro-batch unchanged."""
-    n = samples(batch) if n is None else n
-    for start in range(0, n, size):
-        yield _slice(batch, n, start, min(start + size, n))
-
-
-def _slice(batch: Any, n: int, start: int, stop: int) -> Any:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch[start:stop] if batch.dim() > 0 and batch.shape[0] == n else batch
-    if isinstance(batch, Mapping):
-        return {key: _slice(value, n, start, stop) for key, value in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(_slice(value, n, start, stop) for value in batch))
-    if per_sample(batch, n):
-        return batch[start:stop]
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_slice(value, n, start, stop) for value in batch)
-    return batch
-
-
-def per_sample(value: Any, n: int) -> bool:
-    """True for a list or tuple of the samples' own items: as many as the batch's ``n`` samples, not all of them
-    batched themselves. The default collate leaves strings (names, paths) and tensors of their own sizes so; a
-    container of batched values, ``(ids, labels)``, is not one even when the batch has 2 samples."""
-    if not isinstance(value, (list, tuple)) or hasattr(value, "_fields") or len(value) != n:
-        return False
-    return not all(_batched(item, n) for item in value)
-
-
-def _batched(value: Any, n: int) -> bool:
-    """Whether ``value`` carries the batch's dimension: a tensor of ``n`` rows, a list of ``n`` items, or a
-    container of one."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.dim() > 0 and value.shape[0] == n
-    if isinstance(value, Mapping):
-        return any(_batched(item, n) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return len(value) == n or any(_batched(item, n) for item in value)
-    return False
-
-
-__all__ = ["Guard", "GuardStep", "LossFn", "per_sample", "samples", "shapes", "split"]
+__all__ = ["Guard", "GuardStep", "LossFn"]
 
 
 def _optimizers(given: Any) -> list[Any]:

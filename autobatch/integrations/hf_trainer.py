@@ -3,11 +3,14 @@
 The Trainer's loop stays as it is (data, logging, evaluation, checkpoints, the optimizer step); only
 ``training_step`` changes: the guard runs the per-device batch as micro-batches and lowers them when memory
 runs out (:mod:`autobatch.guard`). The Trainer's own accumulation must be 1, so that its per-device batch is
-the plan's per-rank batch and the guard owns the split. Usage and limits: docs/guard.md.
+the plan's per-rank batch and the guard owns the split. The guard's state goes into each checkpoint beside the
+optimizer's, and comes back with it on ``resume_from_checkpoint``. Usage and limits: docs/guard.md.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +18,10 @@ from transformers import Trainer
 
 from autobatch.errors import UsageError
 from autobatch.guard import Guard
-from autobatch.guard.guard import samples
+from autobatch.guard.batches import samples
+
+#: The guard's state in a Trainer checkpoint's folder (:meth:`autobatch.Guard.state_dict`, as JSON).
+GUARD_STATE_NAME = "autobatch_guard.json"
 
 
 class GuardedTrainer(Trainer):
@@ -27,6 +33,10 @@ class GuardedTrainer(Trainer):
     keywords or a ``compute_loss_func``), each micro-batch's loss is divided by its own count and weighted by
     it, so the gradient is the Trainer's mean over the batch's tokens whatever the split; otherwise each
     micro-batch's loss is weighted by its samples.
+
+    A checkpoint holds the guard's state (:data:`GUARD_STATE_NAME`) where the Trainer saves the optimizer's, and
+    ``train(resume_from_checkpoint=...)`` gives it back where the Trainer loads the optimizer's: the resumed run
+    goes on at the micro-batch the guard had reached, numbering its batches after the checkpoint's.
     """
 
     def __init__(self, *args: Any, guard: Guard, **kwargs: Any) -> None:
@@ -86,6 +96,24 @@ class GuardedTrainer(Trainer):
         return self.guard.backward(
             model, inputs, loss_fn, weight=weight, scaler=getattr(self.accelerator, "scaler", None)
         )
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """The Trainer's optimizer and scheduler, and the guard's state beside them (once, by the process that
+        saves; every rank's guard stands at the same place)."""
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.args.should_save:
+            Path(output_dir, GUARD_STATE_NAME).write_text(
+                json.dumps(self.guard.state_dict()), encoding="utf-8"
+            )
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """The Trainer's optimizer and scheduler, and the guard's state when the checkpoint holds it (one written
+        before GuardedTrainer kept it does not: the guard starts afresh)."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and Path(checkpoint, GUARD_STATE_NAME).is_file():
+            self.guard.load_state_dict(
+                json.loads(Path(checkpoint, GUARD_STATE_NAME).read_text(encoding="utf-8"))
+            )
 
     def _items(self, micro: dict[str, Any]) -> torch.Tensor:
         """The micro-batch's labels that count, as the Trainer counts ``num_items_in_batch``."""

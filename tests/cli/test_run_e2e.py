@@ -190,6 +190,38 @@ def test_sigterm_ends_the_jobs_whole_tree(tmp_path: Path) -> None:
     assert left == [] and not Path(f"/proc/{helper}").exists(), left
 
 
+def test_a_guarded_job_stopped_by_sigterm_keeps_its_guards_summary(tmp_path: Path) -> None:
+    """A scheduler's SIGTERM to ``run``, forwarded to the job, ends the job's Python without leaving its
+    ``with guard:`` block: the guard's events file keeps the change lines and the summary so far, its last line
+    (it ended at the change lines)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    script = SCRIPTS / "guard" / "preemptible_job.py"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autobatch", "run", str(script), "--device", "cpu", "--memory", "1GiB",
+         "--max-restarts", "0", "--result", str(_result(tmp_path, script, micro=8, cap_mib=1024)),
+         "--", "--micro-batch", "{batch}", "--batch-size", "16", "--events", "events.jsonl"],
+        cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT),
+             "AUTOBATCH_GUARD_FAIL_AT": "3"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == "step 10":
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    lines = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
+    assert [(line["event"], line.get("step")) for line in lines[:-1]] == [("micro-batch", 3)]
+    assert lines[-1]["event"] == "summary" and not lines[-1]["final"]
+    assert (lines[-1]["out_of_memory"], lines[-1]["micro_batch_size"]) == (1, 4) and lines[-1]["steps"] >= 3
+
+
 def _pids() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 

@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 
 from autobatch import Guard, GuardError, LadderSettings
 from autobatch.cache import CacheFolder, EvidenceStore
 from autobatch.cache.evidence import summary
 from autobatch.errors import UsageError
-from autobatch.guard.guard import split
+from autobatch.guard.batches import bounds, samples, split
 from autobatch.records.result import Chosen, ComboResult, ProbeRecord, TuneResult
 
 
@@ -76,6 +78,26 @@ def test_split_slices_the_samples_own_lists_not_a_container_of_batched_values() 
     assert [(len(x), names) for x, names in split(pair, 1)] == [(1, ["u"]), (1, ["v"])]
 
 
+@given(st.integers(1, 300), st.integers(1, 64))
+def test_a_batch_splits_into_as_few_micro_batches_as_fit_of_sizes_within_one(n: int, size: int) -> None:
+    cuts = bounds(n, size)
+    sizes = [stop - start for start, stop in cuts]
+    assert cuts[0][0] == 0 and cuts[-1][1] == n and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+    assert len(cuts) == -(-n // size) and max(sizes) <= size and max(sizes) - min(sizes) <= 1
+    # a micro-batch of 1 only where it cannot be helped: a one-sample batch, size 1, or more parts than pairs
+    assert min(sizes) > 1 or n == 1 or size == 1 or len(cuts) > n // 2
+
+
+def test_the_batch_size_is_read_past_a_first_value_of_the_samples_own_tensors() -> None:
+    tokens = [torch.ones(40), torch.ones(3), torch.ones(7)]
+    assert samples({"tokens": tokens, "label": torch.zeros(3)}) == 3
+    assert samples({"tokens": tokens}) == 3  # the samples' list alone
+    assert samples([torch.zeros(4, 2), torch.zeros(4)]) == 4  # (inputs, labels), not 2 samples
+    with pytest.raises(UsageError, match=r"batch\['ids'\] 4 against batch\['positions'\] 1") as caught:
+        samples({"ids": torch.zeros(4, 2), "positions": torch.zeros(1, 2)})
+    assert caught.value.hint and "outside the batch" in caught.value.hint
+
+
 @pytest.mark.parametrize("micro", [1, 3, 4, 10])
 def test_the_gradient_is_the_mean_over_the_batch_whatever_the_split(micro: int) -> None:
     model, batch = model_and_batch()
@@ -119,6 +141,8 @@ def test_at_one_sample_it_names_the_batch_that_did_not_fit() -> None:
     with pytest.raises(GuardError, match=r"batch 0 \(4 samples, shapes \[\[4, 5\], \[4, 1\]\]\)") as caught:
         guard.backward(model, batch, loss_up_to(0))
     assert caught.value.exit_code == 5 and caught.value.hint
+    assert str(caught.value).endswith(f"\nhint: {caught.value.hint}")  # a script's traceback shows it
+    assert guard.summary.out_of_memory == 1  # 2 -> 1, handled; the failure at 1 was not
     assert all(p.grad is None for p in model.parameters())
 
 

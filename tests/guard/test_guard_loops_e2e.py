@@ -33,6 +33,17 @@ def run_script(tmp: Path, name: str, *args: str, env: dict[str, str] | None = No
     return proc.stdout + proc.stderr
 
 
+def run_failing(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run a script of tests/scripts/guard/ in ``tmp`` that must end with an error (exit 1); its stderr."""
+    proc = subprocess.run(
+        [sys.executable, str(GUARD_SCRIPTS / name), *args],
+        cwd=tmp, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stderr
+
+
 def max_relative_difference(a: Path, b: Path) -> float:
     import torch
 
@@ -100,7 +111,7 @@ def test_a_preempted_run_keeps_its_out_of_memory_evidence(tmp_path: Path) -> Non
 
 
 def batches(out: str) -> list[dict[str, int]]:
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in out.splitlines() if line.startswith('{"')]
 
 
 def test_a_run_resumed_from_its_checkpoint_goes_on_where_the_guard_stood(tmp_path: Path) -> None:
@@ -170,3 +181,115 @@ def test_a_step_of_two_optimizers_over_one_models_groups_matches_the_loop_withou
     )
     assert "micro-batch lowered 16 -> 8" in out and "step 3: micro-batch 8" in out
     assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
+
+
+def test_a_batchnorm_model_gets_no_lone_sample_from_the_split(tmp_path: Path) -> None:
+    """100 samples in batches of 12 leave a last batch of 4. Lowered to micro-batch 3 at batch 0, the guard splits
+    it 2 + 2; it split it 3 + 1, and BatchNorm1d refused the lone sample with its own ValueError."""
+    out = run_script(tmp_path, "batchnorm_tail.py", env={"AUTOBATCH_GUARD_FAIL_AT": "0"})
+    assert "step 0: micro-batch lowered 6 -> 3" in out
+    assert "step 7: 12 samples, micro-batch 3 x 4" in out and "step 8: 4 samples, micro-batch 3 x 2" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "fail_at", "why", "fix"),
+    [
+        (("--micro-batch", "2", "--sizes", "2"), "0", "the guard had lowered the micro-batch to 1",
+         "replace BatchNorm with a norm of each sample alone (GroupNorm, LayerNorm)"),
+        (("--samples", "97"), "", "the batch itself is one sample", "DataLoader(..., drop_last=True)"),
+    ],
+)  # fmt: skip
+def test_a_batchnorm_model_at_one_sample_ends_in_a_guard_error_that_names_the_fix(
+    tmp_path: Path, args: tuple[str, ...], fail_at: str, why: str, fix: str
+) -> None:
+    """Where a micro-batch of 1 cannot be helped (lowered to 1; a last batch of 1 sample), BatchNorm's refusal
+    becomes a GuardError saying why the batch had one sample and what to change, hint in its text."""
+    err = " ".join(
+        run_failing(tmp_path, "batchnorm_tail.py", *args, env={"AUTOBATCH_GUARD_FAIL_AT": fail_at}).split()
+    )
+    assert "autobatch.errors.GuardError: batch" in err and "ran a micro-batch of 1 sample" in err
+    assert why in err and "hint: BatchNorm cannot normalise one sample: " in err and fix in err
+
+
+def test_the_summary_counts_the_failures_the_guard_handled_and_the_error_shows_its_hint(
+    tmp_path: Path,
+) -> None:
+    """Batch 2 holds a sample that does not fit alone: 4 -> 2 and 2 -> 1 are handled, the failure at 1 ends the run
+    (GuardError, its hint in the traceback). The summary counts 2 failures; it counted the last one too."""
+    err = " ".join(run_failing(tmp_path, "too_long.py").split())
+    assert "GuardError: batch 2 (8 samples" in err
+    assert "hint: shorten or bucket its longest samples" in err
+    summary = json.loads((tmp_path / "guard-events.jsonl").read_text().splitlines()[-1])
+    assert summary["event"] == "summary" and summary["final"]
+    assert (summary["steps"], summary["out_of_memory"], summary["micro_batch_size"]) == (2, 2, 1)
+
+
+def test_a_batch_of_the_samples_own_token_tensors_is_counted_by_its_samples(tmp_path: Path) -> None:
+    """A collate that keeps each sample's tokens as a tensor of its own length, first in the batch's dict: the
+    batch is its 16 samples (it read 40, the first sample's tokens, and ran the whole batch as every one of its
+    5 "micro-batches"), split 8 + 8 after the lowering, and trains as the loop without the guard."""
+    run_script(tmp_path, "token_lists.py", "--out", "reference.pt")
+    out = run_script(
+        tmp_path, "token_lists.py", "--guard", "--out", "guarded.pt", env={"AUTOBATCH_GUARD_FAIL_AT": "1"}
+    )
+    assert "step 0: 16 samples, micro-batch 16 x 1" in out and "step 1: 16 samples, micro-batch 8 x 2" in out
+    assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
+
+
+def test_a_label_per_token_flattened_over_the_batch_is_refused_naming_both(tmp_path: Path) -> None:
+    err = " ".join(run_failing(tmp_path, "token_lists.py", "--guard", "--flat-labels").split())
+    assert "UsageError: the batch's parts disagree on their number of samples" in err
+    assert "batch['labels'] 322 against batch['tokens'] (16 items of 40, 23, 18, 28, ...)" in err
+
+
+def test_a_preempted_run_keeps_its_summary_so_far(tmp_path: Path) -> None:
+    """SIGTERM skips ``with guard:``'s exit, which wrote the summary line: the events file ended at the change
+    lines. The summary so far is the file's last line, rewritten at each change and once a second."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, str(GUARD_SCRIPTS / "preemptible_job.py"), "--events", "events.jsonl"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "AUTOBATCH_GUARD_FAIL_AT": "3"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == "step 150":  # 2.4 s after the last change (grown back at 27) at least
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]
+    lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    *changes, summary = lines
+    assert [(c["step"], c["reason"]) for c in changes][:1] == [(3, "out of memory")]  # then grows back
+    assert {c["event"] for c in changes} == {"micro-batch"} and summary["event"] == "summary"
+    # updated once a second, not only at the changes: batches after the last change are counted
+    assert not summary["final"] and changes[-1]["step"] + 1 < summary["steps"] <= 151
+    assert (summary["out_of_memory"], summary["smallest_micro_batch_size"]) == (1, 4)
+    assert summary["micro_batch_size"] == changes[-1]["new"] and summary["peak_bytes"]
+
+
+def test_a_hugging_face_trainer_resumed_from_its_checkpoint_goes_on_where_the_guard_stood(
+    tmp_path: Path,
+) -> None:
+    """``GuardedTrainer`` keeps the guard's state in the Trainer's checkpoints: lowered at batch 1 and
+    checkpointed after batch 4, the run resumed with ``resume_from_checkpoint=True`` goes on at micro-batch 4,
+    numbering its batches from 4 (it started the guard afresh: micro-batch 8, batch 0)."""
+    pytest.importorskip("transformers")
+    first = batches(
+        run_script(tmp_path, "hf_resume.py", "--max-steps", "4", env={"AUTOBATCH_GUARD_FAIL_AT": "1"})
+    )
+    assert [(b["global_step"], b["guard_step"], b["micro"]) for b in first] == [
+        (1, 0, 8),
+        (2, 1, 4),
+        (3, 2, 4),
+        (4, 3, 4),
+    ]
+    second = batches(run_script(tmp_path, "hf_resume.py", "--resume"))
+    assert [(b["global_step"], b["guard_step"], b["micro"]) for b in second] == [
+        (s + 1, s, 4) for s in range(4, 8)
+    ]

@@ -1,6 +1,7 @@
 """A long guarded job as a cluster runs it, until the scheduler preempts it (SIGTERM): the guard knows the tuned
 key of its plan (``--key``, as ``Guard.from_result`` finds it in a result kept in the cache), so its run is
-runtime evidence. Prints ``step N`` after each batch. ``AUTOBATCH_GUARD_FAIL_AT`` lowers the guard.
+runtime evidence, and writes its events to ``--events``. Prints ``step N`` after each batch.
+``AUTOBATCH_GUARD_FAIL_AT`` lowers the guard.
 """
 
 import argparse
@@ -14,7 +15,8 @@ import autobatch
 from autobatch.guard import Evidence
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--key", required=True)
+parser.add_argument("--key", default=None)
+parser.add_argument("--events", default=None)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--micro-batch", type=int, default=8)
 args = parser.parse_args()
@@ -23,7 +25,11 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
 optimizer = torch.optim.AdamW(model.parameters())
 guard = autobatch.Guard(
-    args.micro_batch, batch_size=args.batch_size, sizes=[2, 4], evidence=Evidence(args.key)
+    args.micro_batch,
+    batch_size=args.batch_size,
+    sizes=[2, 4],
+    events=args.events,
+    evidence=Evidence(args.key) if args.key else None,
 )
 
 

@@ -1,0 +1,199 @@
+"""A guarded batch: how many samples it holds, and its micro-batches.
+
+The guard takes a batch as a training loop has it (a tensor, or tuples, lists, namedtuples and dicts of tensors,
+with lists of the samples' own items as the default collate leaves them) and splits it along the samples. One
+reading decides both the batch's samples (:func:`samples`) and what is sliced (:func:`split`), so the two never
+disagree; a batch whose parts disagree on their samples is refused. The split is even (:func:`bounds`): a
+micro-batch of 1 sample, which BatchNorm refuses in training, only where it cannot be helped. Usage:
+docs/guard.md ("The batch", "The split").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
+
+from autobatch.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from _tensors(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            yield from _tensors(value)
+
+
+def samples(batch: Any) -> int:
+    """The batch's samples, read as :func:`split` reads the batch: the ``n`` for which every tensor outside the
+    samples' own lists has ``n`` rows and every such list ``n`` items. The candidates come shallowest first (a
+    dict's tensors before a list's items), so a dict whose first value is a list of tensors of the samples' own
+    lengths still counts its samples, not the first one's tokens. Parts that disagree (a label per token
+    flattened over the batch beside a list of the samples) are refused, naming them: no split fits them."""
+    found = _candidates(batch)
+    if not found:
+        raise UsageError(
+            "the guard found no tensor with a batch dimension in the batch",
+            hint="pass a tensor, or tuples, lists or dicts of tensors whose first dimension is the sample",
+        )
+    for n in found:
+        if all(size == n for _, size in _parts(batch, n)):
+            return n
+    n = found[0]
+    parts = _parts(batch, n)
+    agree = _describe([part for part in parts if part[1] == n])
+    rest = _describe([part for part in parts if part[1] != n])
+    raise UsageError(
+        f"the batch's parts disagree on their number of samples (a tensor's first dimension, a list's items): "
+        f"{agree or 'none'} against {rest}; the guard cannot split it into micro-batches",
+        hint="give every tensor of the batch the samples as its first dimension (a label per token as "
+        "[samples, tokens], padded, not flattened over the batch), keep a sample's own items in a list of one "
+        "item a sample, and pass what is not per sample (a constant) to loss_fn outside the batch",
+    )
+
+
+def _describe(parts: list[tuple[str, int]]) -> str:
+    """Parts and their sizes for a message, the items of one list as one entry: ``batch['tokens'] (16 items of
+    40, 23, 18, 28, ...)``."""
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for where, size in parts:
+        stem, _, index = where.rpartition("[")
+        groups.setdefault(stem if index[:-1].isdigit() else where, []).append((where, size))
+    said = []
+    for stem, members in groups.items():
+        if len(members) == 1:
+            said.append(f"{members[0][0]} {members[0][1]}")
+        else:
+            sizes = [str(size) for _, size in members]
+            said.append(
+                f"{stem} ({len(sizes)} items of {', '.join(sizes[:4])}{', ...' if len(sizes) > 4 else ''})"
+            )
+    return ", ".join(said)
+
+
+def _candidates(batch: Any) -> list[int]:
+    """The sizes the batch's samples may be, most likely first: the first dimension of its tensors, shallowest
+    first (in a dict, then in a list inside it), then the lengths of its lists but the batch's own."""
+    import torch
+
+    tensors: list[tuple[int, int]] = []  # (depth, rows)
+    lengths: list[int] = []
+
+    def walk(value: Any, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.dim() > 0:
+                tensors.append((depth, int(value.shape[0])))
+        elif isinstance(value, Mapping):
+            for item in value.values():
+                walk(item, depth)
+        elif isinstance(value, tuple) and hasattr(value, "_fields"):
+            for item in value:
+                walk(item, depth)
+        elif isinstance(value, (list, tuple)):
+            if value is not batch:  # the batch itself, (ids, labels), is a container, not 2 samples
+                lengths.append(len(value))
+            for item in value:
+                walk(item, depth + 1)
+
+    walk(batch, 0)
+    ordered = [rows for _, rows in sorted(tensors, key=lambda pair: pair[0])] + lengths
+    return list(dict.fromkeys(ordered))
+
+
+def _parts(value: Any, n: int, where: str = "batch") -> list[tuple[str, int]]:
+    """What :func:`split` would slice for ``n`` samples, with its size: every tensor with a first dimension outside
+    the samples' own lists (its rows) and every such list (its items), each named by where it is."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [(where, int(value.shape[0]))] if value.dim() > 0 else []
+    if isinstance(value, Mapping):
+        return [part for key, item in value.items() for part in _parts(item, n, f"{where}[{key!r}]")]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return [
+            part
+            for name, item in zip(value._fields, value, strict=True)
+            for part in _parts(item, n, f"{where}.{name}")
+        ]
+    if per_sample(value, n):
+        return [(where, len(value))]
+    if isinstance(value, (list, tuple)):
+        return [part for i, item in enumerate(value) for part in _parts(item, n, f"{where}[{i}]")]
+    return []
+
+
+def shapes(batch: Any) -> list[list[int]]:
+    return [list(t.shape) for t in _tensors(batch)]
+
+
+def bounds(n: int, size: int) -> list[tuple[int, int]]:
+    """The micro-batches of ``n`` samples at most ``size`` each, as (start, stop): as few as ``size`` allows, of
+    sizes that differ by at most one (10 at 4: 4, 3, 3, not 4, 4, 2; 9 at 8: 5, 4, not 8, 1). A micro-batch of 1
+    sample comes only when it cannot be helped (3 at 2, or ``size`` 1): a lone last sample would train
+    BatchNorm on one value per channel, which it refuses."""
+    count = -(-n // size)
+    base, extra = divmod(n, count)
+    edges = [0]
+    for i in range(count):
+        edges.append(edges[-1] + base + (1 if i < extra else 0))
+    return list(pairwise(edges))
+
+
+def split(batch: Any, size: int, n: int | None = None) -> Iterator[Any]:
+    """The batch in micro-batches of at most ``size`` samples (:func:`bounds`: even, as few as fit): every tensor
+    whose first dimension is the batch's (``n``, :func:`samples` when not given) is sliced, and so is every list of
+    the samples' own items (:func:`per_sample`); other values are passed to every micro-batch unchanged."""
+    n = samples(batch) if n is None else n
+    for start, stop in bounds(n, size):
+        yield _slice(batch, n, start, stop)
+
+
+def _slice(batch: Any, n: int, start: int, stop: int) -> Any:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop] if batch.dim() > 0 and batch.shape[0] == n else batch
+    if isinstance(batch, Mapping):
+        return {key: _slice(value, n, start, stop) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(_slice(value, n, start, stop) for value in batch))
+    if per_sample(batch, n):
+        return batch[start:stop]
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_slice(value, n, start, stop) for value in batch)
+    return batch
+
+
+def per_sample(value: Any, n: int) -> bool:
+    """True for a list or tuple of the samples' own items: as many as the batch's ``n`` samples, not all of them
+    batched themselves. The default collate leaves strings (names, paths) and tensors of their own sizes so; a
+    container of batched values, ``(ids, labels)``, is not one even when the batch has 2 samples."""
+    if not isinstance(value, (list, tuple)) or hasattr(value, "_fields") or len(value) != n:
+        return False
+    return not all(_batched(item, n) for item in value)
+
+
+def _batched(value: Any, n: int) -> bool:
+    """Whether ``value`` carries the batch's dimension: a tensor of ``n`` rows, a list of ``n`` items, or a
+    container of one."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.dim() > 0 and value.shape[0] == n
+    if isinstance(value, Mapping):
+        return any(_batched(item, n) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return len(value) == n or any(_batched(item, n) for item in value)
+    return False
+
+
+__all__ = ["bounds", "per_sample", "samples", "shapes", "split"]
