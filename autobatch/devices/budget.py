@@ -106,6 +106,10 @@ class DeviceInfo:
     fresh_process: dict[str, Any] = field(default_factory=dict)
     # CUDA: the allocator's settings in effect in the probes, as torch reports them; empty: not reported
     allocator: dict[str, Any] = field(default_factory=dict)
+    # CPU: the room of the memory cgroup that bounds the job, when it bounded the capacity (autobatch.devices.cgroup)
+    cgroup_room_bytes: int | None = None
+    # CPU: what the script's own processes (DataLoader workers) held, taken off the capacity to fit that cgroup
+    workers_bytes: int | None = None
 
     @property
     def fell_back(self) -> bool:
@@ -151,6 +155,8 @@ class DeviceInfo:
             "others_bytes": self.others_bytes,
             **({"fresh_process": self.fresh_process} if self.fresh_process else {}),
             **({"allocator": self.allocator} if self.allocator else {}),
+            **({"cgroup_room_bytes": self.cgroup_room_bytes} if self.cgroup_room_bytes is not None else {}),
+            **({"workers_bytes": self.workers_bytes} if self.workers_bytes is not None else {}),
         }
 
 
@@ -165,6 +171,51 @@ def cpu_budget(capacity_bytes: int, headroom: float, baseline_bytes: int | None,
             hint=f"raise {lever(door, 'memory')}: on the CPU device it caps the whole probe process, imports included",
         )
     return budget
+
+
+def make_room_for_workers(device: DeviceInfo, own_bytes: int, processes: int) -> bool:
+    """Lower a CPU device's capacity and budget so that the job's process and the processes its script starts
+    (``processes`` of them, DataLoader workers, holding ``own_bytes`` of their own as measured) fit together in
+    the memory cgroup that bounds the job; whether it lowered them (a note says by how much and why).
+
+    On the CPU device the budget is the data memory of the process that trains, each process under its own cap
+    (``RLIMIT_DATA``, as ``ulimit -d``): the workers' memory is theirs. A memory cgroup (a container's limit, a
+    SLURM job's ``--mem``) counts every process in it, and past its limit the kernel kills one: there the
+    capacity is the cgroup's room less the workers' memory. Nothing is lowered where no cgroup bounds the
+    capacity, or where the capacity asked for (``--memory``) leaves the workers room beside it."""
+    room = device.cgroup_room_bytes
+    if device.type != "cpu" or room is None or own_bytes <= 0:
+        return False
+    over = device.capacity_bytes + own_bytes - room
+    if over <= 0:
+        return False
+    before = device.budget_bytes
+    capacity = device.capacity_bytes - over
+    device.budget_bytes = cpu_budget(capacity, device.headroom, device.baseline_bytes)
+    device.capacity_bytes, device.workers_bytes = capacity, own_bytes
+    device.notes.append(
+        f"budget {format_bytes(before)} lowered to {format_bytes(device.budget_bytes)} (capacity "
+        f"{format_bytes(capacity)}): the {processes} process(es) the script started (DataLoader workers, ...) held "
+        f"{format_bytes(own_bytes)} of their own when the job's process was measured, and the memory cgroup that "
+        f"bounds the job ({format_bytes(room)} of room) counts them beside it; they hold the batches they prepare, "
+        "so a larger batch's workers hold more (a probe whose workers held more than that is warned of)"
+    )
+    return True
+
+
+def workers_outgrew(device: DeviceInfo, outcome: ProbeOutcome, door: Door = "cli") -> str | None:
+    """The warning when a probe's processes of the script's own (DataLoader workers) held more than the room
+    :func:`make_room_for_workers` left them, by more than the margin (None otherwise): they hold the batches they
+    prepare, so a larger batch's workers hold more than those measured at the job's process's small batch."""
+    own, room = outcome.info.get("child_own_bytes"), device.workers_bytes
+    if not (own and room and own > room + device.margin_bytes):
+        return None
+    return (
+        f"at batch {outcome.batch_size} the script's processes (DataLoader workers, ...) held {format_bytes(own)} "
+        f"of their own, {format_bytes(own - room)} more than the budget left them in the job's memory cgroup: a "
+        "job whose own process comes near the budget may pass the cgroup's limit with them, where the kernel kills "
+        f"a process; to leave them that room, tune with {lever(door, 'memory', format_bytes(device.capacity_bytes - own + room))}"
+    )
 
 
 def check_cpu_memory(memory: int | None, info: dict[str, Any], door: Door = "cli") -> None:
@@ -240,8 +291,19 @@ def device_info(
         check_cpu_memory(memory, info, door)
         baseline = info.get("baseline_bytes")
         budget = cpu_budget(capacity, headroom, baseline, door)
+        room = (
+            info["cgroup_limit_bytes"] - info["cgroup_used_bytes"] if "cgroup_limit_bytes" in info else None
+        )
         info_ = DeviceInfo(
-            "cpu", "cpu", capacity, budget, headroom, MEMORY_DEFINITION, baseline_bytes=baseline, **common
+            "cpu",
+            "cpu",
+            capacity,
+            budget,
+            headroom,
+            MEMORY_DEFINITION,
+            baseline_bytes=baseline,
+            cgroup_room_bytes=max(0, room) if room is not None else None,
+            **common,
         )
         available = info.get("available_bytes")
         where = {

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 #: The share of the probe's timeout the fresh processes get (the forked steps and the answer: the rest).
 FRESH_TIME_SHARE = 0.6
+#: What a forked run's outcome says of the processes the script started (:mod:`autobatch.probe.as_is_watch`),
+#: kept in the measurement's answer.
+CHILD_KEYS = ("child_processes", "child_own_bytes")
 
 
 @dataclass(frozen=True)
@@ -107,8 +110,11 @@ def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOpt
         forked = run_ranks(plain, script, measure, summarize=lambda _out, each: forked_ranks.extend(each))
     if not forked.fits:
         return forked
+    # the processes the script started (DataLoader workers) and what they held of their own, as any probe reads
+    # them: a job in a memory cgroup needs room for them beside its own process (autobatch.devices.budget)
+    children = {key: forked.info[key] for key in CHILD_KEYS if key in forked.info}
     if options.forked_only:
-        forked.info = {"forked_settled_bytes": [o.info["settled_bytes"] for o in forked_ranks]}
+        forked.info = {"forked_settled_bytes": [o.info["settled_bytes"] for o in forked_ranks], **children}
         return forked
     failed = next((o for o in fresh if not o.fits), None)
     measured = len(options.kept) if options.kept is not None else len(fresh)
@@ -135,6 +141,7 @@ def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOpt
         "forked_settled_bytes": [o.info["settled_bytes"] for o in forked_ranks],
         "job_bytes": job,
         "offset_bytes": [j - k.info["settled_bytes"] for j, k in zip(job, forked_ranks, strict=False)],
+        **children,
     }
     return forked
 

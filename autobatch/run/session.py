@@ -26,7 +26,15 @@ from autobatch.cache.sources import FilesSeen, spec_sources
 from autobatch.core.space import Combo
 from autobatch.core.units import format_bytes
 from autobatch.devices.backend import backend_for
-from autobatch.devices.budget import DeviceInfo, apply_margin, cpu_budget, cuda_name, device_info
+from autobatch.devices.budget import (
+    DeviceInfo,
+    apply_margin,
+    cpu_budget,
+    cuda_name,
+    device_info,
+    make_room_for_workers,
+    workers_outgrew,
+)
 from autobatch.errors import DeviceError, UsageError
 from autobatch.probe.files import deep_temp_note
 from autobatch.probe.ranks import launcher_variables
@@ -138,6 +146,7 @@ class Session:
         self.fresh_offsets: list[int] = []  # per rank (autobatch.probe.fresh)
         # the processes a script run as it is starts are named once, with the first probe's figure
         self._children_noted = False
+        self._workers_outgrew = False  # a probe's workers held more than the budget left them (warned once)
         self.fresh_ahead: FreshAhead | None = None  # the job's fresh process, started beside the probe server
         self._held = ExitStack()
 
@@ -372,6 +381,13 @@ class Session:
         if outcome.info.get("note") and self.device.type == "cpu" and not self._children_noted:
             self._children_noted = True  # processes the script started: not counted (their figure, once)
             self.warn(str(outcome.info["note"]))
+        if (
+            outcome.fits
+            and (outgrew := workers_outgrew(self.device, outcome, self.settings.door))
+            and not self._workers_outgrew
+        ):
+            self._workers_outgrew = True
+            self.warn(outgrew)
         for note in outcome.info.get("script_notes", []):  # what a script run as it is does of its own
             self.warn(str(note))
         if self.wiring.on_probe:
@@ -608,6 +624,9 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
             inputs, KeptFresh.now(outcome.info["job_bytes"]), str(session.script), list(outcome.files_read)
         )
     device.notes.append(fresh_note(session.fresh_offsets, kept.made if kept else None, session.settings.door))
+    own = device.fresh_process.get("child_own_bytes")
+    if own and make_room_for_workers(device, int(own), int(device.fresh_process.get("child_processes", 0))):
+        session._children_noted = True  # their figure is in the note that lowered the budget
     if device.baseline_bytes is not None:
         device.baseline_bytes += session.fresh_offsets[0]
         # counted as the job's fresh process, the probe process may hold the whole budget before building (a

@@ -53,3 +53,28 @@ def test_a_loop_s_peak_counts_no_batch_its_workers_sent(start: str) -> None:
     err = " ".join(proc.stderr.split())
     assert "process(es) of its own (DataLoader workers, ...), which held" in err, err
     assert "not counted in the probe's peak or budget" in err and "memory cgroup" in err, err
+
+
+def test_the_independent_harness_reads_the_peak_as_the_product_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness (tests/harness/as_is_process.py: the script in the job's fresh process, no autobatch code) reads
+    its peak as a probe's is read. Read once at the end, VmPeak less the mappings then counted the batches mapped
+    when the mark rose and gone by the end as data: up to a batch (5.9 MiB at 6,000) above the product's figure,
+    which counts the job's fresh process too and autobatch's own 1-2 MiB beside the script."""
+    from harness.as_is_process import run_as_is_trial
+
+    monkeypatch.delenv("AUTOBATCH_FRESH_BASELINE")  # counted as the job's fresh process, as the harness runs
+    batch = 6000
+    proc = run_cli(
+        "check", str(SCRIPT), "-b", str(batch), "--steps", "10", "--device", "cpu", "--memory", "512MiB", "--json",
+        "--", "--batch-size", "{batch}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # one batch: one report
+    product = report["peak_bytes"]
+    for _ in range(2):  # the batches mapped at once differ from run to run
+        trial = run_as_is_trial(SCRIPT, ["--batch-size", str(batch)], report["budget_bytes"], steps=10)
+        assert trial.kind == "fits" and trial.peak_estimate is not None, trial.detail
+        off = (trial.peak_estimate - product) / 2**20
+        assert -3 <= off <= 1, (
+            f"harness {trial.peak_estimate / 2**20:.2f} MiB, product {product / 2**20:.2f} MiB"
+        )

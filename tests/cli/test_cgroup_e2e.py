@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import EXAMPLES
+from support import EXAMPLES, SCRIPTS
 
 pytestmark = pytest.mark.slow
 
@@ -130,3 +130,27 @@ def test_through_a_daemon_outside_the_cgroup_the_clients_cgroup_bounds_the_answe
             os.environ.pop(key, None)
         Client(place).stop(timeout=60)
         shutil.rmtree(place.folder.parent, ignore_errors=True)
+
+
+def test_the_dataloader_workers_get_their_room_in_the_cgroup(
+    cgroup: Cgroup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop whose DataLoader forks two workers: they live in the job's cgroup, which counts them beside the
+    process that trains. The budget is the cgroup's room less what they were measured to hold beside the job's
+    fresh process (before, it was the whole room, and a warning told the user to do the subtraction)."""
+    monkeypatch.delenv(
+        "AUTOBATCH_FRESH_BASELINE"
+    )  # the default: the job's process measured (the suite's: not)
+    script = SCRIPTS / "as_is" / "loader_workers.py"
+    tune = ("tune", str(script), "--device", "cpu", "--max-batch-size", "1000", "--no-cache", "--json",
+            "--output", "r.json", "--", "--batch-size", "{batch}")  # fmt: skip
+    done = cgroup.run(*tune, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    device = json.loads(done.stdout)["device"]
+    workers = device["fresh_process"]["child_own_bytes"]  # measured beside the job's process, batch 2
+    assert device["workers_bytes"] == workers > 0, device
+    assert device["capacity_bytes"] + workers <= device["cgroup_room_bytes"] < LIMIT, device
+    assert cgroup.oom_kills() == 0
+    notes = " ".join(" ".join(json.loads(done.stdout)["notes"]).split())
+    assert "lowered to" in notes and "DataLoader workers" in notes and "memory cgroup" in notes, notes
+    assert "tune with --memory at its room less theirs" not in " ".join(done.stderr.split())

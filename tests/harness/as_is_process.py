@@ -7,7 +7,9 @@ data set all count), glibc's malloc pinned as autobatch pins it (the environment
 :mod:`harness.fresh_process`), ``sys.argv`` the script and its arguments, the script run as ``__main__``
 (``runpy.run_path``). A hook on every ``torch.optim`` optimizer step
 (``register_optimizer_step_post_hook``) counts the steps of the first optimizer that steps; after ``steps``
-of them the trial reports ``fits`` and ends the process where it is.
+of them the trial reports ``fits`` and ends the process where it is. The hooks read the data high-water mark at
+every step (and before the first step's update) as a probe's is read, so that the batches a ``DataLoader``'s
+workers send as shared memory are not counted as data (``PEAK``, :data:`harness.fresh_process.CHILD_PRELUDE`).
 
 The verdict is ``fits``, ``oom`` (a ``MemoryError`` or an allocation error from torch, seen where it is
 raised by a trace function on exception events, so one the script catches counts too; or a native abort
@@ -49,9 +51,8 @@ def finish(kind, code, exc=None):
     report["kind"] = kind
     if exc is not None:
         report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-    data, size, peak = vm("VmData", "VmSize", "VmPeak")
-    report["vm_data_end"] = data
-    report["peak_estimate"] = peak - (size - data)  # exact while the non-data mappings stay as they are
+    report["peak_estimate"] = PEAK.read()
+    report["vm_data_end"] = vm("VmData")[0]
     with open(report_path, "w") as handle:
         json.dump(report, handle)
     sys.stdout.flush()
@@ -80,8 +81,14 @@ def on_event(frame, event, arg):
 first = None
 
 
+def before_step(optimizer, args, kwargs):
+    if first is None:  # the first step's forward and backward, read before the optimizer's state exists
+        PEAK.read()
+
+
 def after_step(optimizer, args, kwargs):
     global first
+    PEAK.read()  # at every optimizer's step, as a probe's peak is read
     if first is None:
         first = id(optimizer)
     if id(optimizer) == first:
@@ -92,8 +99,9 @@ def after_step(optimizer, args, kwargs):
 
 try:
     import torch
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+    register_optimizer_step_pre_hook(before_step)
     register_optimizer_step_post_hook(after_step)
     report["baseline_bytes"] = vm("VmData")[0]  # after import torch, before the script
     sys.settrace(on_call)
@@ -124,7 +132,8 @@ class AsIsTrial:
     steps: int = 0
     baseline_bytes: int | None = None  # VmData after import torch, before the script
     vm_data_end: int | None = None
-    #: VmPeak less the non-data mappings at the end: the data high-water mark if no library loaded after it.
+    #: The data high-water mark, read at every optimizer step and at the end as autobatch reads a probe's (the
+    #: prelude's ``PEAK``: :data:`harness.fresh_process.CHILD_PRELUDE`).
     peak_estimate: int | None = None
     detail: str = ""
 

@@ -54,10 +54,22 @@ Kind = Literal["fits", "oom", "error"]
 TrialT = TypeVar("TrialT")
 PR_SET_PDEATHSIG = 1
 
-#: What every trial process starts with: the constants, and ``vm("VmData", ...)`` read from /proc.
+#: What every trial process starts with: the constants, ``vm("VmData", ...)`` read from /proc, and ``PEAK``, the
+#: data high-water mark read as autobatch reads a probe's (``PEAK.read()`` at each optimizer step and at the end).
+#: Written here again, not imported: the harness runs no autobatch code, so that its verdict is the job's process
+#: alone (importing ``autobatch.devices.cpu`` after torch adds 0.8 MiB of data under the cap) and its figures
+#: check autobatch's from outside. The reading, as ``DataPeak`` and ``Ballast`` there: ``VmPeak`` is the high-water
+#: mark of the whole address space, and with DataLoader workers the batches they send are shared mappings (not
+#: data, not under ``RLIMIT_DATA``), one to three at a time; each mark is read with the mappings of the reading at
+#: which it rose (read at the end alone, a mark set under three batches counted two of them as data), and an
+#: address-space ballast without memory (``PROT_NONE``) holds the mappings at the mark's level between readings,
+#: so that a later rise of the data smaller than the batches no longer mapped still lifts the mark.
 CHILD_PRELUDE = (
     (f"OOM_MARKS = {OOM_MARKS!r}\nEXIT_FITS, EXIT_OOM, EXIT_ERROR = {EXIT_FITS}, {EXIT_OOM}, {EXIT_ERROR}\n")
     + r"""
+import mmap as _mmap
+import resource as _resource
+
 
 def vm(*keys):
     found = {}
@@ -67,6 +79,40 @@ def vm(*keys):
             if key in keys:
                 found[key] = int(rest.split()[0]) * 1024
     return [found[key] for key in keys]
+
+
+class _Peak:
+    def __init__(self):
+        self.mark = self.mark_not_data = self.high = 0
+        self.ballast, self.ballast_size = None, 0
+        self.ballasted = _resource.getrlimit(_resource.RLIMIT_AS)[0] == _resource.RLIM_INFINITY
+
+    def read(self):
+        data, size, peak = vm("VmData", "VmSize", "VmPeak")
+        if peak > self.mark:
+            self.high = max(self.high, peak - (size - data))
+            self.mark, self.mark_not_data = peak, size - data
+        self.high = max(self.high, data)
+        if self.ballasted:
+            self.hold(self.mark_not_data - (size - data - self.ballast_size))
+        return self.high
+
+    def hold(self, size):
+        size = -(-max(0, size) // _mmap.PAGESIZE) * _mmap.PAGESIZE
+        if size == self.ballast_size:
+            return
+        if self.ballast is not None:
+            self.ballast.close()
+        self.ballast, self.ballast_size = None, 0
+        if size:
+            try:
+                self.ballast = _mmap.mmap(-1, size, flags=_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS, prot=0)
+            except OSError:
+                return
+            self.ballast_size = size
+
+
+PEAK = _Peak()
 """
 )
 #: The trial process: ``python -c CHILD REPORT_PATH SCRIPT BATCH STEPS DDP [SCRIPT_ARGS...]``.
@@ -83,9 +129,8 @@ report = {"steps": 0}
 
 def finish(kind, code):
     report["kind"] = kind
-    data, size, peak = vm("VmData", "VmSize", "VmPeak")
-    report["vm_data_end"] = data
-    report["peak_estimate"] = peak - (size - data)  # exact while the non-data mappings stay as they are
+    report["peak_estimate"] = PEAK.read()
+    report["vm_data_end"] = vm("VmData")[0]
     with open(report_path, "w") as handle:
         json.dump(report, handle)
     sys.stdout.flush()
@@ -119,6 +164,7 @@ try:
         loss = module.compute_loss(model, batch)
         loss.backward()
         optimizer.step()
+        PEAK.read()
         optimizer.zero_grad(set_to_none=True)
         report["steps"] += 1
     if ddp:
@@ -152,7 +198,7 @@ class Trial:
     vm_data_end: int | None = None
     detail: str = ""
     ranks: list[Trial] = field(default_factory=list)
-    #: VmPeak less the non-data mappings at the end: the data high-water mark if no library loaded after it.
+    #: The data high-water mark, read at every optimizer step and at the end as autobatch reads a probe's (``PEAK``).
     peak_estimate: int | None = None
 
 
