@@ -52,3 +52,27 @@ def test_a_batch_size_that_is_no_count_is_refused_before_any_probe(batch_size: o
     with pytest.raises(UsageError) as refused:
         autobatch.check(str(SCRIPTS / "value_error.py"), batch_size=batch_size, device="cpu", memory="600MiB")
     assert f"batch_size={batch_size!r}".replace("'", '"') in refused.value.message, refused.value.message
+
+
+@pytest.mark.slow  # one probe server
+def test_a_make_batch_that_ignores_its_size_is_told_the_keyword_that_turns_the_check_off() -> None:
+    def build_model() -> object:
+        import torch
+
+        return torch.nn.Linear(8, 2)
+
+    def make_batch(batch_size: int) -> object:
+        import torch
+
+        return torch.randn(4, 8)  # the size of the first experiment, left behind
+
+    def compute_loss(model: object, batch: object) -> object:
+        return model(batch).sum()  # type: ignore[operator]
+
+    from autobatch.errors import ContractError
+
+    with pytest.raises(ContractError) as refused:
+        autobatch.check(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss, batch_size=8,
+                        device="cpu", memory="600MiB")  # fmt: skip
+    assert "or check_batch_size=False" in str(refused.value.hint), refused.value.hint
+    assert flags(str(refused.value.hint)) == []
