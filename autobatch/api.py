@@ -157,13 +157,15 @@ def check(
     :func:`tune`; the device's lock is held as for a tune.
     """
     from autobatch.service.check import check as run_check
+    from autobatch.settings.levers import given_by
 
     shape = {name: settings.pop(name) for name in CHECK_KEYWORDS if name in settings}
-    if shape.get("precision") is not None:
-        settings["precisions"] = [shape["precision"]]
-    if shape.get("optimizer") is not None:
-        settings["optimizers"] = [shape["optimizer"]]
-    loaded = _settings("check", config, script, settings)
+    labels = {}  # a problem with the one precision or optimizer names the keyword its caller wrote
+    for one, setting in (("precision", "precisions"), ("optimizer", "optimizers")):
+        if shape.get(one) is not None:
+            settings[setting] = [shape[one]]
+            labels[setting] = given_by("api", one, shape[one])
+    loaded = _settings("check", config, script, settings, labels=labels)
     with _spec(script, loaded, (build_model, make_batch, compute_loss)) as spec:
         return run_check(
             loaded,
@@ -188,7 +190,8 @@ def _settings(
     labels: Mapping[str, str] | None = None,
 ) -> Settings:
     """Keyword arguments as settings (unknown names are a TypeError, as Python reports them), their messages in
-    ``door``'s words; ``labels``: where the ones the caller's user did not write came from."""
+    ``door``'s words; ``labels``: where the ones the caller's user did not write as that setting came from (the
+    Trainer, check's ``precision=``)."""
     import difflib
 
     from autobatch.settings import load_settings
@@ -302,7 +305,9 @@ def _hooks(on_probe: Callable[[ProbeEvent], None] | None, runner: ProbeRunner | 
         on_warning=logger.warning,
         on_wait=logger.info,
         on_device=device,
-        on_partial=lambda result, where: logger.info("partial result (%s) %s", result.status, where),
+        on_partial=lambda result, where: logger.info(
+            "partial result (%s) %s; the exception carries it as .result", result.status, where
+        ),
         runner_factory=(lambda: runner) if runner is not None else None,
         **fields,
     )
@@ -317,9 +322,15 @@ def apply_recompute(model: Any, level: str = "full", classes: Sequence[str] = ()
     count of blocks."""
     if level == "off":
         return ()
+    from autobatch.errors import NoBlocksError
+    from autobatch.settings.levers import in_words
     from autobatch.step.recompute import wrap_recompute
 
-    return wrap_recompute(model, tuple(classes), level)
+    try:
+        return wrap_recompute(model, tuple(classes), level)
+    except NoBlocksError as exc:  # the block classes are this function's classes=, the setting's elsewhere
+        exc.hint = exc.hint and in_words(exc.hint, "api").replace("recompute_classes=", "classes=")
+        raise
 
 
 def _log_chosen(result: TuneResult) -> None:

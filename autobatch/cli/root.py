@@ -105,6 +105,11 @@ ENDED_BY: dict[int, str] = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung u
 
 
 def report_error(exc: AutobatchError) -> None:
+    """``error:``, the detail with --verbose, ``hint:``; a lever a text names in the neutral form (an error that
+    did not leave through the service, which renders them) is the command's flag."""
+    from autobatch.service.hooks import error_in_words
+
+    error_in_words(exc, "cli")
     console.quiet = False  # errors print under --quiet too
     console.print(f"[red bold]error[/]: {escape(exc.message)}", highlight=False)
     if exc.detail and STATE.verbose:

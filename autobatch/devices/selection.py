@@ -17,14 +17,15 @@ from typing import Any
 
 from autobatch.devices.cpu import cores, environment
 from autobatch.devices.inventory import Gpu, Inventory, cpu_model
+from autobatch.settings.levers import neutral
 
 #: The environment what a CUDA process's caching allocator reserves depends on (expandable segments, split sizes,
 #: garbage collection; caching at all): a tune under one setting says nothing of a job under another.
 CUDA_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING")
 
 CPU_NOT_CACHED = (
-    "on the CPU without --memory the capacity is the memory available when the tune starts, which "
-    "changes from run to run: give --memory to keep the result"
+    f"on the CPU without {neutral('memory')} the capacity is the memory available when the tune starts, which "
+    f"changes from run to run: give {neutral('memory')} to keep the result"
 )
 
 

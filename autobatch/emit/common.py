@@ -20,6 +20,7 @@ from autobatch.core.units import format_bytes
 from autobatch.errors import UsageError
 from autobatch.records.liveness import RESUME_HINT, unfinished
 from autobatch.records.result import Chosen, TuneResult
+from autobatch.settings.levers import neutral
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -252,5 +253,6 @@ def check_device(result: TuneResult, what: str, options: EmitOptions) -> None:
     )
     raise UsageError(
         f"the result was measured on the CPU ({how}): {what} from it would carry CPU numbers into a GPU job",
-        hint="tune on a machine with the GPU; to train on the CPU, tune with --device cpu or pass --allow-cpu",
+        hint=f"tune on a machine with the GPU; to train on the CPU, tune with {neutral('device', 'cpu')} or pass "
+        f"{neutral('allow_cpu', True)}",
     )

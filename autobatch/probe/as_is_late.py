@@ -17,6 +17,7 @@ from autobatch.core.units import format_bytes
 from autobatch.errors import ContractError
 from autobatch.probe.progress import OPTION, write_step
 from autobatch.records.protocol import ProbeRequest
+from autobatch.settings.levers import neutral
 
 #: Steps of the first optimizer a probe waits for the others' first steps (``max_steps``, when larger).
 WAIT_STEPS = 32
@@ -134,7 +135,7 @@ class LateMemory:
                 f"the script built {', '.join(self.unseen)} that had not stepped after "
                 f"{max(WAIT_STEPS, self.request.max_steps)} steps of its first optimizer: the memory of its first "
                 "step (its state, the step's temporaries) is not in the probes, and the job can run out of memory "
-                "there; if it steps later, raise --max-steps past that step (the probe waits as many steps)"
+                f"there; if it steps later, raise {neutral('max_steps')} past that step (the probe waits as many steps)"
             )
         frozen = frozen_parameters([o for o in self._alive()], frame)
         if frozen:
@@ -143,8 +144,8 @@ class LateMemory:
             notes.append(
                 f"the script holds {count:,} frozen parameters ({format_bytes(size)}, requires_grad=False, no "
                 "optimizer state): when it unfreezes them, their gradients, optimizer state and saved activations "
-                "add memory the probes did not see; if the job unfreezes them after N steps, tune with --steps "
-                "above N (for example --steps 25 when it unfreezes after 20)"
+                "add memory the probes did not see; if the job unfreezes them after N steps, tune with "
+                f"{neutral('steps')} above N (for example {neutral('steps', 25)} when it unfreezes after 20)"
             )
         return notes
 

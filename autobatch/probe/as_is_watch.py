@@ -30,6 +30,7 @@ from autobatch.probe.oom import classify_exception
 from autobatch.probe.worker import _read_report, _stopped_at_line
 from autobatch.records.failures import NOTHING_OF_MEMORY, describe_failure
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.settings.levers import neutral
 from autobatch.step.as_is import AsIsScript, accumulation, accumulation_note, not_counted_note
 
 #: Share of the probe's timeout after which a script that has not stepped its optimizer is stopped with
@@ -176,14 +177,15 @@ class StepWatch:
                 "it started: training in a process of its own (torch.multiprocessing.spawn, "
                 "multiprocessing.Process) is out of the probe's sight",
                 hint="call the training function in the script's own process for the tune (mp.spawn(train, "
-                "nprocs=1) is train(0)), or start its ranks with torchrun and tune them with --nproc-per-node N",
+                "nprocs=1) is train(0)), or start its ranks with torchrun and tune them with "
+                f"{neutral('nproc_per_node')} N",
             )
         else:
             error = ContractError(
                 seen,
                 hint="autobatch ends a script run as it is after its optimizer steps, seen through torch.optim's "
                 "step hooks: an optimizer that is not a torch.optim.Optimizer is never seen. If the script is "
-                "only slow to reach its first step (preparing data, compiling), raise --timeout",
+                f"only slow to reach its first step (preparing data, compiling), raise {neutral('timeout')}",
             )
         self.emit(self._failed(error))
 
@@ -229,7 +231,7 @@ class StepWatch:
                 f"{ended} at batch {batch}: its DataLoader holds {held} samples, fewer than the batch, so each epoch "
                 f"was one batch of {held} (a batch above {held} is {held} in this job; a probe needs {needed} steps "
                 f"at least, up to {most}); {NOTHING_OF_MEMORY}",
-                hint=f"tune with --max-batch-size {held}, and give the script epochs for {most} steps at a batch of "
+                hint=f"tune with {neutral('max_batch_size', held)}, and give the script epochs for {most} steps at a batch of "
                 f"{held} in its arguments after -- (or more data)",
             )
         return ContractError(

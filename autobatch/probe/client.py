@@ -35,6 +35,7 @@ from autobatch.probe.warming import Warming, describe
 from autobatch.probe.yielding import YieldingRunner
 from autobatch.records.failures import server_error
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.settings.levers import neutral
 
 if TYPE_CHECKING:
     from autobatch.step.spec import ScriptSpec
@@ -199,7 +200,7 @@ class ProbeClient:
                 what="the probe server to import torch and the script",
                 hint="the server imports torch and the script's libraries, then a first process imports the "
                 "script: a script that waits at import (for a thread or pool it joins, input, the network, a "
-                "lock) must not; if importing it is only slow, raise --timeout",
+                f"lock) must not; if importing it is only slow, raise {neutral('timeout')}",
             )
         except BaseException:  # a failed or interrupted start (Ctrl-C in a notebook) leaves no server behind
             self.close()
@@ -360,7 +361,7 @@ class ProbeClient:
             self._proc.stdin.flush()
         except BrokenPipeError:
             raise ProbeFailure(
-                "the probe server died", hint="rerun with --verbose to see its log", detail=self.server_log()
+                "the probe server died", hint=f"{neutral('verbose')} to see its log", detail=self.server_log()
             ) from None
         answer = self._read(request.timeout + SERVER_GRACE, what=f"the probe at batch {request.batch_size}")
         if request.op == "probe":
@@ -420,7 +421,7 @@ class ProbeClient:
                 self.close()
                 raise ProbeFailure(
                     f"timed out after {timeout:g} s waiting for {what}",
-                    hint=hint or "raise --timeout, or rerun with --verbose",
+                    hint=hint or f"raise {neutral('timeout')}, or {neutral('verbose')}",
                 )
             ready, _, _ = select.select([fd], [], [], min(remaining, 1.0))
             if not ready:
@@ -439,7 +440,7 @@ class ProbeClient:
                 )
                 raise ProbeFailure(
                     f"the probe server {how} while waiting for {what}",
-                    hint="rerun with --verbose to see its log",
+                    hint=f"{neutral('verbose')} to see its log",
                     detail=log,
                 )
             self._buffer += chunk

@@ -24,6 +24,7 @@ from autobatch.errors import (
     UsageError,
 )
 from autobatch.records.protocol import ProbeOutcome
+from autobatch.settings.levers import neutral
 
 #: Separates an error's message from its hint inside ``ProbeOutcome.error_message``.
 HINT_MARK = "\nhint: "
@@ -95,8 +96,8 @@ def raise_for(outcome: ProbeOutcome, what: str) -> None:
         message = (outcome.error_message or "").partition(HINT_MARK)[0]
         raise CompileFailed(
             f"does not compile: {message}",
-            hint="torch.compile could not compile the model; search without --compile, or fix what the message "
-            "names (rerun with --verbose for the compiler's traceback)",
+            hint=f"torch.compile could not compile the model; search without {neutral('compile')}, or fix what the "
+            f"message names ({neutral('verbose')} for the compiler's traceback)",
             detail=detail or None,
         )
     if outcome.kind in ("crash", "timeout"):
@@ -104,7 +105,7 @@ def raise_for(outcome: ProbeOutcome, what: str) -> None:
             "the probe did not finish in time. A probe that hangs before its first step (importing the script, "
             "building the model) waits on something the script does at import or in build_model: a thread or a "
             "multiprocessing pool it joins, input, the network, a lock (import the script in a plain `python -c` "
-            "to see); a model that is only slow needs a larger --timeout (rerun with --verbose for its log)"
+            f"to see); a model that is only slow needs a larger {neutral('timeout')} ({neutral('verbose')} for its log)"
             if outcome.kind == "timeout"
             else crash_hint(outcome.reason or "")
         )
@@ -112,7 +113,8 @@ def raise_for(outcome: ProbeOutcome, what: str) -> None:
     message, _, _hint = (outcome.error_message or "").partition(HINT_MARK)
     raise ScriptError(
         f"the training script raised {outcome.error_type} while {what}: {message}",
-        hint="this is the script's own error, not an out-of-memory; fix the script (rerun with --verbose for the traceback)",
+        hint="this is the script's own error, not an out-of-memory; fix the script "
+        f"({neutral('verbose')} for the traceback)",
         detail=detail or None,
     )
 
@@ -146,8 +148,8 @@ def with_larger_oom(
     return type(error)(
         message + f", so batch {batch_size} is the only one that could fit, and it fails",
         hint=f"make the step run at batch {batch_size}{why if batch_size == 1 else ''}, or make batch "
-        f"{oom.batch_size} fit (more --memory, bf16, a lighter optimizer, recomputation); rerun with --verbose "
-        "for the traceback",
+        f"{oom.batch_size} fit (more {neutral('memory')}, bf16, a lighter optimizer, recomputation); "
+        f"{neutral('verbose')} for the traceback",
         detail=error.detail,
     )
 
@@ -157,15 +159,16 @@ def crash_hint(reason: str) -> str:
     if "SIGSEGV" in reason or "SIGBUS" in reason or "SIGILL" in reason:
         return (
             "the probe process hit a native crash (segmentation fault): a bug in compiled code the step runs "
-            "(an extension, a custom kernel, a driver) or in the script, not a lack of memory; rerun with "
-            "--verbose for its log"
+            "(an extension, a custom kernel, a driver) or in the script, not a lack of memory; "
+            f"{neutral('verbose')} for its log"
         )
     if "SIGKILL" in reason:
         return (
             "the probe process was killed (SIGKILL): usually the kernel's out-of-memory killer, when the machine "
-            "has less free memory than --memory allows; lower --memory, or stop what else uses memory"
+            f"has less free memory than {neutral('memory')} allows; lower {neutral('memory')}, or stop what else uses "
+            "memory"
         )
-    return "the probe process died (a signal, an abort, an illegal memory access): rerun with --verbose for its log"
+    return f"the probe process died (a signal, an abort, an illegal memory access): {neutral('verbose')} for its log"
 
 
 def server_error(error: dict[str, Any]) -> AutobatchError:
@@ -179,4 +182,4 @@ def server_error(error: dict[str, Any]) -> AutobatchError:
         return ContractError(message, hint=error.get("hint"), detail=detail)
     if code == ScriptError.exit_code:
         return ScriptError(message, hint=error.get("hint"), detail=detail)
-    return ProbeFailure(message, hint=error.get("hint") or "rerun with --verbose", detail=detail)
+    return ProbeFailure(message, hint=error.get("hint") or neutral("verbose"), detail=detail)

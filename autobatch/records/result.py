@@ -18,7 +18,7 @@ from autobatch.core.space import SCRIPT_OWN, Combo, Ident, ident_of
 from autobatch.core.units import format_bytes
 from autobatch.errors import AutobatchError, NoBlocksError, NothingFitsError, ProbeFailure
 from autobatch.records.schema import SCHEMA_VERSION
-from autobatch.settings.levers import Door, lever
+from autobatch.settings.levers import Door, in_words, lever
 
 if TYPE_CHECKING:
     from autobatch.core.plan import Plan
@@ -268,6 +268,16 @@ class TuneResult:
         ]
         return min(fits, key=lambda r: r.batch_size).peak_bytes if fits else combo.peak_bytes
 
+    def in_words(self, door: Door) -> TuneResult:
+        """This result (changed in place) with the levers its texts name in the neutral form (a probe's, a
+        script's note) named as ``door``'s user writes them (:mod:`autobatch.settings.levers`)."""
+        self.notes[:] = [in_words(note, door) for note in self.notes]
+        for entry in self.combinations:
+            entry.reason = entry.reason and in_words(entry.reason, door)
+        if self.chosen is not None:
+            self.chosen.note = self.chosen.note and in_words(self.chosen.note, door)
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         for name in _ABSENT_WHEN_NONE:
@@ -356,8 +366,12 @@ def limited_failure(result: TuneResult, door: Door = "cli") -> ProbeFailure | No
     lines = [f"{c.key}: {c.reason}" for c in limited]
     return ProbeFailure(
         f"{len(limited)} combination(s) ended on a crash or timeout, not on memory:\n  " + "\n  ".join(lines),
-        hint="run `autobatch check SCRIPT --batch-size N --verbose` at that batch to see the probe's log; a timeout "
-        f"needs a larger {lever(door, 'timeout')}, a crash is a bug in the script or a native library (not memory)",
+        hint=(
+            "run `autobatch check SCRIPT --batch-size N --verbose` at that batch to see the probe's log"
+            if door == "cli"
+            else "run `autobatch.check(..., batch_size=N)` at that batch: its error's .detail holds the probe's log"
+        )
+        + f"; a timeout needs a larger {lever(door, 'timeout')}, a crash is a bug in the script or a native library (not memory)",
     )
 
 
@@ -386,8 +400,8 @@ def nothing_fits(result: TuneResult, budget_bytes: int, door: Door = "cli") -> A
             f"no batch held a probe as long as a confirmation within the budget of {format_bytes(budget_bytes)}, "
             f"though shorter probes fitted: {unheld[0].key}: {unheld[0].reason}",
             hint="memory grows over the steps (a leak, a cache that fills) or the boundary flickers: "
-            "`autobatch check -b N --steps 20` shows each step's peak; give it more "
-            f"{memory}",
+            f"{'`autobatch check -b N --steps 20`' if door == 'cli' else '`autobatch.check(..., batch_size=N, steps=20)`'}"
+            f" shows each step's peak; give it more {memory}",
         )
     searched = [e for e in entries if e.status == "infeasible"]
     long = [e for e in searched if e.seq_len is not None and "tokens per sample" in (e.reason or "")]

@@ -14,33 +14,40 @@ from typing import TYPE_CHECKING
 from autobatch.core.levels import PARTIAL, parse_level
 from autobatch.core.space import Combo
 from autobatch.errors import UsageError
-from autobatch.service.hooks import Hooks
+from autobatch.service.hooks import Hooks, worded
 from autobatch.service.sessions import open_session, script_strategy
+from autobatch.settings.levers import in_words, lever
 
 if TYPE_CHECKING:
     from autobatch.records.check import CheckResult
     from autobatch.run.session import Session
     from autobatch.settings import Settings
+    from autobatch.settings.values import Door
     from autobatch.step.spec import ScriptSpec
 
 
 def combination(settings: Settings, recompute: bool | str, compile: bool = False) -> Combo:
     """The one combination ``check`` and ``explain`` run: the first precision and optimizer of the settings, at
     the one sequence length given (none: make_batch's one shape)."""
-    lengths = settings.search.seq_lens
+    lengths, door = settings.search.seq_lens, settings.door
     if len(lengths) > 1:
         raise UsageError(
-            f"--seq-len was given {len(lengths)} times ({', '.join(map(str, lengths))}); this command runs one "
-            "length",
-            hint="give one --seq-len (tune searches several)",
+            f"{lever(door, 'seq_lens')} was given {len(lengths)} times ({', '.join(map(str, lengths))}); this command "
+            "runs one length",
+            hint=f"give one {lever(door, 'seq_lens')} (tune searches several)",
         )
     seq_len = lengths[0] if lengths else None
     try:
         level = parse_level(recompute)
     except ValueError as exc:
-        raise UsageError(f"--recompute-level: {exc}", hint="give off, full, selective or K/N") from None
+        raise UsageError(
+            f"{lever(door, 'recompute')} {exc}", hint="give off, full, selective or K/N"
+        ) from None
     if level == PARTIAL:
-        raise UsageError("--recompute-level partial is chosen by a tune", hint="give K/N, such as 6/12")
+        raise UsageError(
+            f"{lever(door, 'recompute', 'partial')}: partial is chosen by a tune",
+            hint="give K/N, such as 6/12",
+        )
     precision, optimizer = settings.search.precisions[0], settings.search.optimizers[0]
     return Combo(precision, optimizer, level, seq_len, compile)
 
@@ -80,19 +87,36 @@ def checks(
     from autobatch.core.space import SCRIPT_COMBO
     from autobatch.run.check import check_batch
 
-    hooks = hooks or Hooks()
-    combo = combination(settings, recompute, compile)
-    settings = script_strategy(settings, spec)
-    session = open_session(settings, hooks, spec=spec)
-    session.use_cache = (
-        False  # a check always probes (no journal); the job's fresh process may be the one kept
-    )
-    with session:
-        if session.as_is:  # its precision, optimizer and recomputation are the script's own
-            combo = SCRIPT_COMBO.at(combo.seq_len)
-        started(session, combo, hooks)
-        for batch_size in batch_sizes:
-            yield check_batch(session, combo, batch_size, steps or settings.probe.confirm_steps)
+    door = settings.door
+    hooks = (hooks or Hooks()).worded(door)
+    with worded(door):
+        counts(door, batch_size=batch_sizes, steps=[steps] if steps is not None else [])
+        combo = combination(settings, recompute, compile)
+        settings = script_strategy(settings, spec)
+        session = open_session(settings, hooks, spec=spec)
+        session.use_cache = (
+            False  # a check always probes (no journal); the job's fresh process may be the one kept
+        )
+        with session:
+            if session.as_is:  # its precision, optimizer and recomputation are the script's own
+                combo = SCRIPT_COMBO.at(combo.seq_len)
+            started(session, combo, hooks)
+            for batch_size in batch_sizes:
+                report = check_batch(session, combo, batch_size, steps or settings.probe.confirm_steps)
+                report.reason = report.reason and in_words(report.reason, door)
+                yield report
+
+
+def counts(door: Door, **given: Sequence[object]) -> None:
+    """Refuse a batch size or a number of steps that is not a whole number of at least 1 before anything starts
+    (the command's flags hold theirs to it; a probe of batch 0 reads a NaN loss as the step's fault)."""
+    for name, values in given.items():
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(
+                    f"{lever(door, name, value)}: expected a whole number of at least 1",
+                    hint=f"give {name.replace('_', ' ')} as an int, such as {lever(door, name, 8)}",
+                )
 
 
 def started(session: Session, combo: Combo, hooks: Hooks) -> None:
@@ -102,4 +126,4 @@ def started(session: Session, combo: Combo, hooks: Hooks) -> None:
     hooks.on_device(info)
     unsupported = info.unsupported(combo.precision)
     if unsupported:
-        raise UsageError(unsupported, hint="pick another --precision")
+        raise UsageError(unsupported, hint=f"pick another {lever(session.settings.door, 'precision')}")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from autobatch.service.check import combination, started
-from autobatch.service.hooks import Hooks
+from autobatch.service.hooks import Hooks, worded
 from autobatch.service.sessions import open_session
 
 if TYPE_CHECKING:
@@ -35,19 +35,22 @@ def explain(
     from autobatch.step.as_is import not_measured_by
     from autobatch.step.spec import spec_from_settings
 
-    hooks = hooks or Hooks()
-    combo = combination(settings, recompute)
-    if (spec or spec_from_settings(settings)).kind == "as_is":  # refused before anything starts
-        raise not_measured_by("explain", "breaks a peak down by running autobatch's own step on its parts")
-    hooks.on_status("starting the probe server")
-    with open_session(settings, hooks, spec=spec, op_modules=OP_MODULES) as session:
-        started(session, combo, hooks)
-        return explain_batch(
-            session,
-            combo,
-            batch_size,
-            settings.limits(),
-            vocab_trim=vocab_trim,
-            verify=verify,
-            progress=progress or hooks.on_status,
-        )
+    hooks = (hooks or Hooks()).worded(settings.door)
+    with worded(settings.door):
+        combo = combination(settings, recompute)
+        if (spec or spec_from_settings(settings)).kind == "as_is":  # refused before anything starts
+            raise not_measured_by(
+                "explain", "breaks a peak down by running autobatch's own step on its parts"
+            )
+        hooks.on_status("starting the probe server")
+        with open_session(settings, hooks, spec=spec, op_modules=OP_MODULES) as session:
+            started(session, combo, hooks)
+            return explain_batch(
+                session,
+                combo,
+                batch_size,
+                settings.limits(),
+                vocab_trim=vocab_trim,
+                verify=verify,
+                progress=progress or hooks.on_status,
+            )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autobatch.errors import UsageError
+from autobatch.settings.levers import neutral
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from autobatch.records.result import TuneResult
     from autobatch.settings import Settings
 
-FIX = "pass --output PATH (or set [output] result) to a file in a folder you can write"
+FIX = f"pass {neutral('result', 'PATH')} (or set [output] result) to a file in a folder you can write"
 
 
 def explain_os_error(path: Path, exc: OSError, what: str = "result file") -> UsageError:

@@ -20,7 +20,7 @@ from autobatch.errors import AutobatchError, NothingFitsError, UsageError
 from autobatch.records.files import preflight
 from autobatch.run.locks import RunLock
 from autobatch.run.options import TuneOptions, TuneRequest
-from autobatch.service.hooks import Hooks
+from autobatch.service.hooks import Hooks, worded
 from autobatch.service.per_device import tune_devices
 from autobatch.service.saving import FIX, ResultSaver, started_result
 from autobatch.service.sessions import script_strategy
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from autobatch.devices.budget import DeviceInfo
     from autobatch.records.result import TuneResult
     from autobatch.settings import Settings
+    from autobatch.settings.values import Door
     from autobatch.step.spec import ScriptSpec
 
 
@@ -51,8 +52,14 @@ def tune(
     is written after every probe (None: no file); ``refresh`` measures again instead of serving the
     cache; ``generated_by`` heads the emitted files.
     """
-    hooks = hooks or Hooks()
-    request = tune_request(settings, spec, refresh)
+    hooks = (hooks or Hooks()).worded(settings.door)
+    with worded(settings.door):
+        return _tune(tune_request(settings, spec, refresh), hooks, result_file, generated_by)
+
+
+def _tune(
+    request: TuneRequest, hooks: Hooks, result_file: str | Path | None, generated_by: str
+) -> TuneResult:
     settings = request.settings
     saver = ResultSaver(Path(result_file), hooks.on_warning) if result_file is not None else None
     if saver is not None:
@@ -101,7 +108,7 @@ def _measure(request: TuneRequest, hooks: Hooks, saver: ResultSaver | None) -> T
         hooks.on_start(result)
 
     def update(result: TuneResult) -> None:
-        latest[:1] = [result]
+        latest[:1] = [result.in_words(settings.door)]
         if saver is not None:
             saver(result)
         hooks.on_update(result)
@@ -123,8 +130,9 @@ def _measure(request: TuneRequest, hooks: Hooks, saver: ResultSaver | None) -> T
             )  # as a tune run now would have
     except BaseException as exc:
         if latest:
-            _keep_partial(latest[0], exc, saver, hooks)
+            _keep_partial(latest[0], exc, saver, hooks, settings.door)
         raise
+    result.in_words(settings.door)
     if saver is not None:
         saver(result)
     return result
@@ -159,16 +167,23 @@ def check_world_split(settings: Settings, world: int, world_source: str) -> None
     )
 
 
-def _keep_partial(result: TuneResult, exc: BaseException, saver: ResultSaver | None, hooks: Hooks) -> None:
-    """What a tune that stopped early measured: marked, written, shown; a nothing-fits answer is complete."""
-    if isinstance(exc, NothingFitsError):
+def _keep_partial(
+    result: TuneResult, exc: BaseException, saver: ResultSaver | None, hooks: Hooks, door: Door
+) -> None:
+    """What a tune that stopped early measured: marked, written, shown (in ``door``'s words), and carried by the
+    exception as its ``result`` (a notebook interrupted or failed with no result file keeps it there); a
+    nothing-fits answer is complete."""
+    try:
         exc.result = result  # type: ignore[attr-defined]
-    else:
+    except AttributeError:  # an exception whose class refuses new attributes (__slots__)
+        pass
+    if not isinstance(exc, NothingFitsError):
         result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         if isinstance(exc, AutobatchError):
             result.notes.append(f"failed: {exc.message}")
         elif isinstance(exc, Exception):
             result.notes.append(f"failed: internal error: {type(exc).__name__}: {exc}")
+    result.in_words(door)
     if saver is None:
         where = "not written (no result file)"
     else:

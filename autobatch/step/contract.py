@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from autobatch.errors import ContractError
+from autobatch.settings.levers import neutral
 from autobatch.step.as_is import defines_none, no_way_error
 from autobatch.step.importing import import_file, import_reference, translated
 from autobatch.step.spec import ScriptSpec
@@ -176,7 +177,7 @@ def check_model(model: object) -> torch.nn.Module:
 #: How the batch-size check is turned off, named in its error (the ``check_batch_size`` setting).
 BATCH_CHECK_OFF = (
     "check_batch_size = false under [script] in autobatch.toml, AUTOBATCH_CHECK_BATCH_SIZE=0, "
-    "or --no-check-batch-size"
+    f"or {neutral('check_batch_size', False)}"
 )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autobatch.errors import ContractError, UsageError
+from autobatch.settings.levers import neutral
 from autobatch.step.spec import HF_TASKS, hf_config_file
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def task_from_config(config: Any) -> str:
     named = ", ".join(getattr(config, "architectures", None) or []) or "none"
     raise UsageError(
         f"--hf: cannot tell the task from the config (architectures: {named})",
-        hint=f"pass --hf-task, one of {', '.join(HF_TASKS)}",
+        hint=f"pass {neutral('hf_task')}, one of {', '.join(HF_TASKS)}",
     )
 
 
@@ -140,7 +141,7 @@ def _seq_len(config: Any, seq_len: int | None) -> int:
         if longest is None:
             raise UsageError(
                 f"--hf: the {type(config).__name__} states no maximum sequence length",
-                hint="pass --seq-len, the longest sequence your job trains on",
+                hint=f"pass {neutral('seq_lens')}, the longest sequence your job trains on",
             )
         return longest
     if longest is not None and seq_len > longest:

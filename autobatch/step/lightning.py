@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch import LightningDataModule, LightningModule
 
 from autobatch.errors import ContractError, UsageError
+from autobatch.settings.levers import neutral
 from autobatch.step.identity import Identified, step_identity
 from autobatch.step.importing import import_reference
 from autobatch.step.lightning_yaml import init_arguments, instantiate
@@ -64,7 +65,8 @@ class LightningScript:
                 f"{type(datamodule).__name__ if datamodule is not None else 'a data module'} has a "
                 f"{self.batch_attr!r} attribute or hparam to set the batch size with",
                 hint="keep the batch size where Lightning's BatchSizeFinder looks for it (self.batch_size or "
-                "save_hyperparameters() in the module or the data module), or name it with --lightning-batch-key",
+                "save_hyperparameters() in the module or the data module), or name it with "
+                f"{neutral('lightning_batch_key')}",
             )
         if datamodule is not None:
             datamodule.prepare_data()
@@ -77,7 +79,7 @@ class LightningScript:
                 f"the first batch of train_dataloader() holds {got} samples, but the batch size was set to "
                 f"{batch_size} ({self.batch_attr!r})",
                 hint="the dataloader must read the batch size from that attribute, and the dataset must hold "
-                "a full batch of the largest size searched (or lower --max-batch-size)",
+                f"a full batch of the largest size searched (or lower {neutral('max_batch_size')})",
             )
         return batch
 
@@ -117,7 +119,7 @@ def set_length(module: Any, datamodule: Any, seq_len: int) -> None:
     """Set the sequence length where the module or the data module keeps it (see :data:`LENGTH_ATTRS`)."""
     if not any(set_batch_size(module, datamodule, name, seq_len) for name in LENGTH_ATTRS):
         raise ContractError(
-            f"--seq-len {seq_len}: neither the module nor the data module has an attribute or hparam named "
+            f"sequence length {seq_len} ({neutral('seq_lens', [seq_len])}): neither the module nor the data module has an attribute or hparam named "
             f"{', '.join(LENGTH_ATTRS)} to set the sequence length with",
             hint="keep the length in self.seq_len (or save_hyperparameters()) and have train_dataloader() read it",
         )

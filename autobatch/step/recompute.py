@@ -19,6 +19,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from autobatch.core.levels import FULL, SELECTIVE, fraction
 from autobatch.errors import NoBlocksError
+from autobatch.settings.levers import neutral
 
 _HOLDERS = (torch.nn.ModuleList, torch.nn.Sequential)  # whose repeated children may be blocks
 _PLAIN_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
@@ -88,13 +89,15 @@ def wrap_recompute(
         raise NoBlocksError(
             "recomputation asked for, but the model has no repeated blocks to wrap"
             + (f" (no module of class {', '.join(classes)})" if classes else ""),
-            hint="name the block classes with --recompute-class or RECOMPUTE_CLASSES, or pass --no-recompute",
+            hint=f"name the block classes with {neutral('recompute_classes')} or RECOMPUTE_CLASSES, or pass "
+            f"{neutral('recompute', 'off')}",
         )
     if split is not None and split[1] != len(blocks):
         raise NoBlocksError(
             f"recomputation level {level} checkpoints {split[0]} of {split[1]} blocks, but the model holds "
             f"{len(blocks)} ({_counted(blocks)})",
-            hint=f"give a level of the form K/{len(blocks)}, or name other block classes with --recompute-class",
+            hint=f"give a level of the form K/{len(blocks)}, or name other block classes with "
+            f"{neutral('recompute_classes')}",
         )
     context = _selective_context if level == "selective" else None
     for index in level_blocks(level, len(blocks)):

@@ -225,3 +225,29 @@ def test_a_notebook_run_again_in_a_new_process_is_served_from_the_cache(tmp_path
     assert before["probes"] > 0 and not before["cache"]["served"], before
     assert after["cache"]["served"] and after["probes"] == 0, after  # no probe: the same step, the same key
     assert after["cache"]["key"] == before["cache"]["key"] and after["max"] == before["max"]
+
+
+#: A cell interrupted (Ctrl-C) while a tune probes, with no result file: the interrupt carries what the probes
+#: measured (it was logged as "not written" and lost), and no probe process is left.
+INTERRUPTED_MEASURING = STEP + textwrap.dedent(f"""
+    import json, os, signal, threading, time
+    import psutil, autobatch
+
+    def interrupt(event):
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()  # during the next probe
+
+    try:
+        autobatch.tune(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss,
+                       on_probe=interrupt, **{SETTINGS!r})
+    except KeyboardInterrupt as stop:
+        kept = stop.result
+    left = [p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    print(json.dumps({{"status": kept.status, "probes": kept.combinations[0].probes, "left": left}}))
+""")
+
+
+def test_an_interrupted_tune_keeps_what_it_measured_on_the_interrupt(tmp_path: Path) -> None:
+    proc = run_notebook(tmp_path, INTERRUPTED_MEASURING, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["status"] == "interrupted" and report["probes"] >= 1 and report["left"] == [], report

@@ -20,6 +20,7 @@ from hf_configs import bert, gpt2  # noqa: E402
 from autobatch.errors import ContractError, UsageError  # noqa: E402
 from autobatch.integrations.hf import apply_to_training_arguments  # noqa: E402
 from autobatch.records.result import Chosen, TuneResult  # noqa: E402
+from autobatch.settings.levers import in_words  # noqa: E402
 from autobatch.step.contract import load_script, load_spec  # noqa: E402
 from autobatch.step.hf import HFScript
 from autobatch.step.spec import ScriptSpec  # noqa: E402
@@ -66,7 +67,8 @@ def test_other_tasks_get_their_labels(tmp_path: Path, task: str, keys: set[str])
 def test_what_the_config_cannot_tell_is_asked_for(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="cannot tell the task") as info:
         HFScript(gpt2(tmp_path))  # GPT2Config() names no architectures
-    assert "--hf-task" in str(info.value.hint)
+    hint = str(info.value.hint)  # a step's text names the lever neutrally: each door renders it
+    assert "--hf-task" in in_words(hint, "cli") and "hf_task=" in in_words(hint, "api")
     with pytest.raises(UsageError, match="longer than the model's 128 positions"):
         HFScript(gpt2(tmp_path), "causal-lm", 4096)
     (tmp_path / "empty").mkdir()

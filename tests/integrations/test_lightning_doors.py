@@ -21,7 +21,7 @@ MiB = 1 << 20
 SCRIPT = SCRIPTS / "lightning" / "no_hparams.py"
 
 
-def fit(callback: object) -> None:
+def fit(callback: object, module: object = None) -> None:
     sys.path.insert(0, str(SCRIPT.parent))
     try:
         from no_hparams import Classifier  # type: ignore[import-not-found]
@@ -33,7 +33,7 @@ def fit(callback: object) -> None:
         accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
     )  # fmt: skip
-    trainer.fit(Classifier(width=16, depth=1))
+    trainer.fit(module if module is not None else Classifier(width=16, depth=1))
 
 
 def test_the_callback_names_its_keywords_and_the_trainers_world(
@@ -55,6 +55,26 @@ def test_the_callback_names_its_keywords_and_the_trainers_world(
     assert not [
         note for note in callback.result.notes if "world size" in note
     ]  # the Trainer's 1, planned on 1
+
+
+@pytest.mark.slow  # one probe server
+def test_a_probes_refusal_names_the_callbacks_keyword(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe process writes its hint before any door is known; the callback's user reads its keyword."""
+    from autobatch.errors import ContractError
+    from autobatch.integrations.lightning import AutoBatch
+
+    monkeypatch.setenv("AUTOBATCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # the probes import the module's class by name
+    from fixed_loader import FixedLoader  # type: ignore[import-not-found]
+
+    with pytest.raises(ContractError) as refused:
+        fit(AutoBatch(memory="1GiB", precisions=["32-true"]), FixedLoader())
+    assert "holds 4 samples" in refused.value.message
+    assert "lower max_batch_size=" in str(refused.value.hint), refused.value.hint
+    assert "--" not in str(refused.value.hint)
 
 
 #: A fresh process that fits the script's module under the callback (a fake probe runner: the key is the

@@ -14,6 +14,7 @@ from typing import Any
 
 from autobatch.core.units import format_bytes
 from autobatch.errors import DeviceError, UsageError
+from autobatch.settings.levers import neutral
 
 MiB = 1 << 20
 #: The CUDA context assumed when it cannot be measured (NVML cannot see this PID).
@@ -173,18 +174,21 @@ def cuda_budget(snapshot: CudaSnapshot, *, memory: int | None, headroom: float) 
         lines.append(f"- other processes {format_bytes(others)} (NVML and device-level used memory)")
     else:
         if memory <= 0:
-            raise UsageError(f"--memory must be positive, got {memory}", hint="for example --memory 16GiB")
+            raise UsageError(
+                f"{neutral('memory')} must be positive, got {memory}",
+                hint=f"for example {neutral('memory', '16GiB')}",
+            )
         available = total - others_here
         if memory > total:
             raise DeviceError(
-                f"--memory {format_bytes(memory)} is more than {dev} has ({format_bytes(total)} in total)",
-                hint=f"give --memory of at most {format_bytes(total)}, or leave it out to use the whole device",
+                f"{neutral('memory', format_bytes(memory))} is more than {dev} has ({format_bytes(total)} in total)",
+                hint=f"give {neutral('memory')} of at most {format_bytes(total)}, or leave it out to use the whole device",
             )
         if memory > available:
             raise DeviceError(
-                f"--memory {format_bytes(memory)} is more than {dev} has available: {format_bytes(others_here)} "
+                f"{neutral('memory', format_bytes(memory))} is more than {dev} has available: {format_bytes(others_here)} "
                 f"of its {format_bytes(total)} are held by other processes",
-                hint=f"give --memory of at most {format_bytes(available)}, or free the GPU (nvidia-smi lists "
+                hint=f"give {neutral('memory')} of at most {format_bytes(available)}, or free the GPU (nvidia-smi lists "
                 "the processes)",
             )
         capacity, others, calibrated = memory, 0, True
