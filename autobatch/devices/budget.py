@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from autobatch.core.units import format_bytes
 from autobatch.errors import DeviceError, UsageError
 from autobatch.records.result import Circumstance, warning_note
-from autobatch.settings.levers import Door, lever
+from autobatch.settings.levers import Door, lever, neutral
 
 if TYPE_CHECKING:
     from autobatch.records.protocol import ProbeOutcome
@@ -67,7 +67,7 @@ def others_warning(device: str, others_bytes: int, capacity_bytes: int, subtract
     how = (
         "subtracted from the budget, so the maxima are smaller than on a free GPU"
         if subtracted
-        else "not subtracted (--memory calibrates for a dedicated card), but it must fit beside them"
+        else f"not subtracted ({neutral('memory')} calibrates for a dedicated card), but it must fit beside them"
     )
     return Circumstance(
         f"other processes hold {format_bytes(others_bytes)} on {device}: {how}; `autobatch devices` "
@@ -263,7 +263,7 @@ def capacity_note(info: dict[str, Any]) -> str | None:
         f"limit {format_bytes(info['cgroup_limit_bytes'])}, {format_bytes(info['cgroup_used_bytes'])} in use, "
         "this tune's own processes included), less than the host's "
         f"{format_bytes(info['host_available_bytes'])} available; a container's limit or a job's --mem, which the "
-        "kernel enforces by killing a process; pass --memory for the job's own share"
+        f"kernel enforces by killing a process; pass {neutral('memory')} for the job's own share"
     )
 
 

@@ -43,7 +43,7 @@ from autobatch.records.protocol import ProbeOutcome, ProbeRequest, ProbeRunner, 
 from autobatch.records.result import Circumstance, warning_note
 from autobatch.records.version import MEASURED_BY
 from autobatch.run.lengths import plan_lengths
-from autobatch.settings.levers import Door, lever
+from autobatch.settings.levers import Door, lever, neutral
 from autobatch.settings.values import plain
 from autobatch.step.as_is import finder_warning
 from autobatch.step.scriptpath import script_digest
@@ -501,7 +501,7 @@ def _ranks(distributed: DistributedSettings) -> int:
         raise UsageError(
             f"strategy {distributed.strategy} measures every rank, but nproc_per_node is "
             f"{distributed.nproc_per_node}",
-            hint="pass --nproc-per-node 2 (or more), or --strategy none",
+            hint=f"pass {neutral('nproc_per_node', 2)} (or more), or {neutral('strategy', 'none')}",
         )
     return distributed.nproc_per_node
 
@@ -686,7 +686,7 @@ def _one_process_note(named: dict[str, str]) -> Circumstance:
     return Circumstance(
         f"the environment names a worker of a launched job ({shown}): each probe runs the script as one process, "
         "rank 0 of a world of one with a rendezvous of its own (RANK=0, WORLD_SIZE=1, MASTER_PORT=0), as "
-        "`torchrun --nproc-per-node 1` starts it; to measure the job's ranks, pass --nproc-per-node N"
+        f"`torchrun --nproc-per-node 1` starts it; to measure the job's ranks, set the ranks per node ({neutral('nproc_per_node')})"
     )
 
 
