@@ -295,7 +295,11 @@ def _hooks(on_probe: Callable[[ProbeEvent], None] | None, runner: ProbeRunner | 
             logger.info("%s", event)
 
     def device(info: DeviceInfo) -> None:
-        logger.info("device %s: budget %d bytes", info.name, info.budget_bytes)
+        from autobatch.core.units import format_bytes
+
+        logger.info(  # as the command shows it, and exact: "600MB" is decimal, "600MiB" binary
+            "device %s: budget %s (%d bytes)", info.name, format_bytes(info.budget_bytes), info.budget_bytes
+        )
         if info.fell_back:
             logger.warning("%s", info.notes[0])
 
