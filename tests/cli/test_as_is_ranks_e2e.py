@@ -82,11 +82,16 @@ def test_a_rank_that_fails_ends_every_rank_with_its_error() -> None:
     assert not _left(mark)
 
 
-def test_a_launchers_variables_for_rank_1_leave_each_probe_a_world_of_one(tmp_path) -> None:
-    """A wrapper's torchrun variables name rank 1 of 2 and a rendezvous nobody hosts: without --nproc-per-node
-    each probe (and the job's fresh process) runs the script as rank 0 of a world of one instead of waiting in
-    ``init_process_group`` until its timeout; the plan is still for WORLD_SIZE=2. Before the fix every probe
-    timed out (so does a regression here: --timeout 20, then the command's own)."""
+def test_a_launchers_variables_for_rank_1_leave_each_probe_a_world_of_one_and_plan_for_their_world(
+    tmp_path,
+) -> None:
+    """A wrapper's torchrun variables name rank 1 of 2 and a rendezvous nobody hosts, and no --nproc-per-node is
+    given. Each probe (and the job's fresh process) runs the script as rank 0 of a world of one instead of waiting
+    in ``init_process_group`` until its timeout: before that fix every probe timed out (so does a regression here:
+    --timeout 20, then the command's own). The plan is still for WORLD_SIZE=2 (global = micro x accumulation x 2),
+    so the job's command line starts 2 processes, in the table, in --json (the plan's processes per node x nodes)
+    and in the emitted files: before that fix it was ``python script.py ...``, a world of one, half the planned
+    global batch. One tune answers both (it was two tunes of the same script)."""
     with socket.socket() as free:  # a port no one listens on: a probe that joins it waits
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
@@ -96,10 +101,11 @@ def test_a_launchers_variables_for_rank_1_leave_each_probe_a_world_of_one(tmp_pa
         "AUTOBATCH_FRESH_BASELINE": "true",  # the job's fresh process too (the suite turns it off)
     }  # fmt: skip
     script = str(EXAMPLES / "as_is" / "ddp_torchrun.py")
+    job, env_file = tmp_path / "job.sh", tmp_path / "autobatch.env"
     proc = run_cli(
         "tune", script, "--device", "cpu", "--memory", "600MiB", "--timeout", "20", "--no-cache",
-        "--max-batch-size", "16", "--output", str(tmp_path / "r.json"), "--json", *PLACEHOLDER,
-        env=env, timeout=150,
+        "--max-batch-size", "16", "--global-batch-size", "64", "--output", str(tmp_path / "r.json"),
+        "--emit", f"args={job}", "--emit", f"env={env_file}", "--json", *PLACEHOLDER, env=env, timeout=150,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -110,25 +116,10 @@ def test_a_launchers_variables_for_rank_1_leave_each_probe_a_world_of_one(tmp_pa
     assert "timed out" not in err and "rank 0 of a world of one" in err and "--nproc-per-node N" in err
     assert "probes count as the job's fresh process" in " ".join(data["notes"])  # measured, not timed out
 
-
-def test_a_plan_for_the_launchers_world_is_launched_as_that_world(tmp_path) -> None:
-    """``WORLD_SIZE=2`` and no --nproc-per-node: the probes run one process and the plan is for 2 (global = micro
-    x accumulation x 2), so the job's command line starts 2 processes, in the table, in --json (the plan's
-    processes per node x nodes) and in the emitted files. Before the fix it was ``python script.py ...``: a world
-    of one, half the planned global batch."""
-    script = str(EXAMPLES / "as_is" / "ddp_torchrun.py")
-    job, env_file = tmp_path / "job.sh", tmp_path / "autobatch.env"
-    proc = run_cli(
-        "tune", script, "--device", "cpu", "--memory", "600MiB", "--no-cache", "--max-batch-size", "16",
-        "--global-batch-size", "64", "--output", str(tmp_path / "r.json"), "--emit", f"args={job}",
-        "--emit", f"env={env_file}", "--json", *PLACEHOLDER, env={"WORLD_SIZE": "2"}, timeout=150,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    chosen = json.loads(proc.stdout)["chosen"]
+    chosen = data["chosen"]
     assert (chosen["micro_batch_size"], chosen["accumulation_steps"], chosen["world_size"]) == (16, 2, 2)
     assert chosen["nproc_per_node"] * chosen["num_nodes"] == chosen["world_size"], chosen
     line = f"torchrun --nproc-per-node=2 {script} --batch-size 16"
-    err = " ".join(proc.stderr.split())
     assert f"command: {line}" in err
     assert "the plan is for a world of 2 processes and its micro-batch was measured in one" in err
     assert job.read_text().splitlines()[-1] == line
