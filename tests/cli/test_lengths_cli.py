@@ -374,3 +374,22 @@ def test_a_data_set_saved_to_disk(files: tuple[Path, list[int]], tmp_path: Path)
     assert code == EXIT_USAGE and "the splits a, b" in err and "ab/a" in err
     code, one, _ = ab_b
     assert code == 0 and one["distribution"] == from_text["distribution"]
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_line(
+    files: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    """A column saved by pandas with ``encoding="utf-8-sig"`` (as for Excel) starts with U+FEFF: its first line
+    was refused as ``'\\ufeff180'``, a JSON Lines file's as not JSON."""
+    import pandas as pd
+
+    data = [180, 420, 3100]
+    pd.Series(data).to_csv(tmp_path / "excel.txt", index=False, header=False, encoding="utf-8-sig")
+    pd.DataFrame({"num_tokens": data}).to_json(tmp_path / "excel.jsonl", orient="records", lines=True)
+    text = (tmp_path / "excel.jsonl").read_text()
+    (tmp_path / "excel.jsonl").write_text(text, encoding="utf-8-sig")
+    for name in ("excel.txt", "excel.jsonl"):
+        code, report, err = lengths(name, "--json")
+        assert code == 0 and report["distribution"]["count"] == 3 and report["distribution"]["max"] == 3100, (
+            err
+        )
