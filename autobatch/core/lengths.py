@@ -128,6 +128,24 @@ def prior_line(lines: Sequence[Line], seq_len: int) -> tuple[float, float, bool]
     return nearest.intercept, surface.slope(seq_len), len(surface.lengths) >= 2
 
 
+#: Memory per sample that grows by less than this share of the length's growth did not see the length.
+UNMOVED_GROWTH = 0.1
+
+
+def unmoved(lines: Iterable[Line]) -> tuple[Line, Line] | None:
+    """The shortest and the longest of ``lines`` when the memory per sample hardly grew between them, by less
+    than :data:`UNMOVED_GROWTH` of the length's growth (None otherwise, or with one length). A sequence model
+    keeps memory per token, so batches whose memory does not move with their length did not reach it: a run
+    as it is whose data is shorter than the length asked, or that truncates to a maximum of its own."""
+    usable = sorted((line for line in lines if line.slope > 0), key=lambda line: line.seq_len)
+    if len(usable) < 2 or usable[-1].seq_len <= usable[0].seq_len:
+        return None
+    short, long = usable[0], usable[-1]
+    if long.slope / short.slope - 1 < UNMOVED_GROWTH * (long.seq_len / short.seq_len - 1):
+        return short, long
+    return None
+
+
 def token_budget(maxima: Mapping[int, int]) -> int | None:
     """The most tokens per micro-batch (``B·L``) that fit at every measured length: the least of
     ``max_batch(L)·L`` (None without a measured maximum)."""

@@ -72,9 +72,10 @@ def _first_line(path: Path) -> str:
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """``(number, line)`` from 1; a file that cannot be read or is not UTF-8 text is a usage error."""
+    """``(number, line)`` from 1; a file that cannot be read or is not UTF-8 text is a usage error. A byte
+    order mark, which Excel, pandas' ``encoding="utf-8-sig"`` and Windows editors put first, is not text."""
     try:
-        with path.open(encoding="utf-8") as lines:
+        with path.open(encoding="utf-8-sig") as lines:
             yield from enumerate(lines, 1)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from None

@@ -21,6 +21,7 @@ from autobatch.core.lengths import Line
 from autobatch.core.model import Affine
 from autobatch.core.reuse import Prediction
 from autobatch.core.space import Combo, Ident
+from autobatch.core.units import format_bytes
 from autobatch.records.result import ComboResult, Lengths, TuneResult
 
 Key = Ident
@@ -126,6 +127,24 @@ class LengthSearch:
             table.surfaces.append(entry)
         index = {_key(c): i for i, c in enumerate(combos)}
         table.maxima.sort(key=lambda r: (index.get(_key(r), len(index)), r.seq_len or 0))
+
+    def unmoved(self, combos: list[Combo]) -> list[str]:
+        """A warning for each combination whose memory per sample did not move with the length
+        (:func:`autobatch.core.lengths.unmoved`): its maxima are those of shorter batches than their lengths."""
+        warnings = []
+        for combo in combos:
+            found = surfaces.unmoved(line for line, _ in self.lines.get(_key(combo), {}).values())
+            if found is None:
+                continue
+            short, long = found
+            warnings.append(
+                f"{_key(combo).name}: the memory per sample hardly moved with the length ({format_bytes(short.slope)} at "
+                f"{short.seq_len} tokens, {format_bytes(long.slope)} at {long.seq_len}): the batches may never have "
+                f"reached {long.seq_len} tokens (data shorter than the length, or truncated to a maximum of the "
+                "script's own), and a maximum holds only for batches as short as those measured; give every probe "
+                "batches of the length it asks for ({seq_len} tokens a sequence)"
+            )
+        return warnings
 
     def _predicted(
         self, combo: Combo, surface: surfaces.Surface, measured: dict[int, int]

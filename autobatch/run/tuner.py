@@ -159,6 +159,8 @@ class Tuner:
         chooser.plan_and_choose(combos)
         if self.lengths is not None:  # the plan is made: now the other lengths
             self.lengths.run(combos, self._search)
+            for warning in self.lengths.unmoved(combos):
+                self.session.warn(warning)
         if note := written_note(self.session.files.written):
             self.result.notes.append(note)
         self.result.status = "complete"
@@ -297,7 +299,9 @@ class Tuner:
         if model is None:
             return
         entry.bytes_per_sample = model.slope
-        if self.lengths is not None:
+        # A search that fit no batch measured no line: its model is the prior it started from (at a further
+        # length, the surface scaled up), which fitted as measured would make the surface of its own guess.
+        if self.lengths is not None and entry.max_batch_size:
             self.lengths.learn(combo, model, entry.max_batch_size if entry.status == "exact" else None)
         if combo.seq_len == self.options.plan_seq_len:  # other lengths are the surface's, not the grid's
             self.lines[combo.ident] = model

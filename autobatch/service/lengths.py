@@ -18,6 +18,7 @@ from autobatch.core.overflow import Overflow, overflow
 from autobatch.core.space import ident_of
 from autobatch.errors import UsageError
 from autobatch.records.data_lengths import DataLengths, read_lengths
+from autobatch.records.liveness import unfinished
 
 Batching = Literal["both", "padding", "tokens"]
 FIX = "autobatch tune SCRIPT --seq-len A --seq-len B (two lengths or more, the longest the job will see among them)"
@@ -82,9 +83,17 @@ def read_plan(result: str | Path) -> Plan:
 
     loaded = TuneResult.load(result)
     if loaded.chosen is None:
+        unfinished_because = unfinished(loaded.to_dict())
+        if unfinished_because is not None:
+            raise UsageError(
+                f"{result} has no chosen combination: {unfinished_because}",
+                hint="run the same `autobatch tune` again (once what a failed one reported is fixed; a live one: wait "
+                "for it): it resumes from the probes it already measured",
+            )
         raise UsageError(
-            f"{result} has no chosen combination (status {loaded.status})",
-            hint="let the tune finish (rerunning it resumes from the probes it measured)",
+            f"{result} has no chosen combination: nothing fits, not even one sample (the tune said why)",
+            hint="tune at the lengths the job can train at (a shorter --seq-len), or with more --memory, "
+            "then count again",
         )
     if loaded.lengths is None:
         raise UsageError(f"{result} was tuned without sequence lengths: it has no memory surface", hint=FIX)
@@ -97,10 +106,17 @@ def read_plan(result: str | Path) -> Plan:
     surface = _surface(entry["surface"], result)
     if len(set(surface.lengths)) < 2:
         told = ", ".join(map(str, surface.lengths)) or "no length"
+        none_fit = sorted(
+            r.seq_len for r in table.maxima if r.seq_len and r.status == "infeasible" and ident_of(r) == ident
+        )
+        why, hint = "", FIX
+        if none_fit:  # such a length has no line: a search that fits no batch measures none
+            why = f" (not one sample fits at {', '.join(map(str, none_fit))} tokens)"
+            hint = f"autobatch tune SCRIPT --seq-len A --seq-len B, with lengths under {none_fit[0]} at which a batch fits"
         raise UsageError(
-            f"the surface of {name} in {result} was fitted from one length ({told} tokens): one length cannot "
-            "tell the memory per token from the attention's memory per pair of tokens",
-            hint=FIX,
+            f"the surface of {name} in {result} was fitted from one length ({told} tokens){why}: one length "
+            "cannot tell the memory per token from the attention's memory per pair of tokens",
+            hint=hint,
         )
     return Plan(
         combination={

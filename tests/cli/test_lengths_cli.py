@@ -374,3 +374,19 @@ def test_a_data_set_saved_to_disk(files: tuple[Path, list[int]], tmp_path: Path)
     assert code == EXIT_USAGE and "the splits a, b" in err and "ab/a" in err
     code, one, _ = ab_b
     assert code == 0 and one["distribution"] == from_text["distribution"]
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_line(
+    files: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    """A file written with ``encoding="utf-8-sig"`` (pandas' and Python's choice for Excel, Windows editors' own)
+    starts with U+FEFF: its first line was refused as ``'\\ufeff180'``, a JSON Lines file's as not JSON."""
+    data = [180, 420, 3100]
+    (tmp_path / "excel.txt").write_text("".join(f"{n}\r\n" for n in data), encoding="utf-8-sig")
+    records = "".join(json.dumps({"num_tokens": n}) + "\n" for n in data)
+    (tmp_path / "excel.jsonl").write_text(records, encoding="utf-8-sig")
+    for name in ("excel.txt", "excel.jsonl"):
+        code, report, err = lengths(name, "--json")
+        assert code == 0 and report["distribution"]["count"] == 3 and report["distribution"]["max"] == 3100, (
+            err
+        )

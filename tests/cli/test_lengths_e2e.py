@@ -12,11 +12,12 @@ to eager's. Confirmations and checks run the probes' 3 steps, to keep the test n
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import EXAMPLES, run_cli
+from support import EXAMPLES, SCRIPTS, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -87,3 +88,57 @@ def test_three_lengths_searched_checked_and_the_quadratic_term_only_where_attent
         eager_surface,
         sdpa_surface,
     )
+
+
+def test_a_length_at_which_no_sample_fits_adds_nothing_to_the_surface(tmp_path: Path) -> None:
+    """At 4,096 tokens not one sample fits beside the model (eager attention keeps 4,096² scores a head): the
+    search there fits no batch and measures no line. Its prior (the plan's line scaled as if all of it were
+    attention) was fitted as measured, a surface through 64 and 4,096 tokens with no memory per token, under
+    which ``lengths`` counted 2,200 sequences of 8 tokens as fitting where ``check`` ran out of memory."""
+    out = tmp_path / "far.json"
+    proc = far_tune(tmp_path, out, "--plan-seq-len", "64")
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads(out.read_text())["lengths"]
+    statuses = {row["seq_len"]: row["status"] for row in table["maxima"]}
+    assert statuses == {64: "exact", 4096: "infeasible"}, statuses
+    (surface,) = table["surfaces"]
+    assert surface["surface"]["fitted_from"] == [64], surface
+    (tmp_path / "lengths.txt").write_text("8\n" * 4400)
+    proc = run_cli("lengths", "lengths.txt", "--result", str(out), "--batch-size", "2200", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "not one sample fits at 4096 tokens" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_lengths_on_a_tune_where_nothing_fits_says_so(tmp_path: Path) -> None:
+    """Planned at 4,096 tokens, where not one sample fits, the tune exits 4 and its result chooses nothing:
+    ``lengths`` said to let the tune finish, which it had."""
+    out = tmp_path / "none.json"
+    proc = far_tune(tmp_path, out)
+    assert proc.returncode == 4, proc.stderr
+    (tmp_path / "lengths.txt").write_text("8\n" * 100)
+    proc = run_cli("lengths", "lengths.txt", "--result", str(out), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "nothing fits" in proc.stderr and "finish" not in proc.stderr, proc.stderr
+
+
+def far_tune(tmp_path: Path, out: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    """A tune at 64 and 4,096 tokens: at 4,096 not one sample fits (the model takes 4,096 positions)."""
+    return run_cli(
+        "tune", SCRIPT, *COMMON, "--no-recompute", "--seq-len", "64", "--seq-len", "4096", *more, "--confirm-steps",
+        STEPS, "--no-cache", "--output", str(out), "--", "--attention", "eager", *TINY[:-1], "4096", cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_batches_that_never_reach_the_length_are_named(tmp_path: Path) -> None:
+    """A script run as it is whose documents are all shorter than both lengths: every probe ran the same batches,
+    and the table gave the same maximum at 256 and 512 tokens, "at 512 tokens per sample", with no word."""
+    out = tmp_path / "short.json"
+    proc = run_cli(
+        "tune", str(SCRIPTS / "as_is" / "short_documents.py"), "--device", "cpu", "--memory", "600MiB",
+        "--seq-len", "256", "--seq-len", "512", "--confirm-steps", STEPS, "--no-cache", "--output", str(out), "--",
+        "--per-device-train-batch-size", "{batch}", "--max-length", "{seq_len}", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warning = "the memory per sample hardly moved with the length"
+    assert warning in proc.stderr and "may never have reached 512 tokens" in proc.stderr, proc.stderr
+    assert any(warning in note for note in json.loads(out.read_text())["notes"])

@@ -13,6 +13,7 @@ from autobatch.core.lengths import (
     prior_line,
     search_order,
     token_budget,
+    unmoved,
 )
 
 MiB = 1 << 20
@@ -100,3 +101,23 @@ def test_the_plans_length_first_then_the_farthest_then_those_between() -> None:
     assert search_order([128, 256, 512, 1024], 512) == [512, 1024, 256, 128]
     assert search_order([256], 256) == [256]
     assert search_order([128, 512], 512) == [512, 128]
+
+
+@pytest.mark.parametrize(
+    ("slopes", "flagged"),
+    [
+        ({256: 1.0, 512: 1.0}, True),  # the same batches at both lengths
+        ({256: 1.0, 512: 1.09}, True),  # under a tenth of the length's growth
+        ({256: 1.0, 512: 1.11}, False),  # a per-sample part that does not move, and one that does
+        ({64: 1.0, 128: 2.0, 256: 4.0}, False),  # memory per token
+        ({512: 1.0}, False),  # one length tells nothing
+    ],
+)
+def test_memory_per_sample_that_does_not_move_with_the_length(
+    slopes: dict[int, float], flagged: bool
+) -> None:
+    lines = [Line(n, A, slope * MiB) for n, slope in slopes.items()]
+    found = unmoved(reversed(lines))
+    assert (found is not None) == flagged
+    if found is not None:
+        assert (found[0].seq_len, found[1].seq_len) == (min(slopes), max(slopes))
