@@ -188,7 +188,7 @@ def summary(report: LengthsReport) -> str:
             f"{percent(tokens.share)} ({tokens.overflowing:,} of {tokens.batches:,}) under a token budget of "
             f"{tokens.max_tokens:,}"
             + (f", {tokens.unbatchable:,} of them one sequence longer than it" if tokens.unbatchable else "")
-            + f"; a full budget survives up to {tokens.longest_length} tokens a sequence"
+            + f"; a full budget survives up to {tokens.longest_length} token{'s' if tokens.longest_length != 1 else ''} a sequence"
         )
     return "autobatch lengths: " + ("; ".join(parts) if parts else "nothing to count (no token budget)")
 

@@ -141,7 +141,9 @@ def _partial(out: Output) -> Callable[[TuneResult, str], None]:
     def show(result: TuneResult, where: str) -> None:
         if not out.quiet and result.combinations and any(c.trace for c in result.combinations):
             print_table(result)
-        out.status(f"partial result ({result.status}, {result.probes} probes) {where}")
+        # a tune that ended with nothing chosen (nothing fits: exit 4) kept a whole result, not a partial one
+        what = "result (nothing chosen" if result.status == "complete" else f"partial result ({result.status}"
+        out.status(f"{what}, {result.probes} probes) {where}")
 
     return show
 
