@@ -49,7 +49,8 @@ class Bracket:
 @dataclass(frozen=True)
 class Proposal:
     index: int
-    likely_fits: bool  # the distribution's likelier outcome
+    fit_chance: float  # the distribution's probability that the probe fits (the maximum lies at it or above)
+    answer_chance: float  # the distribution's probability that the maximum is the probe's candidate
     line_says_fits: bool  # what the model's own line says (a refuted "fits" makes the search distrust it)
     final: bool  # run it as long as a confirmation
 
@@ -86,7 +87,8 @@ def propose(bracket: Bracket, points: dict[int, int], prediction: Prediction, bu
     # steps for nothing; the plan counted them as one probe either way).
     return Proposal(
         start + offset,
-        likely_fits=above_mass >= 0.5,
+        fit_chance=above_mass,
+        answer_chance=weights[offset],
         line_says_fits=center >= (start + offset + 1) * m,
         final=weights[offset] >= FINAL * above_mass,
     )

@@ -136,7 +136,8 @@ def predict(
 
 def _from_points(items: list[Point], budget: int) -> Prediction | None:
     """Two points or more: the local or the global candidate, whichever claims the narrower interval."""
-    options = [c for c in (_local(_spaced(items), budget), _global(items, budget)) if c is not None]
+    local = _anchored(_local(_spaced(items), budget), items, budget)
+    options = [c for c in (local, _global(items, budget)) if c is not None]
     return min(options, key=lambda c: c.high - c.low) if options else None
 
 
@@ -333,7 +334,9 @@ def _spaced(items: list[Point]) -> list[Point]:
 
 def _local(items: list[Point], budget: int) -> Prediction | None:
     """The secant through the two largest points, spread to the root of the parabola through the
-    three largest and by the noise that the last point's surprise implies.
+    three largest and by the noise that the last point's surprise implies (a share of it, as the boundary lies
+    nearer the last point than that point lay to the one below); between a fit and a miss's point on a curve
+    that bends everywhere, the parabola's root.
 
     Near the boundary this tends to the tangent: right for convex (quadratic) curves and for
     curves whose slope changes with the batch (allocator regimes seen on the CPU).
@@ -362,6 +365,13 @@ def _local(items: list[Point], budget: int) -> Prediction | None:
             # 376 and a miss at 847 cross at 621.7, the maximum 621; the spread from the surprise drew a 3-step
             # probe at 611, and two more to the boundary).
             return Prediction(line, low, high, bends=True)
+        between = items[-2][1] < budget <= items[-1][1] and items[-2][0] < root <= items[-1][0]
+        if between and len(items) >= 4 and _bends(items[-3:]):
+            # A fit and a miss's point a few samples past the budget, over a curve that bends everywhere: the
+            # parabola through the three largest interpolates, and its root is the center; the chord crosses
+            # early on a convex curve (the quadratic workload: 2659 and a miss at 3132 cross at 3119.8, the
+            # parabola at 3120.7, the maximum 3120; the chord drew a probe at 3119).
+            line, center = _tangent(items[-3:], root, budget), root
         (b, p), rest = items[-1], items[:-1]
         # The surprise neither the secant nor the parabola below the last point explains: a curve that bends
         # everywhere (a batch x batch loss) follows the parabola; one that bent once, at its smallest point, and
@@ -370,10 +380,38 @@ def _local(items: list[Point], budget: int) -> Prediction | None:
         surprise = abs(_secant(rest[-2], rest[-1]).predict(b) - p)
         if len(rest) >= 3:
             surprise = min(surprise, abs(_parabola(rest[-3:], b) - p))
-        noise = _noise(surprise, rest[-1][0] - rest[-2][0], b - rest[-1][0])
-        spread = noise * (1 + max(0.0, center - b) / (b - rest[-1][0])) / line.slope
+        # Where the points below bend, that surprise is the curvature's error over an extrapolation ``reach``
+        # long; the one from the last point to the boundary errs by its share, where it is shorter (on a noisy
+        # straight line the points do not bend, and the surprise stays the points' noise; the quadratic workload: the parabola through 8, 935
+        # and 2659 missed 3132 by 0.85 MiB, 11 samples; read as the noise of every point, it spread the interval
+        # 10 samples under 3120 and drew a 3-step probe at 3109, where the maximum, 12 samples from 3132, was
+        # 3120: a point's own noise there is 0.01-0.025 MiB).
+        reach = b - rest[-1][0]
+        noise = _noise(surprise, rest[-1][0] - rest[-2][0], reach)
+        if p >= budget and len(rest) >= 3 and _bends(rest[-3:]):
+            noise *= min(1.0, abs(center - b) / reach)
+        spread = noise * (1 + max(0.0, center - b) / reach) / line.slope
         low, high = min(low, center - spread), max(high, center + spread)
     return Prediction(line, low, high, bends=bends)
+
+
+def _anchored(prediction: Prediction | None, items: list[Point], budget: int) -> Prediction | None:
+    """The local line moved to where the points near the budget put the boundary, its slope kept.
+
+    A local fit reads points :data:`LOCAL_RISE` apart, which leaves out the fits and misses a sample or two from
+    the boundary: their secant says nothing of the slope, but each, carried along the local slope, says where
+    the boundary lies, within the noise of one probe. Their mean is the center, their spread the interval's
+    (the quadratic workload: a miss at 3137 put the boundary at 3132.5, a fit at 3132 confirmed that came
+    after it at 3133.0, and the model, still at 3132.5, was refuted by it and left the search to bisect)."""
+    if prediction is None:
+        return None
+    line = prediction.line
+    near = [b + (budget - p) / line.slope for b, p in items if abs(budget - p) <= LOCAL_RISE]
+    if len(near) < 2 or not line.slope > 0:
+        return prediction
+    center = sum(near) / len(near)
+    line = Affine(budget - line.slope * center, line.slope)
+    return Prediction(line, min(near), max(near), bends=prediction.bends)
 
 
 def _global(items: list[Point], budget: int) -> Prediction | None:
@@ -434,6 +472,13 @@ def _parabola(three: list[Point], x: float) -> float:
     """The parabola through three points, at x (Newton form)."""
     (_, (b1, _), (b2, p2)), (s12, q) = three, _newton(three)
     return p2 + s12 * (x - b2) + q * (x - b2) * (x - b1)
+
+
+def _tangent(three: list[Point], x: float, budget: int) -> Affine:
+    """The line tangent to the parabola through three points at x, through the budget there."""
+    (_, (b1, _), (b2, _)), (s12, q) = three, _newton(three)
+    slope = s12 + q * ((x - b2) + (x - b1))
+    return Affine(budget - slope * x, slope)
 
 
 def _parabola_root(three: list[Point], budget: int) -> float:
