@@ -18,6 +18,7 @@ above the rising reading (an autocast cache the reading misses).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import math
@@ -332,14 +333,20 @@ INTRO = (
 )
 
 
-def write_page() -> None:
-    """Run :func:`main`, print its output and write it to the page."""
+def write_page(argv: list[str]) -> None:
+    """Run :func:`main`, print its output and write it to the page (``--no-write``: print only, as for trying an
+    idea before it goes in)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-write", action="store_true", help="print the tables; leave the page as it is")
+    args = parser.parse_args(argv)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         main()
     text = out.getvalue()
     print(text, end="")
-    head = measurements.run_header(measurements.command_line("probe_counts.py", sys.argv[1:]))
+    if args.no_write:
+        return
+    head = measurements.run_header(measurements.command_line("probe_counts.py", argv))
     lines = ["## Latest run", "", *head, "", "```text", *text.rstrip("\n").splitlines(), "```"]
     measurements.update(
         measurements.PAGES / "probe-counts.md", "probe-counts", lines, title=TITLE, intro=INTRO
@@ -347,4 +354,4 @@ def write_page() -> None:
 
 
 if __name__ == "__main__":
-    write_page()
+    write_page(sys.argv[1:])
