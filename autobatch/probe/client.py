@@ -29,7 +29,7 @@ from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.devices.visible import PROBE_ENV
 from autobatch.errors import ProbeFailure
 from autobatch.probe import forked
-from autobatch.probe.lineage import exit_fd, group_running, has_exited
+from autobatch.probe.lineage import exit_fd, group_running, has_exited, interrupts_held
 from autobatch.probe.ops import LAZY_IMPORTS
 from autobatch.probe.warming import Warming, describe
 from autobatch.probe.yielding import YieldingRunner
@@ -177,24 +177,29 @@ class ProbeClient:
         #: Why the server started as a fresh Python rather than forked from a warm process (autobatch.probe.forked).
         self.cold = forked.why_cold(env, self._warming) if self._fork else NOT_FORKED
         self._proc: subprocess.Popen[bytes] | forked.ForkedServer
+        init: dict[str, Any] = self._init
         if self.cold is None:
             self._script_now = self._script_state()
             known = forked.kept(self._kept_key(IMPORTED, *self._script_now)) if self._script_now else None
             checked = known is not None and not changed_files(known["read"])
             init = {**self._init, "checked": True} if checked else self._init
-            self._proc = forked.start(json.dumps(init), env, self._stderr)
-        else:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "autobatch.probe.server", json.dumps(self._init)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self._stderr,
-                env=env,
-                start_new_session=True,
-            )
         self._next_id = 0
         self._buffer = b""
         try:
+            # Ctrl-C (an interrupted notebook cell) between the server's start and its handle kept here would
+            # leave a server nobody stops: it is held until the handle is kept, then raised, and the server closed
+            with interrupts_held():
+                if self.cold is None:
+                    self._proc = forked.start(json.dumps(init), env, self._stderr)
+                else:
+                    self._proc = subprocess.Popen(
+                        [sys.executable, "-m", "autobatch.probe.server", json.dumps(init)],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=self._stderr,
+                        env=env,
+                        start_new_session=True,
+                    )
             hello = self._read(
                 self._start_timeout,
                 what="the probe server to import torch and the script",
@@ -203,7 +208,8 @@ class ProbeClient:
                 f"lock) must not; if importing it is only slow, raise {neutral('timeout')}",
             )
         except BaseException:  # a failed or interrupted start (Ctrl-C in a notebook) leaves no server behind
-            self.close()
+            if getattr(self, "_proc", None) is not None:  # else the start itself failed: nothing runs
+                self.close()
             raise
         if not hello.get("ready"):
             self.close()

@@ -25,6 +25,30 @@ POLL = 0.05
 END_GRACE = 5.0
 
 
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) while a process is started and its handle kept: a ``KeyboardInterrupt`` raised
+    between the fork and the assignment leaves a process nobody stops (an interrupted notebook cell left its
+    probe server running beside it). The interrupt is raised as the block ends, where the caller's cleanup
+    knows the process. Python runs signal handlers in the main thread only: elsewhere nothing is held."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[int, FrameType | None]] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(*caught[0])
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
+
+
 def _prctl(option: int, value: int) -> None:
     try:
         import ctypes

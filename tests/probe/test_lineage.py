@@ -12,8 +12,9 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
-from autobatch.probe.lineage import read_until_exit
+from autobatch.probe.lineage import interrupts_held, read_until_exit
 
 #: Writes its report after starting a helper that keeps a copy of the report pipe, then exits.
 WRITER = textwrap.dedent(
@@ -89,3 +90,19 @@ def test_the_subreaper_ends_a_descendant_in_a_session_of_its_own() -> None:
     finally:
         if psutil.pid_exists(seen["detached"]):
             os.kill(seen["detached"], signal.SIGKILL)
+
+
+def test_ctrl_c_while_a_process_starts_is_held_until_its_handle_is_kept() -> None:
+    """A real SIGINT inside the block (as Ctrl-C in a notebook cell that starts a probe server) does not interrupt
+    it: the block ends with the handle kept, then the interrupt is raised (a KeyboardInterrupt between the fork
+    and the assignment left a server nobody stopped)."""
+    kept: list[subprocess.Popen[bytes]] = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler has run by now: it held the interrupt
+            kept.append(subprocess.Popen([sys.executable, "-c", "pass"]))
+    assert len(kept) == 1 and kept[0].wait(timeout=30) == 0
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is Python's again
+    with interrupts_held():  # nothing caught, nothing raised
+        pass
