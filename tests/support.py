@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -190,3 +191,19 @@ def _fake_loss(model: str, batch: list[int]) -> int:
 
 #: A step for the API with a fake runner: nothing of it runs a tensor.
 FAKE_STEP = {"build_model": _fake_model, "make_batch": _fake_batch, "compute_loss": _fake_loss}
+
+
+def terminate_at(proc: subprocess.Popen[str], line: str, timeout: float = 60) -> str:
+    """SIGTERM to ``proc`` once it printed ``line`` on its stdout, as a scheduler preempts a job; its stderr (it is
+    killed if it has not ended ``timeout`` seconds later)."""
+    try:
+        assert proc.stdout is not None
+        for out in proc.stdout:
+            if out.strip() == line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return err

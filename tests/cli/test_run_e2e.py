@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import ROOT, SCRIPTS, run_cli
+from support import ROOT, SCRIPTS, run_cli, terminate_at
 
 from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.errors import EXIT_OOM
@@ -205,16 +205,7 @@ def test_a_guarded_job_stopped_by_sigterm_keeps_its_guards_summary(tmp_path: Pat
         env={**os.environ, "AUTOBATCH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT),
              "AUTOBATCH_GUARD_FAIL_AT": "3"},
     )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.strip() == "step 10":
-                break
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err = terminate_at(proc, "step 10")
     assert proc.returncode == 128 + signal.SIGTERM, err
     lines = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
     assert [(line["event"], line.get("step")) for line in lines[:-1]] == [("micro-batch", 3)]

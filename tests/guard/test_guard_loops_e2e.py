@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT, SCRIPTS
+from support import ROOT, SCRIPTS, terminate_at
 
 pytestmark = pytest.mark.slow
 
@@ -91,16 +91,7 @@ def test_a_preempted_run_keeps_its_out_of_memory_evidence(tmp_path: Path) -> Non
         cwd=tmp_path, env={**env, "AUTOBATCH_GUARD_FAIL_AT": "3"}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.strip() == "step 5":
-                break
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err = terminate_at(proc, "step 5")
     assert proc.returncode == -signal.SIGTERM, err[-2000:]
     assert "step 3: micro-batch lowered 8 -> 4" in err
     events = EvidenceStore(CacheFolder(str(tmp_path / "cache"))).read("k1")
@@ -252,16 +243,7 @@ def test_a_preempted_run_keeps_its_summary_so_far(tmp_path: Path) -> None:
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "AUTOBATCH_GUARD_FAIL_AT": "3"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.strip() == "step 150":  # 2.4 s after the last change (grown back at 27) at least
-                break
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err = terminate_at(proc, "step 150")  # 2.4 s after the last change (grown back at 27) at least
     assert proc.returncode == -signal.SIGTERM, err[-2000:]
     lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     *changes, summary = lines
