@@ -27,7 +27,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from autobatch.core.search import Observation
+from autobatch.core.search import Guidance, Observation, search_max_batch
 from autobatch.devices.cpu import TIMING_ROOM
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
@@ -304,6 +304,35 @@ def true_max(
 
 
 @dataclass
+class _Asked(Exception):
+    """Ends a replayed search at its next probe."""
+
+
+def next_probe(known: list[Observation], budget_bytes: int, floor_bytes: int) -> tuple[int, bool]:
+    """The search's next probe after the observations ``known`` (a real tune's, replayed), and whether it runs as
+    long as a confirmation: what a change to the search does at one step of a tune, without running the rest."""
+    asked: list[tuple[int, bool]] = []
+
+    def ask(final: bool) -> Callable[[int], Observation]:
+        def probe(batch: int) -> Observation:
+            asked.append((batch, final))
+            raise _Asked
+
+        return probe
+
+    try:
+        search_max_batch(
+            ask(False),
+            budget_bytes=budget_bytes,
+            max_batch_size=65536,
+            known=known,
+            guidance=Guidance(start=8, floor_bytes=floor_bytes, final_probe=ask(True), long_steps=6),
+        )
+    except _Asked:
+        return asked[0]
+    raise AssertionError("the search ended without another probe")
+
+
 class FakeRunner:
     """A :class:`~autobatch.records.protocol.ProbeRunner` that answers from synthetic memory curves.
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import pytest
 
 from autobatch.core.maximum import Limits, find_maximum
-from autobatch.core.search import Guidance, Observation, search_max_batch
-from autobatch.testing import Curve, FakeStepProbe, ProcessNoise, quadratic, true_max
+from autobatch.core.search import Observation
+from autobatch.testing import Curve, FakeStepProbe, ProcessNoise, next_probe, quadratic, true_max
 
 MiB = 2**20
 LIMITS = Limits(max_batch_size=65536, batch_multiple=1, steps=3, max_steps=8, confirm_steps=10)
@@ -26,29 +26,6 @@ def seen(batch: int, peak: int, rising: int, steps: int = 3, static: int | None 
     if static is None:
         return Observation(batch, False, kind="oom", peak_bytes=peak, steps=steps, rising_bytes=rising)
     return Observation(batch, True, peak_bytes=peak, steps=steps, rising_bytes=rising, static_bytes=static)
-
-
-def next_probe(known: list[Observation], floor: int) -> tuple[int, bool]:
-    """The search's next probe after ``known``, and whether it runs as long as a confirmation."""
-    asked: list[tuple[int, bool]] = []
-
-    def probe(batch: int) -> Observation:
-        asked.append((batch, False))
-        raise StopIteration
-
-    def final_probe(batch: int) -> Observation:
-        asked.append((batch, True))
-        raise StopIteration
-
-    with pytest.raises(StopIteration):
-        search_max_batch(
-            probe,
-            budget_bytes=BUDGET,
-            max_batch_size=65536,
-            known=known,
-            guidance=Guidance(start=8, floor_bytes=floor, final_probe=final_probe, long_steps=6),
-        )
-    return asked[0]
 
 
 # Four tunes' first four probes (the fourth, at the parabola's root, out of memory in its first step) and the
@@ -100,7 +77,7 @@ def test_a_miss_near_the_boundary_puts_the_next_probe_on_the_maximum_as_long_as_
     maximum: int,
 ) -> None:
     floor, known = TUNES[maximum]
-    assert next_probe(known, floor) == (maximum, True)
+    assert next_probe(known, BUDGET, floor) == (maximum, True)
 
 
 def test_fits_a_sample_from_the_boundary_move_the_model_to_where_they_put_it() -> None:
@@ -116,7 +93,7 @@ def test_fits_a_sample_from_the_boundary_move_the_model_to_where_they_put_it() -
         seen(3132, 441_266_176, 441_365_776, steps=6, static=312_326_672),
         seen(3133, 441_344_000, 441_443_600, steps=6, static=312_330_768),
     ]
-    assert next_probe(known, 312_264_576)[0] == 3134
+    assert next_probe(known, BUDGET, 312_264_576)[0] == 3134
 
 
 QUAD_CAP = 444_491_366

@@ -13,8 +13,8 @@ import pytest
 
 from autobatch.core.maximum import Limits, find_maximum
 from autobatch.core.model import SCOUT_SHARE, predict
-from autobatch.core.search import Guidance, Observation, search_max_batch
-from autobatch.testing import Curve, FakeStepProbe, ProcessNoise, quadratic, true_max
+from autobatch.core.search import Observation
+from autobatch.testing import Curve, FakeStepProbe, ProcessNoise, next_probe, quadratic, true_max
 
 MiB = 2**20
 LIMITS = Limits(max_batch_size=65536, batch_multiple=1, steps=3, max_steps=8, confirm_steps=10)
@@ -92,27 +92,7 @@ def test_a_miss_s_reading_over_a_bend_puts_the_next_probe_at_the_chord_as_long_a
         ),
         Observation(847, False, kind="oom", steps=1, rising_bytes=1_088_942_720),
     ]
-    asked: list[int] = []
-
-    def probe(batch: int) -> Observation:
-        asked.append(batch)
-        raise StopIteration
-
-    final: list[int] = []
-
-    def final_probe(batch: int) -> Observation:
-        final.append(batch)
-        raise StopIteration
-
-    with pytest.raises(StopIteration):
-        search_max_batch(
-            probe,
-            budget_bytes=line,
-            max_batch_size=65536,
-            known=known,
-            guidance=Guidance(start=8, floor_bytes=614_245_312, final_probe=final_probe, long_steps=6),
-        )
-    assert final == [621] and asked == []
+    assert next_probe(known, line, 614_245_312) == (621, True)
 
 
 def test_a_rising_reading_above_the_peak_is_no_gap_to_add() -> None:
