@@ -93,7 +93,9 @@ def in_words(text: str, door: Door) -> str:
             return DETAIL[door]
         return lever(door, name) if value is None else lever(door, name, json.loads(value))
 
-    return MARK.sub(word, text)
+    worded = MARK.sub(word, text)
+    # a str's subclass keeps its kind (a Circumstance note stays one: a served result says it as the measuring run's)
+    return type(text)(worded) if type(text) is not str else worded
 
 
 def given_by(door: Door, name: str, raw: Any) -> str:
