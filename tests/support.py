@@ -207,3 +207,19 @@ def terminate_at(proc: subprocess.Popen[str], line: str, timeout: float = 60) ->
         if proc.poll() is None:
             proc.kill()
     return err
+
+
+def daemon_served(place: Any, seconds: float = 30.0) -> int:
+    """How many commands the daemon at ``place`` has served, once none is still listed: a client has its exit code
+    when the command's output ends, a moment before the daemon counts it served (a loaded machine read 0)."""
+    import time
+
+    from autobatch.daemon.client import Client
+
+    deadline = time.monotonic() + seconds
+    while True:
+        status = Client(place).status()
+        if status is not None and not status["requests"]:
+            return int(status["served"])
+        assert time.monotonic() < deadline, f"the daemon still lists a request after {seconds} s: {status}"
+        time.sleep(0.1)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import EXAMPLES, SCRIPTS
+from support import EXAMPLES, SCRIPTS, daemon_served
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +121,7 @@ def test_through_a_daemon_outside_the_cgroup_the_clients_cgroup_bounds_the_answe
                 "--no-recompute", "--no-cache", "--json", "--output", "r.json")  # fmt: skip
         done = cgroup.run(*tune, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
-        assert Client(place).status()["served"] == 1  # type: ignore[index]  # it went through the daemon
+        assert daemon_served(place) == 1  # it went through the daemon
         data = json.loads(done.stdout)
         assert data["device"]["capacity_bytes"] < LIMIT, data["device"]
         assert any("the room left in the job's memory cgroup" in note for note in data["notes"])

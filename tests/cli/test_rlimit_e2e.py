@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from support import EXAMPLES
+from support import EXAMPLES, daemon_served
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_through_a_daemon_started_without_them_the_clients_limits_bound_the_answ
                                  text=True, timeout=300, check=False)  # fmt: skip
         assert started.returncode == 0, started.stderr
         done = _run(*TUNE, cwd=tmp_path, which=resource.RLIMIT_DATA, limit=DATA_LIMIT)
-        assert Client(place).status()["served"] == 1  # type: ignore[index]  # it went through the daemon
+        assert daemon_served(place) == 1  # it went through the daemon
         _bounded(done, DATA_LIMIT, "RLIMIT_DATA (ulimit -d)")
     finally:
         for key in daemon:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import ROOT, run_cli
+from support import ROOT, daemon_served, run_cli
 
 from autobatch.daemon.client import Client, _Connection
 from autobatch.daemon.place import Place
@@ -80,7 +80,7 @@ def test_check_through_the_daemon_answers_as_in_process(place: Place, tmp_path: 
     here = run_cli(*CHECK, cwd=tmp_path)
     through = run_cli(*CHECK, cwd=tmp_path, env=env_for(place))
     assert (through.returncode, here.returncode) == (0, 0), through.stderr
-    assert Client(place).status()["served"] == 1  # type: ignore[index]  # it did go through the daemon
+    assert daemon_served(place) == 1  # it did go through the daemon
     ours, theirs = json.loads(here.stdout), json.loads(through.stdout)
     for key in MEASURED:
         ours.pop(key), theirs.pop(key)
@@ -92,7 +92,7 @@ def test_check_through_the_daemon_answers_as_in_process(place: Place, tmp_path: 
         [sys.executable, "-X", "importtime", "-m", "autobatch", *CHECK], cwd=tmp_path, capture_output=True,
         text=True, env={**os.environ, "NO_COLOR": "1", **env_for(place)}, check=False,
     )  # fmt: skip
-    assert light.returncode == 0 and Client(place).status()["served"] == 2  # type: ignore[index]
+    assert light.returncode == 0 and daemon_served(place) == 2
     assert not heavy(light.stderr), heavy(light.stderr)
 
 
@@ -170,7 +170,7 @@ def test_a_bad_script_exits_through_the_daemon_as_in_process(place: Place, tmp_p
         return [re.sub(r"\d+", "N", line) for line in stderr.splitlines() if line.startswith("error:")]
 
     assert errors(here.stderr) == errors(through.stderr) != []
-    assert Client(place).status()["served"] == 1  # type: ignore[index]
+    assert daemon_served(place) == 1
 
 
 @pytest.mark.slow
@@ -204,7 +204,7 @@ def test_a_command_through_the_daemon_keeps_its_own_temporary_folder(place: Plac
     record.unlink()
     through = run_cli(*args, cwd=work, env={**env, "TMPDIR": str(second)})
     assert through.returncode == 0, through.stderr
-    assert Client(place).status()["served"] == 2  # type: ignore[index]
+    assert daemon_served(place) == 2
     assert set(record.read_text().split()) == {str(second)}  # the fresh process's and the probes'
     assert "warning" not in through.stderr
     shutil.rmtree(jobs)
@@ -232,7 +232,7 @@ def test_the_files_a_command_writes_through_the_daemon_get_its_clients_modes(
     assert here.returncode == 0, here.stderr
     through = run(0o077, *tune, "--output", "through.json", env=env_for(place, "on"))
     assert through.returncode == 0, through.stderr
-    assert Client(place).status()["served"] == 1  # type: ignore[index]
+    assert daemon_served(place) == 1
     written = {path.name: stat.S_IMODE(path.stat().st_mode) for path in tmp_path.iterdir() if path.is_file()}
     assert written["here.json"] == written["through.json"] == 0o600, written
     assert set(written.values()) == {0o600}, written  # the emitted file too
@@ -260,7 +260,7 @@ def test_a_client_bound_to_fewer_cores_gets_the_answer_its_job_has(place: Place,
     assert run_cli("daemon", "start", env=env_for(place)).returncode == 0
     through = tune(env_for(place, "on"))
     assert through.returncode == 0, through.stderr
-    assert Client(place).status()["served"] == 1  # type: ignore[index]
+    assert daemon_served(place) == 1
 
     def maximum(done: subprocess.CompletedProcess[str]) -> int:
         return int(json.loads(done.stdout)["combinations"][0]["max_batch_size"])
@@ -590,4 +590,4 @@ def test_the_daemons_memory_stays_flat_over_200_check_requests(place: Place, tmp
         assert run_through(place, argv, tmp_path) == 2
     after = rss(daemon) + rss(warm)
     assert after < before * 1.10, f"{before / 2**20:.1f} MiB grew to {after / 2**20:.1f} MiB"
-    assert Client(place).status()["served"] == 210  # type: ignore[index]
+    assert daemon_served(place) == 210
