@@ -303,7 +303,6 @@ def true_max(
     return best
 
 
-@dataclass
 class _Asked(Exception):
     """Ends a replayed search at its next probe."""
 
@@ -333,6 +332,7 @@ def next_probe(known: list[Observation], budget_bytes: int, floor_bytes: int) ->
     raise AssertionError("the search ended without another probe")
 
 
+@dataclass
 class FakeRunner:
     """A :class:`~autobatch.records.protocol.ProbeRunner` that answers from synthetic memory curves.
 
