@@ -4,7 +4,7 @@ A tune runs unattended: its stderr is a job's log on a disk that fills, a pipe w
 (``| head -1``, ``--json | true``), the terminal of an ssh session that closed, or no descriptor at all
 (``2>&-``). :func:`guard` runs first in :func:`autobatch.cli.main`. A standard descriptor that is closed is
 opened on ``/dev/null`` (else the next file the command opens, a lock or the result, would take its number and
-receive what the command or a probe writes to it), and ``sys.stdout`` and ``sys.stderr`` become
+receive what the command writes to it; a probe does not inherit it, as Python's descriptors are not), and ``sys.stdout`` and ``sys.stderr`` become
 :class:`Guarded`. The first write or flush of one that fails (EPIPE, EBADF, ENOSPC, a closed file, no stream
 at all) points its descriptor at ``/dev/null`` and drops what is written to it from then on, silently: the
 command finishes, writes its result file and exits with the code it would have had. rich's console, logging,

@@ -379,8 +379,9 @@ class Session:
         if strict:
             apply_margin(outcome, self.device)
         if outcome.info.get("note") and self.device.type == "cpu" and not self._children_noted:
-            self._children_noted = True  # processes the script started: not counted (their figure, once)
-            self.warn(str(outcome.info["note"]))
+            self._children_noted = True  # processes the script started: not counted (their figure, once) ...
+            if self.device.workers_bytes is None:  # ... unless the note that lowered the budget for them has it
+                self.warn(str(outcome.info["note"]))
         if (
             outcome.fits
             and (outgrew := workers_outgrew(self.device, outcome, self.settings.door))
@@ -625,8 +626,8 @@ def _measure_fresh_offsets(session: Session, device: DeviceInfo) -> None:
         )
     device.notes.append(fresh_note(session.fresh_offsets, kept.made if kept else None, session.settings.door))
     own = device.fresh_process.get("child_own_bytes")
-    if own and make_room_for_workers(device, int(own), int(device.fresh_process.get("child_processes", 0))):
-        session._children_noted = True  # their figure is in the note that lowered the budget
+    if own:
+        make_room_for_workers(device, int(own), int(device.fresh_process.get("child_processes", 0)))
     if device.baseline_bytes is not None:
         device.baseline_bytes += session.fresh_offsets[0]
         # counted as the job's fresh process, the probe process may hold the whole budget before building (a

@@ -174,7 +174,10 @@ def test_the_tune_waiting_for_another_computing_it_says_so_in_words(tmp_path: Pa
 @pytest.mark.parametrize("fault", ["2>&1 | head -1", "2>&-"])
 def test_a_real_tune_survives_its_log_going_away(tmp_path: Path, fault: str) -> None:
     """What a job script does: the tune's log through `head -1`, or its stderr closed. The log goes away before
-    the first probe, so a short search (16 at most: two or three probes) writes to it as much as a long one."""
+    the first probe, so a short search (16 at most: two or three probes) writes to it as much as a long one.
+    Closed stderr holds end to end whatever guards it: the descriptors Python opens are not inherited (PEP 446),
+    so a probe never writes into the file that took number 2; :func:`autobatch.cli.streams.guard`'s reopening
+    is for what the command itself writes to descriptor 2 (the fast cases above)."""
     argv = [sys.executable, "-m", "autobatch", *REAL, "--max-batch-size", "16", "--output", "r.json"]
     env = _env(tmp_path)
     if fault == "2>&-":
