@@ -379,10 +379,10 @@ class Session:
         if strict:
             apply_margin(outcome, self.device)
         if outcome.info.get("note") and self.device.type == "cpu" and not self._children_noted:
-            self._children_noted = True  # processes the script started: not counted (their figure, once) ...
-            if (
-                self.device.workers_bytes is None
-            ):  # ... unless the note that lowered the budget for them has it
+            # processes the script started: not counted (their figure, once), unless the note that lowered the
+            # budget for them has it
+            self._children_noted = True
+            if self.device.workers_bytes is None:
                 self.warn(str(outcome.info["note"]))
         if (
             outcome.fits
