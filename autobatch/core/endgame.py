@@ -55,9 +55,13 @@ class Proposal:
     final: bool  # run it as long as a confirmation
 
 
-def propose(bracket: Bracket, points: dict[int, int], prediction: Prediction, budget: int) -> Proposal | None:
+def propose(
+    bracket: Bracket, points: dict[int, int], prediction: Prediction, budget: int, jitter: int = 0
+) -> Proposal | None:
     """The end game's probe, or None when it has nothing better than the model's own step: no slope, a
-    flat run among the points near the boundary, or a boundary that may well lie outside the window."""
+    flat run among the points near the boundary, or a boundary that may well lie outside the window.
+    ``jitter``: how far the peak moved between probes near the boundary that the points do not show (bytes:
+    :func:`autobatch.core.model.gap_jitter`), the least spread of the boundary."""
     lo, hi, m = bracket.lo, bracket.hi, bracket.m
     center = prediction.line.predict_max(budget)
     if center is None or not math.isfinite(center):
@@ -70,6 +74,10 @@ def propose(bracket: Bracket, points: dict[int, int], prediction: Prediction, bu
         return None
     if spread is not None:  # the residuals near the boundary say it better than the interval's heuristics
         below = above = spread
+    # Points of readings plus one gap are smooth where the peaks are not: a spread under the peaks' own jitter
+    # had the plan expect a miss right above each fit, and the search crept up a sample a probe.
+    least = jitter / prediction.line.slope
+    below, above = max(below, least), max(above, least)
     # Plan over the candidates around the boundary: the stretches of the bracket below and above that
     # window count as one index each, which costs a search of its stretch and a confirmation.
     start = max(lo, min(int(center / m) - 1 - WIDTH // 2, hi - WIDTH))

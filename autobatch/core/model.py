@@ -22,6 +22,7 @@ __all__ = [
     "Point",
     "Prediction",
     "Reading",
+    "gap_jitter",
     "model_points",
     "peak_keeps_pace",
     "predict",
@@ -98,7 +99,8 @@ def predict(
 
     Two or more points: the local and the global candidate below, whichever claims the narrower
     interval; when neither rises and there is a prior, as one point (the largest batch at the largest
-    peak). One point: the prior's slope through it (the prior knows the per-sample cost, the
+    peak), and without one, while no non-fit is known, points as flat as the noise reach as far as a slope
+    under it would (:func:`_flat_guess`). One point: the prior's slope through it (the prior knows the per-sample cost, the
     point fixes the static part; a guessed slope, the line from the prior's intercept), else the proportional guess (the whole peak above ``floor`` scales
     with the batch: a lower bound of the maximum when memory is affine with an intercept >= floor).
     With ``likely_floor`` (above ``floor``: memory the point's own probe measured as static, its gradients
@@ -120,9 +122,10 @@ def predict(
             # bf16-mixed with recomputation: 420.3 MiB at 2935, 411.0 at 2944, and the search doubled to 5888
             # and bisected down from there: 18 probes to 2946). The prior's slope through the largest batch at
             # the largest peak, which a peak that never falls as the batch grows reaches there at least.
-            # (Without a prior, flat points are the optimizer step's plateau, and doubling finds where the
-            # activations overtake it sooner than the proportional guess, which scales the plateau.)
+            # (Without a prior, points as flat as the noise: the slope that noise could hide, below.)
             prediction = _from_point((items[-1][0], max(p for _, p in items)), prior, floor, None, budget)
+        elif prediction is None and min_fail is None and _flat(items):
+            prediction = _flat_guess(items, budget)
     if prediction is None or math.isnan(prediction.low) or math.isnan(prediction.high):
         return None
     if min_fail is None:
@@ -132,6 +135,26 @@ def predict(
     if center is None or margin < 0:
         return prediction
     return replace(prediction, low=min(prediction.low, center - (2 * margin + line.slope) / line.slope))
+
+
+def _flat(items: list[Point]) -> bool:
+    """Whether the points lie within :data:`SCOUT_SHARE` of each other: as flat as a peak is between processes."""
+    peaks = [p for _, p in items]
+    return max(peaks) - min(peaks) < SCOUT_SHARE and items[-1][0] > items[0][0]
+
+
+def _flat_guess(items: list[Point], budget: int) -> Prediction | None:
+    """Points as flat as the noise: the guess a slope of :data:`SCOUT_SHARE` over their span would reach, from
+    the largest point at the highest peak. A steeper slope would have lifted the largest point above the noise,
+    so this is where an affine curve reaches the budget at the earliest; a high-water mark that something else
+    set (a data set prepared at import, the optimizer step's plateau) may hide a steeper one, which a miss then
+    shows. Doubling from points that flat climbed a factor of two a probe (an as-is loop whose data set,
+    prepared at import, held its reading flat to about a thousand samples: 8, 23, 46 and 92 before a point rose).
+    Not a fit: the end game does not plan over it."""
+    span = items[-1][0] - items[0][0]
+    slope = SCOUT_SHARE / span
+    top = max(p for _, p in items)
+    return _exact(Affine(top - slope * items[-1][0], slope), budget, reported=False)
 
 
 def _from_points(items: list[Point], budget: int) -> Prediction | None:
@@ -290,6 +313,21 @@ def _phase_gap(fits: list[Reading], misses: list[tuple[int | None, int | None]],
     """
     proven = [max(line, p or 0) - r for p, r in misses if r is not None]
     return max([rising_gap(fits), *proven])
+
+
+def gap_jitter(fits: list[Reading], misses: list[Reading], line: int) -> int:
+    """How far the step's peak moved against the rising phase's reading between the probes near ``line`` (bytes;
+    0: fewer than two tell), from fits and misses ``(batch, peak, rising)`` whose reading lies within
+    :data:`LOCAL_RISE` of it: the widest a fit's own gap and what a miss proves of its gap (:func:`_phase_gap`)
+    lie apart. A model of readings plus one gap does not see it, since the readings themselves are smooth; it
+    is the noise that decides whether a batch near the boundary fits (an as-is loop with DataLoader workers:
+    fits at 7187-7190 peaked 0.08 MiB under their readings, a miss at 7191 0.12 MiB over its own, 12 samples).
+    """
+    gaps = [p - r for _, p, r in fits if p is not None and r is not None and abs(line - r) <= LOCAL_RISE]
+    proven = [max(line, p or 0) - r for _, p, r in misses if r is not None and abs(line - r) <= LOCAL_RISE]
+    if not gaps or len(gaps) + len(proven) < 2:
+        return 0
+    return max(0, max(gaps + proven) - min(gaps))
 
 
 def peak_keeps_pace(fits: list[Reading]) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from autobatch.core import endgame
-from autobatch.core.model import Affine, Prediction, model_points, predict, reported_model
+from autobatch.core.model import Affine, Prediction, gap_jitter, model_points, predict, reported_model
 
 __all__ = [
     "KINDS",
@@ -231,6 +231,7 @@ class _State:
     of_readings: bool = False  # the points are the rising phase's readings plus the gap
     static: int | None = None  # the fits' own static memory (the largest measured), while no non-fit is known
     far_miss: bool = False  # the smallest non-fit ran out of memory in its first step, with no peak
+    jitter: int = 0  # how far the peaks near the line moved against their readings (model.gap_jitter)
 
     @classmethod
     def of(
@@ -259,9 +260,10 @@ class _State:
             o.batch_size == min_fail and o.kind == "oom" and o.peak_bytes is None and o.steps == 0
             for o in observations
         )
-        return cls(
-            lo, hi, n, m, min_fail, points, confirmed, phased, static if min_fail is None else None, far
-        )
+        readings = [(o.batch_size, o.peak_bytes, o.rising_bytes) for o in fits]
+        jitter = gap_jitter(readings, misses, line) if phased else 0
+        static = static if min_fail is None else None
+        return cls(lo, hi, n, m, min_fail, points, confirmed, phased, static, far, jitter)
 
     def result(
         self, status: SearchStatus, trace: list[Observation], prior: Affine | None, budget: int
@@ -381,6 +383,7 @@ class _State:
             self.points,
             prediction,
             budget,
+            self.jitter,
         )
         if proposal is None:
             return None

@@ -591,8 +591,9 @@ def test_a_plateau_with_its_rising_phase_takes_four_probes() -> None:
         top,
         top + 1,
     ]  # scout, proportional guess, the line's maximum, its neighbour
-    # Without the rising phase the flat peaks give no slope: doubling from the scout.
-    assert len(check(curve, 65536, 1, start=8)[1].calls) > 12
+    # Without the rising phase the flat peaks give no slope: a slope under the noise reaches past the plateau's
+    # end (8, 10, then 258 and 31258), and the search brackets the boundary from there.
+    assert len(check(curve, 65536, 1, start=8)[1].calls) >= 10
 
 
 def test_a_far_overshoot_is_split_at_the_geometric_middle() -> None:
