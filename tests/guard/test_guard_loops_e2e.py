@@ -221,6 +221,22 @@ def test_a_batch_of_the_samples_own_token_tensors_is_counted_by_its_samples(tmp_
     assert "step 0: 16 samples, micro-batch 16 x 1" in out and "step 1: 16 samples, micro-batch 8 x 2" in out
 
 
+def test_a_list_of_the_samples_token_tensors_is_split_by_sample_when_each_has_as_many_tokens_as_samples(
+    tmp_path: Path,
+) -> None:
+    """Documents cut to 16 tokens in batches of 16, kept by the collate as a list of one tensor a sample: where
+    every document of a batch reaches the maximum (batches 1 and 3), the list holds 16 tensors of 16 rows, and it
+    was read as 16 batched tensors: each micro-batch took half of every document's tokens beside half the labels
+    (cross_entropy: 16 inputs against 8 targets). It is split by sample, as batch 2's list of mixed lengths is."""
+    out = matches_the_loop_without_the_guard(tmp_path, "truncated_tokens.py")
+    assert "step 1: micro-batch lowered 16 -> 8" in out
+    assert (
+        "step 1: 16 samples, 16 cut, micro-batch 8 x 2" in out
+        and "step 3: 16 samples, 16 cut, micro-batch 8 x 2" in out
+    )
+    assert "step 2: 16 samples, 13 cut, micro-batch 8 x 2" in out
+
+
 def test_a_label_per_token_flattened_over_the_batch_is_refused_naming_both(tmp_path: Path) -> None:
     err = " ".join(run_failing(tmp_path, "token_lists.py", "--guard", "--flat-labels").split())
     assert "UsageError: the batch's parts disagree on their number of samples" in err
