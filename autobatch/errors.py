@@ -12,7 +12,8 @@
     ├── NothingFitsError           (exit 4)  no combination fits even the smallest batch
     ├── JobOutOfMemory             (exit 5)  ``run``: the job ran out of memory and no relaunch is left
     ├── GuardError                 (exit 5)  in a job: the guard ran out of memory at a micro-batch of 1, or
-    │                                        the model refused a micro-batch of 1 (BatchNorm)
+    │                                        the model refused a micro-batch of 1 (BatchNorm); ``run``: its
+    │                                        job ended with one
     ├── ProbeFailure               (exit 6)  a probe crashed or timed out where an answer was needed
     ├── DeviceError                (exit 7)  the device cannot be used (no driver, no GPU, ...)
     ├── LeakError                  (exit 8)  the step's peak grows at every step: no batch holds for a job

@@ -1,7 +1,8 @@
 """``autobatch run``: launch a script run as it is with its plan, and relaunch it smaller when memory runs out.
 
 Exit status: the job's own (128 + N when signal N ended it), 5 when it ran out of memory with no relaunch
-left, 2 for a bad command line, and the codes of ``tune`` when the plan has to be tuned first.
+left or its guard gave up, 2 for a bad command line, and the codes of ``tune`` when the plan has to be tuned
+first.
 """
 
 from __future__ import annotations

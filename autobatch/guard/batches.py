@@ -1,11 +1,11 @@
 """A guarded batch: how many samples it holds, and its micro-batches.
 
 The guard takes a batch as a training loop has it (a tensor, or tuples, lists, namedtuples and dicts of tensors,
-with lists of the samples' own items as the default collate leaves them) and splits it along the samples. One
-reading decides both the batch's samples (:func:`samples`) and what is sliced (:func:`split`), so the two never
-disagree; a batch whose parts disagree on their samples is refused. The split is even (:func:`bounds`): a
-micro-batch of 1 sample, which BatchNorm refuses in training, only where it cannot be helped. Usage:
-docs/guard.md ("The batch", "The split").
+with lists of the samples' own items as the default collate or a collate of one tensor a sample leaves them) and
+splits it along the samples. One reading decides both the batch's samples (:func:`samples`) and what is sliced
+(:func:`split`), so the two never disagree; a batch whose parts disagree on their samples is refused. The split
+is even (:func:`bounds`): a micro-batch of 1 sample, which BatchNorm refuses in training, only where it cannot be
+helped. Usage: docs/guard.md ("The batch", "The split").
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ def samples(batch: Any) -> int:
             hint="pass a tensor, or tuples, lists or dicts of tensors whose first dimension is the sample",
         )
     for n in found:
-        if all(size == n for _, size in _parts(batch, n)):
+        if all(size == n for _, size in _parts(batch, n, whole=True)):
             return n
     n = found[0]
-    parts = _parts(batch, n)
+    parts = _parts(batch, n, whole=True)
     agree = _describe([part for part in parts if part[1] == n])
     rest = _describe([part for part in parts if part[1] != n])
     raise UsageError(
@@ -109,9 +109,10 @@ def _candidates(batch: Any) -> list[int]:
     return list(dict.fromkeys(ordered))
 
 
-def _parts(value: Any, n: int, where: str = "batch") -> list[tuple[str, int]]:
+def _parts(value: Any, n: int, where: str = "batch", whole: bool = False) -> list[tuple[str, int]]:
     """What :func:`split` would slice for ``n`` samples, with its size: every tensor with a first dimension outside
-    the samples' own lists (its rows) and every such list (its items), each named by where it is."""
+    the samples' own lists (its rows) and every such list (its items), each named by where it is (``whole``: the
+    value is the batch itself)."""
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -124,7 +125,7 @@ def _parts(value: Any, n: int, where: str = "batch") -> list[tuple[str, int]]:
             for name, item in zip(value._fields, value, strict=True)
             for part in _parts(item, n, f"{where}.{name}")
         ]
-    if per_sample(value, n):
+    if per_sample(value, n, whole=whole):
         return [(where, len(value))]
     if isinstance(value, (list, tuple)):
         return [part for i, item in enumerate(value) for part in _parts(item, n, f"{where}[{i}]")]
@@ -154,10 +155,10 @@ def split(batch: Any, size: int, n: int | None = None) -> Iterator[Any]:
     the samples' own items (:func:`per_sample`); other values are passed to every micro-batch unchanged."""
     n = samples(batch) if n is None else n
     for start, stop in bounds(n, size):
-        yield _slice(batch, n, start, stop)
+        yield _slice(batch, n, start, stop, whole=True)
 
 
-def _slice(batch: Any, n: int, start: int, stop: int) -> Any:
+def _slice(batch: Any, n: int, start: int, stop: int, whole: bool = False) -> Any:
     import torch
 
     if isinstance(batch, torch.Tensor):
@@ -166,20 +167,36 @@ def _slice(batch: Any, n: int, start: int, stop: int) -> Any:
         return {key: _slice(value, n, start, stop) for key, value in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
         return type(batch)(*(_slice(value, n, start, stop) for value in batch))
-    if per_sample(batch, n):
+    if per_sample(batch, n, whole=whole):
         return batch[start:stop]
     if isinstance(batch, (list, tuple)):
         return type(batch)(_slice(value, n, start, stop) for value in batch)
     return batch
 
 
-def per_sample(value: Any, n: int) -> bool:
-    """True for a list or tuple of the samples' own items: as many as the batch's ``n`` samples, not all of them
-    batched themselves. The default collate leaves strings (names, paths) and tensors of their own sizes so; a
-    container of batched values, ``(ids, labels)``, is not one even when the batch has 2 samples."""
+def per_sample(value: Any, n: int, *, whole: bool = False) -> bool:
+    """True for a list or tuple of the samples' own items: as many as the batch's ``n`` samples, and either not all
+    of them batched themselves (the default collate leaves strings, names and paths, and tensors of their own sizes
+    so) or, inside the batch, tensors all of one kind (one dtype, one number of dimensions), as a collate lists
+    each sample's tokens: those whose lengths all happen to be ``n`` are still one a sample. A container of
+    batched values of different kinds, ``[ids, labels]``, is not one even when the batch has 2 samples, and
+    neither is the batch itself (``whole``), ``(inputs, targets)``, whatever its values."""
     if not isinstance(value, (list, tuple)) or hasattr(value, "_fields") or len(value) != n:
         return False
-    return not all(_batched(item, n) for item in value)
+    return not all(_batched(item, n) for item in value) or (not whole and _alike_tensors(value))
+
+
+def _alike_tensors(values: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether every value is a tensor of the first one's dtype and number of dimensions (one kind of thing)."""
+    import torch
+
+    first = values[0] if values else None
+    if not isinstance(first, torch.Tensor):
+        return False
+    return all(
+        isinstance(value, torch.Tensor) and value.dtype == first.dtype and value.dim() == first.dim()
+        for value in values
+    )
 
 
 def _batched(value: Any, n: int) -> bool:

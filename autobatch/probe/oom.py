@@ -221,7 +221,7 @@ def classify_exception(
 
 
 #: The lines of a printed traceback: where one starts, the lines that chain two, an exception's own line.
-_TRACEBACK = "Traceback (most recent call last):"
+TRACEBACK = "Traceback (most recent call last):"
 _CHAINED = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
@@ -236,7 +236,7 @@ def explain_traceback(
     of ..." or "The above exception was the direct cause ..."): the first exception line in it that is an
     OOM decides; None when the text holds no traceback."""
     lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
+    starts = [i for i, line in enumerate(lines) if line.strip() == TRACEBACK]
     if not starts:
         return None
     first = len(starts) - 1
@@ -303,6 +303,7 @@ __all__ = [
     "OOM_ERROR_CODES",
     "RULES",
     "SCRIPT_ERROR_TYPES",
+    "TRACEBACK",
     "Classification",
     "Rule",
     "Verdict",

@@ -8,7 +8,8 @@
 3. Each launch (:func:`autobatch.supervise.job.launch`) ends as the job ends. A job that ran out of memory is
    relaunched at the next smaller micro-batch with the accumulation that keeps its global batch
    (:func:`smaller`), with the resume arguments added, up to ``max_restarts`` times; any other end is the job's,
-   its exit code passed through, never retried.
+   its exit code passed through, never retried; a job whose own guard gave up (its last error a ``GuardError``)
+   ends ``run`` with the guard's error, since a relaunch would run the same batch through the same guard.
 4. Every launch is recorded as runtime evidence (:class:`autobatch.cache.evidence.EvidenceStore`): how it ended,
    its micro-batch, its peak against the tuned one.
 """
@@ -78,15 +79,17 @@ def run(settings: Settings, options: RunOptions, hooks: Hooks, say: Say, warn: S
                 f"launch {number}: peak {format_bytes(outcome.peak_bytes)}{how} (tuned {format_bytes(tuned)}, budget "
                 f"{format_bytes(budget or 0)}) at micro-batch {micro}"
             )
-        if outcome.oom is None:
-            return outcome.returncode
-        if f"{GuardError.__name__}:" in outcome.oom:  # the line naming the failure is the guard's own error
-            raise JobOutOfMemory(
-                f"the job's guard gave up on launch {number} ({outcome.oom}): a relaunch at a smaller micro-batch "
-                "would run the same batch, which the guard already ran one sample at a time",
-                hint="shorten or bucket the batch's longest samples, or make each sample cheaper (bf16, "
+        if outcome.guard is not None:  # out of memory one sample at a time, or BatchNorm refused one sample
+            raise GuardError(
+                f"the job's guard gave up on launch {number} (autobatch.errors.GuardError: {outcome.guard.message}): "
+                "a relaunch at a smaller micro-batch would run the same batch, which the guard already split down "
+                "to one sample",
+                hint=outcome.guard.hint
+                or "shorten or bucket the batch's longest samples, or make each sample cheaper (bf16, "
                 "recomputation); `autobatch tune` at its lengths says what fits",
             )
+        if outcome.oom is None:
+            return outcome.returncode
         if number > options.max_restarts:
             raise JobOutOfMemory(
                 f"the job ran out of memory at micro-batch {micro} x accumulation {accumulation} on launch {number} "

@@ -13,7 +13,10 @@ measured, how it ended read.
   probe is classified with (:func:`autobatch.probe.oom.explain_traceback`), is an OOM (under torchrun, the
   traceback of the rank it names as the root cause: :func:`root_cause`); so is a SIGKILL
   autobatch did not send when the kernel's OOM killer may have sent it (the cgroup's ``oom_kill`` count rose,
-  or cannot be read). Anything else is the job's own end, its exit code passed through (128 + N for signal N).
+  or cannot be read). A job whose last error is its own guard's :class:`autobatch.errors.GuardError` (a batch
+  that ran out of memory one sample at a time, or a micro-batch of 1 that BatchNorm refused) says so in
+  :attr:`JobOutcome.guard`, out of memory or not (:func:`guard_error`). Anything else is the job's own end, its
+  exit code passed through (128 + N for signal N).
 * **Its peak** on the CPU device: the largest data memory of any of its processes, the quantity ``RLIMIT_DATA``
   caps (:mod:`autobatch.devices.cpu`), read from ``/proc/PID/status`` every :data:`SAMPLE_SECONDS` as the
   kernel's high-water mark of the address space (``VmPeak``) less the mappings that are not data at the reading
@@ -44,7 +47,7 @@ from types import FrameType
 from autobatch.devices.cgroup import oom_kills
 from autobatch.devices.cpu import DataPeak, apply_cap, read_status
 from autobatch.probe.lineage import become_subreaper, end_descendants
-from autobatch.probe.oom import explain_traceback
+from autobatch.probe.oom import TRACEBACK, explain_traceback
 
 #: Seconds a job may take to end after a forwarded SIGTERM or SIGINT before it is killed.
 STOP_GRACE = 30.0
@@ -62,6 +65,8 @@ _PEER_FAILED = re.compile(r"Connection closed by peer|remote worker crashing|exi
 _ROOT_CAUSE = re.compile(
     r"ChildFailedError.*?Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S
 )
+#: The line Python prints for the guard's error, the last of its traceback (its hint on the next line).
+_GUARD_LINE = re.compile(r"^(?:autobatch\.errors\.)?GuardError: (.*)$")
 #: How the peak is measured, per device type (recorded with it).
 PEAK_HOW = {
     "cpu": "largest VmPeak less non-data mappings of the job's processes, read from /proc every 0.2 s",
@@ -82,13 +87,23 @@ class JobSpec:
     device: str = "cpu"
 
 
+@dataclass(frozen=True)
+class GuardGaveUp:
+    """The job's guard could not run a batch: its :class:`autobatch.errors.GuardError`, as the job printed it."""
+
+    message: str
+    hint: str = ""
+
+
 @dataclass
 class JobOutcome:
     """How a launch ended: ``returncode`` as a shell gives it (128 + N for signal N), ``oom`` the reason when
-    it ran out of memory, ``forwarded`` the signal autobatch forwarded to it (None: none)."""
+    it ran out of memory, ``guard`` the job's guard's error when that ended it, ``forwarded`` the signal
+    autobatch forwarded to it (None: none)."""
 
     returncode: int
     oom: str | None = None
+    guard: GuardGaveUp | None = None
     forwarded: int | None = None
     peak_bytes: int | None = None
     stderr_tail: str = ""
@@ -144,7 +159,29 @@ def launch(spec: JobSpec, budget_bytes: int | None = None, on_peak: Warn | None 
     )
     if forwarding.signum is None and returncode != 0:
         outcome.oom = _oom_reason(returncode, text, killed_before, sampler.peak or None, budget_bytes)
+        outcome.guard = guard_error(root_cause(text) or text)
     return outcome
+
+
+def guard_error(text: str) -> GuardGaveUp | None:
+    """The guard's error when the last traceback in ``text`` ends with it (None: another error, or none).
+
+    Only the last exception counts, the one that ended the job: a ``GuardError`` raised from BatchNorm's
+    ``ValueError`` is printed after it, and one the job caught and logged before failing otherwise is not
+    its end. ``GuardError``'s text carries its hint on a line of its own, right after its message."""
+    lines = text.splitlines()
+    start = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].strip() == TRACEBACK), None)
+    if start is None:
+        return None
+    # the frames are indented; the exception's own line is the first one that is not
+    at = next((i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()), None)
+    found = _GUARD_LINE.match(lines[at].rstrip()) if at is not None else None
+    if found is None or at is None:
+        return None
+    after = lines[at + 1].strip() if at + 1 < len(lines) else ""
+    return GuardGaveUp(
+        found.group(1).strip(), after.removeprefix("hint:").strip() if after.startswith("hint:") else ""
+    )
 
 
 def _oom_reason(

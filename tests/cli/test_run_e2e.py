@@ -151,7 +151,30 @@ def test_a_job_whose_guard_gave_up_at_one_sample_is_not_relaunched_smaller(tmp_p
     text = " ".join(proc.stderr.split())
     assert "guard: step 3: micro-batch lowered 2 -> 1" in text and "autobatch run: relaunch" not in text
     assert "error: the job's guard gave up on launch 1 (autobatch.errors.GuardError: batch 3" in text
-    assert "hint: shorten or bucket the batch's longest samples" in text
+    assert "even one sample at a time" in text
+    assert "hint: shorten or bucket its longest samples" in text  # the guard's own hint
+
+
+def test_a_job_whose_batchnorm_refused_the_guards_one_sample_ends_with_the_guards_error(
+    tmp_path: Path,
+) -> None:
+    """Two long documents run out of memory under the cap, so the guard lowers to one sample, which the model's
+    BatchNorm refuses in training: the guard's error, raised from BatchNorm's ValueError, names no
+    out-of-memory failure of its own. ``run`` ends with the guard's exit code and says why, with the guard's
+    hint (it ended with the job's exit 1, as if the script had failed)."""
+    proc = _run(tmp_path, AS_IS / "guarded_batchnorm_long.py", micro=4)
+    assert proc.returncode == EXIT_OOM, proc.stderr[-4000:]
+    text = " ".join(proc.stderr.split())
+    assert "guard: step 3: micro-batch lowered 2 -> 1 (out of memory" in text, text[-4000:]
+    assert "autobatch run: relaunch" not in text
+    assert (
+        "error: the job's guard gave up on launch 1 (autobatch.errors.GuardError: batch 3 (4 samples" in text
+    )
+    assert "ran a micro-batch of 1 sample, which the model refuses in training" in text
+    assert (
+        "hint: BatchNorm cannot normalise one sample: replace BatchNorm with a norm of each sample alone"
+        in text
+    )
 
 
 def test_restarts_used_up_is_a_clear_error(tmp_path: Path) -> None:

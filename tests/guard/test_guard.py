@@ -78,6 +78,28 @@ def test_split_slices_the_samples_own_lists_not_a_container_of_batched_values() 
     assert [(len(x), names) for x, names in split(pair, 1)] == [(1, ["u"]), (1, ["v"])]
 
 
+def test_a_list_of_the_samples_tensors_is_split_by_sample_even_when_each_has_as_many_rows_as_samples() -> (
+    None
+):
+    """A collate's list of one tensor a sample whose lengths all equal the batch's (16 documents cut to 16 tokens;
+    3 RGB images, as torchvision's detection collate ``tuple(zip(*batch))`` leaves them) is split by its items: it
+    was read as a container of batched tensors, each sample's tokens or channels cut in two."""
+    tokens = [torch.full((16,), i) for i in range(16)]
+    parts = list(split({"tokens": tokens, "label": torch.arange(16)}, 8))
+    assert [[int(t[0]) for t in p["tokens"]] for p in parts] == [list(range(8)), list(range(8, 16))]
+    assert all(len(t) == 16 for p in parts for t in p["tokens"])
+    images = tuple(torch.zeros(3, 5 + i, 7) for i in range(3))
+    targets = tuple({"boxes": torch.zeros(i + 1, 4), "labels": torch.ones(i + 1)} for i in range(3))
+    first, second = split((images, targets), 2)
+    assert [im.shape[0] for im in first[0]] == [3, 3] and first[1] == targets[:2]
+    assert second[0][0] is images[2]
+    # what stays a container of batched values: the batch itself, and values of different kinds
+    x, y = torch.zeros(2, 4), torch.ones(2, 4)
+    assert [(len(a), len(b)) for a, b in split((x, y), 1)] == [(1, 1), (1, 1)]
+    nested = {"inputs": [torch.zeros(2, 6, dtype=torch.long), torch.zeros(2)], "weight": torch.ones(2)}
+    assert [[len(t) for t in p["inputs"]] for p in split(nested, 1)] == [[1, 1], [1, 1]]
+
+
 @given(st.integers(1, 300), st.integers(1, 64))
 def test_a_batch_splits_into_as_few_micro_batches_as_fit_of_sizes_within_one(n: int, size: int) -> None:
     cuts = bounds(n, size)

@@ -52,6 +52,16 @@ def max_relative_difference(a: Path, b: Path) -> float:
     return max(float((left[k] - right[k]).abs().max() / right[k].abs().max().clamp_min(1e-12)) for k in left)
 
 
+def matches_the_loop_without_the_guard(tmp: Path, name: str, fail_at: str = "1") -> str:
+    """Run the script's loop without the guard (``--out reference.pt``), then under it (``--guard --out guarded.pt``)
+    with the batches ``fail_at`` running out of memory; the two must end with the same parameters (relative
+    difference <= 1e-9: every sample ran once, weighted as in the whole batch). The guarded run's output."""
+    run_script(tmp, name, "--out", "reference.pt")
+    out = run_script(tmp, name, "--guard", "--out", "guarded.pt", env={"AUTOBATCH_GUARD_FAIL_AT": fail_at})
+    assert max_relative_difference(tmp / "guarded.pt", tmp / "reference.pt") <= 1e-9
+    return out
+
+
 def test_a_micro_batch_without_tokens_adds_nothing_to_a_token_mean(tmp_path: Path) -> None:
     """Lowered from 8 to 2 at batch 1, the last micro-batch of each batch holds only samples whose labels are
     all -100: its token mean is 0/0. It counts for nothing (weight 0), and must not turn the step into NaN."""
@@ -70,12 +80,8 @@ def test_a_micro_batch_without_tokens_adds_nothing_to_a_token_mean(tmp_path: Pat
 def test_the_lists_a_collate_leaves_one_item_a_sample_are_split_with_the_tensors(tmp_path: Path) -> None:
     """The default collate leaves strings (the samples' source names, their files) as lists of one item per
     sample: a micro-batch takes its own samples' items, as it takes their rows."""
-    run_script(tmp_path, "tagged_samples.py", "--out", "reference.pt")
-    out = run_script(
-        tmp_path, "tagged_samples.py", "--guard", "--out", "guarded.pt", env={"AUTOBATCH_GUARD_FAIL_AT": "1"}
-    )
+    out = matches_the_loop_without_the_guard(tmp_path, "tagged_samples.py")
     assert "micro-batch lowered 16 -> 8" in out
-    assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
 
 
 def test_a_preempted_run_keeps_its_out_of_memory_evidence(tmp_path: Path) -> None:
@@ -152,12 +158,8 @@ def test_a_batch_run_again_draws_the_same_dropout_and_keeps_batchnorm_statistics
 def test_a_failure_in_the_second_batch_of_a_step_keeps_the_first_batch_gradients(tmp_path: Path) -> None:
     """Two batches through ``guard.backward`` before one optimizer step: the second runs out of memory at once,
     and its run again adds to the first batch's gradients, which the failure left alone."""
-    run_script(tmp_path, "two_sources.py", "--out", "reference.pt")
-    out = run_script(
-        tmp_path, "two_sources.py", "--guard", "--out", "guarded.pt", env={"AUTOBATCH_GUARD_FAIL_AT": "1"}
-    )
+    out = matches_the_loop_without_the_guard(tmp_path, "two_sources.py")
     assert "step 1: micro-batch lowered 16 -> 8" in out
-    assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
 
 
 def test_a_step_of_two_optimizers_over_one_models_groups_matches_the_loop_without_the_guard(
@@ -166,12 +168,8 @@ def test_a_step_of_two_optimizers_over_one_models_groups_matches_the_loop_withou
     """``guard.step(model, [adamw, sgd], ...)``: each optimizer steps once per batch and its gradients are the
     whole batch's, lowered 16 -> 8 at batch 1 as without a failure. Before, a list failed after the backward had
     run (``'list' object has no attribute 'step'``)."""
-    run_script(tmp_path, "two_optimizers.py", "--out", "reference.pt")
-    out = run_script(
-        tmp_path, "two_optimizers.py", "--guard", "--out", "guarded.pt", env={"AUTOBATCH_GUARD_FAIL_AT": "1"}
-    )
+    out = matches_the_loop_without_the_guard(tmp_path, "two_optimizers.py")
     assert "micro-batch lowered 16 -> 8" in out and "step 3: micro-batch 8" in out
-    assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
 
 
 def test_a_batchnorm_model_gets_no_lone_sample_from_the_split(tmp_path: Path) -> None:
@@ -219,12 +217,24 @@ def test_a_batch_of_the_samples_own_token_tensors_is_counted_by_its_samples(tmp_
     """A collate that keeps each sample's tokens as a tensor of its own length, first in the batch's dict: the
     batch is its 16 samples (it read 40, the first sample's tokens, and ran the whole batch as every one of its
     5 "micro-batches"), split 8 + 8 after the lowering, and trains as the loop without the guard."""
-    run_script(tmp_path, "token_lists.py", "--out", "reference.pt")
-    out = run_script(
-        tmp_path, "token_lists.py", "--guard", "--out", "guarded.pt", env={"AUTOBATCH_GUARD_FAIL_AT": "1"}
-    )
+    out = matches_the_loop_without_the_guard(tmp_path, "token_lists.py")
     assert "step 0: 16 samples, micro-batch 16 x 1" in out and "step 1: 16 samples, micro-batch 8 x 2" in out
-    assert max_relative_difference(tmp_path / "guarded.pt", tmp_path / "reference.pt") <= 1e-9
+
+
+def test_a_list_of_the_samples_token_tensors_is_split_by_sample_when_each_has_as_many_tokens_as_samples(
+    tmp_path: Path,
+) -> None:
+    """Documents cut to 16 tokens in batches of 16, kept by the collate as a list of one tensor a sample: where
+    every document of a batch reaches the maximum (batches 1 and 3), the list holds 16 tensors of 16 rows, and it
+    was read as 16 batched tensors: each micro-batch took half of every document's tokens beside half the labels
+    (cross_entropy: 16 inputs against 8 targets). It is split by sample, as batch 2's list of mixed lengths is."""
+    out = matches_the_loop_without_the_guard(tmp_path, "truncated_tokens.py")
+    assert "step 1: micro-batch lowered 16 -> 8" in out
+    assert (
+        "step 1: 16 samples, 16 cut, micro-batch 8 x 2" in out
+        and "step 3: 16 samples, 16 cut, micro-batch 8 x 2" in out
+    )
+    assert "step 2: 16 samples, 13 cut, micro-batch 8 x 2" in out
 
 
 def test_a_label_per_token_flattened_over_the_batch_is_refused_naming_both(tmp_path: Path) -> None:

@@ -77,3 +77,52 @@ def test_under_torchrun_the_root_cause_ranks_traceback_decides() -> None:
                         "typically caused by a remote worker crashing.", "ValueError: bad config")  # fmt: skip
     assert _oom_reason(1, own, None, None, None) is None  # rank 0's own error is not memory
     assert root_cause("Traceback (most recent call last):\nValueError: x\n") is None
+
+
+#: A guarded job's stderr when BatchNorm refused the guard's micro-batch of one sample (abridged from a real run).
+GUARD_REFUSED = """Traceback (most recent call last):
+  File "/work/autobatch/guard/guard.py", line 389, in _run
+    loss = loss_fn(model, part)
+           ^^^^^^^^^^^^^^^^^^^^
+  File "/work/lib/torch/nn/functional.py", line 2854, in _verify_batch_size
+    raise ValueError(
+ValueError: Expected more than 1 value per channel when training, got input size torch.Size([1, 32])
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "train.py", line 58, in <module>
+    guard.step(model, optimizer, (ids, labels), loss_fn)
+autobatch.errors.GuardError: batch 3 (4 samples, shapes [[4, 300000], [4]]) ran a micro-batch of 1 sample, which \
+the model refuses in training (Expected more than 1 value per channel when training, ...): the guard had lowered \
+the micro-batch to 1, as 2 samples ran out of memory
+hint: BatchNorm cannot normalise one sample: replace BatchNorm with a norm of each sample alone (GroupNorm, LayerNorm)
+"""
+
+
+def test_a_job_ended_by_its_guards_error_is_read_from_its_last_traceback() -> None:
+    """The guard's error is the job's end when it is the last exception of the last traceback: raised from
+    BatchNorm's ValueError (no out-of-memory failure named), or on the rank torchrun names; not one the job
+    logged and went on from, nor a ValueError alone."""
+    from autobatch.supervise.job import _oom_reason, guard_error, root_cause
+
+    found = guard_error(GUARD_REFUSED)
+    assert found is not None and found.message.startswith(
+        "batch 3 (4 samples, shapes [[4, 300000], [4]]) ran a"
+    )
+    assert found.hint.startswith("BatchNorm cannot normalise one sample: replace BatchNorm")
+    assert (
+        _oom_reason(1, GUARD_REFUSED, None, None, None) is None
+    )  # not an out-of-memory end: run read exit 1
+    ranked = "".join(f"[rank1]: {line}\n" for line in GUARD_REFUSED.splitlines())
+    torchrun = (
+        ranked + TORCHRUN[TORCHRUN.index("Traceback (most recent call last):\n    raise ChildFailedError") :]
+    )
+    assert guard_error(root_cause(torchrun) or "") == found  # torchrun's own traceback comes last
+    logged = (
+        GUARD_REFUSED
+        + "step 4\nTraceback (most recent call last):\n  File \"train.py\"\nKeyError: 'labels'\n"
+    )
+    assert guard_error(logged) is None
+    assert guard_error(GUARD_REFUSED.split("The above")[0]) is None
+    assert guard_error("autobatch.errors.GuardError: printed, not raised\n") is None
