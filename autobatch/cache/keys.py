@@ -111,6 +111,8 @@ def key_settings(settings: Settings, world_size: int) -> dict[str, Any]:
         values["seq_lens"] = [list(settings.search.seq_lens), settings.plan.seq_len]
     if settings.script.batch_env:  # how the batch reaches a script run as it is
         values["batch_env"] = settings.script.batch_env
+    if settings.script.seq_len_env:  # how the length reaches it
+        values["seq_len_env"] = settings.script.seq_len_env
     return values
 
 

@@ -58,6 +58,7 @@ def check(
     timeout: opt.Timeout = None,
     cache: opt.Cache = None,
     batch_env: opt.BatchEnv = None,
+    seq_len_env: opt.SeqLenEnv = None,
     check_batch_size: opt.CheckBatchSize = None,
     strategy: opt.Strategy = None,
     nproc_per_node: opt.NprocPerNode = None,

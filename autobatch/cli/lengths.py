@@ -144,7 +144,7 @@ def _table(report: LengthsReport) -> Table:
 
     padded, tokens = report.overflow.padded, report.overflow.tokens
     table = Table(title=f"batches that would run out of memory (line {format_bytes(report.plan.line_bytes)})")
-    for heading in ("batching", "batches", "out of memory", "share", "shuffled", "longest length that fits"):
+    for heading in ("batching", "batches", "out of memory", "share", "shuffled", "fits up to (tokens)"):
         table.add_column(heading, justify="left" if heading == "batching" else "right")
     if padded is not None:
         table.add_row(
@@ -180,17 +180,29 @@ def summary(report: LengthsReport) -> str:
         parts.append(
             f"{percent(padded.share)} of batches ({padded.overflowing:,} of {padded.batches:,}) would run out of "
             f"memory under padding at batch {padded.batch_size} in file order{first}, "
-            f"{percent(padded.shuffled_share)} expected when shuffled; the longest length batch "
-            f"{padded.batch_size} survives is {padded.longest_length} tokens"
+            f"{percent(padded.shuffled_share)} expected when shuffled; "
+            + (
+                f"the longest length batch {padded.batch_size} survives is {tokens_of(padded.longest_length)}"
+                if padded.longest_length
+                else f"batch {padded.batch_size} survives no length, not one token"
+            )
         )
     if tokens is not None:
         parts.append(
             f"{percent(tokens.share)} ({tokens.overflowing:,} of {tokens.batches:,}) under a token budget of "
             f"{tokens.max_tokens:,}"
             + (f", {tokens.unbatchable:,} of them one sequence longer than it" if tokens.unbatchable else "")
-            + f"; a full budget survives up to {tokens.longest_length} token{'s' if tokens.longest_length != 1 else ''} a sequence"
+            + (
+                f"; a full budget survives every length up to {tokens_of(tokens.longest_length)} a sequence"
+                if tokens.longest_length
+                else "; a full budget survives no length, not one token"
+            )
         )
     return "autobatch lengths: " + ("; ".join(parts) if parts else "nothing to count (no token budget)")
+
+
+def tokens_of(count: int) -> str:
+    return f"{count:,} token{'s' if count != 1 else ''}"
 
 
 def percent(share: float) -> str:

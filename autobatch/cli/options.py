@@ -81,6 +81,7 @@ Headroom = Annotated[Optional[float], _setting("--headroom", "headroom")]
 RecomputeClass = Annotated[Optional[list[str]], _setting("--recompute-class", "recompute_classes")]
 Timeout = Annotated[Optional[float], _setting("--timeout", "timeout")]
 BatchEnv = Annotated[Optional[str], _setting("--batch-env", "batch_env")]
+SeqLenEnv = Annotated[Optional[str], _setting("--seq-len-env", "seq_len_env")]
 Variant = Annotated[Optional[list[str]], _setting("--variant", "variants")]
 CheckBatchSize = Annotated[
     Optional[bool], _setting("--check-batch-size/--no-check-batch-size", "check_batch_size")

@@ -64,6 +64,7 @@ def run(
     confirm_steps: opt.ConfirmSteps = None,
     timeout: opt.Timeout = None,
     batch_env: opt.BatchEnv = None,
+    seq_len_env: opt.SeqLenEnv = None,
     variant: opt.Variant = None,
     cache: opt.Cache = None,
     lock_timeout: opt.LockTimeout = None,

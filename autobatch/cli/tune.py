@@ -51,6 +51,7 @@ def tune(
     confirm_steps: opt.ConfirmSteps = None,
     timeout: opt.Timeout = None,
     batch_env: opt.BatchEnv = None,
+    seq_len_env: opt.SeqLenEnv = None,
     variant: opt.Variant = None,
     check_batch_size: opt.CheckBatchSize = None,
     cache: opt.Cache = None,

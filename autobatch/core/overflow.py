@@ -1,16 +1,17 @@
 """Which of a data set's batches would run out of memory: the memory surface against the real lengths.
 
-Given the lengths of every sequence in the order a loader reads them, and a tune's surface
-(:mod:`autobatch.core.lengths`) with the line its maxima are measured against, :func:`overflow` counts the
-batches whose peak crosses the line under padding (:func:`padded`, and :func:`shuffled_share` for shuffled
-data) and under a token budget (:func:`by_tokens`). Pure functions over plain numbers: no torch, no I/O.
+Given the lengths of every sequence in the order a loader reads them, and what a tune measured (:class:`Memory`:
+its surface, :mod:`autobatch.core.lengths`, the line its maxima are measured against and the maxima themselves),
+:func:`overflow` counts the batches whose peak crosses the line under padding (:func:`padded`, and
+:func:`shuffled_share` for shuffled data) and under a token budget (:func:`by_tokens`). Pure functions over plain
+numbers: no torch, no I/O.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from autobatch.core.lengths import Surface
@@ -53,6 +54,57 @@ def spread(lengths: Sequence[int]) -> Spread:
         p99=percentile(ordered, 0.99),
         max=ordered[-1],
     )
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the tune measured at a searched length (the chosen combination's probes): the largest batch that fits
+    (0: none) and its peak (None: not recorded), the smallest that ran out of memory (None: none did)."""
+
+    seq_len: int
+    max_batch: int
+    peak_bytes: float | None = None
+    oom_batch: int | None = None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Whether ``B`` sequences of ``L`` tokens stay on the line, as the tune measured it: at a searched length the
+    probes decide (a batch at or under the maximum fits there and at every shorter length, one at or over a batch
+    that ran out of memory fits at no length from there on); between and past them the surface does, raised by
+    :meth:`of` to pass at or over every peak measured. A least-squares surface passes under some measured peaks,
+    and near a measured boundary that reads as room the measurement does not leave: 0.3 % under the peak of the
+    plan's batch, it let that batch one token past the plan's length, where the peak left less than one token's
+    memory below the line."""
+
+    surface: Surface
+    line_bytes: float
+    measured: tuple[Measured, ...] = ()
+    raised_bytes: float = 0.0  # how far the surface was raised above its fit
+
+    @classmethod
+    def of(cls, surface: Surface, line_bytes: float, measured: Sequence[Measured] = ()) -> Memory:
+        """The surface raised by its largest shortfall under a measured peak (none: as fitted)."""
+        shortfall = max(
+            (
+                m.peak_bytes - surface.peak(m.max_batch, m.seq_len)
+                for m in measured
+                if m.peak_bytes and m.max_batch
+            ),
+            default=0.0,
+        )
+        raised = max(shortfall, 0.0)
+        lifted = replace(surface, intercept=surface.intercept + raised)
+        return cls(lifted, line_bytes, tuple(measured), raised)
+
+    def critical_length(self, batch_size: int) -> int:
+        """The longest length at which ``batch_size`` sequences stay on the line (0: not one token)."""
+        length = critical_length(self.surface, batch_size, self.line_bytes)
+        length = max([length, *(m.seq_len for m in self.measured if m.max_batch >= batch_size)])
+        ran_out = (
+            m.seq_len - 1 for m in self.measured if m.oom_batch is not None and m.oom_batch <= batch_size
+        )
+        return min([length, *ran_out])
 
 
 def critical_length(surface: Surface, batch_size: int, line_bytes: float) -> int:
@@ -110,18 +162,18 @@ class Padded:
         return {**asdict(self), "share": self.share}
 
 
-def padded(lengths: Sequence[int], surface: Surface, line_bytes: float, batch_size: int) -> Padded:
-    """Count the batches of ``batch_size`` consecutive ``lengths`` whose padded peak crosses ``line_bytes``."""
+def padded(lengths: Sequence[int], memory: Memory, batch_size: int) -> Padded:
+    """Count the batches of ``batch_size`` consecutive ``lengths`` whose padded peak crosses the line."""
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    critical = {batch_size: critical_length(surface, batch_size, line_bytes)}
+    critical = {batch_size: memory.critical_length(batch_size)}
     batches = overflowing = 0
     first: int | None = None
     for start in range(0, len(lengths), batch_size):
         chunk = lengths[start : start + batch_size]
         size = len(chunk)
         if size not in critical:  # the last, smaller batch
-            critical[size] = critical_length(surface, size, line_bytes)
+            critical[size] = memory.critical_length(size)
         if max(chunk) > critical[size]:
             overflowing += 1
             first = batches if first is None else first
@@ -168,7 +220,7 @@ class Tokens:
     batches: int
     overflowing: int  # unbatchable sequences included
     unbatchable: int  # sequences longer than max_tokens
-    longest_length: int  # the longest length at which a full batch of max_tokens survives
+    longest_length: int  # every length up to it survives in a full batch of max_tokens (0: not one token)
     first_overflowing_batch: int | None
 
     @property
@@ -179,16 +231,19 @@ class Tokens:
         return {**asdict(self), "share": self.share}
 
 
-def by_tokens(lengths: Sequence[int], surface: Surface, line_bytes: float, max_tokens: int) -> Tokens:
-    """Count the greedy ``max_tokens`` batches of ``lengths`` whose peak crosses ``line_bytes``."""
+def by_tokens(lengths: Sequence[int], memory: Memory, max_tokens: int) -> Tokens:
+    """Count the greedy ``max_tokens`` batches of ``lengths`` whose peak crosses the line."""
     if max_tokens < 1:
         raise ValueError("max_tokens must be at least 1")
     batches = overflowing = unbatchable = 0
     first: int | None = None
+    critical: dict[int, int] = {}  # by the count of a batch
     for count, longest in token_batches(lengths, max_tokens):
         alone = longest > max_tokens
         unbatchable += alone
-        if alone or surface.peak(count, longest) > line_bytes:
+        if count not in critical:
+            critical[count] = memory.critical_length(count)
+        if alone or longest > critical[count]:
             overflowing += 1
             first = batches if first is None else first
         batches += 1
@@ -197,28 +252,31 @@ def by_tokens(lengths: Sequence[int], surface: Surface, line_bytes: float, max_t
         batches=batches,
         overflowing=overflowing,
         unbatchable=unbatchable,
-        longest_length=longest_under_tokens(surface, line_bytes, max_tokens),
+        longest_length=longest_under_tokens(memory, max_tokens),
         first_overflowing_batch=first,
     )
 
 
-def longest_under_tokens(surface: Surface, line_bytes: float, max_tokens: int) -> int:
-    """The longest length ``L`` (at most ``max_tokens``) at which a full batch of ``max_tokens // L``
-    sequences stays at or under ``line_bytes`` (0: none).
+def longest_under_tokens(memory: Memory, max_tokens: int) -> int:
+    """The longest length ``L`` (at most ``max_tokens``) up to which every length survives in a full batch of
+    ``max_tokens // L`` sequences (0: not one token): the length a budget is safe up to.
 
-    The count steps down as ``L`` grows, so the peak is a saw-tooth in ``L``, rising within each run of
-    lengths that share a count. Runs are visited from the longest lengths (count 1) down; the first run
-    whose shortest length fits holds the answer, the longest length of the run the count survives.
+    The count steps down as the length grows, so the peak is a saw-tooth in ``L``, rising within each run of
+    lengths that share a count and falling where the count steps down: a length past the first that fails can
+    fit again (at a budget of 14,080 tokens, 265 tokens in batches of 53 failed where 272 in batches of 51 fit),
+    and the longest length that fits is not one the budget survives up to. Runs are visited from the shortest
+    lengths (count ``max_tokens``) up; the first run with a length that fails holds the answer, the length before
+    it.
     """
-    count = 1
-    while count <= max_tokens:
+    length = 1
+    while length <= max_tokens:
+        count = max_tokens // length
         top = max_tokens // count  # the longest length with this count
-        bottom = max_tokens // (count + 1) + 1  # the shortest
-        survives = min(top, critical_length(surface, count, line_bytes))
-        if survives >= bottom:
-            return survives
-        count = max_tokens // (bottom - 1) if bottom > 1 else max_tokens + 1  # the next run's count
-    return 0
+        survives = memory.critical_length(count)
+        if survives < top:
+            return max(survives, length - 1)
+        length = top + 1
+    return max_tokens
 
 
 @dataclass(frozen=True)
@@ -236,8 +294,7 @@ class Overflow:
 
 def overflow(
     lengths: Sequence[int],
-    surface: Surface,
-    line_bytes: float,
+    memory: Memory,
     *,
     batch_size: int | None,
     max_tokens: int | None,
@@ -247,6 +304,6 @@ def overflow(
         raise ValueError("no lengths")
     return Overflow(
         spread=spread(lengths),
-        padded=None if batch_size is None else padded(lengths, surface, line_bytes, batch_size),
-        tokens=None if max_tokens is None else by_tokens(lengths, surface, line_bytes, max_tokens),
+        padded=None if batch_size is None else padded(lengths, memory, batch_size),
+        tokens=None if max_tokens is None else by_tokens(lengths, memory, max_tokens),
     )

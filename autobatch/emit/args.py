@@ -1,7 +1,8 @@
 """The command line the job runs, with the plan filled in: for a script tuned as it is (pure).
 
 The script's arguments (with the chosen variant's) get the chosen micro-batch in place of ``{batch}`` (or
-``NAME=value`` before the command for ``batch_env``), the accumulation in place of ``{accum}``, and the
+``NAME=value`` before the command for ``batch_env``), the plan's length in place of ``{seq_len}`` (or for
+``seq_len_env``), the accumulation in place of ``{accum}``, and the
 launcher of the plan's world (``python`` for one process, else ``torchrun`` starting the world the global batch is
 planned for, measured as ranks or not). The ``args`` format writes it as a shell file, ``env`` exports it as
 ``AUTOBATCH_COMMAND``: docs/as-is.md ("The answer in the form you run").
@@ -20,14 +21,15 @@ from autobatch.step.as_is import ACCUM_PLACEHOLDER, substitute
 
 def command(result: TuneResult) -> list[str] | None:
     """The plan's command line as words (``NAME=value`` words first), or None for a result whose script
-    did not run as it is. ``AUTOBATCH_BATCH_SIZE``, set in every probe too, is autobatch's own and is not
-    repeated."""
+    did not run as it is. ``AUTOBATCH_BATCH_SIZE`` and ``AUTOBATCH_SEQ_LENGTH``, set in every probe too, are
+    autobatch's own and are not repeated (unless named as ``batch_env`` or ``seq_len_env``)."""
     if result.as_is is None or result.chosen is None:
         return None
     chosen = result.chosen
-    batch_env = result.as_is.get("batch_env")
     env = [f"{name}={value}" for name, value in chosen.environment.items()]  # what the answer holds under
+    batch_env, seq_len_env = result.as_is.get("batch_env"), result.as_is.get("seq_len_env")
     env += [f"{batch_env}={chosen.micro_batch_size}"] if batch_env else []
+    env += [f"{seq_len_env}={chosen.seq_len}"] if seq_len_env and chosen.seq_len is not None else []
     variant = variant_of(chosen.precision)
     extra = (result.as_is.get("variants") or {}).get(variant, []) if variant else []
     given = chosen.accumulation_steps // (chosen.script_accumulation or 1)  # the rest is the script's own

@@ -19,7 +19,7 @@ from autobatch.core.space import ident_of
 from autobatch.core.units import format_bytes
 from autobatch.errors import UsageError
 from autobatch.records.liveness import RESUME_HINT, unfinished
-from autobatch.records.result import Chosen, TuneResult
+from autobatch.records.result import Chosen, TuneResult, nothing_chosen
 from autobatch.settings.levers import neutral
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -79,16 +79,19 @@ def installed_version(distribution: str) -> str | None:
 
 
 def require_chosen(result: TuneResult) -> Chosen:
-    """The chosen configuration, or a UsageError when the tune chose none (or has not finished)."""
+    """The chosen configuration, or a UsageError when the tune chose none (or has not finished): why, and the fix,
+    in the words of the tune's own error (a length at which not one sample fits is fixed by a shorter length, a
+    script run as it is by its own arguments, not by a lighter optimizer)."""
     if result.chosen is None:
         reason = unfinished(result.to_dict())
         if reason is not None:
             raise UsageError(f"no configuration to emit: {reason}", hint=RESUME_HINT)
+        why = nothing_chosen(
+            result, int(result.device.get("budget_bytes") or 0)
+        )  # the tune's own error, again
         raise UsageError(
-            "nothing fits: no configuration to emit",
-            hint="the result has no chosen configuration; allow more memory (--memory, --headroom), "
-            "a lighter optimizer, bf16 or --recompute and tune again (the json and toml formats still "
-            "write the whole result)",
+            f"no configuration to emit: {why.message}",
+            hint=f"{why.hint}; then emit again (the json and toml formats write the whole result as it is)",
         )
     return result.chosen
 

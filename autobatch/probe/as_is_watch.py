@@ -47,7 +47,7 @@ def run_script(
     an outcome the hooks reach inside the script's loop."""
     start = time.perf_counter()
     outcome = ProbeOutcome(kind="fits", batch_size=request.batch_size, budget_bytes=request.budget_bytes)
-    os.environ.update(script.environment(request.batch_size))
+    os.environ.update(script.environment(request.batch_size, request.step.seq_len))
     sys.argv = script.argv(request.batch_size, variant_of(request.step.precision), request.step.seq_len)
     sys.path.insert(0, str(script.path.parent))
     files.install(outcome, script.path)  # from a scratch folder: the user's files stay as they were

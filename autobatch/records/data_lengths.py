@@ -1,7 +1,8 @@
 """The lengths of a data set's sequences, in the order a loader reads them, from what a user has at hand.
 
-A text file (one length per line), JSON Lines (a token-count field, or a list of token ids), or a Hugging
-Face data set saved with ``save_to_disk`` (a column, read through Arrow; ``datasets`` imported only then).
+A text file (one length per line), JSON Lines (a token-count field, or a list of token ids), one JSON array (of
+lengths, token lists or such records: ``json.dump(lengths, f)``), or a Hugging Face data set saved with
+``save_to_disk`` (a column, read through Arrow; ``datasets`` imported only then).
 Every problem names the file, the line or the column, and the fix. The formats: docs/commands.md
 (``lengths``). Nothing here imports torch.
 """
@@ -27,7 +28,7 @@ SHOWN = 5
 
 @dataclass(frozen=True)
 class DataLengths:
-    """The lengths read, and where from: ``source`` has ``path``, ``format`` ("text" | "jsonl" |
+    """The lengths read, and where from: ``source`` has ``path``, ``format`` ("text" | "jsonl" | "json" |
     "datasets") and, by format, the ``field``, or the ``column`` and ``split``."""
 
     lengths: list[int]
@@ -42,7 +43,8 @@ class DataLengths:
 
 
 def read_lengths(path: str | Path, *, field: str | None = None, column: str | None = None) -> DataLengths:
-    """The lengths in ``path``: a saved data set when it is a folder, JSON Lines, or one length a line."""
+    """The lengths in ``path``: a saved data set when it is a folder, one JSON array, JSON Lines, or one length a
+    line."""
     path = Path(path)
     if not path.exists():
         raise UsageError(
@@ -53,7 +55,12 @@ def read_lengths(path: str | Path, *, field: str | None = None, column: str | No
         _refuse(field, "--field", "a JSON Lines file", "--column")
         return read_dataset(path, column or COLUMN)
     _refuse(column, "--column", "a data set saved with save_to_disk (a folder)", "--field")
-    if path.suffix.lower() in JSONL_SUFFIXES or _first_line(path).startswith("{"):
+    first = _first_line(path)
+    if first.startswith("["):
+        array = _json_array(path)
+        if array is not None:
+            return read_array(path, array, field)
+    if path.suffix.lower() in JSONL_SUFFIXES or first.startswith("{"):
         return read_jsonl(path, field)
     _refuse(field, "--field", "a JSON Lines file", None)
     return read_text(path)
@@ -87,23 +94,25 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
 
 
 class _Problems:
-    """Bad lines, collected: the first few are shown, all are counted."""
+    """Bad lines (or items of an array), collected: the first few are shown, all are counted."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, unit: str = "line") -> None:
         self.path = path
+        self.unit = unit
         self.shown: list[str] = []
         self.count = 0
 
     def add(self, number: int, problem: str) -> None:
         self.count += 1
         if len(self.shown) < SHOWN:
-            self.shown.append(f"line {number}: {problem}")
+            self.shown.append(f"{self.unit} {number}: {problem}")
 
     def raise_any(self, hint: str) -> None:
         if self.count:
             more = f"\n  ... and {self.count - len(self.shown)} more" if self.count > len(self.shown) else ""
             raise UsageError(
-                f"{self.count} bad line(s) in {self.path}:\n  " + "\n  ".join(self.shown) + more, hint=hint
+                f"{self.count} bad {self.unit}(s) in {self.path}:\n  " + "\n  ".join(self.shown) + more,
+                hint=hint,
             )
 
 
@@ -154,13 +163,61 @@ def read_jsonl(path: Path, field: str | None) -> DataLengths:
     return DataLengths(lengths, {"path": str(path), "format": "jsonl", "field": field})
 
 
-def _default_field(path: Path, number: int, record: dict[str, Any]) -> str:
+def _json_array(path: Path) -> list[Any] | None:
+    """The file as one JSON array, or None when it is JSON Lines (values on lines of their own: ``[1, 2]`` then
+    ``[3]``), which :func:`read_jsonl` reads and names line by line."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from None
+    except UnicodeDecodeError:
+        return None  # named by _lines, as for any file
+    try:
+        loaded = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # a value and more after it: JSON Lines
+            return None
+        raise UsageError(
+            f"{path} starts as a JSON array and is not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
+            hint="write the lengths as one JSON array ([512, 1024, 300]), as JSON Lines, or one a line",
+        ) from None
+    return loaded if isinstance(loaded, list) else None
+
+
+def read_array(path: Path, items: list[Any], field: str | None) -> DataLengths:
+    """One JSON array: of lengths (``[512, 1024, 300]``), of token lists, or of records with a token-count field
+    (``field``, or the first of :data:`FIELDS`), as ``json.dump`` writes a list."""
+    if field is not None and not any(isinstance(item, dict) for item in items):
+        _refuse(field, "--field", "records (JSON objects with a token-count field)", None)
+    lengths: list[int] = []
+    problems = _Problems(path, "item")
+    for number, item in enumerate(items, 1):
+        if isinstance(item, dict):
+            field = field or _default_field(path, number, item, "item")
+            found = _count(item.get(field), field in item)
+            found = f"{field}: {found}" if isinstance(found, str) else found
+        else:
+            found = _count(item, True)
+        if isinstance(found, str):
+            problems.add(number, found)
+        else:
+            lengths.append(found)
+    problems.raise_any(
+        "each item is a length (a whole number of tokens >= 0), a list of tokens, or an object with the token count "
+        "under --field NAME"
+    )
+    if not lengths:
+        raise _empty(path)
+    return DataLengths(lengths, {"path": str(path), "format": "json", **({"field": field} if field else {})})
+
+
+def _default_field(path: Path, number: int, record: dict[str, Any], unit: str = "line") -> str:
     for name in FIELDS:
         if name in record:
             return name
     keys = ", ".join(list(record)[:10]) or "none"
     raise UsageError(
-        f"{path} line {number} has none of the fields {', '.join(FIELDS)} (its fields: {keys})",
+        f"{path} {unit} {number} has none of the fields {', '.join(FIELDS)} (its fields: {keys})",
         hint="name the field that holds the token count or the token list with --field NAME",
     )
 

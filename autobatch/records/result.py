@@ -375,6 +375,13 @@ def limited_failure(result: TuneResult, door: Door = "cli") -> ProbeFailure | No
     )
 
 
+def nothing_chosen(result: TuneResult, budget_bytes: int, door: Door = "cli") -> AutobatchError:
+    """The error of a finished tune that chose nothing: its maxima limited by crashes or timeouts
+    (:func:`limited_failure`), else why nothing fits (:func:`nothing_fits`). The tune raises it, and ``emit`` and
+    ``lengths`` say it again of the result it wrote."""
+    return limited_failure(result, door) or nothing_fits(result, budget_bytes, door)
+
+
 #: How the tuner skips a combination that recomputes a model without repeated blocks.
 NO_BLOCKS = "no repeated blocks to recompute"
 

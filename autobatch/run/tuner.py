@@ -39,8 +39,7 @@ from autobatch.records.result import (
     ComboResult,
     ProbeRecord,
     TuneResult,
-    limited_failure,
-    nothing_fits,
+    nothing_chosen,
 )
 from autobatch.records.version import __version__
 from autobatch.run import levels
@@ -118,6 +117,8 @@ class Tuner:
             }
         if session.as_is:  # the plan's command line is filled in from it (autobatch.emit.args)
             self.result.as_is = {k: session.spec.options.get(k) for k in ("batch_env", "variants")}
+            if session.spec.options.get("seq_len_env"):  # the plan's length reaches the job by it too
+                self.result.as_is["seq_len_env"] = session.spec.options["seq_len_env"]
         self.lengths: LengthSearch | None = None
         if options.plan_seq_len is not None:
             line = device.budget_bytes - device.margin_bytes
@@ -165,12 +166,8 @@ class Tuner:
             self.result.notes.append(note)
         self.result.status = "complete"
         self._update()
-        door = self.session.settings.door
-        failure = limited_failure(self.result, door)
-        if self.result.chosen is None and failure is not None:
-            raise failure
         if self.result.chosen is None:
-            raise nothing_fits(self.result, device.budget_bytes, door)
+            raise nothing_chosen(self.result, device.budget_bytes, self.session.settings.door)
         return self.result
 
     # -- per combination ------------------------------------------------------------------------

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from autobatch.core.lengths import Surface
-from autobatch.core.overflow import Overflow, overflow
+from autobatch.core.overflow import Measured, Memory, Overflow, overflow
 from autobatch.core.space import ident_of
 from autobatch.errors import UsageError
 from autobatch.records.data_lengths import DataLengths, read_lengths
 from autobatch.records.liveness import unfinished
+
+if TYPE_CHECKING:
+    from autobatch.records.result import ComboResult
 
 Batching = Literal["both", "padding", "tokens"]
 FIX = "autobatch tune SCRIPT --seq-len A --seq-len B (two lengths or more, the longest the job will see among them)"
@@ -26,7 +29,8 @@ FIX = "autobatch tune SCRIPT --seq-len A --seq-len B (two lengths or more, the l
 
 @dataclass(frozen=True)
 class Plan:
-    """What a result says about lengths: the chosen combination, its surface and budget, the line."""
+    """What a result says about lengths: the chosen combination, its surface and budget, the line, and what its
+    probes measured at each searched length."""
 
     combination: dict[str, Any]  # key, precision, optimizer, recompute, recompute_level, compile
     micro_batch_size: int
@@ -35,6 +39,7 @@ class Plan:
     line_bytes: int
     plan_seq_len: int
     seq_lens: list[int]
+    measured: tuple[Measured, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class LengthsReport:
     max_tokens_from: str | None  # "token_budget" | "--max-tokens" | None (no budget)
     overflow: Overflow
     notes: list[str] = field(default_factory=list)
+    raised_bytes: float = (
+        0.0  # the surface raised to pass at or over every peak measured (core.overflow.Memory)
+    )
 
     def to_dict(self) -> dict[str, Any]:
         spread, padded, tokens = self.overflow.spread, self.overflow.padded, self.overflow.tokens
@@ -63,7 +71,7 @@ class LengthsReport:
             "plan_seq_len": self.plan.plan_seq_len,
             "seq_lens": self.plan.seq_lens,
             "line_bytes": self.plan.line_bytes,
-            "surface": self.plan.surface.to_dict(),
+            "surface": {**self.plan.surface.to_dict(), "raised_bytes": round(self.raised_bytes)},
             "distribution": {
                 **spread.to_dict(),
                 "longer_than_plan": sum(1 for n in lengths if n > self.plan.plan_seq_len),
@@ -79,7 +87,7 @@ class LengthsReport:
 def read_plan(result: str | Path) -> Plan:
     """The chosen combination of a result tuned over lengths, with its surface (a usage error, naming the fix,
     for a result without lengths, without a choice, or with a surface fitted from one length)."""
-    from autobatch.records.result import TuneResult
+    from autobatch.records.result import TuneResult, nothing_chosen
 
     loaded = TuneResult.load(result)
     if loaded.chosen is None:
@@ -90,10 +98,11 @@ def read_plan(result: str | Path) -> Plan:
                 hint="run the same `autobatch tune` again (once what a failed one reported is fixed; a live one: wait "
                 "for it): it resumes from the probes it already measured",
             )
+        failure = nothing_chosen(
+            loaded, int(loaded.device.get("budget_bytes") or 0)
+        )  # the tune's own error, again
         raise UsageError(
-            f"{result} has no chosen combination: nothing fits, not even one sample (the tune said why)",
-            hint="tune at the lengths the job can train at (a shorter --seq-len), or with more --memory, "
-            "then count again",
+            f"{result} has no chosen combination: {failure.message}", hint=f"{failure.hint}; then count again"
         )
     if loaded.lengths is None:
         raise UsageError(f"{result} was tuned without sequence lengths: it has no memory surface", hint=FIX)
@@ -133,6 +142,21 @@ def read_plan(result: str | Path) -> Plan:
         line_bytes=table.line_bytes,
         plan_seq_len=table.plan_seq_len,
         seq_lens=sorted(table.seq_lens),
+        measured=tuple(
+            _measured(r)
+            for r in table.maxima
+            if r.seq_len and ident_of(r) == ident and r.status != "predicted"
+        ),
+    )
+
+
+def _measured(entry: ComboResult) -> Measured:
+    """What the probes of one searched length found: its maximum (with the peak there) and the smallest batch
+    that ran out of memory (a crash or a timeout says nothing about memory)."""
+    fits = entry.max_batch_size if entry.answered else None
+    oom = [probe.batch_size for probe in entry.trace if probe.kind == "oom"]
+    return Measured(
+        int(entry.seq_len or 0), fits or 0, entry.peak_bytes if fits else None, min(oom, default=None)
     )
 
 
@@ -173,10 +197,10 @@ def overflow_report(
     notes = []
     if batching != "padding" and tokens is None:
         notes.append("no token budget in the result (no length was measured): give --max-tokens T")
+    memory = Memory.of(plan.surface, plan.line_bytes, plan.measured)
     found = overflow(
         read.lengths,
-        plan.surface,
-        plan.line_bytes,
+        memory,
         batch_size=batch if batching != "tokens" else None,
         max_tokens=tokens if batching != "padding" else None,
     )
@@ -197,4 +221,5 @@ def overflow_report(
         max_tokens_from=tokens_from,
         overflow=found,
         notes=notes,
+        raised_bytes=memory.raised_bytes,
     )

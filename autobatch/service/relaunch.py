@@ -32,7 +32,7 @@ from autobatch.errors import AutobatchError, GuardError, JobOutOfMemory, UsageEr
 from autobatch.records.result import Chosen, TuneResult
 from autobatch.service.hooks import Hooks
 from autobatch.service.tune import tune, tune_request
-from autobatch.step.as_is import ACCUM_PLACEHOLDER, BATCH_ENV, has_placeholder
+from autobatch.step.as_is import ACCUM_PLACEHOLDER, has_placeholder, variables
 from autobatch.supervise.job import PEAK_HOW, JobOutcome, JobSpec, launch
 
 if TYPE_CHECKING:
@@ -216,7 +216,9 @@ def job_spec(result: TuneResult, resume: tuple[str, ...], cap: int | None, devic
     while words and "=" in words[0] and not words[0].startswith("-"):
         name, _, value = words.pop(0).partition("=")
         env[name] = value
-    env[BATCH_ENV] = str(result.chosen.micro_batch_size)
+    env.update(
+        variables(result.chosen.micro_batch_size, None, result.chosen.seq_len)
+    )  # autobatch's own, as in a probe
     launcher = words.pop(0)
     runner = [sys.executable] if launcher == "python" else [sys.executable, "-m", "torch.distributed.run"]
     while words and words[0].startswith("--") and launcher != "python":

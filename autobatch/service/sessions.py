@@ -80,28 +80,48 @@ def open_session(
     return Session(settings, spec=spec, target=target, wiring=wiring, refresh=refresh, op_modules=op_modules)
 
 
+def _length_way(settings: Settings, spec: ScriptSpec) -> None:
+    """Refuse lengths that cannot reach a script run as it is (every length would run the same shape), and a
+    ``seq_len_env`` that no length would set."""
+    from autobatch.settings.levers import lever
+    from autobatch.step.as_is import SEQ_LEN_ENV, takes_length
+
+    door, script = settings.door, settings.script
+    lengths = settings.search.seq_lens or settings.plan.seq_len
+    if spec.kind == "as_is" and lengths and not takes_length(script.script_args, script.seq_len_env):
+        raise UsageError(
+            f"sequence lengths were asked for ({lever(door, 'seq_lens')}), and nothing passes them to the script, "
+            "which runs as it is: no {seq_len} in its arguments, no "
+            f"{lever(door, 'seq_len_env')}; every length would run the same shape",
+            hint="put {seq_len} where the script takes its length (`autobatch tune train.py --seq-len 512 -- "
+            "--batch-size {batch} --max-len {seq_len}`), or name the environment variable it reads its length "
+            f"from: {lever(door, 'seq_len_env', 'SEQ_LEN')} ({SEQ_LEN_ENV} is always set to each probe's length)",
+        )
+    if script.seq_len_env and spec.kind != "as_is":
+        raise UsageError(
+            f"{lever(door, 'seq_len_env')} names how a length reaches a script run as it is, and this one is not "
+            "(it defines autobatch's functions, or is a model)",
+            hint=f"drop {lever(door, 'seq_len_env')}: make_batch(batch_size, seq_len) takes each probe's length",
+        )
+    if script.seq_len_env and not lengths:
+        raise UsageError(
+            f"{lever(door, 'seq_len_env', script.seq_len_env)} names how a tuned length reaches the script, and no "
+            "length is tuned",
+            hint=f"tune the job's lengths ({lever(door, 'seq_lens', [512, 2048])}), or drop "
+            f"{lever(door, 'seq_len_env')}",
+        )
+
+
 def script_strategy(settings: Settings, spec: ScriptSpec | None) -> Settings:
     """The settings a run measures: a script run as it is on ``nproc_per_node`` ranks joins its process
     group itself, so the strategy is its own; without ``--strategy`` the plan names it ``ddp`` (say
     ``--strategy fsdp`` for a script that shards), and its world is the ranks' (:func:`planned_world`)."""
     from dataclasses import replace
 
-    from autobatch.step.as_is import SEQ_LEN_PLACEHOLDER
     from autobatch.step.spec import spec_from_settings
 
     dist, spec = settings.distributed, spec or spec_from_settings(settings)
-    lengths = settings.search.seq_lens or settings.plan.seq_len
-    if (
-        spec.kind == "as_is"
-        and lengths
-        and not any(SEQ_LEN_PLACEHOLDER in a for a in settings.script.script_args)
-    ):
-        raise UsageError(
-            "sequence lengths were asked for (--seq-len), and the script runs as it is with no {seq_len} in its "
-            "arguments: every length would run the same shape",
-            hint="put {seq_len} where the script takes its length, e.g. "
-            "`autobatch tune train.py --seq-len 512 -- --batch-size {batch} --max-len {seq_len}`",
-        )
+    _length_way(settings, spec)
     if dist.strategy != "none" or dist.nproc_per_node < 2 or spec.kind != "as_is":
         return settings
     return replace(settings, distributed=replace(dist, strategy="ddp"))

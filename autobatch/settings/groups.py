@@ -76,6 +76,10 @@ class ScriptSettings:
     )  # fmt: skip
     batch_env: Optional[str] = setting(None, "str", "an environment variable name", "For a script run as it "
         "is: the variable it reads its batch size from.", optional=True, example="BATCH_SIZE")  # fmt: skip
+    seq_len_env: Optional[str] = setting(None, "str", "an environment variable name", "For a script run as it "
+        "is, tuned over sequence lengths: the variable it reads its length from (AUTOBATCH_SEQ_LENGTH is always "
+        "set), for a length kept in a config file and overridden from the environment.", optional=True,
+        example="SEQ_LEN")  # fmt: skip
     variants: tuple[str, ...] = setting((), "strs", "a list of NAME=ARGS", "For a script run as it is: "
         "variants searched beside it, each NAME=ARGS (ARGS, split as a shell splits them, after script_args).",
         flag="--variant", example=["bf16=--bf16"])  # fmt: skip

@@ -3,9 +3,11 @@
 A script that defines ``build_model`` and ``make_batch`` is a three-function script (autobatch owns its
 step); any other is run as it is, as ``__main__``, when the command line says how the probe's micro-batch
 reaches it: a ``{batch}`` placeholder in the arguments after ``--`` (replaced by the batch size), or
-``batch_env`` (an environment variable the script reads; ``AUTOBATCH_BATCH_SIZE`` is always set). Which
-one a script is, is read from its source, never by running it (:func:`defines_contract`), because running
-an as-is script runs its training loop. The probe itself lives in :mod:`autobatch.probe.as_is`.
+``batch_env`` (an environment variable the script reads; ``AUTOBATCH_BATCH_SIZE`` is always set). A tuned
+length reaches it the same two ways: ``{seq_len}``, or ``seq_len_env`` (``AUTOBATCH_SEQ_LENGTH`` is always set),
+for a script that reads its length from a config file and lets the environment override it. Which one a
+script is, is read from its source, never by running it (:func:`defines_contract`), because running an as-is
+script runs its training loop. The probe itself lives in :mod:`autobatch.probe.as_is`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ ACCUM_PLACEHOLDER = "{accum}"
 BATCH_ENV = "AUTOBATCH_BATCH_SIZE"
 #: The placeholder a probe's sequence length (``--seq-len``) replaces, and the plan's in the job's command line.
 SEQ_LEN_PLACEHOLDER = "{seq_len}"
+#: Always set in an as-is probe's environment to the probe's sequence length, when lengths are tuned. Not
+#: ``AUTOBATCH_SEQ_LEN``: that is the setting of the plan's length (``[plan] seq_len``), which autobatch reads.
+SEQ_LEN_ENV = "AUTOBATCH_SEQ_LENGTH"
 #: The names whose top-level definition makes a script a three-function one (compute_loss may be the
 #: model's own, for Hugging Face models: see autobatch.step.contract.user_script).
 CONTRACT_NAMES = ("build_model", "make_batch")
@@ -46,18 +51,21 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 @dataclass(frozen=True)
 class AsIsScript:
     """What an as-is probe runs: the script's path, its arguments (placeholders unreplaced), and the
-    environment variable that carries the batch (None: only ``AUTOBATCH_BATCH_SIZE``)."""
+    environment variables that carry the batch and the length (None: only ``AUTOBATCH_BATCH_SIZE`` and
+    ``AUTOBATCH_SEQ_LENGTH``)."""
 
     path: Path
     args: tuple[str, ...] = ()
     batch_env: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    seq_len_env: str | None = None
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], args: Sequence[str]) -> AsIsScript:
         """The script an ``as_is`` spec record names (as the probe server's init message carries it)."""
         options = dict(spec.get("options") or {})
-        return cls(Path(str(spec["target"])).resolve(), tuple(args), options.get("batch_env"), options)
+        path = Path(str(spec["target"])).resolve()
+        return cls(path, tuple(args), options.get("batch_env"), options, options.get("seq_len_env"))
 
     def argv(self, batch_size: int, variant: str | None = None, seq_len: int | None = None) -> list[str]:
         """``sys.argv`` of a probe at ``batch_size``: the path, then the arguments (and the ``variant``'s)
@@ -65,12 +73,24 @@ class AsIsScript:
         extra = (self.options.get("variants") or {}).get(variant, []) if variant else []
         return [str(self.path), *substitute([*self.args, *extra], batch_size, seq_len=seq_len)]
 
-    def environment(self, batch_size: int) -> dict[str, str]:
-        """The variables that carry the batch size into the script."""
-        env = {BATCH_ENV: str(batch_size)}
-        if self.batch_env:
-            env[self.batch_env] = str(batch_size)
-        return env
+    def environment(self, batch_size: int, seq_len: int | None = None) -> dict[str, str]:
+        """The variables that carry the batch size (and, given one, the length) into the script."""
+        return variables(batch_size, self.batch_env, seq_len, self.seq_len_env)
+
+
+def variables(
+    batch_size: int, batch_env: str | None, seq_len: int | None = None, seq_len_env: str | None = None
+) -> dict[str, str]:
+    """The environment a script run as it is gets its batch size and length from: autobatch's own variables and
+    the script's (``batch_env``, ``seq_len_env``); a length only where one is tuned. A probe's, or the job's."""
+    env = {BATCH_ENV: str(batch_size)}
+    if batch_env:
+        env[batch_env] = str(batch_size)
+    if seq_len is not None:
+        env[SEQ_LEN_ENV] = str(seq_len)
+        if seq_len_env:
+            env[seq_len_env] = str(seq_len)
+    return env
 
 
 def not_measured_by(command: str, how: str) -> UsageError:
@@ -181,12 +201,18 @@ def has_placeholder(args: Sequence[str]) -> bool:
     return any(PLACEHOLDER in arg for arg in args)
 
 
-def check_batch_env(name: str | None) -> None:
+def check_env_name(name: str | None, flag: str, what: str, example: str) -> None:
+    """``--batch-env`` or ``--seq-len-env`` (``flag``) given an environment variable's name, else a usage error."""
     if name is not None and not _ENV_NAME.match(name):
         raise UsageError(
-            f"--batch-env {name!r} is not an environment variable name",
-            hint="name the variable your script reads the batch size from, for example --batch-env BATCH_SIZE",
+            f"{flag} {name!r} is not an environment variable name",
+            hint=f"name the variable your script reads the {what} from, for example {flag} {example}",
         )
+
+
+def takes_length(args: Sequence[str], seq_len_env: str | None) -> bool:
+    """Whether a length has a way into a script run as it is: ``{seq_len}`` in its arguments, or ``seq_len_env``."""
+    return any(SEQ_LEN_PLACEHOLDER in arg for arg in args) or bool(seq_len_env)
 
 
 def top_level_names(source: str) -> set[str] | None:

@@ -176,13 +176,20 @@ def hf_config_file(target: str | Path) -> Path:
     return found
 
 
-def _file_spec(script: str, args: Any, batch_env: str | None, variants: Sequence[str] = ()) -> ScriptSpec:
+def _file_spec(
+    script: str,
+    args: Any,
+    batch_env: str | None,
+    variants: Sequence[str] = (),
+    seq_len_env: str | None = None,
+) -> ScriptSpec:
     """A script file: three functions, or run as it is (:func:`autobatch.step.as_is.is_as_is`, read from its
     source); a file that is not there is reported by :meth:`ScriptSpec.check`, one that is neither by the
     probe server's check (:func:`autobatch.step.contract.load_script`)."""
-    from autobatch.step.as_is import check_batch_env, is_as_is, parse_variants, variants_need_as_is
+    from autobatch.step.as_is import check_env_name, is_as_is, parse_variants, variants_need_as_is
 
-    check_batch_env(batch_env)
+    check_env_name(batch_env, "--batch-env", "batch size", "BATCH_SIZE")
+    check_env_name(seq_len_env, "--seq-len-env", "sequence length", "SEQ_LEN")
     named = parse_variants(variants)
     try:
         source = Path(script).read_text(errors="replace")
@@ -192,6 +199,8 @@ def _file_spec(script: str, args: Any, batch_env: str | None, variants: Sequence
         options: dict[str, Any] = {"batch_env": batch_env}
         if named:
             options["variants"] = named
+        if seq_len_env:
+            options["seq_len_env"] = seq_len_env
         return ScriptSpec("as_is", script, options, label=script)
     if named:
         raise variants_need_as_is()
@@ -265,7 +274,11 @@ def _spec_for(source: str, values: Mapping[str, Any], cwd: Path) -> ScriptSpec:
         if is_reference(script) and not Path(script).exists():
             return ScriptSpec("reference", script, sys_path=(str(cwd),))
         return _file_spec(
-            script, values.get("script_args") or (), values.get("batch_env"), values.get("variants") or ()
+            script,
+            values.get("script_args") or (),
+            values.get("batch_env"),
+            values.get("variants") or (),
+            values.get("seq_len_env"),
         )
     if source == "hf":
         options = {"task": values.get("hf_task"), "seq_len": values.get("seq_len")}
@@ -295,6 +308,7 @@ def spec_from_settings(settings: Settings) -> ScriptSpec:
         "script",
         "script_args",
         "batch_env",
+        "seq_len_env",
         "variants",
         "hf",
         "hf_task",

@@ -16,10 +16,10 @@ from math import comb
 from pathlib import Path
 
 import pytest
-from support import ROOT, run_main
+from support import ROOT, run_cli, run_main
 
 from autobatch.errors import EXIT_OOM, EXIT_USAGE
-from autobatch.records.result import Chosen, ComboResult, Lengths, TuneResult
+from autobatch.records.result import Chosen, ComboResult, Lengths, ProbeRecord, TuneResult
 
 GiB = 1 << 30
 A, B, C = 2 * GiB, 40_000.0, 20.0  # bytes static, per token, per pair of tokens
@@ -142,8 +142,10 @@ def test_the_token_budget_counts_greedy_batches(files: tuple[Path, list[int]]) -
     over = [i for i, (count, longest) in enumerate(doubled) if peak(count, longest) > LINE]
     assert report["tokens"]["overflowing"] == len(over) and over
     assert report["tokens"]["first_overflowing_batch"] == over[0]
-    fits = [n for n in range(1, 2 * TOKEN_BUDGET + 1) if peak(max(2 * TOKEN_BUDGET // n, 1), n) <= LINE]
-    assert report["tokens"]["longest_length"] == max(fits)
+    # every length up to it survives in a full batch; the saw-tooth of the count fits again past it (at 1,162)
+    fails = [n for n in range(1, 2 * TOKEN_BUDGET + 1) if peak(2 * TOKEN_BUDGET // n, n) > LINE]
+    longest_fit = max(n for n in range(1, 2 * TOKEN_BUDGET + 1) if peak(2 * TOKEN_BUDGET // n, n) <= LINE)
+    assert report["tokens"]["longest_length"] == fails[0] - 1 < longest_fit
 
 
 def test_a_sequence_longer_than_the_budget_cannot_be_batched(files: tuple[Path, list[int]]) -> None:
@@ -207,6 +209,85 @@ def test_bad_lines_are_named(files: tuple[Path, list[int]], tmp_path: Path) -> N
     assert code == EXIT_USAGE and "holds no lengths" in err
     code, _, err = lengths("missing.txt")
     assert code == EXIT_USAGE and "no file or folder at missing.txt" in err
+
+
+def test_a_json_array_gives_the_same_answer(files: tuple[Path, list[int]], tmp_path: Path) -> None:
+    """A list of lengths saved as Python saves one (``json.dump(lengths, f)``, on one line or indented), or a list
+    of records: each was refused line by line ("expected a JSON object, found list", or "not JSON" for the "[" of
+    an indented one). A JSON array that is not JSON is named as one, with where it breaks."""
+    path, data = files
+    (tmp_path / "lengths.json").write_text(json.dumps(data))
+    (tmp_path / "indented.txt").write_text(json.dumps(data, indent=2))
+    (tmp_path / "records.json").write_text(json.dumps([{"text": "x", "num_tokens": n} for n in data]))
+    (tmp_path / "cut.json").write_text(json.dumps(data)[:30])
+    text = run_cli("lengths", str(path), "--json", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    expected = {k: v for k, v in json.loads(text.stdout).items() if k != "data"}
+    for name, source in (
+        ("lengths.json", {"format": "json"}),
+        ("indented.txt", {"format": "json"}),
+        ("records.json", {"format": "json", "field": "num_tokens"}),
+    ):
+        proc = run_cli("lengths", name, "--json", cwd=tmp_path)
+        assert proc.returncode == 0, (name, proc.stderr)
+        report = json.loads(proc.stdout)
+        assert report.pop("data") == {"path": name, **source} and report == expected, name
+    proc = run_cli("lengths", "cut.json", cwd=tmp_path)
+    assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        "cut.json starts as a JSON array and is not JSON" in proc.stderr and "[512, 1024, 300]" in proc.stderr
+    )
+
+
+#: A real tune's figures: examples/transformer_lengths.py (eager attention, width 32, depth 2) under 512 MiB on
+#: the CPU device, 32-true/adamw at 64, 128 and 256 tokens: per length the maximum, its peak and the batch above it
+#: that ran out of memory; the fitted surface, the line, the token budget.
+TUNED = {64: (299, 479_526_912), 128: (133, 479_010_816), 256: (55, 480_002_048)}
+TUNED_SURFACE = {"intercept_bytes": 317_042_005, "bytes_per_token": 7571.299,
+                 "bytes_per_token_squared": 15.242923, "fitted_from": [64, 128, 256]}  # fmt: skip
+TUNED_LINE = 480_038_092
+
+
+def write_tuned(path: Path) -> Path:
+    maxima = [
+        ComboResult("32-true", "adamw", False, status="exact", max_batch_size=top, peak_bytes=peak_bytes,
+                    seq_len=seq_len, recompute_level="off", trace=[ProbeRecord(top, "fits", peak_bytes),
+                                                                   ProbeRecord(top + 1, "oom", TUNED_LINE + 1)])
+        for seq_len, (top, peak_bytes) in TUNED.items()
+    ]  # fmt: skip
+    entry = {"precision": "32-true", "optimizer": "adamw", "recompute": False, "recompute_level": "off",
+             "surface": TUNED_SURFACE, "fit_error": 0.0067, "token_budget": 14_080}  # fmt: skip
+    result = TuneResult(
+        script="transformer_lengths.py",
+        script_args=[],
+        device={"type": "cpu", "name": "cpu", "budget_bytes": 483_183_820},
+        objective="throughput",
+        combinations=[maxima[-1]],
+        chosen=Chosen("32-true", "adamw", False, 55, 1, 1, 55, seq_len=256),
+        lengths=Lengths([64, 128, 256], 256, TUNED_LINE, maxima=maxima, surfaces=[entry]),
+    )
+    path.write_text(result.to_json())
+    return path
+
+
+def test_the_plans_batch_survives_the_plans_length_and_not_a_token_more(tmp_path: Path) -> None:
+    """The plan's micro-batch is the maximum at the plan's length, whose peak left 36 KB under the line; a token
+    more costs batch 55 about 0.8 MiB. The least-squares surface passes 1.4 MB under that peak, and ``lengths``
+    read the longest length batch 55 survives as 257 tokens, past the plan's 256, and counted a batch of 257
+    tokens as fitting; it said a full token budget "survives up to 272 tokens a sequence", where 265 (in batches
+    of 53) crosses the surface's own line."""
+    write_tuned(tmp_path / "tuned.json")
+    (tmp_path / "data.txt").write_text("\n".join(["257"] * 55 + ["256"] * 55) + "\n")
+    proc = run_cli("lengths", "data.txt", "--result", "tuned.json", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    padding, tokens = report["padding"], report["tokens"]
+    assert padding["batch_size"] == 55 and padding["longest_length"] == 256, padding
+    assert (padding["overflowing"], padding["first_overflowing_batch"]) == (1, 0), padding
+    assert report["surface"]["raised_bytes"] > 0 and report["overflows"]
+    assert tokens["max_tokens"] == 14_080 and 256 <= tokens["longest_length"] < 265, tokens
+    assert "the longest length batch 55 survives is 256 tokens" in proc.stderr, proc.stderr
+    assert f"survives every length up to {tokens['longest_length']} tokens a sequence" in proc.stderr
 
 
 def test_a_result_without_lengths_or_with_one_length_names_the_fix(

@@ -109,16 +109,24 @@ def test_a_length_at_which_no_sample_fits_adds_nothing_to_the_surface(tmp_path: 
     assert "not one sample fits at 4096 tokens" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_lengths_on_a_tune_where_nothing_fits_says_so(tmp_path: Path) -> None:
+def test_lengths_and_emit_on_a_tune_where_nothing_fits_say_why(tmp_path: Path) -> None:
     """Planned at 4,096 tokens, where not one sample fits, the tune exits 4 and its result chooses nothing:
-    ``lengths`` said to let the tune finish, which it had."""
+    ``lengths`` said to let the tune finish, which it had; ``emit`` said to try bf16, a lighter optimizer or
+    recomputation, where the tune itself had said that static memory leaves room and the length does not. Both
+    now say what the tune said."""
     out = tmp_path / "none.json"
     proc = far_tune(tmp_path, out)
     assert proc.returncode == 4, proc.stderr
+    why = "no combination fits one sample of 4,096 tokens"
+    assert why in proc.stderr and "a shorter --seq-len" in proc.stderr, proc.stderr
     (tmp_path / "lengths.txt").write_text("8\n" * 100)
     proc = run_cli("lengths", "lengths.txt", "--result", str(out), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert "nothing fits" in proc.stderr and "finish" not in proc.stderr, proc.stderr
+    assert why in proc.stderr and "finish" not in proc.stderr, proc.stderr
+    proc = run_cli("emit", str(out), "--format", "env", cwd=tmp_path)
+    assert proc.returncode == 2 and "no configuration to emit" in proc.stderr, proc.stderr
+    assert why in proc.stderr and "a shorter --seq-len" in proc.stderr, proc.stderr
+    assert "lighter optimizer" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def far_tune(tmp_path: Path, out: Path, *more: str) -> subprocess.CompletedProcess[str]:
@@ -142,3 +150,32 @@ def test_batches_that_never_reach_the_length_are_named(tmp_path: Path) -> None:
     warning = "the memory per sample hardly moved with the length"
     assert warning in proc.stderr and "may never have reached 512 tokens" in proc.stderr, proc.stderr
     assert any(warning in note for note in json.loads(out.read_text())["notes"])
+
+
+def test_a_script_that_reads_its_length_from_a_config_and_the_environment(tmp_path: Path) -> None:
+    """A script whose length lives in its YAML config, overridden from the environment (SEQ_LEN), takes no
+    {seq_len}: the length had no way in, and `--seq-len` was refused. Named by --seq-len-env, each probe's length
+    reaches it (more samples fit at 64 tokens than at 256), and the job's command line carries the plan's."""
+    config = {"seq_len": 128, "batch_size": 8, "vocab": 256, "width": 32, "heads": 2, "depth": 2, "lr": 3e-4,
+              "steps": 1000}  # fmt: skip
+    (tmp_path / "config.yaml").write_text("".join(f"{key}: {value}\n" for key, value in config.items()))
+    out = tmp_path / "r.json"
+    proc = run_cli(
+        "tune", str(SCRIPTS / "as_is" / "config_seq_len.py"), "--device", "cpu", "--memory", "512MiB",
+        "--seq-len", "64", "--seq-len", "256", "--seq-len-env", "SEQ_LEN", "--batch-env", "BATCH_SIZE",
+        "--confirm-steps", STEPS, "--no-cache", "--output", str(out), "--emit", "args=job.sh", "--",
+        "--config", "config.yaml", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "hardly moved with the length" not in proc.stderr, proc.stderr
+    result = json.loads(out.read_text())
+    maxima = {
+        row["seq_len"]: row["max_batch_size"]
+        for row in result["lengths"]["maxima"]
+        if row["status"] == "exact"
+    }
+    assert set(maxima) == {64, 256} and maxima[64] > 2 * maxima[256], maxima
+    assert result["as_is"]["seq_len_env"] == "SEQ_LEN"
+    micro = result["chosen"]["micro_batch_size"]
+    line = (tmp_path / "job.sh").read_text().splitlines()[-1]
+    assert line.startswith(f"BATCH_SIZE={micro} SEQ_LEN=256 python "), line

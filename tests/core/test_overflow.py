@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from autobatch.core.lengths import Surface
 from autobatch.core.overflow import (
+    Measured,
+    Memory,
     by_tokens,
     critical_length,
     longest_under_tokens,
@@ -26,12 +28,13 @@ from autobatch.core.overflow import (
 # peak(B, L) = 100 + B·L bytes against a line of 200: B sequences fit up to 100 // B tokens
 LINEAR = Surface(100.0, 1.0, 0.0, (10, 20))
 LINE = 200
+MEMORY = Memory(LINEAR, LINE)
 DATA = [10, 20, 60, 30, 40, 50, 51, 200]
 
 
 def test_padding_by_hand() -> None:
     # batches of 2: [10 20] [60 30] [40 50] [51 200]; two sequences fit up to 50 tokens (100 + 2·50 = 200)
-    found = padded(DATA, LINEAR, LINE, 2)
+    found = padded(DATA, MEMORY, 2)
     assert (found.batches, found.overflowing, found.first_overflowing_batch) == (4, 2, 1)
     assert found.longest_length == 50 and found.long_sequences == 3  # 60, 51 and 200
     assert found.share == 0.5
@@ -41,21 +44,23 @@ def test_padding_by_hand() -> None:
 
 def test_the_last_smaller_batch_has_its_own_critical_length() -> None:
     # batches of 3: [10 20 60] over (3 fit up to 33), [30 40 50] over, [51 200]: 2 fit up to 50: over
-    assert padded(DATA, LINEAR, LINE, 3).overflowing == 3
+    assert padded(DATA, MEMORY, 3).overflowing == 3
     # [60] alone fits (one sequence fits up to 100 tokens); [200] alone does not
-    assert padded([60], LINEAR, LINE, 4).overflowing == 0
-    assert padded([200], LINEAR, LINE, 4).overflowing == 1
+    assert padded([60], MEMORY, 4).overflowing == 0
+    assert padded([200], MEMORY, 4).overflowing == 1
 
 
 def test_token_batches_by_hand() -> None:
     # a budget of 150 tokens: 60 and 30 pad to 2·60 = 120; 40 would make 3·60 = 180, and starts a batch
     assert list(token_batches(DATA, 150)) == [(2, 20), (2, 60), (2, 50), (1, 51), (1, 200)]
-    found = by_tokens(DATA, LINEAR, LINE, 150)
+    found = by_tokens(DATA, MEMORY, 150)
     # (2, 60) peaks at 100 + 120 = 220 > 200; 200 tokens cannot be batched within 150
     assert (found.batches, found.overflowing, found.unbatchable) == (5, 2, 1)
     assert found.first_overflowing_batch == 1 and found.share == pytest.approx(2 / 5)
-    # a full budget: one sequence of L in (75, 150] peaks at 100 + L, so up to 100 tokens
-    assert found.longest_length == 100
+    # a full budget: 150 sequences of 1 token peak at 250; one sequence of L in (75, 100] fits, but the lengths
+    # before it do not: the budget survives no length up to it
+    assert found.longest_length == 0
+    assert by_tokens(DATA, MEMORY, 100).longest_length == 100  # every full batch holds 100 tokens at most
 
 
 def test_a_sequence_longer_than_the_budget_ends_the_batch_before_it() -> None:
@@ -83,9 +88,9 @@ def test_a_surface_that_does_not_grow_is_refused() -> None:
 
 
 def test_both_schemes_or_one() -> None:
-    both = overflow(DATA, LINEAR, LINE, batch_size=2, max_tokens=150)
+    both = overflow(DATA, MEMORY, batch_size=2, max_tokens=150)
     assert both.padded is not None and both.tokens is not None and both.overflows
-    only = overflow(DATA[:2], LINEAR, LINE, batch_size=2, max_tokens=None)
+    only = overflow(DATA[:2], MEMORY, batch_size=2, max_tokens=None)
     assert only.tokens is None and not only.overflows
 
 
@@ -111,11 +116,41 @@ def test_the_critical_length_is_the_brute_force_one(surface: Surface, batch: int
 
 @settings(max_examples=150, deadline=None)
 @given(surfaces, st.integers(1, 400), st.floats(1e5, 1e7))
-def test_the_longest_length_under_tokens_is_the_brute_force_one(
+def test_the_length_a_budget_survives_up_to_is_the_brute_force_one(
     surface: Surface, budget: int, line: float
 ) -> None:
-    fits = [n for n in range(1, budget + 1) if surface.peak(max(budget // n, 1), n) <= line]
-    assert longest_under_tokens(surface, line, budget) == (max(fits) if fits else 0)
+    fails = [n for n in range(1, budget + 1) if surface.peak(budget // n, n) > line]
+    assert longest_under_tokens(Memory(surface, line), budget) == (fails[0] - 1 if fails else budget)
+
+
+def test_a_budget_survives_up_to_the_first_length_that_fails() -> None:
+    """The saw-tooth of a full batch: a budget of 14,080 tokens on a real tune's surface (32-true/adamw, eager
+    attention, under 512 MiB on the CPU device) fails at 265 tokens (53 sequences) and fits at 272 (51): it said
+    "survives up to 272 tokens a sequence"."""
+    surface = Surface(317_042_005.0, 7571.299, 15.242923, (64, 128, 256))
+    line, budget = 480_038_092, 14_080
+    assert surface.peak(53, 265) > line and surface.peak(51, 272) <= line
+    assert longest_under_tokens(Memory(surface, line), budget) == 264
+
+
+def test_the_measured_peaks_and_maxima_decide_at_the_searched_lengths() -> None:
+    """The same tune: at 256 tokens batch 55 fitted at 480,002,048 bytes (36 KB under the line) and batch 56 ran
+    out of memory. The surface passes 1.4 MB under that peak and read batch 55 as fitting at 257 tokens, 0.8 MB
+    more; raised to the peak, it stops at 256. At 64 tokens the surface is over the peak of the maximum, 299,
+    and read it as not fitting there: the measurement keeps it."""
+    surface = Surface(317_042_005.0, 7571.299, 15.242923, (64, 128, 256))
+    line = 480_038_092
+    measured = (
+        Measured(64, 299, 479_526_912, 300),
+        Measured(128, 133, 479_010_816, 134),
+        Measured(256, 55, 480_002_048, 56),
+    )
+    assert critical_length(surface, 55, line) == 257 and critical_length(surface, 299, line) < 64
+    memory = Memory.of(surface, line, measured)
+    assert memory.raised_bytes == pytest.approx(1_413_342, abs=1)
+    assert memory.critical_length(55) == 256 and memory.critical_length(299) == 64
+    assert memory.critical_length(56) < 256 and memory.critical_length(300) < 64  # the batches that ran out
+    assert Memory.of(surface, line).critical_length(55) == 257  # without the measurements: the fit alone
 
 
 @given(st.integers(1, 60), st.data())

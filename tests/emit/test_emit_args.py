@@ -48,6 +48,16 @@ def test_the_batch_variable_and_accumulation_are_filled_in() -> None:
     assert caveats(result, "args", OPTIONS) == []
 
 
+def test_the_length_variable_carries_the_plans_length() -> None:
+    result = _as_is(["--config", "c.yaml"], micro=32, batch_env="BATCH")
+    assert result.chosen is not None and result.as_is is not None
+    result.chosen = replace(result.chosen, seq_len=2048)
+    result.as_is["seq_len_env"] = "SEQ_LEN"
+    assert command(result) == ["BATCH=32", "SEQ_LEN=2048", "python", "train.py", "--config", "c.yaml"]
+    result.chosen = replace(result.chosen, seq_len=None)  # tuned at one shape: no length to carry
+    assert command(result) == ["BATCH=32", "python", "train.py", "--config", "c.yaml"]
+
+
 def test_accumulation_without_a_placeholder_is_a_caveat() -> None:
     result = _as_is(["--bs", "{batch}"], accumulation=3)
     (caveat,) = caveats(result, "args", OPTIONS)

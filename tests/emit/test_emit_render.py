@@ -89,9 +89,9 @@ def test_a_rendering_error_writes_nothing(tmp_path: Path, tune_result: TuneResul
 
 def test_nothing_chosen_is_a_usage_error_and_writes_nothing(tmp_path: Path, nothing_fits: TuneResult) -> None:
     for fmt in ("deepspeed", "hf", "lightning", "accelerate", "env"):
-        with pytest.raises(UsageError, match="nothing fits: no configuration to emit") as info:
+        with pytest.raises(UsageError, match="no configuration to emit: no combination fits") as info:
             emit(nothing_fits, [("json", tmp_path / "r.json"), (fmt, tmp_path / "x")], OPTIONS)
-        assert info.value.hint
+        assert info.value.hint and "then emit again" in info.value.hint
     assert list(tmp_path.iterdir()) == []
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autobatch.records.result import Chosen
-from autobatch.service.relaunch import smaller
+from autobatch.records.result import Chosen, TuneResult
+from autobatch.service.relaunch import job_spec, smaller
 
 
 def _plan(micro: int, accum: int, world: int = 1, own: int | None = None) -> Chosen:
@@ -31,6 +31,17 @@ def test_smaller_keeps_the_global_batch(micro, accum, world, own, expected) -> N
     assert got == expected
     if got is not None:
         assert got[0] * got[1] * world == micro * accum * world
+
+
+def test_the_job_gets_the_plans_batch_and_length_as_a_probe_got_them() -> None:
+    chosen = Chosen("script", "script", False, 12, 1, 1, 12, seq_len=1024)
+    result = TuneResult("train.py", ["--config", "c.yaml"], {"type": "cpu"}, "throughput", [], chosen=chosen,
+                        as_is={"batch_env": "BS", "seq_len_env": "SEQ_LEN"})  # fmt: skip
+    spec = job_spec(result, (), None)
+    assert {name: spec.env[name] for name in ("BS", "SEQ_LEN", "AUTOBATCH_BATCH_SIZE", "AUTOBATCH_SEQ_LENGTH")} == {
+        "BS": "12", "SEQ_LEN": "1024", "AUTOBATCH_BATCH_SIZE": "12", "AUTOBATCH_SEQ_LENGTH": "1024"
+    }  # fmt: skip
+    assert spec.argv[-3:] == ["train.py", "--config", "c.yaml"]
 
 
 #: torchrun's stderr when rank 1 ran out of memory and rank 0 then lost its peer (abridged from a real run).

@@ -10,7 +10,7 @@ from autobatch.errors import EXIT_USAGE, UsageError
 from autobatch.step.as_is import (
     BATCH_ENV,
     AsIsScript,
-    check_batch_env,
+    check_env_name,
     defines_contract,
     defines_none,
     is_as_is,
@@ -69,9 +69,9 @@ def test_which_way_a_script_runs() -> None:
 
 
 def test_batch_env_must_be_a_name() -> None:
-    check_batch_env("BATCH_SIZE")
-    with pytest.raises(UsageError, match="not an environment variable name"):
-        check_batch_env("BATCH SIZE")
+    check_env_name("BATCH_SIZE", "--batch-env", "batch size", "BATCH_SIZE")
+    with pytest.raises(UsageError, match="--batch-env 'BATCH SIZE' is not an environment variable name"):
+        check_env_name("BATCH SIZE", "--batch-env", "batch size", "BATCH_SIZE")
 
 
 def test_own_finder_is_named() -> None:

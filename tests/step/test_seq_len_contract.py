@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import SCRIPTS, run_cli
 
-from autobatch.errors import ContractError
+from autobatch.errors import EXIT_USAGE, ContractError
 from autobatch.settings import load_settings
-from autobatch.step.as_is import substitute
+from autobatch.step.as_is import AsIsScript, substitute
 from autobatch.step.contract import check_batch, user_script
 
 
@@ -74,3 +75,43 @@ def test_a_script_run_as_it_is_gets_its_length_in_its_arguments() -> None:
     args = ["--bs", "{batch}", "--max-len={seq_len}", "--accum", "{accum}"]
     assert substitute(args, 8, 2, seq_len=512) == ["--bs", "8", "--max-len=512", "--accum", "2"]
     assert substitute(args, 8) == ["--bs", "8", "--max-len={seq_len}", "--accum", "1"]
+
+
+def test_a_script_run_as_it_is_gets_its_length_in_its_environment() -> None:
+    script = AsIsScript(Path("train.py"), (), "BS", {}, "SEQ_LEN")
+    assert script.environment(8, 512) == {
+        "AUTOBATCH_BATCH_SIZE": "8", "BS": "8", "AUTOBATCH_SEQ_LENGTH": "512", "SEQ_LEN": "512"
+    }  # fmt: skip
+    assert script.environment(8) == {"AUTOBATCH_BATCH_SIZE": "8", "BS": "8"}  # no length tuned: none set
+    spec = {"target": "train.py", "options": {"batch_env": None, "seq_len_env": "MAX_LEN"}}
+    assert AsIsScript.from_spec(spec, ["--config", "c.yaml"]).environment(2, 64)["MAX_LEN"] == "64"
+
+
+AS_IS = str(SCRIPTS / "as_is" / "config_seq_len.py")
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        # lengths with no way into the script: the fix names both ways
+        (
+            ("--seq-len", "64"),
+            ["nothing passes them to the script", "--seq-len-env SEQ_LEN", "AUTOBATCH_SEQ_LENGTH"],
+        ),
+        # a variable no length would set
+        (("--seq-len-env", "SEQ_LEN"), ["no length is tuned", "--seq-len 512 --seq-len 2048"]),
+        (
+            ("--seq-len", "64", "--seq-len-env", "SEQ LEN"),
+            ["--seq-len-env 'SEQ LEN' is not an environment variable"],
+        ),
+    ],
+)
+def test_how_a_length_reaches_a_script_run_as_it_is_is_checked_before_any_probe(
+    tmp_path: Path, flags: tuple[str, ...], said: list[str]
+) -> None:
+    proc = run_cli(
+        "tune", AS_IS, "--device", "cpu", "--memory", "512MiB", "--batch-env", "BATCH_SIZE", *flags, "--no-cache",
+        "--", "--config", "config.yaml", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr
+    assert all(words in proc.stderr for words in said), proc.stderr
