@@ -56,7 +56,7 @@ NOTEBOOK = STEP + textwrap.dedent(f"""
     events = []
     result = autobatch.tune(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss,
                             on_probe=events.append, **{SETTINGS!r})
-    print(json.dumps({{"result": result.to_dict(), "events": len(events)}}))
+    print(json.dumps({{"result": result.to_dict(), "events": len(events), "repr": repr(result)}}))
 """)
 
 
@@ -98,6 +98,15 @@ def test_callables_in_main_get_the_clis_exact_maximum(tmp_path: Path) -> None:
     from autobatch.records.schema import result_problems
 
     assert result_problems(api) == [] and result_problems(from_cli) == []  # real results match the schema
+    # what the notebook shows of the result: its answer in a line, not pages of its record
+    shown, chosen = notebook["repr"], api["chosen"]
+    assert (
+        shown.startswith("<TuneResult complete: 32-true/adamw/no-recompute micro-batch ")
+        and "\n" not in shown
+    )
+    assert f"micro-batch {chosen['micro_batch_size']} x accumulation 1 x world 1" in shown
+    assert "; cpu, budget 445.50 MiB; " in shown and f"{api['probes']} probes over 1 combination" in shown
+    assert len(shown) < 250, shown
 
 
 #: A cell interrupted (Ctrl-C, the kernel's interrupt) while the tune starts: the job's fresh process, which
