@@ -109,6 +109,20 @@ def test_callables_in_main_get_the_clis_exact_maximum(tmp_path: Path) -> None:
     assert len(shown) < 250, shown
 
 
+def test_an_errors_traceback_in_the_notebook_shows_its_hint(tmp_path: Path) -> None:
+    """An autobatch error raised in the user's own process prints as Python prints any error, its text: the
+    message and, on a line of its own, the hint (the traceback showed the message alone, never the fix). Refused
+    before any probe."""
+    cell = "import autobatch\nautobatch.check(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss, batch_size=0)\n"
+    proc = run_notebook(tmp_path, STEP + cell, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    *_, error, hint = proc.stderr.rstrip().splitlines()
+    assert error == "autobatch.errors.UsageError: batch_size=0: expected a whole number of at least 1", (
+        proc.stderr
+    )
+    assert hint == "hint: give batch size as an int, such as batch_size=8", proc.stderr
+
+
 #: A cell interrupted (Ctrl-C, the kernel's interrupt) while the tune starts: the job's fresh process, which
 #: the tune starts beside its probe server, is running then (it imports torch and the step for seconds).
 INTERRUPTED = STEP + textwrap.dedent(f"""
