@@ -340,8 +340,4 @@ def apply_recompute(model: Any, level: str = "full", classes: Sequence[str] = ()
 def _log_chosen(result: TuneResult) -> None:
     if result.chosen is not None:
         c = result.chosen
-        logger.info(
-            "chosen: %s/%s/recompute %s: micro-batch %d x accumulation %d x world %d = global %d",
-            c.precision, c.optimizer, c.ident.level,
-            c.micro_batch_size, c.accumulation_steps, c.world_size, c.global_batch_size,
-        )  # fmt: skip
+        logger.info("chosen: %s/%s/recompute %s: %s", c.precision, c.optimizer, c.ident.level, c.plan_words)

@@ -23,7 +23,9 @@
 ``autobatch lengths --fail-on-overflow`` when a batch of the data would. ``autobatch run`` otherwise exits
 with its job's own exit code.
 An interrupted run exits with 128 + the signal: 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP).
-Every error carries a ``hint``: what to do about it.
+Every error carries a ``hint``: what to do about it. Its text (``str(error)``, what a traceback in your own
+process prints) is the message and, on a line of its own, the hint; the CLI prints the two apart (``error:``,
+``hint:``) from ``message`` and ``hint``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 EXIT_SIGHUP = 129
 
+#: Separates an error's message from its hint in its text (``str(error)``).
+HINT_MARK = "\nhint: "
+
 
 class AutobatchError(Exception):
     """Base of every error autobatch raises on purpose."""
@@ -52,6 +57,11 @@ class AutobatchError(Exception):
         self.hint = hint
         #: Long text shown only with --verbose (a traceback, a log tail).
         self.detail = detail
+
+    def __str__(self) -> str:
+        """The message and its hint: raised in a user's own process (the API, the guard), a traceback prints this,
+        and a hint left out of it is never seen. What renders an error itself reads ``message`` and ``hint``."""
+        return f"{self.message}{HINT_MARK}{self.hint}" if self.hint else self.message
 
 
 class UsageError(AutobatchError):
@@ -113,10 +123,7 @@ class JobOutOfMemory(AutobatchError):
 class GuardError(AutobatchError):
     """In a job, :class:`autobatch.Guard` cannot run the batch it names (``step``: the global batch, 0-based;
     ``shapes``: its tensors' shapes): it ran out of memory even one sample at a time, or the model refused a
-    micro-batch of 1 sample (BatchNorm in training).
-
-    It is raised in the user's own script, whose traceback prints ``str(error)``, not autobatch's CLI, which prints
-    the hint on a line of its own: so its text carries the hint too."""
+    micro-batch of 1 sample (BatchNorm in training)."""
 
     exit_code = EXIT_OOM
 
@@ -126,9 +133,6 @@ class GuardError(AutobatchError):
         super().__init__(message, hint)
         self.step = step
         self.shapes = shapes or []
-
-    def __str__(self) -> str:
-        return f"{self.message}\nhint: {self.hint}" if self.hint else self.message
 
 
 class ProbeFailure(AutobatchError):

@@ -159,11 +159,7 @@ def summary_line(result: TuneResult, path: str) -> str:
     )
     if ch is None:
         return f"autobatch: no combination chosen ({how}); result in {path}"
-    return (
-        f"autobatch: {ch.ident.name} "
-        f"micro-batch {ch.micro_batch_size} x accumulation {ch.accumulation_words} x world {ch.world_size} = "
-        f"global {ch.global_batch_size} ({how}); result in {path}"
-    )
+    return f"autobatch: {ch.ident.name} {ch.plan_words} ({how}); result in {path}"
 
 
 def _max_cell(c: ComboResult) -> str:
@@ -274,8 +270,7 @@ def print_chosen(result: TuneResult) -> None:
     console.print(
         f"[bold green]chosen[/] ({result.objective}): {ch.precision} / {ch.optimizer} / recompute "
         f"{ {'full': 'on'}.get(ch.ident.level, ch.ident.level) }{' / torch.compile' if ch.compile else ''}: "
-        f"micro-batch {ch.micro_batch_size} x accumulation "
-        f"{ch.accumulation_words} x world {ch.world_size} = global {ch.global_batch_size}"
+        f"{ch.plan_words}"
         + (f" (requested {ch.requested_global_batch_size})" if ch.requested_global_batch_size else "")
         + (f", at {ch.seq_len} tokens per sample" if ch.seq_len else ""),
     )

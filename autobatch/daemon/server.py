@@ -214,8 +214,8 @@ class Daemon:
                 True  # kept, never ready: not started again for this environment, unless room is made
             )
             log(
-                f"a warm process for {warm.describe()['load_time_env']} did not start ({exc}): its commands are "
-                "forked from the daemon's own"
+                f"a warm process for {warm.describe()['load_time_env']} did not start ({exc.message}): its commands "
+                "are forked from the daemon's own"
             )
             return
         log(f"warm process {warm.pid} started for {warm.describe()['load_time_env']}")

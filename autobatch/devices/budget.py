@@ -332,7 +332,7 @@ def device_info(
         found.budget_bytes,
         headroom,
         cuda.MEMORY_DEFINITION,
-        notes=list(found.breakdown),
+        notes=[*found.breakdown, *snapshot.notes],  # how the budget was reached; what NVML could not tell
         process_limit_bytes=found.process_limit_bytes,
         others_bytes=found.held_by_others_bytes,
         allocator=dict(snapshot.allocator_effective),

@@ -33,28 +33,30 @@ class CgroupMemory(NamedTuple):
 
 
 #: The memory cgroup of the job a command runs for, when that is not this process's: a command the daemon runs
-#: (:func:`for_job`). None: the job's cgroup is this process's.
+#: (:func:`for_job`). None: the job's cgroup is this process's, or the client's is not limited.
 _job: CgroupMemory | None = None
+#: Whether this process runs a command for a client (the daemon's): the job's cgroup is then the client's.
+_for_client = False
 
 
 def for_job(memory: CgroupMemory | None) -> None:
-    """The job's memory cgroup as its client read it (the daemon's command: its probes run in the daemon's
-    cgroup, the job in its own); :func:`bounding` takes the tighter of the two."""
-    global _job
-    _job = memory
+    """The job's memory cgroup as its client read it (None: not limited), in a command the daemon runs: its probes
+    run in the daemon's cgroup, the job in its client's."""
+    global _job, _for_client
+    _job, _for_client = memory, True
 
 
 def job_cgroup() -> CgroupMemory | None:
-    """The cgroup whose room bounds the job (the client's, for a command the daemon runs), or None."""
+    """The client's cgroup, for a command the daemon runs (None: not limited, or not a daemon's command): a bound
+    on the capacity beside the one this process's cgroup sets on its probes' reading."""
     return _job
 
 
-def bounding() -> CgroupMemory | None:
-    """The cgroup whose room bounds a command: the tighter of this process's and the job's (:func:`for_job`),
-    or None when neither is limited. A command the daemon runs is bounded by both: its probes run in the
-    daemon's cgroup, the job it plans for in the client's."""
-    limited = [memory for memory in (cgroup_memory(), _job) if memory is not None]
-    return min(limited, key=lambda m: m.room_bytes, default=None)
+def jobs_own() -> CgroupMemory | None:
+    """The memory cgroup the job runs in: the client's for a command the daemon runs (None: not limited), else
+    this process's. The daemon's own cgroup bounds only where the command's probes run (the capacity takes the
+    tighter: :func:`autobatch.devices.budget.device_info`), not the job."""
+    return _job if _for_client else cgroup_memory()
 
 
 def cgroup_memory(root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> CgroupMemory | None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from autobatch.devices.cgroup import bounding
+from autobatch.devices.cgroup import jobs_own
 from autobatch.devices.cuda.nvml import NVML_DEVICE_MIG_ENABLE, _errors, device_memory, running_processes
 from autobatch.devices.visible import MigInstance, Physical, describe_variable, visible_indices
 
@@ -73,7 +73,7 @@ class HostMemory:
     total_bytes: int
     available_bytes: int
     used_bytes: int
-    cgroup_limit_bytes: int | None = None  # the memory limit of the command's cgroup (a SLURM job's --mem)
+    cgroup_limit_bytes: int | None = None  # the memory limit of the job's cgroup (a SLURM job's --mem)
 
 
 @dataclass
@@ -416,8 +416,8 @@ def node_type(inventory: Inventory) -> str:
 
 
 def host_memory() -> HostMemory:
-    """The host's memory (psutil) and the limit of the memory cgroup that bounds the command, if any: this
-    process's, or the job's for a command the daemon runs (:func:`autobatch.devices.cgroup.bounding`)."""
+    """The host's memory (psutil) and the limit of the job's memory cgroup, if any: this process's, or the client's
+    for a command the daemon runs (:func:`autobatch.devices.cgroup.jobs_own`), never the daemon's."""
     import psutil
 
     vm = psutil.virtual_memory()
@@ -426,7 +426,7 @@ def host_memory() -> HostMemory:
         total_bytes=int(vm.total),
         available_bytes=int(vm.available),
         used_bytes=int(vm.total - vm.available),
-        cgroup_limit_bytes=cgroup.limit_bytes if (cgroup := bounding()) is not None else None,
+        cgroup_limit_bytes=cgroup.limit_bytes if (cgroup := jobs_own()) is not None else None,
     )
 
 

@@ -4,8 +4,8 @@ Pure: the GPUs come in as :class:`Physical` records (from NVML, see :mod:`.inven
 string; :func:`visible_indices` applies CUDA's rules (indices, GPU UUIDs or their unique prefixes, ``MIG-``
 UUIDs or, as drivers before R470 named MIG instances, ``MIG-GPU-<uuid>/<gi>/<ci>``; the list of the first
 entry's kind, stopping at the first entry that matches nothing or is of another kind; a device named twice
-leaves none visible) in PCI bus order, which the probe server is started with
-(:data:`PROBE_ENV`, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). The rules are those PyTorch counts devices by without
+leaves none visible; a UUID matched as written, case and all) in PCI bus order, which the probe server is
+started with (:data:`PROBE_ENV`, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). The rules are those PyTorch counts devices by without
 starting CUDA (``torch.cuda._parse_visible_devices``, ``_transform_uuid_to_ordinals``), so this module and
 ``torch.cuda.device_count()`` agree. docs/commands.md (``devices``) says what a user sees.
 """
@@ -73,18 +73,19 @@ def visible_indices(gpus: Sequence[Physical], cuda_visible_devices: str | None) 
 
 def _entries(variable: str) -> list[str | int]:
     """The variable's entries of its first entry's kind (an index as an int, a UUID as given), up to the first of
-    another kind or a negative index; none when one repeats."""
-    tokens = [t.strip() for t in variable.split(",")]
-    kind = next((p for p in ("GPU-", "MIG-") if tokens[0].upper().startswith(p)), None)
+    another kind or a negative index; none when one repeats. As torch reads them: a UUID list is one whose text
+    starts with ``GPU-`` or ``MIG-`` as written (upper case, no space before), its entries taken as written (an
+    entry with a space before it is of another kind); an index is read from its entry less the spaces around it."""
+    kind = next((p for p in ("GPU-", "MIG-") if variable.startswith(p)), None)
     entries: list[str | int] = []
-    for token in tokens:
+    for token in variable.split(","):
         entry: str | int
         if kind is not None:
-            if not token.upper().startswith(kind):
+            if not token.startswith(kind):
                 break
-            entry = token.upper()
+            entry = token
         else:
-            digits = re.match(r"[+-]?\d+", token)
+            digits = re.match(r"[+-]?\d+", token.strip())
             if digits is None or int(digits.group()) < 0:
                 break
             entry = int(digits.group())
@@ -99,21 +100,23 @@ _OLD_MIG = re.compile(r"MIG-(GPU-[^/]+)/(\d+)/(\d+)")
 
 
 def _match(entry: str | int, ordered: Sequence[Physical]) -> str | None:
+    """The UUID an entry names; a UUID or its prefix matches as written, case and all, as torch matches it
+    (``_transform_uuid_to_ordinals``: NVML writes them in lower case, so ``GPU-8F0C`` names no GPU)."""
     if isinstance(entry, int):
         return ordered[entry].uuid if entry < len(ordered) else None
     if entry.startswith("GPU-"):
-        found = [g.uuid for g in ordered if g.uuid.upper().startswith(entry)]
+        found = [g.uuid for g in ordered if g.uuid.startswith(entry)]
     elif old := _OLD_MIG.fullmatch(entry):
         gpu, ids = old.group(1), (int(old.group(2)), int(old.group(3)))
         found = [
             m.uuid
             for g in ordered
-            if g.uuid.upper() == gpu
+            if g.uuid == gpu
             for m in g.mig
             if (m.gpu_instance, m.compute_instance) == ids
         ]
     else:
-        found = [m.uuid for g in ordered for m in g.mig if m.uuid.upper().startswith(entry)]
+        found = [m.uuid for g in ordered for m in g.mig if m.uuid.startswith(entry)]
     return found[0] if len(found) == 1 else None
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from autobatch.core.units import format_bytes
 from autobatch.errors import (
+    HINT_MARK,
     AutobatchError,
     CompileFailed,
     ContractError,
@@ -26,19 +27,14 @@ from autobatch.errors import (
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.settings.levers import neutral
 
-#: Separates an error's message from its hint inside ``ProbeOutcome.error_message``.
-HINT_MARK = "\nhint: "
-
 
 def describe_failure(outcome: ProbeOutcome, exc: BaseException, *, kind: str = "error") -> ProbeOutcome:
     """Fill ``outcome`` with ``exc`` as data: its type, message (with the hint of an autobatch error),
     traceback, and whether it is a broken contract. An ``oom`` keeps no traceback (it is an answer)."""
     outcome.kind = kind
     outcome.error_type = type(exc).__name__
-    if isinstance(exc, AutobatchError):
-        outcome.error_message = exc.message + (f"{HINT_MARK}{exc.hint}" if exc.hint else "")
-    else:
-        outcome.error_message = str(exc) or "(it carries no message)"
+    # an autobatch error's text is its message, HINT_MARK and its hint, which raise_for parts again
+    outcome.error_message = str(exc) or "(it carries no message)"
     outcome.contract = isinstance(exc, ContractError)
     outcome.traceback = None if kind == "oom" else script_traceback(exc) or None
     return outcome
@@ -63,7 +59,10 @@ def script_traceback(exc: BaseException) -> str:
     frames = frames or raised
     text = "Traceback (most recent call last):\n" if frames else ""
     text += "".join(traceback.format_list(frames))
-    return text + "".join(traceback.format_exception_only(type(exc), exc))
+    ending = "".join(traceback.format_exception_only(type(exc), exc))
+    if isinstance(exc, AutobatchError) and exc.hint:  # its hint goes beside the traceback, not twice
+        ending = ending.replace(f"{HINT_MARK}{exc.hint}", "", 1)
+    return text + ending
 
 
 def with_last_lines(outcome: ProbeOutcome, lines: int = 8) -> None:

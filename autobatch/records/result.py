@@ -99,7 +99,7 @@ class ProbeRecord:
 ANSWERED = ("exact", "capped", "incomplete")
 
 
-@dataclass
+@dataclass(repr=False)
 class ComboResult:
     precision: str
     optimizer: str
@@ -146,6 +146,29 @@ class ComboResult:
         from probe to probe: the largest batch known to hold, never one whose confirmation failed)."""
         return self.max_batch_size is not None and self.status in ANSWERED
 
+    def __repr__(self) -> str:
+        """Its answer in a line (its trace holds every probe: pages in a notebook); the fields are all there."""
+        said = [self.status]
+        if self.max_batch_size is not None:
+            said.append(f"max batch {self.max_batch_size}")
+        if self.peak_bytes:
+            said.append(f"peak {format_bytes(self.peak_bytes)}")
+        said.append(_count(self.probes, "probe"))
+        if self.reason and not self.answered:
+            said.append(
+                self.reason if len(self.reason) <= REPR_REASON else self.reason[: REPR_REASON - 3] + "..."
+            )
+        length = f" at {self.seq_len} tokens" if self.seq_len else ""
+        return f"<ComboResult {self.key}{length}: {', '.join(said)}>"
+
+
+#: The longest reason a combination's repr shows whole.
+REPR_REASON = 100
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
 
 @dataclass
 class Chosen:
@@ -186,6 +209,14 @@ class Chosen:
         given = self.accumulation_steps // own
         rest = f" x {given} through {{accum}}" if given > 1 else ""
         return f"{self.accumulation_steps} (the script's own {own}{rest})"
+
+    @property
+    def plan_words(self) -> str:
+        """``micro-batch 12 x accumulation 2 x world 4 = global 96``: the plan as the command and the API say it."""
+        return (
+            f"micro-batch {self.micro_batch_size} x accumulation {self.accumulation_words} x world {self.world_size} "
+            f"= global {self.global_batch_size}"
+        )
 
     @property
     def ident(self) -> Ident:
@@ -230,7 +261,7 @@ class Lengths:
         return cls(**{**_known(cls, data), "maxima": [_combo(c) for c in data.get("maxima", [])]})
 
 
-@dataclass
+@dataclass(repr=False)
 class TuneResult:
     script: str
     script_args: list[str]
@@ -255,6 +286,21 @@ class TuneResult:
     as_is: dict[str, Any] | None = None
     lengths: Lengths | None = None
     script_files: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        """What a notebook shows of a result, in a line: its status, the chosen plan, the device and its budget, what
+        the probes cost, and how many notes (the whole record is pages); every field is still an attribute."""
+        ch = self.chosen
+        chosen = f"{ch.ident.name} {ch.plan_words}" if ch is not None else "nothing chosen"
+        budget = self.device.get("budget_bytes")
+        device = str(self.device.get("name", "?")) + (f", budget {format_bytes(budget)}" if budget else "")
+        cost = _count(self.probes, "probe") + f" over {_count(len(self.combinations), 'combination')}"
+        if (self.cache or {}).get("served"):
+            cost += ", served from the cache"
+        elif self.wall_seconds is not None:
+            cost += f", {self.wall_seconds:.1f} s"
+        notes = f"; {_count(len(self.notes), 'note')}" if self.notes else ""
+        return f"<TuneResult {self.status}: {chosen}; {device}; {cost}{notes}>"
 
     def tuned_peak(self, micro_batch_size: int) -> int | None:
         """The chosen combination's measured peak at ``micro_batch_size``, or at the smallest batch above it that

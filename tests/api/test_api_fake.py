@@ -15,6 +15,7 @@ from support import run_main
 import autobatch
 from autobatch.api import _spec
 from autobatch.cli.state import STATE
+from autobatch.core.units import format_bytes
 from autobatch.devices.budget import margin_bytes
 from autobatch.errors import NothingFitsError, UsageError
 from autobatch.records.schema import result_problems
@@ -69,6 +70,25 @@ def test_tune_takes_the_callables_and_returns_the_json_result(capsys: pytest.Cap
     assert len(events) == result.combinations[0].probes and str(events[0]).startswith("32-true/adamw/")
     assert capsys.readouterr().out == ""  # never stdout
     assert not Path("autobatch-result.json").exists()  # no file unless result= is given
+
+
+def test_a_result_shows_itself_in_a_line_and_keeps_every_field() -> None:
+    """What a notebook shows of ``result`` (its repr) is its answer in a line: status, the chosen plan, the
+    device and its budget, what the probes cost, how many notes (it was the whole dataclass: every combination's
+    trace of probes, pages of it). The fields are all there as before."""
+    result = autobatch.tune(**STEP, **ONE, global_batch_size=512, runner=FakeRunner(CURVE))
+    chosen, (entry,) = result.chosen, result.combinations
+    assert chosen is not None and entry.trace and result.notes  # what the line leaves out is still there
+    plan = f"micro-batch {chosen.micro_batch_size} x accumulation {chosen.accumulation_steps} x world 1 = global 512"
+    assert repr(result) == (
+        f"<TuneResult complete: 32-true/adamw/no-recompute {plan}; cpu, budget 921.60 MiB; "
+        f"{result.probes} probes over 1 combination, {result.wall_seconds:.1f} s; {len(result.notes)} notes>"
+    )
+    assert repr(entry) == (
+        f"<ComboResult 32-true/adamw/no-recompute: exact, max batch {entry.max_batch_size}, peak "
+        f"{format_bytes(entry.peak_bytes or 0)}, {entry.probes} probes>"
+    )
+    assert "\n" not in repr(result) and "trace" not in repr(result.combinations)
 
 
 def test_progress_goes_to_logging_without_a_callback(caplog: pytest.LogCaptureFixture) -> None:

@@ -56,7 +56,7 @@ NOTEBOOK = STEP + textwrap.dedent(f"""
     events = []
     result = autobatch.tune(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss,
                             on_probe=events.append, **{SETTINGS!r})
-    print(json.dumps({{"result": result.to_dict(), "events": len(events)}}))
+    print(json.dumps({{"result": result.to_dict(), "events": len(events), "repr": repr(result)}}))
 """)
 
 
@@ -98,6 +98,29 @@ def test_callables_in_main_get_the_clis_exact_maximum(tmp_path: Path) -> None:
     from autobatch.records.schema import result_problems
 
     assert result_problems(api) == [] and result_problems(from_cli) == []  # real results match the schema
+    # what the notebook shows of the result: its answer in a line, not pages of its record
+    shown, chosen = notebook["repr"], api["chosen"]
+    assert (
+        shown.startswith("<TuneResult complete: 32-true/adamw/no-recompute micro-batch ")
+        and "\n" not in shown
+    )
+    assert f"micro-batch {chosen['micro_batch_size']} x accumulation 1 x world 1" in shown
+    assert "; cpu, budget 445.50 MiB; " in shown and f"{api['probes']} probes over 1 combination" in shown
+    assert len(shown) < 250, shown
+
+
+def test_an_errors_traceback_in_the_notebook_shows_its_hint(tmp_path: Path) -> None:
+    """An autobatch error raised in the user's own process prints as Python prints any error, its text: the
+    message and, on a line of its own, the hint (the traceback showed the message alone, never the fix). Refused
+    before any probe."""
+    cell = "import autobatch\nautobatch.check(build_model=build_model, make_batch=make_batch, compute_loss=compute_loss, batch_size=0)\n"
+    proc = run_notebook(tmp_path, STEP + cell, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    *_, error, hint = proc.stderr.rstrip().splitlines()
+    assert error == "autobatch.errors.UsageError: batch_size=0: expected a whole number of at least 1", (
+        proc.stderr
+    )
+    assert hint == "hint: give batch size as an int, such as batch_size=8", proc.stderr
 
 
 #: A cell interrupted (Ctrl-C, the kernel's interrupt) while the tune starts: the job's fresh process, which

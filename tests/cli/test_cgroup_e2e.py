@@ -39,7 +39,12 @@ class Cgroup:
         return int(counts.get("oom_kill", 0))
 
     def run(self, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-        command = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "autobatch", *args))
+        """``autobatch ARGS`` in this cgroup."""
+        return self.python("-m", "autobatch", *args, cwd=cwd)
+
+    def python(self, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        """``python ARGS`` in this cgroup."""
+        command = " ".join(shlex.quote(a) for a in (sys.executable, *args))
         procs = shlex.quote(str(self.folder / "cgroup.procs"))
         return subprocess.run(
             ["sh", "-c", f"echo $$ > {procs} && exec {command}"], cwd=cwd, capture_output=True, text=True,
@@ -130,6 +135,24 @@ def test_through_a_daemon_outside_the_cgroup_the_clients_cgroup_bounds_the_answe
             os.environ.pop(key, None)
         Client(place).stop(timeout=60)
         shutil.rmtree(place.folder.parent, ignore_errors=True)
+
+
+def test_a_command_run_for_a_client_names_the_clients_cgroup_limit_not_its_own(
+    cgroup: Cgroup, tmp_path: Path
+) -> None:
+    """A daemon started in a cgroup of its own (a prolog's, a unit's) runs the command of a client no cgroup limits:
+    the command's inventory names no limit on its host line (it named the daemon's), as the command sets it up
+    (:func:`autobatch.devices.cgroup.for_job`, with what the client sent)."""
+    code = (
+        "from autobatch.devices.cgroup import for_job\n"
+        "from autobatch.devices.inventory import read_inventory\n"
+        "print(read_inventory().host.cgroup_limit_bytes)\n"  # in-process: its own cgroup is the job's
+        "for_job(None)\n"  # the daemon's command, for a client no cgroup limits
+        "print(read_inventory().host.cgroup_limit_bytes)\n"
+    )
+    done = cgroup.python("-c", code, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(LIMIT), "None"]
 
 
 def test_the_dataloader_workers_get_their_room_in_the_cgroup(

@@ -87,6 +87,17 @@ def test_init_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     assert target.read_text() == render_starter_toml()
 
 
+def test_a_usage_errors_message_and_hint_are_printed_apart_each_once(tmp_path: Path) -> None:
+    """The error's text carries its hint (a traceback in the user's own process shows it); the command prints the
+    message and the hint on lines of their own, each once, as it did before."""
+    (tmp_path / "autobatch.toml").write_text("")
+    done = run_command("init", cwd=tmp_path)
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr == (
+        "error: autobatch.toml already exists\nhint: pass --force to overwrite it, or give another PATH\n"
+    )
+
+
 def test_init_into_a_new_folder_and_not_onto_a_folder(tmp_path: Path) -> None:
     assert run_main("init", "new/sub/autobatch.toml")[0] == 0
     assert (tmp_path / "new" / "sub" / "autobatch.toml").is_file()

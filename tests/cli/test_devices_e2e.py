@@ -77,3 +77,21 @@ def test_a_mig_instance_named_in_the_form_before_r470_is_visible(tmp_path: Path)
     assert parent["mig"][1]["index"] == 0
     named_twice = devices(tmp_path, split, CUDA_VISIBLE_DEVICES=f"MIG-{A}/2/0,{MIG_B}")[0]
     assert named_twice["no_gpu"] and all(m["index"] is None for m in named_twice["gpus"][0]["mig"])
+
+
+def test_a_uuid_in_cuda_visible_devices_is_matched_as_written(tmp_path: Path) -> None:
+    # torch matches the variable's UUIDs as written, case and all (torch.cuda._parse_visible_devices,
+    # _transform_uuid_to_ordinals), and NVML writes them in lower case: GPU-AAAAAAAA names no GPU for torch, which
+    # counts none, so none is cuda:0 here either (it was matched regardless of case: cuda:0, where torch saw none).
+    gpu = {
+        "uuid": A,
+        "bus": "00000000:17:00.0",
+        "name": "NVIDIA A100-SXM4-80GB",
+        "total": 80 * GiB,
+        "used": 0,
+    }
+    inventory, _ = devices(tmp_path, [gpu], CUDA_VISIBLE_DEVICES="GPU-aaaaaaaa")
+    assert inventory["gpus"][0]["index"] == 0 and inventory["no_gpu"] is None
+    inventory, _ = devices(tmp_path, [gpu], CUDA_VISIBLE_DEVICES="GPU-AAAAAAAA")
+    assert inventory["gpus"][0]["index"] is None
+    assert inventory["no_gpu"] == "NVML lists 1 GPU(s), none visible here (CUDA_VISIBLE_DEVICES=GPU-AAAAAAAA)"

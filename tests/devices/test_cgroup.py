@@ -3,8 +3,12 @@ exercised end to end in tests/cli/test_cgroup_e2e.py)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+import pytest
+
+from autobatch.devices import cgroup
 from autobatch.devices.cgroup import CgroupMemory, cgroup_memory
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -62,38 +66,48 @@ def test_the_kernels_kills_are_read_from_the_own_cgroup_in_either_version(tmp_pa
     assert oom_kills(str(tmp_path), str(own)) is None
 
 
+@pytest.fixture
+def as_the_daemons_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What :func:`autobatch.devices.cgroup.for_job` sets in this test, undone after it (it sets it for the life of a
+    command the daemon forked, a process of its own)."""
+    monkeypatch.setattr(cgroup, "_job", None)
+    monkeypatch.setattr(cgroup, "_for_client", False, raising=False)
+
+
+@pytest.mark.usefixtures("as_the_daemons_command")
 def test_the_jobs_cgroup_bounds_the_cpu_capacity_where_the_probes_run_in_another() -> None:
     """A command the daemon runs: its inspection reads the daemon's memory, the job's cgroup came with the
     request (:func:`autobatch.devices.cgroup.for_job`); the tighter is the capacity, and the note says why."""
     from autobatch.devices.budget import device_info
-    from autobatch.devices.cgroup import for_job
 
     host = {"available_bytes": 20 * GiB, "total_bytes": 24 * GiB, "baseline_bytes": 300 * MiB}
     assert device_info("cpu", host, memory=None, headroom=0.1).capacity_bytes == 20 * GiB
-    for_job(CgroupMemory(2 * GiB, 512 * MiB))
-    try:
-        found = device_info("cpu", host, memory=None, headroom=0.1)
-        assert found.capacity_bytes == 1536 * MiB
-        assert any(
-            "the room left in the job's memory cgroup (1.50 GiB: limit 2.00 GiB" in n for n in found.notes
-        )
-        assert "20.00 GiB available" in " ".join(found.notes)
-    finally:
-        for_job(None)
+    cgroup.for_job(CgroupMemory(2 * GiB, 512 * MiB))
+    found = device_info("cpu", host, memory=None, headroom=0.1)
+    assert found.capacity_bytes == 1536 * MiB
+    assert any("the room left in the job's memory cgroup (1.50 GiB: limit 2.00 GiB" in n for n in found.notes)
+    assert "20.00 GiB available" in " ".join(found.notes)
 
 
-def test_the_host_line_names_the_jobs_cgroup_limit_for_a_command_the_daemon_runs() -> None:
-    """The inventory's host memory names the limit that bounds the command: the job's cgroup (the client's,
-    :func:`autobatch.devices.cgroup.for_job`) where it is tighter than this process's (none here)."""
-    from autobatch.devices.cgroup import bounding, cgroup_memory, for_job
+@pytest.mark.usefixtures("as_the_daemons_command")
+def test_the_host_line_names_the_clients_cgroup_limit_for_a_command_the_daemon_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inventory's host memory names the limit of the job's cgroup: the client's for a command the daemon
+    runs, as the client read it, never the daemon's, whose cgroup bounds only where the command's probes run. It
+    named the daemon's where the client was not limited, or had more room than the daemon."""
     from autobatch.devices.inventory import host_memory
 
-    own = cgroup_memory()
-    for_job(CgroupMemory(3 * GiB, 1 * GiB))
-    try:
-        tighter = own is None or own.room_bytes > 2 * GiB
-        assert bounding() == (CgroupMemory(3 * GiB, 1 * GiB) if tighter else own)
-        assert host_memory().cgroup_limit_bytes == (3 * GiB if tighter else own.limit_bytes)
-    finally:
-        for_job(None)
-    assert bounding() == own
+    own = tmp_path / "self-cgroup"  # this process's cgroup stands for the daemon's: 2 GiB, 1.5 GiB in use
+    own.write_text("0::/autobatch-daemon\n")
+    level(tmp_path / "autobatch-daemon", memory__max=2 * GiB, memory__current=1536 * MiB)
+    monkeypatch.setattr(
+        cgroup, "cgroup_memory", functools.partial(cgroup.cgroup_memory, str(tmp_path), str(own))
+    )
+    assert host_memory().cgroup_limit_bytes == 2 * GiB  # in-process: this process's cgroup is the job's
+    cgroup.for_job(None)  # a client no cgroup limits
+    assert host_memory().cgroup_limit_bytes is None
+    cgroup.for_job(CgroupMemory(8 * GiB, 1 * GiB))  # a client with more room than the daemon
+    assert host_memory().cgroup_limit_bytes == 8 * GiB
+    cgroup.for_job(CgroupMemory(1 * GiB, 256 * MiB))  # and with less
+    assert host_memory().cgroup_limit_bytes == 1 * GiB

@@ -17,7 +17,7 @@ from autobatch.devices.selection import targets_for
 from autobatch.devices.visible import MigInstance, Physical, visible_indices
 
 C = "GPU-cccccccc-1111-2222-3333-444444444444"
-#: M (GPU instance 1, compute instance 0 on A) in the form of drivers before R470, upper and lower case.
+#: M (GPU instance 1, compute instance 0 on A) in the form of drivers before R470.
 OLD_M = f"MIG-{A}/1/0"
 
 
@@ -49,13 +49,20 @@ def gpus() -> list[Physical]:
         ("MIG-cccc", {M: 0}),
         ("MIG-cccc,1", {M: 0}),
         (OLD_M, {M: 0}),  # the form before driver R470: the GPU's UUID, GPU and compute instance ids
-        (OLD_M.lower(), {M: 0}),
+        (OLD_M.lower(), {}),  # torch's MIG- is upper case: read as indices, none
         (f"{OLD_M},0", {M: 0}),
         (f"MIG-{A}/1/1", {}),  # no such compute instance
         (f"MIG-{B}/1/0", {}),  # no such instance on that GPU
         (f"MIG-{A[:12]}/1/0", {}),  # the GPU's UUID in full, not a prefix
         (f"{OLD_M},MIG-cccc", {}),  # one instance named in both forms: none is visible
         ("nonsense,0", {}),
+        # a UUID as written, case and all, as torch matches it: NVML writes them in lower case
+        ("GPU-CCCC", {}),
+        ("gpu-cccc", {}),
+        ("GPU-cccc,GPU-AAAA", {C: 0}),
+        ("MIG-CCCC", {}),
+        ("GPU-cccc, GPU-aaaa", {C: 0}),  # a space before an entry: of another kind
+        (" GPU-cccc", {}),
     ],
 )
 def test_cuda_visible_devices_as_cuda_reads_it(variable: str | None, expected: dict[str, int]) -> None:
@@ -65,7 +72,9 @@ def test_cuda_visible_devices_as_cuda_reads_it(variable: str | None, expected: d
 @pytest.mark.parametrize(
     "variable",
     ["", "0", "2,0", "1, 0", "0,7,1", "0,-1,1", "1gpu2,2ampere", "0,0,1", "0,7,0", "junk", "GPU-cccc",
-     "GPU-cccc,0", "GPU-bbbb,GPU-aaaa", "GPU-cccc,GPU-cccccccc-1111", "GPU-", "GPU-ffff,GPU-aaaa", "0,GPU-aaaa"],
+     "GPU-cccc,0", "GPU-bbbb,GPU-aaaa", "GPU-cccc,GPU-cccccccc-1111", "GPU-", "GPU-ffff,GPU-aaaa", "0,GPU-aaaa",
+     "GPU-CCCC", "gpu-cccc", "Gpu-cccc", "GPU-cccc,GPU-AAAA", "GPU-bbbb,GPU-aaaa,GPU-BBBB", "GPU-cccc, GPU-aaaa",
+     " GPU-cccc", "GPU-cccc ,GPU-aaaa", " 1, 0"],
 )  # fmt: skip
 def test_cuda_visible_devices_agrees_with_torchs_count(
     variable: str, monkeypatch: pytest.MonkeyPatch
@@ -90,8 +99,10 @@ def test_cuda_visible_devices_agrees_with_torchs_count(
 
 
 @pytest.mark.parametrize(
-    "variable", [OLD_M, f"{OLD_M},0", f"{OLD_M},MIG-cccc", "MIG-cccc,1", f"MIG-cccc,{OLD_M},GPU-aaaa"]
-)
+    "variable",
+    [OLD_M, f"{OLD_M},0", f"{OLD_M},MIG-cccc", "MIG-cccc,1", f"MIG-cccc,{OLD_M},GPU-aaaa", OLD_M.lower(),
+     "MIG-cccc,mig-aaaa", "MIG-cccc, MIG-aaaa"],
+)  # fmt: skip
 def test_mig_entries_are_the_ones_torch_parses(variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # torch reads both forms of a MIG instance as entries of one kind, MIG-, and leaves matching them to CUDA
     # (its NVML count skips MIG): the entries this module matches are torch's.
@@ -99,7 +110,7 @@ def test_mig_entries_are_the_ones_torch_parses(variable: str, monkeypatch: pytes
 
     torch_cuda = pytest.importorskip("torch.cuda")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", variable)
-    assert _entries(variable) == [entry.upper() for entry in torch_cuda._parse_visible_devices()]
+    assert _entries(variable) == torch_cuda._parse_visible_devices()
 
 
 def test_inventory_lists_gpus_in_pci_order_with_memory_and_versions() -> None:

@@ -213,6 +213,15 @@ def test_the_summary_counts_the_failures_the_guard_handled_and_the_error_shows_i
     assert (summary["steps"], summary["out_of_memory"], summary["micro_batch_size"]) == (2, 2, 1)
 
 
+def test_the_guards_usage_error_shows_its_hint_in_the_scripts_traceback(tmp_path: Path) -> None:
+    """A job started before its tune wrote the result: the guard's UsageError ends the script, and its traceback
+    shows the hint, what to do (it showed the message alone; GuardError alone carried its hint)."""
+    err = run_failing(tmp_path, "guarded_job.py", "--result", "missing.json")
+    *_, error, hint = err.rstrip().splitlines()
+    assert error == "autobatch.errors.UsageError: no result file at missing.json", err
+    assert hint == "hint: run `autobatch tune` first, or pass the path it wrote", err
+
+
 def test_a_batch_of_the_samples_own_token_tensors_is_counted_by_its_samples(tmp_path: Path) -> None:
     """A collate that keeps each sample's tokens as a tensor of its own length, first in the batch's dict: the
     batch is its 16 samples (it read 40, the first sample's tokens, and ran the whole batch as every one of its

@@ -95,3 +95,28 @@ def test_an_error_that_says_nothing_of_memory_is_not_set_beside_an_oom() -> None
         f"train.py ended after 3 optimizer step(s) at batch 354: not enough data; {NOTHING_OF_MEMORY}"
     )
     assert with_larger_oom(error, 354, [_oom(355)]) is error
+
+
+def test_a_broken_contract_from_the_scripts_frames_keeps_its_hint_beside_its_traceback() -> None:
+    """An autobatch error raised from the script's own frames (its build_model asked autobatch for recomputation
+    the model cannot have) keeps its traceback for --verbose, whose last line is the message alone: the hint, in
+    the error's text, is printed once, on its own line, not again at the end of the traceback."""
+    from autobatch.errors import NoBlocksError
+
+    def build_model() -> None:  # the script's frame
+        raise NoBlocksError("the model has no repeated blocks", hint="name them with RECOMPUTE_CLASSES")
+
+    try:
+        build_model()
+    except NoBlocksError as exc:
+        assert str(exc) == "the model has no repeated blocks\nhint: name them with RECOMPUTE_CLASSES"
+        outcome = describe_failure(ProbeOutcome(kind="error", batch_size=8), _as_the_probe_catches(exc))
+    assert outcome.traceback is not None and "in build_model" in outcome.traceback
+    assert outcome.traceback.endswith("NoBlocksError: the model has no repeated blocks\n")
+    with pytest.raises(ContractError) as raised:
+        raise_for(outcome, what="building the model")
+    assert (raised.value.message, raised.value.hint) == (
+        "the model has no repeated blocks",
+        "name them with RECOMPUTE_CLASSES",
+    )
+    assert "hint: " not in str(raised.value.detail)  # --verbose prints the detail, then the hint

@@ -166,7 +166,9 @@ def cuda_budget(snapshot: CudaSnapshot, *, memory: int | None, headroom: float) 
     total, context = snapshot.total_bytes, snapshot.context_bytes
     others_here = max(snapshot.nvml_used_by_others_bytes or 0, snapshot.outside_bytes - context, 0)
     context_how = (
-        "measured with NVML" if snapshot.context_source == "nvml" else "estimate: NVML cannot see this PID"
+        "measured with NVML"
+        if snapshot.context_source == "nvml"
+        else "estimate: NVML did not measure this process"
     )
     if memory is None:
         capacity, others, calibrated = total, others_here, False

@@ -51,7 +51,7 @@ def snapshot(device_index: int) -> CudaSnapshot:
     with open_nvml(uuid, pci) as nv:
         proc, others, dev_used = nv.process_bytes(), nv.others_bytes(), nv.device_used_bytes()
         if nv.reason:
-            notes.append(nv.reason)
+            notes.append(f"the CUDA context is estimated: {nv.reason}")
         elif proc is None:
             notes.append("NVML cannot see this PID (a container?): the CUDA context is estimated")
     context, source = estimate_context(proc, reserved)

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, replace
 
 from autobatch.core.levels import OFF
-from autobatch.errors import ContractError, NoBlocksError
+from autobatch.errors import AutobatchError, ContractError, NoBlocksError
 from autobatch.explain.pure.maxima import SimResult
 from autobatch.explain.pure.records import Scenario
 from autobatch.explain.worker.allocators import make_allocator
@@ -73,7 +73,9 @@ def simulate(
         if isinstance(exc, ContractError) and not isinstance(exc, NoBlocksError):
             raise  # the script breaks the contract: no scenario can run
         result.ok = False
-        result.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
+        # an autobatch error's message alone: its hint is the command's to give
+        said = exc.message if isinstance(exc, AutobatchError) else exc
+        result.error = f"{type(exc).__name__}: {said}".strip()[:2000]
     extra = rank.extra_bytes(result.static) if rank is not None and result.ok else 0
     result.device_peak = tracker.allocator.peak + extra
     result.tensor_peak = tracker.peak.tensor_bytes + extra
