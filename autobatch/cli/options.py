@@ -181,10 +181,16 @@ SETTING_OF: dict[str, str] = {
 def overrides(params: dict[str, Any]) -> dict[str, Any]:
     """Setting name -> value for a command's parameters that name a setting and were given.
 
-    None and empty lists are 'not given'; a single precision or optimizer counts as a list of one.
+    None and empty lists are 'not given'; a single precision or optimizer counts as a list of one. A script
+    that starts with ``-`` is the first of the script's arguments (``autobatch tune -- --seq-len 2048``, the
+    script named in ``autobatch.toml``): Click gives the first word after ``--`` to SCRIPT, and a word before
+    ``--`` that starts with ``-`` is an option, so only that word can.
     """
     from autobatch.settings.docs import BY_NAME
 
+    script = params.get("script")
+    if isinstance(script, str) and script.startswith("-"):
+        params = {**params, "script": None, "script_args": [script, *(params.get("script_args") or [])]}
     out: dict[str, Any] = {}
     for param, value in params.items():
         name = SETTING_OF.get(param, param)
