@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from autobatch.settings import Settings
 
 
@@ -182,10 +184,16 @@ SETTING_OF: dict[str, str] = {
 def overrides(params: dict[str, Any]) -> dict[str, Any]:
     """Setting name -> value for a command's parameters that name a setting and were given.
 
-    None and empty lists are 'not given'; a single precision or optimizer counts as a list of one.
+    None and empty lists are 'not given'; a single precision or optimizer counts as a list of one. A script
+    that starts with ``-`` is the first of the script's arguments (``autobatch tune -- --seq-len 2048``, the
+    script named in ``autobatch.toml``): Click gives the first word after ``--`` to SCRIPT, and a word before
+    ``--`` that starts with ``-`` is an option, so only that word can.
     """
     from autobatch.settings.docs import BY_NAME
 
+    script = params.get("script")
+    if isinstance(script, str) and script.startswith("-"):
+        params = {**params, "script": None, "script_args": [script, *(params.get("script_args") or [])]}
     out: dict[str, Any] = {}
     for param, value in params.items():
         name = SETTING_OF.get(param, param)
@@ -205,6 +213,36 @@ def load(params: dict[str, Any]) -> Settings:
     """The settings of a command from its own parameters (``opt.load(locals())``, first thing):
     ``autobatch.toml`` (or ``--config``) < ``AUTOBATCH_*`` < the flags that were given. Parameters
     that are not settings (``batch_size``, ``as_json``, ...) are left out by name."""
+    import os
+
     from autobatch.settings import load_settings
 
-    return load_settings(config=params.get("config"), overrides=overrides(params))
+    settings = load_settings(config=params.get("config"), overrides=overrides(params))
+    warn_stray_variables(os.environ)
+    return settings
+
+
+def warn_stray_variables(env: Mapping[str, str]) -> None:
+    """A warning line for each ``AUTOBATCH_*`` variable that reads like a setting's but is none, and so is ignored
+    (:func:`autobatch.settings.load.stray_variables`); the variables autobatch writes itself are left out."""
+    from autobatch.settings.load import stray_variables
+
+    stray = stray_variables(env)
+    if not stray:
+        return
+    from autobatch.cli.progress import Output
+
+    own = own_variables()
+    out = Output()
+    for name, meant in stray:
+        if name not in own:
+            out.warning(f"{name} is no setting's variable and is ignored: did you mean {meant}?")
+
+
+def own_variables() -> set[str]:
+    """The ``AUTOBATCH_*`` names autobatch itself sets that read like a setting's variable: the env file's plan
+    (a job sources it), a probe's batch. Not settings, and not mistakes."""
+    from autobatch.emit.env import ENV_NAMES
+    from autobatch.step.as_is import BATCH_ENV
+
+    return {*ENV_NAMES, BATCH_ENV}

@@ -38,6 +38,10 @@ def validate(
 
     path = file if file is not None else Path(DEFAULT_FILE)
     settings = load_settings(config=path, env=None if use_env else {}, check_paths=True)
+    if use_env:
+        import os
+
+        opt.warn_stray_variables(os.environ)
     console.print(f"ok: {path}", markup=False, highlight=False)
     for line in summary(settings):
         console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)

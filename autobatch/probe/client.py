@@ -34,7 +34,7 @@ from autobatch.probe.ops import LAZY_IMPORTS
 from autobatch.probe.warming import Warming, describe
 from autobatch.probe.yielding import YieldingRunner
 from autobatch.records.failures import server_error
-from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest, start_word
 from autobatch.settings.levers import neutral
 
 if TYPE_CHECKING:
@@ -190,10 +190,15 @@ class ProbeClient:
             # leave a server nobody stops: it is held until the handle is kept, then raised, and the server closed
             with interrupts_held():
                 if self.cold is None:
-                    self._proc = forked.start(json.dumps(init), env, self._stderr)
+                    self._proc = forked.start(start_word(init, self._log_dir.name), env, self._stderr)
                 else:
                     self._proc = subprocess.Popen(
-                        [sys.executable, "-m", "autobatch.probe.server", json.dumps(init)],
+                        [
+                            sys.executable,
+                            "-m",
+                            "autobatch.probe.server",
+                            start_word(init, self._log_dir.name),
+                        ],
                         stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE,
                         stderr=self._stderr,

@@ -32,7 +32,7 @@ from autobatch.probe.lineage import (
     read_until_exit,
 )
 from autobatch.probe.ops import register, write_report
-from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest, read_start_word, start_word
 
 if TYPE_CHECKING:
     from autobatch.probe.ranks import Measure, Rank
@@ -244,7 +244,7 @@ def _run_fresh(
                 "multiprocessing_folder": spool,
             }
             process = subprocess.Popen(
-                [sys.executable, "-m", "autobatch.probe.fresh", json.dumps(start)],
+                [sys.executable, "-m", "autobatch.probe.fresh", start_word(start, env[SCRATCH_ENV])],
                 pass_fds=keep,
                 env={**env, **_launcher_env(rank, world, port)},
                 stdin=subprocess.DEVNULL,
@@ -331,7 +331,7 @@ def _data_bytes() -> int:
 def main() -> None:
     """A fresh process (``python -m autobatch.probe.fresh START``): torch, autobatch's modules (measured),
     the script, the steps; one report line on ``report_fd``."""
-    start = json.loads(sys.argv[1])
+    start = read_start_word(sys.argv[1])
     # what the script starts stays below this process, where its end finds it (end_tree), and ends with it when
     # the command is killed outright (unless the script takes SIGHUP for itself)
     become_subreaper()

@@ -34,7 +34,7 @@ from autobatch.probe.lineage import (
     end_descendants_on,
     read_until_exit,
 )
-from autobatch.records.protocol import ProbeOutcome, ProbeRequest
+from autobatch.records.protocol import ProbeOutcome, ProbeRequest, read_start_word, start_word
 
 #: Modules a probe imports lazily (building any optimizer imports torch._dynamo: about 2 s). Importing
 #: them here, once, keeps that cost out of every probe; importing runs no tensor operation.
@@ -88,7 +88,7 @@ ORPHAN_WAIT = 1.0
 
 
 def main() -> None:
-    init = json.loads(sys.argv[1])
+    init = read_start_word(sys.argv[1])
     parent = os.getppid()
     # the handlers end the probes and what they started, then the server: on the client's stop, and on its death
     end_descendants_on(signal.SIGTERM)
@@ -116,7 +116,7 @@ def main() -> None:
         if start.get("restart"):  # an import started threads: start again, warming less (torch alone at last)
             os.dup2(proto.fileno(), 1)
             os.dup2(requests.fileno(), 0)
-            again = json.dumps({**init, "warm": start["warm"], "cold": start.get("cold")})
+            again = start_word({**init, "warm": start["warm"], "cold": start.get("cold")}, init["log_dir"])
             os.execv(sys.executable, [sys.executable, "-m", "autobatch.probe.server", again])
         # a server forked from the daemon's warm process for a script one of its servers imported cleanly, with
         # its sources and the files it read as they were then, is not checked again (autobatch.probe.client)

@@ -9,10 +9,16 @@ An outcome's ``kind`` is one of:
              an answer about the combination, classified in ``autobatch.probe.compile_errors``)
 ``timeout``  the probe did not finish within its timeout and was killed
 ``crash``    the probe process died without reporting (a signal, an abort, an illegal access)
+
+A process the tune starts (the probe server, the job's fresh process) gets its start message as a file
+(:func:`start_word`), not as JSON on its command line.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
 
@@ -238,3 +244,21 @@ class ProbeRunner(Protocol):
     def close(self) -> None:
         """Stop every process the runner started; safe to call more than once."""
         ...
+
+
+def start_word(message: dict[str, Any], folder: str) -> str:
+    """The command-line word that hands ``message`` to a Python the tune starts (``python -m MODULE WORD``): the
+    path of a private JSON file in ``folder`` holding it, read by :func:`read_start_word`. Not the JSON itself:
+    Linux refuses one argument above 128 KiB (``E2BIG``), and the script's arguments it carries can be longer
+    (a job's thousands of data files)."""
+    fd, path = tempfile.mkstemp(prefix="start-", suffix=".json", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        json.dump(message, file)
+    return path
+
+
+def read_start_word(word: str) -> dict[str, Any]:
+    """The start message :func:`start_word` handed to this process."""
+    with open(word, encoding="utf-8") as file:
+        message: dict[str, Any] = json.load(file)
+    return message

@@ -293,8 +293,8 @@ class ProbeSettings:
     )  # fmt: skip
     lock_dir: Optional[str] = setting(
         None, "path", "path", "Folder of the per-device locks (one tuner per GPU, or per host on the CPU); "
-        "must be local to the node and shared by its users; unset: autobatch-locks in the temporary folder "
-        "($TMPDIR, else /tmp).", optional=True, flag=None, example="/tmp/autobatch-locks", folder=True,
+        "must be local to the node and shared by its users and jobs; unset: autobatch-locks in the node's /tmp "
+        "(else /var/tmp), whatever TMPDIR says.", optional=True, flag=None, example="/tmp/autobatch-locks", folder=True,
     )  # fmt: skip
     lock_timeout: Optional[float] = setting(
         None, "float", "seconds > 0", "Longest wait for another run's probes on the same device (exit 7) or for "

@@ -19,7 +19,7 @@ else:  # pragma: no cover - Python < 3.11 only
 
 from autobatch.core.references import is_file_reference, is_reference, split_reference
 from autobatch.errors import ConfigError
-from autobatch.settings.docs import BY_NAME, FIELDS, META
+from autobatch.settings.docs import BY_NAME, ENV_PREFIX, FIELDS, META
 from autobatch.settings.groups import GROUPS, SECTIONS, Settings, relations
 from autobatch.settings.levers import Door, given_by
 from autobatch.settings.values import HINT, Bad, coerce, show
@@ -104,6 +104,33 @@ def _gather(
             origin = named.origin(name, value)
             given[name] = _Given(value, origin, origin, True, cwd)
     return given, source_files
+
+
+def stray_variables(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(name, meant)`` for each set ``AUTOBATCH_*`` variable of ``env`` that no setting reads but that reads like
+    one's variable: a typo or a shortened name (``AUTOBATCH_GLOBAL_BATCH`` for ``AUTOBATCH_GLOBAL_BATCH_SIZE``), or
+    a flag's name (``AUTOBATCH_OUTPUT`` for ``AUTOBATCH_RESULT``, the variable of ``--output``). Every name no
+    setting reads is ignored (the env file's plan, ``AUTOBATCH_MICRO_BATCH_SIZE``, reads like one too: the caller
+    leaves out the names autobatch writes), so a job script's mistyped setting would be ignored in silence."""
+    variables = {info.env for info in FIELDS}
+    words = sorted(
+        name.removeprefix(ENV_PREFIX) for name in variables
+    )  # the prefix alone would make any two close
+    by_flag = {
+        ENV_PREFIX + flag[2:].upper().replace("-", "_"): info.env
+        for info in FIELDS
+        for flag in (info.flag or "").replace(",", "/").replace(" ", "").split("/")
+        if flag.startswith("--") and not flag.startswith("--no-") and len(flag) > 2
+    }
+    out = []
+    for name, value in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name in variables or not value.strip():
+            continue
+        near = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), words, n=1, cutoff=0.8)
+        meant = by_flag.get(name) or (ENV_PREFIX + near[0] if near else None)
+        if meant is not None:
+            out.append((name, meant))
+    return out
 
 
 def _coerce_all(given: dict[str, _Given], check_paths: bool, problems: list[str]) -> dict[str, Any]:

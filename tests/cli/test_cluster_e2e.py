@@ -5,6 +5,7 @@
 * Two identical tunes started together on one cache and one device both succeed with the same
   result, and no probe of one ran while a probe of the other did (from the probes' start times and
   durations in each result's trace).
+* Two jobs whose TMPDIR is each their own (a scheduler's) still share the device's lock.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -113,3 +115,43 @@ def test_two_identical_tunes_at_once_agree_and_never_probe_together(tmp_path: Pa
     assert spans, "no probe ran"
     for (_, end), (start, _) in zip(spans, spans[1:]):
         assert end <= start, "two probes ran at once"
+
+
+#: Another job's tune holding this host's CPU lock in the default lock folder, as its TMPDIR places it.
+HOLD = """
+import sys, time
+from autobatch.run.locks import RunLock
+lock = RunLock.device(sys.argv[1], "cpu (another job)", command="another job's tune")
+lock.acquire()
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_jobs_with_a_tmpdir_of_their_own_still_take_turns_on_the_device(tmp_path: Path) -> None:
+    """A scheduler gives each job a TMPDIR of its own: the second job's tune waits for the first job's lock (here
+    it gives up after 2 s, naming the holder) instead of probing the same device beside it."""
+    env = {k: v for k, v in environment(tmp_path).items() if k != "AUTOBATCH_LOCK_DIR"}
+    for job in ("job1", "job2"):
+        (tmp_path / job).mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, f"host-{socket.gethostname()}", "120"],
+        env={**env, "TMPDIR": str(tmp_path / "job1")},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        second = subprocess.run(
+            [*command(tmp_path, "second.json"), "--lock-timeout", "2"],
+            cwd=tmp_path,
+            env={**env, "TMPDIR": str(tmp_path / "job2")},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert second.returncode == 7, second.stderr
+    assert f"held by pid {holder.pid}" in second.stderr and "another job's tune" in second.stderr

@@ -32,6 +32,7 @@ from autobatch.settings import (
     render_starter_toml,
     resolve_world_size,
 )
+from autobatch.settings.load import stray_variables
 
 ROOT = Path(__file__).resolve().parents[2]
 GiB = 1024**3
@@ -474,3 +475,36 @@ def test_resolve_world_size_rejects_nonsense() -> None:
         resolve_world_size(None, {"WORLD_SIZE": "eight"})
     with pytest.raises(ConfigError, match="world_size"):
         resolve_world_size(0, {})
+
+
+def test_a_variable_that_reads_like_a_settings_is_named_with_the_one_meant() -> None:
+    env = {
+        "AUTOBATCH_GLOBAL_BATCH": "64",  # shortened
+        "AUTOBATCH_MEMROY": "1GiB",  # a typo
+        "AUTOBATCH_OUTPUT": "r.json",  # --output's name; its variable is AUTOBATCH_RESULT
+        "AUTOBATCH_HEADROOM": "0.2",  # a setting's
+        "AUTOBATCH_MY_OWN_THING": "1",  # reads like none
+        "AUTOBATCH_DEVICES": "",  # empty: not set
+    }
+    assert stray_variables(env) == [
+        ("AUTOBATCH_GLOBAL_BATCH", "AUTOBATCH_GLOBAL_BATCH_SIZE"),
+        ("AUTOBATCH_MEMROY", "AUTOBATCH_MEMORY"),
+        ("AUTOBATCH_OUTPUT", "AUTOBATCH_RESULT"),
+    ]
+
+
+def test_no_variable_autobatch_sets_itself_is_taken_for_a_mistyped_setting() -> None:
+    """Every ``AUTOBATCH_*`` name the package's source sets or reads (a string literal) is a setting's, or reads
+    like none, or is one the command knows as its own (a new one near a setting's name must join
+    :func:`own_variables`)."""
+    from autobatch.cli.options import own_variables
+
+    package = ROOT / "autobatch"
+    names = {
+        m
+        for path in package.rglob("*.py")
+        for m in re.findall(r"[\"'](AUTOBATCH_[A-Z_]+)[\"']", path.read_text())
+    }
+    assert len(names) > 20
+    taken = {name for name, _ in stray_variables(dict.fromkeys(names, "1"))}
+    assert taken - own_variables() == set()
