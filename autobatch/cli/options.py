@@ -241,8 +241,8 @@ def warn_stray_variables(env: Mapping[str, str]) -> None:
 
 def own_variables() -> set[str]:
     """The ``AUTOBATCH_*`` names autobatch itself sets that read like a setting's variable: the env file's plan
-    (a job sources it), a probe's batch. Not settings, and not mistakes."""
+    (a job sources it), a probe's batch and length. Not settings, and not mistakes."""
     from autobatch.emit.env import ENV_NAMES
-    from autobatch.step.as_is import BATCH_ENV
+    from autobatch.step.as_is import BATCH_ENV, SEQ_LEN_ENV
 
-    return {*ENV_NAMES, BATCH_ENV}
+    return {*ENV_NAMES, BATCH_ENV, SEQ_LEN_ENV}
