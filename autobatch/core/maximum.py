@@ -163,8 +163,12 @@ class _Run:
 
     def search_probe(self, batch: int) -> Observation:
         # Next to a known non-fit, a fit is the answer: run it as long as the confirmation, so that it
-        # needs none (an out-of-memory step comes early, so a miss costs little more).
-        near_miss = batch + self.limits.batch_multiple in self.misses
+        # needs none (an out-of-memory step comes early, so a miss costs little more). Two under one, a fit
+        # is the answer or the one candidate above is, which runs as long (next to the miss): as long, it
+        # needs no confirmation whichever fits (as_is/loader_workers.py: after misses at 7188 and 7187 a
+        # 3-step fit at 7185, 7186 missed, and 7185 ran again as a confirmation, a ninth probe).
+        m = self.limits.batch_multiple
+        near_miss = batch + m in self.misses or batch + 2 * m in self.misses
         return self._searching(
             batch, self.limits.confirm if near_miss or self.long else self.limits.search_steps
         )
