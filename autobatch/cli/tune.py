@@ -144,9 +144,17 @@ def _partial(out: Output) -> Callable[[TuneResult, str], None]:
             print_table(result)
         # a tune that ended with nothing chosen (nothing fits: exit 4) kept a whole result, not a partial one
         what = "result (nothing chosen" if result.status == "complete" else f"partial result ({result.status}"
-        out.status(f"{what}, {result.probes} probes) {where}")
+        out.status(f"{what}, {_probes_in_words(result)}) {where}")
 
     return show
+
+
+def _probes_in_words(result: TuneResult) -> str:
+    """The probes this run measured, and those it replayed from the journal (a re-run after an interruption):
+    "1 probe and 2 from the journal", where the count alone said "1 probes" of a trace of three."""
+    replayed = sum(1 for combo in result.combinations for probe in combo.trace if probe.cached)
+    measured = f"{result.probes} probe{'' if result.probes == 1 else 's'}"
+    return f"{measured} and {replayed} from the journal" if replayed else measured
 
 
 def summary_line(result: TuneResult, path: str) -> str:

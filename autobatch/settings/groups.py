@@ -131,7 +131,8 @@ class DeviceSettings:
     memory: Optional[int] = setting(
         None, "size", 'bytes, or a size such as "2GiB"', "Memory capacity to tune for: on CUDA it "
         "calibrates for a smaller card; on the CPU it caps the probe process's data memory (RLIMIT_DATA). "
-        "Unset: the device's capacity.", optional=True, example="2GiB",
+        "Unset: the device's capacity. A number without a unit is bytes, from 1 MiB up (below, a unit left out "
+        "is refused).", optional=True, example="2GiB",
     )  # fmt: skip
     headroom: float = setting(
         0.10, "float", "a fraction 0 <= h < 1",

@@ -136,15 +136,27 @@ def _text(meta: Mapping[str, Any], raw: Any, text: bool) -> str:
     return raw.strip()
 
 
+#: A size given without a unit below this is a unit left out, not a budget: ``memory = 420`` meant 420MiB (as
+#: bytes it failed the tune two seconds later, "budget 378 B", where ``validate`` had said ok).
+UNITLESS_FLOOR = 1 << 20
+
+
 def _size(meta: Mapping[str, Any], raw: Any, text: bool) -> int:
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
         raise expected(meta["type"], raw)
     try:
-        return parse_size(raw if isinstance(raw, (int, str)) else str(raw))
+        size = parse_size(raw if isinstance(raw, (int, str)) else str(raw))
     except ValueError as exc:
         if "more than 0" in str(exc) or str(raw).strip().startswith("-"):
             raise Bad(f"expected a size above 0 bytes (such as 2GiB), found {raw!r}") from None
         raise expected(meta["type"], raw) from None
+    if size < UNITLESS_FLOOR and str(raw).strip().replace(".", "", 1).isdigit():
+        number = str(raw).strip()
+        raise Bad(
+            f"{number} without a unit is {number} bytes, less than any model needs: give a unit, such as "
+            f"{number}MiB or {number}GiB"
+        )
+    return size
 
 
 def _args(meta: Mapping[str, Any], raw: Any, text: bool) -> tuple[str, ...]:

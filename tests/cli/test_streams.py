@@ -142,6 +142,40 @@ def test_sighup_ends_a_tune_as_sigterm_does(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+def _interrupted_after_probes(tmp_path: Path, log: Path, count: int) -> str:
+    """The stderr of a tune SIGTERMed once the fake runner has measured ``count`` probes in all (``log``)."""
+    proc = subprocess.Popen(
+        [sys.executable, FAKE_CLI, str(log), "--", *TUNE, "--output", "r.json"], cwd=tmp_path,
+        env=_env(tmp_path, FAKE_PROBE_SECONDS="1"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while (log.read_text() if log.exists() else "").count(
+        '"op": "probe"'
+    ) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    return err
+
+
+def test_a_rerun_interrupted_again_counts_its_probes_and_those_replayed(tmp_path: Path) -> None:
+    """The re-run of an interrupted tune replays its probes from the journal: its partial result's line names
+    both ("1 probes" of a trace of three before)."""
+    (tmp_path / "train.py").write_text("# the fake runner never imports it\n")
+    log = tmp_path / "probes.jsonl"
+    first = _interrupted_after_probes(tmp_path, log, 2)
+    assert (
+        "partial result (interrupted, 1 probe) saved" in first or "(interrupted, 2 probes) saved" in first
+    ), first
+    again = _interrupted_after_probes(tmp_path, log, 3)
+    line = next(line for line in again.splitlines() if "partial result (interrupted" in line)
+    result = json.loads((tmp_path / "r.json").read_text())
+    replayed = sum(probe["cached"] for combo in result["combinations"] for probe in combo["trace"])
+    assert replayed >= 1 and f" and {replayed} from the journal) saved" in line, line
+    assert " 1 probes" not in line
+
+
 @pytest.mark.slow
 def test_the_tune_waiting_for_another_computing_it_says_so_in_words(tmp_path: Path) -> None:
     """The second of two identical tunes sharing a cache waits for the first: "the tune KEY is free after"."""

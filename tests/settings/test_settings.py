@@ -233,6 +233,9 @@ FILE_PROBLEMS = [
     ("[device]\ndevice = 'gpu'\n", 'autobatch.toml: device.device: expected auto, cpu, cuda or cuda:N, found "gpu"'),
     ("[device]\nmemory = '2 gigs'\n", 'autobatch.toml: device.memory: expected bytes, or a size such as "2GiB", found "2 gigs"'),
     ("[device]\nmemory = 0\n", 'autobatch.toml: device.memory: expected a size above 0 bytes (such as 2GiB), found 0'),
+    ("[device]\nmemory = 420\n", "autobatch.toml: device.memory: 420 without a unit is 420 bytes, less than any model "
+     "needs: give a unit, such as 420MiB or 420GiB"),
+    ("[device]\nmemory = '512'\n", "device.memory: 512 without a unit is 512 bytes"),
     ("[plan]\nobjective = 'max_batch'\n", 'autobatch.toml: plan.objective: expected one of throughput, max-batch, found "max_batch"; did you mean "max-batch"?'),
     ("[plan]\nworld_size = 0\n", "autobatch.toml: plan.world_size: expected an integer >= 1, found 0"),
     ("[output]\nemit = ['yaml=x.yml']\n", 'autobatch.toml: output.emit: expected formats from deepspeed, hf, lightning, accelerate, env, args, json, toml, found "yaml"'),
@@ -406,7 +409,7 @@ VALUES = st.fixed_dictionaries(
     {
         "headroom": st.floats(0, 0.99, allow_nan=False),
         "steps": st.integers(3, 50),
-        "memory": st.integers(1, 2**40),
+        "memory": st.integers(1 << 20, 2**40),  # below 1 MiB a unit-less size is a unit left out
         "precisions": st.lists(st.sampled_from(PRECISIONS), min_size=1, max_size=4, unique=True),
         "optimizers": st.lists(st.sampled_from(OPTIMIZERS), min_size=1, max_size=3, unique=True),
         "recompute": st.lists(st.booleans(), min_size=1, max_size=2, unique=True),
@@ -508,3 +511,15 @@ def test_no_variable_autobatch_sets_itself_is_taken_for_a_mistyped_setting() -> 
     assert len(names) > 20
     taken = {name for name, _ in stray_variables(dict.fromkeys(names, "1"))}
     assert taken - own_variables() == set()
+
+
+@pytest.mark.parametrize(
+    "given, size",
+    [("493879296", 493879296), ("1048576", 1 << 20), ("420MiB", 420 << 20), ("0.5GiB", 1 << 29)],
+)
+def test_a_size_of_bytes_without_a_unit_is_taken_from_a_mebibyte_up(
+    tmp_path: Path, given: str, size: int
+) -> None:
+    """The benchmark's caps are bare bytes: a unit-less number is bytes from 1 MiB up (below, a unit left out)."""
+    assert load(tmp_path, f"[device]\nmemory = '{given}'\n").device.memory == size
+    assert load(tmp_path, memory=given).device.memory == size
