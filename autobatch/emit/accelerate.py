@@ -66,7 +66,23 @@ def caveats(result: TuneResult, options: EmitOptions) -> list[str]:
             "several machines: set num_machines, machine_rank and main_process_ip on each "
             "(num_processes stays the world size)"
         )
+    if chosen.world_size > 1 and on_cpu(result):
+        notes.append(multi_cpu_caveat(chosen.world_size, chosen.global_batch_size))
     return notes
+
+
+def multi_cpu_caveat(world: int, global_batch: int) -> str:
+    """What ``accelerate launch`` does with a MULTI_CPU config (``accelerate/commands/launch.py``): only with
+    ``mpirun_hostfile`` does it start the ranks (through mpirun); without it, its simple launcher starts one
+    process, whose Accelerator sees a world of 1, and the job trains at a fraction of the plan's global batch.
+    Under torchrun, a CPU rank's Accelerator joins the world only with ``ACCELERATE_USE_CPU`` set."""
+    return (
+        f"CPU world {world}: accelerate launch starts MULTI_CPU's {world} processes only through mpirun "
+        "(mpirun_hostfile in this file, or --mpirun_hostfile); without it, it starts one, and the global batch "
+        f"is 1/{world} of {global_batch}. Or start the ranks with ACCELERATE_USE_CPU=true torchrun --standalone "
+        f"--nproc-per-node {world} train.py (without ACCELERATE_USE_CPU, each rank's Accelerator() sees a world "
+        "of 1)"
+    )
 
 
 def render_accelerate(result: TuneResult, options: EmitOptions) -> str:

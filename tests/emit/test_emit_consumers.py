@@ -323,6 +323,35 @@ def test_accelerate_launch_reads_precision_and_accumulation(tmp_path: Path, case
     assert line[0].split()[1:] == [str(case.accumulation), precision, "1"]
 
 
+@pytest.mark.slow
+def test_a_cpu_world_of_two_says_how_accelerate_starts_its_ranks(tmp_path: Path) -> None:
+    """A CPU plan of world 2: `accelerate launch --config_file` alone starts one process (MULTI_CPU goes through
+    mpirun only with a hostfile), as the file's caveat says; torchrun with ACCELERATE_USE_CPU, which the caveat
+    names, starts both ranks and each Accelerator() sees the world (without it, each sees a world of 1)."""
+    case = replace(BY_NAME["cpu_bf16"], name="cpu_w2", world=2, requested=192)
+    config = write(tmp_path, case, "accelerate", name="accelerate.yaml")
+    assert (
+        "CPU world 2: accelerate launch starts MULTI_CPU's 2 processes only through mpirun"
+        in config.read_text()
+    )
+    script = tmp_path / "train.py"
+    script.write_text(LAUNCHED)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("ACCELERATE_")}
+
+    def processes(*launch: str, **extra: str) -> set[str]:
+        proc = subprocess.run([*launch, str(script)], capture_output=True, text=True, timeout=300,
+                              env={**env, **extra}, cwd=tmp_path)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return {x.split()[-1] for x in proc.stdout.splitlines() if x.startswith("LAUNCHED")}
+
+    bin_dir = Path(sys.executable).parent
+    assert processes(str(bin_dir / "accelerate"), "launch", "--config_file", str(config)) == {"1"}
+    torchrun = (str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", "2")
+    assert "ACCELERATE_USE_CPU=true torchrun --standalone --nproc-per-node 2" in config.read_text()
+    assert processes(*torchrun, ACCELERATE_USE_CPU="true") == {"2"}
+    assert processes(*torchrun) == {"1"}  # why the caveat names the variable
+
+
 # ---------------------------------------------------------------------------------- env, json, toml
 
 
