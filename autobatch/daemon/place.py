@@ -1,7 +1,8 @@
 """Where the daemon of this user on this node lives, and what it is.
 
 One daemon per user per node: its socket, log, pid file and locks sit in a folder only the user can enter
-(0700): ``$XDG_RUNTIME_DIR/autobatch``, else ``autobatch-daemon-UID`` in the temporary folder. The variable
+(0700): ``$XDG_RUNTIME_DIR/autobatch``, else ``autobatch-daemon-UID`` in the node's temporary folder (``/tmp``,
+whatever a job's ``TMPDIR`` says). The variable
 ``AUTOBATCH_DAEMON_DIR`` names another folder (tests, several daemons side by side). :func:`identity` is what a
 client compares with the daemon's before it trusts an answer: the versions of autobatch and torch (torch's read from
 its ``version.py``, so the client never imports torch), the interpreter and where autobatch is imported from.
@@ -32,9 +33,9 @@ class Place(NamedTuple):
         runtime = os.environ.get("XDG_RUNTIME_DIR")
         if runtime and Path(runtime).is_dir():
             return cls(Path(runtime) / "autobatch")
-        import tempfile
+        from autobatch.node import node_temp  # the node's, whatever a job's TMPDIR says: one daemon per node
 
-        return cls(Path(tempfile.gettempdir()) / f"autobatch-daemon-{os.getuid()}")
+        return cls(node_temp() / f"autobatch-daemon-{os.getuid()}")
 
     @property
     def socket(self) -> Path:

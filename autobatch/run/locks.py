@@ -14,7 +14,6 @@ import json
 import os
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from autobatch.errors import AutobatchError, DeviceError, UsageError
+from autobatch.node import node_temp
 from autobatch.records.result import Circumstance
 
 #: Seconds between "still waiting" messages.
@@ -31,18 +31,11 @@ REPORT_EVERY = 60.0
 POLL = 1.0
 
 
-#: The node's own temporary folders, where the runs of every job and user on it meet.
-NODE_TEMP = ("/tmp", "/var/tmp")
-
-
 def default_lock_dir() -> Path:
-    """``autobatch-locks`` in the node's temporary folder, whatever ``TMPDIR`` says: a scheduler that gives each
-    job a ``TMPDIR`` of its own (or pam_tmpdir, each user) would give each run a lock folder of its own, and two
-    runs would probe one device at once. The temporary folder only where the node has none to write in."""
-    for folder in NODE_TEMP:
-        if os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK):
-            return Path(folder) / "autobatch-locks"
-    return Path(tempfile.gettempdir()) / "autobatch-locks"
+    """``autobatch-locks`` in the node's temporary folder, whatever ``TMPDIR`` says (:mod:`autobatch.node`): a
+    scheduler that gives each job a ``TMPDIR`` of its own (or pam_tmpdir, each user) would give each run a lock
+    folder of its own, and two runs would probe one device at once."""
+    return node_temp() / "autobatch-locks"
 
 
 @dataclass(frozen=True)

@@ -114,3 +114,23 @@ def test_the_job_scripts_calibration_goes_through_the_daemon(place: Place, tmp_p
     assert "plan for " in done.stderr and list((tmp_path / "calibration").glob("*/autobatch.env"))
     status = Client(place).status()
     assert status is not None and status["served"] == 1  # the tune went through the daemon
+
+
+def test_a_job_with_a_tmpdir_of_its_own_finds_the_nodes_daemon_and_locks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A scheduler's per-job TMPDIR (which tempfile follows) moves neither the daemon's folder nor the device
+    locks: one daemon and one queue per node, where the recipes look (`/tmp/autobatch-daemon-UID`). Before, the
+    daemon's default followed TMPDIR, so each job's command started a daemon of its own."""
+    import tempfile
+
+    from autobatch.run.locks import default_lock_dir
+
+    for name in ("AUTOBATCH_DAEMON_DIR", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert Place.default().folder == Path("/tmp", f"autobatch-daemon-{os.getuid()}")
+    assert default_lock_dir() == Path("/tmp/autobatch-locks")
+    prolog = (SLURM / "daemon-prolog.sh").read_text()
+    assert "folder=${AUTOBATCH_DAEMON_DIR:-/tmp/autobatch-daemon-$uid}" in prolog
