@@ -50,6 +50,10 @@ def test_an_idle_gpus_driver_reservation_is_not_memory_of_unlisted_processes(tmp
     assert "the driver's reservation" in " ".join(said.split())
 
 
+#: One A100 as the stand-in NVML lists it.
+A100 = {"uuid": A, "bus": "00000000:17:00.0", "name": "NVIDIA A100-SXM4-80GB", "total": 80 * GiB, "used": 0}
+
+
 def instance(uuid: str, gpu_instance: int) -> dict[str, Any]:
     """A 3g.40gb MIG instance of the A100: ``gpu_instance``, compute instance 0."""
     name = "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
@@ -59,14 +63,7 @@ def instance(uuid: str, gpu_instance: int) -> dict[str, Any]:
 def test_a_mig_instance_named_in_the_form_before_r470_is_visible(tmp_path: Path) -> None:
     # CUDA_VISIBLE_DEVICES=MIG-GPU-<uuid>/<gpu instance>/<compute instance>, as drivers before R470 named a MIG
     # instance (and job scripts written then still do): the instance with those ids on that GPU is cuda:0.
-    a100 = {
-        "uuid": A,
-        "bus": "00000000:17:00.0",
-        "name": "NVIDIA A100-SXM4-80GB",
-        "total": 80 * GiB,
-        "used": 0,
-    }
-    split = [{**a100, "mig": [instance(MIG_A, 1), instance(MIG_B, 2)]}]
+    split = [{**A100, "mig": [instance(MIG_A, 1), instance(MIG_B, 2)]}]
     inventory, said = devices(tmp_path, split, CUDA_VISIBLE_DEVICES=f"MIG-{A}/2/0")
     (parent,) = inventory["gpus"]
     assert [(m["uuid"], m["index"]) for m in parent["mig"]] == [(MIG_A, None), (MIG_B, 0)]
@@ -83,13 +80,7 @@ def test_a_uuid_in_cuda_visible_devices_is_matched_as_written(tmp_path: Path) ->
     # torch matches the variable's UUIDs as written, case and all (torch.cuda._parse_visible_devices,
     # _transform_uuid_to_ordinals), and NVML writes them in lower case: GPU-AAAAAAAA names no GPU for torch, which
     # counts none, so none is cuda:0 here either (it was matched regardless of case: cuda:0, where torch saw none).
-    gpu = {
-        "uuid": A,
-        "bus": "00000000:17:00.0",
-        "name": "NVIDIA A100-SXM4-80GB",
-        "total": 80 * GiB,
-        "used": 0,
-    }
+    gpu = A100
     inventory, _ = devices(tmp_path, [gpu], CUDA_VISIBLE_DEVICES="GPU-aaaaaaaa")
     assert inventory["gpus"][0]["index"] == 0 and inventory["no_gpu"] is None
     inventory, _ = devices(tmp_path, [gpu], CUDA_VISIBLE_DEVICES="GPU-AAAAAAAA")
