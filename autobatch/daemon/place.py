@@ -33,7 +33,8 @@ class Place(NamedTuple):
         runtime = os.environ.get("XDG_RUNTIME_DIR")
         if runtime and Path(runtime).is_dir():
             return cls(Path(runtime) / "autobatch")
-        from autobatch.node import node_temp  # the node's, whatever a job's TMPDIR says: one daemon per node
+        # the node's, whatever a job's TMPDIR says: one daemon per node
+        from autobatch.records.node import node_temp
 
         return cls(node_temp() / f"autobatch-daemon-{os.getuid()}")
 

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from autobatch.errors import AutobatchError, DeviceError, UsageError
-from autobatch.node import node_temp
+from autobatch.records.node import node_temp
 from autobatch.records.result import Circumstance
 
 #: Seconds between "still waiting" messages.
@@ -32,7 +32,7 @@ POLL = 1.0
 
 
 def default_lock_dir() -> Path:
-    """``autobatch-locks`` in the node's temporary folder, whatever ``TMPDIR`` says (:mod:`autobatch.node`): a
+    """``autobatch-locks`` in the node's temporary folder, whatever ``TMPDIR`` says (:mod:`autobatch.records.node`): a
     scheduler that gives each job a ``TMPDIR`` of its own (or pam_tmpdir, each user) would give each run a lock
     folder of its own, and two runs would probe one device at once."""
     return node_temp() / "autobatch-locks"
