@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autobatch.core.search import Guidance, Observation, search_max_batch
-from autobatch.devices.cpu import TIMING_ROOM
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
 __all__ = [
@@ -358,7 +357,6 @@ class FakeRunner:
     recompute_blocks: tuple[str, ...] = ("Block",)
     unsupported_precisions: dict[str, str] = field(default_factory=dict)
     step_seconds: float = 0.01
-    job_heap_bytes: int = 0  # what the job's allocator adds in a timing probe: above the room, it runs out
     torch_version: str = "fake"
     requests: list[ProbeRequest] = field(default_factory=list)
     closed: bool = False
@@ -410,13 +408,7 @@ class FakeRunner:
         batch, steps = request.batch_size, request.min_steps
         if curve(batch) > request.budget_bytes:
             return ProbeOutcome(kind="oom", batch_size=batch, steps=1, reason="fake: over the budget")
-        job_allocator = request.timing and not request.pinned_allocator and self.job_heap_bytes > 0
-        if (
-            job_allocator
-            and (heap := int(curve(batch)) + self.job_heap_bytes) > request.budget_bytes + TIMING_ROOM
-        ):
-            return ProbeOutcome(kind="oom", batch_size=batch, steps=1, peak_bytes=heap, job_allocator=True)
-        peak = int(curve.measure(batch)) + (self.job_heap_bytes if job_allocator else 0)
+        peak = int(curve.measure(batch))
         seconds = self.step_seconds
         if self.level_seconds is not None:
             seconds = self.level_seconds(step.level)
@@ -430,7 +422,6 @@ class FakeRunner:
             budget_bytes=request.budget_bytes,
             steps=steps,
             step_seconds=[seconds] * steps,
-            job_allocator=job_allocator,
             samples_per_second=batch / seconds,
             param_bytes=params,
             grad_bytes=params,

@@ -84,10 +84,6 @@ class Output:
             extra += f", {outcome.samples_per_second:,.0f} samples/s"
         if outcome.reason and outcome.kind != "fits":
             extra += f" ({outcome.reason})"
-        if (
-            outcome.job_allocator
-        ):  # its peak is not held against the cap (autobatch.devices.cpu.job_allocator)
-            extra += " (timing, under the job's allocator)"
         took = "(cached)" if cached else f"{outcome.wall_seconds:.1f} s"
         if self.live:
             style = {"fits": "green", "oom": "yellow"}.get(outcome.kind, "red")

@@ -3,15 +3,15 @@
 A probe process asks its device's backend (:func:`backend_for`) to apply the request's budget, read the peak,
 synchronize, finish (the device's own verdict on the steps), meter how long its threads waited for a core,
 and report the facts an inspection records. The run asks it what shapes a session: whether the job's
-fresh process holds more than a forked probe, whether the ranks share the device's memory, and whether the
-search's step times are the job's.
+fresh process holds more than a forked probe, whether the ranks share the device's memory, and the environment
+the job's processes must start with for the answer to hold.
 What is particular to one device stays in its implementation: :class:`autobatch.devices.cpu.CpuBackend`,
 :class:`autobatch.devices.cuda.backend.CudaBackend`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -30,9 +30,9 @@ class DeviceBackend(Protocol):
     fresh_process_differs: bool
     #: The ranks of a distributed run share this device's memory (one machine's), so each has its share.
     ranks_share_memory: bool
-    #: The search's probes run under the job's allocator, so their step times are the job's; where not (the
-    #: CPU's pinned allocator), only timing probes' steps count for the throughput choice.
-    search_times_the_job: bool
+    #: What the job's processes must start with for the answer to hold, as the probes did (the CPU's pinned
+    #: allocator; none on CUDA, whose budget the host's heap does not count in): every plan carries it.
+    job_environment: Mapping[str, str]
 
     def apply(self, request: ProbeRequest, outcome: ProbeOutcome) -> None:
         """Cap this process at the request's budget and start the peak from here; ``outcome`` gets the

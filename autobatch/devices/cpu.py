@@ -4,9 +4,8 @@
 enforced with ``RLIMIT_DATA``; the peak is ``VmData`` at the probe's start plus the growth of ``VmPeak``
 less the non-data mappings of the reading at which it rose (:class:`DataPeak`, with a :class:`Ballast`), so it
 counts exactly what the cap counts; glibc's allocator is pinned in probe processes so that fit or no fit is
-repeatable. The definition is in docs/how-a-tune-works.md.
-:class:`CpuBackend` holds what only this device has: the job's fresh-process offset, the job's allocator for
-timing probes and the OpenMP wait policy.
+repeatable, and the job runs it too (:data:`MALLOC_ENV`). The definition is in docs/how-a-tune-works.md.
+:class:`CpuBackend` holds what only this device has: the job's fresh-process offset and the OpenMP wait policy.
 """
 
 from __future__ import annotations
@@ -25,14 +24,14 @@ if TYPE_CHECKING:
     from autobatch.devices.cgroup import CgroupMemory
     from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 
-#: Environment that pins glibc's malloc in CPU probe processes (set before the process starts).
+#: Environment that pins glibc's malloc in CPU probe processes (set before the process starts), and in the job:
+#: every CPU plan carries it (:attr:`autobatch.records.result.Chosen.environment`). Every block of 64 KiB or more
+#: is a mapping of its own, returned to the system when freed, so a step's peak repeats from step to step and
+#: from process to process. Under glibc's defaults the mmap threshold rises with every mapped block freed (up
+#: to 32 MiB) and the heap keeps what a step freed: ``examples/as_is/plain_loop.py`` at 64 samples peaked
+#: 626-665 MiB over two epochs against 442 MiB pinned, the heap growing over the epochs, which no probe of a few
+#: steps sees (docs/how-a-tune-works.md, "The allocator the answer holds under").
 MALLOC_ENV: dict[str, str] = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
-#: glibc's ``mallopt`` parameters (malloc.h).
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
-#: Where glibc's dynamic mmap threshold ends on a 64-bit machine (``DEFAULT_MMAP_THRESHOLD_MAX``).
-JOB_MMAP_THRESHOLD = 32 << 20
-#: A timing probe's cap is the budget plus this: the heap the job's allocator keeps between steps.
-TIMING_ROOM = 256 << 20
 
 MEMORY_DEFINITION = (
     "cpu: VmData of the whole probe process (heap, anonymous mappings, thread stacks; imports included), "
@@ -191,30 +190,6 @@ def waiting_share(start: RunWait | None, end: RunWait | None) -> float | None:
     return min(1.0, max(0.0, end.waited - start.waited) / (end.wall - start.wall))
 
 
-def job_allocator() -> bool:
-    """Run glibc's allocator in this (forked) process as the job's process runs it once its steps repeat
-    (False where that cannot be done: not glibc).
-
-    The probes' pinned allocator makes every block of 64 KiB or more a mapping of its own, returned to the
-    system when freed and faulted in afresh by the next step: right for a repeatable peak, wrong for a step
-    time. Measured on the CPU, a step at 6 samples of examples/text_classifier.py took twice as long under it
-    as in the job, and a step at 3 did not, which reversed the throughput choice between accumulating and
-    recomputing. The job runs glibc's defaults, whose mmap threshold rises with every mapped block freed, up
-    to 32 MiB, and whose trim threshold follows at twice it: a repeating step then takes its blocks from the
-    heap. Timing probes set that steady state from their start, and the arenas of the default too."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    arenas = 8 * (os.cpu_count() or 1)  # glibc's default on a 64-bit machine
-    settings = (
-        (M_MMAP_THRESHOLD, JOB_MMAP_THRESHOLD),
-        (M_TRIM_THRESHOLD, 2 * JOB_MMAP_THRESHOLD),
-        (M_ARENA_MAX, arenas),
-    )
-    return all(mallopt(name, value) == 1 for name, value in settings)
-
-
 def release_heap() -> None:
     """Collect garbage and give glibc's free heap back to the system (``malloc_trim``; nothing elsewhere)."""
     import gc
@@ -360,7 +335,7 @@ class CpuBackend:
     """The CPU device in a probe process (:class:`~autobatch.devices.backend.DeviceBackend`)."""
 
     fresh_process_differs = True
-    search_times_the_job = False
+    job_environment: Mapping[str, str] = MALLOC_ENV
     ranks_share_memory = True
 
     def __init__(self) -> None:
@@ -378,8 +353,7 @@ class CpuBackend:
         # step times are compared only under the same OpenMP wait policy (autobatch.probe.yielding)
         outcome.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
         self.offset = request.offset_for()
-        outcome.job_allocator = request.timing and not request.pinned_allocator and job_allocator()
-        apply_cap(request.budget_bytes - self.offset + (TIMING_ROOM if outcome.job_allocator else 0))
+        apply_cap(request.budget_bytes - self.offset)
         # torch's thread pool is left to start in the first step, as the job's does: started ahead of it (a small
         # product), a process holds 10-30 MiB less after a step than one whose first parallel work is the step
         start = read_status()

@@ -98,14 +98,9 @@ class ProbeRequest:
     # A search's line (budget less the margin, one process only): a peak above it already means "does not
     # fit", so the probe stops at the step that crosses it; None (check, timing, ranks): every step runs.
     stop_above_bytes: int | None = None
-    #: A timing probe: it measures step times for the throughput choice, not a maximum. On the CPU device it
-    #: runs under the job's allocator (:func:`autobatch.devices.cpu.job_allocator`) with room for the heap
-    #: that allocator keeps (:data:`autobatch.devices.cpu.TIMING_ROOM`), so its peak says nothing of the cap.
+    #: A timing probe: it measures step times for the throughput choice, not a maximum (under the same cap and
+    #: allocator as the search's probes, as the job runs; the journal keeps it apart from a search's probe).
     timing: bool = False
-    #: A timing probe under the probes' pinned allocator (:data:`autobatch.devices.cpu.MALLOC_ENV`) instead of
-    #: the job's: asked once a timing probe under the job's allocator ran out of memory (the job must then run
-    #: with the pinned allocator, and every contender is timed under it).
-    pinned_allocator: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -176,7 +171,6 @@ class ProbeOutcome:
     step_seconds: list[float] = field(default_factory=list)
     #: per step, the seconds of its update (optimizer step, zero_grad), part of ``step_seconds``
     update_seconds: list[float] = field(default_factory=list)
-    job_allocator: bool = False  # CPU: its steps ran under the job's allocator (a timing probe)
     samples_per_second: float | None = None
     param_count: int = 0
     param_bytes: int = 0

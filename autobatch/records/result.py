@@ -194,7 +194,7 @@ class Chosen:
     recompute_level: str | None = None  # as ComboResult's
     compile: bool = False
     #: Environment the answer holds under, which the job must set too (the CPU device: the probes' pinned
-    #: allocator, when glibc's defaults ran out of memory at the plan's micro-batch); empty: none.
+    #: allocator, :data:`autobatch.devices.cpu.MALLOC_ENV`); empty: none (CUDA).
     environment: dict[str, str] = field(default_factory=dict)
     #: A script run as it is that accumulates gradients of its own: the micro-batches per optimizer step it
     #: runs by itself (``accumulation_steps`` counts them, times what ``{accum}`` gives it); None: it does not.

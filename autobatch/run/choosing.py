@@ -10,14 +10,13 @@ times) and the function that records a probe, and calls :meth:`Chooser.plan_and_
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from autobatch.core.choice import Contender, Decision, dominated, preference
 from autobatch.core.plan import Candidate, Plan, choose, plan_accumulation, plan_with_script_accumulation
 from autobatch.core.space import Combo
-from autobatch.core.units import format_bytes
 from autobatch.core.world import strategy_fields
-from autobatch.devices.cpu import MALLOC_ENV, TIMING_ROOM
+from autobatch.devices.backend import backend_for
 from autobatch.records.protocol import ProbeOutcome
 from autobatch.records.result import Chosen, ComboResult, TuneResult
 from autobatch.run.options import TuneOptions
@@ -43,9 +42,6 @@ class Chooser:
     script_accumulation: int = (
         1  # a script run as it is: micro-batches per optimizer step of its own (else 1)
     )
-    #: Combination key -> the timing probe under the job's allocator that fitted the room it has above the
-    #: budget but peaked above the budget (:meth:`_over_budget`): that plan holds under the pinned allocator only.
-    over_budget: dict[str, ProbeOutcome] = field(default_factory=dict)
 
     def plan_and_choose(self, combos: list[Combo]) -> None:
         """Each answered combination's plan into its row, and the chosen one into :attr:`TuneResult.chosen`."""
@@ -75,13 +71,9 @@ class Chooser:
         )
         if self.script_accumulation > 1:
             self.result.chosen.script_accumulation = self.script_accumulation
-        over = None if self.step_times.pinned else self.over_budget.get(entry.key)
-        if (
-            self.step_times.pinned or over is not None
-        ):  # it holds under the probes' allocator only: the job runs it
-            self.result.chosen.environment = dict(MALLOC_ENV)
-        if over is not None:
-            self._over_budget(entry.key, over)
+        assert self.session.device is not None
+        # what the probes ran under, which the answer holds under: the plan's command and the env format set it
+        self.result.chosen.environment = dict(backend_for(self.session.device.type).job_environment)
         if opts.objective == "throughput" and decision is None and len(plans) > 1:
             self.result.notes.append(
                 f"chosen without a time: no contender's timing probe ran its steps, so the largest maximum "
@@ -153,39 +145,6 @@ class Chooser:
                 entry.global_batch_seconds = round(timing.global_time, 4)
         return decision
 
-    def _pin_allocator(self, combo: Combo, outcome: ProbeOutcome) -> None:
-        """A timing probe under glibc's default allocator (the job's) ran out of memory with room for its heap:
-        the maximum holds under the probes' pinned allocator only. From now on the job runs it (the plan's
-        command and ``env`` carry it: :attr:`~autobatch.records.result.Chosen.environment`), and every contender
-        is timed under it (the steps timed under the job's allocator stop counting)."""
-        self.step_times.pinned = True
-        peak = f" (peak {format_bytes(outcome.peak_bytes)})" if outcome.peak_bytes else ""
-        self.result.notes.append(
-            _glibc_note(
-                combo.key,
-                outcome,
-                f"ran out of memory{peak} with {format_bytes(TIMING_ROOM)} of room above the budget: the maxima hold",
-                "so the plan's command and the env format set it, and the contenders were timed under it",
-            )
-        )
-
-    def _over_budget(self, key: str, outcome: ProbeOutcome) -> None:
-        """The note on a chosen plan whose timing probe under glibc's defaults fitted its room but peaked above the
-        budget (a red-team's plan of 4096: 851.75 MiB under a capacity of 700 MiB, 591 MiB pinned): the plan holds
-        under the probes' pinned allocator only, which the plan's command and ``env`` carry. Only the chosen plan's
-        counts: another contender's (the quick start's recomputing one, 592 MiB at 64 under a 450 MiB budget)
-        says nothing of a plan that runs under glibc's defaults within the budget."""
-        assert self.session.device is not None
-        budget = format_bytes(self.session.device.budget_bytes)
-        self.result.notes.append(
-            _glibc_note(
-                key,
-                outcome,
-                f"peaked {format_bytes(outcome.peak_bytes)}, above the budget of {budget}: the plan holds",
-                "which the plan's command and the env format set (its time was taken under glibc's defaults)",
-            )
-        )
-
     def _throughput_at(
         self, combo: Combo, entry: ComboResult, micro: int, again: bool = False
     ) -> float | None:
@@ -206,34 +165,11 @@ class Chooser:
             strict=False,
             fresh=again,
             timing=True,
-            pinned_allocator=self.step_times.pinned,
         )
         self.record(entry, outcome, "throughput")
-        if outcome.kind == "oom" and outcome.job_allocator:  # the job's allocator needs more than the budget
-            self._pin_allocator(combo, outcome)
-            return self._throughput_at(combo, entry, micro, again=True)
-        assert self.session.device is not None
-        if (
-            outcome.fits
-            and outcome.job_allocator
-            and (outcome.peak_bytes or 0) > self.session.device.budget_bytes
-        ):
-            self.over_budget[entry.key] = (
-                outcome  # within the room above the budget: the chosen plan's counts
-            )
         if outcome.fits:
             entry.samples_per_second = outcome.samples_per_second
         note = edge_note(combo.key, entry.max_batch_size, outcome, self.session.device)
         if note:
             self.result.notes.append(note)
         return outcome.samples_per_second
-
-
-def _glibc_note(key: str, outcome: ProbeOutcome, found: str, so: str) -> str:
-    """A note on a timing probe under glibc's default allocator that needed more than the budget: what it
-    ``found``, the allocator the probes ran, and ``so``, what the plan does about it."""
-    settings = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
-    return (
-        f"{key}: at micro-batch {outcome.batch_size} a timing probe under glibc's default allocator, as a job "
-        f"runs it, {found} under the allocator the probes ran ({settings}), {so}"
-    )

@@ -344,21 +344,15 @@ class Session:
         strict: bool = True,
         fresh: bool = False,
         timing: bool = False,
-        pinned_allocator: bool = False,
     ) -> ProbeOutcome:
         """One probe of the real step (journaled); raises ScriptError/ContractError when the script fails.
         ``strict`` (the search's verdict) turns a fit whose peak comes within the device's margin of the
         budget into an out-of-memory outcome that says so; ``check`` asks only what the cap says. ``fresh``
         runs it even when the journal has its answer (a timing probe measures time: a journaled one again
         would count as a second probe that agrees). ``timing``: a timing probe
-        (:attr:`~autobatch.records.protocol.ProbeRequest.timing`), under the pinned allocator with
-        ``pinned_allocator``."""
+        (:attr:`~autobatch.records.protocol.ProbeRequest.timing`)."""
         assert self.device is not None
-        request = replace(
-            self.request(combo, batch_size, steps=(min_steps, max_steps)),
-            timing=timing,
-            pinned_allocator=pinned_allocator,
-        )
+        request = replace(self.request(combo, batch_size, steps=(min_steps, max_steps)), timing=timing)
         if strict:
             request = replace(request, stop_above_bytes=self.device.margin_line)
         outcome = self.journal.get(request) if self.use_cache and not (self.refresh or fresh) else None

@@ -37,7 +37,6 @@ class Timed:
     wait: Optional[float]
     policy: Optional[str]
     updates: tuple[float, ...] = ()  # each timed step's update (optimizer step, zero_grad)
-    job_allocator: bool = False  # CPU: timed under the job's allocator (else the probes' pinned one)
 
 
 @dataclass
@@ -46,43 +45,25 @@ class StepTimes:
 
     Only probes run under the latest probe's OpenMP wait policy count: after the probe server restarted with
     threads that sleep while they wait (:mod:`autobatch.probe.yielding`), the steps timed before are not
-    comparable, and a contender timed only then is timed again. ``timing_only`` (the CPU device): only the
-    timing probes' steps count, which ran under the job's allocator (:func:`autobatch.devices.cpu.job_allocator`);
-    the search's ran under the pinned one, which can take twice the job's time at one batch and not at another.
-    Once the job must run the pinned allocator (:attr:`pinned`), only the timing probes run under it count."""
+    comparable, and a contender timed only then is timed again. The search's probes and the timing probes run
+    as the job runs (on the CPU device, under the allocator the plan carries: :data:`autobatch.devices.cpu.MALLOC_ENV`),
+    so the steps of both count."""
 
     probes: dict[tuple[Key, int], list[Timed]] = field(default_factory=dict)
     policy: Optional[str] = None  # the latest probe's
-    timing_only: bool = False
-    #: The job runs the probes' pinned allocator (a timing probe under glibc's defaults ran out of memory):
-    #: only steps timed under it count from then on.
-    pinned: bool = False
 
-    def add(self, key: Key, outcome: ProbeOutcome, timing: bool = False) -> None:
-        """Keep a fitting probe's steps (``timing``: a timing probe's)."""
-        if self.timing_only and not timing:
-            return
+    def add(self, key: Key, outcome: ProbeOutcome) -> None:
+        """Keep a fitting probe's steps."""
         if not outcome.cached:  # one replayed from the journal ran under another run's policy
             self.policy = outcome.omp_wait_policy
         if outcome.fits and len(outcome.step_seconds) > 1:
             updates = tuple(outcome.update_seconds[1 : len(outcome.step_seconds)])
-            timed = Timed(
-                tuple(outcome.step_seconds[1:]),
-                outcome.cpu_wait,
-                outcome.omp_wait_policy,
-                updates,
-                outcome.job_allocator,
-            )
+            timed = Timed(tuple(outcome.step_seconds[1:]), outcome.cpu_wait, outcome.omp_wait_policy, updates)
             self.probes.setdefault((key, outcome.batch_size), []).append(timed)
 
     def of(self, key: Key, batch: int) -> list[Timed]:
-        """The probes of ``key`` at ``batch`` that ran under the current policy (and, once the job runs the
-        pinned allocator, under it)."""
-        return [
-            t
-            for t in self.probes.get((key, batch), ())
-            if t.policy == self.policy and not (self.pinned and t.job_allocator)
-        ]
+        """The probes of ``key`` at ``batch`` that ran under the current policy."""
+        return [t for t in self.probes.get((key, batch), ()) if t.policy == self.policy]
 
     def get(self, key: Key, batch: int) -> tuple[float, ...]:
         return tuple(s for t in self.of(key, batch) for s in t.steps)
@@ -185,8 +166,8 @@ def edge_note(key: str, maximum: int | None, outcome: ProbeOutcome, device: Devi
     in its fresh process (None otherwise). Timing probes ask for step times, not a verdict (the tuner runs
     them without the margin rule, and their steps count); the maximum stands on the search's evidence,
     and the result says what this probe saw."""
-    if device is None or outcome.batch_size != maximum or outcome.job_allocator:
-        return None  # under the job's allocator, with room for its heap, a peak says nothing of the cap
+    if device is None or outcome.batch_size != maximum:
+        return None
     if outcome.fits and not device.too_close(outcome.peak_bytes):
         return None
     seen = (

@@ -24,7 +24,6 @@ from autobatch.core.plan import knee
 from autobatch.core.rank_prior import per_rank
 from autobatch.core.search import Observation
 from autobatch.core.space import Combo, Ident, combinations, script_combos, script_note
-from autobatch.devices.backend import backend_for
 from autobatch.errors import (
     CompileFailed,
     ContractError,
@@ -84,8 +83,7 @@ class Tuner:
         self.targets: dict[Ident, int | None] = {}  # a resolved K/N: the micro-batch it was chosen for
         self.script_accumulation = 1  # a script run as it is: micro-batches per optimizer step of its own
         device = session.device
-        # Where the search's probes ran under another allocator than the job's, only timing probes' steps count.
-        self.step_times = StepTimes(timing_only=not backend_for(device.type).search_times_the_job)
+        self.step_times = StepTimes()
         way = (
             batch_way(session.settings.script.script_args, session.spec.options.get("batch_env"))
             if session.as_is
@@ -344,7 +342,7 @@ class Tuner:
 
     def _record(self, entry: ComboResult, outcome: ProbeOutcome, purpose: str = "search") -> None:
         """Keep one probe: its step times, its trace row, the result file rewritten, then the leak watch."""
-        self.step_times.add(entry.ident, outcome, timing=purpose == "throughput")
+        self.step_times.add(entry.ident, outcome)
         own = outcome.info.get("micro_batches_per_step")  # a script run as it is that accumulates of its own
         if outcome.fits and own:
             self.script_accumulation = int(own)

@@ -188,39 +188,17 @@ def test_a_script_error_is_reported_with_exit_3(fake: FakeRunner, monkeypatch: p
     assert json.loads(Path("autobatch-result.json").read_text())["status"] == "failed"
 
 
-def test_timing_probes_that_run_out_under_the_jobs_allocator_are_timed_under_the_pinned_one(
-    fake: FakeRunner,
-) -> None:
-    """Every timing probe at the maximum runs out under glibc's defaults: the choice is made under the pinned
-    allocator, and the plan carries it (it crashed on a division by zero)."""
+def test_every_cpu_plan_carries_the_allocator_the_probes_ran(fake: FakeRunner) -> None:
+    """The answer holds under the probes' pinned allocator, and the job runs it: a CPU plan carries it whether a
+    timing probe ran or not (it carried it only after a timing probe under glibc's defaults ran out or peaked
+    above the budget: a tune of one combination times nothing, and `examples/as_is/plain_loop.py`'s plan of 64
+    under 600 MiB then ran out in the job, 626-665 MiB under glibc's defaults against 442 MiB pinned)."""
     fake.curve = slower_with_recompute
-    fake.job_heap_bytes = 400 * MiB  # more than the room a timing probe has above the budget
-    code, data, err = tune("-p", "32-true", "-o", "sgd", "--recompute-level", "off", "--global-batch-size", "4096",
-                           "--emit", "env")  # fmt: skip
-    assert code == 0, err
-    chosen = data["chosen"]
-    assert chosen["environment"] == {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
-    assert any("ran out of memory" in n and "MALLOC_ARENA_MAX=1" in n for n in data["notes"]), data["notes"]
-    timing = [r for r in fake.requests if r.timing]
-    assert any(r.pinned_allocator for r in timing) and any(not r.pinned_allocator for r in timing)
-    env = Path("autobatch.env").read_text()
-    assert "export MALLOC_ARENA_MAX=1" in env and "export MALLOC_MMAP_THRESHOLD_=65536" in env
-
-
-def test_a_timing_probe_that_peaks_above_the_budget_under_the_jobs_allocator_pins_the_plans_allocator(
-    fake: FakeRunner,
-) -> None:
-    """The job's allocator holds more than the budget at the maximum, within the room a timing probe has above
-    it (a red-team's script: 851.75 MiB at micro-batch 4096 under a capacity of 700 MiB, 591 MiB pinned): the
-    plan carries the pinned allocator, with a note. It carried nothing: the job ran out."""
-    fake.curve = slower_with_recompute
-    fake.job_heap_bytes = 100 * MiB  # under the room a timing probe has above the budget: it fits there
-    code, data, err = tune("-p", "32-true", "-o", "sgd", "--recompute-level", "off", "--global-batch-size", "4096",
-                           "--emit", "env")  # fmt: skip
+    code, data, err = tune("-p", "32-true", "-o", "sgd", "--recompute-level", "off", "--emit", "env")
     assert code == 0, err
     assert data["chosen"]["environment"] == {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
-    assert any("above the budget" in n and "MALLOC_ARENA_MAX=1" in n for n in data["notes"]), data["notes"]
-    assert "export MALLOC_ARENA_MAX=1" in Path("autobatch.env").read_text()
+    env = Path("autobatch.env").read_text()
+    assert "export MALLOC_ARENA_MAX=1" in env and "export MALLOC_MMAP_THRESHOLD_=65536" in env
 
 
 def test_memory_that_grows_past_the_search_steps_gets_the_batch_that_holds_a_confirmation(

@@ -18,7 +18,7 @@ import torch
 from requesting import probe_request
 
 from autobatch.devices.backend import backend_for
-from autobatch.devices.cpu import TIMING_ROOM, CpuBackend
+from autobatch.devices.cpu import MALLOC_ENV, CpuBackend
 from autobatch.devices.cuda import runtime
 from autobatch.devices.cuda.backend import CudaBackend
 from autobatch.records.protocol import ProbeOutcome
@@ -43,7 +43,7 @@ device.synchronize()
 device.finish(outcome)
 print(json.dumps({
     "cap": resource.getrlimit(resource.RLIMIT_DATA)[0], "baseline": outcome.baseline_bytes, "peak": peak,
-    "policy": outcome.omp_wait_policy, "job_allocator": outcome.job_allocator, "kind": outcome.kind,
+    "policy": outcome.omp_wait_policy, "kind": outcome.kind,
     "wait": device.load_meter()(),
 }))
 """
@@ -67,16 +67,12 @@ def test_the_backend_follows_the_device_name():
     assert isinstance(backend_for("cuda"), CudaBackend) and backend_for("cuda").index == 0  # type: ignore[attr-defined]
     assert backend_for("cuda:3").index == 3  # type: ignore[attr-defined]
     cpu, cuda = backend_for("cpu"), backend_for("cuda:0")
-    assert (cpu.fresh_process_differs, cpu.ranks_share_memory, cpu.search_times_the_job) == (
+    assert (cpu.fresh_process_differs, cpu.ranks_share_memory, dict(cpu.job_environment)) == (
         True,
         True,
-        False,
+        MALLOC_ENV,
     )
-    assert (cuda.fresh_process_differs, cuda.ranks_share_memory, cuda.search_times_the_job) == (
-        False,
-        False,
-        True,
-    )
+    assert (cuda.fresh_process_differs, cuda.ranks_share_memory, dict(cuda.job_environment)) == (False, False, {})
 
 
 def test_choosing_a_backend_imports_no_torch():
@@ -92,14 +88,12 @@ def test_cpu_offset_lowers_the_cap_and_raises_every_reading():
     assert abs(int(offset["baseline"]) - int(plain["baseline"]) - 100 * MiB) < 32 * MiB
     assert int(plain["peak"]) >= int(plain["baseline"]) + 64 * MiB
     assert int(offset["peak"]) >= int(offset["baseline"]) + 64 * MiB
-    assert plain["kind"] == "fits" and plain["job_allocator"] is False
+    assert plain["kind"] == "fits"
 
 
-def test_cpu_timing_probe_runs_the_jobs_allocator_with_room_for_its_heap():
-    timed = run_cpu_probe(budget_bytes=4 * GiB, timing=True)
-    assert timed["job_allocator"] is True and timed["cap"] == 4 * GiB + TIMING_ROOM
-    pinned = run_cpu_probe(budget_bytes=4 * GiB, timing=True, pinned_allocator=True)
-    assert pinned["job_allocator"] is False and pinned["cap"] == 4 * GiB
+def test_cpu_timing_probe_runs_under_the_same_cap_as_the_search():
+    """The job runs the probes' allocator (every CPU plan carries it), so a timing probe is capped as any."""
+    assert run_cpu_probe(budget_bytes=4 * GiB, timing=True)["cap"] == 4 * GiB
 
 
 def test_cpu_records_the_openmp_wait_policy_and_meters_the_wait():
@@ -140,7 +134,7 @@ def test_cuda_caps_the_allocator_and_records_none_of_the_cpus_realism(fake_cuda,
     )
     assert fake_cuda == {"device": 2, "budget": GiB, "reset": 2}  # the offset does not touch a CUDA budget
     assert outcome.baseline_bytes == 300 * MiB and device.peak() == 2 * GiB
-    assert outcome.omp_wait_policy is None and outcome.job_allocator is False
+    assert outcome.omp_wait_policy is None
     assert device.load_meter()() is None
     assert resource.getrlimit(resource.RLIMIT_DATA) == limit
 

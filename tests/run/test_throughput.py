@@ -242,17 +242,15 @@ def test_a_timing_probe_again_is_measured_again_not_read_from_the_journal(tmp_pa
     assert not timed.cached and len(runner.requests) == 2
 
 
-def test_on_the_cpu_only_the_timing_probes_steps_count() -> None:
-    # The search's probes ran under the pinned allocator, whose step times are not the job's; with
-    # ``timing_only`` (the CPU device) a contender has steps only once a timing probe ran, under the job's.
+def test_the_search_probes_steps_count_as_the_timing_probes_do() -> None:
+    # Every probe runs as the job runs (on the CPU, the pinned allocator the plan carries), so a search's
+    # fitting probe gives its contender steps, its first excluded, as a timing probe's would.
     from autobatch.run.throughput import StepTimes
 
-    times = StepTimes(timing_only=True)
+    times = StepTimes()
     key = ("32-true", "adamw", "off", False)
     fit = ProbeOutcome("fits", batch_size=16, step_seconds=[9.0, 0.2, 0.2], update_seconds=[1.0, 0.05, 0.05])
     times.add(key, fit)
-    assert times.get(key, 16) == ()
-    times.add(key, replace(fit, job_allocator=True), timing=True)
     assert times.get(key, 16) == (0.2, 0.2)
     plan = times.timing(0, key, 16, 1, accumulation_steps=2)
     assert plan.update_time == pytest.approx(0.05) and plan.global_time == pytest.approx(0.35)

@@ -7,7 +7,7 @@ Written against PyTorch's documented ``torch.cuda`` API through :mod:`.runtime`;
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autobatch.devices.cuda import runtime
@@ -22,7 +22,7 @@ class CudaBackend:
     """CUDA device ``index`` (each rank has its own device: nothing is shared, no offset is measured)."""
 
     fresh_process_differs = False
-    search_times_the_job = True
+    job_environment: Mapping[str, str] = {}
     ranks_share_memory = False
 
     def __init__(self, index: int) -> None:
