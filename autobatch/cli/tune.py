@@ -289,6 +289,9 @@ def print_chosen(result: TuneResult) -> None:
         console.print(f"[bold]command[/]: {escape(command)}", soft_wrap=True)
         for caveat in args_caveats(result, make_options("")):
             console.print(f"[yellow]note[/]: {escape(caveat)}")
+    elif ch.environment:  # no command line to carry it: the job must set it (the env format exports it)
+        words = " ".join(f"{name}={value}" for name, value in ch.environment.items())
+        console.print(f"[bold]environment[/]: {escape(words)} (the job runs under it, as the probes did)")
     if ch.note:
         console.print(f"[yellow]note[/]: {escape(ch.note)}")
     for note in result.notes:

@@ -190,6 +190,30 @@ def waiting_share(start: RunWait | None, end: RunWait | None) -> float | None:
     return min(1.0, max(0.0, end.waited - start.waited) / (end.wall - start.wall))
 
 
+#: glibc's ``mallopt`` parameter (malloc.h) for each of :data:`MALLOC_ENV`'s variables.
+MALLOPT_OF = {"MALLOC_ARENA_MAX": -8, "MALLOC_MMAP_THRESHOLD_": -3}
+
+
+def hold_environment_here(environment: Mapping[str, str]) -> bool:
+    """Run this process, already started, under a plan's environment (:attr:`Chosen.environment
+    <autobatch.records.result.Chosen.environment>`: the CPU's :data:`MALLOC_ENV`) as far as it can be set after
+    the start, for the doors that train in the process that tuned (the Lightning callback,
+    :func:`autobatch.integrations.hf.apply_to_training_arguments`): glibc's allocator variables through
+    ``mallopt`` (glibc reads them only at a process's start), then the free heap given back. From here every
+    block of 64 KiB or more is a mapping of its own; the arenas made before stay (a process started with the
+    variables has one). False when a variable could not be set (not glibc); True with nothing to set."""
+    settings = [(MALLOPT_OF[name], int(value)) for name, value in environment.items() if name in MALLOPT_OF]
+    if not settings:
+        return True
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    done = all(mallopt(param, value) == 1 for param, value in settings)
+    release_heap()
+    return done
+
+
 def release_heap() -> None:
     """Collect garbage and give glibc's free heap back to the system (``malloc_trim``; nothing elsewhere)."""
     import gc

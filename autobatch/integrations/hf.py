@@ -25,7 +25,10 @@ def apply_to_training_arguments(
     result measured on the CPU although the CPU was not asked for is refused unless ``allow_cpu``. With
     ``guard``, for a :class:`~autobatch.integrations.hf_trainer.GuardedTrainer`: the per-device batch is
     the per-rank batch (micro-batch x accumulation) and the accumulation 1, so the guard owns the split.
+    This process, which trains with the arguments, is set to the plan's environment as far as a started
+    process can be (a CPU result: the allocator the probes ran, :func:`~autobatch.devices.cpu.hold_environment_here`).
     """
+    from autobatch.devices.cpu import hold_environment_here
     from autobatch.emit.common import EmitOptions, check_device, installed_version
     from autobatch.emit.hf import training_arguments
     from autobatch.records.result import TuneResult
@@ -33,6 +36,8 @@ def apply_to_training_arguments(
     loaded = result if isinstance(result, TuneResult) else TuneResult.load(result)
     options = EmitOptions(transformers_version=installed_version("transformers"), allow_cpu=allow_cpu)
     check_device(loaded, "TrainingArguments", options)
+    if loaded.chosen is not None:
+        hold_environment_here(loaded.chosen.environment)
     fields = training_arguments(loaded, options)
     fields.pop("output_dir")
     if guard:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Callback
 
+from autobatch.devices.cpu import hold_environment_here
 from autobatch.errors import UsageError
 from autobatch.step.lightning import (
     LightningScript,
@@ -42,7 +43,9 @@ class AutoBatch(Callback):
     ``precisions``, ``optimizers`` or ``recompute`` to change that. With ``global_batch_size`` the plan
     splits it over ``trainer.world_size`` processes and ``accumulate_grad_batches`` is set; without it the
     Trainer's accumulation is left as it is. Under several processes, rank 0 tunes and broadcasts.
-    The result is kept as :attr:`result` (on rank 0). With ``guard=True`` (one process) the loader's batch
+    The result is kept as :attr:`result` (on rank 0). Each process trains under the plan's environment as far
+    as a started process can be set (on the CPU, the allocator the probes ran:
+    :func:`~autobatch.devices.cpu.hold_environment_here`). With ``guard=True`` (one process) the loader's batch
     is the plan's per-rank batch (micro-batch x accumulation), ``accumulate_grad_batches`` is 1 and a
     :class:`~autobatch.guard.Guard` from the result (:attr:`guard`) splits it, as :class:`Guarded` does.
     """
@@ -72,11 +75,16 @@ class AutoBatch(Callback):
             self.result = self._tune(trainer, pl_module)
             assert self.result.chosen is not None  # tune() raises NothingFitsError otherwise
             picked = self.result.chosen
-            chosen = (picked.micro_batch_size, picked.accumulation_steps, picked.seq_len)
+            chosen = (picked.micro_batch_size, picked.accumulation_steps, picked.seq_len, picked.environment)
         if trainer.world_size > 1:
             chosen = trainer.strategy.broadcast(chosen, src=0)
         assert chosen is not None
-        micro, accumulation, seq_len = chosen
+        micro, accumulation, seq_len, environment = chosen
+        if not hold_environment_here(environment):  # the CPU's allocator, as the probes ran it
+            logger.warning(
+                "AutoBatch: the plan holds under %s, which this process could not set: start it with them",
+                " ".join(f"{k}={v}" for k, v in environment.items()),
+            )
         if seq_len is not None:  # tuned over lengths (seq_lens=[...]): train at the plan's
             set_length(pl_module, trainer.datamodule, seq_len)
         if self.use_guard:

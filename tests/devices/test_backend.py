@@ -72,7 +72,11 @@ def test_the_backend_follows_the_device_name():
         True,
         MALLOC_ENV,
     )
-    assert (cuda.fresh_process_differs, cuda.ranks_share_memory, dict(cuda.job_environment)) == (False, False, {})
+    assert (cuda.fresh_process_differs, cuda.ranks_share_memory, dict(cuda.job_environment)) == (
+        False,
+        False,
+        {},
+    )
 
 
 def test_choosing_a_backend_imports_no_torch():

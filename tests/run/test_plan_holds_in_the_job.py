@@ -30,7 +30,10 @@ def test_a_plain_loop_runs_its_epochs_at_the_tuned_plan_under_the_same_cap(tmp_p
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]  # exit 5: the job ran out of memory at the plan
     assert proc.stdout.splitlines()[-1].startswith("epoch 2 step 0")  # every epoch ran
-    launch = re.search(r"launch 1: peak ([\d.]+) MiB \(tuned [\d.]+ MiB, budget ([\d.]+) MiB\) at micro-batch (\d+)", proc.stderr)
+    launch = re.search(
+        r"launch 1: peak ([\d.]+) MiB \(tuned [\d.]+ MiB, budget ([\d.]+) MiB\) at micro-batch (\d+)",
+        proc.stderr,
+    )
     assert launch is not None, proc.stderr[-4000:]
     peak, budget, micro = float(launch[1]), float(launch[2]), int(launch[3])
     assert micro == 64 and peak <= budget, proc.stderr[-4000:]  # within the budget, not only the 600 MiB cap
