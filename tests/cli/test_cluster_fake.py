@@ -189,16 +189,32 @@ def test_an_interrupted_tune_resumes_without_measuring_anything_twice(
 
 
 def test_quiet_prints_only_the_summary_line_and_log_lines_are_timestamped(fake: FakeRunner) -> None:
-    code, result, err = tune("-q")
+    code, _, err = run_main(
+        "tune", "train.py", "--device", "cpu", "--memory", "1GiB", "-p", "32-true", "-o", "adamw", "--no-recompute",
+        "-q", "--emit", "env",
+    )  # fmt: skip
     assert code == 0
     assert err.count("autobatch: 32-true/adamw/no-recompute micro-batch") == 1
-    assert "probe " not in err and "device cpu" not in err
+    assert "probe " not in err and "device cpu" not in err and "wrote" not in err
     code, _, err = run_main(
         "tune", "train.py", "--device", "cpu", "--memory", "1GiB", "-p", "bf16-mixed", "--no-recompute"
     )
     assert code == 0
     stamped = re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d probe \S+ batch \d+ (fits|oom)", err)
     assert len(stamped) >= 3
+
+
+def test_quiet_with_json_leaves_stderr_to_errors_alone(fake: FakeRunner) -> None:
+    """``-q --json``: the answer is on stdout, and stderr holds nothing but errors (it held the summary line, which
+    a job script treating stderr as failure read as one). An error still prints under both."""
+    code, result, err = tune("-q")
+    assert (code, err) == (0, "") and result["chosen"]["micro_batch_size"] > 0
+    code, _, err = run_main("cache", "list", "-q", "--json")
+    assert (code, err) == (0, "")
+    code, _, err = run_main("devices", "-q", "--json")
+    assert (code, err) == (0, "")
+    code, out, err = tune("-q", "--memory", "1MiB")
+    assert code == 2 and out == {} and err.startswith("error: ")
 
 
 def test_a_long_probe_line_is_never_wrapped_in_a_log(
