@@ -217,6 +217,31 @@ def test_quiet_with_json_leaves_stderr_to_errors_alone(fake: FakeRunner) -> None
     assert code == 2 and out == {} and err.startswith("error: ")
 
 
+def test_the_env_files_precision_set_alone_is_warned_about_as_the_env_files_name(
+    fake: FakeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AUTOBATCH_PRECISION=bf16-mixed`` for ``AUTOBATCH_PRECISIONS``: no tune reads it (it is the name the env file
+    writes for the job), and the tune searched what the flags said without a word, while a mistyped setting got a
+    warning. Now it gets one, naming the variable meant and whose name it is; the same names from a sourced env
+    file (its plan's names all set) get none."""
+    monkeypatch.setenv("AUTOBATCH_PRECISION", "bf16-mixed")
+    monkeypatch.setenv("AUTOBATCH_OPTIMIZER", "sgd")
+    code, result, err = tune()
+    assert code == 0 and result["chosen"]["precision"] == "32-true"
+    for name, meant in (
+        ("AUTOBATCH_OPTIMIZER", "AUTOBATCH_OPTIMIZERS"),
+        ("AUTOBATCH_PRECISION", "AUTOBATCH_PRECISIONS"),
+    ):
+        assert (
+            f"warning: {name} is no setting's variable and is ignored (a name the env file writes for the job, "
+            f"--emit env, not a setting): did you mean {meant}?"
+        ) in err
+    for name, value in (("MICRO_BATCH_SIZE", "16"), ("ACCUMULATION_STEPS", "2"), ("PLAN_WORLD_SIZE", "1")):
+        monkeypatch.setenv(f"AUTOBATCH_{name}", value)
+    code, _, err = tune()
+    assert code == 0 and "AUTOBATCH_" not in err
+
+
 def test_a_long_probe_line_is_never_wrapped_in_a_log(
     fake: FakeRunner, capfd: pytest.CaptureFixture[str]
 ) -> None:
