@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from support import ROOT, run_main, wire_fake_runner
 
+from autobatch.errors import EXIT_SCRIPT
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.testing import FakeRunner, affine
 
@@ -240,6 +241,31 @@ def test_the_env_files_precision_set_alone_is_warned_about_as_the_env_files_name
         monkeypatch.setenv(f"AUTOBATCH_{name}", value)
     code, _, err = tune()
     assert code == 0 and "AUTOBATCH_" not in err
+
+
+def test_a_tune_that_chose_nothing_says_its_emit_files_were_not_written_and_why(fake: FakeRunner) -> None:
+    """Recomputation asked of a model without repeated blocks: nothing is probed and nothing chosen. The tune said
+    nothing of the files ``--emit`` asked for (not written), and the toml of its result said "(nothing fits)"."""
+    fake.recompute_blocks = ()
+    code, _, err = run_main(
+        "tune", "train.py", "--device", "cpu", "--memory", "1GiB", "-p", "32-true", "-o", "adamw", "--recompute",
+        "--emit", "deepspeed", "--emit", "toml", "--allow-cpu",
+    )  # fmt: skip
+    assert code == EXIT_SCRIPT, err
+    assert (
+        "warning: not written: ds_config.json (deepspeed), autobatch-result.toml (toml): the tune chose nothing"
+        in err
+    )
+    assert "no repeated blocks to wrap" in err and not Path("ds_config.json").exists()
+    assert json.loads(Path("autobatch-result.json").read_text())["status"] == "complete"  # the tune's answer
+    code, _, err = run_main("emit", "autobatch-result.json", "--format", "toml")
+    assert code == 0, err
+    header = " ".join(Path("autobatch-result.toml").read_text().replace("\n#  ", "").split())
+    assert (
+        "# no configuration was chosen: recomputation (full) asked for, but the model has no repeated blocks"
+        in header
+    )
+    assert "nothing fits" not in header
 
 
 def test_a_long_probe_line_is_never_wrapped_in_a_log(
