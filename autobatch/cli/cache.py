@@ -68,7 +68,7 @@ def list_command(
             )  # fmt: skip
         console.print(table)
     total = sum(e.size for e in found)
-    Output().summary(f"{len(found)} cache entries, {format_bytes(total)}, in {folder.path}")
+    Output(as_json=as_json).summary(f"{len(found)} cache entries, {format_bytes(total)}, in {folder.path}")
     if as_json:
         stdout_write(
             json.dumps({"folder": str(folder.path), "entries": [e.summary() for e in found]}, indent=2)
@@ -97,7 +97,7 @@ def show_command(
         raise UsageError(f"{key!r} names more than one entry: {keys}", hint="give more of the key")
     for entry in found:
         _show(entry)
-    Output().summary(f"{found[0].key}: " + "; ".join(f"{e.kind} ({e.detail})" for e in found))
+    Output(as_json=as_json).summary(f"{found[0].key}: " + "; ".join(f"{e.kind} ({e.detail})" for e in found))
     if as_json:
         stdout_write(json.dumps([{**e.summary(), "content": e.data} for e in found], indent=2))
 

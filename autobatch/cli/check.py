@@ -76,7 +76,7 @@ def check(
     from autobatch.service.check import checks
 
     settings = opt.load(locals())
-    out = Output()
+    out = Output(as_json=as_json)
     devices: list[DeviceInfo] = []
     reports: list[CheckResult] = []
     try:

@@ -44,7 +44,7 @@ def devices(
     if node_type:
         stdout_write(inv.node_type(inventory))
         return
-    out = Output()
+    out = Output(as_json=as_json)
     host = inventory.host
     limit = f", cgroup limit {format_bytes(host.cgroup_limit_bytes)}" if host.cgroup_limit_bytes else ""
     out.status(

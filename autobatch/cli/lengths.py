@@ -99,7 +99,7 @@ def lengths(
         max_tokens=max_tokens,
         batching=batching,  # type: ignore[arg-type]
     )
-    out = Output()
+    out = Output(as_json=as_json)
     _print(report, out)
     if as_json:
         stdout_write(json.dumps(report.to_dict(), indent=2))

@@ -60,7 +60,12 @@ Verbose = Annotated[
 ]
 Quiet = Annotated[
     bool,
-    typer.Option("--quiet", "-q", callback=_set_quiet, help="Print only errors and the final summary line."),
+    typer.Option(
+        "--quiet",
+        "-q",
+        callback=_set_quiet,
+        help="Print only errors and the final summary line (errors alone with --json).",
+    ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 Script = Annotated[
@@ -224,24 +229,45 @@ def load(params: dict[str, Any]) -> Settings:
 
 def warn_stray_variables(env: Mapping[str, str]) -> None:
     """A warning line for each ``AUTOBATCH_*`` variable that reads like a setting's but is none, and so is ignored
-    (:func:`autobatch.settings.load.stray_variables`); the variables autobatch writes itself are left out."""
+    (:func:`autobatch.settings.load.stray_variables`). A name the env file writes for the job (``AUTOBATCH_PRECISION``,
+    read like ``AUTOBATCH_PRECISIONS``) is warned about too, saying whose name it is, unless the environment holds the
+    env file's plan (:func:`sourced_plan`: a job that sourced it); a probe's own variables never are."""
     from autobatch.settings.load import stray_variables
 
     stray = stray_variables(env)
     if not stray:
         return
     from autobatch.cli.progress import Output
+    from autobatch.emit.env import ENV_NAMES
+    from autobatch.step.as_is import BATCH_ENV, SEQ_LEN_ENV
 
-    own = own_variables()
+    sourced = sourced_plan(env)
     out = Output()
     for name, meant in stray:
-        if name not in own:
-            out.warning(f"{name} is no setting's variable and is ignored: did you mean {meant}?")
+        if name in (BATCH_ENV, SEQ_LEN_ENV) or (name in ENV_NAMES and sourced):
+            continue
+        whose = (
+            " (a name the env file writes for the job, --emit env, not a setting)"
+            if name in ENV_NAMES
+            else ""
+        )
+        out.warning(f"{name} is no setting's variable and is ignored{whose}: did you mean {meant}?")
+
+
+#: What every env file writes: all of them set means the environment holds a sourced env file's plan.
+SOURCED_MARKS = ("AUTOBATCH_MICRO_BATCH_SIZE", "AUTOBATCH_ACCUMULATION_STEPS", "AUTOBATCH_PLAN_WORLD_SIZE")
+
+
+def sourced_plan(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` holds the plan of an env file a job sourced (every name of :data:`SOURCED_MARKS` set): its
+    other names are then the file's too, not a setting mistyped."""
+    return all(env.get(name, "").strip() for name in SOURCED_MARKS)
 
 
 def own_variables() -> set[str]:
     """The ``AUTOBATCH_*`` names autobatch itself sets that read like a setting's variable: the env file's plan
-    (a job sources it), a probe's batch and length. Not settings, and not mistakes."""
+    (a job sources it), a probe's batch and length. Not settings, and not mistakes (the env file's are warned about
+    when set alone: :func:`warn_stray_variables`)."""
     from autobatch.emit.env import ENV_NAMES
     from autobatch.step.as_is import BATCH_ENV, SEQ_LEN_ENV
 

@@ -3,7 +3,7 @@
 Three modes, chosen per run: **terminal** (stderr is a TTY: a live rich line for the probe in flight,
 redrawn four times a second, each finished probe a line above it), **log** (a file or a pipe: plain
 timestamped lines, never wrapped: :mod:`.app`'s console wraps nothing off a terminal) and **quiet**
-(``--quiet``: errors and the final summary line only).
+(``--quiet``: errors and the final summary line only; errors alone when the answer goes to stdout as JSON).
 ``NO_COLOR`` turns colour off in every mode (:mod:`.app`); docs/commands.md shows the output.
 """
 
@@ -39,8 +39,9 @@ def timestamp() -> str:
 class Output:
     """Where a command's human output goes (see the module docstring)."""
 
-    def __init__(self, *, quiet: bool | None = None, live: bool | None = None) -> None:
+    def __init__(self, *, quiet: bool | None = None, live: bool | None = None, as_json: bool = False) -> None:
         self.quiet = STATE.quiet if quiet is None else quiet
+        self.as_json = as_json  # the command's answer goes to stdout as JSON (--json)
         self.live = (console.is_terminal and not self.quiet) if live is None else live
         self.display: LiveProbe | None = None
 
@@ -67,7 +68,10 @@ class Output:
         self.line(message, style="cyan")
 
     def summary(self, message: str) -> None:
-        """The final summary line: printed in every mode, quiet included."""
+        """The final summary line: printed in every mode, quiet included, except quiet with the answer on stdout as
+        JSON (``--quiet --json``: stderr then holds errors alone, and the JSON holds what the line says)."""
+        if self.quiet and self.as_json:
+            return
         was, console.quiet = console.quiet, False
         try:
             prefix = "" if console.is_terminal else f"{timestamp()} "

@@ -56,7 +56,12 @@ def _root(
         None, "--version", callback=_version, is_eager=True, help="Show the version and exit."
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks and probe logs on errors."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and the final summary line."),
+    quiet: bool = typer.Option(
+        False,
+        "--quiet",
+        "-q",
+        help="Print only errors and the final summary line (errors alone with --json).",
+    ),
 ) -> None:
     STATE.verbose = STATE.verbose or verbose
     STATE.quiet = STATE.quiet or quiet

@@ -87,7 +87,7 @@ def tune(
         from autobatch.explain.output.plot import check_plot_path
 
         check_plot_path(plot)  # before any probe
-    out = Output()
+    out = Output(as_json=as_json)
     out.status(f"autobatch tune {spec_from_settings(settings).label}")
     try:
         result = run_tune(

@@ -71,7 +71,9 @@ def targets_for(device: str, memory: int | None, inventory: Inventory) -> list[T
     if device == "cpu" or (device == "auto" and not visible and inventory.nvml != "missing"):
         return [cpu_target(memory, inventory)]  # no driver, or no visible GPU: CUDA cannot run either
     if not visible:
-        return [_unidentified(device, inventory.no_gpu)]
+        # without pynvml, the probe's note on the CUDA context names the import error and the fix: said once there
+        why = "no pynvml" if inventory.nvml == "missing" else inventory.no_gpu
+        return [_unidentified(device, why)]
     if device in ("auto", "cuda"):
         return _one_per_model(visible, inventory)
     index = int(device.partition(":")[2] or 0)

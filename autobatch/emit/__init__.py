@@ -25,6 +25,7 @@ from autobatch.emit.common import (
     make_options,
     require_chosen,
     script_own,
+    why_none,
 )
 from autobatch.errors import UsageError
 from autobatch.records.files import preflight, write_atomic
@@ -100,7 +101,7 @@ def caveats(result: TuneResult, fmt: str, options: EmitOptions) -> list[str]:
         reason = unfinished(result.to_dict())
         if reason is not None:
             return [f"a partial result: {reason}"]
-        return [] if not spec.needs_choice else ["nothing fits: no configuration to emit"]
+        return [] if not spec.needs_choice else [f"no configuration to emit: {why_none(result)}"]
     own = [SCRIPT_OWN] if script_own(result.chosen) and spec.needs_choice and fmt != "args" else []
     launcher = fmt in ("deepspeed", "hf", "lightning", "accelerate") and not own
     levers = lever_caveats(result.chosen, compile_set=fmt == "hf") if launcher else []

@@ -17,7 +17,7 @@ from importlib import metadata
 from autobatch.core.levels import SELECTIVE, fraction
 from autobatch.core.space import ident_of
 from autobatch.core.units import format_bytes
-from autobatch.errors import UsageError
+from autobatch.errors import AutobatchError, UsageError
 from autobatch.records.liveness import RESUME_HINT, unfinished
 from autobatch.records.result import Chosen, TuneResult, nothing_chosen
 from autobatch.settings.levers import neutral
@@ -86,14 +86,23 @@ def require_chosen(result: TuneResult) -> Chosen:
         reason = unfinished(result.to_dict())
         if reason is not None:
             raise UsageError(f"no configuration to emit: {reason}", hint=RESUME_HINT)
-        why = nothing_chosen(
-            result, int(result.device.get("budget_bytes") or 0)
-        )  # the tune's own error, again
+        why = _nothing_chosen(result)  # the tune's own error, again
         raise UsageError(
             f"no configuration to emit: {why.message}",
             hint=f"{why.hint}; then emit again (the json and toml formats write the whole result as it is)",
         )
     return result.chosen
+
+
+def why_none(result: TuneResult) -> str:
+    """Why ``result`` holds no chosen configuration, as :func:`require_chosen` says it: its tune did not finish, or
+    the tune's own error (nothing fits the budget, recomputation asked of a model without repeated blocks, a length
+    at which not one sample fits)."""
+    return unfinished(result.to_dict()) or _nothing_chosen(result).message
+
+
+def _nothing_chosen(result: TuneResult) -> AutobatchError:
+    return nothing_chosen(result, int(result.device.get("budget_bytes") or 0))
 
 
 #: The caveat of every launcher's file for a script tuned as it is.
@@ -185,11 +194,11 @@ def provenance(result: TuneResult, options: EmitOptions, what: str) -> list[str]
     ]
     if any(dates):
         lines.append(", ".join(d for d in dates if d))
+    if result.chosen is None:
+        lines.append(f"no configuration was chosen: {why_none(result)}")
+        return lines
     if result.status != "complete":
         lines.append(f"the tune is {result.status}: the choice comes from a partial search")
-    if result.chosen is None:
-        lines.append("no configuration was chosen (nothing fits)")
-        return lines
     lines.append(f"chosen: {describe_choice(result.chosen)} (objective: {result.objective})")
     lines.append(arithmetic(result.chosen))
     if result.chosen.note:

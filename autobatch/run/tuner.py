@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import NamedTuple, Optional
@@ -115,6 +116,7 @@ class Tuner:
             }
         if session.as_is:  # the plan's command line is filled in from it (autobatch.emit.args)
             self.result.as_is = {k: session.spec.options.get(k) for k in ("batch_env", "variants")}
+            self.result.as_is["python"] = sys.executable  # the job's command runs the Python that measured
             if session.spec.options.get("seq_len_env"):  # the plan's length reaches the job by it too
                 self.result.as_is["seq_len_env"] = session.spec.options["seq_len_env"]
         self.lengths: LengthSearch | None = None

@@ -210,20 +210,18 @@ def smaller(plan: Chosen) -> tuple[int, int] | None:
 
 def job_spec(result: TuneResult, resume: tuple[str, ...], cap: int | None, device: str = "cpu") -> JobSpec:
     """The job's command line as the tune prints it, run by this Python, with the resume arguments after it."""
-    words = command(result)
+    words = command(result, sys.executable)  # run by this Python, whichever the tune measured with
     assert words is not None and result.chosen is not None
     env = dict(os.environ)
-    while words and "=" in words[0] and not words[0].startswith("-"):
+    while words[0] != sys.executable:  # NAME=value words, up to the interpreter (a path may hold a =)
         name, _, value = words.pop(0).partition("=")
         env[name] = value
     env.update(
         variables(result.chosen.micro_batch_size, None, result.chosen.seq_len)
     )  # autobatch's own, as in a probe
-    launcher = words.pop(0)
-    runner = [sys.executable] if launcher == "python" else [sys.executable, "-m", "torch.distributed.run"]
-    while words and words[0].startswith("--") and launcher != "python":
-        runner.append(words.pop(0))  # torchrun's own options
-    return JobSpec([*runner, *words, *resume], env, None, cap, device)
+    return JobSpec(
+        [*words, *resume], env, None, cap, device
+    )  # this Python (with torchrun's module), the script
 
 
 def _event(

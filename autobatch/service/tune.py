@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autobatch.emit import refuse_fallback, targets
-from autobatch.errors import AutobatchError, NothingFitsError, UsageError
+from autobatch.errors import AutobatchError, NoBlocksError, NothingFitsError, UsageError
 from autobatch.records.files import preflight
 from autobatch.run.locks import RunLock
 from autobatch.run.options import TuneOptions, TuneRequest
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from autobatch.devices.budget import DeviceInfo
     from autobatch.records.result import TuneResult
     from autobatch.settings import Settings
-    from autobatch.settings.values import Door
     from autobatch.step.spec import ScriptSpec
 
 
@@ -130,7 +129,7 @@ def _measure(request: TuneRequest, hooks: Hooks, saver: ResultSaver | None) -> T
             )  # as a tune run now would have
     except BaseException as exc:
         if latest:
-            _keep_partial(latest[0], exc, saver, hooks, settings.door)
+            _keep_partial(latest[0], exc, saver, hooks, settings)
         raise
     result.in_words(settings.door)
     if saver is not None:
@@ -168,16 +167,18 @@ def check_world_split(settings: Settings, world: int, world_source: str) -> None
 
 
 def _keep_partial(
-    result: TuneResult, exc: BaseException, saver: ResultSaver | None, hooks: Hooks, door: Door
+    result: TuneResult, exc: BaseException, saver: ResultSaver | None, hooks: Hooks, settings: Settings
 ) -> None:
-    """What a tune that stopped early measured: marked, written, shown (in ``door``'s words), and carried by the
+    """What a tune that stopped early measured: marked, written, shown (in the door's words), and carried by the
     exception as its ``result`` (a notebook interrupted or failed with no result file keeps it there); a
-    nothing-fits answer is complete."""
+    nothing-fits answer is complete, as is one whose every combination recomputes a model without repeated blocks
+    (nothing to probe: the tune's answer, not a failure). The files of ``emit`` are not written: said so."""
+    door = settings.door
     try:
         exc.result = result  # type: ignore[attr-defined]
     except AttributeError:  # an exception whose class refuses new attributes (__slots__)
         pass
-    if not isinstance(exc, NothingFitsError):
+    if not isinstance(exc, (NothingFitsError, NoBlocksError)):
         result.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         if isinstance(exc, AutobatchError):
             result.notes.append(f"failed: {exc.message}")
@@ -190,6 +191,13 @@ def _keep_partial(
         saver(result)
         where = "not saved (see the warning above)" if saver.error else f"saved to {saver.path}"
     hooks.on_partial(result, where)
+    if settings.output.emit:
+        files = ", ".join(f"{path} ({fmt})" for fmt, path in targets(settings.output.emit))
+        why = {
+            "complete": "the tune chose nothing",
+            "interrupted": "the tune was interrupted before it chose",
+        }
+        hooks.on_warning(f"not written: {files}: {why.get(result.status, 'the tune failed before it chose')}")
 
 
 def emit_from_settings(

@@ -111,7 +111,7 @@ def stray_variables(env: Mapping[str, str]) -> list[tuple[str, str]]:
     one's variable: a typo or a shortened name (``AUTOBATCH_GLOBAL_BATCH`` for ``AUTOBATCH_GLOBAL_BATCH_SIZE``), or
     a flag's name (``AUTOBATCH_OUTPUT`` for ``AUTOBATCH_RESULT``, the variable of ``--output``). Every name no
     setting reads is ignored (the env file's plan, ``AUTOBATCH_MICRO_BATCH_SIZE``, reads like one too: the caller
-    leaves out the names autobatch writes), so a job script's mistyped setting would be ignored in silence."""
+    decides about the names autobatch writes), so a job script's mistyped setting would be ignored in silence."""
     variables = {info.env for info in FIELDS}
     words = sorted(
         name.removeprefix(ENV_PREFIX) for name in variables

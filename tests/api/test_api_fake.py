@@ -141,6 +141,26 @@ def test_check_returns_what_check_json_prints(monkeypatch: pytest.MonkeyPatch) -
     assert code == 0 and json.loads(out).keys() == report.to_dict().keys()
 
 
+def test_a_check_shows_itself_in_a_line_as_the_command_prints_it() -> None:
+    """A notebook cell ending in ``autobatch.check(...)`` shows the answer in a line, as ``TuneResult`` and
+    ``ComboResult`` do (it showed the whole dataclass: every step's peak and time, the device's stats, the reason's
+    traceback); the fields are all there."""
+    runner = FakeRunner(CURVE)
+    fits = autobatch.check(
+        **STEP, batch_size=64, precision="bf16", device="cpu", memory="1GiB", runner=runner
+    )
+    seconds = sum(fits.step_seconds) / len(fits.step_seconds)
+    assert repr(fits) == (
+        f"<CheckResult bf16-mixed/adamw/no-recompute batch 64 on {fits.device}: fits after 10 steps, peak "
+        f"{format_bytes(fits.peak_bytes or 0)} of budget {format_bytes(fits.budget_bytes)}, {seconds:.3f} s/step>"
+    )
+    big = autobatch.check(**STEP, batch_size=600, device="cpu", memory="1GiB", runner=runner)
+    assert repr(big).startswith("<CheckResult 32-true/adamw/no-recompute batch 600 on ") and (
+        ": out of memory after " in repr(big)
+    )
+    assert "\n" not in repr(big) and len(repr(big)) < 300 and big.step_peaks is not None
+
+
 def test_check_keywords_shape_its_probe_and_the_rest_are_settings() -> None:
     # precision, optimizer, recompute, compile and steps are check()'s own (steps and recompute also name
     # settings of a tune's search: here they shape the one probe); every other keyword is a setting.

@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -245,7 +246,7 @@ def test_a_folder_named_in_letters_the_locale_cannot_decode_survives_the_result_
     )  # the name's bytes, as the locale held it
     assert b"donn\xc3\xa9es/config.json" in [os.fsencode(path) for path in measured["script_files"]["read"]]
     line = shlex.join(
-        ["python", str(script), "--config", "données/config.json", "--batch-size", "64"]
+        [sys.executable, str(script), "--config", "données/config.json", "--batch-size", "64"]
     ).encode()
     assert job.read_bytes().splitlines()[-1] == line
     assert (

@@ -9,7 +9,9 @@ rank that fails ends every rank with its own error; no process of the script out
 from __future__ import annotations
 
 import json
+import shlex
 import socket
+import sys
 import uuid
 
 import psutil
@@ -119,11 +121,13 @@ def test_a_launchers_variables_for_rank_1_leave_each_probe_a_world_of_one_and_pl
     chosen = data["chosen"]
     assert (chosen["micro_batch_size"], chosen["accumulation_steps"], chosen["world_size"]) == (16, 2, 2)
     assert chosen["nproc_per_node"] * chosen["num_nodes"] == chosen["world_size"], chosen
-    line = f"torchrun --nproc-per-node=2 {script} --batch-size 16"
+    line = shlex.join(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", script, "--batch-size", "16"]
+    )
     assert f"command: {line}" in err
     assert "the plan is for a world of 2 processes and its micro-batch was measured in one" in err
     assert job.read_text().splitlines()[-1] == line
-    assert f"export AUTOBATCH_COMMAND='{line}'" in env_file.read_text().splitlines()
+    assert f"export AUTOBATCH_COMMAND={shlex.quote(line)}" in env_file.read_text().splitlines()
     # that command, run by `autobatch run` in each worker of a launcher, would start the world in each: refused
     nested = run_cli(
         "run", script, "--result", str(tmp_path / "r.json"), "--max-restarts", "0", "--device", "cpu",

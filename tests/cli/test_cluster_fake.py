@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from support import ROOT, run_main, wire_fake_runner
 
+from autobatch.errors import EXIT_SCRIPT
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest
 from autobatch.testing import FakeRunner, affine
 
@@ -189,16 +190,82 @@ def test_an_interrupted_tune_resumes_without_measuring_anything_twice(
 
 
 def test_quiet_prints_only_the_summary_line_and_log_lines_are_timestamped(fake: FakeRunner) -> None:
-    code, result, err = tune("-q")
+    code, _, err = run_main(
+        "tune", "train.py", "--device", "cpu", "--memory", "1GiB", "-p", "32-true", "-o", "adamw", "--no-recompute",
+        "-q", "--emit", "env",
+    )  # fmt: skip
     assert code == 0
     assert err.count("autobatch: 32-true/adamw/no-recompute micro-batch") == 1
-    assert "probe " not in err and "device cpu" not in err
+    assert "probe " not in err and "device cpu" not in err and "wrote" not in err
     code, _, err = run_main(
         "tune", "train.py", "--device", "cpu", "--memory", "1GiB", "-p", "bf16-mixed", "--no-recompute"
     )
     assert code == 0
     stamped = re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d probe \S+ batch \d+ (fits|oom)", err)
     assert len(stamped) >= 3
+
+
+def test_quiet_with_json_leaves_stderr_to_errors_alone(fake: FakeRunner) -> None:
+    """``-q --json``: the answer is on stdout, and stderr holds nothing but errors (it held the summary line, which
+    a job script treating stderr as failure read as one). An error still prints under both."""
+    code, result, err = tune("-q")
+    assert (code, err) == (0, "") and result["chosen"]["micro_batch_size"] > 0
+    code, _, err = run_main("cache", "list", "-q", "--json")
+    assert (code, err) == (0, "")
+    code, _, err = run_main("devices", "-q", "--json")
+    assert (code, err) == (0, "")
+    code, out, err = tune("-q", "--memory", "1MiB")
+    assert code == 2 and out == {} and err.startswith("error: ")
+
+
+def test_the_env_files_precision_set_alone_is_warned_about_as_the_env_files_name(
+    fake: FakeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AUTOBATCH_PRECISION=bf16-mixed`` for ``AUTOBATCH_PRECISIONS``: no tune reads it (it is the name the env file
+    writes for the job), and the tune searched what the flags said without a word, while a mistyped setting got a
+    warning. Now it gets one, naming the variable meant and whose name it is; the same names from a sourced env
+    file (its plan's names all set) get none."""
+    monkeypatch.setenv("AUTOBATCH_PRECISION", "bf16-mixed")
+    monkeypatch.setenv("AUTOBATCH_OPTIMIZER", "sgd")
+    code, result, err = tune()
+    assert code == 0 and result["chosen"]["precision"] == "32-true"
+    for name, meant in (
+        ("AUTOBATCH_OPTIMIZER", "AUTOBATCH_OPTIMIZERS"),
+        ("AUTOBATCH_PRECISION", "AUTOBATCH_PRECISIONS"),
+    ):
+        assert (
+            f"warning: {name} is no setting's variable and is ignored (a name the env file writes for the job, "
+            f"--emit env, not a setting): did you mean {meant}?"
+        ) in err
+    for name, value in (("MICRO_BATCH_SIZE", "16"), ("ACCUMULATION_STEPS", "2"), ("PLAN_WORLD_SIZE", "1")):
+        monkeypatch.setenv(f"AUTOBATCH_{name}", value)
+    code, _, err = tune()
+    assert code == 0 and "AUTOBATCH_" not in err
+
+
+def test_a_tune_that_chose_nothing_says_its_emit_files_were_not_written_and_why(fake: FakeRunner) -> None:
+    """Recomputation asked of a model without repeated blocks: nothing is probed and nothing chosen. The tune said
+    nothing of the files ``--emit`` asked for (not written), and the toml of its result said "(nothing fits)"."""
+    fake.recompute_blocks = ()
+    code, _, err = run_main(
+        "tune", "train.py", "--device", "cpu", "--memory", "1GiB", "-p", "32-true", "-o", "adamw", "--recompute",
+        "--emit", "deepspeed", "--emit", "toml", "--allow-cpu",
+    )  # fmt: skip
+    assert code == EXIT_SCRIPT, err
+    assert (
+        "warning: not written: ds_config.json (deepspeed), autobatch-result.toml (toml): the tune chose nothing"
+        in err
+    )
+    assert "no repeated blocks to wrap" in err and not Path("ds_config.json").exists()
+    assert json.loads(Path("autobatch-result.json").read_text())["status"] == "complete"  # the tune's answer
+    code, _, err = run_main("emit", "autobatch-result.json", "--format", "toml")
+    assert code == 0, err
+    header = " ".join(Path("autobatch-result.toml").read_text().replace("\n#  ", "").split())
+    assert (
+        "# no configuration was chosen: recomputation (full) asked for, but the model has no repeated blocks"
+        in header
+    )
+    assert "nothing fits" not in header
 
 
 def test_a_long_probe_line_is_never_wrapped_in_a_log(

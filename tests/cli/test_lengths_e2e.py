@@ -12,7 +12,9 @@ to eager's. Confirmations and checks run the probes' 3 steps, to keep the test n
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -178,4 +180,4 @@ def test_a_script_that_reads_its_length_from_a_config_and_the_environment(tmp_pa
     assert result["as_is"]["seq_len_env"] == "SEQ_LEN"
     micro = result["chosen"]["micro_batch_size"]
     line = (tmp_path / "job.sh").read_text().splitlines()[-1]
-    assert line.startswith(f"BATCH_SIZE={micro} SEQ_LEN=256 python "), line
+    assert line.startswith(f"BATCH_SIZE={micro} SEQ_LEN=256 {shlex.quote(sys.executable)} "), line

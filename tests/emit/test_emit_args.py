@@ -4,7 +4,7 @@ and the launcher files that leave the script's own precision and optimizer alone
 from __future__ import annotations
 
 import json
-import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -65,9 +65,13 @@ def test_accumulation_without_a_placeholder_is_a_caveat() -> None:
     assert "accumulates 3 micro-batches" in render(result, "args", OPTIONS)  # in its comments (wrapped)
 
 
+#: torchrun, run by the interpreter: ``python`` for a result that does not record the tune's.
+TORCHRUN = ["python", "-m", "torch.distributed.run"]
+
+
 def test_ranks_run_under_torchrun() -> None:
     result = _as_is(["--batch-size", "{batch}"], micro=16, world=2)
-    assert command(result) == ["torchrun", "--nproc-per-node=2", "train.py", "--batch-size", "16"]
+    assert command(result) == [*TORCHRUN, "--nproc-per-node=2", "train.py", "--batch-size", "16"]
 
 
 def test_a_world_measured_in_one_process_is_launched_as_the_planned_world() -> None:
@@ -76,13 +80,13 @@ def test_a_world_measured_in_one_process_is_launched_as_the_planned_world() -> N
     result = _as_is(["--batch-size", "{batch}"], micro=16, accumulation=2)
     assert result.chosen is not None
     result.chosen = replace(result.chosen, world_size=2, global_batch_size=64)
-    assert command(result) == ["torchrun", "--nproc-per-node=2", "train.py", "--batch-size", "16"]
+    assert command(result) == [*TORCHRUN, "--nproc-per-node=2", "train.py", "--batch-size", "16"]
     world, accumulation = caveats(result, "args", OPTIONS)
     assert (
         "a world of 2 processes" in world and "measured in one" in world and "accumulates 2" in accumulation
     )
     result.chosen = replace(result.chosen, world_size=8, nproc_per_node=4, num_nodes=2, strategy="ddp")
-    assert command(result)[:3] == ["torchrun", "--nproc-per-node=4", "--nnodes=2"]  # type: ignore[index]
+    assert command(result)[:5] == [*TORCHRUN, "--nproc-per-node=4", "--nnodes=2"]  # type: ignore[index]
 
 
 def test_a_three_function_result_has_no_command_line() -> None:
@@ -118,15 +122,57 @@ def test_an_as_is_result_passes_the_schema() -> None:
     check_result(_as_is(["--batch-size", "{batch}"]).to_dict(), "r.json")
 
 
-def test_the_written_file_runs_the_job(tmp_path: Path) -> None:
+def test_the_written_file_runs_the_job_with_the_tunes_python_and_no_python_on_path(tmp_path: Path) -> None:
+    """``sh autobatch-command.sh`` from a job script that did not activate the virtualenv: the line names the Python
+    the tune measured with, by its path (it ran ``python`` from PATH: "python: not found", or another Python without
+    torch). The script prints the interpreter that runs it."""
     train = tmp_path / "train.py"
-    train.write_text("import sys\nprint('batch', sys.argv[2])\n")
+    train.write_text("import sys\nprint('batch', sys.argv[2], sys.executable)\n")
     result = _as_is(["--batch-size", "{batch}"], micro=40)
-    result.script = str(train)
+    assert result.as_is is not None
+    result.script, result.as_is["python"] = str(train), sys.executable  # as a tune records it
     (path,) = emit(result, [("args", tmp_path / "run.sh")], OPTIONS)
-    text = path.read_text().replace("python ", f"{shlex.quote(sys.executable)} ", 1)
-    done = subprocess.run(["sh", "-c", text], capture_output=True, text=True, check=True)
-    assert done.stdout == "batch 40\n"
+    assert f"# python: {sys.executable}, the interpreter the tune measured with" in " ".join(
+        path.read_text().replace("\n#  ", "").split()
+    )
+    nothing = tmp_path / "empty"
+    nothing.mkdir()
+    sh = shutil.which("sh")
+    assert sh is not None
+    done = subprocess.run(
+        [sh, str(path)], capture_output=True, text=True, env={"PATH": str(nothing)}, cwd=tmp_path
+    )
+    assert (done.returncode, done.stdout) == (0, f"batch 40 {sys.executable}\n"), done.stderr
+
+
+def test_the_line_names_the_recorded_python_and_torchrun_as_its_module() -> None:
+    """The tune's interpreter for a world of one and, for a world of several, its ``-m torch.distributed.run``
+    (torchrun's module, as ``autobatch run`` starts it); ``autobatch run`` runs the line with its own Python."""
+    from autobatch.service.relaunch import job_spec
+
+    result = _as_is(["--batch-size", "{batch}"], micro=16, world=2)
+    assert result.as_is is not None
+    result.as_is["python"] = "/opt/env/bin/python3"
+    assert command(result) == [
+        "/opt/env/bin/python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py", "--batch-size", "16"
+    ]  # fmt: skip
+    assert env_format.variables(result)["AUTOBATCH_COMMAND"].startswith(
+        "/opt/env/bin/python3 -m torch.distributed.run"
+    )
+    assert job_spec(result, (), None).argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    check_result(result.to_dict(), "r.json")
+    one = _as_is(["--batch-size", "{batch}"])
+    assert one.as_is is not None
+    one.as_is["python"] = "/opt/env/bin/python3"
+    assert command(one) == ["/opt/env/bin/python3", "train.py", "--batch-size", "48"]
+
+
+def test_a_result_of_before_the_interpreter_was_recorded_runs_python_and_says_so() -> None:
+    text = render(_as_is(["--batch-size", "{batch}"]), "args", OPTIONS)
+    assert text.splitlines()[-1] == "python train.py --batch-size 48"
+    assert "the first python on PATH (this result does not record the interpreter" in " ".join(
+        text.replace("\n#  ", "").split()
+    )
 
 
 def test_a_chosen_variant_adds_its_arguments() -> None:

@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 
 from autobatch.emit import FORMATS, EmitOptions, caveats, emit, make_options, parse_emit_spec, render
 from autobatch.emit import env as env_format
+from autobatch.emit.common import why_none
 from autobatch.emit.deepspeed import deepspeed_config, load_base
 from autobatch.emit.hf import checkpointing_key
 from autobatch.emit.lightning import overlay
 from autobatch.emit.whole import drop_none
 from autobatch.errors import UsageError
-from autobatch.records.result import TuneResult
+from autobatch.records.result import NO_BLOCKS, TuneResult
 
 try:
     import tomllib
@@ -98,7 +99,34 @@ def test_nothing_chosen_is_a_usage_error_and_writes_nothing(tmp_path: Path, noth
 def test_whole_result_formats_render_without_a_choice(tmp_path: Path, nothing_fits: TuneResult) -> None:
     written = emit(nothing_fits, [("json", tmp_path / "r.json"), ("toml", tmp_path / "r.toml")], OPTIONS)
     assert TuneResult.load(written[0]) == nothing_fits
-    assert "# no configuration was chosen (nothing fits)" in written[1].read_text()
+    assert (
+        "# no configuration was chosen: no combination fits even the smallest batch" in written[1].read_text()
+    )
+
+
+def test_a_whole_result_says_why_nothing_was_chosen_in_the_tunes_words(
+    tmp_path: Path, nothing_fits: TuneResult
+) -> None:
+    """A tune whose every combination recomputes a model without repeated blocks chose nothing, and nothing was
+    probed: its toml's header said "(nothing fits)"; it says the tune's own reason, as emit's refusal does. A
+    result whose tune did not finish says that."""
+    nothing_fits.combinations = [
+        replace(entry, status="skipped", recompute=True, recompute_level="full", reason=NO_BLOCKS, probes=0)
+        for entry in nothing_fits.combinations
+    ]
+    text = render(nothing_fits, "toml", OPTIONS)
+    assert (
+        "# no configuration was chosen: recomputation (full) asked for, but the model has no repeated blocks"
+        in text
+    )
+    assert "nothing fits" not in text
+    assert caveats(nothing_fits, "deepspeed", OPTIONS) == [
+        f"no configuration to emit: {why_none(nothing_fits)}"
+    ]
+    nothing_fits.status = "interrupted"
+    assert "# no configuration was chosen: the tune that wrote this result was interrupted" in render(
+        nothing_fits, "toml", OPTIONS
+    )
 
 
 def test_two_formats_cannot_share_a_path(tmp_path: Path, tune_result: TuneResult) -> None:
