@@ -151,7 +151,9 @@ class Padded:
     overflowing: int
     longest_length: int  # the longest length a full batch survives (0: not even one token)
     long_sequences: int  # sequences longer than that
-    shuffled_share: float  # the expected share of full batches that overflow when the data is shuffled
+    # the expected share of full batches that overflow when the data is shuffled; data smaller than one batch
+    # is one batch in any order, and its share is the file order's
+    shuffled_share: float
     first_overflowing_batch: int | None  # its index in reading order, from 0
 
     @property
@@ -179,14 +181,17 @@ def padded(lengths: Sequence[int], memory: Memory, batch_size: int) -> Padded:
             first = batches if first is None else first
         batches += 1
     longest = critical[batch_size]
-    short = sum(1 for n in lengths if n <= longest)
+    # a shuffled batch is ``drawn`` sequences: the whole data when it is smaller than one batch, whose critical
+    # length is its own (a full batch's would call 100 % the batch that file order, the same batch, counts 0 %)
+    drawn = min(batch_size, len(lengths)) or batch_size
+    short = sum(1 for n in lengths if n <= critical.get(drawn, longest))
     return Padded(
         batch_size=batch_size,
         batches=batches,
         overflowing=overflowing,
         longest_length=longest,
-        long_sequences=len(lengths) - short,
-        shuffled_share=shuffled_share(len(lengths), short, batch_size),
+        long_sequences=sum(1 for n in lengths if n > longest),
+        shuffled_share=shuffled_share(len(lengths), short, drawn),
         first_overflowing_batch=first,
     )
 

@@ -50,6 +50,20 @@ def test_the_last_smaller_batch_has_its_own_critical_length() -> None:
     assert padded([200], MEMORY, 4).overflowing == 1
 
 
+def test_data_smaller_than_one_batch_is_one_batch_shuffled_or_not() -> None:
+    # 3 sequences at a batch of 4: one batch of 3, which fits up to 33 tokens (4 would fit up to 25)
+    fits, over = padded([10, 30, 20], MEMORY, 4), padded([10, 40, 20], MEMORY, 4)
+    assert (fits.overflowing, fits.share, fits.shuffled_share) == (0, 0.0, 0.0)
+    assert (over.overflowing, over.share, over.shuffled_share) == (1, 1.0, 1.0)
+    assert fits.longest_length == 25 and fits.long_sequences == 1  # the full batch's figures, as before
+
+
+@given(st.lists(st.integers(1, 120), min_size=1, max_size=12), st.integers(1, 12))
+def test_the_shuffled_share_of_a_single_batch_is_the_file_orders(lengths: list[int], batch: int) -> None:
+    found = padded(lengths, MEMORY, max(batch, len(lengths)))
+    assert found.batches == 1 and found.shuffled_share == found.share
+
+
 def test_token_batches_by_hand() -> None:
     # a budget of 150 tokens: 60 and 30 pad to 2·60 = 120; 40 would make 3·60 = 180, and starts a batch
     assert list(token_batches(DATA, 150)) == [(2, 20), (2, 60), (2, 50), (1, 51), (1, 200)]
