@@ -97,6 +97,18 @@ class Memory:
         lifted = replace(surface, intercept=surface.intercept + raised)
         return cls(lifted, line_bytes, tuple(measured), raised)
 
+    def max_batch(self, seq_len: int, multiple: int = 1) -> int:
+        """The largest multiple of ``multiple`` that stays on the line at ``seq_len`` tokens (0: none), as
+        :meth:`critical_length` reads it: the raised surface's maximum, at least a maximum measured at a length at
+        or over ``seq_len``, under every batch that ran out of memory at a length at or under it. The maxima a
+        tune predicts between its searched lengths come from here, so that they agree with ``autobatch lengths``."""
+        batch = self.surface.max_batch(seq_len, self.line_bytes, multiple)
+        while batch > 0 and self.surface.peak(batch, seq_len) > self.line_bytes:  # the rounding's tolerance
+            batch -= multiple
+        batch = max([batch, *(m.max_batch for m in self.measured if m.seq_len >= seq_len)])
+        ran_out = (m.oom_batch - 1 for m in self.measured if m.oom_batch is not None and m.seq_len <= seq_len)
+        return max(min([batch, *ran_out]), 0) // multiple * multiple
+
     def critical_length(self, batch_size: int) -> int:
         """The longest length at which ``batch_size`` sequences stay on the line (0: not one token)."""
         length = critical_length(self.surface, batch_size, self.line_bytes)

@@ -167,6 +167,41 @@ def test_the_measured_peaks_and_maxima_decide_at_the_searched_lengths() -> None:
     assert Memory.of(surface, line).critical_length(55) == 257  # without the measurements: the fit alone
 
 
+def test_the_largest_batch_at_a_length_is_read_as_the_critical_length_reads_it() -> None:
+    """The same tune's figures: the table's prediction at a length is the batch that ``autobatch lengths`` says
+    survives it, from the raised surface and within the measurements."""
+    surface = Surface(317_042_005.0, 7571.299, 15.242923, (64, 128, 256))
+    line = 480_038_092
+    measured = (Measured(64, 299, 479_526_912, 300), Measured(256, 55, 480_002_048, 56))
+    memory = Memory.of(surface, line, measured)
+    assert memory.max_batch(256) == 55 and memory.max_batch(64) == 299  # the probes decide where they ran
+    assert surface.max_batch(64, line) < 299  # the surface alone says less
+    assert memory.max_batch(128) <= surface.max_batch(128, line)  # raised: never more than the fit
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    surfaces,
+    st.floats(1e4, 2e5),
+    st.lists(st.tuples(st.integers(1, 300), st.integers(0, 80), st.integers(1, 90)), max_size=3),
+    st.integers(16, 300),
+    st.sampled_from([1, 2, 8]),
+)
+def test_the_largest_batch_is_the_brute_force_one(
+    surface: Surface, line: float, runs: list[tuple[int, int, int]], seq_len: int, multiple: int
+) -> None:
+    measured = [
+        Measured(n, fits, surface.peak(fits, n) * 1.01 if fits else None, fits + extra)
+        for n, fits, extra in runs
+    ]
+    memory = Memory.of(surface, line, measured)
+    fitting = [
+        b for b in range(multiple, 1000, multiple) if memory.critical_length(b) >= seq_len
+    ]  # under 625
+    expected = max(fitting, default=0)
+    assert memory.max_batch(seq_len, multiple) == expected
+
+
 @given(st.integers(1, 60), st.data())
 def test_the_shuffled_share_is_the_exact_ratio_of_combinations(total: int, data: st.DataObject) -> None:
     short = data.draw(st.integers(0, total))
