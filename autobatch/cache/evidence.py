@@ -28,7 +28,8 @@ class Event:
     """One thing a job did that says whether its plan held.
 
     ``source``: who saw it (``run``, ``guard``); ``kind``: ``launch`` (one launch of a job and how it ended:
-    ``outcome`` ``exit``, ``oom`` or ``signal``), ``run`` (one guarded run and how it ended: ``exit``, ``oom``
+    ``outcome`` ``exit``, ``oom``, ``signal``, or ``guard`` when its own guard's ``GuardError`` ended it, the
+    error's message in ``reason`` and its hint in ``extra``), ``run`` (one guarded run and how it ended: ``exit``, ``oom``
     when it ran out even one sample at a time, ``error`` when the script's own exception ended it; ``step`` the
     global batches it completed, ``new_micro_batch_size`` the size at its end) or ``change`` (at batch
     ``step`` the guard's micro-batch changed to ``new_micro_batch_size``; ``shapes`` the batch's tensors).
@@ -94,6 +95,7 @@ class Event:
             "exit": f"exited {self.exit_code}",
             "oom": "ran out of memory",
             "signal": f"stopped by a signal (exit {self.exit_code})",
+            "guard": f"ended by its guard's error (exit {self.exit_code})",
         }.get(self.outcome or "", self.outcome or "?")
         why = f": {self.reason}" if self.reason and self.outcome != "exit" else ""
         return f"{self.at} {self.source}{launch}: {ended} at {where}{peak}{why}"
@@ -178,6 +180,9 @@ def _launches(launches: list[Event]) -> list[str]:
     ran_out = sorted({e.micro_batch_size for e in launches if e.outcome == "oom"})
     if ran_out:
         parts.append(f"ran out of memory at micro-batch {', '.join(str(m) for m in ran_out)}")
+    gave_up = sorted({e.micro_batch_size for e in launches if e.outcome == "guard"})
+    if gave_up:
+        parts.append(f"the job's guard gave up at micro-batch {', '.join(str(m) for m in gave_up)}")
     return parts
 
 

@@ -177,10 +177,15 @@ def summary(report: LengthsReport) -> str:
             if padded.first_overflowing_batch is not None
             else ""
         )
+        count = report.overflow.spread.count
+        order = (
+            f"in file order{first}, {percent(padded.shuffled_share)} expected when shuffled"
+            if count >= padded.batch_size
+            else f"(the data, {count:,} sequence{'s' if count != 1 else ''}, is one batch of {count:,} in any order)"
+        )
         parts.append(
             f"{percent(padded.share)} of batches ({padded.overflowing:,} of {padded.batches:,}) would run out of "
-            f"memory under padding at batch {padded.batch_size} in file order{first}, "
-            f"{percent(padded.shuffled_share)} expected when shuffled; "
+            f"memory under padding at batch {padded.batch_size} {order}; "
             + (
                 f"the longest length batch {padded.batch_size} survives is {tokens_of(padded.longest_length)}"
                 if padded.longest_length

@@ -97,6 +97,18 @@ class Memory:
         lifted = replace(surface, intercept=surface.intercept + raised)
         return cls(lifted, line_bytes, tuple(measured), raised)
 
+    def max_batch(self, seq_len: int, multiple: int = 1) -> int:
+        """The largest multiple of ``multiple`` that stays on the line at ``seq_len`` tokens (0: none), as
+        :meth:`critical_length` reads it: the raised surface's maximum, at least a maximum measured at a length at
+        or over ``seq_len``, under every batch that ran out of memory at a length at or under it. The maxima a
+        tune predicts between its searched lengths come from here, so that they agree with ``autobatch lengths``."""
+        batch = self.surface.max_batch(seq_len, self.line_bytes, multiple)
+        while batch > 0 and self.surface.peak(batch, seq_len) > self.line_bytes:  # the rounding's tolerance
+            batch -= multiple
+        batch = max([batch, *(m.max_batch for m in self.measured if m.seq_len >= seq_len)])
+        ran_out = (m.oom_batch - 1 for m in self.measured if m.oom_batch is not None and m.seq_len <= seq_len)
+        return max(min([batch, *ran_out]), 0) // multiple * multiple
+
     def critical_length(self, batch_size: int) -> int:
         """The longest length at which ``batch_size`` sequences stay on the line (0: not one token)."""
         length = critical_length(self.surface, batch_size, self.line_bytes)
@@ -151,7 +163,9 @@ class Padded:
     overflowing: int
     longest_length: int  # the longest length a full batch survives (0: not even one token)
     long_sequences: int  # sequences longer than that
-    shuffled_share: float  # the expected share of full batches that overflow when the data is shuffled
+    # the expected share of full batches that overflow when the data is shuffled; data smaller than one batch
+    # is one batch in any order, and its share is the file order's
+    shuffled_share: float
     first_overflowing_batch: int | None  # its index in reading order, from 0
 
     @property
@@ -179,14 +193,17 @@ def padded(lengths: Sequence[int], memory: Memory, batch_size: int) -> Padded:
             first = batches if first is None else first
         batches += 1
     longest = critical[batch_size]
-    short = sum(1 for n in lengths if n <= longest)
+    # a shuffled batch is ``drawn`` sequences: the whole data when it is smaller than one batch, whose critical
+    # length is its own (a full batch's would call 100 % the batch that file order, the same batch, counts 0 %)
+    drawn = min(batch_size, len(lengths)) or batch_size
+    short = sum(1 for n in lengths if n <= critical.get(drawn, longest))
     return Padded(
         batch_size=batch_size,
         batches=batches,
         overflowing=overflowing,
         longest_length=longest,
-        long_sequences=len(lengths) - short,
-        shuffled_share=shuffled_share(len(lengths), short, batch_size),
+        long_sequences=sum(1 for n in lengths if n > longest),
+        shuffled_share=shuffled_share(len(lengths), short, drawn),
         first_overflowing_batch=first,
     )
 

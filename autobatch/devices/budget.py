@@ -35,7 +35,8 @@ def margin_bytes(device_type: str, budget_bytes: int) -> int:
 
 class EarlyWarning:
     """Warns once when a running job's peak comes within :func:`margin_bytes` of its budget, or passes it into
-    the headroom: it fits now, and may run out of memory later (``autobatch run`` and the guard both use it)."""
+    the headroom: it fits now, and may run out of memory later (``autobatch run`` and the guard both use it). The
+    warning says which: how far under the budget, or how far past it."""
 
     def __init__(self, device_type: str, budget_bytes: int, warn: Callable[[str], object]) -> None:
         self.budget_bytes = budget_bytes
@@ -48,11 +49,18 @@ class EarlyWarning:
         if self.warned or peak_bytes is None or peak_bytes < self.line:
             return False
         self.warned = True
-        self.warn(
-            f"the job's peak reached {format_bytes(peak_bytes)}, within {format_bytes(self.budget_bytes - self.line)} "
-            f"of its budget {format_bytes(self.budget_bytes)} (or past it, into the headroom): it may run out of "
-            "memory later"
-        )
+        budget = format_bytes(self.budget_bytes)
+        if peak_bytes > self.budget_bytes:
+            past = format_bytes(peak_bytes - self.budget_bytes)
+            where = f"{past} past its budget {budget}, into the headroom: it still runs, and"
+        elif peak_bytes == self.budget_bytes:
+            where = f"its budget {budget}: it"
+        else:
+            where = (
+                f"{format_bytes(self.budget_bytes - peak_bytes)} under its budget {budget} (the warning's margin is "
+                f"{format_bytes(self.budget_bytes - self.line)}): it"
+            )
+        self.warn(f"the job's peak reached {format_bytes(peak_bytes)}, {where} may run out of memory later")
         return True
 
 

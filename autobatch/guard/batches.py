@@ -1,7 +1,8 @@
 """A guarded batch: how many samples it holds, and its micro-batches.
 
 The guard takes a batch as a training loop has it (a tensor, or tuples, lists, namedtuples and dicts of tensors,
-with lists of the samples' own items as the default collate or a collate of one tensor a sample leaves them) and
+with lists of the samples' own items as the default collate or a collate of one tensor a sample leaves them, or
+itself such a list) and
 splits it along the samples. One reading decides both the batch's samples (:func:`samples`) and what is sliced
 (:func:`split`), so the two never disagree; a batch whose parts disagree on their samples is refused. The split
 is even (:func:`bounds`): a micro-batch of 1 sample, which BatchNorm refuses in training, only where it cannot be
@@ -38,7 +39,17 @@ def samples(batch: Any) -> int:
     samples' own lists has ``n`` rows and every such list ``n`` items. The candidates come shallowest first (a
     dict's tensors before a list's items), so a dict whose first value is a list of tensors of the samples' own
     lengths still counts its samples, not the first one's tokens. Parts that disagree (a label per token
-    flattened over the batch beside a list of the samples) are refused, naming them: no split fits them."""
+    flattened over the batch beside a list of the samples) are refused, naming them: no split fits them.
+
+    The batch itself, a list or tuple, is a container of fields when its tensors share their first dimension:
+    ``[x, y]`` of 16 rows each is a batch of 16, not 2, whatever their kinds (the default collate returns a tuple
+    sample's fields as such a list). It is a list of samples, as many as its items, when its items are not all
+    batched (the default collate's strings beside tensors) or when they are tensors of one kind (one dtype, one
+    number of dimensions) whose first dimensions differ: a collate that returns the samples as they are
+    (``collate_fn=list`` over token tensors of their own lengths) gives N tensors, N samples. Samples of one kind
+    that happen to share their first dimension (every sequence cut to one length, RGB images ``[3, H, W]``) cannot
+    be told from fields there and read as fields: stack them, or pass them beside a tensor with a row a sample
+    (``(docs, labels)``), where a list of one kind is read as samples (:func:`per_sample`)."""
     found = _candidates(batch)
     if not found:
         raise UsageError(
@@ -106,7 +117,20 @@ def _candidates(batch: Any) -> list[int]:
 
     walk(batch, 0)
     ordered = [rows for _, rows in sorted(tensors, key=lambda pair: pair[0])] + lengths
+    if _own_shapes(batch):  # the batch itself a list of samples: its length, whatever their rows
+        ordered.append(len(batch))
     return list(dict.fromkeys(ordered))
+
+
+def _own_shapes(batch: Any) -> bool:
+    """Whether the batch itself is a list (or tuple) of the samples' own tensors: tensors all of one kind (one dtype,
+    one number of dimensions) whose first dimensions differ, as a collate that returns the samples as a list leaves
+    them (``collate_fn=list`` over token tensors of their own lengths). Fields of a batch share their first
+    dimension, the batch's samples: ``[x, y]`` of 16 rows each is a batch of 16, and so is any list of tensors that
+    agree on it."""
+    if not isinstance(batch, (list, tuple)) or hasattr(batch, "_fields") or not _alike_tensors(batch):
+        return False
+    return batch[0].dim() > 0 and len({int(t.shape[0]) for t in batch}) > 1  # type: ignore[union-attr]
 
 
 def _parts(value: Any, n: int, where: str = "batch", whole: bool = False) -> list[tuple[str, int]]:
@@ -180,7 +204,9 @@ def per_sample(value: Any, n: int, *, whole: bool = False) -> bool:
     so) or, inside the batch, tensors all of one kind (one dtype, one number of dimensions), as a collate lists
     each sample's tokens: those whose lengths all happen to be ``n`` are still one a sample. A container of
     batched values of different kinds, ``[ids, labels]``, is not one even when the batch has 2 samples, and
-    neither is the batch itself (``whole``), ``(inputs, targets)``, whatever its values."""
+    neither is the batch itself (``whole``), ``(inputs, targets)``, when its values are all batched (the batch's
+    own list of tensors of one kind counts as its samples only when their first dimensions differ, :func:`samples`:
+    then they are not all batched)."""
     if not isinstance(value, (list, tuple)) or hasattr(value, "_fields") or len(value) != n:
         return False
     return not all(_batched(item, n) for item in value) or (not whole and _alike_tensors(value))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autobatch.core.levels import FULL, OFF
+from autobatch.core.overflow import Measured
 from autobatch.core.space import SCRIPT_OWN, Combo, Ident, ident_of
 from autobatch.core.units import format_bytes
 from autobatch.errors import AutobatchError, NoBlocksError, NothingFitsError, ProbeFailure
@@ -259,6 +260,19 @@ class Lengths:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Lengths:
         return cls(**{**_known(cls, data), "maxima": [_combo(c) for c in data.get("maxima", [])]})
+
+    def measured(self, ident: Ident) -> tuple[Measured, ...]:
+        """What the probes of ``ident`` found at each searched length (predicted rows are not measured): the
+        maximum, with its peak, and the smallest batch that ran out of memory (a crash or a timeout says nothing
+        about memory)."""
+        found = []
+        for row in self.maxima:
+            if not row.seq_len or row.status == "predicted" or row.ident != ident:
+                continue
+            fits = row.max_batch_size if row.answered else None
+            oom = min((probe.batch_size for probe in row.trace if probe.kind == "oom"), default=None)
+            found.append(Measured(int(row.seq_len), fits or 0, row.peak_bytes if fits else None, oom))
+        return tuple(found)
 
 
 @dataclass(repr=False)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from autobatch.core import lengths as surfaces
 from autobatch.core.lengths import Line
 from autobatch.core.model import Affine
+from autobatch.core.overflow import Memory
 from autobatch.core.reuse import Prediction
 from autobatch.core.space import Combo, Ident
 from autobatch.core.units import format_bytes
@@ -149,16 +150,24 @@ class LengthSearch:
     def _predicted(
         self, combo: Combo, surface: surfaces.Surface, measured: dict[int, int]
     ) -> list[ComboResult]:
+        """The maxima between the searched lengths, as ``autobatch lengths`` reads them: from the surface raised
+        to pass at or over every peak measured, within what the probes measured (:class:`Memory`)."""
         table = self.result.lengths
         assert table is not None
         if len(measured) < 2:
             return []  # one length: no surface to answer another from
+        memory = Memory.of(surface, table.line_bytes, table.measured(_key(combo)))
+        raised = (
+            f", raised {format_bytes(memory.raised_bytes)} to its measured peaks"
+            if memory.raised_bytes
+            else ""
+        )
         rows = []
         for seq_len in surfaces.between(table.seq_lens):
             row = ComboResult.of(combo.at(seq_len), status="predicted")
-            row.max_batch_size = surface.max_batch(seq_len, table.line_bytes, table.batch_multiple) or None
+            row.max_batch_size = memory.max_batch(seq_len, table.batch_multiple) or None
             row.reason = (
-                f"predicted from the surface fitted at {', '.join(map(str, sorted(measured)))} tokens"
+                f"predicted from the surface fitted at {', '.join(map(str, sorted(measured)))} tokens{raised}"
             )
             rows.append(row)
         return rows

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from autobatch.core.lengths import Surface
 from autobatch.core.overflow import Measured, Memory, Overflow, overflow
@@ -19,9 +19,6 @@ from autobatch.core.space import ident_of
 from autobatch.errors import UsageError
 from autobatch.records.data_lengths import DataLengths, read_lengths
 from autobatch.records.liveness import unfinished
-
-if TYPE_CHECKING:
-    from autobatch.records.result import ComboResult
 
 Batching = Literal["both", "padding", "tokens"]
 FIX = "autobatch tune SCRIPT --seq-len A --seq-len B (two lengths or more, the longest the job will see among them)"
@@ -142,21 +139,7 @@ def read_plan(result: str | Path) -> Plan:
         line_bytes=table.line_bytes,
         plan_seq_len=table.plan_seq_len,
         seq_lens=sorted(table.seq_lens),
-        measured=tuple(
-            _measured(r)
-            for r in table.maxima
-            if r.seq_len and ident_of(r) == ident and r.status != "predicted"
-        ),
-    )
-
-
-def _measured(entry: ComboResult) -> Measured:
-    """What the probes of one searched length found: its maximum (with the peak there) and the smallest batch
-    that ran out of memory (a crash or a timeout says nothing about memory)."""
-    fits = entry.max_batch_size if entry.answered else None
-    oom = [probe.batch_size for probe in entry.trace if probe.kind == "oom"]
-    return Measured(
-        int(entry.seq_len or 0), fits or 0, entry.peak_bytes if fits else None, min(oom, default=None)
+        measured=table.measured(ident),
     )
 
 

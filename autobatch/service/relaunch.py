@@ -227,7 +227,13 @@ def job_spec(result: TuneResult, resume: tuple[str, ...], cap: int | None, devic
 def _event(
     plan: Chosen, number: int, outcome: JobOutcome, tuned: int | None, budget: int | None, device: str
 ) -> Event:
-    if outcome.oom is not None:
+    reason = outcome.oom or ""
+    extra: dict[str, object] = {"seconds": round(outcome.seconds, 1)}
+    if outcome.guard is not None:  # its own guard gave up: its error, whether or not memory caused it
+        how, reason = "guard", f"GuardError: {outcome.guard.message}"
+        extra.update({"hint": outcome.guard.hint} if outcome.guard.hint else {})
+        extra.update({"oom": outcome.oom} if outcome.oom else {})
+    elif outcome.oom is not None:
         how = "oom"
     elif outcome.forwarded is not None or outcome.returncode > 128:
         how = "signal"
@@ -246,6 +252,6 @@ def _event(
         peak_how=PEAK_HOW.get(device) if outcome.peak_bytes else None,
         tuned_peak_bytes=tuned,
         budget_bytes=budget,
-        reason=outcome.oom or "",
-        extra={"seconds": round(outcome.seconds, 1)},
+        reason=reason,
+        extra=extra,
     )

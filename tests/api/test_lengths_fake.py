@@ -4,6 +4,7 @@ against a brute-force oracle at every length. The real probes are in tests/cli/t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,37 @@ def test_a_length_whose_secant_is_too_shallow_is_drawn_through_its_maximum() -> 
     search.learn(combo.at(256), Affine(613_330_944, 4_358_144), exact=80)  # the shallow secant
     line = search.lines[combo.ident][256][0]
     assert line.intercept == A and A + line.slope * 80 <= LINE < A + line.slope * 81
+
+
+def test_the_predicted_maxima_are_those_the_lengths_command_reads_from_the_same_surface(
+    tmp_path: Path,
+) -> None:
+    """The least-squares surface passes under the peaks measured at 64 and 1,024 tokens; ``autobatch lengths``
+    raises it to them, and the table's predictions must come from the same raised surface: at 512 tokens the
+    fit alone said 29, where 29 runs out of memory and ``lengths`` counts the batch as one that does."""
+    from support import run_main
+
+    c = 47.0
+    result = autobatch.tune(**STEP, **ONE, seq_lens=[64, 1024], runner=surface(c))
+    assert result.lengths is not None
+    (result_file := tmp_path / "tuned.json").write_text(result.to_json())
+    predicted = {r.seq_len: r.max_batch_size for r in result.lengths.maxima if r.status == "predicted"}
+    assert sorted(predicted) == [128, 256, 512]
+    assert predicted[512] == true_max(affine(A, B * 512 + c * 512**2), LINE, 65536) == 28
+    for seq_len, batch in predicted.items():
+        assert batch is not None
+        for size, overflowing in ((batch, 0), (batch + 1, 1)):
+            (data := tmp_path / "lengths.txt").write_text(f"{seq_len}\n" * size)
+            code, out, err = run_main(
+                "lengths",
+                str(data),
+                "-r",
+                str(result_file),
+                "-b",
+                str(size),
+                "--batching",
+                "padding",
+                "--json",
+            )
+            assert code == 0, err
+            assert json.loads(out)["padding"]["overflowing"] == overflowing, (seq_len, size)

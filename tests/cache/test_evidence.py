@@ -64,3 +64,17 @@ def test_one_summary_for_the_launches_of_run_and_the_runs_of_the_guard() -> None
     )
     assert "guard: held for 200 steps (micro-batch 8 x accumulation 2)" in events[5].line()
     assert "ran out of memory at step 7 even one sample at a time" in events[6].line()
+
+
+def test_a_launch_its_guard_ended_says_so_with_the_guards_message() -> None:
+    ended = Event("run", "launch", 4, 1, outcome="guard", exit_code=1, launch=1,
+                  reason="GuardError: batch 3 (4 samples) ran out of memory even one sample at a time",
+                  extra={"hint": "shorten or bucket its longest samples"})  # fmt: skip
+    line = ended.line()
+    assert "run launch 1: ended by its guard's error (exit 1) at micro-batch 4 x accumulation 1" in line
+    assert line.endswith(": GuardError: batch 3 (4 samples) ran out of memory even one sample at a time")
+    said = summary([_launch(8, "oom", 1, 1), ended])
+    assert (
+        said is not None
+        and "ran out of memory at micro-batch 8; the job's guard gave up at micro-batch 4" in said
+    )

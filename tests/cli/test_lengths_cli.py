@@ -173,6 +173,26 @@ def test_fail_on_overflow_exits_5_and_the_batch_size_can_be_given(files: tuple[P
     assert code == 0  # the token budget holds
 
 
+def test_data_smaller_than_one_batch_reads_the_same_shuffled(
+    files: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    # five sequences, the longest past what 24 survive and within what 5 do: one batch of 5, shuffled or not
+    few = [300, brute_critical(MICRO) + 40, 200, 250, 100]
+    assert brute_critical(MICRO) < max(few) <= brute_critical(len(few))
+    (tmp_path / "few.txt").write_text("\n".join(map(str, few)) + "\n")
+    code, report, err = lengths(str(tmp_path / "few.txt"), "--json", "--batching", "padding")
+    assert code == 0, err
+    padding = report["padding"]
+    assert (padding["batches"], padding["overflowing"], padding["share"], padding["shuffled_share"]) == (
+        1,
+        0,
+        0,
+        0,
+    )
+    assert "expected when shuffled" not in err and "one batch of 5 in any order" in err
+    assert "100" not in err.split("autobatch lengths:")[-1]
+
+
 def test_json_lines_give_the_same_answer(files: tuple[Path, list[int]], tmp_path: Path) -> None:
     path, data = files
     records = [{"id": i, "num_tokens": n} for i, n in enumerate(data[:3000])]

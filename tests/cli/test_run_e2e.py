@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import ROOT, SCRIPTS, run_cli, terminate_at
@@ -153,6 +154,14 @@ def test_a_job_whose_guard_gave_up_at_one_sample_is_not_relaunched_smaller(tmp_p
     assert "error: the job's guard gave up on launch 1 (autobatch.errors.GuardError: batch 3" in text
     assert "even one sample at a time" in text
     assert "hint: shorten or bucket its longest samples" in text  # the guard's own hint
+    (launch,) = _evidence(
+        tmp_path
+    )  # recorded as the guard's end, with its message (it read "exit 1", no why)
+    assert (launch["outcome"], launch["exit_code"], launch["micro_batch_size"]) == ("guard", 1, 4)
+    assert (
+        launch["reason"].startswith("GuardError: batch 3") and "even one sample at a time" in launch["reason"]
+    )
+    assert launch["extra"]["hint"].startswith("shorten or bucket its longest samples")
 
 
 def test_a_job_whose_batchnorm_refused_the_guards_one_sample_ends_with_the_guards_error(
@@ -175,6 +184,29 @@ def test_a_job_whose_batchnorm_refused_the_guards_one_sample_ends_with_the_guard
         "hint: BatchNorm cannot normalise one sample: replace BatchNorm with a norm of each sample alone"
         in text
     )
+    (launch,) = _evidence(tmp_path)
+    assert (launch["outcome"], launch["exit_code"]) == ("guard", 1) and "oom" not in launch["extra"]
+    assert "ran a micro-batch of 1 sample, which the model refuses in training" in launch["reason"]
+    shown = " ".join(_cache("show", launch["key"], tmp_path=tmp_path).stderr.split())
+    assert "run launch 1: ended by its guard's error (exit 1) at micro-batch 4 x accumulation 1" in shown
+    assert ": GuardError: batch 3 (4 samples" in shown and "the job's guard gave up at micro-batch 4" in shown
+
+
+def _cache(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    proc = run_cli("cache", *args, env={"AUTOBATCH_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _evidence(tmp_path: Path) -> list[dict[str, Any]]:
+    """The launches ``run`` recorded, as the evidence file holds them, each with its key."""
+    (entry,) = [
+        e
+        for e in json.loads(_cache("list", "--json", tmp_path=tmp_path).stdout)["entries"]
+        if e["kind"] == "evidence"
+    ]
+    path = tmp_path / "cache" / f"{entry['key']}.evidence.jsonl"
+    return [{**json.loads(line), "key": entry["key"]} for line in path.read_text().splitlines()]
 
 
 def test_restarts_used_up_is_a_clear_error(tmp_path: Path) -> None:

@@ -50,6 +50,20 @@ def test_the_last_smaller_batch_has_its_own_critical_length() -> None:
     assert padded([200], MEMORY, 4).overflowing == 1
 
 
+def test_data_smaller_than_one_batch_is_one_batch_shuffled_or_not() -> None:
+    # 3 sequences at a batch of 4: one batch of 3, which fits up to 33 tokens (4 would fit up to 25)
+    fits, over = padded([10, 30, 20], MEMORY, 4), padded([10, 40, 20], MEMORY, 4)
+    assert (fits.overflowing, fits.share, fits.shuffled_share) == (0, 0.0, 0.0)
+    assert (over.overflowing, over.share, over.shuffled_share) == (1, 1.0, 1.0)
+    assert fits.longest_length == 25 and fits.long_sequences == 1  # the full batch's figures, as before
+
+
+@given(st.lists(st.integers(1, 120), min_size=1, max_size=12), st.integers(1, 12))
+def test_the_shuffled_share_of_a_single_batch_is_the_file_orders(lengths: list[int], batch: int) -> None:
+    found = padded(lengths, MEMORY, max(batch, len(lengths)))
+    assert found.batches == 1 and found.shuffled_share == found.share
+
+
 def test_token_batches_by_hand() -> None:
     # a budget of 150 tokens: 60 and 30 pad to 2·60 = 120; 40 would make 3·60 = 180, and starts a batch
     assert list(token_batches(DATA, 150)) == [(2, 20), (2, 60), (2, 50), (1, 51), (1, 200)]
@@ -151,6 +165,41 @@ def test_the_measured_peaks_and_maxima_decide_at_the_searched_lengths() -> None:
     assert memory.critical_length(55) == 256 and memory.critical_length(299) == 64
     assert memory.critical_length(56) < 256 and memory.critical_length(300) < 64  # the batches that ran out
     assert Memory.of(surface, line).critical_length(55) == 257  # without the measurements: the fit alone
+
+
+def test_the_largest_batch_at_a_length_is_read_as_the_critical_length_reads_it() -> None:
+    """The same tune's figures: the table's prediction at a length is the batch that ``autobatch lengths`` says
+    survives it, from the raised surface and within the measurements."""
+    surface = Surface(317_042_005.0, 7571.299, 15.242923, (64, 128, 256))
+    line = 480_038_092
+    measured = (Measured(64, 299, 479_526_912, 300), Measured(256, 55, 480_002_048, 56))
+    memory = Memory.of(surface, line, measured)
+    assert memory.max_batch(256) == 55 and memory.max_batch(64) == 299  # the probes decide where they ran
+    assert surface.max_batch(64, line) < 299  # the surface alone says less
+    assert memory.max_batch(128) <= surface.max_batch(128, line)  # raised: never more than the fit
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    surfaces,
+    st.floats(1e4, 2e5),
+    st.lists(st.tuples(st.integers(1, 300), st.integers(0, 80), st.integers(1, 90)), max_size=3),
+    st.integers(16, 300),
+    st.sampled_from([1, 2, 8]),
+)
+def test_the_largest_batch_is_the_brute_force_one(
+    surface: Surface, line: float, runs: list[tuple[int, int, int]], seq_len: int, multiple: int
+) -> None:
+    measured = [
+        Measured(n, fits, surface.peak(fits, n) * 1.01 if fits else None, fits + extra)
+        for n, fits, extra in runs
+    ]
+    memory = Memory.of(surface, line, measured)
+    fitting = [
+        b for b in range(multiple, 1000, multiple) if memory.critical_length(b) >= seq_len
+    ]  # under 625
+    expected = max(fitting, default=0)
+    assert memory.max_batch(seq_len, multiple) == expected
 
 
 @given(st.integers(1, 60), st.data())

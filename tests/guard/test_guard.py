@@ -115,6 +115,22 @@ def test_the_batch_size_is_read_past_a_first_value_of_the_samples_own_tensors() 
     assert samples({"tokens": tokens, "label": torch.zeros(3)}) == 3
     assert samples({"tokens": tokens}) == 3  # the samples' list alone
     assert samples([torch.zeros(4, 2), torch.zeros(4)]) == 4  # (inputs, labels), not 2 samples
+    assert samples([torch.zeros(16, 5), torch.zeros(16, 1)]) == 16  # [x, y] of one kind: still 16, not 2
+
+
+def test_a_batch_that_is_a_list_of_its_samples_own_tensors_counts_them() -> None:
+    """``collate_fn=list`` over token tensors of their own lengths: the batch is the list, one tensor a sample. It
+    counted 7 (and split every tensor's rows) when one sample held 7 tokens, and was refused otherwise."""
+    docs = [torch.arange(n) for n in (12, 7, 30, 5, 9, 3, 21)]
+    assert samples(docs) == 7 and samples(docs[:3]) == 3 and samples(tuple(docs[:4])) == 4
+    first, second = split(docs, 4)
+    assert [len(t) for t in first] == [12, 7, 30, 5] and [len(t) for t in second] == [9, 3, 21]
+    assert first[0] is docs[0]  # whole samples, not their rows
+    # tensors that share their first dimension are fields, whatever else they share: 16 rows, 3 fields
+    assert samples([torch.zeros(16), torch.zeros(16), torch.zeros(16)]) == 16
+    # tensors of different kinds that disagree are not a list of samples, but parts that disagree
+    with pytest.raises(UsageError, match="disagree"):
+        samples([torch.zeros(16, 2), torch.zeros(12, dtype=torch.long)])
     with pytest.raises(UsageError, match=r"batch\['ids'\] 4 against batch\['positions'\] 1") as caught:
         samples({"ids": torch.zeros(4, 2), "positions": torch.zeros(1, 2)})
     assert caught.value.hint and "outside the batch" in caught.value.hint
@@ -300,8 +316,9 @@ def test_a_peak_near_the_budget_warns_once(tmp_path: Path, caplog: pytest.LogCap
     ):
         for _ in range(3):
             g.step(model, optimizer, batch, loss_up_to(100))
-    warnings = [r.getMessage() for r in caplog.records if "it may run out of memory later" in r.getMessage()]
-    assert len(warnings) == 1 and "of its budget 64.00 MiB" in warnings[0], warnings
+    warnings = [r.getMessage() for r in caplog.records if "may run out of memory later" in r.getMessage()]
+    assert len(warnings) == 1 and "past its budget 64.00 MiB, into the headroom" in warnings[0], warnings
+    assert "within" not in warnings[0]  # the process's peak is far past a budget of 64 MiB
 
 
 def test_on_cuda_the_peak_is_what_the_budget_caps(monkeypatch: pytest.MonkeyPatch) -> None:

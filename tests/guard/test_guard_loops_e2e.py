@@ -52,12 +52,15 @@ def max_relative_difference(a: Path, b: Path) -> float:
     return max(float((left[k] - right[k]).abs().max() / right[k].abs().max().clamp_min(1e-12)) for k in left)
 
 
-def matches_the_loop_without_the_guard(tmp: Path, name: str, fail_at: str = "1") -> str:
-    """Run the script's loop without the guard (``--out reference.pt``), then under it (``--guard --out guarded.pt``)
-    with the batches ``fail_at`` running out of memory; the two must end with the same parameters (relative
-    difference <= 1e-9: every sample ran once, weighted as in the whole batch). The guarded run's output."""
-    run_script(tmp, name, "--out", "reference.pt")
-    out = run_script(tmp, name, "--guard", "--out", "guarded.pt", env={"AUTOBATCH_GUARD_FAIL_AT": fail_at})
+def matches_the_loop_without_the_guard(tmp: Path, name: str, *args: str, fail_at: str = "1") -> str:
+    """Run the script's loop (with ``args``) without the guard (``--out reference.pt``), then under it (``--guard
+    --out guarded.pt``) with the batches ``fail_at`` running out of memory; the two must end with the same
+    parameters (relative difference <= 1e-9: every sample ran once, weighted as in the whole batch). The guarded
+    run's output."""
+    run_script(tmp, name, *args, "--out", "reference.pt")
+    out = run_script(
+        tmp, name, *args, "--guard", "--out", "guarded.pt", env={"AUTOBATCH_GUARD_FAIL_AT": fail_at}
+    )
     assert max_relative_difference(tmp / "guarded.pt", tmp / "reference.pt") <= 1e-9
     return out
 
@@ -228,6 +231,15 @@ def test_a_batch_of_the_samples_own_token_tensors_is_counted_by_its_samples(tmp_
     5 "micro-batches"), split 8 + 8 after the lowering, and trains as the loop without the guard."""
     out = matches_the_loop_without_the_guard(tmp_path, "token_lists.py")
     assert "step 0: 16 samples, micro-batch 16 x 1" in out and "step 1: 16 samples, micro-batch 8 x 2" in out
+
+
+def test_a_batch_that_is_the_list_of_its_samples_token_tensors_counts_its_samples(tmp_path: Path) -> None:
+    """A collate that returns the samples' token tensors alone, as a list (the whole batch): 16 tensors of their own
+    lengths are 16 samples, split 8 + 8 after the lowering. It was read by its tensors' rows, and refused as parts
+    that disagree unless one sample happened to hold 16 tokens."""
+    out = matches_the_loop_without_the_guard(tmp_path, "token_lists.py", "--bare")
+    assert "step 0: 16 samples, micro-batch 16 x 1" in out and "step 1: 16 samples, micro-batch 8 x 2" in out
+    assert "step 3: 16 samples, micro-batch 8 x 2" in out
 
 
 def test_a_list_of_the_samples_token_tensors_is_split_by_sample_when_each_has_as_many_tokens_as_samples(

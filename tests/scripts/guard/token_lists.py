@@ -4,7 +4,8 @@ the labels. Trained with SGD in its own loop.
 
 ``--guard`` runs each batch through ``autobatch.Guard``; without it the whole batch runs at once. Prints one line a
 batch; writes the parameters to ``--out``. ``AUTOBATCH_GUARD_FAIL_AT`` lowers the guard. ``--flat-labels``: the
-collate gives one label a token, flattened over the batch (a token-level loss), beside ``lengths``.
+collate gives one label a token, flattened over the batch (a token-level loss), beside ``lengths``. ``--bare``: the
+collate returns the samples' token tensors alone, as a list (each sample's label is its first token's class).
 """
 
 import argparse
@@ -20,6 +21,7 @@ parser.add_argument("--micro-batch", type=int, default=16)
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--guard", action="store_true")
 parser.add_argument("--flat-labels", action="store_true")
+parser.add_argument("--bare", action="store_true")
 parser.add_argument("--out", default="params.pt")
 args = parser.parse_args()
 
@@ -38,8 +40,10 @@ class Sequences(Dataset):
         return {"tokens": tokens, "label": int(tokens[0]) % CLASSES}
 
 
-def collate(samples: list[dict]) -> dict:
+def collate(samples: list[dict]) -> dict | list[torch.Tensor]:
     tokens = [s["tokens"] for s in samples]
+    if args.bare:
+        return tokens
     if args.flat_labels:
         labels = torch.cat([torch.full((len(t),), s["label"]) for t, s in zip(tokens, samples)])
         return {"tokens": tokens, "labels": labels}
@@ -57,7 +61,9 @@ class BagOfTokens(nn.Module):
         return self.head(self.embed(torch.cat(tokens), offsets))
 
 
-def loss_fn(model: nn.Module, batch: dict) -> torch.Tensor:
+def loss_fn(model: nn.Module, batch: dict | list[torch.Tensor]) -> torch.Tensor:
+    if isinstance(batch, list):
+        return F.cross_entropy(model(batch), torch.stack([t[0] % CLASSES for t in batch]))
     logits = model(batch["tokens"])
     if args.flat_labels:  # each sample's logits for each of its tokens
         lengths = torch.tensor([len(t) for t in batch["tokens"]])
