@@ -18,6 +18,7 @@ import psutil
 import pytest
 from support import EXAMPLES, SCRIPTS, run_cli
 
+from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.errors import EXIT_OOM, EXIT_SCRIPT
 
 pytestmark = pytest.mark.slow
@@ -121,8 +122,18 @@ def test_a_launchers_variables_for_rank_1_leave_each_probe_a_world_of_one_and_pl
     chosen = data["chosen"]
     assert (chosen["micro_batch_size"], chosen["accumulation_steps"], chosen["world_size"]) == (16, 2, 2)
     assert chosen["nproc_per_node"] * chosen["num_nodes"] == chosen["world_size"], chosen
+    pinned = [f"{name}={value}" for name, value in MALLOC_ENV.items()]  # the allocator the answer holds under
     line = shlex.join(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", script, "--batch-size", "16"]
+        [
+            *pinned,
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            script,
+            "--batch-size",
+            "16",
+        ]
     )
     assert f"command: {line}" in err
     assert "the plan is for a world of 2 processes and its micro-batch was measured in one" in err
