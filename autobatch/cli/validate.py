@@ -57,11 +57,12 @@ def summary(settings: Settings) -> list[str]:
         settings.script, settings.device, settings.search, settings.plan, settings.probe, settings.output,
     )  # fmt: skip
     combos = len(search.precisions) * len(search.optimizers) * len(search.recompute) * len(search.compile)
-    compiled = f" x {len(search.compile)} compile" if len(search.compile) > 1 else " (compiled)" if search.compile[0] else ""
+    compiled = f" x {len(search.compile)} compile" if len(search.compile) > 1 else ""
+    if search.compile == (True,):
+        compiled = " (compiled)"
     lengths = f"; lengths {', '.join(map(str, search.seq_lens))}" if search.seq_lens else ""
-    plan_length = (
-        f", at {plan.seq_len} tokens" if plan.seq_len else f", at {max(search.seq_lens)} tokens" if lengths else ""
-    )
+    plan_len = plan.seq_len or (max(search.seq_lens) if search.seq_lens else None)
+    plan_length = f", at {plan_len} tokens" if plan_len else ""
     memory = format_bytes(device.memory) if device.memory else "the device's capacity"
     world = plan.world_size if plan.world_size is not None else "from the environment"
     args = "".join(f" {arg}" for arg in script.script_args)

@@ -55,7 +55,9 @@ def run(settings: Settings, options: RunOptions, hooks: Hooks, say: Say, warn: S
     """Launch the job with its plan, relaunch it smaller when it runs out of memory; the job's exit code."""
     script = settings.script
     if options.result_file is None and (has_placeholder(script.script_args) or script.batch_env):
-        _check_relaunch(script.script_args, options)  # the command line's faults, refused before a tune of minutes
+        _check_relaunch(
+            script.script_args, options
+        )  # the command line's faults, refused before a tune of minutes
     result, key = plan_of(settings, options, hooks)
     chosen = _check(result, options)
     _not_in_a_worker(chosen, os.environ)

@@ -278,7 +278,9 @@ def test_a_relaunch_without_accum_is_refused_before_the_tune(tmp_path: Path) -> 
     from autobatch.run.locks import RunLock
 
     host = socket.gethostname()
-    with RunLock.device(f"host-{host}", f"cpu ({host})", folder=os.environ["AUTOBATCH_LOCK_DIR"], command="a tune"):
+    with RunLock.device(
+        f"host-{host}", f"cpu ({host})", folder=os.environ["AUTOBATCH_LOCK_DIR"], command="a tune"
+    ):
         proc = run_cli(
             "run", str(AS_IS / "ddp_long_batch.py"), "--device", "cpu", "--memory", "512MiB", "--lock-timeout", "1",
             "--", "--batch-size", "{batch}", cwd=tmp_path,
