@@ -56,7 +56,13 @@ def summary(settings: Settings) -> list[str]:
     script, device, search, plan, probe, output = (
         settings.script, settings.device, settings.search, settings.plan, settings.probe, settings.output,
     )  # fmt: skip
-    combos = len(search.precisions) * len(search.optimizers) * len(search.recompute)
+    combos = len(search.precisions) * len(search.optimizers) * len(search.recompute) * len(search.compile)
+    compiled = f" x {len(search.compile)} compile" if len(search.compile) > 1 else ""
+    if search.compile == (True,):
+        compiled = " (compiled)"
+    lengths = f"; lengths {', '.join(map(str, search.seq_lens))}" if search.seq_lens else ""
+    plan_len = plan.seq_len or (max(search.seq_lens) if search.seq_lens else None)
+    plan_length = f", at {plan_len} tokens" if plan_len else ""
     memory = format_bytes(device.memory) if device.memory else "the device's capacity"
     world = plan.world_size if plan.world_size is not None else "from the environment"
     args = "".join(f" {arg}" for arg in script.script_args)
@@ -73,9 +79,10 @@ def summary(settings: Settings) -> list[str]:
         source,
         f"device   {device.device}, memory {memory}, headroom {device.headroom:g}",
         f"search   {len(search.precisions)} precision(s) x {len(search.optimizers)} optimizer(s) x "
-        f"{len(search.recompute)} recompute = {combos} combination(s); batch multiple {search.batch_multiple}, "
-        f"up to {search.max_batch_size}",
-        f"plan     global batch {plan.global_batch_size or 'not set'}, world size {world}, objective {plan.objective}",
+        f"{len(search.recompute)} recompute{compiled} = {combos} combination(s){lengths}; "
+        f"batch multiple {search.batch_multiple}, up to {search.max_batch_size}",
+        f"plan     global batch {plan.global_batch_size or 'not set'}{plan_length}, world size {world}, "
+        f"objective {plan.objective}",
         f"probe    {probe.steps} steps (up to {probe.max_steps}), confirm {probe.confirm_steps}, "
         f"timeout {probe.timeout:g} s, cache {'on' if probe.cache else 'off'}",
         f"output   {output.result}" + (f"; emit {', '.join(output.emit)}" if output.emit else ""),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,6 +53,11 @@ class RunOptions:
 
 def run(settings: Settings, options: RunOptions, hooks: Hooks, say: Say, warn: Say) -> int:
     """Launch the job with its plan, relaunch it smaller when it runs out of memory; the job's exit code."""
+    script = settings.script
+    if options.result_file is None and (has_placeholder(script.script_args) or script.batch_env):
+        _check_relaunch(
+            script.script_args, options
+        )  # the command line's faults, refused before a tune of minutes
     result, key = plan_of(settings, options, hooks)
     chosen = _check(result, options)
     _not_in_a_worker(chosen, os.environ)
@@ -161,16 +166,21 @@ def _check(result: TuneResult, options: RunOptions) -> Chosen:
             "nothing in the script's arguments takes the plan's micro-batch",
             hint="put {batch} where the script takes its batch size: autobatch run train.py -- --batch-size {batch}",
         )
-    if options.max_restarts and not any(ACCUM_PLACEHOLDER in arg for arg in result.script_args):
+    _check_relaunch(result.script_args, options)
+    return chosen
+
+
+def _check_relaunch(script_args: Sequence[str], options: RunOptions) -> None:
+    """A relaunch needs ``{accum}`` in the script's arguments to keep the global batch, and 0 or more of them."""
+    if options.max_restarts < 0:
+        raise UsageError(f"--max-restarts {options.max_restarts}", hint="give 0 or more relaunches")
+    if options.max_restarts and not any(ACCUM_PLACEHOLDER in arg for arg in script_args):
         raise UsageError(
             "a relaunch keeps the global batch by accumulating gradients, and the script's arguments have no "
             "{accum} to carry the accumulation steps",
             hint="add {accum} where the script takes them (-- --batch-size {batch} --grad-accum {accum}), or "
             "--max-restarts 0 to launch once",
         )
-    if options.max_restarts < 0:
-        raise UsageError(f"--max-restarts {options.max_restarts}", hint="give 0 or more relaunches")
-    return chosen
 
 
 #: What a launcher sets in each worker it starts (torchrun, accelerate, Lightning's and DeepSpeed's launchers).

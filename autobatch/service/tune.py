@@ -90,7 +90,9 @@ def tune_request(settings: Settings, spec: ScriptSpec | None, refresh: bool) -> 
     check_world_split(settings, world, world_source)
     check_global_batch(settings, world, world_source)
     options = TuneOptions.from_settings(settings, world, world_source)
-    return TuneRequest(settings, spec or spec_from_settings(settings), options, refresh)
+    spec = spec or spec_from_settings(settings)
+    spec.check()  # a missing script is bad input: refused before the result file is marked or a lock waited for
+    return TuneRequest(settings, spec, options, refresh)
 
 
 def _measure(request: TuneRequest, hooks: Hooks, saver: ResultSaver | None) -> TuneResult:

@@ -122,6 +122,18 @@ def test_validate_ok_prints_a_summary_to_stderr(tmp_path: Path) -> None:
         assert piece in err, piece
 
 
+def test_validate_says_the_lengths_and_the_compile_a_tune_searches(tmp_path: Path) -> None:
+    """Lengths and compile multiply what a tune searches: the summary said 8 combinations for 16, and nothing of
+    the lengths or the plan's length."""
+    (tmp_path / "autobatch.toml").write_text(
+        '[search]\nseq_lens = [512, 2048]\ncompile = "both"\n[plan]\nseq_len = 1024\n'
+    )
+    code, _, err = run_main("validate")
+    assert code == 0, err
+    assert "x 4 recompute x 2 compile = 16 combination(s); lengths 512, 2048;" in err, err
+    assert "global batch not set, at 1024 tokens," in err, err
+
+
 def test_validate_json_prints_the_effective_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a.toml").write_text("[probe]\nsteps = 4\n")
     monkeypatch.setenv("AUTOBATCH_HEADROOM", "0.3")

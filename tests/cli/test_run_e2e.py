@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -301,3 +302,21 @@ def test_run_without_a_result_tunes_first_and_a_second_run_is_served_from_the_ca
     assert "runtime evidence of this tune's jobs: held for 2 launch(es) to exit 0 at micro-batch 8" in text
     log = (work / "steps.log").read_text().splitlines()
     assert log == [f"step {s} micro 8 accum 1 world 1 resumed 0" for s in range(10)] * 2
+
+
+def test_a_relaunch_without_accum_is_refused_before_the_tune(tmp_path: Path) -> None:
+    """No ``{accum}`` while relaunches are allowed is the command line's fault (exit 2), said at once. Before
+    the fix `run` tuned first (waiting for the device, minutes of probes) and refused it after."""
+    from autobatch.run.locks import RunLock
+
+    host = socket.gethostname()
+    with RunLock.device(
+        f"host-{host}", f"cpu ({host})", folder=os.environ["AUTOBATCH_LOCK_DIR"], command="a tune"
+    ):
+        proc = run_cli(
+            "run", str(AS_IS / "ddp_long_batch.py"), "--device", "cpu", "--memory", "512MiB", "--lock-timeout", "1",
+            "--", "--batch-size", "{batch}", cwd=tmp_path,
+        )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "no {accum} to carry the accumulation steps" in proc.stderr and "waiting for" not in proc.stderr
+    assert "--max-restarts 0" in proc.stderr

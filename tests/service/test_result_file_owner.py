@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -153,3 +155,19 @@ def test_a_second_run_on_the_same_file_waits_for_the_first(fake: FakeRunner, hol
     assert "the result file r.json is free after" in err
     assert json.loads((tmp_path / "r.json").read_text())["status"] == "complete"
     assert not (tmp_path / ".r.json.lock").exists(), "nothing left beside the result"
+
+
+def test_a_missing_script_is_refused_before_the_file_or_the_device(fake: FakeRunner, tmp_path: Path) -> None:
+    """A mistyped script is bad input (exit 2), refused as a bad flag is: the previous answer stays, and the run
+    waits for no device. Before the fix it marked the file ``failed`` and waited for the device's lock first (an
+    other run's whole tune), only to say then that the script did not exist."""
+    from autobatch.run.locks import RunLock
+
+    old = answered_64()
+    host = socket.gethostname()
+    locks = os.environ["AUTOBATCH_LOCK_DIR"]  # the test's own (conftest), which the fake run's tunes take
+    with RunLock.device(f"host-{host}", f"cpu ({host})", folder=locks, command="another tune"):
+        code, _, err = run_main("tune", "trian.py", *QUICK, "--lock-timeout", "1")
+    assert code == EXIT_USAGE, err
+    assert "training script not found:" in err and "trian.py" in err and "waiting for" not in err
+    assert json.loads(Path("autobatch-result.json").read_text()) == old  # the previous answer, untouched
