@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autobatch.daemon.parents import JOB_IDENTITY
-from autobatch.probe.spare import OWN_VARIABLES, SPARE_FLAG, process_bounds
+from autobatch.probe.spare import ANSWER_WAIT, OWN_VARIABLES, SPARE_FLAG, process_bounds
 
 #: Spares waiting at most.
 AT_MOST = 1
@@ -85,6 +85,8 @@ class Spare:
     process: subprocess.Popen[bytes]
     cwd: str
     since: float = field(default_factory=time.time)
+    #: When it was handed out (``time.monotonic()``); None: waiting.
+    taken_at: float | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -122,6 +124,7 @@ class Spares:
             spare = self.waiting.pop(key, None)
             if spare is None:
                 return None
+            spare.taken_at = time.monotonic()
             self.taken.append(spare)
         self.log(f"{request}: the job's fresh process measured by spare {spare.process.pid}")
         return str(spare.path)
@@ -187,7 +190,8 @@ class Spares:
         return Spare(asked["key"], path, process, asked["cwd"])
 
     def reap(self) -> None:
-        """Forget the spares that ended (a waiting one that died: its socket removed)."""
+        """Forget the spares that ended (a waiting one that died: its socket removed); end one handed out that its
+        taker never reached."""
         with self.lock:
             for key, spare in list(self.waiting.items()):
                 if spare.process.poll() is not None:
@@ -197,6 +201,15 @@ class Spares:
                         f"spare fresh process {spare.process.pid} ended (exit code {spare.process.returncode})"
                     )
             self.taken = [s for s in self.taken if s.process.poll() is None]
+            # handed out, never connected to (its socket is removed as it accepts): its taker is gone
+            lost = [
+                s
+                for s in self.taken
+                if s.path.exists() and time.monotonic() - (s.taken_at or 0) > 2 * ANSWER_WAIT
+            ]
+            self.taken = [s for s in self.taken if s not in lost]
+        for spare in lost:
+            threading.Thread(target=_end, args=(spare,), daemon=True).start()
 
     def describe(self) -> list[dict[str, Any]]:
         with self.lock:
