@@ -138,9 +138,14 @@ def take(
 
 
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """This process's umask, read without setting it (a thread of the command may be creating a file)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o077)
+        os.umask(mask)
+        return mask
 
 
 #: The key of the start message that carries a spare's environment (a new process gets it from ``exec``).
