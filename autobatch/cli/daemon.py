@@ -106,6 +106,8 @@ def status(
             f"request(s)): {', '.join(parent['modules'])} for {parent['cwd']}{limit}",
             markup=False,
         )
+    for spare in answer.get("spares", []):
+        console.print(f"  spare fresh process pid {spare['pid']} (since {spare['since']})", markup=False)
     for request in answer["requests"]:
         where = f" on {request['device']}" if request["device"] else ""
         console.print(

@@ -84,6 +84,58 @@ def served_facts(socket_path: str) -> NvmlFacts:
     return NvmlFacts.from_dict(answer["facts"])
 
 
+def malformed_run(body: Any) -> str | None:
+    """What is wrong with a run request (``POST /v1/run``), for its 400; None: nothing."""
+    if not isinstance(body, dict):
+        return "the run request must be a JSON object"
+    problems = []
+    if not (isinstance(body.get("argv"), list) and all(isinstance(a, str) for a in body["argv"])):
+        problems.append("argv: a list of strings")
+    if not isinstance(body.get("cwd"), str) or not os.path.isdir(body["cwd"]):
+        problems.append("cwd: an existing folder")
+    if not (isinstance(body.get("env"), dict) and all(isinstance(v, str) for v in body["env"].values())):
+        problems.append("env: an object of strings")
+    if not (isinstance(body.get("sys_path"), list) and all(isinstance(a, str) for a in body["sys_path"])):
+        problems.append("sys_path: a list of strings")
+    cgroup = body.get("cgroup")
+    if cgroup is not None and not (
+        isinstance(cgroup, list) and len(cgroup) == 2 and all(isinstance(n, int) and n >= 0 for n in cgroup)
+    ):
+        problems.append("cgroup: null or [limit, used] in bytes")
+    limits = body.get("limits")
+    if limits is not None and not (
+        isinstance(limits, dict)
+        and set(limits) <= set(LIMITS)
+        and all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, int) and n >= -1 for n in pair)
+            for pair in limits.values()
+        )
+    ):
+        problems.append(f"limits: null or an object of {', '.join(LIMITS)} to [soft, hard] (-1: unlimited)")
+    umask = body.get("umask")
+    if umask is not None and not (
+        isinstance(umask, int) and not isinstance(umask, bool) and 0 <= umask <= 0o777
+    ):
+        problems.append("umask: null or a file mode creation mask (0 to 0o777)")
+    cores = body.get("cores")
+    if cores is not None and not (
+        isinstance(cores, list) and cores and all(isinstance(n, int) and n >= 0 for n in cores)
+    ):
+        problems.append("cores: null or a list of the CPU numbers the client may run on")
+    nice = body.get("nice")
+    if nice is not None and not (isinstance(nice, int) and not isinstance(nice, bool) and -20 <= nice <= 19):
+        problems.append("nice: null or the client's niceness (-20 to 19)")
+    return "malformed run request; expected " + "; ".join(problems) if problems else None
+
+
+def spare_for(socket_path: str, request: str, asked: dict[str, Any]) -> str | None:
+    """The socket of a spare fresh process for what ``asked`` describes (``POST /v1/spare``), None: none."""
+    code, answer = ask(socket_path, "POST", "/v1/spare", {"request": request, **asked}, timeout=10.0)
+    if code != 200:
+        raise DaemonError(f"the daemon did not answer for a spare ({code})")
+    return answer.get("socket")
+
+
 def ask(
     socket_path: str, method: str, path: str, body: Any = None, timeout: float = 30.0
 ) -> tuple[int, dict[str, Any]]:

@@ -11,6 +11,9 @@
   zygote; the answer is a stream of JSON lines (``{"id", "pid"}``, then ``{"out": text}`` and ``{"err": text}``
   as the child writes them, then ``{"exit": code}``), ended by closing the connection. A client that goes away
   cancels its request: SIGTERM to the child's process group, SIGKILL after :data:`CANCEL_GRACE`.
+* ``POST /v1/spare`` (a JSON body: the request's id, and what its job's fresh process would start with:
+  :func:`autobatch.probe.spare.asked`): ``{"socket": path}`` of a spare fresh process of that key, handed out
+  once, or ``{"socket": null}`` (:mod:`autobatch.daemon.spares`).
 * ``POST /v1/cancel/ID?signal=TERM|INT``, ``POST /v1/stop``.
 
 Every connection's peer credentials (``SO_PEERCRED``) are checked: another uid is refused (403). A body over
@@ -45,8 +48,9 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from autobatch.daemon.client import CANCEL_GRACE, LIMITS
+from autobatch.daemon.client import CANCEL_GRACE, malformed_run
 from autobatch.daemon.place import Place, identity
+from autobatch.daemon.spares import Spares, malformed
 from autobatch.devices.cpu import MALLOC_ENV
 from autobatch.devices.inventory import NvmlReader
 from autobatch.errors import DaemonError
@@ -148,6 +152,8 @@ class Daemon:
         self.on_stop: Any = None  # set by serve(): stops the HTTP server
         #: NVML, open while commands read it (``GET /v1/inventory``): started at the first read, let go when idle.
         self.inventory = NvmlReader()
+        #: The spare fresh processes: the job's fresh process of a request's key, started ahead for the next.
+        self.spares = Spares(place.folder, log)
 
     # The warm processes ---------------------------------------------------------------------------------
 
@@ -283,6 +289,7 @@ class Daemon:
             self.served += 1
             self.last_active = time.monotonic()
         log(f"{request.id} ended with exit code {request.exit_code}")
+        self.spares.ended(request.id)
 
     def cancel(self, request: Request, signum: int = signal.SIGTERM) -> None:
         """Signal the command's process group; SIGKILL it if it has not ended after :data:`CANCEL_GRACE`."""
@@ -316,6 +323,7 @@ class Daemon:
             "requests": requests,
             "warm_processes": warm,
             "warm_parents": parents,
+            "spares": self.spares.describe(),
             "inventory": dict(self.inventory.counts),
         }
 
@@ -336,6 +344,7 @@ class Daemon:
     def watch_idle(self) -> None:
         while not self.stopping.wait(1.0):
             self.inventory.close_if_idle(NVML_IDLE)
+            self.spares.reap()
             with self.lock:
                 idle = not self.requests and time.monotonic() - self.last_active > self.idle
             if idle:
@@ -344,6 +353,7 @@ class Daemon:
 
     def close(self) -> None:
         self.inventory.close()
+        self.spares.close()
         self._starts.put(None)
         with self.lock:
             every = list(self.warm.values())
@@ -537,7 +547,9 @@ class Handler(BaseHTTPRequestHandler):
         try:
             body = self._body()
             if self.path == "/v1/run":
-                self._run(_checked(body))
+                if (why := malformed_run(body)) is not None:
+                    raise _Refused(400, why)
+                self._run(body)
             elif self.path.startswith("/v1/cancel/"):
                 rid, _, query = self.path.removeprefix("/v1/cancel/").partition("?")
                 with daemon.lock:
@@ -546,6 +558,10 @@ class Handler(BaseHTTPRequestHandler):
                     raise _Refused(404, f"no request {rid} runs")
                 daemon.cancel(request, CANCEL_SIGNALS.get(query.removeprefix("signal="), signal.SIGTERM))
                 self._json(200, {"cancelled": rid})
+            elif self.path == "/v1/spare":
+                if (why := malformed(body)) is not None:
+                    raise _Refused(400, why)
+                self._json(200, {"socket": daemon.spares.ask(body.pop("request"), body)})
             elif self.path == "/v1/stop":
                 self._json(200, {"stopping": True})
                 daemon.stop()
@@ -616,52 +632,6 @@ class Handler(BaseHTTPRequestHandler):
                 daemon.cancel(request)
                 request.exited.wait()
             daemon.forget(request)
-
-
-def _checked(body: Any) -> dict[str, Any]:
-    """The run request, or a 400 naming what is wrong with it."""
-    if not isinstance(body, dict):
-        raise _Refused(400, "the run request must be a JSON object")
-    problems = []
-    if not (isinstance(body.get("argv"), list) and all(isinstance(a, str) for a in body["argv"])):
-        problems.append("argv: a list of strings")
-    if not isinstance(body.get("cwd"), str) or not Path(body["cwd"]).is_dir():
-        problems.append("cwd: an existing folder")
-    if not (isinstance(body.get("env"), dict) and all(isinstance(v, str) for v in body["env"].values())):
-        problems.append("env: an object of strings")
-    if not (isinstance(body.get("sys_path"), list) and all(isinstance(a, str) for a in body["sys_path"])):
-        problems.append("sys_path: a list of strings")
-    cgroup = body.get("cgroup")
-    if cgroup is not None and not (
-        isinstance(cgroup, list) and len(cgroup) == 2 and all(isinstance(n, int) and n >= 0 for n in cgroup)
-    ):
-        problems.append("cgroup: null or [limit, used] in bytes")
-    limits = body.get("limits")
-    if limits is not None and not (
-        isinstance(limits, dict)
-        and set(limits) <= set(LIMITS)
-        and all(
-            isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, int) and n >= -1 for n in pair)
-            for pair in limits.values()
-        )
-    ):
-        problems.append(f"limits: null or an object of {', '.join(LIMITS)} to [soft, hard] (-1: unlimited)")
-    umask = body.get("umask")
-    if umask is not None and not (
-        isinstance(umask, int) and not isinstance(umask, bool) and 0 <= umask <= 0o777
-    ):
-        problems.append("umask: null or a file mode creation mask (0 to 0o777)")
-    cores = body.get("cores")
-    if cores is not None and not (
-        isinstance(cores, list) and cores and all(isinstance(n, int) and n >= 0 for n in cores)
-    ):
-        problems.append("cores: null or a list of the CPU numbers the client may run on")
-    nice = body.get("nice")
-    if nice is not None and not (isinstance(nice, int) and not isinstance(nice, bool) and -20 <= nice <= 19):
-        problems.append("nice: null or the client's niceness (-20 to 19)")
-    if problems:
-        raise _Refused(400, "malformed run request; expected " + "; ".join(problems))
-    return body
 
 
 class _Stream:
@@ -767,7 +737,10 @@ def serve(place: Place, idle: float) -> None:
             f"an autobatch daemon already runs for you on this node (pid {pid}, {place.socket})",
             hint="autobatch daemon status shows it; autobatch daemon stop ends it",
         ) from None
-    for left in place.folder.glob("warm-*.json"):  # a daemon killed outright left its warm processes' files
+    for left in [
+        *place.folder.glob("warm-*.json"),
+        *place.folder.glob("spare-*.sock"),
+    ]:  # a daemon killed outright left its warm processes' files
         left.unlink(missing_ok=True)
     daemon = Daemon(place, idle)
     daemon.start_own_warm()

@@ -260,6 +260,7 @@ def _child(request: dict[str, Any], fds: list[int], started_with: dict[str, str]
         # its probe servers are forked from it when their environment allows
         forked.enable(started_with, request.get("key", ""))
         _read_inventory_from(request.get("socket"))
+        _spares_from(request.get("socket"), request["id"])
         from autobatch.devices.cgroup import CgroupMemory, for_job
 
         for_job(CgroupMemory(*request["cgroup"]) if request.get("cgroup") else None)  # the client's, not ours
@@ -305,6 +306,19 @@ def _read_inventory_from(socket_path: str | None) -> None:
     from autobatch.devices.inventory import served_by
 
     served_by(functools.partial(served_facts, socket_path))
+
+
+def _spares_from(socket_path: str | None, request: str) -> None:
+    """The command's fresh-process measurement takes a spare the daemon started ahead, where one matches
+    (:mod:`autobatch.probe.spare`)."""
+    if socket_path is None:
+        return
+    import functools
+
+    from autobatch.daemon.client import spare_for
+    from autobatch.probe.spare import served_by
+
+    served_by(functools.partial(spare_for, socket_path, request))
 
 
 def _run() -> int:

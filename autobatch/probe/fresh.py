@@ -32,6 +32,7 @@ from autobatch.probe.lineage import (
     read_until_exit,
 )
 from autobatch.probe.ops import register, write_report
+from autobatch.probe.spare import SPARE_FLAG, Taken, take, wait_for_start
 from autobatch.records.protocol import ProbeOutcome, ProbeRequest, read_start_word, start_word
 
 if TYPE_CHECKING:
@@ -133,6 +134,7 @@ def measure_offsets(request: ProbeRequest, script: UserScript, options: FreshOpt
                 "fresh_peak_bytes": [o.peak_bytes or 0 for o in fresh],
                 "fresh_settled_bytes": [o.info["settled_bytes"] for o in fresh],
                 "own_import_bytes": [o.info["own_import_bytes"] for o in fresh],
+                **({"spare": fresh[0].info["spare"]} if "spare" in fresh[0].info else {}),
             }
             if fresh
             else {"kept": True}
@@ -228,6 +230,8 @@ def _run_fresh(
         env[SCRATCH_ENV] = made
     spool = multiprocessing_folder(env[SCRATCH_ENV])  # theirs: a process ended by os._exit leaves it
     ranks = [] if ranks is None else ranks
+    spares: list[Taken] = []  # a spare the daemon started ahead (autobatch.probe.spare), held while it runs
+    how = ""
     try:
         for rank in range(world):
             read_fd, write_fd = os.pipe()
@@ -243,16 +247,21 @@ def _run_fresh(
                 "listen_fd": keep[1] if len(keep) > 1 else None,
                 "multiprocessing_folder": spool,
             }
-            process = subprocess.Popen(
-                [sys.executable, "-m", "autobatch.probe.fresh", start_word(start, env[SCRATCH_ENV])],
-                pass_fds=keep,
-                env={**env, **_launcher_env(rank, world, port)},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL if quiet else None,
-                stderr=subprocess.DEVNULL if quiet else None,
-            )
+            spare, how = take(start, env, env[SCRATCH_ENV], write_fd, quiet) if world == 1 else (None, "")
+            if spare is not None:
+                spares.append(spare)
+                pid = spare.pid
+            else:
+                pid = subprocess.Popen(
+                    [sys.executable, "-m", "autobatch.probe.fresh", start_word(start, env[SCRATCH_ENV])],
+                    pass_fds=keep,
+                    env={**env, **_launcher_env(rank, world, port)},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL if quiet else None,
+                    stderr=subprocess.DEVNULL if quiet else None,
+                ).pid
             os.close(write_fd)
-            ranks.append(Rank(rank, process.pid, read_fd))
+            ranks.append(Rank(rank, pid, read_fd))
         if listener is not None:
             listener.close()
         failed = watch(ranks, deadline)
@@ -260,12 +269,19 @@ def _run_fresh(
         if listener is not None:
             listener.close()
         stop(ranks)
+        for each in spares:  # its hang-up: what it left running ends with it
+            each.connection.close()
         remove_root(spool)
         if made is not None:
             remove_root(made)
     if failed is not None and failed.outcome is not None:
-        return [failed.outcome]
-    return [r.outcome for r in ranks if r.outcome is not None]
+        outcomes = [failed.outcome]
+    else:
+        outcomes = [r.outcome for r in ranks if r.outcome is not None]
+    if how:  # a command the daemon runs: whether a spare measured it, or why not (the result's fresh_process)
+        for outcome in outcomes:
+            outcome.info = {**outcome.info, "spare": how}
+    return outcomes
 
 
 class FreshAhead:
@@ -331,12 +347,19 @@ def _data_bytes() -> int:
 def main() -> None:
     """A fresh process (``python -m autobatch.probe.fresh START``): torch, autobatch's modules (measured),
     the script, the steps; one report line on ``report_fd``."""
-    start = read_start_word(sys.argv[1])
+    spare = (
+        sys.argv[1] == SPARE_FLAG
+    )  # started ahead by the daemon: its start message comes once torch is imported
+    start = {} if spare else read_start_word(sys.argv[1])
     # what the script starts stays below this process, where its end finds it (end_tree), and ends with it when
     # the command is killed outright (unless the script takes SIGHUP for itself)
     become_subreaper()
     end_descendants_on(signal.SIGHUP)
     die_with_parent(signal.SIGHUP)
+    if spare:
+        import torch  # noqa: F401  (first, as the job imports it)
+
+        start = wait_for_start(int(sys.argv[2]))
     if start.get("multiprocessing_folder"):
         from autobatch.probe.files import use_multiprocessing_folder
 

@@ -93,9 +93,17 @@ def autobatch_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "autobatch", *args]
 
 
-def tune(setup: Setup, *, single: bool, flags: tuple[str, ...] = (), name: str = "") -> Run:
+def daemon(folder: Path, action: str) -> None:
+    """``autobatch daemon start`` or ``stop`` for the daemon of ``folder`` (the benchmark's own)."""
+    env = _env({"AUTOBATCH_DAEMON": "on", "AUTOBATCH_DAEMON_DIR": str(folder)})
+    subprocess.run(autobatch_cmd("daemon", action), env=env, capture_output=True, check=action == "start")
+
+
+def tune(
+    setup: Setup, *, single: bool, flags: tuple[str, ...] = (), name: str = "", daemon: Path | None = None
+) -> Run:
     """``autobatch tune`` on the workload: one combination (32-true/adamw/no-recompute), the default grid, or
-    with ``flags`` of its own (``name`` its output's)."""
+    with ``flags`` of its own (``name`` its output's); ``daemon``: through the daemon of that folder (running)."""
     w = setup.workload
     single_flags = ["--precision", "32-true", "--optimizer", "adamw", "--no-recompute"]
     chosen = list(flags) if flags else single_flags if single else []
@@ -104,7 +112,8 @@ def tune(setup: Setup, *, single: bool, flags: tuple[str, ...] = (), name: str =
         "tune", str(w.script), *setup.cap_flags(), *chosen, "--no-cache", "--json", "--output", str(out)
     )
     cmd += ["--", *w.args] if w.args else []
-    run, stdout, stderr = _run(cmd, setup.scratch, setup.timeout, _env(lock_dir=setup.scratch))
+    through = {"AUTOBATCH_DAEMON": "on", "AUTOBATCH_DAEMON_DIR": str(daemon)} if daemon is not None else None
+    run, stdout, stderr = _run(cmd, setup.scratch, setup.timeout, _env(through, lock_dir=setup.scratch))
     if run.returncode == 0:
         run.data = json.loads(stdout)
     elif run.error is None:
