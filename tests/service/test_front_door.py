@@ -259,6 +259,7 @@ def test_the_tune_is_resolved_once_at_the_front_door(tmp_path: Path, monkeypatch
     from autobatch.settings import load_settings
 
     monkeypatch.setenv("WORLD_SIZE", "4")
+    (tmp_path / "train.py").write_text("")  # a script that does not exist is refused at the door
     overrides = {"script": str(tmp_path / "train.py"), "global_batch_size": GLOBAL, "strategy": "none"}
     settings = load_settings(env={}, overrides=overrides, use_default_file=False)
     request = tune_request(settings, None, refresh=True)
